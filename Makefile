@@ -1,0 +1,57 @@
+# hyperplan: the two commands are `make demo` and `make test`.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: all venv plane plane-down crds crds-check demo test test-unit test-integration test-e2e bench clean
+
+all: venv
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+# Builds the control-plane binaries on first use (cached in ~/.cache/hyperplan), then starts them.
+plane: venv
+	$(BIN)/hyperplan dev up
+
+plane-down: venv
+	$(BIN)/hyperplan dev down
+
+crds: venv
+	$(BIN)/hyperplan crds --out crds
+	cp crds/*.yaml charts/hyperplan/crds/
+
+crds-check: venv
+	$(BIN)/hyperplan crds --check --out crds
+
+# The main job: the local control plane, the CRDs, example objects, and the operator in the
+# foreground under the `demo` policy profile. Ctrl-C stops the operator; `make plane-down` the plane.
+demo: venv
+	$(BIN)/python -m hyperplan.demo
+
+# The whole suite: unit, integration (real API server) and e2e (operator as its own process).
+# One control plane per run, started by the test session and stopped again at its end.
+test: venv
+	$(BIN)/python -m pytest -ra tests
+
+test-unit: venv
+	$(BIN)/python -m pytest -ra tests/unit
+
+test-integration: venv
+	$(BIN)/python -m pytest -ra tests/integration
+
+test-e2e: venv
+	$(BIN)/python -m pytest -ra tests/e2e
+
+bench: venv
+	$(BIN)/python bench/transitions.py
+
+clean:
+	rm -rf $(VENV) .state .pytest_cache

@@ -1,0 +1,78 @@
+"""Thin access to the Kubernetes API for the operator's own objects.
+
+The official client is synchronous; handlers call it through ``asyncio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+
+from hyperplan.api.models import GROUP, VERSION
+
+
+def api_client(kubeconfig: str | None = None) -> client.ApiClient:
+    """An API client from the given kubeconfig, $KUBECONFIG, or the in-cluster service account."""
+    path = kubeconfig or os.environ.get("KUBECONFIG")
+    if path:
+        return config.new_client_from_config(config_file=path)
+    config.load_incluster_config()
+    return client.ApiClient()
+
+
+def is_conflict(e: Exception) -> bool:
+    return isinstance(e, ApiException) and e.status == 409
+
+
+def is_not_found(e: Exception) -> bool:
+    return isinstance(e, ApiException) and e.status == 404
+
+
+@dataclass
+class Kube:
+    """The calls the operator makes, grouped so that providers and the ledger share one client."""
+
+    api: client.ApiClient
+
+    @property
+    def custom(self) -> client.CustomObjectsApi:
+        return client.CustomObjectsApi(self.api)
+
+    @property
+    def core(self) -> client.CoreV1Api:
+        return client.CoreV1Api(self.api)
+
+    @property
+    def policy(self) -> client.PolicyV1Api:
+        return client.PolicyV1Api(self.api)
+
+    # ---------------------------------------------------------------- hyperplan objects
+
+    def list_objects(self, plural: str) -> list[dict[str, Any]]:
+        return self.custom.list_cluster_custom_object(GROUP, VERSION, plural)["items"]
+
+    def get_object(self, plural: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self.custom.get_cluster_custom_object(GROUP, VERSION, plural, name)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def replace_status(self, plural: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Write a whole status, refused with 409 when ``body``'s resourceVersion is stale."""
+        return self.custom.replace_cluster_custom_object_status(
+            GROUP, VERSION, plural, body["metadata"]["name"], body)
+
+    def patch_status(self, plural: str, name: str, status: dict[str, Any]) -> None:
+        self.custom.patch_cluster_custom_object_status(
+            GROUP, VERSION, plural, name, {"status": status})
+
+    # ---------------------------------------------------------------- nodes and pods
+
+    def list_nodes(self, label_selector: str) -> list[client.V1Node]:
+        return self.core.list_node(label_selector=label_selector).items

@@ -1,0 +1,202 @@
+"""The capacity ledger: reservations written into CapacityPool ``status.reservations``.
+
+A purchase re-reads the pools, re-checks the offering against them (planning's
+``recheck_offering``), and writes each pool's ledger with a whole-status replace that
+carries the resourceVersion it read. The API server refuses a write on a stale
+resourceVersion (409), so two concurrent purchases can never both fit into the same free
+capacity: the loser re-reads, re-checks, and either fits elsewhere in time or fails.
+
+Writes are idempotent: a reservation's id is derived from the plan's uid and the block's
+index, and a pool that already holds it is left alone. A plan's own reservations are
+left out of the snapshots it re-checks against, so a purchase interrupted between two
+pools (crash, conflict) completes on the next attempt instead of blocking itself.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+from hyperplan.actuation.kube import Kube, is_conflict
+from hyperplan.api.models import CapacityPool, Reservation
+from hyperplan.planning.offerings import Block, Busy, Offering, PoolSnapshot, RuleViolation, recheck_offering
+from hyperplan.planning.policy import Policy
+
+log = logging.getLogger(__name__)
+
+PLURAL = "capacitypools"
+MAX_ATTEMPTS = 20
+
+
+def reserved_capacity_id(plan_uid: str, index: int) -> str:
+    return f"rc-{plan_uid.replace('-', '')[:12]}-{index}"
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """A reservation as found in a pool's ledger, with the pool it lives in."""
+
+    pool: str
+    availability_zone: str
+    instance_type: str
+    ultra_server_type: str | None
+    reservation: Reservation
+
+
+@dataclass(frozen=True)
+class PurchaseResult:
+    entries: tuple[LedgerEntry, ...] = ()
+    violation: RuleViolation | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.violation is None
+
+
+def pool_snapshot(pool: CapacityPool, exclude_plan_uid: str | None = None) -> PoolSnapshot:
+    """What planning sees of a pool: its size minus `unavailable` windows and reservations."""
+    busy = [Busy(w.start, w.end, w.instance_count) for w in pool.spec.unavailable]
+    busy += [Busy(r.start_time, r.end_time, r.instance_count) for r in pool.status.reservations
+             if exclude_plan_uid is None or r.training_plan_uid != exclude_plan_uid]
+    return PoolSnapshot(
+        name=pool.metadata["name"], instance_type=pool.spec.instance_type,
+        availability_zone=pool.spec.availability_zone, instance_count=pool.spec.instance_count,
+        ultra_server_type=pool.spec.ultra_server_type, busy=tuple(busy))
+
+
+def entries_of(pools: Sequence[CapacityPool], plan_uid: str) -> list[LedgerEntry]:
+    """Every reservation that belongs to the plan with ``plan_uid``, ordered by start."""
+    found = [
+        LedgerEntry(p.metadata["name"], p.spec.availability_zone, p.spec.instance_type,
+                    p.spec.ultra_server_type, r)
+        for p in pools for r in p.status.reservations if r.training_plan_uid == plan_uid
+    ]
+    return sorted(found, key=lambda e: (e.reservation.start_time, e.reservation.reserved_capacity_id))
+
+
+@runtime_checkable
+class CapacityLedger(Protocol):
+    def pools(self) -> list[CapacityPool]: ...
+
+    def purchase(self, plan: str, plan_uid: str, offering: Offering, policy: Policy,
+                 now: datetime) -> PurchaseResult: ...
+
+    def release(self, plan_uid: str, now: datetime) -> int: ...
+
+
+class KubeLedger:
+    """The ledger kept in CapacityPool status on the API server."""
+
+    def __init__(self, kube: Kube):
+        self.kube = kube
+
+    def pools(self) -> list[CapacityPool]:
+        return [CapacityPool.model_validate(o) for o in self.kube.list_objects(PLURAL)]
+
+    def purchase(self, plan: str, plan_uid: str, offering: Offering, policy: Policy,
+                 now: datetime) -> PurchaseResult:
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            raw = {o["metadata"]["name"]: o for o in self.kube.list_objects(PLURAL)}
+            pools = [CapacityPool.model_validate(o) for o in raw.values()]
+            violation = recheck_offering(
+                offering, [pool_snapshot(p, exclude_plan_uid=plan_uid) for p in pools], policy, now)
+            if violation:
+                self.release(plan_uid, now=None)
+                return PurchaseResult(violation=violation)
+            try:
+                for pool_name, wanted in _by_pool(plan, plan_uid, offering).items():
+                    self._add(raw[pool_name], wanted)
+            except Exception as e:  # noqa: BLE001 - only conflicts are retried
+                if not is_conflict(e):
+                    raise
+                log.info("ledger conflict for plan %s (attempt %d); re-reading", plan, attempt)
+                continue
+            return PurchaseResult(entries=tuple(entries_of(self.pools(), plan_uid)))
+        self.release(plan_uid, now=None)
+        return PurchaseResult(violation=RuleViolation(
+            "LedgerContention", f"the capacity ledger changed under {MAX_ATTEMPTS} attempts to buy"))
+
+    def release(self, plan_uid: str, now: datetime | None) -> int:
+        """Remove the plan's reservations that have not ended by ``now`` (all when None)."""
+        released = 0
+        for _ in range(MAX_ATTEMPTS):
+            try:
+                released = 0
+                for obj in self.kube.list_objects(PLURAL):
+                    keep, drop = [], []
+                    for r in obj.get("status", {}).get("reservations", []):
+                        mine = r.get("trainingPlanUid") == plan_uid
+                        ended = now is not None and Reservation.model_validate(r).end_time <= now
+                        (drop if mine and not ended else keep).append(r)
+                    if drop:
+                        obj.setdefault("status", {})["reservations"] = keep
+                        self.kube.replace_status(PLURAL, obj)
+                        released += len(drop)
+                return released
+            except Exception as e:  # noqa: BLE001
+                if not is_conflict(e):
+                    raise
+        raise RuntimeError(f"could not release reservations of plan uid {plan_uid}: ledger contention")
+
+    def _add(self, obj: dict[str, Any], wanted: list[Reservation]) -> None:
+        status = obj.setdefault("status", {})
+        have = {r.get("reservedCapacityId") for r in status.get("reservations", [])}
+        new = [r.wire() for r in wanted if r.reserved_capacity_id not in have]
+        if not new:
+            return
+        status["reservations"] = status.get("reservations", []) + new
+        updated = self.kube.replace_status(PLURAL, obj)
+        obj["metadata"]["resourceVersion"] = updated["metadata"]["resourceVersion"]
+
+
+def _by_pool(plan: str, plan_uid: str, offering: Offering) -> dict[str, list[Reservation]]:
+    out: dict[str, list[Reservation]] = {}
+    for index, block in enumerate(offering.blocks):
+        out.setdefault(block.pool, []).append(_reservation(plan, plan_uid, index, block))
+    return dict(sorted(out.items()))
+
+
+def _reservation(plan: str, plan_uid: str, index: int, block: Block) -> Reservation:
+    return Reservation(training_plan=plan, training_plan_uid=plan_uid,
+                       reserved_capacity_id=reserved_capacity_id(plan_uid, index),
+                       start_time=block.start, end_time=block.end, instance_count=block.instance_count)
+
+
+@dataclass
+class FakeLedger:
+    """In-memory ledger for unit tests: records every call, can be told to fail a purchase."""
+
+    pool_objects: list[CapacityPool] = field(default_factory=list)
+    fail_with: RuleViolation | None = None
+    calls: list[tuple[str, Any]] = field(default_factory=list)
+
+    def pools(self) -> list[CapacityPool]:
+        return list(self.pool_objects)
+
+    def purchase(self, plan: str, plan_uid: str, offering: Offering, policy: Policy,
+                 now: datetime) -> PurchaseResult:
+        self.calls.append(("purchase", (plan, offering.id)))
+        violation = self.fail_with or recheck_offering(
+            offering, [pool_snapshot(p, plan_uid) for p in self.pool_objects], policy, now)
+        if violation:
+            return PurchaseResult(violation=violation)
+        by_name = {p.metadata["name"]: p for p in self.pool_objects}
+        for pool_name, wanted in _by_pool(plan, plan_uid, offering).items():
+            by_name[pool_name].status.reservations.extend(wanted)
+        return PurchaseResult(entries=tuple(entries_of(self.pool_objects, plan_uid)))
+
+    def release(self, plan_uid: str, now: datetime | None) -> int:
+        self.calls.append(("release", plan_uid))
+        released = 0
+        for p in self.pool_objects:
+            before = len(p.status.reservations)
+            p.status.reservations = [r for r in p.status.reservations if r.training_plan_uid != plan_uid
+                                     or (now is not None and r.end_time <= now)]
+            released += before - len(p.status.reservations)
+        return released
+
+
+_: type[CapacityLedger] = KubeLedger  # both satisfy the Protocol (checked by mypy-style assignment)
+__: type[CapacityLedger] = FakeLedger

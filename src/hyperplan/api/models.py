@@ -1,0 +1,266 @@
+"""The three kinds of group ``hyperplan.dev/v1alpha1`` as pydantic models.
+
+These models are the single source of the API: the CRD YAML in ``crds/`` is generated
+from them (``hyperplan crds``), and handlers parse object bodies through them. Field
+names are camelCase on the wire (aliases) and snake_case in Python. Validation that the
+API server can do at apply time (enums, bounds, CEL rules) is declared here with
+``json_schema_extra`` so it lands in the CRD; pydantic enforces the same bounds when a
+handler parses a body, and anything that depends on time or on other objects is checked
+by the planners instead.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+GROUP = "hyperplan.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+ALLOWED_INSTANCE_COUNTS = (1, 2, 4, 8, 16, 32, 64)
+TARGET_RESOURCES = ("training-job", "hyperpod-cluster")
+ULTRASERVER_TYPES = ("ml.u-p6e-gb200x72", "ml.u-p6e-gb200x36")
+DURATION_PATTERN = r"^([0-9]+[dhms])+$"
+
+
+def cel(rule: str, message: str, **extra: Any) -> dict[str, Any]:
+    return {"rule": rule, "message": message, **extra}
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    def wire(self) -> dict[str, Any]:
+        """The object as the API server stores it: camelCase, no unset optionals."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+class Condition(Model):
+    """A Kubernetes API convention condition."""
+
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str = ""
+    message: str = ""
+    last_transition_time: datetime | None = None
+    observed_generation: int | None = None
+
+
+# --------------------------------------------------------------------------- CapacityPool
+
+
+class UnavailableWindow(Model):
+    """Capacity already sold to someone else during a window."""
+
+    start: datetime
+    end: datetime
+    instance_count: int = Field(ge=1)
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        cel("self.end > self.start", "end must be after start"),
+    ]})
+
+
+class Reservation(Model):
+    """One block sold from a pool: a line of the pool's ledger."""
+
+    training_plan: str
+    training_plan_uid: str | None = None
+    reserved_capacity_id: str
+    start_time: datetime
+    end_time: datetime
+    instance_count: int = Field(ge=1)
+
+
+class CapacityPoolSpec(Model):
+    instance_type: str = Field(min_length=1)
+    availability_zone: str = Field(min_length=1)
+    instance_count: int = Field(ge=1)
+    ultra_server_type: Literal["ml.u-p6e-gb200x72", "ml.u-p6e-gb200x36"] | None = None
+    unavailable: list[UnavailableWindow] = Field(default_factory=list)
+
+
+class CapacityPoolStatus(Model):
+    reservations: list[Reservation] = Field(default_factory=list)
+    observed_generation: int | None = None
+
+
+class CapacityPool(Model):
+    api_version: str = API_VERSION
+    kind: str = "CapacityPool"
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: CapacityPoolSpec
+    status: CapacityPoolStatus = Field(default_factory=CapacityPoolStatus)
+
+
+# --------------------------------------------------------------------------- TrainingPlan
+
+
+class OfferedBlock(Model):
+    availability_zone: str
+    instance_type: str
+    instance_count: int
+    start_time: datetime
+    end_time: datetime
+    capacity_pool: str | None = None
+    ultra_server_type: str | None = None
+    ultra_server_count: int | None = None
+
+
+class Offering(Model):
+    id: str
+    blocks: list[OfferedBlock] = Field(default_factory=list)
+    duration_hours: int | None = None
+    duration_minutes: int | None = None
+
+
+class ReservedCapacity(Model):
+    id: str
+    availability_zone: str
+    instance_type: str
+    instance_count: int
+    start_time: datetime
+    end_time: datetime
+    termination_time: datetime | None = None
+    status: Literal["Scheduled", "Active", "Expired", "Failed"] = "Scheduled"
+    capacity_pool: str | None = None
+    ultra_server_type: str | None = None
+    ultra_server_count: int | None = None
+
+
+class UltraServerStatus(Model):
+    id: str
+    availability_zone: str
+    total_instance_count: int = 0
+    configured_spare_instance_count: int = 0
+    available_instance_count: int = 0
+    in_use_instance_count: int = 0
+    available_spare_instance_count: int = 0
+    unhealthy_instance_count: int = 0
+    health_status: Literal["ok", "impaired", "insufficient-data"] = "insufficient-data"
+
+
+class TrainingPlanSpec(Model):
+    instance_type: str | None = Field(default=None, min_length=1)
+    instance_count: Literal[1, 2, 4, 8, 16, 32, 64] | None = None
+    ultra_server_type: Literal["ml.u-p6e-gb200x72", "ml.u-p6e-gb200x36"] | None = None
+    ultra_server_count: int | None = Field(default=None, ge=1)
+    target_resource: Literal["training-job", "hyperpod-cluster"]
+    duration: str = Field(json_schema_extra={"x-kubernetes-validations": [
+        cel(f"self.matches('{DURATION_PATTERN}') && self.matches('[1-9]')",
+            "duration must be a positive duration string such as 48h, 2d or 90m"),
+    ]})
+    start_time_after: datetime | None = None
+    end_time_before: datetime | None = None
+    spare_instances_per_ultra_server: int = Field(default=1, ge=0)
+    offering_id: str = ""
+    auto_purchase: bool = False
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        cel("!has(self.startTimeAfter) || !has(self.endTimeBefore) || self.endTimeBefore > self.startTimeAfter",
+            "endTimeBefore must be after startTimeAfter", fieldPath=".endTimeBefore"),
+        cel("has(self.instanceCount) != has(self.ultraServerType)",
+            "set either instanceCount (with instanceType) or ultraServerType with ultraServerCount"),
+        cel("has(self.ultraServerType) == has(self.ultraServerCount)",
+            "ultraServerType and ultraServerCount go together", fieldPath=".ultraServerCount"),
+        cel("has(self.ultraServerType) || has(self.instanceType)",
+            "instanceType is required unless ultraServerType is set", fieldPath=".instanceType"),
+        cel("!has(oldSelf.offeringId) || oldSelf.offeringId == '' || self == oldSelf",
+            "spec is immutable once offeringId is set: a purchased plan cannot be modified"),
+    ]})
+
+
+class TrainingPlanStatus(Model):
+    phase: Literal["Pending", "Scheduled", "Active", "Expired", "Failed"] | None = None
+    offerings: list[Offering] = Field(default_factory=list)
+    purchased_offering_id: str | None = None
+    reserved_capacity: list[ReservedCapacity] = Field(default_factory=list)
+    availability_zone: str | None = None
+    total_instance_count: int = 0
+    available_instance_count: int = 0
+    in_use_instance_count: int = 0
+    unhealthy_instance_count: int = 0
+    available_spare_instance_count: int = 0
+    total_ultra_server_count: int | None = None
+    ultra_servers: list[UltraServerStatus] = Field(default_factory=list)
+    next_transition_time: datetime | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+    observed_generation: int | None = None
+
+
+class TrainingPlan(Model):
+    api_version: str = API_VERSION
+    kind: str = "TrainingPlan"
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: TrainingPlanSpec
+    status: TrainingPlanStatus = Field(default_factory=TrainingPlanStatus)
+
+
+# --------------------------------------------------------------------------- InstanceGroup
+
+
+class Taint(Model):
+    key: str = Field(min_length=1)
+    value: str = ""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+
+
+class HealthCheckSpec(Model):
+    grace_seconds: int = Field(default=30, ge=0)
+    max_unhealthy: int | str = Field(default="20%", json_schema_extra={
+        "x-kubernetes-int-or-string": True,
+        "x-kubernetes-validations": [
+            cel("type(self) == int ? self >= 0 : self.matches('^[0-9]+%$')",
+                "maxUnhealthy must be a count (>= 0) or a percentage such as 20%"),
+        ],
+    })
+    unhealthy_conditions: list[str] = Field(
+        default_factory=lambda: ["AcceleratedHardwareReady=False", "GpuHealthy=False"],
+        description="Node conditions, as Type=Status, that make a node unhealthy after the grace.",
+    )
+
+
+class PlacementSpecification(Model):
+    ultra_server_id: str = Field(min_length=1)
+    instance_count: int = Field(ge=1)
+
+
+class PlacementSpec(Model):
+    strategy: Literal["FillFirst"] = "FillFirst"
+    placement_specifications: list[PlacementSpecification] = Field(default_factory=list)
+
+
+class InstanceGroupSpec(Model):
+    training_plan_ref: str = Field(min_length=1)
+    instance_type: str = Field(min_length=1)
+    instance_count: int = Field(ge=0)
+    node_provider: Literal["kwok", "static"] = "kwok"
+    labels: dict[str, str] = Field(default_factory=dict)
+    taints: list[Taint] = Field(default_factory=list)
+    health_check: HealthCheckSpec = Field(default_factory=HealthCheckSpec)
+    placement: PlacementSpec = Field(default_factory=PlacementSpec)
+
+
+class InstanceGroupStatus(Model):
+    phase: Literal["Waiting", "Provisioning", "Ready", "Draining", "Failed"] | None = None
+    availability_zone: str | None = None
+    reserved_capacity_id: str | None = None
+    desired_count: int = 0
+    ready_count: int = 0
+    spare_count: int = 0
+    unhealthy_count: int = 0
+    next_transition_time: datetime | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+    observed_generation: int | None = None
+
+
+class InstanceGroup(Model):
+    api_version: str = API_VERSION
+    kind: str = "InstanceGroup"
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: InstanceGroupSpec
+    status: InstanceGroupStatus = Field(default_factory=InstanceGroupStatus)

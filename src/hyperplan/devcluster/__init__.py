@@ -1,0 +1,1 @@
+"""The local control plane: real Kubernetes binaries built from their Go modules, run on loopback."""

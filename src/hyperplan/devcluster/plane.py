@@ -1,0 +1,334 @@
+"""Start, inspect and stop the local control plane.
+
+etcd, kube-apiserver, kube-controller-manager, kube-scheduler and KWOK run as child
+processes on loopback ports, each in its own session so that ``down`` can stop exactly
+the process group it started, found by the pid recorded in ``plane.json``. Everything the
+plane writes (certificates, etcd data, logs, the kubeconfig) lives in one state folder
+inside the checkout (``.state/dev``, git-ignored); ``~/.kube/config`` is never touched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+from hyperplan.devcluster import build, certs
+
+Log = Callable[[str], None]
+
+KWOK_ANNOTATION = "kwok.x-k8s.io/node"
+PROCESS_ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+
+
+def project_root() -> Path:
+    """The checkout that holds the state folder: the nearest parent with hyperplan's pyproject."""
+    here = Path.cwd().resolve()
+    for d in (here, *here.parents):
+        p = d / "pyproject.toml"
+        if p.is_file() and 'name = "hyperplan"' in p.read_text():
+            return d
+    return here
+
+
+def state_dir() -> Path:
+    env = os.environ.get("HYPERPLAN_STATE_DIR")
+    return Path(env) if env else project_root() / ".state" / "dev"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class PlaneState:
+    """What ``up`` started; written to ``plane.json`` and read by ``status`` and ``down``."""
+
+    ports: dict[str, int] = field(default_factory=dict)
+    pids: dict[str, int] = field(default_factory=dict)
+    kubernetes_version: str = build.KUBERNETES_VERSION
+
+    @classmethod
+    def load(cls, path: Path) -> "PlaneState | None":
+        if not path.is_file():
+            return None
+        return cls(**json.loads(path.read_text()))
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self), indent=2))
+
+
+class Plane:
+    def __init__(self, root: Path | None = None, log: Log = print):
+        self.dir = root or state_dir()
+        self.log = log
+        self._children: dict[str, subprocess.Popen] = {}
+
+    # ----------------------------------------------------------------- paths
+
+    @property
+    def state_file(self) -> Path: return self.dir / "plane.json"
+    @property
+    def kubeconfig(self) -> Path: return self.dir / "kubeconfig"
+    @property
+    def logs(self) -> Path: return self.dir / "logs"
+    @property
+    def pki(self) -> certs.Pki: return certs.Pki(self.dir / "pki")
+
+    def state(self) -> PlaneState | None:
+        return PlaneState.load(self.state_file)
+
+    @property
+    def server(self) -> str:
+        st = self.state()
+        if st is None:
+            raise RuntimeError("the local control plane is not up; run `hyperplan dev up`")
+        return f"https://127.0.0.1:{st.ports['apiserver']}"
+
+    # ----------------------------------------------------------------- lifecycle
+
+    def up(self) -> PlaneState:
+        started = time.monotonic()
+        st = self.state()
+        if st and self._all_alive(st) and self._ready(st):
+            self.log(f"control plane already running at https://127.0.0.1:{st.ports['apiserver']}")
+            return st
+        if st:
+            self.log("found a stale control plane; stopping what is left of it")
+            self.down(quiet=True)
+        build.ensure_binaries(self.log)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.logs.mkdir(exist_ok=True)
+        self.log("generating certificates")
+        pki = certs.generate(self.dir / "pki")
+        st = PlaneState(ports={k: free_port() for k in (
+            "etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler", "kwok")})
+        st.save(self.state_file)
+        self._write_kubeconfig(st, pki)
+        for name in PROCESS_ORDER:
+            self.log(f"starting {name} (elapsed {time.monotonic() - started:.1f}s)")
+            st.pids[name] = self._spawn(name, self._command(name, st, pki))
+            st.save(self.state_file)
+            if name == "etcd":
+                self._wait(lambda: self._port_open(st.ports["etcd"]), "etcd", st)
+            elif name == "kube-apiserver":
+                self._wait(lambda: self._ready(st), "kube-apiserver /readyz", st)
+        self._wait(lambda: self._default_service_account(st), "the default service account", st)
+        self.log(f"control plane ready at https://127.0.0.1:{st.ports['apiserver']} "
+                 f"in {time.monotonic() - started:.1f}s; kubeconfig {self.kubeconfig}")
+        return st
+
+    def down(self, quiet: bool = False) -> None:
+        st = self.state()
+        if st is None:
+            if not quiet:
+                self.log("control plane is not running")
+            return
+        for name in reversed(PROCESS_ORDER):
+            pid = st.pids.get(name)
+            if pid and self._is_ours(name, pid):
+                if not quiet:
+                    self.log(f"stopping {name} (pid {pid})")
+                stop_process_group(pid)
+        for sub in ("etcd", "pki", "logs"):
+            _rmtree(self.dir / sub)
+        for f in (self.state_file, self.kubeconfig, self.dir / "kwok-stages.yaml"):
+            f.unlink(missing_ok=True)
+        if not quiet:
+            self.log("control plane stopped and its state removed")
+
+    def status(self) -> list[tuple[str, str, str]]:
+        st = self.state()
+        if st is None:
+            return []
+        rows = []
+        where = {"etcd": f"http://127.0.0.1:{st.ports['etcd']}",
+                 "kube-apiserver": f"https://127.0.0.1:{st.ports['apiserver']}",
+                 "kube-controller-manager": f"https://127.0.0.1:{st.ports['controller-manager']}",
+                 "kube-scheduler": f"https://127.0.0.1:{st.ports['scheduler']}",
+                 "kwok": f"http://127.0.0.1:{st.ports['kwok']}"}
+        for name in PROCESS_ORDER:
+            pid = st.pids.get(name)
+            alive = bool(pid) and self._is_ours(name, pid)
+            rows.append((name, f"running (pid {pid})" if alive else "not running", where[name]))
+        return rows
+
+    def env_lines(self) -> list[str]:
+        bins = sorted({str(build.binary("kubectl").parent), str(build.binary("helm").parent)})
+        return [
+            f"export KUBECONFIG={self.kubeconfig}",
+            f"export PATH={':'.join(bins)}:$PATH",
+        ]
+
+    # ----------------------------------------------------------------- internals
+
+    def _command(self, name: str, st: PlaneState, pki: certs.Pki) -> list[str]:
+        p = st.ports
+        if name == "etcd":
+            peer = f"http://127.0.0.1:{p['etcd-peer']}"
+            client = f"http://127.0.0.1:{p['etcd']}"
+            return [str(build.binary("etcd")), "--name=node0", f"--data-dir={self.dir / 'etcd'}",
+                    f"--listen-client-urls={client}", f"--advertise-client-urls={client}",
+                    f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
+                    f"--initial-cluster=node0={peer}", "--unsafe-no-fsync=true",
+                    "--log-level=warn"]
+        if name == "kube-apiserver":
+            return [str(build.binary("kube-apiserver")),
+                    f"--etcd-servers=http://127.0.0.1:{p['etcd']}",
+                    "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+                    f"--secure-port={p['apiserver']}",
+                    f"--tls-cert-file={pki.serving_cert}", f"--tls-private-key-file={pki.serving_key}",
+                    f"--client-ca-file={pki.ca_cert}",
+                    f"--service-account-key-file={pki.sa_pub}",
+                    f"--service-account-signing-key-file={pki.sa_key}",
+                    "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                    "--authorization-mode=Node,RBAC", "--allow-privileged=true",
+                    "--service-cluster-ip-range=10.0.0.0/24", "--profiling=false",
+                    "--v=1"]
+        common = [f"--kubeconfig={self.kubeconfig}", f"--authentication-kubeconfig={self.kubeconfig}",
+                  f"--authorization-kubeconfig={self.kubeconfig}", "--bind-address=127.0.0.1",
+                  "--leader-elect=false", "--v=1"]
+        if name == "kube-controller-manager":
+            return [str(build.binary("kube-controller-manager")), *common,
+                    f"--secure-port={p['controller-manager']}",
+                    f"--root-ca-file={pki.ca_cert}",
+                    f"--service-account-private-key-file={pki.sa_key}",
+                    "--use-service-account-credentials=false",
+                    "--controllers=*,-bootstrapsigner,-tokencleaner"]
+        if name == "kube-scheduler":
+            return [str(build.binary("kube-scheduler")), *common, f"--secure-port={p['scheduler']}"]
+        if name == "kwok":
+            stages = self.dir / "kwok-stages.yaml"
+            stages.write_text(resources.files("hyperplan.devcluster").joinpath(
+                "kwok-stages.yaml").read_text())
+            return [str(build.binary("kwok")), f"--kubeconfig={self.kubeconfig}",
+                    "--manage-all-nodes=false",
+                    f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
+                    "--cidr=10.0.0.0/16", "--node-ip=10.0.0.1",
+                    "--node-lease-duration-seconds=40",
+                    f"--server-address=127.0.0.1:{p['kwok']}", f"--config={stages}"]
+        raise KeyError(name)
+
+    def _spawn(self, name: str, cmd: list[str]) -> int:
+        with open(self.logs / f"{name}.log", "ab") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        self._children[name] = proc
+        return proc.pid
+
+    def _is_ours(self, name: str, pid: int) -> bool:
+        """True when ``pid`` is alive and still runs the binary we started (pids get reused)."""
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return False
+        if stat.rsplit(")", 1)[-1].split()[0] == "Z":
+            return False
+        return Path(cmdline).name == name
+
+    def _all_alive(self, st: PlaneState) -> bool:
+        return all(self._is_ours(n, st.pids.get(n, 0)) for n in PROCESS_ORDER)
+
+    def _port_open(self, port: int) -> bool:
+        with socket.socket() as s:
+            s.settimeout(0.5)
+            return s.connect_ex(("127.0.0.1", port)) == 0
+
+    def ssl_context(self) -> ssl.SSLContext:
+        pki = self.pki
+        ctx = ssl.create_default_context(cafile=str(pki.ca_cert))
+        ctx.load_cert_chain(str(pki.admin_cert), str(pki.admin_key))
+        return ctx
+
+    def _get(self, st: PlaneState, path: str) -> tuple[int, bytes]:
+        url = f"https://127.0.0.1:{st.ports['apiserver']}{path}"
+        try:
+            with urllib.request.urlopen(url, context=self.ssl_context(), timeout=3) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, b""
+        except (OSError, ssl.SSLError):
+            return 0, b""
+
+    def _ready(self, st: PlaneState) -> bool:
+        return self._get(st, "/readyz")[0] == 200
+
+    def _default_service_account(self, st: PlaneState) -> bool:
+        return self._get(st, "/api/v1/namespaces/default/serviceaccounts/default")[0] == 200
+
+    def _wait(self, check: Callable[[], bool], what: str, st: PlaneState, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if check():
+                return
+            # Children started by this call are asked directly: right after fork, /proc still
+            # shows the Python parent's command line until exec.
+            dead = [n for n, proc in self._children.items() if proc.poll() is not None]
+            if dead:
+                raise RuntimeError(f"{', '.join(dead)} exited while waiting for {what}; "
+                                   f"see {self.logs}/{dead[0]}.log")
+            time.sleep(0.2)
+        raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}; logs in {self.logs}")
+
+    def _write_kubeconfig(self, st: PlaneState, pki: certs.Pki) -> None:
+        import base64
+
+        def b64(p: Path) -> str:
+            return base64.b64encode(p.read_bytes()).decode()
+
+        config = {
+            "apiVersion": "v1", "kind": "Config", "current-context": "hyperplan-dev",
+            "clusters": [{"name": "hyperplan-dev", "cluster": {
+                "server": f"https://127.0.0.1:{st.ports['apiserver']}",
+                "certificate-authority-data": b64(pki.ca_cert)}}],
+            "users": [{"name": "hyperplan-admin", "user": {
+                "client-certificate-data": b64(pki.admin_cert),
+                "client-key-data": b64(pki.admin_key)}}],
+            "contexts": [{"name": "hyperplan-dev", "context": {
+                "cluster": "hyperplan-dev", "user": "hyperplan-admin"}}],
+        }
+        self.kubeconfig.write_text(yaml.safe_dump(config))
+        self.kubeconfig.chmod(0o600)
+
+
+def stop_process_group(pid: int, timeout: float = 10) -> None:
+    """SIGTERM the process group led by ``pid``, then SIGKILL it if it lingers."""
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        try:  # reap it if it is our child
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return
+        except ChildProcessError:
+            pass
+        time.sleep(0.1)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _rmtree(path: Path) -> None:
+    import shutil
+    shutil.rmtree(path, ignore_errors=True)

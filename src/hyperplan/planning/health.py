@@ -1,0 +1,441 @@
+"""Node health verdicts and remediation plans for an instance group.
+
+Pure: observations and ``now`` in, values out; no I/O, no clock, stdlib only. Modelled on
+Cluster API's MachineHealthCheck (``healthCheckTargets``): detection returns a verdict
+and the next moment worth looking again; remediation is a separate, bounded plan that the
+handler carries out.
+
+Signals
+-------
+A node is judged **unhealthy** when one of these signals has lasted at least
+``HealthCheck.grace`` (measured from the signal's own start time, so a restart of the
+operator does not reset the clock):
+
+* ``Ready`` condition ``False`` or ``Unknown`` (since its ``lastTransitionTime``);
+* a configured bad condition, e.g. ``AcceleratedHardwareReady=False`` (since its
+  ``lastTransitionTime``);
+* the health label (``hyperplan.dev/`` or ``sagemaker.amazonaws.com/node-health-status``)
+  says ``Unschedulable*`` (since ``health_label_since``);
+* the node was deleted from under the group (since ``deleted_since``);
+* the node never reported a ``Ready`` condition within ``startup_timeout`` of ``created``
+  (Cluster API's ``nodeStartupTimeout``).
+
+A label or deletion whose start time the caller does not know (``None``) counts as having
+started long ago: it is judged at once rather than never. A node whose signals clear
+before their grace ends is simply healthy. A node whose lease was last renewed more than
+``grace`` ago and that is not unhealthy is **unknown** (insufficient data): it is neither
+remediated nor counted healthy. ``next_check`` is the earliest moment a pending signal
+passes its grace; lease staleness is not scheduled (lease renewals and the Ready
+condition that the node lifecycle controller flips arrive as watch events).
+
+Remediation
+-----------
+``max_unhealthy`` is a count or a percentage of the group's node count, rounded **down**
+like Cluster API (``intstr`` with ``roundUp=false``): ``20%`` of 10 nodes is 2, of 4 nodes
+0 - so small groups need an explicit count to remediate at all. Remediation is allowed
+while the unhealthy count is at most that bound; above it nothing is done and the plan
+says ``TooManyUnhealthy``.
+
+A plan lists actions phase by phase, each phase in the failed nodes' name order:
+``MarkUnhealthy`` (label ``UnschedulablePendingReplacement`` and the NoSchedule taint
+:data:`UNHEALTHY_TAINT`), ``PromoteSpare`` (a spare takes over a failed active node: the
+healthiest spare on the same UltraServer, else on another of the group's UltraServers),
+``Backfill`` (a new node in the failed node's slot with the next generation: a spare on
+UltraServer groups that promoted one, otherwise an active node) and ``RemoveNode``.
+Backfill comes before RemoveNode on purpose (make before break): until the replacement
+exists the failed node stays, cordoned, carrying its slot and generation, so a crash
+between two steps never loses the generation and the replacement never reuses the failed
+node's name. Without time left in the block there is no backfill, and the failed node
+stays cordoned until the block drains. Each step is skipped when already done (label set,
+a spare already carries ``hyperplan.dev/replaces=<failed node>``, replacement exists), so
+repeating the plan after a partial run converges.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from hyperplan.planning.placement import (
+    HEALTH_PENDING_REPLACEMENT,
+    HEALTH_UNSCHEDULABLE,
+    ROLE_ACTIVE,
+    ROLE_SPARE,
+    UNHEALTHY_TAINT,
+    ObservedNode,
+    SlotState,
+    Taint,
+    UltraServer,
+)
+
+READY = "Ready"
+REASON_TOO_MANY_UNHEALTHY = "TooManyUnhealthy"
+REASON_INVALID_MAX_UNHEALTHY = "InvalidMaxUnhealthy"
+SIGNAL_DELETED = "NodeDeleted"
+SIGNAL_STARTUP_TIMEOUT = "NodeStartupTimeout"
+SIGNAL_LEASE_EXPIRED = "NodeLeaseExpired"
+
+DEFAULT_BAD_CONDITIONS: tuple[tuple[str, str], ...] = (
+    ("AcceleratedHardwareReady", "False"),
+    ("GpuHealthy", "False"),
+)
+
+
+@dataclass(frozen=True)
+class NodeCondition:
+    type: str
+    status: str
+    last_transition_time: datetime
+
+
+@dataclass(frozen=True)
+class NodeObservation:
+    """One of the group's nodes (or an expected node that is gone) as the handler saw it.
+
+    ``health_label`` is whichever of the hyperplan or SageMaker health labels says
+    ``Unschedulable*`` (else either's value), ``health_label_since`` when it was first seen.
+    ``slot``/``generation`` come from the node's ``hyperplan.dev/slot`` and
+    ``hyperplan.dev/generation`` labels, ``replaces`` from ``hyperplan.dev/replaces`` (set on
+    a promoted spare).
+    """
+
+    name: str
+    exists: bool = True
+    conditions: tuple[NodeCondition, ...] = ()
+    health_label: str | None = None
+    health_label_since: datetime | None = None
+    role: str = ROLE_ACTIVE
+    ultraserver_id: str | None = None
+    lease_renewed: datetime | None = None
+    deleted_since: datetime | None = None
+    created: datetime | None = None
+    slot: str | None = None
+    generation: int = 0
+    replaces: str | None = None
+
+    def condition(self, type_: str) -> NodeCondition | None:
+        for c in self.conditions:
+            if c.type == type_:
+                return c
+        return None
+
+    @property
+    def ready(self) -> bool:
+        c = self.condition(READY)
+        return self.exists and c is not None and c.status == "True"
+
+
+@dataclass(frozen=True)
+class HealthCheck:
+    grace: timedelta = timedelta(seconds=30)
+    bad_conditions: tuple[tuple[str, str], ...] = DEFAULT_BAD_CONDITIONS
+    max_unhealthy: int | str = "20%"
+    startup_timeout: timedelta | None = timedelta(minutes=10)
+
+    @classmethod
+    def from_spec(cls, grace_seconds: int = 30, max_unhealthy: int | str = "20%",
+                  unhealthy_conditions: Sequence[str] | None = None) -> HealthCheck:
+        """From an InstanceGroup's ``spec.healthCheck`` (conditions as ``Type=Status``)."""
+        bad = (DEFAULT_BAD_CONDITIONS if unhealthy_conditions is None
+               else tuple(parse_condition_spec(c) for c in unhealthy_conditions))
+        return cls(timedelta(seconds=grace_seconds), bad, max_unhealthy)
+
+
+def parse_condition_spec(text: str) -> tuple[str, str]:
+    """``"GpuHealthy=False"`` -> ``("GpuHealthy", "False")``; ``ValueError`` if malformed."""
+    type_, sep, status = text.partition("=")
+    if not sep or not type_.strip() or status.strip() not in ("True", "False", "Unknown"):
+        raise ValueError(f"condition {text!r} is not Type=True|False|Unknown")
+    return type_.strip(), status.strip()
+
+
+@dataclass(frozen=True)
+class HealthVerdict:
+    """``unhealthy``, ``unknown`` and ``healthy`` partition the nodes; ``pending`` lists the
+    nodes (healthy or unknown) with a signal still inside its grace, ``next_check`` the
+    earliest moment one of those passes its grace (``None``: nothing pending)."""
+
+    unhealthy: Mapping[str, str]
+    healthy: tuple[str, ...]
+    unknown: Mapping[str, str]
+    pending: Mapping[str, str]
+    next_check: datetime | None
+
+
+def _signals(node: NodeObservation, check: HealthCheck) -> list[tuple[str, datetime | None, timedelta]]:
+    """(reason, since, timeout) of every current signal, in a fixed order."""
+    if not node.exists:
+        return [(SIGNAL_DELETED, node.deleted_since, check.grace)]
+    out: list[tuple[str, datetime | None, timedelta]] = []
+    ready = node.condition(READY)
+    if ready is not None and ready.status in ("False", "Unknown"):
+        out.append((f"{READY}={ready.status}", ready.last_transition_time, check.grace))
+    for type_, bad_status in check.bad_conditions:
+        if type_ == READY and ready is not None and ready.status in ("False", "Unknown"):
+            continue  # already covered
+        c = node.condition(type_)
+        if c is not None and c.status == bad_status:
+            out.append((f"{type_}={bad_status}", c.last_transition_time, check.grace))
+    if node.health_label and node.health_label.startswith(HEALTH_UNSCHEDULABLE):
+        out.append((f"NodeHealthStatus={node.health_label}", node.health_label_since,
+                    check.grace))
+    if ready is None and check.startup_timeout is not None and node.created is not None:
+        out.append((SIGNAL_STARTUP_TIMEOUT, node.created, check.startup_timeout))
+    return out
+
+
+def evaluate_health(nodes: Sequence[NodeObservation], check: HealthCheck,
+                    now: datetime) -> HealthVerdict:
+    """Judge every node at ``now`` (see the module docstring)."""
+    unhealthy: dict[str, str] = {}
+    unknown: dict[str, str] = {}
+    pending: dict[str, str] = {}
+    healthy: list[str] = []
+    next_check: datetime | None = None
+    for node in sorted(nodes, key=lambda n: n.name):
+        expired: list[tuple[datetime | None, int, str]] = []
+        waiting: list[tuple[datetime, int, str]] = []
+        for i, (reason, since, timeout) in enumerate(_signals(node, check)):
+            deadline = None if since is None else since + timeout
+            if deadline is None or deadline <= now:
+                expired.append((deadline, i, reason))
+            else:
+                waiting.append((deadline, i, reason))
+        if expired:
+            # the signal that passed its grace first (unknown start = earliest)
+            expired.sort(key=lambda e: (e[0] is not None, e[0] or now, e[1]))
+            unhealthy[node.name] = expired[0][2]
+            continue
+        if waiting:
+            waiting.sort()
+            pending[node.name] = waiting[0][2]
+            if next_check is None or waiting[0][0] < next_check:
+                next_check = waiting[0][0]
+        if node.lease_renewed is not None and now - node.lease_renewed > check.grace:
+            unknown[node.name] = SIGNAL_LEASE_EXPIRED
+        else:
+            healthy.append(node.name)
+    return HealthVerdict(unhealthy, tuple(healthy), unknown, pending, next_check)
+
+
+# --------------------------------------------------------------------------- circuit breaker
+
+
+def max_unhealthy_limit(max_unhealthy: int | str, total: int) -> int:
+    """The bound as a count: an int or ``"N"`` as is, ``"N%"`` of ``total`` rounded down.
+
+    Raises ``ValueError`` for anything else (negative, ``"x%"``, a bool).
+    """
+    if isinstance(max_unhealthy, bool):
+        raise ValueError(f"maxUnhealthy must be a count or a percentage, got {max_unhealthy!r}")
+    if isinstance(max_unhealthy, int):
+        value = max_unhealthy
+    elif isinstance(max_unhealthy, str) and max_unhealthy.strip().endswith("%"):
+        digits = max_unhealthy.strip()[:-1]
+        if not digits.isdigit():
+            raise ValueError(f"maxUnhealthy {max_unhealthy!r} is not a percentage such as 20%")
+        return total * int(digits) // 100
+    elif isinstance(max_unhealthy, str) and max_unhealthy.strip().isdigit():
+        value = int(max_unhealthy.strip())
+    else:
+        raise ValueError(f"maxUnhealthy {max_unhealthy!r} is not a count or a percentage")
+    if value < 0:
+        raise ValueError(f"maxUnhealthy must be >= 0, got {value}")
+    return value
+
+
+def remediation_allowed(unhealthy_count: int, total: int,
+                        max_unhealthy: int | str) -> tuple[bool, str]:
+    """Whether ``unhealthy_count`` of ``total`` nodes may be remediated, and why (or why not)."""
+    try:
+        limit = max_unhealthy_limit(max_unhealthy, total)
+    except ValueError as exc:
+        return False, f"remediation paused: {exc}"
+    spec = f"maxUnhealthy {max_unhealthy}" + (
+        f" ({limit} of {total})" if isinstance(max_unhealthy, str) and "%" in max_unhealthy
+        else "")
+    if unhealthy_count > limit:
+        return False, (f"{unhealthy_count} of {total} nodes are unhealthy, more than {spec} "
+                       "allows; remediation paused")
+    return True, f"{unhealthy_count} of {total} nodes are unhealthy, within {spec}"
+
+
+# --------------------------------------------------------------------------- remediation
+
+
+@dataclass(frozen=True)
+class MarkUnhealthy:
+    """Label the node ``hyperplan.dev/node-health-status=<health_status>`` and add ``taint``."""
+
+    node: str
+    reason: str
+    health_status: str = HEALTH_PENDING_REPLACEMENT
+    taint: Taint = UNHEALTHY_TAINT
+
+
+@dataclass(frozen=True)
+class PromoteSpare:
+    """Make ``spare`` active in place of ``replacing``: role label ``active``, label
+    ``hyperplan.dev/replaces=<replacing>``, spare taint removed."""
+
+    spare: str
+    replacing: str
+    ultraserver_id: str | None
+    same_ultraserver: bool
+
+
+@dataclass(frozen=True)
+class Backfill:
+    """Create the node for ``slot`` at ``generation`` with ``role`` (replacing a failed node).
+
+    Feed :meth:`slot_state` into :func:`~hyperplan.planning.placement.desired_nodes` to get
+    its name, labels and taints.
+    """
+
+    replacing: str
+    slot: str
+    generation: int
+    role: str
+    ultraserver_id: str | None
+
+    def slot_state(self) -> SlotState:
+        return SlotState(self.generation, self.role)
+
+
+@dataclass(frozen=True)
+class RemoveNode:
+    node: str
+    reason: str
+
+
+Action = MarkUnhealthy | PromoteSpare | Backfill | RemoveNode
+
+
+@dataclass(frozen=True)
+class RemediationPlan:
+    allowed: bool
+    actions: tuple[Action, ...]
+    reason: str | None
+    message: str
+    unhealthy_count: int = 0
+
+    def slot_states(self) -> dict[str, SlotState]:
+        """The slot states the plan's backfills create, for ``desired_nodes(slots=...)``."""
+        return {a.slot: a.slot_state() for a in self.actions if isinstance(a, Backfill)}
+
+
+def _pick_spare(failed: NodeObservation, nodes: Sequence[NodeObservation],
+                verdict: HealthVerdict, taken: set[str],
+                us_index: Mapping[str, int]) -> NodeObservation | None:
+    candidates = [
+        n for n in nodes
+        if n.role == ROLE_SPARE and n.exists and n.name not in taken
+        and n.name not in verdict.unhealthy and n.name not in verdict.unknown
+    ]
+    if not candidates:
+        return None
+
+    def rank(n: NodeObservation) -> tuple:
+        return (
+            n.ultraserver_id != failed.ultraserver_id,  # same UltraServer first
+            n.name in verdict.pending,                  # then the healthiest
+            not n.ready,
+            us_index.get(n.ultraserver_id or "", len(us_index)),
+            n.ultraserver_id or "",
+            n.name,
+        )
+
+    return min(candidates, key=rank)
+
+
+def plan_remediation(
+    verdict: HealthVerdict,
+    nodes: Sequence[NodeObservation],
+    ultraservers: Sequence[UltraServer] = (),
+    *,
+    block_has_time_left: bool,
+    uses_spares: bool,
+    max_unhealthy: int | str = "20%",
+) -> RemediationPlan:
+    """What to do about the group's unhealthy ``nodes`` (see the module docstring).
+
+    ``nodes`` are all of the group's nodes on the block (their count is the base of a
+    percentage ``max_unhealthy``); ``ultraservers`` order spares on other UltraServers.
+    """
+    by_name = {n.name: n for n in nodes}
+    failed = sorted(name for name in verdict.unhealthy if name in by_name)
+    if not failed:
+        return RemediationPlan(True, (), None, "no unhealthy nodes", 0)
+    allowed, message = remediation_allowed(len(failed), len(nodes), max_unhealthy)
+    if not allowed:
+        return RemediationPlan(False, (), REASON_TOO_MANY_UNHEALTHY, message, len(failed))
+
+    us_index = {u.id: u.index for u in ultraservers}
+    already_promoted = {n.replaces for n in nodes if n.exists and n.replaces}
+    taken: set[str] = set()
+    marks: list[Action] = []
+    promotions: list[Action] = []
+    backfills: list[Action] = []
+    removals: list[Action] = []
+    notes: list[str] = []
+
+    for name in failed:
+        node = by_name[name]
+        reason = verdict.unhealthy[name]
+        if node.exists and node.health_label != HEALTH_PENDING_REPLACEMENT:
+            marks.append(MarkUnhealthy(name, reason))
+
+        promoted = name in already_promoted
+        if uses_spares and node.role == ROLE_ACTIVE and not promoted:
+            spare = _pick_spare(node, nodes, verdict, taken, us_index)
+            if spare is None:
+                notes.append(f"no healthy spare to replace {name}")
+            else:
+                taken.add(spare.name)
+                promoted = True
+                promotions.append(PromoteSpare(
+                    spare.name, name, spare.ultraserver_id,
+                    spare.ultraserver_id == node.ultraserver_id))
+
+        replaced = node.slot is not None and any(
+            o.exists and o.slot == node.slot and o.generation > node.generation
+            for o in nodes)
+        if not replaced:
+            if node.slot is None:
+                notes.append(f"{name} has no slot label; not backfilled")
+            elif not block_has_time_left:
+                notes.append(f"no time left in the block to backfill {name}; "
+                             "it stays cordoned")
+            else:
+                role = ROLE_SPARE if (node.role == ROLE_SPARE or promoted) else ROLE_ACTIVE
+                backfills.append(Backfill(name, node.slot, node.generation + 1, role,
+                                          node.ultraserver_id))
+                replaced = True
+        if node.exists and replaced:
+            removals.append(RemoveNode(name, reason))
+
+    actions = tuple(marks + promotions + backfills + removals)
+    if notes:
+        message = f"{message}; " + "; ".join(notes)
+    return RemediationPlan(True, actions, None, message, len(failed))
+
+
+def observed_nodes(group: str, nodes: Sequence[NodeObservation],
+                   verdict: HealthVerdict) -> list[ObservedNode]:
+    """The group's nodes for :func:`~hyperplan.planning.placement.plan_counts` and
+    ``ultraserver_reports``: existing nodes, plus gone ones judged unhealthy."""
+    out = []
+    for n in sorted(nodes, key=lambda n: n.name):
+        if not n.exists and n.name not in verdict.unhealthy:
+            continue
+        healthy: bool | None
+        if n.name in verdict.unhealthy:
+            healthy = False
+        elif n.name in verdict.unknown:
+            healthy = None
+        else:
+            healthy = True
+        out.append(ObservedNode(n.name, group, n.role, n.ultraserver_id, healthy, n.ready,
+                                n.health_label == HEALTH_PENDING_REPLACEMENT))
+    return out

@@ -1,0 +1,577 @@
+"""Offering search: cut training-plan offerings out of capacity pools.
+
+Pure: the pools (with everything already taken from them) and `now` come in,
+offerings or rule violations go out.
+
+How the search works (DESIGN.md section 1):
+
+1. The request is checked against the policy (`validate_request`); an invalid
+   request yields no offerings.
+2. For every pool of the requested instance type (or UltraServer type), the
+   stretches of time in which the requested count still fits are computed once.
+3. Candidates: in every pool, the earliest contiguous block of the full
+   duration; and for every split of the duration into two blocks of whole days
+   (d1 + d2) and every allowed pair of pools, the earliest first block followed
+   by the earliest second block after it. Taking the earliest first block is
+   optimal: any later first block can only push the second one later.
+   Capacity is sold at most `max_start_ahead` ahead, so every block (not only
+   the first) starts within it; this also bounds the gap between blocks.
+4. Candidates are ranked by earliest finish, then fewest blocks, then fewest
+   AZs, then smallest gap. A candidate is dropped when a better-ranked one that
+   was kept ends no later, has no more blocks and uses no AZ it does not: it
+   would give the user nothing more. (This drops, for one, a free contiguous
+   block cut in two.) The best three remain.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Iterable, Sequence
+
+from hyperplan.planning.policy import Policy, format_duration
+
+TARGETS = ("training-job", "hyperpod-cluster")
+ULTRASERVER_INSTANCES = {"ml.u-p6e-gb200x72": 18, "ml.u-p6e-gb200x36": 9}  # instances per UltraServer
+ULTRASERVER_INSTANCE_TYPE = "ml.p6e-gb200.36xlarge"
+SINGLE_AZ_TARGETS = frozenset({"hyperpod-cluster"})
+MAX_OFFERINGS = 3
+
+
+@dataclass(frozen=True)
+class Busy:
+    """Capacity already taken in a pool: an `unavailable` window or a ledger reservation."""
+
+    start: datetime
+    end: datetime
+    instance_count: int
+
+
+@dataclass(frozen=True)
+class PoolSnapshot:
+    name: str
+    instance_type: str
+    availability_zone: str
+    instance_count: int
+    ultra_server_type: str | None = None
+    busy: tuple[Busy, ...] = ()
+
+
+@dataclass(frozen=True)
+class OfferingRequest:
+    """What a TrainingPlan asks for: either instance type + count or UltraServer type + count."""
+
+    instance_type: str | None
+    instance_count: int | None
+    ultra_server_type: str | None
+    ultra_server_count: int | None
+    target: str
+    duration: timedelta
+    start_after: datetime | None = None
+    end_before: datetime | None = None
+
+    @property
+    def is_ultra_server(self) -> bool:
+        return self.ultra_server_type is not None
+
+    @property
+    def effective_instance_type(self) -> str | None:
+        if self.is_ultra_server:
+            return ULTRASERVER_INSTANCE_TYPE
+        return self.instance_type
+
+    @property
+    def effective_instance_count(self) -> int | None:
+        """Instances to reserve; for UltraServers, every instance of every UltraServer."""
+        if not self.is_ultra_server:
+            return self.instance_count
+        per_server = ULTRASERVER_INSTANCES.get(self.ultra_server_type or "")
+        if per_server is None or self.ultra_server_count is None:
+            return None
+        return per_server * self.ultra_server_count
+
+
+@dataclass(frozen=True)
+class Block:
+    pool: str
+    availability_zone: str
+    instance_type: str
+    instance_count: int
+    start: datetime
+    end: datetime
+    ultra_server_type: str | None = None
+    ultra_server_count: int | None = None
+
+    @property
+    def duration(self) -> timedelta:
+        return self.end - self.start
+
+
+def offering_id(blocks: Iterable[Block]) -> str:
+    """A stable id for a set of blocks: the same blocks always give the same id."""
+    canonical = ";".join(
+        "|".join(
+            (
+                block.pool,
+                block.availability_zone,
+                block.instance_type,
+                str(block.instance_count),
+                block.start.astimezone(timezone.utc).isoformat(),
+                block.end.astimezone(timezone.utc).isoformat(),
+                block.ultra_server_type or "",
+                str(block.ultra_server_count or ""),
+            )
+        )
+        for block in blocks
+    )
+    return "tpo-" + hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Offering:
+    id: str
+    blocks: tuple[Block, ...]
+
+    @classmethod
+    def from_blocks(cls, blocks: Iterable[Block]) -> Offering:
+        ordered = tuple(sorted(blocks, key=lambda block: (block.start, block.pool)))
+        if not ordered:
+            raise ValueError("an offering needs at least one block")
+        return cls(id=offering_id(ordered), blocks=ordered)
+
+    @property
+    def start(self) -> datetime:
+        return self.blocks[0].start
+
+    @property
+    def end(self) -> datetime:
+        return self.blocks[-1].end
+
+    @property
+    def duration(self) -> timedelta:
+        """Reserved time, gaps between blocks not counted."""
+        return sum((block.duration for block in self.blocks), timedelta(0))
+
+    @property
+    def availability_zones(self) -> tuple[str, ...]:
+        """The AZs of the blocks, in block order, each once."""
+        return tuple(dict.fromkeys(block.availability_zone for block in self.blocks))
+
+
+@dataclass(frozen=True)
+class RuleViolation:
+    reason: str  # CamelCase, names the rule
+    message: str
+
+
+# --------------------------------------------------------------------------- validation
+
+
+@dataclass(frozen=True)
+class _Window:
+    first_start: datetime  # earliest start the policy and request allow, on the start grid
+    latest_start: datetime  # every block must start by then (max_start_ahead)
+    end_limit: datetime | None  # the whole offering must end by then (end_before)
+
+
+def _search_window(request: OfferingRequest, policy: Policy, now: datetime) -> _Window:
+    # An offering that starts sooner than min_purchase_lead could never be bought.
+    earliest = now + max(policy.earliest_start_after_search, policy.min_purchase_lead)
+    if request.start_after is not None and request.start_after > earliest:
+        earliest = request.start_after
+    return _Window(
+        first_start=policy.align_up(earliest),
+        latest_start=now + policy.max_start_ahead,
+        end_limit=request.end_before,
+    )
+
+
+def validate_request(request: OfferingRequest, policy: Policy, now: datetime) -> list[RuleViolation]:
+    """Every rule the request breaks under `policy` at `now`; empty when it may be searched."""
+    violations: list[RuleViolation] = []
+    if request.target not in TARGETS:
+        violations.append(
+            RuleViolation(
+                "UnknownTargetResource",
+                f"targetResource {request.target!r} is not one of {', '.join(TARGETS)}",
+            )
+        )
+    violations += _validate_capacity(request, policy)
+    duration_ok = _validate_duration(request.duration, policy, violations)
+    if duration_ok:
+        violations += _validate_window(request, policy, now)
+    return violations
+
+
+def _validate_capacity(request: OfferingRequest, policy: Policy) -> list[RuleViolation]:
+    if request.is_ultra_server:
+        problems = []
+        per_server = ULTRASERVER_INSTANCES.get(request.ultra_server_type or "")
+        if per_server is None:
+            problems.append(
+                RuleViolation(
+                    "UnknownUltraServerType",
+                    f"ultraServerType {request.ultra_server_type!r} is not one of "
+                    f"{', '.join(sorted(ULTRASERVER_INSTANCES))}",
+                )
+            )
+        if request.ultra_server_count is None or request.ultra_server_count < 1:
+            problems.append(
+                RuleViolation(
+                    "UltraServerCountNotAllowed",
+                    f"ultraServerCount must be a whole number of UltraServers, at least 1; "
+                    f"got {request.ultra_server_count!r}",
+                )
+            )
+        conflicting_type = request.instance_type not in (None, ULTRASERVER_INSTANCE_TYPE)
+        conflicting_count = request.instance_count is not None and request.instance_count != (
+            request.effective_instance_count
+        )
+        if conflicting_type or conflicting_count:
+            problems.append(
+                RuleViolation(
+                    "InvalidCapacityRequest",
+                    "give either instanceType + instanceCount or ultraServerType + ultraServerCount; "
+                    f"UltraServers hold {ULTRASERVER_INSTANCE_TYPE} instances and are counted in whole "
+                    "UltraServers",
+                )
+            )
+        return problems
+
+    if not request.instance_type or request.ultra_server_count is not None:
+        return [
+            RuleViolation(
+                "InvalidCapacityRequest",
+                "give either instanceType + instanceCount or ultraServerType + ultraServerCount",
+            )
+        ]
+    if request.instance_count not in policy.allowed_instance_counts:
+        allowed = ", ".join(str(count) for count in policy.allowed_instance_counts)
+        return [
+            RuleViolation(
+                "InstanceCountNotAllowed",
+                f"instanceCount {request.instance_count!r} is not allowed; choose one of {allowed}",
+            )
+        ]
+    return []
+
+
+def _validate_duration(duration: timedelta, policy: Policy, violations: list[RuleViolation]) -> bool:
+    days = policy.whole_days(duration)
+    if days is None:
+        violations.append(
+            RuleViolation(
+                "DurationNotWholeDays",
+                f"duration {format_duration(duration)} is not a whole number of days "
+                f"(a day is {format_duration(policy.day)} under policy {policy.name})",
+            )
+        )
+        return False
+    if not policy.min_duration_days <= days <= policy.max_duration_days:
+        violations.append(
+            RuleViolation(
+                "DurationOutOfRange",
+                f"duration {format_duration(duration)} is outside "
+                f"{format_duration(policy.min_duration)} to {format_duration(policy.max_duration)}",
+            )
+        )
+        return False
+    return True
+
+
+def _validate_window(request: OfferingRequest, policy: Policy, now: datetime) -> list[RuleViolation]:
+    window = _search_window(request, policy, now)
+    if window.first_start > window.latest_start:
+        return [
+            RuleViolation(
+                "StartTooFarAhead",
+                f"the earliest possible start {_fmt_time(window.first_start)} is more than "
+                f"{format_duration(policy.max_start_ahead)} ahead; a plan must start by "
+                f"{_fmt_time(window.latest_start)}",
+            )
+        ]
+    if request.end_before is None:
+        return []
+    latest_fitting_start = request.end_before - request.duration
+    window_opens = request.start_after if request.start_after is not None else now
+    policy_earliest = now + max(policy.earliest_start_after_search, policy.min_purchase_lead)
+    if latest_fitting_start < window_opens:
+        return [
+            RuleViolation(
+                "WindowTooShort",
+                f"the window {_fmt_time(window_opens)} to {_fmt_time(request.end_before)} is shorter "
+                f"than the duration {format_duration(request.duration)}",
+            )
+        ]
+    if latest_fitting_start < policy_earliest:
+        return [
+            RuleViolation(
+                "StartTooSoon",
+                f"to end by {_fmt_time(request.end_before)} the plan would have to start by "
+                f"{_fmt_time(latest_fitting_start)}, but plans start at "
+                f"{_fmt_time(policy_earliest)} at the earliest",
+            )
+        ]
+    if window.first_start > latest_fitting_start:
+        return [
+            RuleViolation(
+                "WindowTooShort",
+                f"no {format_duration(request.duration)} block on the start grid fits before "
+                f"{_fmt_time(request.end_before)}: the first possible start is "
+                f"{_fmt_time(window.first_start)}"
+                + _alignment_note(policy),
+            )
+        ]
+    return []
+
+
+def _alignment_note(policy: Policy) -> str:
+    if policy.end_time_of_day is None:
+        return ""
+    return f" (blocks end at {policy.end_time_of_day.strftime('%H:%M')} UTC)"
+
+
+# --------------------------------------------------------------------------- search
+
+
+class _FreeTimeline:
+    """When a pool still has room for `count` more instances, from `since` on.
+
+    `intervals` are the maximal stretches [start, end) in which the pool's size
+    minus everything busy at every instant is at least `count`; end None means
+    open-ended (after the last busy window).
+    """
+
+    def __init__(self, pool: PoolSnapshot, count: int, since: datetime, policy: Policy) -> None:
+        self.pool = pool
+        self.policy = policy
+        self.intervals = _free_intervals(pool, count, since)
+
+    def earliest_fit(
+        self,
+        length: timedelta,
+        not_before: datetime,
+        latest_start: datetime | None,
+        end_limit: datetime | None,
+    ) -> datetime | None:
+        """The earliest grid-aligned start of a free block of `length`, or None."""
+        for free_start, free_end in self.intervals:
+            if free_end is not None and free_end <= not_before:
+                continue
+            start = self.policy.align_up(max(free_start, not_before))
+            if latest_start is not None and start > latest_start:
+                return None
+            if end_limit is not None and start + length > end_limit:
+                return None
+            if free_end is None or start + length <= free_end:
+                return start
+        return None
+
+
+def _free_intervals(
+    pool: PoolSnapshot, count: int, since: datetime
+) -> list[tuple[datetime, datetime | None]]:
+    limit = pool.instance_count - count  # the most that may be busy while we hold `count`
+    if limit < 0:
+        return []
+    # Busy windows may overlap each other: usage changes only at their boundaries.
+    deltas: dict[datetime, int] = {}
+    for busy in pool.busy:
+        if busy.end <= since or busy.end <= busy.start:
+            continue
+        deltas[busy.start] = deltas.get(busy.start, 0) + busy.instance_count
+        deltas[busy.end] = deltas.get(busy.end, 0) - busy.instance_count
+
+    intervals: list[tuple[datetime, datetime | None]] = []
+    usage = 0
+    open_since: datetime | None = since  # start of the free stretch in progress; None while full
+    for moment in sorted(deltas):
+        usage += deltas[moment]
+        moment = max(moment, since)
+        if usage > limit and open_since is not None:
+            if moment > open_since:
+                intervals.append((open_since, moment))
+            open_since = None
+        elif usage <= limit and open_since is None:
+            open_since = moment
+    if open_since is not None:
+        intervals.append((open_since, None))
+    return intervals
+
+
+def _peak_usage(busy: Iterable[Busy], start: datetime, end: datetime) -> int:
+    """The most instances busy at any instant of [start, end)."""
+    deltas: dict[datetime, int] = {}
+    for window in busy:
+        if window.start < end and window.end > start:
+            clipped_start = max(window.start, start)
+            clipped_end = min(window.end, end)
+            deltas[clipped_start] = deltas.get(clipped_start, 0) + window.instance_count
+            deltas[clipped_end] = deltas.get(clipped_end, 0) - window.instance_count
+    usage = peak = 0
+    for moment in sorted(deltas):
+        usage += deltas[moment]
+        peak = max(peak, usage)
+    return peak
+
+
+def _matching_pools(request: OfferingRequest, pools: Iterable[PoolSnapshot]) -> list[PoolSnapshot]:
+    """Pools that can serve the request. UltraServer pools sell only whole UltraServers."""
+    if request.is_ultra_server:
+        matching = [pool for pool in pools if pool.ultra_server_type == request.ultra_server_type]
+    else:
+        matching = [
+            pool
+            for pool in pools
+            if pool.ultra_server_type is None and pool.instance_type == request.instance_type
+        ]
+    return sorted(matching, key=lambda pool: pool.name)
+
+
+def search_offerings(
+    request: OfferingRequest, pools: Sequence[PoolSnapshot], policy: Policy, now: datetime
+) -> list[Offering]:
+    """At most three offerings for `request`, best first. [] means no capacity (or an invalid request)."""
+    if validate_request(request, policy, now):
+        return []
+    window = _search_window(request, policy, now)
+    count = request.effective_instance_count
+    assert count is not None  # validated above
+    days = policy.whole_days(request.duration)
+    assert days is not None
+    timelines = [
+        _FreeTimeline(pool, count, window.first_start, policy)
+        for pool in _matching_pools(request, pools)
+        if pool.instance_count >= count
+    ]
+
+    def block(timeline: _FreeTimeline, start: datetime, length: timedelta) -> Block:
+        pool = timeline.pool
+        return Block(
+            pool=pool.name,
+            availability_zone=pool.availability_zone,
+            instance_type=pool.instance_type,
+            instance_count=count,
+            start=start,
+            end=start + length,
+            ultra_server_type=request.ultra_server_type,
+            ultra_server_count=request.ultra_server_count,
+        )
+
+    candidates: list[Offering] = []
+    for timeline in timelines:
+        start = timeline.earliest_fit(
+            request.duration, window.first_start, window.latest_start, window.end_limit
+        )
+        if start is not None:
+            candidates.append(Offering.from_blocks([block(timeline, start, request.duration)]))
+
+    single_az = request.target in SINGLE_AZ_TARGETS
+    for first_days in range(1, days):
+        first_length = policy.day * first_days
+        second_length = policy.day * (days - first_days)
+        for first in timelines:
+            first_start = first.earliest_fit(
+                first_length, window.first_start, window.latest_start, window.end_limit
+            )
+            if first_start is None:
+                continue
+            first_end = first_start + first_length
+            for second in timelines:
+                if single_az and second.pool.availability_zone != first.pool.availability_zone:
+                    continue
+                second_start = second.earliest_fit(
+                    second_length, first_end, window.latest_start, window.end_limit
+                )
+                if second_start is None:
+                    continue
+                candidates.append(
+                    Offering.from_blocks(
+                        [block(first, first_start, first_length), block(second, second_start, second_length)]
+                    )
+                )
+    return _best(candidates)
+
+
+def _rank_key(offering: Offering) -> tuple:
+    return (
+        offering.end,
+        len(offering.blocks),
+        len(offering.availability_zones),
+        offering.end - offering.start,  # smallest gap between blocks
+        tuple((block.start, block.pool) for block in offering.blocks),
+    )
+
+
+def _best(candidates: list[Offering]) -> list[Offering]:
+    """The best MAX_OFFERINGS candidates, without duplicates or dominated ones."""
+    kept: list[Offering] = []
+    seen: set[str] = set()
+    for offering in sorted(candidates, key=_rank_key):
+        if offering.id in seen:
+            continue
+        seen.add(offering.id)
+        if any(_covers(better, offering) for better in kept):
+            continue
+        kept.append(offering)
+        if len(kept) == MAX_OFFERINGS:
+            break
+    return kept
+
+
+def _covers(better: Offering, other: Offering) -> bool:
+    """Whether `better` gives the user at least what `other` gives: done no later, no more
+    blocks, no AZ that `other` does not use."""
+    return (
+        better.end <= other.end
+        and len(better.blocks) <= len(other.blocks)
+        and set(better.availability_zones) <= set(other.availability_zones)
+    )
+
+
+# --------------------------------------------------------------------------- recheck
+
+
+def recheck_offering(
+    offering: Offering, pools: Sequence[PoolSnapshot], policy: Policy, now: datetime
+) -> RuleViolation | None:
+    """Whether `offering` may still be bought at `now`: None if so, else why not.
+
+    `pools` must carry every reservation made since the search (the ledger),
+    but not one for this offering itself.
+    """
+    lead = offering.start - now
+    if lead < policy.min_purchase_lead:
+        return RuleViolation(
+            "PurchaseTooLate",
+            f"offering {offering.id} starts at {_fmt_time(offering.start)}; a purchase must complete "
+            f"at least {format_duration(policy.min_purchase_lead)} before the start",
+        )
+    pools_by_name = {pool.name: pool for pool in pools}
+    for number, block in enumerate(offering.blocks, start=1):
+        pool = pools_by_name.get(block.pool)
+        if (
+            pool is None
+            or pool.instance_type != block.instance_type
+            or pool.availability_zone != block.availability_zone
+        ):
+            return RuleViolation(
+                "OfferingUnavailable",
+                f"block {number} of offering {offering.id}: capacity pool {block.pool!r} no longer "
+                f"offers {block.instance_type} in {block.availability_zone}",
+            )
+        used = _peak_usage(pool.busy, block.start, block.end)
+        if used + block.instance_count > pool.instance_count:
+            return RuleViolation(
+                "OfferingUnavailable",
+                f"block {number} of offering {offering.id} ({block.instance_count} x "
+                f"{block.instance_type} in {block.availability_zone}, {_fmt_time(block.start)} to "
+                f"{_fmt_time(block.end)}) is no longer free in pool {pool.name!r}: "
+                f"{used} of {pool.instance_count} instances are taken then",
+            )
+    return None
+
+
+def _fmt_time(moment: datetime) -> str:
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -1,0 +1,744 @@
+"""Placement of instance-group nodes on a reserved-capacity block, and the desired node set.
+
+Pure: plain values in, plain values out; no I/O, no clock, stdlib only.
+
+The model
+---------
+A reserved-capacity block is either a plain block (``count`` nodes, no UltraServers, no
+spares) or a block of whole UltraServers (``ml.u-p6e-gb200x72`` = 18 instances,
+``ml.u-p6e-gb200x36`` = 9). Each UltraServer keeps ``spare_count`` of its instances as
+spares, so only ``instance_count - spare_count`` of them can be handed to groups as
+active nodes (:func:`ultraservers_for_block`).
+
+Placement (:func:`place_groups`) takes the groups bound to the block in an explicit,
+deterministic order (the caller decides: by creation time, then name) and:
+
+1. reserves every *explicit* placement first (SageMaker's ``InstancePlacementConfig``:
+   ``(ultraServerId, instanceCount)`` pairs), in group order, so a group that names its
+   UltraServers is never crowded out by a fill-first group that merely comes earlier;
+2. then places every fill-first group, in order, on what is left:
+
+   * if one UltraServer can hold the whole group, the group goes there - the one with the
+     *least* room that still fits (best fit; ties go to the lowest index). On empty
+     UltraServers this is plain fill-first (14 on two x72 -> all on the first); on shared
+     ones it fills what earlier groups left before opening a fresh NVLink domain, and
+     never splits a group that one domain can hold;
+   * otherwise it takes whole UltraServers, most room first (ties: lowest index), and the
+     remainder goes to the best-fitting one (20 on two empty x72 -> 17 + 3). This uses the
+     fewest UltraServers possible, since crossing UltraServers means EFA instead of NVLink.
+
+   A group is placed whole or not at all: when it does not fit it gets an error and holds
+   nothing, and later groups may use the room.
+
+Spare ownership (:func:`spare_owners`): each UltraServer's spares are materialised as
+nodes by the first group (in the given order) that holds active nodes on it, so a group
+always finds its UltraServer's spares beside its active nodes, and promotion of a spare
+never crosses a group boundary. Spares of UltraServers that no group uses are not created
+(they are still reported as configured spares by :func:`plan_counts`).
+
+Node naming (:func:`node_name`): ``hp-<group>-<hash8(reservedCapacityId)>-<slot>`` plus
+``-g<generation>`` for generation > 0. ``<slot>`` is ``<ultraServerIndex>-<n>`` on
+UltraServer blocks and ``<n>`` otherwise; ``<n>`` counts the group's slots on that
+UltraServer. ``<group>`` is the group name when it is a short (<= 30) DNS label, else a
+cleaned, truncated prefix plus a 4-hex hash of the full name. Names are lowercase DNS-1123
+labels of at most 63 characters and depend only on the inputs, so a restarted operator
+computes the same names and never duplicates a node. A replacement after a failure keeps
+the slot and bumps the generation, so it never reuses the failed node's name.
+
+Network topology labels (:func:`topology_labels`) follow AWS EC2 instance topology, which
+``topology.k8s.aws/network-node-layer-N`` mirrors on EKS/HyperPod: the node set is listed
+top-down, so **layer-1 is the top (farthest) layer and layer-3 the one closest to the
+instance**. hyperplan assigns:
+
+* layer-1: one network node per availability zone (the spine);
+* layer-2: one per reserved-capacity block (the UltraServers bought together);
+* layer-3: one per UltraServer, i.e. its NVLink domain (same grouping as
+  ``topology.k8s.aws/ultraserver-id``).
+
+Values look like AWS network-node ids (``nn-`` + 17 hex digits, a hash of the level's
+identity). A Kueue ``Topology`` therefore lists, top to bottom:
+:func:`kueue_topology_levels` = layer-1, layer-2, layer-3, ``kubernetes.io/hostname``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+# --------------------------------------------------------------------------- constants
+
+ULTRASERVER_INSTANCE_TYPE = "ml.p6e-gb200.36xlarge"
+ULTRASERVER_INSTANCES = {"ml.u-p6e-gb200x72": 18, "ml.u-p6e-gb200x36": 9}
+DEFAULT_SPARES_PER_ULTRASERVER = 1
+
+LABEL_INSTANCE_TYPE = "node.kubernetes.io/instance-type"
+LABEL_ZONE = "topology.kubernetes.io/zone"
+LABEL_HOSTNAME = "kubernetes.io/hostname"
+LABEL_GROUP = "hyperplan.dev/instance-group"
+LABEL_PLAN = "hyperplan.dev/training-plan"
+LABEL_RESERVED_CAPACITY = "hyperplan.dev/reserved-capacity"
+LABEL_ROLE = "hyperplan.dev/role"
+LABEL_HEALTH = "hyperplan.dev/node-health-status"
+LABEL_SAGEMAKER_HEALTH = "sagemaker.amazonaws.com/node-health-status"
+LABEL_SLOT = "hyperplan.dev/slot"
+LABEL_GENERATION = "hyperplan.dev/generation"
+LABEL_REPLACES = "hyperplan.dev/replaces"
+
+ROLE_ACTIVE = "active"
+ROLE_SPARE = "spare"
+
+HEALTH_SCHEDULABLE = "Schedulable"
+HEALTH_UNSCHEDULABLE = "Unschedulable"
+HEALTH_PENDING_REPLACEMENT = "UnschedulablePendingReplacement"
+HEALTH_PENDING_REBOOT = "UnschedulablePendingReboot"
+HEALTH_STATUSES = (HEALTH_SCHEDULABLE, HEALTH_UNSCHEDULABLE, HEALTH_PENDING_REPLACEMENT,
+                   HEALTH_PENDING_REBOOT)
+
+STATUS_OK = "ok"
+STATUS_IMPAIRED = "impaired"
+STATUS_INSUFFICIENT_DATA = "insufficient-data"
+
+# Placement error reasons (condition reasons on the InstanceGroup).
+REASON_INSUFFICIENT_CAPACITY = "InsufficientCapacity"
+REASON_UNKNOWN_ULTRASERVER = "UnknownUltraServer"
+REASON_PLACEMENT_EXCEEDS_CAPACITY = "PlacementExceedsCapacity"
+REASON_PLACEMENT_COUNT_MISMATCH = "PlacementCountMismatch"
+REASON_INVALID_PLACEMENT = "InvalidPlacement"
+
+NODE_NAME_PREFIX = "hp"
+_GROUP_PART_MAX = 30
+_DNS_LABEL_MAX = 63
+
+
+@dataclass(frozen=True)
+class Taint:
+    key: str
+    value: str
+    effect: str
+
+
+SPARE_TAINT = Taint("hyperplan.dev/spare", "true", "NoSchedule")
+UNHEALTHY_TAINT = Taint("hyperplan.dev/unhealthy", "true", "NoSchedule")
+
+
+@dataclass(frozen=True)
+class TopologyKeys:
+    """Label keys for UltraServer topology (configurable; defaults are the EKS/HyperPod keys)."""
+
+    ultraserver_id: str = "topology.k8s.aws/ultraserver-id"
+    layer1: str = "topology.k8s.aws/network-node-layer-1"
+    layer2: str = "topology.k8s.aws/network-node-layer-2"
+    layer3: str = "topology.k8s.aws/network-node-layer-3"
+
+
+def kueue_topology_levels(keys: TopologyKeys = TopologyKeys()) -> list[str]:
+    """Node labels for a Kueue ``Topology``'s ``levels``, top (farthest) to bottom (closest)."""
+    return [keys.layer1, keys.layer2, keys.layer3, LABEL_HOSTNAME]
+
+
+# --------------------------------------------------------------------------- names and values
+
+
+def _hash(text: str, length: int) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:length]
+
+
+_LABEL_VALUE_RE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def is_dns_label(name: str) -> bool:
+    """True for a DNS-1123 label: lowercase alphanumerics and '-', alnum at both ends, <= 63."""
+    return len(name) <= _DNS_LABEL_MAX and bool(_DNS_LABEL_RE.match(name))
+
+
+def label_value(text: str) -> str:
+    """``text`` if it is a valid Kubernetes label value, else a valid, unique stand-in.
+
+    The stand-in is a cleaned prefix plus ``-`` and 8 hex digits of a hash of ``text``, at
+    most 63 characters. Use the same function to build selectors for such labels.
+    """
+    if len(text) <= _DNS_LABEL_MAX and _LABEL_VALUE_RE.match(text):
+        return text
+    cleaned = re.sub(r"[^A-Za-z0-9_.-]", "-", text)[: _DNS_LABEL_MAX - 9]
+    cleaned = re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", cleaned)
+    digest = _hash(text, 8)
+    return f"{cleaned}-{digest}" if cleaned else digest
+
+
+def _group_part(group: str) -> str:
+    if len(group) <= _GROUP_PART_MAX and _DNS_LABEL_RE.match(group):
+        return group
+    cleaned = re.sub(r"[^a-z0-9-]", "-", group.lower())[: _GROUP_PART_MAX - 5].strip("-")
+    digest = _hash(group, 4)
+    return f"{cleaned}-{digest}" if cleaned else digest
+
+
+def node_name(group: str, reserved_capacity_id: str, slot: str, generation: int = 0) -> str:
+    """The deterministic node name of a group's slot on a block (see the module docstring).
+
+    ``slot`` is ``"<ultraServerIndex>-<n>"`` or ``"<n>"``; ``generation`` > 0 appends
+    ``-g<generation>`` so that a replacement never reuses a failed node's name.
+    """
+    if generation < 0:
+        raise ValueError(f"generation must be >= 0, got {generation}")
+    if not re.fullmatch(r"[0-9]+(-[0-9]+)?", slot):
+        raise ValueError(f"slot must be '<n>' or '<ultraServerIndex>-<n>', got {slot!r}")
+    name = f"{NODE_NAME_PREFIX}-{_group_part(group)}-{_hash(reserved_capacity_id, 8)}-{slot}"
+    if generation:
+        name = f"{name}-g{generation}"
+    if not is_dns_label(name):  # only with absurd slot or generation numbers
+        raise ValueError(f"node name {name!r} is not a valid DNS-1123 label")
+    return name
+
+
+def ultraserver_id(reserved_capacity_id: str, index: int) -> str:
+    """``<reservedCapacityId>-us-<index>``, kept a valid label value (hashed when too long)."""
+    suffix = f"-us-{index}"
+    candidate = f"{reserved_capacity_id}{suffix}"
+    if len(candidate) <= _DNS_LABEL_MAX and _LABEL_VALUE_RE.match(candidate):
+        return candidate
+    base = label_value(reserved_capacity_id)
+    if len(base) + len(suffix) > _DNS_LABEL_MAX:
+        keep = _DNS_LABEL_MAX - len(suffix) - 9
+        base = f"{base[:keep].rstrip('-_.')}-{_hash(reserved_capacity_id, 8)}"
+    return f"{base}{suffix}"
+
+
+def network_node_id(level: str, identity: str) -> str:
+    """An AWS-style network-node id (``nn-`` + 17 hex) for a topology level's identity."""
+    return "nn-" + _hash(f"{level}/{identity}", 17)
+
+
+# --------------------------------------------------------------------------- UltraServers
+
+
+@dataclass(frozen=True)
+class UltraServer:
+    id: str
+    index: int
+    instance_count: int
+    spare_count: int
+
+    @property
+    def usable(self) -> int:
+        """Instances that can be handed to groups as active nodes."""
+        return self.instance_count - self.spare_count
+
+
+def ultraservers_for_block(
+    reserved_capacity_id: str,
+    ultra_server_type: str | None,
+    instance_count: int,
+    spare_per_ultraserver: int = DEFAULT_SPARES_PER_ULTRASERVER,
+) -> tuple[UltraServer, ...]:
+    """The UltraServers of a block, ``()`` for a block without UltraServers.
+
+    Raises ``ValueError`` for an unknown UltraServer type, an instance count that is not a
+    whole number of UltraServers, or a spare count outside ``0 .. instances-1``.
+    """
+    if not ultra_server_type:
+        return ()
+    size = ULTRASERVER_INSTANCES.get(ultra_server_type)
+    if size is None:
+        raise ValueError(f"unknown UltraServer type {ultra_server_type!r}; "
+                         f"known: {', '.join(sorted(ULTRASERVER_INSTANCES))}")
+    if instance_count <= 0 or instance_count % size:
+        raise ValueError(f"{instance_count} instances is not a whole number of "
+                         f"{ultra_server_type} UltraServers ({size} instances each)")
+    if not 0 <= spare_per_ultraserver < size:
+        raise ValueError(f"spares per UltraServer must be between 0 and {size - 1}, "
+                         f"got {spare_per_ultraserver}")
+    return tuple(
+        UltraServer(ultraserver_id(reserved_capacity_id, i), i, size, spare_per_ultraserver)
+        for i in range(instance_count // size)
+    )
+
+
+# --------------------------------------------------------------------------- placement
+
+
+@dataclass(frozen=True)
+class GroupRequest:
+    name: str
+    instance_count: int
+    explicit: tuple[tuple[str, int], ...] = ()  # ((ultraServerId, count), ...)
+
+
+@dataclass(frozen=True)
+class PlacementResult:
+    """Where one group's active nodes go, or why they cannot be placed.
+
+    ``allocations`` lists ``(ultraServerId, activeCount)`` in UltraServer index order; it is
+    empty on blocks without UltraServers, where the group simply has ``instance_count``
+    nodes. ``reason``/``message`` are set (and ``allocations`` empty) when placement failed.
+    """
+
+    group: str
+    instance_count: int
+    allocations: tuple[tuple[str, int], ...] = ()
+    reason: str | None = None
+    message: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.reason is None
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """``{ultraServerId: active count}``."""
+        return dict(self.allocations)
+
+
+def _fail(group: GroupRequest, reason: str, message: str) -> PlacementResult:
+    return PlacementResult(group.name, group.instance_count, (), reason, message)
+
+
+def _fill(need: int, room: dict[str, int], order: Sequence[UltraServer]) -> dict[str, int]:
+    """Best-fit/fewest-UltraServers allocation of ``need`` (caller checked it fits)."""
+    alloc: dict[str, int] = {}
+    free = [u for u in order if room[u.id] > 0]
+    while need > 0:
+        fitting = [u for u in free if room[u.id] >= need]
+        if fitting:
+            best = min(fitting, key=lambda u: (room[u.id], u.index))
+            alloc[best.id] = alloc.get(best.id, 0) + need
+            return alloc
+        biggest = min(free, key=lambda u: (-room[u.id], u.index))
+        alloc[biggest.id] = room[biggest.id]
+        need -= room[biggest.id]
+        free.remove(biggest)
+    return alloc
+
+
+def place_groups(
+    groups: Sequence[GroupRequest],
+    ultraservers: Sequence[UltraServer],
+    *,
+    capacity: int | None = None,
+) -> dict[str, PlacementResult]:
+    """Place ``groups`` (in the given order) on a block; see the module docstring.
+
+    ``capacity`` bounds the total of a block without UltraServers (groups beyond it, in
+    order, get ``InsufficientCapacity``); ``None`` means unchecked. On UltraServer blocks
+    the bound is the UltraServers' usable instances. The result has one entry per group,
+    in input order. Raises ``ValueError`` for duplicate group names (a caller bug).
+    """
+    names = [g.name for g in groups]
+    if len(set(names)) != len(names):
+        raise ValueError(f"duplicate group names in {names}")
+    results: dict[str, PlacementResult] = {}
+
+    def invalid(g: GroupRequest) -> PlacementResult | None:
+        if g.instance_count < 0:
+            return _fail(g, REASON_INVALID_PLACEMENT,
+                         f"instance count must be >= 0, got {g.instance_count}")
+        seen: set[str] = set()
+        for us_id, count in g.explicit:
+            if count < 0:
+                return _fail(g, REASON_INVALID_PLACEMENT,
+                             f"placement for UltraServer {us_id} has negative count {count}")
+            if us_id in seen:
+                return _fail(g, REASON_INVALID_PLACEMENT,
+                             f"UltraServer {us_id} is named more than once in the placement")
+            seen.add(us_id)
+        return None
+
+    if not ultraservers:
+        used = 0
+        for g in groups:
+            bad = invalid(g)
+            if bad is None and g.explicit:
+                bad = _fail(g, REASON_UNKNOWN_ULTRASERVER,
+                            "the placement names UltraServers "
+                            f"({', '.join(u for u, _ in g.explicit)}) but the block has none")
+            if bad is None and capacity is not None and used + g.instance_count > capacity:
+                bad = _fail(g, REASON_INSUFFICIENT_CAPACITY,
+                            f"{g.instance_count} instances requested, "
+                            f"{max(capacity - used, 0)} of {capacity} left in the block")
+            if bad is None:
+                used += g.instance_count
+                bad = PlacementResult(g.name, g.instance_count)
+            results[g.name] = bad
+        return results
+
+    by_id = {u.id: u for u in ultraservers}
+    order = sorted(ultraservers, key=lambda u: u.index)
+    room = {u.id: u.usable for u in ultraservers}
+
+    def result(g: GroupRequest, alloc: Mapping[str, int]) -> PlacementResult:
+        allocations = tuple((u.id, alloc[u.id]) for u in order if alloc.get(u.id, 0) > 0)
+        return PlacementResult(g.name, g.instance_count, allocations)
+
+    # 1. explicit placements, in order
+    for g in groups:
+        if not g.explicit:
+            continue
+        bad = invalid(g)
+        if bad is None:
+            unknown = [u for u, _ in g.explicit if u not in by_id]
+            if unknown:
+                bad = _fail(g, REASON_UNKNOWN_ULTRASERVER,
+                            f"unknown UltraServer(s) {', '.join(unknown)}; the block has "
+                            f"{', '.join(u.id for u in order)}")
+        if bad is None:
+            total = sum(c for _, c in g.explicit)
+            if total != g.instance_count:
+                bad = _fail(g, REASON_PLACEMENT_COUNT_MISMATCH,
+                            f"the placement places {total} instances but the group asks "
+                            f"for {g.instance_count}")
+        if bad is None:
+            for us_id, count in g.explicit:
+                if count > room[us_id]:
+                    u = by_id[us_id]
+                    taken = u.usable - room[us_id]
+                    bad = _fail(g, REASON_PLACEMENT_EXCEEDS_CAPACITY,
+                                f"{count} instances on UltraServer {us_id}, which has "
+                                f"{u.usable} usable ({u.instance_count} minus {u.spare_count} "
+                                f"spare), {taken} already placed, {room[us_id]} left")
+                    break
+        if bad is None:
+            for us_id, count in g.explicit:
+                room[us_id] -= count
+            bad = result(g, dict(g.explicit))
+        results[g.name] = bad
+
+    # 2. fill-first groups, in order
+    for g in groups:
+        if g.explicit:
+            continue
+        bad = invalid(g)
+        if bad is None:
+            left = sum(room.values())
+            if g.instance_count > left:
+                usable = sum(u.usable for u in order)
+                bad = _fail(g, REASON_INSUFFICIENT_CAPACITY,
+                            f"{g.instance_count} instances requested, {left} of {usable} "
+                            f"usable instances left on {len(order)} UltraServer(s)")
+        if bad is None:
+            alloc = _fill(g.instance_count, room, order)
+            for us_id, count in alloc.items():
+                room[us_id] -= count
+            bad = result(g, alloc)
+        results[g.name] = bad
+
+    return {name: results[name] for name in names}
+
+
+def spare_owners(
+    placements: Mapping[str, PlacementResult], order: Sequence[str] | None = None
+) -> dict[str, str]:
+    """``{ultraServerId: group}``: who materialises each UltraServer's spares.
+
+    The owner is the first group in ``order`` (default: the mapping's order, which
+    :func:`place_groups` keeps as its input order) that holds active nodes on the
+    UltraServer. UltraServers without active nodes have no owner; their spares are not
+    created.
+    """
+    owners: dict[str, str] = {}
+    for name in (order if order is not None else list(placements)):
+        p = placements.get(name)
+        if p is None or not p.ok:
+            continue
+        for us_id, count in p.allocations:
+            if count > 0 and us_id not in owners:
+                owners[us_id] = name
+    return owners
+
+
+def spare_ultraservers(group: str, owners: Mapping[str, str]) -> tuple[str, ...]:
+    """The UltraServer ids whose spares ``group`` holds (sorted)."""
+    return tuple(sorted(us for us, g in owners.items() if g == group))
+
+
+# --------------------------------------------------------------------------- desired nodes
+
+
+@dataclass(frozen=True)
+class SlotState:
+    """What the cluster says about a group's slot: its current generation, role and health.
+
+    Read back from existing nodes with :func:`slot_states_from_labels` and passed to
+    :func:`desired_nodes`, so that a promotion (a spare now active, its old slot refilled
+    by a spare) and a replacement's generation survive the next reconcile and a restart.
+    """
+
+    generation: int = 0
+    role: str | None = None
+    health: str = HEALTH_SCHEDULABLE
+
+    @property
+    def unhealthy(self) -> bool:
+        return self.health.startswith(HEALTH_UNSCHEDULABLE)
+
+
+def slot_states_from_labels(nodes_labels: Iterable[Mapping[str, str]]) -> dict[str, SlotState]:
+    """Slot states from the labels of a group's existing nodes on one block.
+
+    Nodes without a slot label are ignored. When a slot has several nodes (a replacement
+    exists before the failed node is gone) the highest generation wins.
+    """
+    states: dict[str, SlotState] = {}
+    for labels in nodes_labels:
+        slot = labels.get(LABEL_SLOT)
+        if not slot:
+            continue
+        try:
+            generation = int(labels.get(LABEL_GENERATION, "0"))
+        except ValueError:
+            generation = 0
+        role = labels.get(LABEL_ROLE)
+        state = SlotState(generation, role if role in (ROLE_ACTIVE, ROLE_SPARE) else None,
+                          labels.get(LABEL_HEALTH, HEALTH_SCHEDULABLE))
+        if slot not in states or generation > states[slot].generation:
+            states[slot] = state
+    return states
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    name: str
+    labels: Mapping[str, str]
+    taints: tuple[Taint, ...]
+    role: str
+    ultraserver_id: str | None
+    instance_type: str
+    availability_zone: str
+    slot: str = "0"
+    generation: int = 0
+
+
+def topology_labels(
+    availability_zone: str, reserved_capacity_id: str, ultraserver: UltraServer,
+    keys: TopologyKeys = TopologyKeys(),
+) -> dict[str, str]:
+    """The UltraServer topology labels of a node (layer-1 top .. layer-3 NVLink domain)."""
+    return {
+        keys.ultraserver_id: ultraserver.id,
+        keys.layer1: network_node_id("layer-1", availability_zone),
+        keys.layer2: network_node_id("layer-2", reserved_capacity_id),
+        keys.layer3: network_node_id("layer-3", ultraserver.id),
+    }
+
+
+def _assign_roles(slots: Sequence[str], active: int, spare: int,
+                  states: Mapping[str, SlotState]) -> dict[str, str]:
+    """Roles for ``slots``: healthy slots keep their recorded role while the quota lasts;
+    the rest (new, over quota, or unhealthy - those last) take what is left, active first."""
+    roles: dict[str, str] = {}
+    quota = {ROLE_ACTIVE: active, ROLE_SPARE: spare}
+    for slot in slots:
+        st = states.get(slot)
+        if st is not None and not st.unhealthy and st.role in quota and quota[st.role] > 0:
+            roles[slot] = st.role
+            quota[st.role] -= 1
+    rest = [s for s in slots if s not in roles]
+    rest.sort(key=lambda s: (states[s].unhealthy if s in states else False))
+    for slot in rest:
+        role = ROLE_ACTIVE if quota[ROLE_ACTIVE] > 0 else ROLE_SPARE
+        roles[slot] = role
+        quota[role] -= 1
+    return roles
+
+
+def desired_nodes(
+    group: str,
+    plan: str,
+    reserved_capacity_id: str,
+    instance_type: str,
+    availability_zone: str,
+    placement: PlacementResult,
+    ultraservers: Sequence[UltraServer] = (),
+    spare_ultraservers: Collection[str] = (),
+    extra_labels: Mapping[str, str] | None = None,
+    extra_taints: Sequence[Taint] = (),
+    keys: TopologyKeys = TopologyKeys(),
+    slots: Mapping[str, SlotState] | None = None,
+) -> list[NodeSpec]:
+    """The nodes ``group`` should have on this block, sorted by UltraServer index and slot.
+
+    On an UltraServer block the group has, per UltraServer it uses, its active count from
+    ``placement`` plus, for UltraServers in ``spare_ultraservers`` (see
+    :func:`spare_owners`), that UltraServer's spares. Without UltraServers it has
+    ``placement.instance_count`` active nodes and no spares.
+
+    Labels: the group's ``extra_labels``, overridden by the operator's own (instance type,
+    zone, hostname, group, plan, reserved capacity, role, health, slot, generation and, on
+    UltraServers, the topology keys). Taints: ``extra_taints``, plus :data:`SPARE_TAINT` on
+    spares and :data:`UNHEALTHY_TAINT` on slots whose state is unhealthy. The health label
+    is ``Schedulable`` for new slots and the recorded value for known ones, so a reconcile
+    never clears a health mark.
+
+    Raises ``ValueError`` if ``placement`` failed: the caller reports the failure and must
+    not read it as "no nodes wanted".
+    """
+    if not placement.ok:
+        raise ValueError(f"placement of group {group} failed: {placement.reason}: "
+                         f"{placement.message}")
+    states = dict(slots or {})
+    extra = dict(extra_labels or {})
+    group_value = label_value(group)
+    base = {
+        LABEL_INSTANCE_TYPE: instance_type,
+        LABEL_ZONE: availability_zone,
+        LABEL_GROUP: group_value,
+        LABEL_PLAN: label_value(plan),
+        LABEL_RESERVED_CAPACITY: label_value(reserved_capacity_id),
+    }
+
+    # (ultraserver or None, slot keys, active quota, spare quota)
+    layout: list[tuple[UltraServer | None, list[str], int, int]] = []
+    if ultraservers:
+        counts = placement.counts
+        for u in sorted(ultraservers, key=lambda u: u.index):
+            active = counts.get(u.id, 0)
+            spare = u.spare_count if u.id in spare_ultraservers else 0
+            if active + spare:
+                layout.append((u, [f"{u.index}-{j}" for j in range(active + spare)],
+                               active, spare))
+    elif placement.instance_count:
+        n = placement.instance_count
+        layout.append((None, [str(j) for j in range(n)], n, 0))
+
+    nodes: list[NodeSpec] = []
+    for u, slot_keys, active, spare in layout:
+        roles = _assign_roles(slot_keys, active, spare, states)
+        for slot in slot_keys:
+            st = states.get(slot, SlotState())
+            role = roles[slot]
+            name = node_name(group, reserved_capacity_id, slot, st.generation)
+            labels = dict(extra)
+            labels.update(base)
+            labels[LABEL_HOSTNAME] = name
+            labels[LABEL_ROLE] = role
+            labels[LABEL_HEALTH] = st.health
+            labels[LABEL_SLOT] = slot
+            labels[LABEL_GENERATION] = str(st.generation)
+            if u is not None:
+                labels.update(topology_labels(availability_zone, reserved_capacity_id, u, keys))
+            ours = []
+            if role == ROLE_SPARE:
+                ours.append(SPARE_TAINT)
+            if st.unhealthy:
+                ours.append(UNHEALTHY_TAINT)
+            ours_keys = {(t.key, t.effect) for t in ours}
+            taints = tuple(t for t in extra_taints if (t.key, t.effect) not in ours_keys)
+            taints += tuple(ours)
+            nodes.append(NodeSpec(name, labels, taints, role, u.id if u else None,
+                                  instance_type, availability_zone, slot, st.generation))
+    return nodes
+
+
+# --------------------------------------------------------------------------- counts
+
+
+@dataclass(frozen=True)
+class ObservedNode:
+    """A node as the plan's counters see it.
+
+    ``healthy`` is ``None`` when health is unknown (insufficient data).
+    ``pending_replacement`` is set for nodes labelled ``UnschedulablePendingReplacement``.
+    """
+
+    name: str
+    group: str
+    role: str
+    ultraserver_id: str | None
+    healthy: bool | None
+    ready: bool
+    pending_replacement: bool = False
+
+
+@dataclass(frozen=True)
+class Counts:
+    total: int
+    in_use: int
+    available: int
+    available_spares: int
+    unhealthy: int
+    configured_spares: int = 0
+
+    def as_status(self) -> dict[str, int]:
+        """The TrainingPlan status fields (camelCase)."""
+        return {
+            "totalInstanceCount": self.total,
+            "inUseInstanceCount": self.in_use,
+            "availableInstanceCount": self.available,
+            "availableSpareInstanceCount": self.available_spares,
+            "unhealthyInstanceCount": self.unhealthy,
+        }
+
+
+def plan_counts(total: int, configured_spares: int, nodes: Sequence[ObservedNode]) -> Counts:
+    """Counts of a block, as SageMaker reports them.
+
+    * ``in_use``: active nodes that are not unhealthy (unknown health counts as in use);
+    * ``unhealthy``: nodes judged unhealthy, active or spare;
+    * ``available_spares``: spare nodes that are Ready and healthy;
+    * ``available``: ``total - in_use - unhealthy - configured spares``, at least 0. An
+      unhealthy spare is counted once: it is taken off the configured spares it stands in
+      for, not subtracted twice.
+    """
+    unhealthy = sum(1 for n in nodes if n.healthy is False)
+    unhealthy_spares = sum(1 for n in nodes if n.healthy is False and n.role == ROLE_SPARE)
+    in_use = sum(1 for n in nodes if n.role == ROLE_ACTIVE and n.healthy is not False)
+    available_spares = sum(1 for n in nodes
+                           if n.role == ROLE_SPARE and n.healthy is True and n.ready)
+    reserved_spares = max(configured_spares - unhealthy_spares, 0)
+    available = max(total - in_use - unhealthy - reserved_spares, 0)
+    return Counts(total, in_use, available, available_spares, unhealthy, configured_spares)
+
+
+@dataclass(frozen=True)
+class UltraServerReport:
+    id: str
+    availability_zone: str
+    total: int
+    configured_spares: int
+    available: int
+    in_use: int
+    available_spares: int
+    unhealthy: int
+    health_status: str
+
+    def as_status(self) -> dict[str, object]:
+        """An entry of ``TrainingPlan.status.ultraServers`` (camelCase)."""
+        return {
+            "id": self.id,
+            "availabilityZone": self.availability_zone,
+            "totalInstanceCount": self.total,
+            "configuredSpareInstanceCount": self.configured_spares,
+            "availableInstanceCount": self.available,
+            "inUseInstanceCount": self.in_use,
+            "availableSpareInstanceCount": self.available_spares,
+            "unhealthyInstanceCount": self.unhealthy,
+            "healthStatus": self.health_status,
+        }
+
+
+def ultraserver_reports(
+    ultraservers: Sequence[UltraServer], availability_zone: str, nodes: Sequence[ObservedNode]
+) -> list[UltraServerReport]:
+    """Per-UltraServer counts and health, in index order.
+
+    ``health_status`` is ``impaired`` if any of its nodes is unhealthy or pending
+    replacement, else ``insufficient-data`` if any node's health is unknown, else ``ok``
+    (also for an UltraServer no group uses: nothing on it is known to be wrong).
+    """
+    reports = []
+    for u in sorted(ultraservers, key=lambda u: u.index):
+        mine = [n for n in nodes if n.ultraserver_id == u.id]
+        c = plan_counts(u.instance_count, u.spare_count, mine)
+        if any(n.healthy is False or n.pending_replacement for n in mine):
+            status = STATUS_IMPAIRED
+        elif any(n.healthy is None for n in mine):
+            status = STATUS_INSUFFICIENT_DATA
+        else:
+            status = STATUS_OK
+        reports.append(UltraServerReport(u.id, availability_zone, u.instance_count,
+                                         u.spare_count, c.available, c.in_use,
+                                         c.available_spares, c.unhealthy, status))
+    return reports
+

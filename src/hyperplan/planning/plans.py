@@ -1,0 +1,243 @@
+"""What a TrainingPlan's status should be, and whether to buy now: one pure decision.
+
+Input: the spec, the status written last time, the plan's reservations found in the
+capacity ledger, the pools, the policy, optional usage counts from instance groups, and
+`now`. Output: the whole desired status, the offering to buy (if any), the events to
+post, and when to look again. The handler carries the decision out; a purchase result
+is fed back by deciding again with the new reservations.
+
+Phases are derived, never remembered: a plan with reservations in the ledger is bought,
+and its phase follows from its blocks and the clock. That is why a restart at any
+moment loses nothing. The one remembered verdict is ``Failed``: it holds until the spec
+changes (a new generation), so a failed purchase is not silently retried.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Sequence
+
+from hyperplan.api.models import (
+    Condition, OfferedBlock, Offering as OfferingStatus, ReservedCapacity, TrainingPlanSpec,
+    TrainingPlanStatus, UltraServerStatus,
+)
+from hyperplan.planning.offerings import (
+    ULTRASERVER_INSTANCES, Block, Offering, OfferingRequest, PoolSnapshot, RuleViolation,
+    search_offerings, validate_request,
+)
+from hyperplan.planning.policy import Policy, parse_duration
+from hyperplan.planning.schedule import plan_block_schedule
+
+PENDING, SCHEDULED, ACTIVE, EXPIRED, FAILED = "Pending", "Scheduled", "Active", "Expired", "Failed"
+
+
+@dataclass(frozen=True)
+class Purchased:
+    """One of the plan's reservations, as found in a pool's ledger."""
+
+    id: str
+    pool: str
+    availability_zone: str
+    instance_type: str
+    instance_count: int
+    start: datetime
+    end: datetime
+    ultra_server_type: str | None = None
+
+
+@dataclass(frozen=True)
+class PlanUsage:
+    """What instance groups hold of the plan's current block (from the group and node watch)."""
+
+    in_use: int = 0
+    unhealthy: int = 0
+    available_spares: int = 0
+    ultra_servers: tuple[UltraServerStatus, ...] = ()
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclass
+class PlanDecision:
+    status: TrainingPlanStatus
+    buy: Offering | None = None
+    events: list[Event] = field(default_factory=list)
+    wake_at: datetime | None = None
+
+
+def request_of(spec: TrainingPlanSpec, duration: timedelta) -> OfferingRequest:
+    return OfferingRequest(
+        instance_type=spec.instance_type, instance_count=spec.instance_count,
+        ultra_server_type=spec.ultra_server_type, ultra_server_count=spec.ultra_server_count,
+        target=spec.target_resource, duration=duration,
+        start_after=spec.start_time_after, end_before=spec.end_time_before)
+
+
+def offering_to_status(offering: Offering) -> OfferingStatus:
+    seconds = int(sum((b.end - b.start for b in offering.blocks), timedelta()).total_seconds())
+    return OfferingStatus(
+        id=offering.id,
+        duration_hours=seconds // 3600, duration_minutes=(seconds % 3600) // 60,
+        blocks=[OfferedBlock(
+            availability_zone=b.availability_zone, instance_type=b.instance_type,
+            instance_count=b.instance_count, start_time=b.start, end_time=b.end,
+            capacity_pool=b.pool, ultra_server_type=b.ultra_server_type,
+            ultra_server_count=b.ultra_server_count) for b in offering.blocks])
+
+
+def offering_from_status(o: OfferingStatus) -> Offering:
+    return Offering(id=o.id, blocks=tuple(Block(
+        pool=b.capacity_pool or "", availability_zone=b.availability_zone,
+        instance_type=b.instance_type, instance_count=b.instance_count, start=b.start_time,
+        end=b.end_time, ultra_server_type=b.ultra_server_type,
+        ultra_server_count=b.ultra_server_count) for b in o.blocks))
+
+
+def condition(type_: str, ok: bool, reason: str, message: str, generation: int,
+              prior: Sequence[Condition], now: datetime) -> Condition:
+    """A condition whose lastTransitionTime moves only when its status flips."""
+    status = "True" if ok else "False"
+    before = next((c for c in prior if c.type == type_), None)
+    since = before.last_transition_time if before and before.status == status else now
+    return Condition(type=type_, status=status, reason=reason, message=message,
+                     last_transition_time=since, observed_generation=generation)
+
+
+def decide_plan(spec: TrainingPlanSpec, generation: int, prior: TrainingPlanStatus,
+                purchased: Sequence[Purchased], pools: Sequence[PoolSnapshot], policy: Policy,
+                now: datetime, usage: PlanUsage = PlanUsage()) -> PlanDecision:
+    if purchased:
+        return _bought(spec, generation, prior, purchased, policy, now, usage)
+    if prior.phase == FAILED and prior.observed_generation == generation:
+        return PlanDecision(status=prior)
+    try:
+        duration = parse_duration(spec.duration)
+    except ValueError as e:
+        return failed(prior, generation, RuleViolation("InvalidDuration", str(e)), now)
+    request = request_of(spec, duration)
+    violations = validate_request(request, policy, now)
+    if violations:
+        return failed(prior, generation, RuleViolation(
+            violations[0].reason, "; ".join(v.message for v in violations)), now)
+
+    offerings = search_offerings(request, pools, policy, now)
+    shown = [offering_to_status(o) for o in offerings]
+    wake = min((o.start - policy.min_purchase_lead for o in offerings), default=None)
+    if spec.offering_id:
+        wanted = next((offering_from_status(o) for o in prior.offerings if o.id == spec.offering_id), None)
+        wanted = wanted or next((o for o in offerings if o.id == spec.offering_id), None)
+        if wanted is None:
+            return failed(prior, generation, RuleViolation(
+                "OfferingNotFound", f"offering {spec.offering_id} is not among this plan's offerings"), now)
+        return _pending(spec, generation, prior, prior.offerings or shown, now, buy=wanted, wake=None)
+    if spec.auto_purchase and offerings:
+        return _pending(spec, generation, prior, shown, now, buy=offerings[0], wake=None)
+    return _pending(spec, generation, prior, shown, now, buy=None, wake=wake)
+
+
+def failed(prior: TrainingPlanStatus, generation: int, why: RuleViolation, now: datetime) -> PlanDecision:
+    status = prior.model_copy(deep=True)
+    status.phase = FAILED
+    status.next_transition_time = None
+    status.observed_generation = generation
+    status.conditions = [
+        condition("Failed", False, why.reason, why.message, generation, prior.conditions, now),
+        condition("Purchased", False, why.reason, why.message, generation, prior.conditions, now),
+    ]
+    status.conditions[0] = status.conditions[0].model_copy(update={"status": "True"})
+    events = [] if prior.phase == FAILED and _reason(prior, "Failed") == why.reason else [
+        Event("Warning", why.reason, why.message)]
+    return PlanDecision(status=status, events=events)
+
+
+def _reason(status: TrainingPlanStatus, type_: str) -> str | None:
+    return next((c.reason for c in status.conditions if c.type == type_), None)
+
+
+def _pending(spec: TrainingPlanSpec, generation: int, prior: TrainingPlanStatus,
+             shown: list[OfferingStatus], now: datetime, buy: Offering | None,
+             wake: datetime | None) -> PlanDecision:
+    found = bool(shown)
+    message = (f"{len(shown)} offering(s) found; set spec.offeringId to buy one, or spec.autoPurchase"
+               if found else "no capacity fits the request in the window; searching again when pools change")
+    status = TrainingPlanStatus(
+        phase=PENDING, offerings=shown, next_transition_time=None, observed_generation=generation,
+        conditions=[
+            condition("OfferingsAvailable", found, "OfferingsFound" if found else "NoCapacity",
+                      message, generation, prior.conditions, now),
+            condition("Purchased", False, "Purchasing" if buy else "NotPurchased",
+                      f"buying offering {buy.id}" if buy else "no offering bought yet",
+                      generation, prior.conditions, now),
+        ])
+    events = []
+    if not found and _reason(prior, "OfferingsAvailable") != "NoCapacity":
+        events.append(Event("Normal", "NoCapacity", message))
+    if found and _reason(prior, "OfferingsAvailable") != "OfferingsFound":
+        events.append(Event("Normal", "OfferingsFound", message))
+    return PlanDecision(status=status, buy=buy, events=events, wake_at=wake)
+
+
+def _bought(spec: TrainingPlanSpec, generation: int, prior: TrainingPlanStatus,
+            purchased: Sequence[Purchased], policy: Policy, now: datetime,
+            usage: PlanUsage) -> PlanDecision:
+    blocks = sorted(purchased, key=lambda p: p.start)
+    schedule = plan_block_schedule([(b.start, b.end) for b in blocks], spec.target_resource, policy, now)
+    reserved = [
+        ReservedCapacity(
+            id=b.id, availability_zone=b.availability_zone, instance_type=b.instance_type,
+            instance_count=b.instance_count, start_time=b.start, end_time=b.end,
+            termination_time=state.termination_time, status=state.status, capacity_pool=b.pool,
+            ultra_server_type=b.ultra_server_type,
+            ultra_server_count=(b.instance_count // ULTRASERVER_INSTANCES[b.ultra_server_type]
+                                if b.ultra_server_type else None))
+        for b, state in zip(blocks, schedule.blocks)
+    ]
+    current = reserved[schedule.current_or_next_block] if schedule.current_or_next_block is not None else None
+    total = current.instance_count if current else 0
+    spares = (current.ultra_server_count or 0) * spec.spare_instances_per_ultra_server if current else 0
+    phase = schedule.phase
+    status = TrainingPlanStatus(
+        phase=phase, offerings=prior.offerings,
+        purchased_offering_id=prior.purchased_offering_id or spec.offering_id or None,
+        reserved_capacity=reserved,
+        availability_zone=current.availability_zone if current else reserved[-1].availability_zone,
+        total_instance_count=total,
+        in_use_instance_count=usage.in_use,
+        unhealthy_instance_count=usage.unhealthy,
+        available_spare_instance_count=usage.available_spares,
+        available_instance_count=max(0, total - usage.in_use - spares - usage.unhealthy),
+        total_ultra_server_count=current.ultra_server_count if current else None,
+        ultra_servers=list(usage.ultra_servers),
+        next_transition_time=schedule.next_transition_time,
+        observed_generation=generation,
+        conditions=[
+            condition("Purchased", True, "Purchased",
+                      f"{len(reserved)} reserved-capacity block(s) bought", generation, prior.conditions, now),
+            condition("Active", phase == ACTIVE, phase,
+                      _phase_message(phase, current), generation, prior.conditions, now),
+        ])
+    events = []
+    if prior.phase != phase:
+        events.append(Event("Normal", phase, _phase_message(phase, current)))
+    before = {r.id: r.status for r in prior.reserved_capacity}
+    for r in reserved:
+        if r.id in before and before[r.id] != r.status:
+            events.append(Event("Normal", f"Block{r.status}",
+                                f"reserved capacity {r.id} ({r.instance_count} x {r.instance_type} in "
+                                f"{r.availability_zone}) is {r.status}"))
+    return PlanDecision(status=status, events=events, wake_at=schedule.next_transition_time)
+
+
+def _phase_message(phase: str, current: ReservedCapacity | None) -> str:
+    if current is None:
+        return "all blocks have ended"
+    if phase == ACTIVE:
+        return (f"block {current.id} runs until {current.end_time.isoformat()} "
+                f"({current.instance_count} x {current.instance_type} in {current.availability_zone})")
+    return f"next block {current.id} starts at {current.start_time.isoformat()}"

@@ -1,0 +1,40 @@
+"""Session fixtures: one local control plane per test run, started here and stopped here."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from hyperplan.devcluster.plane import Plane
+from tests.kube import Kubectl, eventually
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def plane() -> Plane:
+    """The local control plane in ``.state/test``; started if not already running, stopped after."""
+    p = Plane(root=ROOT / ".state" / "test", log=lambda line: print(f"[plane] {line}", flush=True))
+    st = p.state()
+    already = bool(st and p._all_alive(st) and p._ready(st))
+    p.up()
+    yield p
+    if not already:
+        p.down()
+
+
+@pytest.fixture(scope="session")
+def kubectl(plane: Plane) -> Kubectl:
+    return Kubectl(plane.kubeconfig)
+
+
+@pytest.fixture(scope="session")
+def crds(kubectl: Kubectl) -> Kubectl:
+    """The hyperplan CRDs applied with kubectl and Established."""
+    kubectl.run("apply", "-f", str(ROOT / "crds"))
+    for plural in ("capacitypools", "trainingplans", "instancegroups"):
+        kubectl.run("wait", "--for=condition=Established", "--timeout=60s",
+                    f"crd/{plural}.hyperplan.dev")
+    return kubectl

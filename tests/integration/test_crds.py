@@ -1,0 +1,129 @@
+"""The CRDs on a real API server: valid objects are accepted, bad ones rejected with a message."""
+
+from __future__ import annotations
+
+import copy
+import uuid
+
+import pytest
+
+from tests.kube import Kubectl
+
+API = "hyperplan.dev/v1alpha1"
+
+
+def _name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+def pool(**spec) -> dict:
+    return {"apiVersion": API, "kind": "CapacityPool", "metadata": {"name": _name("pool")},
+            "spec": {"instanceType": "ml.p5.48xlarge", "availabilityZone": "us-east-1a",
+                     "instanceCount": 16, **spec}}
+
+
+def plan(**spec) -> dict:
+    base = {"instanceType": "ml.p5.48xlarge", "instanceCount": 8, "targetResource": "hyperpod-cluster",
+            "duration": "48h", "startTimeAfter": "2027-01-01T00:00:00Z",
+            "endTimeBefore": "2027-01-10T00:00:00Z"}
+    base.update(spec)
+    for k in [k for k, v in base.items() if v is None]:
+        del base[k]
+    return {"apiVersion": API, "kind": "TrainingPlan", "metadata": {"name": _name("plan")}, "spec": base}
+
+
+def group(**spec) -> dict:
+    base = {"trainingPlanRef": "some-plan", "instanceType": "ml.p5.48xlarge", "instanceCount": 4}
+    base.update(spec)
+    for k in [k for k, v in base.items() if v is None]:
+        del base[k]
+    return {"apiVersion": API, "kind": "InstanceGroup", "metadata": {"name": _name("group")}, "spec": base}
+
+
+@pytest.mark.parametrize("obj", [
+    pool(),
+    pool(ultraServerType="ml.u-p6e-gb200x72", instanceType="ml.p6e-gb200.36xlarge",
+         unavailable=[{"start": "2027-01-01T00:00:00Z", "end": "2027-01-02T00:00:00Z", "instanceCount": 4}]),
+    plan(),
+    plan(instanceType=None, instanceCount=None, ultraServerType="ml.u-p6e-gb200x72", ultraServerCount=2,
+         spareInstancesPerUltraServer=2),
+    plan(targetResource="training-job", duration="2d", autoPurchase=True),
+    group(),
+    group(instanceCount=0, nodeProvider="static", labels={"team": "a"},
+          taints=[{"key": "gpu", "value": "true", "effect": "NoSchedule"}],
+          healthCheck={"graceSeconds": 10, "maxUnhealthy": 2},
+          placement={"placementSpecifications": [{"ultraServerId": "us-0", "instanceCount": 3}]}),
+], ids=["pool", "pool-ultraserver", "plan", "plan-ultraserver", "plan-training-job", "group",
+        "group-full"])
+def test_valid_objects_are_accepted(crds: Kubectl, obj: dict) -> None:
+    crds.create(obj)
+    stored = crds.get(obj["kind"].lower(), obj["metadata"]["name"])
+    for key, value in obj["spec"].items():
+        if isinstance(value, dict):  # the API server may add defaults inside
+            assert stored["spec"][key] == {**stored["spec"][key], **value}
+        else:
+            assert stored["spec"][key] == value
+    crds.delete(obj["kind"].lower(), obj["metadata"]["name"], "--wait=false")
+
+
+@pytest.mark.parametrize("obj, message", [
+    (plan(instanceCount=3), 'spec.instanceCount: Unsupported value: 3'),
+    (plan(instanceCount=128), 'spec.instanceCount: Unsupported value: 128'),
+    (plan(targetResource="inference"), 'spec.targetResource: Unsupported value: "inference"'),
+    (plan(duration="forever"), 'spec.duration: Invalid value: "forever": duration must be a positive duration string'),
+    (plan(duration="0h"), 'spec.duration: Invalid value: "0h": duration must be a positive duration string'),
+    (plan(duration="-48h"), 'spec.duration: Invalid value: "-48h": duration must be a positive duration string'),
+    (plan(startTimeAfter="2027-01-10T00:00:00Z", endTimeBefore="2027-01-01T00:00:00Z"),
+     "spec.endTimeBefore: Invalid value: endTimeBefore must be after startTimeAfter"),
+    (plan(startTimeAfter="2027-01-10T00:00:00Z", endTimeBefore="2027-01-10T00:00:00Z"),
+     "endTimeBefore must be after startTimeAfter"),
+    (plan(ultraServerType="ml.u-p6e-gb200x72", ultraServerCount=1),
+     "set either instanceCount (with instanceType) or ultraServerType with ultraServerCount"),
+    (plan(instanceType=None), "spec.instanceType: Invalid value: instanceType is required unless ultraServerType is set"),
+    (plan(spareInstancesPerUltraServer=-1), "spec.spareInstancesPerUltraServer: Invalid value: -1"),
+    (group(trainingPlanRef=None), 'spec.trainingPlanRef: Required value'),
+    (group(trainingPlanRef=""), 'spec.trainingPlanRef: Invalid value: ""'),
+    (group(instanceCount=-1), "spec.instanceCount: Invalid value: -1: spec.instanceCount in body should be greater than or equal to 0"),
+    (group(nodeProvider="ec2"), 'spec.nodeProvider: Unsupported value: "ec2"'),
+    (group(healthCheck={"maxUnhealthy": "lots"}), "maxUnhealthy must be a count (>= 0) or a percentage"),
+    (pool(instanceCount=0), "spec.instanceCount: Invalid value: 0"),
+], ids=["plan-count-3", "plan-count-128", "plan-target", "plan-duration-word", "plan-duration-zero",
+        "plan-duration-negative", "plan-window-reversed", "plan-window-empty", "plan-count-and-ultraserver",
+        "plan-no-type", "plan-negative-spares", "group-no-plan", "group-empty-plan", "group-negative-count",
+        "group-provider", "group-max-unhealthy", "pool-zero"])
+def test_bad_objects_are_rejected_with_a_message(crds: Kubectl, obj: dict, message: str) -> None:
+    proc = crds.create(obj, check=False)
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr
+    assert crds.get_or_none(obj["kind"].lower(), obj["metadata"]["name"]) is None
+
+
+def test_a_purchased_plan_cannot_be_modified(crds: Kubectl) -> None:
+    obj = plan()
+    crds.create(obj)
+    name = obj["metadata"]["name"]
+    # Before purchase, the spec may change.
+    crds.run("patch", "trainingplan", name, "--type=merge", "-p", '{"spec":{"duration":"72h"}}')
+    crds.run("patch", "trainingplan", name, "--type=merge", "-p", '{"spec":{"offeringId":"tpo-123"}}')
+    proc = crds.run("patch", "trainingplan", name, "--type=merge", "-p", '{"spec":{"duration":"96h"}}',
+                    check=False)
+    assert proc.returncode != 0
+    assert "spec is immutable once offeringId is set" in proc.stderr, proc.stderr
+    proc = crds.run("patch", "trainingplan", name, "--type=merge", "-p", '{"spec":{"offeringId":"tpo-456"}}',
+                    check=False)
+    assert "spec is immutable once offeringId is set" in proc.stderr, proc.stderr
+    assert crds.get("trainingplan", name)["spec"]["duration"] == "72h"
+    crds.delete("trainingplan", name, "--wait=false")
+
+
+def test_printer_columns(crds: Kubectl) -> None:
+    p, g = plan(), group()
+    crds.create(p)
+    crds.create(g)
+    tp_header = crds.run("get", "trainingplans", p["metadata"]["name"]).stdout.splitlines()[0].split()
+    assert tp_header[:7] == ["NAME", "PHASE", "TYPE", "ULTRASERVER", "COUNT", "AZ", "IN-USE"]
+    assert "NEXT-TRANSITION" in tp_header
+    ig_header = crds.run("get", "instancegroups", g["metadata"]["name"]).stdout.splitlines()[0].split()
+    assert ig_header[:8] == ["NAME", "PLAN", "PHASE", "AZ", "DESIRED", "READY", "SPARES", "UNHEALTHY"]
+    crds.delete("trainingplan", p["metadata"]["name"], "--wait=false")
+    crds.delete("instancegroup", g["metadata"]["name"], "--wait=false")
