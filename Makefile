@@ -39,7 +39,7 @@ demo: venv
 # The whole suite: unit, integration (real API server) and e2e (operator as its own process).
 # One control plane per run, started by the test session and stopped again at its end.
 test: venv
-	$(BIN)/python -m pytest -ra tests
+	$(BIN)/python -m pytest -ra tests/unit tests/integration tests/e2e
 
 test-unit: venv
 	$(BIN)/python -m pytest -ra tests/unit

@@ -30,7 +30,9 @@ P5 = "ml.p5.48xlarge"
 FOREVER = "2027-06-01 00:00"  # busy "until further notice": past every limit of the search
 
 
-def ts(text: str) -> datetime:
+def ts(text: str | datetime) -> datetime:
+    if isinstance(text, datetime):
+        return text
     return datetime.fromisoformat(text).replace(tzinfo=UTC)
 
 
@@ -69,6 +71,16 @@ def request(
     )
 
 
+def ultra(ultra_server_type: str, ultra_server_count: int, duration: str = "1d") -> OfferingRequest:
+    return request(
+        duration,
+        instance_type=None,
+        count=None,
+        ultra_server_type=ultra_server_type,
+        ultra_server_count=ultra_server_count,
+    )
+
+
 def describe(offering: Offering, fmt: str = "%m-%d %H:%M") -> str:
     return " + ".join(
         f"{block.pool}:{block.start.strftime(fmt)}→{block.end.strftime(fmt)}" for block in offering.blocks
@@ -83,7 +95,11 @@ FRAGMENTED = (
 # Only a cross-AZ pair of days exists: a on Dec 1, then b on Dec 2.
 CROSS_AZ_ONLY = (
     pool("a", "us-east-1a", busy=[("2026-12-02 11:30", FOREVER, 8)]),
-    pool("b", "us-east-1b", busy=[("2026-12-01 11:30", "2026-12-02 11:30", 8), ("2026-12-03 11:30", FOREVER, 8)]),
+    pool(
+        "b",
+        "us-east-1b",
+        busy=[("2026-12-01 11:30", "2026-12-02 11:30", 8), ("2026-12-03 11:30", FOREVER, 8)],
+    ),
 )
 # Two windows of 4 overlap on Dec 3: each alone leaves room for 4 more, together none.
 OVERLAPPING = (
@@ -104,8 +120,16 @@ GAPPY = (
 # a1 is free Dec 1 and from Dec 3, b only Dec 2, c only Dec 3: many two-block offerings end Dec 4.
 THREE_AZS = (
     pool("a1", "us-east-1a", busy=[("2026-12-02 11:30", "2026-12-03 11:30", 8)]),
-    pool("b", "us-east-1b", busy=[("2026-12-01 11:30", "2026-12-02 11:30", 8), ("2026-12-03 11:30", FOREVER, 8)]),
-    pool("c", "us-east-1c", busy=[("2026-12-01 11:30", "2026-12-03 11:30", 8), ("2026-12-04 11:30", FOREVER, 8)]),
+    pool(
+        "b",
+        "us-east-1b",
+        busy=[("2026-12-01 11:30", "2026-12-02 11:30", 8), ("2026-12-03 11:30", FOREVER, 8)],
+    ),
+    pool(
+        "c",
+        "us-east-1c",
+        busy=[("2026-12-01 11:30", "2026-12-03 11:30", 8), ("2026-12-04 11:30", FOREVER, 8)],
+    ),
 )
 
 
@@ -113,7 +137,7 @@ def free_only(name, az, day):
     """A pool of 8 with nothing free but the day from `day` 11:30 to the next 11:30."""
     start = ts(f"{day} 11:30")
     end = start + timedelta(days=1)
-    return pool(name, az, busy=[("2026-11-01 00:00", str(start)[:16], 8), (str(end)[:16], FOREVER, 8)])
+    return pool(name, az, busy=[("2026-11-01 00:00", start, 8), (end, FOREVER, 8)])
 
 
 ULTRA = (
@@ -209,7 +233,10 @@ SEARCH_CASES = [
     ),
     pytest.param(
         request("48h"),
-        (pool("a1", "us-east-1a"), pool("a2", "us-east-1a", busy=[("2026-12-01 00:00", "2026-12-05 00:00", 1)])),
+        (
+            pool("a1", "us-east-1a"),
+            pool("a2", "us-east-1a", busy=[("2026-12-01 00:00", "2026-12-05 00:00", 1)]),
+        ),
         NOW,
         SAGEMAKER,
         ["a1:12-01 11:30→12-03 11:30"],
@@ -240,7 +267,10 @@ SEARCH_CASES = [
             pool(
                 "a",
                 "us-east-1a",
-                busy=[("2026-12-01 11:30", "2026-12-02 11:30", 4), ("2026-12-01 11:30", "2026-12-02 11:30", 4)],
+                busy=[
+                    ("2026-12-01 11:30", "2026-12-02 11:30", 4),
+                    ("2026-12-01 11:30", "2026-12-02 11:30", 4),
+                ],
             ),
         ),
         NOW,
@@ -264,7 +294,11 @@ SEARCH_CASES = [
     ),
     pytest.param(
         request("48h"),
-        (free_only("p", "us-east-1a", "2026-12-01"), free_only("q", "us-east-1b", "2026-12-02"), free_only("r", "us-east-1c", "2026-12-04")),
+        (
+            free_only("p", "us-east-1a", "2026-12-01"),
+            free_only("q", "us-east-1b", "2026-12-02"),
+            free_only("r", "us-east-1c", "2026-12-04"),
+        ),
         NOW,
         SAGEMAKER,
         [
@@ -304,14 +338,29 @@ SEARCH_CASES = [
     ),
     pytest.param(request("48h", count=16), FRAGMENTED, NOW, SAGEMAKER, [], id="count-no-pool-has"),
     pytest.param(
-        request("48h", instance_type="ml.trn2.48xlarge"), FRAGMENTED, NOW, SAGEMAKER, [], id="type-no-pool-has"
+        request("48h", instance_type="ml.trn2.48xlarge"),
+        FRAGMENTED,
+        NOW,
+        SAGEMAKER,
+        [],
+        id="type-no-pool-has",
     ),
     pytest.param(
-        request("48h", count=3), (pool("a", "us-east-1a"),), NOW, SAGEMAKER, [], id="invalid-request-no-offerings"
+        request("48h", count=3),
+        (pool("a", "us-east-1a"),),
+        NOW,
+        SAGEMAKER,
+        [],
+        id="invalid-request-no-offerings",
     ),
     # the 11:30 UTC alignment and the 30-minute earliest start
     pytest.param(
-        request("1d"), (pool("a", "us-east-1a"),), NOW, SAGEMAKER, ["a:12-01 11:30→12-02 11:30"], id="ends-1130-utc"
+        request("1d"),
+        (pool("a", "us-east-1a"),),
+        NOW,
+        SAGEMAKER,
+        ["a:12-01 11:30→12-02 11:30"],
+        id="ends-1130-utc",
     ),
     pytest.param(
         request("1d"),
@@ -430,7 +479,11 @@ DEMO_NOW = datetime(2026, 12, 1, 9, 0, 0, tzinfo=UTC)
                 pool("b", "zone-b", busy=[("2026-12-01 09:00:00", "2026-12-01 09:01:10", 8)]),
             ),
             DEMO_NOW,
-            ["b:09:01:10→09:03:10", "a:09:00:10→09:01:10 + a:09:05:00→09:06:00", "a:09:05:00→09:07:00"],
+            [
+                "b:09:01:10→09:03:10",
+                "a:09:00:10→09:01:10 + a:09:05:00→09:06:00",
+                "a:09:05:00→09:07:00",
+            ],
             id="hyperpod-one-zone",
         ),
         pytest.param(
@@ -440,7 +493,11 @@ DEMO_NOW = datetime(2026, 12, 1, 9, 0, 0, tzinfo=UTC)
                 pool("b", "zone-b", busy=[("2026-12-01 09:00:00", "2026-12-01 09:01:10", 8)]),
             ),
             DEMO_NOW,
-            ["a:09:00:10→09:01:10 + b:09:01:10→09:02:10", "b:09:01:10→09:03:10", "a:09:00:10→09:01:10 + a:09:05:00→09:06:00"],
+            [
+                "a:09:00:10→09:01:10 + b:09:01:10→09:02:10",
+                "b:09:01:10→09:03:10",
+                "a:09:00:10→09:01:10 + a:09:05:00→09:06:00",
+            ],
             id="training-job-two-zones",
         ),
         pytest.param(
@@ -477,23 +534,23 @@ def test_search_leaves_time_to_buy():
     "req, expected",
     [
         pytest.param(
-            request("1d", instance_type=None, count=None, ultra_server_type="ml.u-p6e-gb200x72", ultra_server_count=2),
+            ultra("ml.u-p6e-gb200x72", 2),
             # 18 of 36 taken until Dec 3: two whole UltraServers (36 instances) only from Dec 3
             ("us-x72:12-03 11:30→12-04 11:30", 36),
             id="two-x72-wait-for-both",
         ),
         pytest.param(
-            request("1d", instance_type=None, count=None, ultra_server_type="ml.u-p6e-gb200x72", ultra_server_count=1),
+            ultra("ml.u-p6e-gb200x72", 1),
             ("us-x72:12-01 11:30→12-02 11:30", 18),
             id="one-x72-fits-now",
         ),
         pytest.param(
-            request("1d", instance_type=None, count=None, ultra_server_type="ml.u-p6e-gb200x36", ultra_server_count=4),
+            ultra("ml.u-p6e-gb200x36", 4),
             ("us-x36:12-01 11:30→12-02 11:30", 36),
             id="four-x36",
         ),
         pytest.param(
-            request("1d", instance_type=None, count=None, ultra_server_type="ml.u-p6e-gb200x72", ultra_server_count=3),
+            ultra("ml.u-p6e-gb200x72", 3),
             None,
             id="three-x72-more-than-pool",
         ),
@@ -513,7 +570,8 @@ def test_search_ultraservers(req, expected):
     assert describe(offerings[0]) == text
     block = offerings[0].blocks[0]
     assert (block.instance_type, block.instance_count) == (ULTRASERVER_INSTANCE_TYPE, instances)
-    assert (block.ultra_server_type, block.ultra_server_count) == (req.ultra_server_type, req.ultra_server_count)
+    assert block.ultra_server_type == req.ultra_server_type
+    assert block.ultra_server_count == req.ultra_server_count
 
 
 @pytest.mark.parametrize(
@@ -522,9 +580,7 @@ def test_search_ultraservers(req, expected):
     ids=["one-whole-server-free", "second-server-partly-taken"],
 )
 def test_ultraservers_are_counted_whole(ultra_server_count, expected):
-    req = request(
-        "1d", instance_type=None, count=None, ultra_server_type="ml.u-p6e-gb200x72", ultra_server_count=ultra_server_count
-    )
+    req = ultra("ml.u-p6e-gb200x72", ultra_server_count)
     assert [describe(o) for o in search_offerings(req, ULTRA_PARTLY_TAKEN, SAGEMAKER, NOW)] == expected
 
 
@@ -534,7 +590,8 @@ def test_offering_ids_are_deterministic_and_distinct():
     assert [o.id for o in first] == [o.id for o in again]
     assert len({o.id for o in first}) == 3
     assert all(o.id.startswith("tpo-") for o in first)
-    moved = Offering.from_blocks([replace(first[1].blocks[0], start=first[1].blocks[0].start + timedelta(days=1))])
+    block = first[1].blocks[0]
+    moved = Offering.from_blocks([replace(block, start=block.start + timedelta(days=1))])
     assert moved.id != first[1].id
 
 
@@ -549,8 +606,8 @@ def test_offering_properties():
 
 
 def test_request_effective_capacity():
-    ultra = request(instance_type=None, count=None, ultra_server_type="ml.u-p6e-gb200x72", ultra_server_count=3)
-    assert (ultra.effective_instance_type, ultra.effective_instance_count) == (ULTRASERVER_INSTANCE_TYPE, 54)
+    servers = ultra("ml.u-p6e-gb200x72", 3, "48h")
+    assert (servers.effective_instance_type, servers.effective_instance_count) == (ULTRASERVER_INSTANCE_TYPE, 54)
     plain = request(count=16)
     assert (plain.effective_instance_type, plain.effective_instance_count) == (P5, 16)
 
@@ -566,17 +623,17 @@ VALIDATION_CASES = [
     pytest.param(request("182d"), [], id="182-days"),
     pytest.param(request("48h", target="notebook"), ["UnknownTargetResource"], id="unknown-target"),
     pytest.param(
-        request(instance_type=None, count=None, ultra_server_type="ml.u-p6e-gb200x144", ultra_server_count=1),
+        ultra("ml.u-p6e-gb200x144", 1, "48h"),
         ["UnknownUltraServerType"],
         id="unknown-ultraserver",
     ),
     pytest.param(
-        request(instance_type=None, count=None, ultra_server_type="ml.u-p6e-gb200x72", ultra_server_count=0),
+        ultra("ml.u-p6e-gb200x72", 0, "48h"),
         ["UltraServerCountNotAllowed"],
         id="zero-ultraservers",
     ),
     pytest.param(
-        request(instance_type=None, count=None, ultra_server_type="ml.u-p6e-gb200x72", ultra_server_count=5),
+        ultra("ml.u-p6e-gb200x72", 5, "48h"),
         [],
         id="five-ultraservers-not-bound-by-instance-counts",
     ),
@@ -586,7 +643,9 @@ VALIDATION_CASES = [
         id="instances-and-ultraservers",
     ),
     pytest.param(request("2d", start_after="2027-01-25 11:30"), [], id="start-after-day-55"),
-    pytest.param(request("2d", start_after="2027-01-26 10:00"), ["StartTooFarAhead"], id="start-after-day-56"),
+    pytest.param(
+        request("2d", start_after="2027-01-26 10:00"), ["StartTooFarAhead"], id="start-after-day-56"
+    ),
     pytest.param(
         request("2d", start_after="2026-12-02 00:00", end_before="2026-12-03 12:00"),
         ["WindowTooShort"],
@@ -637,7 +696,9 @@ def test_violation_messages_name_the_rule():
             id="90-seconds",
         ),
         pytest.param(request("3m", start_after="2026-12-01 09:55:55"), [], id="start-after-55m55s"),
-        pytest.param(request("3m", start_after="2026-12-01 09:57:00"), ["StartTooFarAhead"], id="start-after-57m"),
+        pytest.param(
+            request("3m", start_after="2026-12-01 09:57:00"), ["StartTooFarAhead"], id="start-after-57m"
+        ),
     ],
 )
 def test_validate_request_demo(req, reasons):

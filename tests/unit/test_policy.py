@@ -49,7 +49,12 @@ def test_parse_duration_rejects(text):
 
 @pytest.mark.parametrize(
     "duration, text",
-    [(timedelta(hours=36), "1d12h"), (timedelta(minutes=3), "3m"), (timedelta(0), "0s"), (timedelta(days=182), "182d")],
+    [
+        (timedelta(hours=36), "1d12h"),
+        (timedelta(minutes=3), "3m"),
+        (timedelta(0), "0s"),
+        (timedelta(days=182), "182d"),
+    ],
     ids=["36h", "3m", "zero", "182d"],
 )
 def test_format_duration_round_trips(duration, text):
@@ -92,7 +97,15 @@ def test_demo_is_sagemaker_with_a_day_read_as_a_minute():
         ("demo", "2026-12-01 09:00:11", "2026-12-01 09:00:15"),
         ("demo", "2026-12-01 09:00:59.5", "2026-12-01 09:01:00"),
     ],
-    ids=["sm-before-1130", "sm-at-1130", "sm-just-after", "sm-late-evening", "demo-on-grid", "demo-up-to-5s", "demo-fraction"],
+    ids=[
+        "sm-before-1130",
+        "sm-at-1130",
+        "sm-just-after",
+        "sm-late-evening",
+        "demo-on-grid",
+        "demo-up-to-5s",
+        "demo-fraction",
+    ],
 )
 def test_align_up_to_start_grid(policy_name, moment, expected):
     assert get_policy(policy_name).align_up(ts(moment)) == ts(expected)

@@ -66,9 +66,19 @@ def test_phases_through_a_plan_with_a_gap(now, phase, statuses, active, reported
 @pytest.mark.parametrize(
     "policy, target, blocks, expected",
     [
-        pytest.param(SAGEMAKER, "training-job", TWO_BLOCKS, ["2026-12-03 11:00", "2026-12-06 11:00"], id="sm-training-job-30min"),
         pytest.param(
-            SAGEMAKER, "hyperpod-cluster", TWO_BLOCKS, ["2026-12-03 10:30", "2026-12-06 10:30"], id="sm-hyperpod-60min"
+            SAGEMAKER,
+            "training-job",
+            TWO_BLOCKS,
+            ["2026-12-03 11:00", "2026-12-06 11:00"],
+            id="sm-training-job-30min",
+        ),
+        pytest.param(
+            SAGEMAKER,
+            "hyperpod-cluster",
+            TWO_BLOCKS,
+            ["2026-12-03 10:30", "2026-12-06 10:30"],
+            id="sm-hyperpod-60min",
         ),
         pytest.param(
             DEMO,
@@ -134,7 +144,10 @@ def test_blocks_given_out_of_order_keep_their_index():
     [
         pytest.param([], "training-job", "at least one block", id="no-blocks"),
         pytest.param(
-            [(ts("2026-12-03 11:30"), ts("2026-12-02 11:30"))], "training-job", "before it starts", id="end-before-start"
+            [(ts("2026-12-03 11:30"), ts("2026-12-02 11:30"))],
+            "training-job",
+            "before it starts",
+            id="end-before-start",
         ),
         pytest.param(TWO_BLOCKS, "notebook", "unknown target resource", id="unknown-target"),
     ],

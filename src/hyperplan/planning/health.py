@@ -163,11 +163,14 @@ class HealthVerdict:
     next_check: datetime | None
 
 
-def _signals(node: NodeObservation, check: HealthCheck) -> list[tuple[str, datetime | None, timedelta]]:
+_Signal = tuple[str, datetime | None, timedelta]
+
+
+def _signals(node: NodeObservation, check: HealthCheck) -> list[_Signal]:
     """(reason, since, timeout) of every current signal, in a fixed order."""
     if not node.exists:
         return [(SIGNAL_DELETED, node.deleted_since, check.grace)]
-    out: list[tuple[str, datetime | None, timedelta]] = []
+    out: list[_Signal] = []
     ready = node.condition(READY)
     if ready is not None and ready.status in ("False", "Unknown"):
         out.append((f"{READY}={ready.status}", ready.last_transition_time, check.grace))

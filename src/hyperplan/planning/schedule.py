@@ -101,7 +101,7 @@ def plan_block_schedule(
         moment
         for state in states
         for moment in (state.start, state.termination_time, state.end)
-        if moment >= now
+        if moment > now
     ]
     return PlanSchedule(
         phase=phase,

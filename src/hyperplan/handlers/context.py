@@ -1,0 +1,82 @@
+"""What every handler gets: settings, policy, clients, the clock, and the wake-up board."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Callable
+
+from hyperplan.actuation.kube import Kube, api_client
+from hyperplan.actuation.ledger import CapacityLedger, KubeLedger
+from hyperplan.actuation.nodes import NodeProvider, providers
+from hyperplan.planning.placement import TopologyKeys
+from hyperplan.planning.policy import Policy, get_policy
+from hyperplan.settings import Settings
+
+Clock = Callable[[], datetime]
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Wakeups:
+    """Per-object wake-up events, so a daemon sleeps until its next boundary or a relevant change.
+
+    Keys are ``(kind, name)``. Setting an event that nobody waits on yet is fine: the
+    next sleep of that object returns at once, which is what level-based reconciles want.
+    """
+
+    def __init__(self) -> None:
+        self._events: dict[tuple[str, str], asyncio.Event] = {}
+
+    def _event(self, key: tuple[str, str]) -> asyncio.Event:
+        return self._events.setdefault(key, asyncio.Event())
+
+    def wake(self, kind: str, name: str) -> None:
+        self._event((kind, name)).set()
+
+    def wake_kind(self, kind: str) -> None:
+        for (k, _), event in self._events.items():
+            if k == kind:
+                event.set()
+
+    def forget(self, kind: str, name: str) -> None:
+        self._events.pop((kind, name), None)
+
+    async def sleep(self, kind: str, name: str, until: datetime | None, clock: Clock,
+                    stopped: "asyncio.Event | object") -> None:
+        """Sleep until ``until`` (None: until woken), a wake-up, or the daemon being stopped."""
+        event = self._event((kind, name))
+        timeout = None if until is None else max(0.0, (until - clock()).total_seconds()) + 0.02
+        waiters = [asyncio.ensure_future(event.wait()), asyncio.ensure_future(stopped.wait())]
+        try:
+            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters:
+                w.cancel()
+        event.clear()
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    policy: Policy
+    kube: Kube
+    ledger: CapacityLedger
+    providers: dict[str, NodeProvider]
+    keys: TopologyKeys = field(default_factory=TopologyKeys)
+    clock: Clock = utcnow
+    wakeups: Wakeups = field(default_factory=Wakeups)
+    # When a node's Unschedulable health label was first seen, by (node, value): the grace
+    # of that signal counts from here. Lost on restart, which judges such a node at once.
+    label_seen: dict[tuple[str, str], datetime] = field(default_factory=dict)
+
+
+def build_runtime(settings: Settings) -> Runtime:
+    kube = Kube(api_client(settings.kubeconfig))
+    layers = settings.network_layer_labels
+    return Runtime(settings=settings, policy=get_policy(settings.policy), kube=kube,
+                   ledger=KubeLedger(kube), providers=providers(kube),
+                   keys=TopologyKeys(settings.ultraserver_id_label, *layers))

@@ -1,0 +1,230 @@
+"""InstanceGroup handlers: one daemon per group that holds nodes only while a block is usable.
+
+Each pass reads the group, its plan, the groups sharing the plan and the group's nodes,
+asks ``planning.groups.decide_group`` what should exist, then acts through the group's
+node provider: health marks and spare promotions first, then new nodes, label and taint
+updates, drains and removals; then one status patch. The daemon sleeps until the next
+block boundary, health deadline or drain retry, or until a node, the plan or the group
+changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import datetime, timedelta
+from typing import Any
+
+import kopf
+from kubernetes import client
+from pydantic import ValidationError
+
+from hyperplan import metrics
+from hyperplan.actuation.nodes import LABEL_NODE_ID, NoFreeNode, evict_pods, merged_taints, taints_of
+from hyperplan.api.models import GROUP, VERSION, InstanceGroup, InstanceGroupStatus, TrainingPlan
+from hyperplan.handlers.context import Runtime
+from hyperplan.planning import health as hl
+from hyperplan.planning import placement as pl
+from hyperplan.planning.groups import (
+    GroupDecision, ObservedGroupNode, Peer, PlanView, decide_group, managed_taint_keys,
+)
+from hyperplan.planning.plans import Event
+
+PLURAL = "instancegroups"
+KIND = "group"
+RETRY = timedelta(seconds=5)
+log = logging.getLogger("hyperplan.instancegroup")
+
+
+def node_body(node: client.V1Node) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": node.metadata.name, "uid": node.metadata.uid}}
+
+
+def observe_node(rt: Runtime, node: client.V1Node, now: datetime) -> ObservedGroupNode:
+    labels = node.metadata.labels or {}
+    conditions = tuple(hl.NodeCondition(c.type, c.status, c.last_transition_time or now)
+                       for c in (node.status.conditions if node.status and node.status.conditions else []))
+    values = [labels.get(pl.LABEL_HEALTH), labels.get(pl.LABEL_SAGEMAKER_HEALTH)]
+    bad = next((v for v in values if v and v.startswith(pl.HEALTH_UNSCHEDULABLE)), None)
+    label = bad or next((v for v in values if v), None)
+    name = labels.get(LABEL_NODE_ID, node.metadata.name)
+    since = None
+    if bad:
+        since = rt.label_seen.setdefault((name, bad), now)
+    try:
+        generation = int(labels.get(pl.LABEL_GENERATION, "0"))
+    except ValueError:
+        generation = 0
+    ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
+    return ObservedGroupNode(
+        health=hl.NodeObservation(
+            name=name, conditions=conditions, health_label=label, health_label_since=since,
+            role=labels.get(pl.LABEL_ROLE, pl.ROLE_ACTIVE), ultraserver_id=labels.get(rt.keys.ultraserver_id),
+            created=node.metadata.creation_timestamp, slot=labels.get(pl.LABEL_SLOT),
+            generation=generation, replaces=labels.get(pl.LABEL_REPLACES)),
+        labels=labels, taints=taints_of(node), unschedulable=bool(node.spec.unschedulable),
+        ready=ready, deleting=node.metadata.deletion_timestamp is not None)
+
+
+def plan_view(plan: TrainingPlan) -> PlanView:
+    return PlanView(name=plan.metadata["name"], target=plan.spec.target_resource,
+                    instance_type=plan.spec.instance_type, ultra_server_type=plan.spec.ultra_server_type,
+                    spares_per_ultraserver=plan.spec.spare_instances_per_ultra_server,
+                    blocks=tuple(sorted(plan.status.reserved_capacity, key=lambda b: b.start_time)))
+
+
+def peers_of(groups: list[dict[str, Any]], plan: str) -> list[Peer]:
+    """Groups bound to ``plan``, oldest first (then by name): the placement order."""
+    bound = [g for g in groups if g.get("spec", {}).get("trainingPlanRef") == plan
+             and not g["metadata"].get("deletionTimestamp")]
+    bound.sort(key=lambda g: (g["metadata"].get("creationTimestamp", ""), g["metadata"]["name"]))
+    out = []
+    for g in bound:
+        specs = (g["spec"].get("placement") or {}).get("placementSpecifications") or []
+        out.append(Peer(g["metadata"]["name"], int(g["spec"].get("instanceCount", 0)),
+                        tuple((p["ultraServerId"], int(p["instanceCount"])) for p in specs)))
+    return out
+
+
+async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
+    obj = await asyncio.to_thread(rt.kube.get_object, PLURAL, name)
+    if obj is None or obj["metadata"].get("deletionTimestamp"):
+        return None
+    generation = obj["metadata"].get("generation", 1)
+    try:
+        group = InstanceGroup.model_validate(obj)
+    except ValidationError as e:
+        kopf.event(obj, type="Warning", reason="InvalidSpec", message=str(e)[:900])
+        return None
+    plan_obj = await asyncio.to_thread(rt.kube.get_object, "trainingplans", group.spec.training_plan_ref)
+    plan = plan_view(TrainingPlan.model_validate(plan_obj)) if plan_obj else None
+    groups = await asyncio.to_thread(rt.kube.list_objects, PLURAL)
+    provider = rt.providers[group.spec.node_provider]
+    raw = await asyncio.to_thread(provider.list, name)
+    now = rt.clock()
+    nodes = [observe_node(rt, n, now) for n in raw]
+    decision = decide_group(name, generation, group.spec, group.status, plan,
+                            peers_of(groups, group.spec.training_plan_ref), nodes, rt.policy, now, rt.keys)
+    await asyncio.to_thread(apply_decision, rt, obj, group.spec.node_provider, decision,
+                            {n.name: r for n, r in zip(nodes, raw)})
+    desired = decision.status.wire()
+    if desired != _prior(obj).wire():
+        await asyncio.to_thread(rt.kube.patch_status, PLURAL, name, desired)
+        metrics.STATUS_WRITES.labels("InstanceGroup").inc()
+    for ev in decision.events:
+        kopf.event(obj, type=ev.type, reason=ev.reason, message=ev.message)
+    for state, value in (("desired", decision.status.desired_count), ("ready", decision.status.ready_count),
+                         ("spare", decision.status.spare_count), ("unhealthy", decision.status.unhealthy_count)):
+        metrics.GROUP_NODES.labels(name, state).set(value)
+    if plan is not None and (decision.create or decision.drain or decision.remediation or decision.update):
+        rt.wakeups.wake("plan", plan.name)
+    return decision.wake_at
+
+
+def _prior(obj: dict[str, Any]) -> InstanceGroupStatus:
+    try:
+        return InstanceGroupStatus.model_validate(obj.get("status") or {})
+    except ValidationError:
+        return InstanceGroupStatus()
+
+
+def apply_decision(rt: Runtime, group_obj: dict[str, Any], provider_name: str, d: GroupDecision,
+                   raw: dict[str, client.V1Node]) -> None:
+    """Carry out a decision: health actions, then creates and updates, then drains. Sync (thread)."""
+    provider = rt.providers[provider_name]
+    events: list[tuple[dict | None, Event]] = []
+    for action in d.remediation:
+        node = raw.get(getattr(action, "node", None) or getattr(action, "spare", ""))
+        if isinstance(action, hl.MarkUnhealthy) and node is not None:
+            taints = merged_taints(node, (action.taint,), {action.taint.key})
+            rt.kube.core.patch_node(node.metadata.name, {
+                "metadata": {"labels": {pl.LABEL_HEALTH: action.health_status}},
+                "spec": {"taints": [{"key": t.key, "value": t.value, "effect": t.effect} for t in taints]}})
+            events.append((node_body(node), Event("Warning", "NodeUnhealthy",
+                                                  f"{action.node}: {action.reason}; marked {action.health_status}")))
+            metrics.REMEDIATIONS.labels("mark").inc()
+        elif isinstance(action, hl.PromoteSpare) and node is not None:
+            keep = [t for t in taints_of(node) if t.key != pl.SPARE_TAINT.key]
+            rt.kube.core.patch_node(node.metadata.name, {
+                "metadata": {"labels": {pl.LABEL_ROLE: pl.ROLE_ACTIVE, pl.LABEL_REPLACES: action.replacing}},
+                "spec": {"taints": [{"key": t.key, "value": t.value, "effect": t.effect} for t in keep] or None}})
+            where = "same UltraServer" if action.same_ultraserver else f"UltraServer {action.ultraserver_id}"
+            events.append((node_body(node), Event("Normal", "SparePromoted",
+                                                  f"spare {action.spare} ({where}) replaces {action.replacing}")))
+            metrics.REMEDIATIONS.labels("promote").inc()
+        elif isinstance(action, hl.RemoveNode):
+            provider.release(action.node)
+            events.append((None, Event("Normal", "NodeRemoved", f"{action.node} removed: {action.reason}")))
+            metrics.REMEDIATIONS.labels("remove").inc()
+    for spec in d.create:
+        try:
+            provider.create(spec)
+        except NoFreeNode as e:
+            events.append((None, Event("Warning", "NoFreeNode", str(e))))
+            continue
+        events.append((None, Event("Normal", "NodeCreated", f"{spec.name} ({spec.role}) in {spec.availability_zone}")))
+        if any(isinstance(a, hl.Backfill) for a in d.remediation):
+            metrics.REMEDIATIONS.labels("backfill").inc()
+    for spec in d.update:
+        provider.update(spec.name, spec, managed_taint_keys(spec))
+    now = rt.clock()
+    for drain in d.drain:
+        node = raw.get(drain.node)
+        if node is None:
+            continue
+        if not node.spec.unschedulable:
+            provider.cordon(drain.node)
+            events.append((node_body(node), Event("Normal", "Draining",
+                                                  f"{drain.node} cordoned ({drain.reason}); evicting pods "
+                                                  f"until {drain.deadline.isoformat()}")))
+        progress = evict_pods(rt.kube, node.metadata.name)
+        if progress.pods_left == 0 or now >= drain.deadline:
+            provider.release(drain.node)
+            events.append((None, Event("Normal", "NodeRemoved", f"{drain.node} drained and removed ({drain.reason})")))
+    for body, ev in events:
+        kopf.event(body or group_obj, type=ev.type, reason=ev.reason, message=ev.message)
+        if body is not None:
+            kopf.event(group_obj, type=ev.type, reason=ev.reason, message=ev.message)
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10, initial_delay=0)
+async def group_daemon(name: str, stopped: kopf.DaemonStopped, memo: kopf.Memo, **_: Any) -> None:
+    rt: Runtime = memo.runtime
+    key = pl.label_value(name)
+    while not stopped:
+        try:
+            wake_at = await reconcile_group(rt, name)
+            metrics.RECONCILES.labels("InstanceGroup", "ok").inc()
+        except Exception:  # noqa: BLE001 - a bad pass must not end the daemon
+            metrics.RECONCILES.labels("InstanceGroup", "error").inc()
+            log.exception("reconcile of instance group %s failed; retrying in %s", name, RETRY)
+            wake_at = rt.clock() + RETRY
+        await rt.wakeups.sleep(KIND, key, wake_at, rt.clock, stopped)
+    rt.wakeups.forget(KIND, key)
+
+
+@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
+async def group_spec_changed(spec: kopf.Spec, memo: kopf.Memo, **_: Any) -> None:
+    """A changed count may move every group that shares the plan."""
+    memo.runtime.wakeups.wake_kind(KIND)
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL)
+async def drain_group(name: str, spec: kopf.Spec, memo: kopf.Memo, body: kopf.Body, **_: Any) -> None:
+    """Drain and remove every node of the group before it goes away (retried until done)."""
+    rt: Runtime = memo.runtime
+    provider = rt.providers[spec.get("nodeProvider", "kwok")]
+    nodes = await asyncio.to_thread(provider.list, name)
+    for node in nodes:
+        node_id = (node.metadata.labels or {}).get(LABEL_NODE_ID, node.metadata.name)
+        if not node.spec.unschedulable:
+            await asyncio.to_thread(provider.cordon, node_id)
+        progress = await asyncio.to_thread(evict_pods, rt.kube, node.metadata.name)
+        if progress.pods_left == 0:
+            await asyncio.to_thread(provider.release, node_id)
+    left = await asyncio.to_thread(provider.list, name)
+    if left:
+        raise kopf.TemporaryError(f"{len(left)} node(s) still draining", delay=1)
+    kopf.info(body, reason="Drained", message=f"all nodes of {name} drained and removed")
+    rt.wakeups.wake_kind(KIND)

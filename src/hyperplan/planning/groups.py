@@ -1,0 +1,265 @@
+"""What an InstanceGroup should hold now: one pure decision per reconcile.
+
+Input: the group, its training plan, the groups that share the plan, the group's nodes
+as observed, the policy and `now`. Output (:class:`GroupDecision`): the nodes that should
+exist (with their labels and taints), the nodes to drain and remove, the health actions,
+the status to write, the events to post and when to look again. The handler carries it
+out through a node provider.
+
+The rules (DESIGN.md sections 1-2):
+
+* nodes exist only while one of the plan's blocks is usable: active and before its
+  termination time (end minus the policy's lead for the plan's target);
+* at the termination time every node of the group drains (cordon, evict, remove) with a
+  deadline at the block's end;
+* the group's instance type must be the plan's, the plan must target
+  ``hyperpod-cluster``, and the count must fit what the plan's block offers beside the
+  other groups (placement says so); a group that breaks a rule gets ``Failed``, a
+  condition, an event and no nodes;
+* health verdicts and bounded remediation come from :mod:`hyperplan.planning.health`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Mapping, Sequence
+
+from hyperplan.api.models import Condition, InstanceGroupSpec, InstanceGroupStatus, ReservedCapacity
+from hyperplan.planning import health as hl
+from hyperplan.planning import placement as pl
+from hyperplan.planning.plans import Event, condition
+from hyperplan.planning.policy import Policy
+from hyperplan.planning.schedule import plan_block_schedule
+
+WAITING, PROVISIONING, READY, DRAINING, FAILED = "Waiting", "Provisioning", "Ready", "Draining", "Failed"
+HYPERPOD = "hyperpod-cluster"
+DRAIN_RETRY = timedelta(seconds=1)
+
+
+@dataclass(frozen=True)
+class PlanView:
+    """What a group needs of its training plan."""
+
+    name: str
+    target: str
+    instance_type: str | None
+    ultra_server_type: str | None
+    spares_per_ultraserver: int
+    blocks: tuple[ReservedCapacity, ...]
+
+
+@dataclass(frozen=True)
+class Peer:
+    """A group bound to the same plan (this group included), in placement order."""
+
+    name: str
+    instance_count: int
+    explicit: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class ObservedGroupNode:
+    """One of the group's nodes as found on the API server."""
+
+    health: hl.NodeObservation
+    labels: Mapping[str, str]
+    taints: tuple[pl.Taint, ...]
+    unschedulable: bool
+    ready: bool
+    deleting: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.health.name
+
+    @property
+    def block(self) -> str | None:
+        return self.labels.get(pl.LABEL_RESERVED_CAPACITY)
+
+
+@dataclass(frozen=True)
+class Drain:
+    node: str
+    deadline: datetime
+    reason: str
+
+
+@dataclass
+class GroupDecision:
+    status: InstanceGroupStatus
+    block: ReservedCapacity | None = None
+    create: list[pl.NodeSpec] = field(default_factory=list)
+    update: list[pl.NodeSpec] = field(default_factory=list)
+    drain: list[Drain] = field(default_factory=list)
+    remediation: tuple[hl.Action, ...] = ()
+    events: list[Event] = field(default_factory=list)
+    wake_at: datetime | None = None
+
+
+def _min_time(*times: datetime | None) -> datetime | None:
+    present = [t for t in times if t is not None]
+    return min(present) if present else None
+
+
+def check_binding(spec: InstanceGroupSpec, plan: PlanView) -> tuple[str, str] | None:
+    """A rule the group breaks against its plan, as (reason, message), or None."""
+    if plan.target != HYPERPOD:
+        return ("PlanTargetNotHyperPod",
+                f"training plan {plan.name} targets {plan.target}; instance groups need a "
+                f"{HYPERPOD} plan")
+    plan_type = pl.ULTRASERVER_INSTANCE_TYPE if plan.ultra_server_type else plan.instance_type
+    if spec.instance_type != plan_type:
+        return ("InstanceTypeMismatch",
+                f"group wants {spec.instance_type} but training plan {plan.name} reserves {plan_type}")
+    return None
+
+
+def place_on_block(block: ReservedCapacity, plan: PlanView, peers: Sequence[Peer]
+                   ) -> tuple[tuple[pl.UltraServer, ...], dict[str, pl.PlacementResult]]:
+    ultraservers = pl.ultraservers_for_block(block.id, block.ultra_server_type, block.instance_count,
+                                             plan.spares_per_ultraserver)
+    requests = [pl.GroupRequest(p.name, p.instance_count, p.explicit) for p in peers]
+    capacity = None if ultraservers else block.instance_count
+    return ultraservers, pl.place_groups(requests, ultraservers, capacity=capacity)
+
+
+def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: InstanceGroupStatus,
+                 plan: PlanView | None, peers: Sequence[Peer], nodes: Sequence[ObservedGroupNode],
+                 policy: Policy, now: datetime, keys: pl.TopologyKeys = pl.TopologyKeys()) -> GroupDecision:
+    conds = prior.conditions
+
+    def status(phase: str, reason: str, message: str, **fields) -> InstanceGroupStatus:
+        ok = phase == READY
+        made = [condition("Ready", ok, reason, message, generation, conds, now)]
+        made += fields.pop("extra_conditions", [])
+        return InstanceGroupStatus(phase=phase, observed_generation=generation, conditions=made, **fields)
+
+    def leave_all(phase: str, reason: str, message: str, deadline: datetime, wake: datetime | None,
+                  **fields) -> GroupDecision:
+        drains = [Drain(n.name, deadline, reason) for n in nodes if not n.deleting]
+        phase = DRAINING if nodes else phase
+        d = GroupDecision(status=status(phase, reason, message, **fields), drain=drains)
+        d.wake_at = _min_time(wake, now + DRAIN_RETRY if nodes else None)
+        return d
+
+    if plan is None:
+        return _with_events(leave_all(WAITING, "PlanNotFound", f"training plan {spec.training_plan_ref} "
+                                      "does not exist yet", now, None), prior)
+    broken = check_binding(spec, plan)
+    if broken:
+        return _with_events(leave_all(FAILED, *broken, now, None), prior, warning=True)
+    if not plan.blocks:
+        return _with_events(leave_all(WAITING, "PlanNotPurchased",
+                                      f"training plan {plan.name} has no reserved capacity yet", now, None), prior)
+
+    schedule = plan_block_schedule([(b.start_time, b.end_time) for b in plan.blocks], plan.target, policy, now)
+    usable = schedule.usable_block
+    if usable is None:
+        current = schedule.active_block
+        if current is not None:  # past the termination time: drain until the block ends
+            block = plan.blocks[current]
+            return _with_events(leave_all(
+                WAITING, "BlockTerminating",
+                f"block {block.id} stops at {block.end_time.isoformat()}; nodes drain from "
+                f"{schedule.blocks[current].termination_time.isoformat()}",
+                block.end_time, schedule.next_transition_time,
+                availability_zone=block.availability_zone, reserved_capacity_id=block.id,
+                next_transition_time=schedule.next_transition_time), prior)
+        upcoming = schedule.current_or_next_block
+        message = (f"next block {plan.blocks[upcoming].id} starts at {plan.blocks[upcoming].start_time.isoformat()}"
+                   if upcoming is not None else f"training plan {plan.name} has expired")
+        return _with_events(leave_all(
+            WAITING, "NoActiveBlock", message, now, schedule.next_transition_time,
+            availability_zone=plan.blocks[upcoming].availability_zone if upcoming is not None else None,
+            next_transition_time=schedule.next_transition_time), prior)
+
+    block = plan.blocks[usable]
+    try:
+        ultraservers, placements = place_on_block(block, plan, peers)
+    except ValueError as e:
+        return _with_events(leave_all(FAILED, "InvalidPlacement", str(e), now, None), prior, warning=True)
+    mine = placements.get(name)
+    if mine is None or not mine.ok:
+        reason = mine.reason if mine else "InvalidPlacement"
+        message = mine.message if mine else "group is not among the plan's groups"
+        return _with_events(leave_all(FAILED, reason, message, now, None), prior, warning=True)
+
+    termination = schedule.blocks[usable].termination_time
+    on_block = [n for n in nodes if n.block == block.id]
+    stray = [n for n in nodes if n.block != block.id]
+
+    # Health: verdicts over the group's nodes on this block, then bounded remediation.
+    check = hl.HealthCheck.from_spec(spec.health_check.grace_seconds, spec.health_check.max_unhealthy,
+                                     spec.health_check.unhealthy_conditions)
+    observations = [n.health for n in on_block]
+    verdict = hl.evaluate_health(observations, check, now)
+    remedy = hl.plan_remediation(verdict, observations, ultraservers, block_has_time_left=now < termination,
+                                 uses_spares=bool(ultraservers), max_unhealthy=check.max_unhealthy)
+
+    owners = pl.spare_owners(placements)
+    slots = pl.slot_states_from_labels(n.labels for n in on_block if not n.deleting)
+    slots.update(remedy.slot_states())
+    desired = pl.desired_nodes(
+        name, plan.name, block.id, spec.instance_type, block.availability_zone, mine, ultraservers,
+        pl.spare_ultraservers(name, owners), spec.labels,
+        [pl.Taint(t.key, t.value, t.effect) for t in spec.taints], keys, slots)
+    wanted = {d.name: d for d in desired}
+    existing = {n.name: n for n in on_block}
+    create = [d for d in desired if d.name not in existing]
+    being_remediated = set(verdict.unhealthy)
+    update = [d for d in desired if d.name in existing and d.name not in being_remediated
+              and _differs(d, existing[d.name])]
+    removals = {a.node for a in remedy.actions if isinstance(a, hl.RemoveNode)}
+    drains = [Drain(n.name, block.end_time, "NotDesired") for n in on_block
+              if n.name not in wanted and n.name not in removals and n.name not in being_remediated
+              and not n.deleting]
+    drains += [Drain(n.name, now, "OtherBlock") for n in stray if not n.deleting]
+
+    ready = sum(1 for d in desired if d.name in existing and existing[d.name].ready
+                and d.role == pl.ROLE_ACTIVE and d.name not in being_remediated)
+    spares_up = sum(1 for d in desired if d.name in existing and existing[d.name].ready
+                    and d.role == pl.ROLE_SPARE and d.name not in being_remediated)
+    active_wanted = sum(1 for d in desired if d.role == pl.ROLE_ACTIVE)
+    phase = READY if (ready >= active_wanted and not create and not drains) else PROVISIONING
+    extra = [condition("RemediationAllowed", remedy.allowed,
+                       "WithinBounds" if remedy.allowed else (remedy.reason or "TooManyUnhealthy"),
+                       remedy.message, generation, conds, now)]
+    message = (f"{ready}/{active_wanted} active nodes Ready, {spares_up} spare(s) in "
+               f"{block.availability_zone} on block {block.id}")
+    decision = GroupDecision(
+        status=status(phase, "NodesReady" if phase == READY else "Provisioning", message,
+                      availability_zone=block.availability_zone, reserved_capacity_id=block.id,
+                      desired_count=active_wanted, ready_count=ready, spare_count=spares_up,
+                      unhealthy_count=len(verdict.unhealthy),
+                      next_transition_time=schedule.next_transition_time, extra_conditions=extra),
+        block=block, create=create, update=update, drain=drains, remediation=remedy.actions)
+    decision.wake_at = _min_time(schedule.next_transition_time, verdict.next_check,
+                                 now + DRAIN_RETRY if drains else None)
+    if not remedy.allowed and _reason(prior.conditions, "RemediationAllowed") != remedy.reason:
+        decision.events.append(Event("Warning", remedy.reason or "TooManyUnhealthy", remedy.message))
+    return _with_events(decision, prior)
+
+
+def _reason(conditions: Sequence[Condition], type_: str) -> str | None:
+    return next((c.reason for c in conditions if c.type == type_), None)
+
+
+def _with_events(d: GroupDecision, prior: InstanceGroupStatus, warning: bool = False) -> GroupDecision:
+    """An event when the phase or the Ready reason changes."""
+    ready = next(c for c in d.status.conditions if c.type == "Ready")
+    if prior.phase != d.status.phase or _reason(prior.conditions, "Ready") != ready.reason:
+        d.events.insert(0, Event("Warning" if warning else "Normal", ready.reason, ready.message))
+    return d
+
+
+def managed_taint_keys(want: pl.NodeSpec) -> set[str]:
+    """Taint keys the operator owns on a node: its own and the group's; others are left alone."""
+    return {t.key for t in want.taints} | {pl.SPARE_TAINT.key, pl.UNHEALTHY_TAINT.key}
+
+
+def _differs(want: pl.NodeSpec, have: ObservedGroupNode) -> bool:
+    if any(have.labels.get(k) != v for k, v in want.labels.items()):
+        return True
+    keys = managed_taint_keys(want)
+    return {t for t in have.taints if t.key in keys} != set(want.taints)

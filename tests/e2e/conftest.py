@@ -1,0 +1,76 @@
+"""The operator as its own process (`hyperplan run`, demo profile) against the session's plane."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from hyperplan.actuation.kube import Kube, api_client
+from hyperplan.devcluster.plane import Plane, free_port
+from tests.e2e.scenarios import REGISTRY, Context
+from tests.kube import Kubectl, eventually
+
+
+@dataclass
+class Operator:
+    proc: subprocess.Popen
+    log: Path
+    metrics_port: int
+    liveness_port: int
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
+            return r.read().decode()
+
+
+@pytest.fixture(scope="session")
+def operator(plane: Plane, crds: Kubectl, tmp_path_factory: pytest.TempPathFactory) -> Operator:
+    """One operator for all e2e scenarios; stopped with SIGTERM at the end, which must exit 0."""
+    log = tmp_path_factory.mktemp("operator") / "operator.log"
+    metrics_port, liveness_port = free_port(), free_port()
+    env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig), "HYPERPLAN_POLICY": "demo",
+           "HYPERPLAN_METRICS_PORT": str(metrics_port), "HYPERPLAN_LIVENESS_PORT": str(liveness_port)}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "hyperplan.cli", "run"], env=env,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    op = Operator(proc, log, metrics_port, liveness_port)
+
+    def alive() -> bool:
+        assert proc.poll() is None, f"operator exited early:\n{log.read_text()[-3000:]}"
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{liveness_port}/healthz", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    eventually(alive, timeout=60, what="operator liveness endpoint")
+    yield op
+    proc.send_signal(signal.SIGTERM)
+    try:
+        rc = proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise AssertionError("operator did not stop within 30s of SIGTERM")
+    print(f"[operator] log: {log}")
+    assert rc == 0, f"operator exited {rc} on SIGTERM:\n{log.read_text()[-3000:]}"
+
+
+@pytest.fixture(scope="session")
+def scenarios(operator: Operator, crds: Kubectl, plane: Plane) -> dict[str, Future]:
+    """Every registered scenario, started at once on the one operator; tests read their records."""
+    ctx = Context(kubectl=crds, kube=Kube(api_client(str(plane.kubeconfig))))
+    pool = ThreadPoolExecutor(max_workers=max(1, len(REGISTRY)), thread_name_prefix="scenario")
+    futures = {name: pool.submit(fn, ctx) for name, fn in REGISTRY.items()}
+    yield futures
+    pool.shutdown(wait=True)

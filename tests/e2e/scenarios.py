@@ -1,0 +1,76 @@
+"""End-to-end scenarios run side by side on one operator.
+
+A scenario is a function that drives the cluster like a user (kubectl) and returns what
+it observed; the session fixture ``scenarios`` starts every registered scenario at once
+in its own thread, and each test asserts on the record of its scenario.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+from tests.kube import Kubectl
+
+REGISTRY: dict[str, Callable[["Context"], Any]] = {}
+
+
+def scenario(fn: Callable[["Context"], Any]) -> Callable[["Context"], Any]:
+    REGISTRY[fn.__name__] = fn
+    return fn
+
+
+@dataclass
+class Context:
+    kubectl: Kubectl
+    kube: Any  # hyperplan.actuation.kube.Kube
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def ts(moment: datetime) -> str:
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_ts(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+@dataclass
+class Recorder:
+    """Polls a value every ``interval`` seconds and keeps each change with the wall time it was seen."""
+
+    read: Callable[[], Any]
+    interval: float = 0.2
+    changes: list[tuple[datetime, Any]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> "Recorder":
+        threading.Thread(target=self._run, daemon=True).start()
+        return self
+
+    def _run(self) -> None:
+        last = object()
+        while not self._stop.is_set():
+            try:
+                value = self.read()
+            except Exception:  # noqa: BLE001 - a failed read is not a change
+                value = last
+            if value != last:
+                self.changes.append((utcnow(), value))
+                last = value
+            time.sleep(self.interval)
+
+    def stop(self) -> list[tuple[datetime, Any]]:
+        self._stop.set()
+        return self.changes
+
+
+def events_for(kubectl: Kubectl, name: str) -> list[dict]:
+    items = kubectl.get("events", None, "-A", f"--field-selector=involvedObject.name={name}")["items"]
+    return sorted(items, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")

@@ -1,0 +1,360 @@
+"""The Helm chart (charts/hyperplan): lint, render, accepted by the real API server, installed.
+
+There is no kubelet for real containers on the local control plane, so the operator's pod
+never runs from the chart here; the tests assert on the objects Helm creates, on what the
+chart's ClusterRole lets the service account do (``kubectl auth can-i`` and the operator
+itself, run locally with that service account's token), and that ``helm uninstall`` removes
+what ``helm install`` created.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from hyperplan.devcluster import build
+from hyperplan.devcluster.plane import Plane, free_port
+from tests.kube import Kubectl, eventually
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "hyperplan"
+API = "hyperplan.dev/v1alpha1"
+
+
+@pytest.fixture(scope="module")
+def helm(tmp_path_factory: pytest.TempPathFactory):
+    """``helm(*args)``: the built Helm with its cache, config and data in a temporary folder."""
+    home = tmp_path_factory.mktemp("helm")
+    env = {**os.environ, "HELM_CACHE_HOME": str(home / "cache"),
+           "HELM_CONFIG_HOME": str(home / "config"), "HELM_DATA_HOME": str(home / "data")}
+    env.pop("KUBECONFIG", None)
+
+    def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+        proc = subprocess.run([str(build.binary("helm")), *args], env=env, capture_output=True,
+                              text=True, timeout=180)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"helm {' '.join(args)} failed ({proc.returncode}):\n"
+                                 f"{proc.stdout}\n{proc.stderr}")
+        return proc
+
+    return run
+
+
+def render(helm, *args: str, namespace: str = "default") -> list[dict[str, Any]]:
+    out = helm("template", "hp", str(CHART), "--namespace", namespace, *args).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def by_kind(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    kinds = [d["kind"] for d in docs]
+    assert len(kinds) == len(set(kinds)), f"one object per kind expected, got {kinds}"
+    return {d["kind"]: d for d in docs}
+
+
+def container(deployment: dict[str, Any]) -> dict[str, Any]:
+    (c,) = deployment["spec"]["template"]["spec"]["containers"]
+    return c
+
+
+def env_of(c: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e.get("value") for e in c.get("env", [])}
+
+
+# --------------------------------------------------------------------------- offline
+
+
+def test_chart_lints_strictly(helm) -> None:
+    proc = helm("lint", "--strict", str(CHART))
+    assert "1 chart(s) linted, 0 chart(s) failed" in proc.stdout
+    assert "[WARNING]" not in proc.stdout and "[ERROR]" not in proc.stdout, proc.stdout
+
+
+def test_chart_crds_are_the_generated_ones() -> None:
+    """`make crds` copies the generated CRDs into the chart; a stale copy would install old schemas."""
+    generated = sorted(p.name for p in (ROOT / "crds").glob("*.yaml"))
+    assert generated == sorted(p.name for p in (CHART / "crds").glob("*.yaml"))
+    for name in generated:
+        assert (CHART / "crds" / name).read_text() == (ROOT / "crds" / name).read_text(), \
+            f"charts/hyperplan/crds/{name} is stale; run `make crds`"
+
+
+def test_default_render_runs_the_operator_locked_down(helm) -> None:
+    objs = by_kind(render(helm, namespace="hyperplan-system"))
+    assert set(objs) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "Deployment"}
+    dep = objs["Deployment"]
+    assert dep["metadata"]["namespace"] == "hyperplan-system"
+    assert dep["spec"]["replicas"] == 1
+    pod = dep["spec"]["template"]["spec"]
+    c = container(dep)
+    assert [*c["command"], *c["args"]] == ["hyperplan", "run"]
+    assert c["image"] == "hyperplan:0.1.0"  # appVersion when no tag is set
+    env = env_of(c)
+    assert env["HYPERPLAN_POLICY"] == "sagemaker"
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {"metrics": 8000, "liveness": 8081}
+    assert env["HYPERPLAN_METRICS_PORT"] == "8000" and env["HYPERPLAN_LIVENESS_PORT"] == "8081"
+    probe = c["livenessProbe"]["httpGet"]
+    assert probe["path"] == "/healthz" and ports[probe["port"]] == 8081
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    # The pod runs as the chart's service account, which the binding names.
+    sa = objs["ServiceAccount"]["metadata"]["name"]
+    assert pod["serviceAccountName"] == sa
+    assert objs["ClusterRoleBinding"]["subjects"] == [
+        {"kind": "ServiceAccount", "name": sa, "namespace": "hyperplan-system"}]
+    assert objs["ClusterRoleBinding"]["roleRef"]["name"] == objs["ClusterRole"]["metadata"]["name"]
+    # The metrics Service selects the operator's pod and says where to scrape.
+    svc = objs["Service"]
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert svc["spec"]["selector"].items() <= labels.items()
+    assert svc["spec"]["ports"][0]["targetPort"] == "metrics"
+    ann = svc["metadata"]["annotations"]
+    assert (ann["prometheus.io/scrape"], ann["prometheus.io/port"], ann["prometheus.io/path"]) == \
+        ("true", "8000", "/metrics")
+
+
+def test_values_reach_the_operator(helm) -> None:
+    objs = by_kind(render(
+        helm, "--set", "policy=demo", "--set", "metricsPort=9100", "--set", "livenessPort=9101",
+        "--set", "image.repository=registry.example/hyperplan", "--set", "image.tag=dev",
+        "--set", "env[0].name=HYPERPLAN_WATCH_SERVER_TIMEOUT", "--set-string", "env[0].value=120",
+        "--set", "nodeSelector.kubernetes\\.io/os=linux",
+        "--set", "tolerations[0].key=dedicated,tolerations[0].operator=Exists",
+        "--set", "serviceMonitor.enabled=true"))
+    c = container(objs["Deployment"])
+    env = env_of(c)
+    assert env["HYPERPLAN_POLICY"] == "demo"
+    assert env["HYPERPLAN_METRICS_PORT"] == "9100" and env["HYPERPLAN_LIVENESS_PORT"] == "9101"
+    assert env["HYPERPLAN_WATCH_SERVER_TIMEOUT"] == "120"
+    assert c["image"] == "registry.example/hyperplan:dev"
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"metrics": 9100, "liveness": 9101}
+    pod = objs["Deployment"]["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    assert pod["tolerations"] == [{"key": "dedicated", "operator": "Exists"}]
+    assert objs["Service"]["metadata"]["annotations"]["prometheus.io/port"] == "9100"
+    sm = objs["ServiceMonitor"]
+    assert sm["apiVersion"] == "monitoring.coreos.com/v1"
+    assert sm["spec"]["endpoints"][0]["port"] == "metrics"
+    assert sm["spec"]["selector"]["matchLabels"].items() <= \
+        objs["Service"]["metadata"]["labels"].items()
+
+
+@pytest.mark.parametrize("bad", ["policy=aws", "metricsPort=0", "image.pullPolicy=Sometimes"])
+def test_invalid_values_are_rejected_naming_the_field(helm, bad: str) -> None:
+    proc = helm("template", "hp", str(CHART), "--set", bad, check=False)
+    assert proc.returncode != 0
+    assert bad.split("=")[0].split(".")[-1] in proc.stderr, proc.stderr
+
+
+def test_service_account_can_be_brought_by_the_user(helm) -> None:
+    objs = by_kind(render(helm, "--set", "serviceAccount.create=false",
+                          "--set", "serviceAccount.name=ops"))
+    assert "ServiceAccount" not in objs
+    assert objs["Deployment"]["spec"]["template"]["spec"]["serviceAccountName"] == "ops"
+    assert objs["ClusterRoleBinding"]["subjects"][0]["name"] == "ops"
+
+
+# --------------------------------------------------------------------------- against the API server
+
+
+def test_rendered_manifests_pass_server_side_dry_run(helm, crds: Kubectl) -> None:
+    manifests = helm("template", "hp-dry", str(CHART), "--namespace", "default").stdout
+    proc = crds.run("apply", "--dry-run=server", "-f", "-", input=manifests)
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 5 and all(l.endswith("(server dry run)") for l in lines), proc.stdout
+    assert crds.get_or_none("deployment", "hp-dry-hyperplan") is None  # nothing was persisted
+
+
+@pytest.fixture(scope="module")
+def release(helm, plane: Plane, crds: Kubectl):
+    """The chart installed into a fresh namespace that enforces the `restricted` Pod Security level."""
+    ns, name = f"hp-helm-{uuid.uuid4().hex[:6]}", "hyperplan"
+    crds.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {
+        "name": ns, "labels": {"pod-security.kubernetes.io/enforce": "restricted"}}})
+    kc = f"--kubeconfig={plane.kubeconfig}"
+    # The pod must not land on a KWOK node (it would be marked Running without running).
+    out = helm("install", name, str(CHART), kc, "--namespace", ns, "--set", "policy=demo",
+               "--set", "nodeSelector.hyperplan\\.dev/helm-test=nowhere").stdout
+    yield {"namespace": ns, "name": name, "fullname": "hyperplan", "install_output": out,
+           "kubeconfig": kc}
+    helm("uninstall", name, kc, "--namespace", ns, check=False)
+    crds.run("delete", "namespace", ns, "--ignore-not-found", "--wait=false")
+
+
+def test_helm_install_creates_the_operator_objects(helm, release, crds: Kubectl) -> None:
+    ns, full = release["namespace"], release["fullname"]
+    assert "STATUS: deployed" in release["install_output"]
+    assert "kubectl -n " + ns in release["install_output"]  # NOTES.txt rendered
+    status = json.loads(helm("status", release["name"], release["kubeconfig"], "-n", ns,
+                             "-o", "json").stdout)
+    assert status["info"]["status"] == "deployed"
+
+    dep = crds.get("deployment", full, "-n", ns)
+    assert env_of(container(dep))["HYPERPLAN_POLICY"] == "demo"
+    sa = crds.get("serviceaccount", full, "-n", ns)
+    assert sa["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+    svc = crds.get("service", f"{full}-metrics", "-n", ns)
+    assert svc["spec"]["ports"][0]["port"] == 8000
+    role = crds.get("clusterrole", full)
+    binding = crds.get("clusterrolebinding", full)
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": full, "namespace": ns}]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+
+    # The Deployment's pod is admitted under the `restricted` Pod Security level, runs as the
+    # chart's service account, and waits for a node that matches its selector.
+    def pod() -> dict | None:
+        items = crds.get("pods", None, "-n", ns,
+                         f"-l=app.kubernetes.io/instance={release['name']}")["items"]
+        return items[0] if items else None
+
+    created = eventually(pod, timeout=60, what="the operator pod created by the ReplicaSet")
+    assert created["spec"]["serviceAccountName"] == full
+    assert created["spec"]["nodeSelector"] == {"hyperplan.dev/helm-test": "nowhere"}
+    events = crds.get("events", None, "-n", ns, "--field-selector=reason=FailedCreate")["items"]
+    assert events == [], [e["message"] for e in events]
+
+
+CAN = [
+    ("create", "nodes"), ("delete", "nodes"), ("patch", "nodes"), ("watch", "nodes"),
+    ("patch", "nodes", "status"),
+    ("watch", "trainingplans.hyperplan.dev"), ("patch", "trainingplans.hyperplan.dev"),
+    ("patch", "trainingplans.hyperplan.dev", "status"),
+    ("update", "capacitypools.hyperplan.dev", "status"),
+    ("patch", "instancegroups.hyperplan.dev", "status"),
+    ("update", "instancegroups.hyperplan.dev", "finalizers"),
+    ("list", "pods"), ("create", "pods", "eviction"),
+    ("create", "events"), ("patch", "events.events.k8s.io"),
+    ("list", "customresourcedefinitions.apiextensions.k8s.io"), ("watch", "namespaces"),
+]
+CANNOT = [
+    ("delete", "pods"),  # drains go through the eviction API, which honours PodDisruptionBudgets
+    ("get", "secrets"),
+    ("create", "trainingplans.hyperplan.dev"),  # users buy plans, the operator does not
+    ("delete", "capacitypools.hyperplan.dev"),
+    ("delete", "customresourcedefinitions.apiextensions.k8s.io"),
+    ("create", "clusterrolebindings.rbac.authorization.k8s.io"),
+    ("create", "leases.coordination.k8s.io"),  # standalone: no leader election, no peering
+]
+
+
+def can_i(kubectl: Kubectl, user: str, verb: str, resource: str, sub: str | None = None) -> bool:
+    args = ["auth", "can-i", verb, resource, f"--as={user}"]
+    if sub:
+        args.append(f"--subresource={sub}")
+    proc = kubectl.run(*args, check=False)
+    assert proc.stdout.strip() in ("yes", "no"), proc.stdout + proc.stderr
+    return proc.stdout.strip() == "yes"
+
+
+def test_cluster_role_grants_what_the_operator_needs_and_no_more(release, crds: Kubectl) -> None:
+    user = f"system:serviceaccount:{release['namespace']}:{release['fullname']}"
+    denied = [" ".join(a) for a in CAN if not can_i(crds, user, *a)]
+    assert denied == [], f"{user} lacks: {denied}"
+    allowed = [" ".join(a) for a in CANNOT if can_i(crds, user, *a)]
+    assert allowed == [], f"{user} may also: {allowed}"
+    # The grants come from the chart's binding, not from something every account has.
+    other = f"system:serviceaccount:{release['namespace']}:default"
+    assert not can_i(crds, other, "create", "nodes")
+
+
+def test_operator_runs_with_the_service_accounts_token(release, plane: Plane, crds: Kubectl,
+                                                       tmp_path: Path) -> None:
+    """`hyperplan run` as the chart's service account: it starts, watches, reconciles a plan,
+    and is never refused by the API server."""
+    ns, sa = release["namespace"], release["fullname"]
+    token = crds.run("create", "token", sa, "-n", ns, "--duration=10m").stdout.strip()
+    admin = yaml.safe_load(plane.kubeconfig.read_text())
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "sa",
+        "clusters": admin["clusters"],
+        "users": [{"name": "sa", "user": {"token": token}}],
+        "contexts": [{"name": "sa", "context": {"cluster": admin["clusters"][0]["name"], "user": "sa"}}],
+    }))
+    as_sa = Kubectl(kubeconfig)
+    assert as_sa.run("auth", "whoami", "-o", "jsonpath={.status.userInfo.username}").stdout == \
+        f"system:serviceaccount:{ns}:{sa}"
+
+    log = tmp_path / "operator.log"
+    liveness = free_port()
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "HYPERPLAN_POLICY": "demo",
+           "HYPERPLAN_METRICS_PORT": str(free_port()), "HYPERPLAN_LIVENESS_PORT": str(liveness)}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "hyperplan.cli", "run"], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    tag = uuid.uuid4().hex[:5]
+    pool, plan = f"helm-rbac-{tag}", f"helm-rbac-{tag}"
+    try:
+        def healthy() -> bool:
+            assert proc.poll() is None, f"operator exited:\n{log.read_text()[-3000:]}"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{liveness}/healthz", timeout=2) as r:
+                    return r.status == 200
+            except OSError:
+                return False
+
+        eventually(healthy, timeout=60, what="operator liveness")
+        crds.create({"apiVersion": API, "kind": "CapacityPool", "metadata": {"name": pool},
+                     "spec": {"instanceType": f"ml.rbac-{tag}.xlarge",
+                              "availabilityZone": "us-east-1a", "instanceCount": 4}})
+        crds.create({"apiVersion": API, "kind": "TrainingPlan", "metadata": {"name": plan},
+                     "spec": {"instanceType": f"ml.rbac-{tag}.xlarge", "instanceCount": 2,
+                              "targetResource": "training-job", "duration": "2m",
+                              "autoPurchase": True}})
+        def bought() -> bool:
+            status = crds.get("trainingplan", plan).get("status") or {}
+            assert status.get("phase") in (None, "Pending", "Scheduled", "Active"), status
+            return status.get("phase") in ("Scheduled", "Active")
+
+        eventually(bought, timeout=60, what=f"plan {plan} bought by the operator")
+        # The purchase wrote the ledger (CapacityPool status) and posted an Event.
+        reservations = crds.get("capacitypool", pool).get("status", {}).get("reservations", [])
+        assert [r["trainingPlan"] for r in reservations] == [plan]
+        eventually(lambda: crds.get("events", None, "-A",
+                                    f"--field-selector=involvedObject.name={plan}")["items"],
+                   timeout=30, what=f"an Event about {plan}")
+        # Deletion finishes only once the operator has released the capacity and removed
+        # its finalizer from the plan.
+        crds.delete("trainingplan", plan, "--wait=true", "--timeout=60s")
+        assert crds.get("capacitypool", pool).get("status", {}).get("reservations", []) == []
+    finally:
+        crds.delete("trainingplan", plan, "--wait=true", "--timeout=60s")
+        crds.delete("capacitypool", pool)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    text = log.read_text()
+    refused = [l for l in text.splitlines() if re.search(r"[Ff]orbidden", l)]
+    assert refused == [], "\n".join(refused[:10])
+
+
+def test_helm_uninstall_removes_what_install_created(helm, release, crds: Kubectl) -> None:
+    ns, full = release["namespace"], release["fullname"]
+    helm("uninstall", release["name"], release["kubeconfig"], "--namespace", ns, "--wait",
+         "--timeout=60s")
+    for kind, name, scope in (("deployment", full, ns), ("serviceaccount", full, ns),
+                              ("service", f"{full}-metrics", ns), ("clusterrole", full, None),
+                              ("clusterrolebinding", full, None)):
+        args = (kind, name, "-n", scope) if scope else (kind, name)
+        proc = crds.run("get", *args, check=False)
+        assert "NotFound" in proc.stderr, f"{kind}/{name} survived helm uninstall"
+    # Helm never deletes CRDs (and with them every user's plans): they stay.
+    for plural in ("capacitypools", "trainingplans", "instancegroups"):
+        assert crds.get_or_none("crd", f"{plural}.hyperplan.dev") is not None
+    assert json.loads(helm("list", release["kubeconfig"], "-n", ns, "-o", "json").stdout) == []

@@ -1,0 +1,507 @@
+"""Node health verdicts, the maxUnhealthy circuit breaker and remediation plans."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from hyperplan.planning.health import (
+    Backfill,
+    HealthCheck,
+    HealthVerdict,
+    MarkUnhealthy,
+    NodeCondition,
+    NodeObservation,
+    PromoteSpare,
+    RemoveNode,
+    evaluate_health,
+    max_unhealthy_limit,
+    observed_nodes,
+    parse_condition_spec,
+    plan_remediation,
+    remediation_allowed,
+)
+from hyperplan.planning.placement import (
+    UNHEALTHY_TAINT,
+    GroupRequest,
+    ObservedNode,
+    SlotState,
+    desired_nodes,
+    place_groups,
+    slot_states_from_labels,
+    spare_owners,
+    spare_ultraservers,
+    ultraservers_for_block,
+)
+
+NOW = datetime(2025, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
+GRACE = timedelta(seconds=30)
+CHECK = HealthCheck()
+
+
+def ago(seconds: float) -> datetime:
+    return NOW - timedelta(seconds=seconds)
+
+
+def cond(type_: str, status: str, seconds_ago: float) -> NodeCondition:
+    return NodeCondition(type_, status, ago(seconds_ago))
+
+
+def ready(seconds_ago: float = 600) -> NodeCondition:
+    return cond("Ready", "True", seconds_ago)
+
+
+def node(name: str, *conds: NodeCondition, **kw) -> NodeObservation:
+    return NodeObservation(name, conditions=conds or (ready(),), **kw)
+
+
+# --------------------------------------------------------------------------- signals
+
+
+def _signal_node(kind: str, age: float) -> NodeObservation:
+    if kind == "ready-false":
+        return node("n", cond("Ready", "False", age))
+    if kind == "ready-unknown":
+        return node("n", cond("Ready", "Unknown", age))
+    if kind == "accelerated-hardware":
+        return node("n", ready(), cond("AcceleratedHardwareReady", "False", age))
+    if kind == "gpu-healthy":
+        return node("n", ready(), cond("GpuHealthy", "False", age))
+    if kind == "label-unschedulable":
+        return node("n", health_label="Unschedulable", health_label_since=ago(age))
+    if kind == "label-pending-replacement":
+        return node("n", health_label="UnschedulablePendingReplacement",
+                    health_label_since=ago(age))
+    if kind == "deleted":
+        return NodeObservation("n", exists=False, deleted_since=ago(age))
+    raise AssertionError(kind)
+
+
+SIGNALS = [
+    ("ready-false", "Ready=False"),
+    ("ready-unknown", "Ready=Unknown"),
+    ("accelerated-hardware", "AcceleratedHardwareReady=False"),
+    ("gpu-healthy", "GpuHealthy=False"),
+    ("label-unschedulable", "NodeHealthStatus=Unschedulable"),
+    ("label-pending-replacement", "NodeHealthStatus=UnschedulablePendingReplacement"),
+    ("deleted", "NodeDeleted"),
+]
+
+
+@pytest.mark.parametrize(("kind", "reason"), [pytest.param(k, r, id=k) for k, r in SIGNALS])
+@pytest.mark.parametrize("age", [pytest.param(1, id="1s"), pytest.param(29.999, id="just-under")])
+def test_signal_shorter_than_grace_is_pending(kind, reason, age):
+    verdict = evaluate_health([_signal_node(kind, age)], CHECK, NOW)
+    assert verdict.unhealthy == {}
+    assert verdict.healthy == ("n",)
+    assert verdict.pending == {"n": reason}
+    assert verdict.next_check == ago(age) + GRACE
+
+
+@pytest.mark.parametrize(("kind", "reason"), [pytest.param(k, r, id=k) for k, r in SIGNALS])
+@pytest.mark.parametrize("age", [pytest.param(30, id="exactly-grace"),
+                                 pytest.param(300, id="long")])
+def test_signal_longer_than_grace_is_unhealthy(kind, reason, age):
+    verdict = evaluate_health([_signal_node(kind, age)], CHECK, NOW)
+    assert verdict.unhealthy == {"n": reason}
+    assert verdict.healthy == ()
+    assert verdict.pending == {}
+    assert verdict.next_check is None
+
+
+@pytest.mark.parametrize(
+    ("observation", "grace", "expected"),
+    [
+        pytest.param(node("n", cond("Ready", "True", 5)), GRACE, {}, id="ready-recovered"),
+        pytest.param(node("n", ready(), cond("GpuHealthy", "True", 5)), GRACE, {},
+                     id="gpu-recovered"),
+        pytest.param(node("n", health_label="Schedulable", health_label_since=ago(999)), GRACE,
+                     {}, id="label-schedulable"),
+        pytest.param(node("n", ready(), cond("SomethingElse", "False", 999)), GRACE, {},
+                     id="unconfigured-condition-ignored"),
+        pytest.param(node("n", created=ago(3600)), GRACE, {}, id="old-node-with-ready-is-started"),
+        pytest.param(node("n", cond("Ready", "False", 45)), timedelta(seconds=60), {},
+                     id="longer-grace-waits"),
+        pytest.param(node("n", cond("Ready", "False", 45)), timedelta(seconds=0),
+                     {"n": "Ready=False"}, id="zero-grace-immediate"),
+        pytest.param(node("n", health_label="Unschedulable"), GRACE,
+                     {"n": "NodeHealthStatus=Unschedulable"}, id="label-without-time-immediate"),
+        pytest.param(NodeObservation("n", exists=False), GRACE, {"n": "NodeDeleted"},
+                     id="deletion-without-time-immediate"),
+    ],
+)
+def test_verdicts(observation, grace, expected):
+    verdict = evaluate_health([observation], HealthCheck(grace=grace), NOW)
+    assert verdict.unhealthy == expected
+    assert verdict.healthy == (() if expected else ("n",))
+
+
+def test_recovery_before_grace_clears_the_pending_signal():
+    failing = node("n", cond("Ready", "False", 20))
+    recovered = node("n", cond("Ready", "True", 0))
+    assert evaluate_health([failing], CHECK, NOW).pending == {"n": "Ready=False"}
+    later = evaluate_health([recovered], CHECK, NOW + timedelta(seconds=15))
+    assert (later.unhealthy, later.pending, later.healthy, later.next_check) == (
+        {}, {}, ("n",), None)
+
+
+def test_earliest_expired_signal_is_the_reason():
+    n = node("n", cond("Ready", "False", 40), cond("GpuHealthy", "False", 100),
+             health_label="Unschedulable", health_label_since=ago(10))
+    assert evaluate_health([n], CHECK, NOW).unhealthy == {"n": "GpuHealthy=False"}
+
+
+def test_next_check_is_the_earliest_pending_deadline_across_nodes():
+    nodes = [
+        node("a", cond("Ready", "False", 10)),               # due in 20s
+        node("b", ready(), cond("GpuHealthy", "False", 25)),  # due in 5s
+        node("c", health_label="Unschedulable", health_label_since=ago(2)),  # due in 28s
+        node("d", cond("Ready", "False", 31)),               # already unhealthy
+        node("e"),
+    ]
+    verdict = evaluate_health(nodes, CHECK, NOW)
+    assert verdict.next_check == NOW + timedelta(seconds=5)
+    assert verdict.unhealthy == {"d": "Ready=False"}
+    assert verdict.pending == {"a": "Ready=False", "b": "GpuHealthy=False",
+                               "c": "NodeHealthStatus=Unschedulable"}
+    assert verdict.healthy == ("a", "b", "c", "e")
+    # at next_check, b turns unhealthy
+    assert evaluate_health(nodes, CHECK, verdict.next_check).unhealthy == {
+        "b": "GpuHealthy=False", "d": "Ready=False"}
+
+
+def test_signal_from_the_future_waits_a_full_grace():
+    n = node("n", cond("Ready", "False", -10))  # clock skew
+    verdict = evaluate_health([n], CHECK, NOW)
+    assert verdict.unhealthy == {}
+    assert verdict.next_check == NOW + timedelta(seconds=40)
+
+
+@pytest.mark.parametrize(
+    ("created_ago", "expected_unhealthy", "expected_next"),
+    [
+        pytest.param(540, {}, NOW + timedelta(seconds=60), id="within-startup-timeout"),
+        pytest.param(600, {"n": "NodeStartupTimeout"}, None, id="startup-timeout"),
+    ],
+)
+def test_node_that_never_reports_ready(created_ago, expected_unhealthy, expected_next):
+    n = NodeObservation("n", created=ago(created_ago))
+    verdict = evaluate_health([n], CHECK, NOW)
+    assert verdict.unhealthy == expected_unhealthy
+    assert verdict.next_check == expected_next
+
+
+@pytest.mark.parametrize(
+    ("lease_age", "conds", "expected"),
+    [
+        pytest.param(10, (ready(),), ("healthy", None), id="fresh-lease"),
+        pytest.param(30, (ready(),), ("healthy", None), id="lease-at-grace"),
+        pytest.param(31, (ready(),), ("unknown", "NodeLeaseExpired"), id="stale-lease-unknown"),
+        pytest.param(300, (cond("Ready", "Unknown", 60),), ("unhealthy", "Ready=Unknown"),
+                     id="stale-lease-but-unhealthy"),
+    ],
+)
+def test_lease_staleness_is_insufficient_data(lease_age, conds, expected):
+    n = NodeObservation("n", conditions=conds, lease_renewed=ago(lease_age))
+    verdict = evaluate_health([n], CHECK, NOW)
+    state, reason = expected
+    assert ("n" in verdict.healthy) == (state == "healthy")
+    assert verdict.unknown == ({"n": reason} if state == "unknown" else {})
+    assert verdict.unhealthy == ({"n": reason} if state == "unhealthy" else {})
+
+
+def test_health_check_from_spec():
+    check = HealthCheck.from_spec(10, 2, ["NetworkReady=False", "Ready=Unknown"])
+    assert check == HealthCheck(timedelta(seconds=10),
+                                (("NetworkReady", "False"), ("Ready", "Unknown")), 2)
+    n = node("n", ready(), cond("NetworkReady", "False", 11), cond("GpuHealthy", "False", 99))
+    assert evaluate_health([n], check, NOW).unhealthy == {"n": "NetworkReady=False"}
+    with pytest.raises(ValueError):
+        parse_condition_spec("GpuHealthy")
+    with pytest.raises(ValueError):
+        parse_condition_spec("GpuHealthy=Maybe")
+
+
+# --------------------------------------------------------------------------- circuit breaker
+
+
+@pytest.mark.parametrize(
+    ("spec", "total", "limit"),
+    [
+        pytest.param(2, 10, 2, id="count"),
+        pytest.param("3", 10, 3, id="count-string"),
+        pytest.param("20%", 10, 2, id="percent-exact"),
+        pytest.param("20%", 14, 2, id="percent-rounds-down"),
+        pytest.param("25%", 7, 1, id="percent-1.75-down"),
+        pytest.param("20%", 4, 0, id="percent-small-group-zero"),
+        pytest.param("100%", 9, 9, id="percent-all"),
+        pytest.param("0%", 9, 0, id="percent-none"),
+    ],
+)
+def test_max_unhealthy_limit(spec, total, limit):
+    assert max_unhealthy_limit(spec, total) == limit
+
+
+@pytest.mark.parametrize("spec", ["abc", "x%", "-1", -1, True, "", 2.5])
+def test_max_unhealthy_limit_rejects(spec):
+    with pytest.raises(ValueError):
+        max_unhealthy_limit(spec, 10)
+
+
+@pytest.mark.parametrize(
+    ("unhealthy", "total", "spec", "allowed", "message"),
+    [
+        pytest.param(2, 10, 2, True, "2 of 10 nodes are unhealthy, within maxUnhealthy 2",
+                     id="count-at-bound"),
+        pytest.param(3, 10, 2, False,
+                     "3 of 10 nodes are unhealthy, more than maxUnhealthy 2 allows; "
+                     "remediation paused", id="count-over"),
+        pytest.param(2, 10, "20%", True,
+                     "2 of 10 nodes are unhealthy, within maxUnhealthy 20% (2 of 10)",
+                     id="percent-at-bound"),
+        pytest.param(3, 10, "20%", False,
+                     "3 of 10 nodes are unhealthy, more than maxUnhealthy 20% (2 of 10) allows; "
+                     "remediation paused", id="percent-over"),
+        pytest.param(1, 4, "20%", False,
+                     "1 of 4 nodes are unhealthy, more than maxUnhealthy 20% (0 of 4) allows; "
+                     "remediation paused", id="percent-small-group"),
+        pytest.param(1, 4, "bogus", False,
+                     "remediation paused: maxUnhealthy 'bogus' is not a count or a percentage",
+                     id="invalid-spec"),
+    ],
+)
+def test_remediation_allowed(unhealthy, total, spec, allowed, message):
+    assert remediation_allowed(unhealthy, total, spec) == (allowed, message)
+
+
+# --------------------------------------------------------------------------- remediation
+
+RC = "rc-abc"
+US = ultraservers_for_block(RC, "ml.u-p6e-gb200x72", 36, 1)
+US0, US1 = US[0].id, US[1].id
+
+
+def member(name: str, role: str = "active", us: str | None = US0, slot: str | None = None,
+           **kw) -> NodeObservation:
+    return NodeObservation(name, conditions=kw.pop("conditions", (ready(),)), role=role,
+                           ultraserver_id=us, slot=slot or name, **kw)
+
+
+def failing(name: str, role: str = "active", us: str | None = US0, **kw) -> NodeObservation:
+    return member(name, role, us, conditions=(cond("Ready", "False", 60),), **kw)
+
+
+def group(*nodes: NodeObservation) -> list[NodeObservation]:
+    return list(nodes)
+
+
+def remediate(nodes, *, time_left=True, spares=True, max_unhealthy=5):
+    verdict = evaluate_health(nodes, CHECK, NOW)
+    return plan_remediation(verdict, nodes, US, block_has_time_left=time_left,
+                            uses_spares=spares, max_unhealthy=max_unhealthy)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "kwargs", "expected"),
+    [
+        pytest.param(
+            group(member("0-0"), failing("0-1"), member("0-2", "spare"),
+                  member("1-0", us=US1), member("1-1", "spare", us=US1)),
+            {},
+            (MarkUnhealthy("0-1", "Ready=False"),
+             PromoteSpare("0-2", "0-1", US0, True),
+             Backfill("0-1", "0-1", 1, "spare", US0),
+             RemoveNode("0-1", "Ready=False")),
+            id="promotion-prefers-same-ultraserver"),
+        pytest.param(
+            group(member("0-0"), failing("0-1"), failing("0-2", "spare"),
+                  member("1-0", us=US1), member("1-1", "spare", us=US1)),
+            {},
+            (MarkUnhealthy("0-1", "Ready=False"), MarkUnhealthy("0-2", "Ready=False"),
+             PromoteSpare("1-1", "0-1", US1, False),
+             Backfill("0-1", "0-1", 1, "spare", US0), Backfill("0-2", "0-2", 1, "spare", US0),
+             RemoveNode("0-1", "Ready=False"), RemoveNode("0-2", "Ready=False")),
+            id="other-ultraserver-when-same-has-none"),
+        pytest.param(
+            group(failing("0-0"),
+                  member("0-1", "spare", conditions=(ready(), cond("GpuHealthy", "False", 5))),
+                  member("0-2", "spare", conditions=(cond("Ready", "False", 5),)),
+                  member("0-3", "spare", conditions=()),  # not Ready yet
+                  member("0-4", "spare")),
+            {},
+            (MarkUnhealthy("0-0", "Ready=False"), PromoteSpare("0-4", "0-0", US0, True),
+             Backfill("0-0", "0-0", 1, "spare", US0), RemoveNode("0-0", "Ready=False")),
+            id="healthiest-spare-first"),
+        pytest.param(
+            group(failing("0-0"),
+                  member("0-1", "spare", conditions=(ready(), cond("GpuHealthy", "False", 5))),
+                  member("1-1", "spare", us=US1)),
+            {},
+            (MarkUnhealthy("0-0", "Ready=False"), PromoteSpare("0-1", "0-0", US0, True),
+             Backfill("0-0", "0-0", 1, "spare", US0), RemoveNode("0-0", "Ready=False")),
+            id="same-ultraserver-beats-healthier-elsewhere"),
+        pytest.param(
+            group(failing("0-0"), member("0-1"),
+                  member("0-2", "spare", lease_renewed=ago(120))),
+            {},
+            (MarkUnhealthy("0-0", "Ready=False"), Backfill("0-0", "0-0", 1, "active", US0),
+             RemoveNode("0-0", "Ready=False")),
+            id="no-usable-spare-backfill-active"),
+        pytest.param(
+            group(member("0-0"), failing("0-1", "spare")),
+            {},
+            (MarkUnhealthy("0-1", "Ready=False"), Backfill("0-1", "0-1", 1, "spare", US0),
+             RemoveNode("0-1", "Ready=False")),
+            id="failed-spare-is-backfilled-as-spare"),
+        pytest.param(
+            group(member("0-0"), failing("0-1"), member("0-2", "spare")),
+            {"time_left": False},
+            (MarkUnhealthy("0-1", "Ready=False"), PromoteSpare("0-2", "0-1", US0, True)),
+            id="no-time-left-no-backfill-node-stays-cordoned"),
+        pytest.param(
+            group(member("0", us=None), failing("1", us=None), member("2", us=None)),
+            {"spares": False},
+            (MarkUnhealthy("1", "Ready=False"), Backfill("1", "1", 1, "active", None),
+             RemoveNode("1", "Ready=False")),
+            id="non-ultraserver-backfills-active"),
+        pytest.param(
+            group(member("0", us=None), failing("1", us=None)),
+            {"spares": False, "time_left": False},
+            (MarkUnhealthy("1", "Ready=False"),),
+            id="non-ultraserver-no-time-left"),
+        pytest.param(
+            group(member("0-0"), member("0-1", exists=False, deleted_since=ago(60)),
+                  member("0-2", "spare")),
+            {},
+            (PromoteSpare("0-2", "0-1", US0, True), Backfill("0-1", "0-1", 1, "spare", US0)),
+            id="deleted-node-promote-and-backfill-only"),
+        pytest.param(
+            group(member("0-0"), failing("0-1", generation=2), member("0-2", "spare")),
+            {},
+            (MarkUnhealthy("0-1", "Ready=False"), PromoteSpare("0-2", "0-1", US0, True),
+             Backfill("0-1", "0-1", 3, "spare", US0), RemoveNode("0-1", "Ready=False")),
+            id="backfill-bumps-generation"),
+    ],
+)
+def test_plan_remediation(nodes, kwargs, expected):
+    plan = remediate(nodes, **kwargs)
+    assert plan.allowed is True and plan.reason is None
+    assert plan.actions == expected
+
+
+@pytest.mark.parametrize(
+    ("nodes", "expected"),
+    [
+        pytest.param(
+            group(member("0-0"),
+                  failing("0-1", health_label="UnschedulablePendingReplacement",
+                          health_label_since=ago(5)),
+                  member("0-2", replaces="0-1")),
+            (Backfill("0-1", "0-1", 1, "spare", US0), RemoveNode("0-1", "Ready=False")),
+            id="after-mark-and-promote"),
+        pytest.param(
+            group(member("0-0"),
+                  failing("0-1", health_label="UnschedulablePendingReplacement",
+                          health_label_since=ago(5)),
+                  member("0-2", replaces="0-1"),
+                  member("0-1-g1", "spare", slot="0-1", generation=1)),
+            (RemoveNode("0-1", "Ready=False"),),
+            id="after-backfill"),
+    ],
+)
+def test_plan_remediation_resumes_without_repeating(nodes, expected):
+    assert remediate(nodes).actions == expected
+
+
+def test_too_many_unhealthy_does_nothing():
+    nodes = group(failing("0-0"), failing("0-1"), failing("0-2"), member("0-3"),
+                  member("0-4", "spare"))
+    plan = remediate(nodes, max_unhealthy="40%")
+    assert plan.allowed is False
+    assert plan.reason == "TooManyUnhealthy"
+    assert plan.actions == ()
+    assert plan.unhealthy_count == 3
+    assert plan.message == ("3 of 5 nodes are unhealthy, more than maxUnhealthy 40% (2 of 5) "
+                            "allows; remediation paused")
+    assert remediate(nodes, max_unhealthy=3).allowed is True
+
+
+def test_two_failures_take_two_different_spares():
+    nodes = group(failing("0-0"), failing("0-1"), member("0-2", "spare"),
+                  member("1-0", us=US1), member("1-1", "spare", us=US1))
+    promotions = [a for a in remediate(nodes).actions if isinstance(a, PromoteSpare)]
+    assert promotions == [PromoteSpare("0-2", "0-0", US0, True),
+                          PromoteSpare("1-1", "0-1", US1, False)]
+
+
+def test_no_unhealthy_nodes_no_actions():
+    plan = remediate(group(member("0-0"), member("0-1", "spare")))
+    assert (plan.allowed, plan.actions, plan.reason, plan.message) == (
+        True, (), None, "no unhealthy nodes")
+
+
+def test_messages_explain_skipped_steps():
+    plan = remediate(group(failing("0-0"), member("0-1")), time_left=False)
+    assert plan.message == (
+        "1 of 2 nodes are unhealthy, within maxUnhealthy 5; no healthy spare to replace 0-0; "
+        "no time left in the block to backfill 0-0; it stays cordoned")
+
+
+def test_mark_unhealthy_carries_label_and_taint():
+    action = remediate(group(failing("0-0"), member("0-1"))).actions[0]
+    assert action == MarkUnhealthy("0-0", "Ready=False")
+    assert action.health_status == "UnschedulablePendingReplacement"
+    assert action.taint == UNHEALTHY_TAINT
+    assert (action.taint.key, action.taint.effect) == ("hyperplan.dev/unhealthy", "NoSchedule")
+
+
+def test_replacement_gets_a_new_name_and_promotion_survives_reconcile():
+    """Remediation feeds desired_nodes: the backfill has a fresh name, roles stay swapped."""
+    placements = place_groups([GroupRequest("train", 3)], US)
+    spares = spare_ultraservers("train", spare_owners(placements))
+
+    def desired(slots=None):
+        return desired_nodes("train", "plan", RC, "ml.p6e-gb200.36xlarge", "us-west-2a",
+                             placements["train"], US, spares, slots=slots)
+
+    before = desired()
+    assert [(n.slot, n.role) for n in before] == [
+        ("0-0", "active"), ("0-1", "active"), ("0-2", "active"), ("0-3", "spare")]
+    observations = [member(n.name, n.role, n.ultraserver_id, slot=n.slot) for n in before]
+    observations[1] = failing(before[1].name, slot="0-1")
+    plan = remediate(observations)
+    assert plan.actions == (
+        MarkUnhealthy(before[1].name, "Ready=False"),
+        PromoteSpare(before[3].name, before[1].name, US0, True),
+        Backfill(before[1].name, "0-1", 1, "spare", US0),
+        RemoveNode(before[1].name, "Ready=False"),
+    )
+    # the cluster after the plan: labels as the handler writes them
+    labels = [dict(n.labels) for n in before]
+    labels[3]["hyperplan.dev/role"] = "active"
+    del labels[1]  # removed
+    states = slot_states_from_labels(labels) | plan.slot_states()
+    after = desired(states)
+    assert [(n.name, n.role) for n in after] == [
+        (before[0].name, "active"),
+        (before[1].name + "-g1", "spare"),
+        (before[2].name, "active"),
+        (before[3].name, "active"),
+    ]
+    assert plan.slot_states() == {"0-1": SlotState(1, "spare")}
+
+
+def test_observed_nodes_feed_plan_counts():
+    nodes = [member("a"), failing("b"), member("c", lease_renewed=ago(120)),
+             member("s", "spare", health_label="UnschedulablePendingReplacement",
+                    health_label_since=ago(1)),
+             NodeObservation("gone", exists=False, deleted_since=ago(5))]
+    verdict = evaluate_health(nodes, CHECK, NOW)
+    assert observed_nodes("g", nodes, verdict) == [
+        ObservedNode("a", "g", "active", US0, True, True, False),
+        ObservedNode("b", "g", "active", US0, False, False, False),
+        ObservedNode("c", "g", "active", US0, None, True, False),
+        ObservedNode("s", "g", "spare", US0, True, True, True),
+    ]
+    assert isinstance(verdict, HealthVerdict)
