@@ -74,3 +74,39 @@ class Recorder:
 def events_for(kubectl: Kubectl, name: str) -> list[dict]:
     items = kubectl.get("events", None, "-A", f"--field-selector=involvedObject.name={name}")["items"]
     return sorted(items, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+
+
+@dataclass
+class WatchRecorder:
+    """Keeps ``read(object)`` for every version of one hyperplan object the API server sends."""
+
+    kube: Any
+    plural: str
+    name: str
+    read: Callable[[dict], Any]
+    changes: list[tuple[datetime, Any]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> "WatchRecorder":
+        ready = threading.Event()
+        threading.Thread(target=self._run, args=(ready,), daemon=True).start()
+        ready.wait(10)
+        return self
+
+    def _run(self, ready: threading.Event) -> None:
+        from kubernetes import watch
+        while not self._stop.is_set():
+            w = watch.Watch()
+            stream = w.stream(self.kube.custom.list_cluster_custom_object, "hyperplan.dev", "v1alpha1",
+                              self.plural, field_selector=f"metadata.name={self.name}", timeout_seconds=5)
+            ready.set()
+            for event in stream:
+                value = self.read(event["object"])
+                if not self.changes or self.changes[-1][1] != value:
+                    self.changes.append((utcnow(), value))
+                if self._stop.is_set():
+                    w.stop()
+
+    def stop(self) -> list[tuple[datetime, Any]]:
+        self._stop.set()
+        return self.changes

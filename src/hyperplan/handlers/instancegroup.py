@@ -183,6 +183,7 @@ def apply_decision(rt: Runtime, group_obj: dict[str, Any], provider_name: str, d
             provider.release(drain.node)
             events.append((None, Event("Normal", "NodeRemoved", f"{drain.node} drained and removed ({drain.reason})")))
     for body, ev in events:
+        log.info("group %s: %s: %s", group_obj["metadata"]["name"], ev.reason, ev.message)
         kopf.event(body or group_obj, type=ev.type, reason=ev.reason, message=ev.message)
         if body is not None:
             kopf.event(group_obj, type=ev.type, reason=ev.reason, message=ev.message)

@@ -21,6 +21,7 @@ The rules (DESIGN.md sections 1-2):
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Mapping, Sequence
@@ -197,6 +198,13 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
     remedy = hl.plan_remediation(verdict, observations, ultraservers, block_has_time_left=now < termination,
                                  uses_spares=bool(ultraservers), max_unhealthy=check.max_unhealthy)
 
+    # Make before break: a failed node goes only once its replacement is up and Ready, so the
+    # slot is never empty and the failure stays visible (counts, UltraServer health) until then.
+    by_slot = {(n.health.slot, n.health.generation): n for n in on_block}
+    failed_by_name = {n.name: n for n in on_block}
+    actions = tuple(a for a in remedy.actions if not isinstance(a, hl.RemoveNode)
+                    or _replacement_ready(failed_by_name.get(a.node), by_slot))
+
     owners = pl.spare_owners(placements)
     slots = pl.slot_states_from_labels(n.labels for n in on_block if not n.deleting)
     slots.update(remedy.slot_states())
@@ -207,20 +215,21 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
     wanted = {d.name: d for d in desired}
     existing = {n.name: n for n in on_block}
     create = [d for d in desired if d.name not in existing]
-    being_remediated = set(verdict.unhealthy)
-    update = [d for d in desired if d.name in existing and d.name not in being_remediated
-              and _differs(d, existing[d.name])]
-    removals = {a.node for a in remedy.actions if isinstance(a, hl.RemoveNode)}
+    # Nodes with a failure signal leave only through remediation (or at the block's end).
+    being_remediated = set(verdict.unhealthy) | set(verdict.pending) | {
+        n.name for n in on_block if (n.health.health_label or "").startswith(pl.HEALTH_UNSCHEDULABLE)}
+    kept = [_keep_role(d, existing[d.name]) for d in desired if d.name in existing]
+    update = [d for d in kept if d.name not in being_remediated and _differs(d, existing[d.name])]
+    removals = {a.node for a in actions if isinstance(a, hl.RemoveNode)}
     drains = [Drain(n.name, block.end_time, "NotDesired") for n in on_block
               if n.name not in wanted and n.name not in removals and n.name not in being_remediated
               and not n.deleting]
     drains += [Drain(n.name, now, "OtherBlock") for n in stray if not n.deleting]
 
-    ready = sum(1 for d in desired if d.name in existing and existing[d.name].ready
-                and d.role == pl.ROLE_ACTIVE and d.name not in being_remediated)
-    spares_up = sum(1 for d in desired if d.name in existing and existing[d.name].ready
-                    and d.role == pl.ROLE_SPARE and d.name not in being_remediated)
-    active_wanted = sum(1 for d in desired if d.role == pl.ROLE_ACTIVE)
+    up = [d for d in kept if existing[d.name].ready and d.name not in being_remediated]
+    ready = sum(1 for d in up if d.role == pl.ROLE_ACTIVE)
+    spares_up = sum(1 for d in up if d.role == pl.ROLE_SPARE)
+    active_wanted = mine.instance_count
     phase = READY if (ready >= active_wanted and not create and not drains) else PROVISIONING
     extra = [condition("RemediationAllowed", remedy.allowed,
                        "WithinBounds" if remedy.allowed else (remedy.reason or "TooManyUnhealthy"),
@@ -233,12 +242,35 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
                       desired_count=active_wanted, ready_count=ready, spare_count=spares_up,
                       unhealthy_count=len(verdict.unhealthy),
                       next_transition_time=schedule.next_transition_time, extra_conditions=extra),
-        block=block, create=create, update=update, drain=drains, remediation=remedy.actions)
+        block=block, create=create, update=update, drain=drains, remediation=actions)
     decision.wake_at = _min_time(schedule.next_transition_time, verdict.next_check,
                                  now + DRAIN_RETRY if drains else None)
     if not remedy.allowed and _reason(prior.conditions, "RemediationAllowed") != remedy.reason:
         decision.events.append(Event("Warning", remedy.reason or "TooManyUnhealthy", remedy.message))
     return _with_events(decision, prior)
+
+
+def _keep_role(want: pl.NodeSpec, have: ObservedGroupNode) -> pl.NodeSpec:
+    """A node keeps the role it has: roles change only through remediation (a promoted spare
+    stays active even where the fill-first layout would call its slot a spare)."""
+    role = have.labels.get(pl.LABEL_ROLE)
+    if role not in (pl.ROLE_ACTIVE, pl.ROLE_SPARE) or role == want.role:
+        return want
+    taints = tuple(t for t in want.taints if t != pl.SPARE_TAINT)
+    if role == pl.ROLE_SPARE:
+        taints += (pl.SPARE_TAINT,)
+    labels = {**want.labels, pl.LABEL_ROLE: role}
+    if have.labels.get(pl.LABEL_REPLACES):
+        labels[pl.LABEL_REPLACES] = have.labels[pl.LABEL_REPLACES]
+    return dataclasses.replace(want, labels=labels, taints=taints, role=role)
+
+
+def _replacement_ready(failed: ObservedGroupNode | None,
+                       by_slot: Mapping[tuple[str | None, int], ObservedGroupNode]) -> bool:
+    if failed is None or failed.health.slot is None:
+        return True
+    successor = by_slot.get((failed.health.slot, failed.health.generation + 1))
+    return successor is not None and successor.ready
 
 
 def _reason(conditions: Sequence[Condition], type_: str) -> str | None:
