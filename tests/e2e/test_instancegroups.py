@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 from tests.e2e.scenarios import Context, Recorder, WatchRecorder, events_for, parse_ts, scenario, ts, utcnow
@@ -38,6 +39,14 @@ def _set_ready(k, node: str, status: str, since=None) -> None:
                                         "message": "set by the e2e test", "lastHeartbeatTime": now,
                                         "lastTransitionTime": now}]}}
     k.run("patch", "node", node, "--subresource=status", "--type=strategic", "-p", json.dumps(patch))
+
+
+def _set_condition(kube, node: str, type_: str, status: str, since) -> None:
+    """Set one node condition the way a health agent does (through the API, no kubectl start-up)."""
+    when = ts(since)
+    kube.core.patch_node_status(node, {"status": {"conditions": [
+        {"type": type_, "status": status, "reason": "HyperplanTest", "message": "set by the e2e test",
+         "lastHeartbeatTime": when, "lastTransitionTime": when}]}})
 
 
 def _group_status(k, name: str) -> dict:
@@ -97,13 +106,18 @@ def ultraserver_group(ctx: Context) -> dict:
     victim = sorted(n for n, v in by_role.items() if v["metadata"]["labels"]["hyperplan.dev/role"] == "active"
                     and v["metadata"]["labels"]["hyperplan.dev/slot"].startswith("1-"))[0]
     failed_at = utcnow()
-    _set_ready(k, victim, "False")
+    _set_condition(ctx.kube, victim, "Ready", "False", failed_at)
     us1 = by_role[victim]["metadata"]["labels"]["topology.k8s.aws/ultraserver-id"]
     us_health = WatchRecorder(ctx.kube, "trainingplans", plan, lambda obj: next(
         (u["healthStatus"] for u in (obj.get("status") or {}).get("ultraServers", []) if u["id"] == us1),
         None)).start()
 
     def promoted() -> dict | None:
+        # KWOK's heartbeat may write back a Ready=True it rendered before our patch; an agent that
+        # sees its node still failing says so again, with the original failure time.
+        node = k.get_or_none("node", victim)
+        if node is not None and _ready(node) and "hyperplan.dev/replaces" not in str(node):
+            _set_condition(ctx.kube, victim, "Ready", "False", failed_at)
         return next((n for n in _nodes(k, group) if n["metadata"]["labels"].get("hyperplan.dev/replaces") == victim
                      and n["metadata"]["labels"]["hyperplan.dev/role"] == "active"), None)
 
@@ -132,9 +146,10 @@ def ultraserver_group(ctx: Context) -> dict:
     first = sorted(n["metadata"]["name"] for n in out["recovered"]["nodes"]
                    if n["metadata"]["labels"]["hyperplan.dev/slot"].startswith("0-")
                    and n["metadata"]["labels"]["hyperplan.dev/role"] == "active")[:3]
-    together = utcnow()  # one failure time for all three, as when a whole rack goes down
-    for name in first:
-        _set_ready(k, name, "False", since=together)
+    # A GPU health agent reports AcceleratedHardwareReady=False on all three, with one failure time.
+    together = utcnow()
+    with ThreadPoolExecutor(3) as pool:
+        list(pool.map(lambda n: _set_condition(ctx.kube, n, "AcceleratedHardwareReady", "False", together), first))
     blocked = eventually(lambda: next((c for c in _group_status(k, group).get("conditions", [])
                                        if c["type"] == "RemediationAllowed" and c["status"] == "False"), None),
                          timeout=30, what="remediation blocked")
@@ -142,7 +157,21 @@ def ultraserver_group(ctx: Context) -> dict:
     out["blocked_nodes"] = {n: k.get_or_none("node", n) for n in first}
     out["blocked_status"] = _group_status(k, group)
     for name in first:  # they recover; the group goes on
-        _set_ready(k, name, "True")
+        _set_condition(ctx.kube, name, "AcceleratedHardwareReady", "True", utcnow())
+
+    # 4b. A node deleted from under the group counts as failed after the grace: a spare takes over.
+    eventually(lambda: not any(c["type"] == "RemediationAllowed" and c["status"] == "False"
+                               for c in _group_status(k, group).get("conditions", [])),
+               timeout=30, what="remediation allowed again")
+    gone = first[0]
+    k.delete("node", gone)
+
+    def took_over() -> dict | None:
+        return next((n for n in _nodes(k, group) if n["metadata"]["labels"].get("hyperplan.dev/replaces") == gone
+                     and n["metadata"]["labels"]["hyperplan.dev/role"] == "active"), None)
+
+    out["deleted"] = {"node": gone, "taken_over_by": eventually(took_over, timeout=30, what="deleted node replaced")}
+    out["deleted"]["whole"] = eventually(whole_again, timeout=45, what="group whole after deletion")
 
     # 5. Drain before the end.
     eventually(lambda: utcnow() > end + timedelta(seconds=3), timeout=300, interval=1, what="block end")
@@ -261,3 +290,14 @@ def test_nodes_drain_and_leave_before_the_block_ends(scenarios) -> None:
     assert r["termination"] - timedelta(seconds=1) <= gone <= r["end"]
     assert r["after_end"]["status"]["phase"] == "Waiting"
     assert "Draining" in r["group_events"]
+
+
+def test_a_node_deleted_from_under_the_group_is_replaced(scenarios) -> None:
+    r = _record(scenarios)
+    gone = r["deleted"]["node"]
+    spare = r["deleted"]["taken_over_by"]
+    assert spare["metadata"]["labels"]["hyperplan.dev/replaces"] == gone
+    whole = r["deleted"]["whole"]
+    names = {n["metadata"]["name"] for n in whole["nodes"]}
+    assert gone not in names  # not silently recreated under its old name
+    assert whole["status"]["readyCount"] == 20 and whole["status"]["spareCount"] == 2

@@ -184,7 +184,8 @@ class FakeLedger:
             return PurchaseResult(violation=violation)
         by_name = {p.metadata["name"]: p for p in self.pool_objects}
         for pool_name, wanted in _by_pool(plan, plan_uid, offering).items():
-            by_name[pool_name].status.reservations.extend(wanted)
+            have = {r.reserved_capacity_id for r in by_name[pool_name].status.reservations}
+            by_name[pool_name].status.reservations.extend(r for r in wanted if r.reserved_capacity_id not in have)
         return PurchaseResult(entries=tuple(entries_of(self.pool_objects, plan_uid)))
 
     def release(self, plan_uid: str, now: datetime | None) -> int:

@@ -72,6 +72,11 @@ class Runtime:
     # When a node's Unschedulable health label was first seen, by (node, value): the grace
     # of that signal counts from here. Lost on restart, which judges such a node at once.
     label_seen: dict[tuple[str, str], datetime] = field(default_factory=dict)
+    # Nodes deleted from under a group (not by us), by group label value then node id:
+    # (the node's labels, when it went). A health signal; lost on restart.
+    vanished: dict[str, dict[str, tuple[dict[str, str], datetime]]] = field(default_factory=dict)
+    # Node ids the operator itself is removing, so their deletion is not read as a failure.
+    releasing: set[str] = field(default_factory=set)
 
 
 def build_runtime(settings: Settings) -> Runtime:

@@ -67,6 +67,42 @@ def observe_node(rt: Runtime, node: client.V1Node, now: datetime) -> ObservedGro
         ready=ready, deleting=node.metadata.deletion_timestamp is not None)
 
 
+def vanished_nodes(rt: Runtime, group_key: str, present: list[ObservedGroupNode]) -> list[ObservedGroupNode]:
+    """Nodes deleted from under the group, as observations that no longer exist.
+
+    An entry is forgotten once its slot holds a newer generation (it was replaced) or the
+    node came back under the same name.
+    """
+    gone = rt.vanished.get(group_key, {})
+    newest = {}
+    for n in present:
+        newest[n.health.slot] = max(newest.get(n.health.slot, -1), n.health.generation)
+    names = {n.name for n in present}
+    out = []
+    for node_id, (labels, when) in list(gone.items()):
+        try:
+            generation = int(labels.get(pl.LABEL_GENERATION, "0"))
+        except ValueError:
+            generation = 0
+        slot = labels.get(pl.LABEL_SLOT)
+        if node_id in names or newest.get(slot, -1) > generation:
+            del gone[node_id]
+            continue
+        out.append(ObservedGroupNode(
+            health=hl.NodeObservation(name=node_id, exists=False, deleted_since=when,
+                                      role=labels.get(pl.LABEL_ROLE, pl.ROLE_ACTIVE),
+                                      ultraserver_id=labels.get(rt.keys.ultraserver_id), slot=slot,
+                                      generation=generation, replaces=labels.get(pl.LABEL_REPLACES)),
+            labels=labels, taints=(), unschedulable=True, ready=False))
+    return out
+
+
+def release(rt: Runtime, provider, node_id: str) -> None:
+    """Remove a node through its provider, noting that its deletion is ours, not a failure."""
+    rt.releasing.add(node_id)
+    provider.release(node_id)
+
+
 def plan_view(plan: TrainingPlan) -> PlanView:
     return PlanView(name=plan.metadata["name"], target=plan.spec.target_resource,
                     instance_type=plan.spec.instance_type, ultra_server_type=plan.spec.ultra_server_type,
@@ -104,6 +140,7 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     raw = await asyncio.to_thread(provider.list, name)
     now = rt.clock()
     nodes = [observe_node(rt, n, now) for n in raw]
+    nodes += vanished_nodes(rt, pl.label_value(name), nodes)
     decision = decide_group(name, generation, group.spec, group.status, plan,
                             peers_of(groups, group.spec.training_plan_ref), nodes, rt.policy, now, rt.keys)
     await asyncio.to_thread(apply_decision, rt, obj, group.spec.node_provider, decision,
@@ -154,7 +191,7 @@ def apply_decision(rt: Runtime, group_obj: dict[str, Any], provider_name: str, d
                                                   f"spare {action.spare} ({where}) replaces {action.replacing}")))
             metrics.REMEDIATIONS.labels("promote").inc()
         elif isinstance(action, hl.RemoveNode):
-            provider.release(action.node)
+            release(rt, provider, action.node)
             events.append((None, Event("Normal", "NodeRemoved", f"{action.node} removed: {action.reason}")))
             metrics.REMEDIATIONS.labels("remove").inc()
     for spec in d.create:
@@ -180,7 +217,7 @@ def apply_decision(rt: Runtime, group_obj: dict[str, Any], provider_name: str, d
                                                   f"until {drain.deadline.isoformat()}")))
         progress = evict_pods(rt.kube, node.metadata.name)
         if progress.pods_left == 0 or now >= drain.deadline:
-            provider.release(drain.node)
+            release(rt, provider, drain.node)
             events.append((None, Event("Normal", "NodeRemoved", f"{drain.node} drained and removed ({drain.reason})")))
     for body, ev in events:
         log.info("group %s: %s: %s", group_obj["metadata"]["name"], ev.reason, ev.message)
@@ -223,7 +260,7 @@ async def drain_group(name: str, spec: kopf.Spec, memo: kopf.Memo, body: kopf.Bo
             await asyncio.to_thread(provider.cordon, node_id)
         progress = await asyncio.to_thread(evict_pods, rt.kube, node.metadata.name)
         if progress.pods_left == 0:
-            await asyncio.to_thread(provider.release, node_id)
+            await asyncio.to_thread(release, rt, provider, node_id)
     left = await asyncio.to_thread(provider.list, name)
     if left:
         raise kopf.TemporaryError(f"{len(left)} node(s) still draining", delay=1)

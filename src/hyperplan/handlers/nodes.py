@@ -6,16 +6,25 @@ from typing import Any
 
 import kopf
 
+from hyperplan.actuation.nodes import LABEL_NODE_ID
 from hyperplan.planning.placement import LABEL_GROUP, LABEL_PLAN
 
 
 @kopf.on.event("", "v1", "nodes", labels={LABEL_GROUP: kopf.PRESENT})
-async def group_node_changed(labels: kopf.Labels, type: str | None, memo: kopf.Memo, **_: Any) -> None:
+async def group_node_changed(name: str, labels: kopf.Labels, type: str | None, memo: kopf.Memo,
+                             **_: Any) -> None:
     if type is None:  # the initial listing: daemons reconcile on start anyway
         return
-    memo.runtime.wakeups.wake("group", labels[LABEL_GROUP])
+    rt = memo.runtime
+    if type == "DELETED":
+        node_id = labels.get(LABEL_NODE_ID, name)
+        if node_id in rt.releasing:
+            rt.releasing.discard(node_id)
+        else:  # deleted from under the group: a failure signal, judged after the grace
+            rt.vanished.setdefault(labels[LABEL_GROUP], {})[node_id] = (dict(labels), rt.clock())
+    rt.wakeups.wake("group", labels[LABEL_GROUP])
     if labels.get(LABEL_PLAN):
-        memo.runtime.wakeups.wake("plan", labels[LABEL_PLAN])
+        rt.wakeups.wake("plan", labels[LABEL_PLAN])
 
 
 @kopf.on.event("hyperplan.dev", "v1alpha1", "trainingplans")

@@ -138,10 +138,10 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
 
     def leave_all(phase: str, reason: str, message: str, deadline: datetime, wake: datetime | None,
                   **fields) -> GroupDecision:
-        drains = [Drain(n.name, deadline, reason) for n in nodes if not n.deleting]
-        phase = DRAINING if nodes else phase
+        drains = [Drain(n.name, deadline, reason) for n in nodes if not n.deleting and n.health.exists]
+        phase = DRAINING if drains else phase
         d = GroupDecision(status=status(phase, reason, message, **fields), drain=drains)
-        d.wake_at = _min_time(wake, now + DRAIN_RETRY if nodes else None)
+        d.wake_at = _min_time(wake, now + DRAIN_RETRY if drains else None)
         return d
 
     if plan is None:
@@ -208,23 +208,29 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
     owners = pl.spare_owners(placements)
     slots = pl.slot_states_from_labels(n.labels for n in on_block if not n.deleting)
     slots.update(remedy.slot_states())
+    for action in actions:  # a spare promoted in this pass is active from now on
+        promoted = failed_by_name.get(action.spare) if isinstance(action, hl.PromoteSpare) else None
+        if promoted is not None and promoted.health.slot in slots:
+            slots[promoted.health.slot] = dataclasses.replace(slots[promoted.health.slot], role=pl.ROLE_ACTIVE)
     desired = pl.desired_nodes(
         name, plan.name, block.id, spec.instance_type, block.availability_zone, mine, ultraservers,
         pl.spare_ultraservers(name, owners), spec.labels,
         [pl.Taint(t.key, t.value, t.effect) for t in spec.taints], keys, slots)
     wanted = {d.name: d for d in desired}
-    existing = {n.name: n for n in on_block}
-    create = [d for d in desired if d.name not in existing]
+    existing = {n.name: n for n in on_block if n.health.exists}
+    vanished = {n.name for n in on_block if not n.health.exists}  # deleted from under us
+    create = [d for d in desired if d.name not in existing and d.name not in vanished]
     # Nodes with a failure signal leave only through remediation (or at the block's end).
-    being_remediated = set(verdict.unhealthy) | set(verdict.pending) | {
+    being_remediated = set(verdict.unhealthy) | set(verdict.pending) | vanished | {
         n.name for n in on_block if (n.health.health_label or "").startswith(pl.HEALTH_UNSCHEDULABLE)}
-    kept = [_keep_role(d, existing[d.name]) for d in desired if d.name in existing]
-    update = [d for d in kept if d.name not in being_remediated and _differs(d, existing[d.name])]
+    kept = [d for d in desired if d.name in existing]
+    promoting = {a.spare for a in actions if isinstance(a, hl.PromoteSpare)}  # patched by the action
+    update = [d for d in kept if d.name not in being_remediated | promoting and _differs(d, existing[d.name])]
     removals = {a.node for a in actions if isinstance(a, hl.RemoveNode)}
-    drains = [Drain(n.name, block.end_time, "NotDesired") for n in on_block
+    drains = [Drain(n.name, block.end_time, "NotDesired") for n in existing.values()
               if n.name not in wanted and n.name not in removals and n.name not in being_remediated
               and not n.deleting]
-    drains += [Drain(n.name, now, "OtherBlock") for n in stray if not n.deleting]
+    drains += [Drain(n.name, now, "OtherBlock") for n in stray if not n.deleting and n.health.exists]
 
     up = [d for d in kept if existing[d.name].ready and d.name not in being_remediated]
     ready = sum(1 for d in up if d.role == pl.ROLE_ACTIVE)
@@ -248,21 +254,6 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
     if not remedy.allowed and _reason(prior.conditions, "RemediationAllowed") != remedy.reason:
         decision.events.append(Event("Warning", remedy.reason or "TooManyUnhealthy", remedy.message))
     return _with_events(decision, prior)
-
-
-def _keep_role(want: pl.NodeSpec, have: ObservedGroupNode) -> pl.NodeSpec:
-    """A node keeps the role it has: roles change only through remediation (a promoted spare
-    stays active even where the fill-first layout would call its slot a spare)."""
-    role = have.labels.get(pl.LABEL_ROLE)
-    if role not in (pl.ROLE_ACTIVE, pl.ROLE_SPARE) or role == want.role:
-        return want
-    taints = tuple(t for t in want.taints if t != pl.SPARE_TAINT)
-    if role == pl.ROLE_SPARE:
-        taints += (pl.SPARE_TAINT,)
-    labels = {**want.labels, pl.LABEL_ROLE: role}
-    if have.labels.get(pl.LABEL_REPLACES):
-        labels[pl.LABEL_REPLACES] = have.labels[pl.LABEL_REPLACES]
-    return dataclasses.replace(want, labels=labels, taints=taints, role=role)
 
 
 def _replacement_ready(failed: ObservedGroupNode | None,

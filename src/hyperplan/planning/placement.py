@@ -523,23 +523,49 @@ def topology_labels(
     }
 
 
-def _assign_roles(slots: Sequence[str], active: int, spare: int,
+def _assign_roles(layout: Sequence[tuple[object, Sequence[str], int, int]],
                   states: Mapping[str, SlotState]) -> dict[str, str]:
-    """Roles for ``slots``: healthy slots keep their recorded role while the quota lasts;
-    the rest (new, over quota, or unhealthy - those last) take what is left, active first."""
+    """Roles for every slot of the group, with quotas counted for the whole group.
+
+    ``layout`` lists, per UltraServer, its slot keys and its active and spare counts. The
+    group needs ``sum(active)`` active nodes and ``sum(spare)`` spares in all. Healthy
+    slots keep their recorded role while the group-wide quota lasts, so a spare promoted
+    across UltraServers stays active and its backfill stays a spare; the rest take what is
+    left, preferring the role of their position in the UltraServer's layout (its first
+    ``active`` slots are active), unhealthy slots last. A shrink thus turns the surplus
+    active slots into spares instead of keeping them active."""
+    quota = {ROLE_ACTIVE: sum(a for _, _, a, _ in layout), ROLE_SPARE: sum(sp for _, _, _, sp in layout)}
     roles: dict[str, str] = {}
-    quota = {ROLE_ACTIVE: active, ROLE_SPARE: spare}
-    for slot in slots:
-        st = states.get(slot)
-        if st is not None and not st.unhealthy and st.role in quota and quota[st.role] > 0:
-            roles[slot] = st.role
-            quota[st.role] -= 1
-    rest = [s for s in slots if s not in roles]
-    rest.sort(key=lambda s: (states[s].unhealthy if s in states else False))
-    for slot in rest:
-        role = ROLE_ACTIVE if quota[ROLE_ACTIVE] > 0 else ROLE_SPARE
+    for _, slots, _, _ in layout:
+        for slot in slots:
+            st = states.get(slot)
+            if st is not None and not st.unhealthy and st.role in quota and quota[st.role] > 0:
+                roles[slot] = st.role
+                quota[st.role] -= 1
+    rest = [(slot, ROLE_ACTIVE if j < active else ROLE_SPARE)
+            for _, slots, active, _ in layout for j, slot in enumerate(slots) if slot not in roles]
+
+    def unhealthy(slot: str) -> bool:
+        return slot in states and states[slot].unhealthy
+
+    def take(slot: str, role: str) -> None:
+        if quota[role] <= 0:
+            role = ROLE_SPARE if role == ROLE_ACTIVE else ROLE_ACTIVE
         roles[slot] = role
         quota[role] -= 1
+
+    # Healthy slots in an active position first, then the other healthy slots (active while
+    # the group still needs active nodes, so a failed slot's role moves to a healthy one),
+    # then the unhealthy slots take what is left.
+    for slot, preferred in rest:
+        if preferred == ROLE_ACTIVE and not unhealthy(slot):
+            take(slot, ROLE_ACTIVE)
+    for slot, _ in rest:
+        if slot not in roles and not unhealthy(slot):
+            take(slot, ROLE_ACTIVE)
+    for slot, _ in rest:
+        if slot not in roles:
+            take(slot, ROLE_ACTIVE)
     return roles
 
 
@@ -603,8 +629,8 @@ def desired_nodes(
         layout.append((None, [str(j) for j in range(n)], n, 0))
 
     nodes: list[NodeSpec] = []
+    roles = _assign_roles(layout, states)
     for u, slot_keys, active, spare in layout:
-        roles = _assign_roles(slot_keys, active, spare, states)
         for slot in slot_keys:
             st = states.get(slot, SlotState())
             role = roles[slot]

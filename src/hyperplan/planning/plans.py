@@ -147,10 +147,9 @@ def failed(prior: TrainingPlanStatus, generation: int, why: RuleViolation, now: 
     status.next_transition_time = None
     status.observed_generation = generation
     status.conditions = [
-        condition("Failed", False, why.reason, why.message, generation, prior.conditions, now),
+        condition("Failed", True, why.reason, why.message, generation, prior.conditions, now),
         condition("Purchased", False, why.reason, why.message, generation, prior.conditions, now),
     ]
-    status.conditions[0] = status.conditions[0].model_copy(update={"status": "True"})
     events = [] if prior.phase == FAILED and _reason(prior, "Failed") == why.reason else [
         Event("Warning", why.reason, why.message)]
     return PlanDecision(status=status, events=events)

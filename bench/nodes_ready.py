@@ -1,0 +1,228 @@
+"""Nodes for a 64-instance group: the operator against the floor of the bare API calls.
+
+1. The floor: 64 KWOK nodes (annotation kwok.x-k8s.io/node=fake, the labels, capacity and
+   allocatable the operator's KWOK provider writes) created with one ``create_node`` call each,
+   from the same Python Kubernetes client the operator uses, one after the other; timed from
+   the first call until a node watch has seen all 64 Ready. One node is created and deleted first
+   as a warm-up; then ``--floor-runs`` runs (default 3; the nodes are deleted in between), whose
+   median is the floor. One more run creates them from 8 threads at once, for comparison (the
+   operator creates a group's nodes one after the other).
+2. The operator (demo profile, its own process): a plan of 64 x ml.p5.48xlarge
+   (hyperpod-cluster, autoPurchase, block starting ~20 s ahead) and an InstanceGroup of 64 nodes;
+   timed from the block's start (``status.reservedCapacity[0].startTime``) until the watch has
+   seen all 64 group nodes Ready. ``--runs`` times (default 3; each run a new plan and group, the
+   previous group deleted and its nodes gone first); the median is compared with the floor.
+
+Target (DESIGN.md section 6): operator time <= 1.3 x the floor, on the same control plane.
+
+    .venv/bin/python bench/nodes_ready.py [--nodes 64] [--floor-runs 3] [--runs 3] [--lead 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import (  # noqa: E402
+    API, GROUP, VERSION, BenchError, Harness, epoch, fmt, machine, metric_sum, node_ready, parse_ts, pool,
+    print_figures, proc_cpu_seconds, run, step, ts, utcnow, verdict, wait_for,
+)
+
+ITYPE = "ml.p5.48xlarge"
+AZ = "us-east-1a"
+TARGET_RATIO = 1.3
+GROUP_LABEL = "hyperplan.dev/instance-group"
+
+
+class NodeTracker:
+    """First-seen and first-Ready wall times of the nodes of one group label, from a watch."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.added: dict[str, float] = {}
+        self.ready: dict[str, float] = {}
+        self.present: set[str] = set()
+
+    def on_event(self, kind: str, obj: dict, t: float) -> None:
+        name = obj["metadata"]["name"]
+        with self.lock:
+            if kind == "DELETED":
+                self.present.discard(name)
+                return
+            self.present.add(name)
+            self.added.setdefault(name, t)
+            if node_ready(obj):
+                self.ready.setdefault(name, t)
+
+    def ready_count(self) -> int:
+        with self.lock:
+            return len(self.ready)
+
+    def last_ready(self) -> float:
+        with self.lock:
+            return max(self.ready.values())
+
+
+def floor_body(group: str, i: int) -> dict:
+    from hyperplan.actuation.nodes import node_capacity
+
+    name = f"{group}-{i:03d}"
+    labels = {
+        "node.kubernetes.io/instance-type": ITYPE, "topology.kubernetes.io/zone": AZ,
+        GROUP_LABEL: group, "hyperplan.dev/training-plan": "floor", "hyperplan.dev/reserved-capacity": "rc-floor",
+        "kubernetes.io/hostname": name, "hyperplan.dev/role": "active",
+        "hyperplan.dev/node-health-status": "Schedulable", "hyperplan.dev/slot": str(i),
+        "hyperplan.dev/generation": "0", "hyperplan.dev/node-id": name,
+    }
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": labels, "annotations": {"kwok.x-k8s.io/node": "fake"}},
+            "spec": {"taints": []},
+            "status": {"capacity": node_capacity(ITYPE), "allocatable": node_capacity(ITYPE)}}
+
+
+def floor_run(h: Harness, group: str, n: int, threads: int) -> dict:
+    tracker = NodeTracker()
+    w = h.watch("/api/v1/nodes", tracker.on_event, labelSelector=f"{GROUP_LABEL}={group}")
+    bodies = [floor_body(group, i) for i in range(n)]
+    t0 = time.time()
+    if threads == 1:
+        for body in bodies:
+            h.core.create_node(body)
+    else:
+        with ThreadPoolExecutor(threads) as pool_:
+            list(pool_.map(h.core.create_node, bodies))
+    t_calls = time.time() - t0
+    wait_for(lambda: tracker.ready_count() >= n, timeout=90, what=f"{n} floor nodes Ready ({group})",
+             interval=0.05)
+    total = tracker.last_ready() - t0
+    step(f"floor {group}: {n} create calls took {t_calls:.2f} s; all Ready after {total:.2f} s")
+    h.core.delete_collection_node(label_selector=f"{GROUP_LABEL}={group}")
+    wait_for(lambda: not tracker.present, timeout=60, what=f"floor nodes of {group} deleted", interval=0.1)
+    w.stop()
+    return {"calls": t_calls, "ready": total}
+
+
+def warm_up(h: Harness) -> None:
+    """One node created and deleted, so that no measured run pays for the first connection."""
+    body = floor_body("warmup", 0)
+    h.core.create_node(body)
+    h.core.delete_node(body["metadata"]["name"])
+
+
+def operator_run(h: Harness, i: int, n: int, lead: int) -> dict:
+    tracker = NodeTracker()
+    plan, group = f"bench-{n}-{i}", f"bench-{n}-{i}"
+    w = h.watch("/api/v1/nodes", tracker.on_event, labelSelector=f"{GROUP_LABEL}={group}")
+    start_after = utcnow().replace(microsecond=0) + timedelta(seconds=lead)
+    h.create("trainingplans", {
+        "apiVersion": API, "kind": "TrainingPlan", "metadata": {"name": plan},
+        "spec": {"instanceType": ITYPE, "instanceCount": n, "targetResource": "hyperpod-cluster",
+                 "duration": "3m", "autoPurchase": True, "startTimeAfter": ts(start_after)}})
+    h.create("instancegroups", {
+        "apiVersion": API, "kind": "InstanceGroup", "metadata": {"name": group},
+        "spec": {"trainingPlanRef": plan, "instanceType": ITYPE, "instanceCount": n}})
+
+    def bought():
+        h.tick()
+        st = h.status("trainingplans", plan)
+        if st.get("phase") == "Failed":
+            raise BenchError(f"plan {plan} failed: {st.get('conditions')}")
+        return st.get("phase") == "Scheduled" and st.get("reservedCapacity") and st
+
+    st = wait_for(bought, timeout=60, what=f"plan {plan} bought", interval=0.2)
+    start = epoch(parse_ts(st["reservedCapacity"][0]["startTime"]))
+    step(f"operator run {i + 1}: plan bought; block starts at {st['reservedCapacity'][0]['startTime']} "
+         f"({start - time.time():.1f} s from now)")
+    wait_for(lambda: time.time() > start - 1, timeout=max(0, start - time.time()) + 5, what="block start",
+             interval=0.1)
+    op = h.operator
+    m0, a0, cpu0 = op.metrics(), h.api.metrics(), proc_cpu_seconds(op.pid)
+
+    def all_ready():
+        h.tick()
+        return tracker.ready_count() >= n
+
+    wait_for(all_ready, timeout=90, what=f"{n} nodes of group {group} Ready", interval=0.05)
+    m1, a1, cpu1 = op.metrics(), h.api.metrics(), proc_cpu_seconds(op.pid)
+    with tracker.lock:
+        first_added = min(tracker.added.values()) - start
+        last_added = max(tracker.added.values()) - start
+        early = [name for name, t in tracker.added.items() if t < start]
+    total = tracker.last_ready() - start
+    delta = lambda text0, text1, name, where=lambda _: True: (  # noqa: E731
+        metric_sum(text1, name, where) - metric_sum(text0, name, where))
+    r = {"first": first_added, "last": last_added, "ready": total, "early": len(early),
+         "reconciles": delta(m0, m1, "hyperplan_reconciles_total"),
+         "status_writes": delta(m0, m1, "hyperplan_status_writes_total"),
+         "node_lists": delta(a0, a1, "apiserver_request_total",
+                             lambda l: l.get("resource") == "nodes" and l.get("verb") == "LIST"),
+         "node_posts": delta(a0, a1, "apiserver_request_total",
+                             lambda l: l.get("resource") == "nodes" and l.get("verb") == "POST"),
+         "cpu": cpu1 - cpu0}
+    step(f"operator run {i + 1}: first node seen {first_added:+.2f} s after the block start, last node "
+         f"{last_added:+.2f} s, all {n} Ready {total:.2f} s; meanwhile the operator used {r['cpu']:.2f} s CPU, "
+         f"ran {r['reconciles']:.0f} reconciles, wrote {r['status_writes']:.0f} statuses, "
+         f"listed nodes {r['node_lists']:.0f} times (apiserver count)")
+    if early:
+        step(f"WARNING: {len(early)} nodes appeared before the block started")
+    # Clean up before the next run, so that it starts with as few nodes as the first.
+    h.custom.delete_cluster_custom_object(GROUP, VERSION, "instancegroups", group)
+    wait_for(lambda: not tracker.present, timeout=60, what=f"nodes of {group} removed", interval=0.2)
+    h.custom.delete_cluster_custom_object(GROUP, VERSION, "trainingplans", plan)
+    w.stop()
+    return r
+
+
+def main(h: Harness, args: argparse.Namespace) -> int:
+    n = args.nodes
+    warm_up(h)
+    floors = []
+    for r in range(args.floor_runs):
+        step(f"floor run {r + 1}/{args.floor_runs}: {n} create_node calls, one after the other")
+        floors.append(floor_run(h, f"floor-seq{r}", n, threads=1))
+    step(f"floor, parallel: {n} create_node calls from 8 threads")
+    parallel = floor_run(h, "floor-par", n, threads=8)
+    floor = statistics.median(f["ready"] for f in floors)
+
+    h.start_operator("demo")
+    h.create("capacitypools", pool("bench-p5", ITYPE, n * args.runs, AZ))
+    runs = [operator_run(h, i, n, args.lead) for i in range(args.runs)]
+    op_time = statistics.median(r["ready"] for r in runs)
+    ratio = op_time / floor
+    rows = [
+        ("machine", machine(), "", ""),
+        *[(f"floor run {i + 1}: {n} sequential creates, calls / all Ready",
+           f"{f['calls']:.2f} s / {f['ready']:.2f} s", "", "") for i, f in enumerate(floors)],
+        (f"floor: median of {len(floors)} sequential runs", fmt(floor, 2), "", ""),
+        (f"{n} parallel creates (8 threads), calls / all Ready",
+         f"{parallel['calls']:.2f} s / {parallel['ready']:.2f} s", "", ""),
+        *[(f"operator run {i + 1}: block start to first node / last node / all Ready",
+           f"{r['first']:.2f} / {r['last']:.2f} / {r['ready']:.2f} s", "", "") for i, r in enumerate(runs)],
+        ("operator per run: CPU s / reconciles / status writes / node LISTs",
+         "; ".join(f"{r['cpu']:.2f}/{r['reconciles']:.0f}/{r['status_writes']:.0f}/{r['node_lists']:.0f}"
+                   for r in runs), "", ""),
+        (f"operator: median block start to all {n} Ready", fmt(op_time, 2), "", ""),
+        ("ratio operator / floor (medians)", f"{ratio:.2f}x", f"<= {TARGET_RATIO}x", verdict(ratio <= TARGET_RATIO)),
+        ("ratio operator / fastest floor run", f"{op_time / min(f['ready'] for f in floors):.2f}x", "", ""),
+        ("ratio operator / parallel creates", f"{op_time / parallel['ready']:.2f}x", "(for information)", ""),
+    ]
+    print_figures("nodes_ready", rows)
+    return 0 if ratio <= TARGET_RATIO and not any(r["early"] for r in runs) else 1
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, default=64, help="group size (an allowed plan count: 1..64, powers of 2)")
+    ap.add_argument("--floor-runs", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=3, help="operator runs (each a new plan and group)")
+    ap.add_argument("--lead", type=int, default=20, help="seconds from now to the plan's startTimeAfter")
+    args = ap.parse_args()
+    run(lambda h: main(h, args), "nodes_ready", budget=60 + args.runs * (args.lead + 60))

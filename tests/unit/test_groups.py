@@ -1,0 +1,894 @@
+"""decide_group: an InstanceGroup's nodes to create, update and drain, its remediation, status,
+events and wake time. Also FakeProvider, the in-memory node provider.
+
+Observed nodes are built from the NodeSpecs an earlier decision returned, and a tiny
+simulator applies a decision the way the handler does (marks, promotions, creates,
+updates, removals, drains), so multi-pass scenarios run without a cluster. All times
+are fixed; nothing reads the clock.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from kubernetes import client
+
+from hyperplan.actuation.nodes import LABEL_NODE_ID, FakeProvider, NodeProvider
+from hyperplan.api.models import InstanceGroupSpec, InstanceGroupStatus, ReservedCapacity
+from hyperplan.planning import health as hl
+from hyperplan.planning import placement as pl
+from hyperplan.planning.groups import (
+    GroupDecision,
+    ObservedGroupNode,
+    Peer,
+    PlanView,
+    decide_group,
+)
+from hyperplan.planning.plans import Event
+from hyperplan.planning.policy import DEMO
+
+UTC = timezone.utc
+US_TYPE = pl.ULTRASERVER_INSTANCE_TYPE
+X72 = "ml.u-p6e-gb200x72"
+AZ = "use1-az3"
+US_KEY = "topology.k8s.aws/ultraserver-id"
+LAYERS = tuple(f"topology.k8s.aws/network-node-layer-{i}" for i in (1, 2, 3))
+
+# Demo policy: a hyperpod-cluster block stops its instances 20 s before its end.
+T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+END = T0 + timedelta(minutes=3)
+TERMINATION = END - timedelta(seconds=20)
+NOW = T0 + timedelta(seconds=10)
+
+BLOCK = ReservedCapacity(id="rc-abc-0", availability_zone=AZ, instance_type=US_TYPE, instance_count=36,
+                         start_time=T0, end_time=END, ultra_server_type=X72, ultra_server_count=2)
+BLOCK2 = ReservedCapacity(id="rc-abc-1", availability_zone=AZ, instance_type=US_TYPE, instance_count=36,
+                          start_time=T0 + timedelta(minutes=5), end_time=T0 + timedelta(minutes=8),
+                          ultra_server_type=X72, ultra_server_count=2)
+PLAN = PlanView("p", "hyperpod-cluster", None, X72, 1, (BLOCK,))
+TWO_BLOCKS = PlanView("p", "hyperpod-cluster", None, X72, 1, (BLOCK, BLOCK2))
+US0, US1 = "rc-abc-0-us-0", "rc-abc-0-us-1"
+H = "c64f9691"  # 8 hex of sha256("rc-abc-0"): the block part of node names
+H2 = "1deffe37"  # ... of "rc-abc-1"
+
+
+def spec(count: int = 20, *, instance_type: str = US_TYPE, max_unhealthy: int | str = 2, **kw) -> InstanceGroupSpec:
+    return InstanceGroupSpec(training_plan_ref="p", instance_type=instance_type, instance_count=count,
+                             health_check={"graceSeconds": 5, "maxUnhealthy": max_unhealthy}, **kw)
+
+
+SPEC = spec()
+
+
+def name(slot: str, group: str = "w", h: str = H) -> str:
+    return f"hp-{group}-{h}-{slot}"
+
+
+# --------------------------------------------------------------------------- observed nodes
+
+
+@dataclass
+class Node:
+    """A node as the cluster holds it, mutable so that decisions can be applied to it."""
+
+    labels: dict[str, str]
+    taints: tuple[pl.Taint, ...]
+    ready: str | None = "True"  # Ready condition status; None: no Ready condition yet
+    ready_since: datetime = T0
+    health_since: datetime | None = None
+    deleting: bool = False
+
+
+def node_of(s: pl.NodeSpec, since: datetime = T0, ready: str | None = "True") -> Node:
+    return Node(dict(s.labels), tuple(s.taints), ready=ready, ready_since=since)
+
+
+def observed(cluster: dict[str, Node]) -> list[ObservedGroupNode]:
+    """What the handler would observe: an ObservedGroupNode per node (like observe_node)."""
+    out = []
+    for node_name, n in cluster.items():
+        labels = n.labels
+        conditions = () if n.ready is None else (hl.NodeCondition("Ready", n.ready, n.ready_since),)
+        out.append(ObservedGroupNode(
+            health=hl.NodeObservation(
+                name=node_name, conditions=conditions, health_label=labels.get(pl.LABEL_HEALTH),
+                health_label_since=n.health_since, role=labels.get(pl.LABEL_ROLE, pl.ROLE_ACTIVE),
+                ultraserver_id=labels.get(US_KEY), created=T0, slot=labels.get(pl.LABEL_SLOT),
+                generation=int(labels.get(pl.LABEL_GENERATION, "0")), replaces=labels.get(pl.LABEL_REPLACES)),
+            labels=dict(labels), taints=n.taints, unschedulable=False, ready=n.ready == "True",
+            deleting=n.deleting))
+    return out
+
+
+def cluster_of(specs: list[pl.NodeSpec], since: datetime = T0) -> dict[str, Node]:
+    return {s.name: node_of(s, since) for s in specs}
+
+
+def apply(d: GroupDecision, cluster: dict[str, Node], now: datetime, new_ready: str | None = "True") -> None:
+    """Carry out a decision as the handler does: health actions, creates, updates, drains."""
+    for a in d.remediation:
+        if isinstance(a, hl.MarkUnhealthy):
+            n = cluster[a.node]
+            n.labels[pl.LABEL_HEALTH] = a.health_status
+            n.taints = n.taints + (a.taint,)
+            n.health_since = now
+        elif isinstance(a, hl.PromoteSpare):
+            n = cluster[a.spare]
+            n.labels[pl.LABEL_ROLE] = pl.ROLE_ACTIVE
+            n.labels[pl.LABEL_REPLACES] = a.replacing
+            n.taints = tuple(t for t in n.taints if t != pl.SPARE_TAINT)
+        elif isinstance(a, hl.RemoveNode):
+            cluster.pop(a.node)
+    for s in d.create:
+        cluster[s.name] = node_of(s, now, ready=new_ready)
+    for s in d.update:
+        cluster[s.name].labels.update(s.labels)
+        cluster[s.name].taints = tuple(s.taints)
+    for dr in d.drain:
+        cluster.pop(dr.node)
+
+
+def decide(nodes=(), *, now: datetime = NOW, s: InstanceGroupSpec = SPEC, plan: PlanView | None = PLAN,
+           peers=None, prior: InstanceGroupStatus | None = None, group: str = "w",
+           generation: int = 1) -> GroupDecision:
+    peers = peers if peers is not None else [Peer(group, s.instance_count)]
+    return decide_group(group, generation, s, prior or InstanceGroupStatus(), plan, peers, list(nodes), DEMO, now)
+
+
+def ready_cond(d: GroupDecision):
+    return next(c for c in d.status.conditions if c.type == "Ready")
+
+
+def conds(d: GroupDecision) -> list[tuple[str, str, str]]:
+    return [(c.type, c.status, c.reason) for c in d.status.conditions]
+
+
+def kinds(events: list[Event]) -> list[tuple[str, str]]:
+    return [(e.type, e.reason) for e in events]
+
+
+FIRST = decide()  # the 22 nodes of the 20-instance group at block start
+RUNNING = cluster_of(FIRST.create)
+
+
+def running() -> dict[str, Node]:
+    return {k: Node(dict(v.labels), v.taints, v.ready, v.ready_since) for k, v in RUNNING.items()}
+
+
+# =========================================================================== no usable block
+
+
+def test_plan_missing():
+    d = decide(plan=None)
+
+    assert d.status.phase == "Waiting"
+    assert conds(d) == [("Ready", "False", "PlanNotFound")]
+    assert ready_cond(d).message == "training plan p does not exist yet"
+    assert d.events == [Event("Normal", "PlanNotFound", "training plan p does not exist yet")]
+    assert (d.create, d.update, d.drain, d.remediation) == ([], [], [], ())
+    assert d.wake_at is None
+    assert d.block is None
+
+
+def test_plan_missing_drains_existing_nodes_at_once():
+    d = decide(observed(running()), plan=None)
+
+    assert d.status.phase == "Draining"
+    assert sorted(x.node for x in d.drain) == sorted(RUNNING)
+    assert {(x.deadline, x.reason) for x in d.drain} == {(NOW, "PlanNotFound")}
+    assert d.create == []
+    assert d.wake_at == NOW + timedelta(seconds=1)
+
+
+TRAINING_JOB_PLAN = PlanView("p", "training-job", None, X72, 1, (BLOCK,))
+P5_PLAN = PlanView("p", "hyperpod-cluster", "ml.p5.48xlarge", None, 1, (BLOCK,))
+
+
+@pytest.mark.parametrize(
+    "plan, s, reason, message",
+    [
+        pytest.param(TRAINING_JOB_PLAN, SPEC, "PlanTargetNotHyperPod",
+                     "training plan p targets training-job; instance groups need a hyperpod-cluster plan",
+                     id="plan-targets-training-job"),
+        pytest.param(PLAN, spec(instance_type="ml.p5.48xlarge"), "InstanceTypeMismatch",
+                     "group wants ml.p5.48xlarge but training plan p reserves ml.p6e-gb200.36xlarge",
+                     id="plain-type-on-ultraserver-plan"),
+        pytest.param(P5_PLAN, SPEC, "InstanceTypeMismatch",
+                     "group wants ml.p6e-gb200.36xlarge but training plan p reserves ml.p5.48xlarge",
+                     id="ultraserver-type-on-plain-plan"),
+    ],
+)
+def test_binding_rule_broken_fails_without_nodes(plan, s, reason, message):
+    d = decide(plan=plan, s=s)
+
+    assert d.status.phase == "Failed"
+    assert conds(d) == [("Ready", "False", reason)]
+    assert ready_cond(d).message == message
+    assert d.events == [Event("Warning", reason, message)]
+    assert (d.create, d.update, d.drain, d.remediation) == ([], [], [], ())
+    assert d.wake_at is None
+
+
+def test_binding_rule_broken_drains_existing_nodes():
+    cluster = running()
+    cluster[name("0-3")].deleting = True  # already on its way out: not drained twice
+    d = decide(observed(cluster), plan=TRAINING_JOB_PLAN)
+
+    assert sorted(x.node for x in d.drain) == sorted(set(RUNNING) - {name("0-3")})
+    assert {(x.deadline, x.reason) for x in d.drain} == {(NOW, "PlanTargetNotHyperPod")}
+    assert d.create == []
+    assert kinds(d.events) == [("Warning", "PlanTargetNotHyperPod")]
+    assert d.status.phase == "Draining"
+    assert d.wake_at == NOW + timedelta(seconds=1)
+
+
+def test_plan_not_bought_yet():
+    d = decide(plan=PlanView("p", "hyperpod-cluster", None, X72, 1, ()))
+
+    assert d.status.phase == "Waiting"
+    assert conds(d) == [("Ready", "False", "PlanNotPurchased")]
+    assert ready_cond(d).message == "training plan p has no reserved capacity yet"
+    assert kinds(d.events) == [("Normal", "PlanNotPurchased")]
+    assert d.create == []
+    assert d.wake_at is None
+
+
+def test_before_the_block_waits_until_its_start():
+    d = decide(now=T0 - timedelta(seconds=30))
+
+    assert d.status.phase == "Waiting"
+    assert conds(d) == [("Ready", "False", "NoActiveBlock")]
+    assert ready_cond(d).message == "next block rc-abc-0 starts at 2026-12-01T12:00:00+00:00"
+    assert d.status.availability_zone == AZ
+    assert d.status.next_transition_time == T0
+    assert d.wake_at == T0
+    assert (d.create, d.drain) == ([], [])
+
+
+def test_waiting_event_is_posted_once():
+    first = decide(now=T0 - timedelta(seconds=30))
+    again = decide(now=T0 - timedelta(seconds=20), prior=first.status)
+    assert kinds(first.events) == [("Normal", "NoActiveBlock")]
+    assert again.events == []
+    assert ready_cond(again).last_transition_time == T0 - timedelta(seconds=30)
+
+
+# =========================================================================== during the block
+
+
+def test_block_start_creates_active_nodes_fill_first_plus_one_spare_per_ultraserver():
+    d = FIRST
+
+    us0 = [name(f"0-{j}") for j in range(18)]
+    us1 = [name(f"1-{j}") for j in range(4)]
+    assert [c.name for c in d.create] == us0 + us1
+    roles = {c.name: c.role for c in d.create}
+    assert [n for n in us0 + us1 if roles[n] == pl.ROLE_SPARE] == [name("0-17"), name("1-3")]
+    assert Counter((c.ultraserver_id, c.role) for c in d.create) == {
+        (US0, "active"): 17, (US0, "spare"): 1, (US1, "active"): 3, (US1, "spare"): 1}
+    assert {c.name: c.taints for c in d.create if c.taints} == {
+        name("0-17"): (pl.SPARE_TAINT,), name("1-3"): (pl.SPARE_TAINT,)}
+    assert (d.update, d.drain, d.remediation) == ([], [], ())
+    assert d.block == BLOCK
+
+
+def test_node_labels():
+    by_name = {c.name: c for c in FIRST.create}
+    first = by_name[name("0-0")]
+    layers = {k: first.labels[k] for k in LAYERS}
+    assert {k: v for k, v in first.labels.items() if k not in LAYERS} == {
+        "node.kubernetes.io/instance-type": US_TYPE,
+        "topology.kubernetes.io/zone": AZ,
+        "kubernetes.io/hostname": name("0-0"),
+        "hyperplan.dev/instance-group": "w",
+        "hyperplan.dev/training-plan": "p",
+        "hyperplan.dev/reserved-capacity": "rc-abc-0",
+        "hyperplan.dev/role": "active",
+        "hyperplan.dev/node-health-status": "Schedulable",
+        "hyperplan.dev/slot": "0-0",
+        "hyperplan.dev/generation": "0",
+        US_KEY: US0,
+    }
+    assert all(re.fullmatch(r"nn-[0-9a-f]{17}", v) for v in layers.values())
+    assert len(set(layers.values())) == 3
+    spare = by_name[name("1-3")]
+    assert (spare.labels["hyperplan.dev/role"], spare.labels[US_KEY], spare.labels["hyperplan.dev/slot"]) == (
+        "spare", US1, "1-3")
+    # layer-1 (AZ) and layer-2 (block) are shared by every node; layer-3 is the NVLink domain.
+    for key in LAYERS[:2]:
+        assert {c.labels[key] for c in FIRST.create} == {first.labels[key]}
+    layer3 = {(c.ultraserver_id, c.labels[LAYERS[2]]) for c in FIRST.create}
+    assert len(layer3) == 2 and len({v for _, v in layer3}) == 2
+    assert all(c.availability_zone == AZ and c.instance_type == US_TYPE for c in FIRST.create)
+
+
+def test_group_labels_and_taints_go_on_every_node():
+    gpu = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+    d = decide(s=spec(labels={"team": "llm", "hyperplan.dev/role": "mine"}, taints=[gpu]))
+    taint = pl.Taint("nvidia.com/gpu", "present", "NoSchedule")
+
+    assert len(d.create) == 22
+    assert all(c.labels["team"] == "llm" for c in d.create)
+    # The operator's own labels win over the group's.
+    assert Counter(c.labels["hyperplan.dev/role"] for c in d.create) == {"active": 20, "spare": 2}
+    assert Counter(c.taints for c in d.create) == {(taint,): 20, (taint, pl.SPARE_TAINT): 2}
+
+
+def test_block_start_status():
+    d = FIRST
+    st = d.status
+
+    assert st.phase == "Provisioning"
+    assert conds(d) == [("Ready", "False", "Provisioning"), ("RemediationAllowed", "True", "WithinBounds")]
+    assert ready_cond(d).message == "0/20 active nodes Ready, 0 spare(s) in use1-az3 on block rc-abc-0"
+    assert (st.desired_count, st.ready_count, st.spare_count, st.unhealthy_count) == (20, 0, 0, 0)
+    assert (st.availability_zone, st.reserved_capacity_id) == (AZ, "rc-abc-0")
+    assert st.next_transition_time == TERMINATION
+    assert st.observed_generation == 1
+    assert all(c.last_transition_time == NOW for c in st.conditions)
+    assert d.events == [Event("Normal", "Provisioning",
+                              "0/20 active nodes Ready, 0 spare(s) in use1-az3 on block rc-abc-0")]
+    assert d.wake_at == TERMINATION
+
+
+@pytest.mark.parametrize(
+    "count, expected",
+    [
+        pytest.param(14, {(US0, "active"): 14, (US0, "spare"): 1}, id="14-fits-on-the-first"),
+        pytest.param(17, {(US0, "active"): 17, (US0, "spare"): 1}, id="17-fills-the-first"),
+        pytest.param(18, {(US0, "active"): 17, (US0, "spare"): 1, (US1, "active"): 1, (US1, "spare"): 1},
+                     id="18-spills-one"),
+        pytest.param(34, {(US0, "active"): 17, (US0, "spare"): 1, (US1, "active"): 17, (US1, "spare"): 1},
+                     id="34-fills-both"),
+        pytest.param(0, {}, id="zero"),
+    ],
+)
+def test_fill_first_layout(count, expected):
+    d = decide(s=spec(count))
+    assert Counter((c.ultraserver_id, c.role) for c in d.create) == expected
+    assert d.status.desired_count == count
+
+
+@pytest.mark.parametrize(
+    "peers, s, reason, message",
+    [
+        pytest.param([Peer("w", 35)], spec(35), "InsufficientCapacity",
+                     "35 instances requested, 34 of 34 usable instances left on 2 UltraServer(s)",
+                     id="more-than-the-plan-holds"),
+        pytest.param([Peer("a", 27), Peer("w", 10)], spec(10), "InsufficientCapacity",
+                     "10 instances requested, 7 of 34 usable instances left on 2 UltraServer(s)",
+                     id="an-earlier-group-took-the-room"),
+        pytest.param([Peer("w", 20, (("rc-abc-0-us-7", 20),))], spec(20), "UnknownUltraServer",
+                     "unknown UltraServer(s) rc-abc-0-us-7; the block has rc-abc-0-us-0, rc-abc-0-us-1",
+                     id="explicit-unknown-ultraserver"),
+        pytest.param([Peer("w", 20, ((US0, 10),))], spec(20), "PlacementCountMismatch",
+                     "the placement places 10 instances but the group asks for 20",
+                     id="explicit-count-mismatch"),
+        pytest.param([Peer("w", 18, ((US0, 18),))], spec(18), "PlacementExceedsCapacity",
+                     "18 instances on UltraServer rc-abc-0-us-0, which has 17 usable (18 minus 1 spare), "
+                     "0 already placed, 17 left", id="explicit-over-an-ultraserver"),
+        pytest.param([Peer("other", 3)], spec(3), "InvalidPlacement", "group is not among the plan's groups",
+                     id="not-among-the-peers"),
+        pytest.param([Peer("w", 3), Peer("w", 3)], spec(3), "InvalidPlacement",
+                     "duplicate group names in ['w', 'w']", id="duplicate-peers"),
+    ],
+)
+def test_placement_failure_fails_the_group(peers, s, reason, message):
+    d = decide(s=s, peers=peers)
+
+    assert d.status.phase == "Failed"
+    assert conds(d) == [("Ready", "False", reason)]
+    assert ready_cond(d).message == message
+    assert d.events == [Event("Warning", reason, message)]
+    assert (d.create, d.update, d.drain, d.remediation) == ([], [], [], ())
+    assert d.wake_at is None
+
+
+def test_explicit_placement_is_honoured():
+    d = decide(s=spec(6), peers=[Peer("w", 6, ((US1, 4), (US0, 2)))])
+    assert Counter((c.ultraserver_id, c.role) for c in d.create) == {
+        (US0, "active"): 2, (US0, "spare"): 1, (US1, "active"): 4, (US1, "spare"): 1}
+
+
+@pytest.mark.parametrize(
+    "b_count, a_layout, b_layout",
+    [
+        # b does not fit beside a on the first UltraServer: it opens the second and owns its spare.
+        pytest.param(10, {(US0, "active"): 14, (US0, "spare"): 1},
+                     {(US1, "active"): 10, (US1, "spare"): 1}, id="second-group-on-the-next-ultraserver"),
+        # b fits in what a left on the first: best fit, no new NVLink domain; a owns the spare.
+        pytest.param(3, {(US0, "active"): 14, (US0, "spare"): 1}, {(US0, "active"): 3},
+                     id="second-group-fills-the-first"),
+    ],
+)
+def test_two_groups_sharing_a_plan(b_count, a_layout, b_layout):
+    peers = [Peer("a", 14), Peer("b", b_count)]
+    a = decide(s=spec(14), peers=peers, group="a")
+    b = decide(s=spec(b_count), peers=peers, group="b")
+
+    assert Counter((c.ultraserver_id, c.role) for c in a.create) == a_layout
+    assert Counter((c.ultraserver_id, c.role) for c in b.create) == b_layout
+    a_names = {c.name for c in a.create}
+    b_names = {c.name for c in b.create}
+    assert not a_names & b_names
+    assert all(n.startswith(f"hp-a-{H}-") for n in a_names)
+    assert all(n.startswith(f"hp-b-{H}-") for n in b_names)
+    assert {c.labels["hyperplan.dev/instance-group"] for c in b.create} == {"b"}
+    # Together they never hold more active nodes on an UltraServer than it has usable.
+    active = Counter(c.ultraserver_id for c in a.create + b.create if c.role == pl.ROLE_ACTIVE)
+    assert all(v <= 17 for v in active.values())
+    # Each UltraServer's spare exists once, with the first group that uses it.
+    spares = Counter(c.ultraserver_id for c in a.create + b.create if c.role == pl.ROLE_SPARE)
+    assert all(v == 1 for v in spares.values())
+
+
+# --------------------------------------------------------------------------- Ready
+
+
+def test_ready_once_every_node_exists_and_is_ready():
+    d = decide(observed(running()), prior=FIRST.status, now=NOW + timedelta(seconds=5))
+    st = d.status
+
+    assert st.phase == "Ready"
+    assert conds(d) == [("Ready", "True", "NodesReady"), ("RemediationAllowed", "True", "WithinBounds")]
+    message = "20/20 active nodes Ready, 2 spare(s) in use1-az3 on block rc-abc-0"
+    assert ready_cond(d).message == message
+    assert ready_cond(d).last_transition_time == NOW + timedelta(seconds=5)
+    assert (st.desired_count, st.ready_count, st.spare_count, st.unhealthy_count) == (20, 20, 2, 0)
+    assert (d.create, d.update, d.drain, d.remediation) == ([], [], [], ())
+    assert d.events == [Event("Normal", "NodesReady", message)]
+    assert d.wake_at == TERMINATION
+
+    again = decide(observed(running()), prior=st, now=NOW + timedelta(seconds=9))
+    assert again.events == []
+    assert again.status.phase == "Ready"
+    assert ready_cond(again).last_transition_time == NOW + timedelta(seconds=5)
+
+
+@pytest.mark.parametrize(
+    "not_ready, phase, ready_count, spare_count",
+    [
+        pytest.param([], "Ready", 20, 2, id="all-ready"),
+        pytest.param(["1-3"], "Ready", 20, 1, id="a-spare-not-ready-yet"),
+        pytest.param(["0-4"], "Provisioning", 19, 2, id="an-active-node-not-ready-yet"),
+        pytest.param(["0-4", "0-5", "1-0"], "Provisioning", 17, 2, id="three-not-ready-yet"),
+    ],
+)
+def test_ready_counts_nodes_that_report_ready(not_ready, phase, ready_count, spare_count):
+    cluster = running()
+    for slot in not_ready:
+        cluster[name(slot)].ready = None  # no Ready condition yet (starting up)
+    d = decide(observed(cluster))
+
+    assert (d.status.phase, d.status.ready_count, d.status.spare_count) == (phase, ready_count, spare_count)
+    assert (d.create, d.update, d.drain, d.remediation) == ([], [], [], ())
+
+
+def test_missing_node_is_created_again_under_its_name():
+    cluster = running()
+    del cluster[name("1-1")]
+    d = decide(observed(cluster))
+    assert [c.name for c in d.create] == [name("1-1")]
+    assert d.status.phase == "Provisioning"
+    assert d.status.ready_count == 19
+
+
+def test_group_shrinks_drains_the_nodes_it_no_longer_wants_with_the_block_end_as_deadline():
+    d = decide(observed(running()), s=spec(14))
+    assert {(x.deadline, x.reason) for x in d.drain} == {(END, "NotDesired")}
+    assert {x.node for x in d.drain} >= {name(f"1-{j}") for j in range(4)}
+    assert d.create == []
+    assert d.status.phase == "Provisioning"
+    assert d.wake_at == NOW + timedelta(seconds=1)
+
+
+def test_group_shrunk_to_one_ultraserver_keeps_fourteen_active_nodes_and_its_spare():
+    """20 -> 14: the group fits on the first UltraServer; once the drains are done it holds
+    14 active nodes and that UltraServer's spare, like a fresh group of 14 (DESIGN 1)."""
+    cluster = running()
+    now = NOW
+    d = decide(observed(cluster), s=spec(14), now=now, prior=READY_STATUS)
+    for _ in range(3):
+        apply(d, cluster, now)
+        now += timedelta(seconds=1)
+        d = decide(observed(cluster), s=spec(14), now=now, prior=d.status)
+
+    assert (d.create, d.update, d.drain) == ([], [], [])
+    assert Counter((n.labels[US_KEY], n.labels[pl.LABEL_ROLE]) for n in cluster.values()) == {
+        (US0, "active"): 14, (US0, "spare"): 1}
+    assert (d.status.ready_count, d.status.spare_count, d.status.desired_count) == (14, 1, 14)
+
+
+@pytest.mark.parametrize("label", ["Unschedulable", "UnschedulablePendingReboot",
+                                   "UnschedulablePendingReplacement"])
+def test_a_node_with_an_unschedulable_health_label_is_never_drained_as_not_desired(label):
+    cluster = running()
+    cluster[name("1-1")].labels[pl.LABEL_HEALTH] = label
+    cluster[name("1-1")].health_since = NOW  # within the grace: not yet judged
+    d = decide(observed(cluster), s=spec(17))
+
+    drained = {x.node for x in d.drain}
+    assert drained == {name("1-0"), name("1-2"), name("1-3")}
+    assert name("1-1") not in {u.name for u in d.update}
+
+
+# --------------------------------------------------------------------------- end of the block
+
+
+@pytest.mark.parametrize(
+    "now",
+    [
+        pytest.param(TERMINATION, id="at-the-termination-time"),
+        pytest.param(END - timedelta(seconds=1), id="just-before-the-end"),
+    ],
+)
+def test_past_the_termination_time_every_node_drains_by_the_block_end(now):
+    cluster = running()
+    d = decide(observed(cluster), now=now, prior=FIRST.status)
+
+    assert sorted(x.node for x in d.drain) == sorted(RUNNING)
+    assert {(x.deadline, x.reason) for x in d.drain} == {(END, "BlockTerminating")}
+    assert (d.create, d.update, d.remediation) == ([], [], ())
+    assert d.status.phase == "Draining"
+    assert conds(d) == [("Ready", "False", "BlockTerminating")]
+    assert ready_cond(d).message == ("block rc-abc-0 stops at 2026-12-01T12:03:00+00:00; nodes drain from "
+                                     "2026-12-01T12:02:40+00:00")
+    assert (d.status.availability_zone, d.status.reserved_capacity_id) == (AZ, "rc-abc-0")
+    assert d.status.next_transition_time == END
+    assert kinds(d.events) == [("Normal", "BlockTerminating")]
+    assert d.wake_at == now + timedelta(seconds=1)
+
+
+def test_past_the_termination_time_without_nodes_waits_for_the_end():
+    d = decide(now=TERMINATION + timedelta(seconds=5))
+    assert d.status.phase == "Waiting"
+    assert d.drain == []
+    assert d.wake_at == END
+
+
+@pytest.mark.parametrize(
+    "plan, now, message, wake, az",
+    [
+        pytest.param(TWO_BLOCKS, END + timedelta(seconds=30), "next block rc-abc-1 starts at 2026-12-01T12:05:00+00:00",
+                     BLOCK2.start_time, AZ, id="in-the-gap"),
+        pytest.param(PLAN, END, "training plan p has expired", None, None, id="plan-expired"),
+    ],
+)
+def test_after_the_block_no_nodes_are_wanted(plan, now, message, wake, az):
+    d = decide(plan=plan, now=now)
+    assert d.status.phase == "Waiting"
+    assert conds(d) == [("Ready", "False", "NoActiveBlock")]
+    assert ready_cond(d).message == message
+    assert (d.create, d.drain) == ([], [])
+    assert d.wake_at == wake
+    assert d.status.next_transition_time == wake
+    assert d.status.availability_zone == az
+
+
+def test_after_the_block_leftover_nodes_drain_at_once():
+    d = decide(observed(running()), plan=TWO_BLOCKS, now=END + timedelta(seconds=30))
+    assert sorted(x.node for x in d.drain) == sorted(RUNNING)
+    assert {(x.deadline, x.reason) for x in d.drain} == {(END + timedelta(seconds=30), "NoActiveBlock")}
+    assert d.status.phase == "Draining"
+    assert d.wake_at == END + timedelta(seconds=31)
+
+
+def test_next_block_creates_new_nodes_and_drains_the_old_blocks_nodes():
+    now = BLOCK2.start_time + timedelta(seconds=1)
+    d = decide(observed(running()), plan=TWO_BLOCKS, now=now)
+
+    assert [c.name for c in d.create] == [name(f"0-{j}", h=H2) for j in range(18)] + [
+        name(f"1-{j}", h=H2) for j in range(4)]
+    assert {c.labels["hyperplan.dev/reserved-capacity"] for c in d.create} == {"rc-abc-1"}
+    assert sorted(x.node for x in d.drain) == sorted(RUNNING)
+    assert {(x.deadline, x.reason) for x in d.drain} == {(now, "OtherBlock")}
+    assert d.status.reserved_capacity_id == "rc-abc-1"
+    assert d.block == BLOCK2
+
+
+# =========================================================================== health and remediation
+
+FAIL_AT = NOW  # Ready=False from here; grace is 5 s
+P1 = NOW + timedelta(seconds=10)
+
+
+def failing(*slots: str, cluster: dict[str, Node] | None = None, since: datetime = FAIL_AT) -> dict[str, Node]:
+    cluster = cluster if cluster is not None else running()
+    for slot in slots:
+        cluster[name(slot)].ready = "False"
+        cluster[name(slot)].ready_since = since
+    return cluster
+
+
+READY_STATUS = decide(observed(running())).status
+
+
+def test_a_failure_inside_its_grace_only_schedules_a_check():
+    cluster = failing("0-1", since=P1 - timedelta(seconds=2))
+    d = decide(observed(cluster), now=P1, prior=READY_STATUS)
+
+    assert (d.create, d.update, d.drain, d.remediation) == ([], [], [], ())
+    assert d.status.unhealthy_count == 0
+    assert d.status.ready_count == 19
+    assert d.wake_at == P1 + timedelta(seconds=3)  # when the grace ends
+
+
+def test_a_failed_node_is_marked_and_replaced_by_the_spare_on_its_ultraserver():
+    d = decide(observed(failing("0-1")), now=P1, prior=READY_STATUS)
+
+    assert d.remediation == (
+        hl.MarkUnhealthy(name("0-1"), "Ready=False"),
+        hl.PromoteSpare(name("0-17"), name("0-1"), US0, True),
+        hl.Backfill(name("0-1"), "0-1", 1, pl.ROLE_SPARE, US0),
+    )
+    # The backfill gets a new name (generation 1) in the failed node's slot, as the new spare.
+    assert [(c.name, c.role, c.slot, c.generation, c.taints) for c in d.create] == [
+        (name("0-1") + "-g1", "spare", "0-1", 1, (pl.SPARE_TAINT,))]
+    assert d.create[0].labels["hyperplan.dev/generation"] == "1"
+    assert d.create[0].labels[US_KEY] == US0
+    # Nothing is removed before its replacement is Ready (make before break).
+    assert d.drain == []
+    assert d.update == []
+    st = d.status
+    # The status describes the group once this pass is applied: the promoted spare serves as
+    # active (20 ready), one spare is up, the backfill is still to come.
+    assert (st.phase, st.unhealthy_count, st.ready_count, st.spare_count) == ("Provisioning", 1, 20, 1)
+    assert conds(d)[1] == ("RemediationAllowed", "True", "WithinBounds")
+    assert d.status.conditions[1].message == "1 of 22 nodes are unhealthy, within maxUnhealthy 2"
+
+
+def test_remediation_makes_before_it_breaks():
+    cluster = failing("0-1")
+    p1 = decide(observed(cluster), now=P1, prior=READY_STATUS)
+    apply(p1, cluster, P1, new_ready=None)  # the replacement is created but not Ready yet
+
+    p2_at = P1 + timedelta(seconds=1)
+    p2 = decide(observed(cluster), now=p2_at, prior=p1.status)
+    assert p2.remediation == ()  # RemoveNode waits for the replacement
+    assert (p2.create, p2.update, p2.drain) == ([], [], [])
+    assert name("0-1") in {o for o in cluster}
+    # The promoted spare now serves in the failed node's stead.
+    assert cluster[name("0-17")].labels[pl.LABEL_ROLE] == "active"
+    assert (p2.status.ready_count, p2.status.spare_count, p2.status.unhealthy_count) == (20, 1, 1)
+
+    cluster[name("0-1") + "-g1"].ready = "True"
+    p3_at = p2_at + timedelta(seconds=1)
+    p3 = decide(observed(cluster), now=p3_at, prior=p2.status)
+    assert p3.remediation == (hl.RemoveNode(name("0-1"), "Ready=False"),)
+    assert (p3.create, p3.update, p3.drain) == ([], [], [])
+
+    apply(p3, cluster, p3_at)
+    p4 = decide(observed(cluster), now=p3_at + timedelta(seconds=1), prior=p3.status)
+    assert (p4.create, p4.update, p4.drain, p4.remediation) == ([], [], [], ())
+    assert (p4.status.phase, p4.status.ready_count, p4.status.spare_count, p4.status.unhealthy_count) == (
+        "Ready", 20, 2, 0)
+    assert Counter((n.labels[US_KEY], n.labels[pl.LABEL_ROLE]) for n in cluster.values()) == {
+        (US0, "active"): 17, (US0, "spare"): 1, (US1, "active"): 3, (US1, "spare"): 1}
+    assert sorted(cluster) == sorted((set(RUNNING) - {name("0-1")}) | {name("0-1") + "-g1"})
+
+
+@pytest.mark.parametrize(
+    "failures, promoted",
+    [
+        pytest.param(["0-1"], {"0-17": "0-1"}, id="same-ultraserver"),
+        # 1-3 now serves on the second UltraServer beyond its 3 active slots: the fill-first
+        # layout calls its slot a spare, yet it stays active.
+        pytest.param(["0-1", "0-10"], {"0-17": "0-1", "1-3": "0-10"}, id="across-ultraservers"),
+    ],
+)
+def test_a_promoted_spare_keeps_its_active_role(failures, promoted):
+    cluster = failing(*failures)
+    d = decide(observed(cluster), now=P1, prior=READY_STATUS)
+    now = P1
+    for _ in range(4):
+        apply(d, cluster, now)
+        now += timedelta(seconds=1)
+        d = decide(observed(cluster), now=now, prior=d.status)
+        for spare in promoted:
+            assert name(spare) not in {u.name for u in d.update}
+            assert name(spare) not in {x.node for x in d.drain}
+    for spare, failed_slot in promoted.items():
+        n = cluster[name(spare)]
+        assert n.labels[pl.LABEL_ROLE] == "active"
+        assert n.labels[pl.LABEL_REPLACES] == name(failed_slot)
+        assert pl.SPARE_TAINT not in n.taints
+    assert not {name(f) for f in failures} & set(cluster)  # the failed nodes are gone
+
+
+def test_a_spare_promoted_across_ultraservers_stays_active_and_the_group_keeps_its_size():
+    """Two failures on the first UltraServer, which has one spare: the second failure is
+    covered by the second UltraServer's spare (1-3). Both backfills are spares
+    (Backfill.role == "spare"), so after remediation the group has 20 active nodes and 2
+    spares again, as it asked for.
+    """
+    cluster = failing("0-1", "0-10")
+    p1 = decide(observed(cluster), now=P1, prior=READY_STATUS)
+    assert p1.remediation == (
+        hl.MarkUnhealthy(name("0-1"), "Ready=False"),
+        hl.MarkUnhealthy(name("0-10"), "Ready=False"),
+        hl.PromoteSpare(name("0-17"), name("0-1"), US0, True),
+        hl.PromoteSpare(name("1-3"), name("0-10"), US1, False),
+        hl.Backfill(name("0-1"), "0-1", 1, pl.ROLE_SPARE, US0),
+        hl.Backfill(name("0-10"), "0-10", 1, pl.ROLE_SPARE, US0),
+    )
+    now = P1
+    for _ in range(4):
+        apply(p1, cluster, now)
+        now += timedelta(seconds=1)
+        p1 = decide(observed(cluster), now=now, prior=p1.status)
+
+    assert cluster[name("1-3")].labels[pl.LABEL_ROLE] == "active"
+    assert (p1.create, p1.update, p1.drain, p1.remediation) == ([], [], [], ())
+    roles = Counter(n.labels[pl.LABEL_ROLE] for n in cluster.values())
+    assert roles == {"active": 20, "spare": 2}
+    assert (p1.status.ready_count, p1.status.spare_count) == (20, 2)
+
+
+def test_each_backfill_is_created_with_the_role_its_backfill_action_names():
+    """Backfill(role=...) says what node fills the failed slot; the NodeSpec created for it
+    must carry that role (a promoted spare's slot is refilled by a spare)."""
+    cluster = failing("0-1", "0-10")
+    p1 = decide(observed(cluster), now=P1, prior=READY_STATUS)
+    backfills = {name(a.slot) + f"-g{a.generation}": a.role
+                 for a in p1.remediation if isinstance(a, hl.Backfill)}
+    assert backfills == {name("0-1") + "-g1": "spare", name("0-10") + "-g1": "spare"}
+    assert {c.name: c.role for c in p1.create} == backfills
+
+
+@pytest.mark.parametrize(
+    "max_unhealthy, failures, condition, first_action",
+    [
+        pytest.param(2, ["0-1", "0-10"], ("RemediationAllowed", "True", "WithinBounds"),
+                     hl.MarkUnhealthy(name("0-1"), "Ready=False"), id="two-of-max-two"),
+        pytest.param(2, ["0-1", "0-10", "1-0"], ("RemediationAllowed", "False", "TooManyUnhealthy"),
+                     None, id="three-of-max-two"),
+        pytest.param("10%", ["0-1", "0-10", "1-0"], ("RemediationAllowed", "False", "TooManyUnhealthy"),
+                     None, id="three-of-10-percent-of-22"),
+        pytest.param("20%", ["0-1", "0-10", "1-0"], ("RemediationAllowed", "True", "WithinBounds"),
+                     hl.MarkUnhealthy(name("0-1"), "Ready=False"), id="three-of-20-percent-of-22"),
+        pytest.param(0, ["0-1"], ("RemediationAllowed", "False", "TooManyUnhealthy"), None,
+                     id="one-of-max-zero"),
+    ],
+)
+def test_max_unhealthy_bounds_remediation(max_unhealthy, failures, condition, first_action):
+    d = decide(observed(failing(*failures)), now=P1, prior=READY_STATUS, s=spec(max_unhealthy=max_unhealthy))
+    assert d.status.unhealthy_count == len(failures)
+    assert conds(d)[1] == condition
+    assert (d.remediation[0] if d.remediation else None) == first_action
+    warned = ("Warning", "TooManyUnhealthy") in kinds(d.events)
+    assert warned is (first_action is None)
+
+
+def test_too_many_unhealthy_pauses_remediation_and_warns_once():
+    cluster = failing("0-1", "0-10", "1-0")
+    d = decide(observed(cluster), now=P1, prior=READY_STATUS)
+
+    message = "3 of 22 nodes are unhealthy, more than maxUnhealthy 2 allows; remediation paused"
+    assert d.remediation == ()
+    assert (d.create, d.update, d.drain) == ([], [], [])  # failed nodes stay, nothing is replaced
+    assert conds(d) == [("Ready", "False", "Provisioning"), ("RemediationAllowed", "False", "TooManyUnhealthy")]
+    assert d.status.conditions[1].message == message
+    assert d.status.conditions[1].last_transition_time == P1
+    assert d.events == [
+        Event("Normal", "Provisioning", "17/20 active nodes Ready, 2 spare(s) in use1-az3 on block rc-abc-0"),
+        Event("Warning", "TooManyUnhealthy", message),
+    ]
+    assert d.status.unhealthy_count == 3
+
+    again = decide(observed(cluster), now=P1 + timedelta(seconds=1), prior=d.status)
+    assert again.events == []
+    assert again.remediation == ()
+    assert again.status.conditions[1].last_transition_time == P1
+
+
+def test_remediation_resumes_when_the_count_drops():
+    cluster = failing("0-1", "0-10", "1-0")
+    blocked = decide(observed(cluster), now=P1, prior=READY_STATUS)
+    cluster[name("1-0")].ready = "True"
+    cluster[name("1-0")].ready_since = P1
+    d = decide(observed(cluster), now=P1 + timedelta(seconds=1), prior=blocked.status)
+
+    assert conds(d)[1] == ("RemediationAllowed", "True", "WithinBounds")
+    assert d.status.conditions[1].last_transition_time == P1 + timedelta(seconds=1)
+    assert [type(a).__name__ for a in d.remediation] == [
+        "MarkUnhealthy", "MarkUnhealthy", "PromoteSpare", "PromoteSpare", "Backfill", "Backfill"]
+
+
+def test_no_remediation_past_the_termination_time():
+    d = decide(observed(failing("0-1")), now=TERMINATION)
+    assert d.remediation == ()
+    assert d.create == []
+    assert {x.node for x in d.drain} == set(RUNNING)
+
+
+# --------------------------------------------------------------------------- plain (non-UltraServer) block
+
+PLAIN_BLOCK = ReservedCapacity(id="rc-p5-0", availability_zone="use1-az1", instance_type="ml.p5.48xlarge",
+                               instance_count=8, start_time=T0, end_time=END)
+PLAIN_PLAN = PlanView("p", "hyperpod-cluster", "ml.p5.48xlarge", None, 1, (PLAIN_BLOCK,))
+
+
+def test_plain_block_has_no_spares_and_backfills_an_active_node():
+    s = spec(4, instance_type="ml.p5.48xlarge", max_unhealthy=1)
+    first = decide(s=s, plan=PLAIN_PLAN)
+    names = [c.name for c in first.create]
+    assert [c.slot for c in first.create] == ["0", "1", "2", "3"]
+    assert {c.role for c in first.create} == {"active"}
+    assert all(c.taints == () and US_KEY not in c.labels for c in first.create)
+
+    cluster = cluster_of(first.create)
+    cluster[names[2]].ready = "False"
+    cluster[names[2]].ready_since = FAIL_AT
+    d = decide(observed(cluster), s=s, plan=PLAIN_PLAN, now=P1)
+    assert d.remediation == (hl.MarkUnhealthy(names[2], "Ready=False"),
+                             hl.Backfill(names[2], "2", 1, pl.ROLE_ACTIVE, None))
+    assert [(c.name, c.role) for c in d.create] == [(names[2] + "-g1", "active")]
+
+
+def test_plain_block_group_larger_than_the_block():
+    d = decide(s=spec(16, instance_type="ml.p5.48xlarge"), plan=PLAIN_PLAN)
+    assert d.status.phase == "Failed"
+    assert conds(d) == [("Ready", "False", "InsufficientCapacity")]
+    assert ready_cond(d).message == "16 instances requested, 8 of 8 left in the block"
+
+
+# =========================================================================== FakeProvider
+
+
+def node_spec(n: str = "hp-w-x-0", group: str = "w", taints=(pl.SPARE_TAINT,), role: str = "spare") -> pl.NodeSpec:
+    return pl.NodeSpec(n, {pl.LABEL_GROUP: group, pl.LABEL_ROLE: role}, tuple(taints), role, None,
+                       "ml.p5.48xlarge", "use1-az1")
+
+
+def test_fake_provider_satisfies_the_protocol():
+    assert isinstance(FakeProvider(), NodeProvider)
+
+
+def test_fake_provider_records_calls_and_keeps_nodes():
+    p = FakeProvider()
+    p.create(node_spec("n1"))
+    p.create(node_spec("n1"))  # idempotent: the node is not replaced
+    p.create(node_spec("n2", group="other", taints=()))
+    custom = pl.Taint("team", "x", "NoSchedule")
+    p.nodes["n1"].spec.taints.append(client.V1Taint(key="team", value="x", effect="NoSchedule"))
+    p.update("n1", node_spec("n1", taints=(), role="active"), {pl.SPARE_TAINT.key})
+    p.cordon("n1")
+
+    assert p.calls == [("create", "n1"), ("create", "n1"), ("create", "n2"), ("update", "n1"), ("cordon", "n1")]
+    n1 = p.nodes["n1"]
+    assert n1.metadata.labels == {pl.LABEL_GROUP: "w", pl.LABEL_ROLE: "active", LABEL_NODE_ID: "n1"}
+    assert [(t.key, t.value, t.effect) for t in n1.spec.taints] == [(custom.key, custom.value, custom.effect)]
+    assert n1.spec.unschedulable is True
+    assert [n.metadata.name for n in p.list("w")] == ["n1"]
+    assert [n.metadata.name for n in p.list("other")] == ["n2"]
+
+    p.release("n1")
+    p.release("n1")  # already gone: no error
+    assert [n.metadata.name for n in p.list("w")] == []
+    assert p.calls[-2:] == [("release", "n1"), ("release", "n1")]
+
+
+@pytest.mark.parametrize("op", ["create", "update", "cordon", "release"])
+def test_fake_provider_fail_on_raises_and_still_records(op):
+    p = FakeProvider()
+    p.create(node_spec("n1"))
+    p.fail_on = {op}
+    call = {
+        "create": lambda: p.create(node_spec("n2")),
+        "update": lambda: p.update("n1", node_spec("n1", role="active"), set()),
+        "cordon": lambda: p.cordon("n1"),
+        "release": lambda: p.release("n1"),
+    }[op]
+    target = "n2" if op == "create" else "n1"
+
+    with pytest.raises(RuntimeError, match=re.escape(f"injected failure in {op}({target})")):
+        call()
+    assert p.calls[-1] == (op, target)
+    # The failed operation changed nothing.
+    assert sorted(p.nodes) == ["n1"]
+    assert p.nodes["n1"].metadata.labels[pl.LABEL_ROLE] == "spare"
+    assert p.nodes["n1"].spec.unschedulable is None
