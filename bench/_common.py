@@ -226,10 +226,14 @@ def proc_rss_mib(pid: int) -> float:
     return float("nan")
 
 
+LOADAVG_AT_START = Path("/proc/loadavg").read_text().split()[:3]
+
+
 def machine() -> str:
+    """CPU count and model, and the 1/5/15-minute load average when the benchmark started."""
     model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                   if line.startswith("model name")), "unknown CPU")
-    return f"{os.cpu_count()} cores ({model})"
+    return f"{os.cpu_count()} cores ({model}), load at start {'/'.join(LOADAVG_AT_START)}"
 
 
 # --------------------------------------------------------------------------- Prometheus text
@@ -451,6 +455,12 @@ def fmt(seconds: float, digits: int = 3) -> str:
 
 
 def run(main: Callable[[Harness], int], name: str, budget: float) -> None:
+    """Run ``main`` in a Harness; exit 0 (targets met), 1 (a target missed) or 2 (error, timeout).
+
+    The overall time budget can be overridden with BENCH_BUDGET (seconds).
+    """
+    budget = float(os.environ.get("BENCH_BUDGET") or budget)
+    step(f"{name}: overall time budget {budget:.0f} s")
     with Harness(name, budget) as h:
         rc = main(h)
     raise SystemExit(rc)

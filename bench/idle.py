@@ -15,9 +15,11 @@
 
 Targets (DESIGN.md section 6): no API writes, near-zero CPU (read here as under 1 % of one core),
 memory flat (read here as RSS growing by less than 1 MiB over the window). The design's figure
-is 1,000 plans and 5,000 nodes; this run has ``--plans`` plans and no nodes.
+is 1,000 plans and 5,000 nodes; this run has ``--plans`` plans and, by default, no nodes;
+``--nodes N`` adds plans whose 3-hour block runs now and groups that hold N KWOK nodes
+through the idle window (KWOK refreshes each node's heartbeat every 20 to 45 s).
 
-    .venv/bin/python bench/idle.py [--plans 200] [--idle 60] [--baseline 30]
+    .venv/bin/python bench/idle.py [--plans 200] [--idle 60] [--baseline 30] [--nodes 0]
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
     API, BenchError, Harness, machine, metric_sum, pool, print_figures, proc_cpu_seconds, proc_rss_mib, run,
-    scrape, step, ts, utcnow, verdict,
+    scrape, step, ts, utcnow, verdict, wait_for,
 )
 
 ITYPE = "ml.p5.48xlarge"
@@ -61,6 +63,35 @@ def show(c: Counter) -> str:
     return ", ".join(f"{res} {verb} {n:.0f}" for (res, verb), n in sorted(c.items())) or "none"
 
 
+def hold_nodes(h: Harness, n: int) -> None:
+    """Plans with a block running now (3 hours) and groups holding ``n`` KWOK nodes in all."""
+    sizes = [64] * (n // 64) + ([n % 64] if n % 64 else [])
+    if any(size not in (1, 2, 4, 8, 16, 32, 64) for size in sizes):
+        raise BenchError("--nodes must be at most 64 and a power of two, or a multiple of 64")
+    h.create("capacitypools", pool("bench-idle-nodes", ITYPE, n, "us-east-1b"))
+    start_after = ts(utcnow() + timedelta(seconds=12))
+    for j, size in enumerate(sizes):
+        h.create("trainingplans", {
+            "apiVersion": API, "kind": "TrainingPlan", "metadata": {"name": f"nodes-{j:03d}"},
+            "spec": {"instanceType": ITYPE, "instanceCount": size, "targetResource": "hyperpod-cluster",
+                     "duration": "180m", "autoPurchase": True, "startTimeAfter": start_after}})
+        h.create("instancegroups", {
+            "apiVersion": API, "kind": "InstanceGroup", "metadata": {"name": f"nodes-{j:03d}"},
+            "spec": {"trainingPlanRef": f"nodes-{j:03d}", "instanceType": ITYPE, "instanceCount": size}})
+    step(f"{len(sizes)} plan(s) with a 3-hour block starting in ~15 s and groups of {n} nodes in all")
+
+    def held() -> bool:
+        h.tick()
+        items = h.api.get("/api/v1/nodes?labelSelector=hyperplan.dev%2Finstance-group")["items"]
+        ready = sum(1 for i in items if any(c["type"] == "Ready" and c["status"] == "True"
+                                            for c in (i.get("status") or {}).get("conditions") or []))
+        groups = [h.status("instancegroups", f"nodes-{j:03d}") for j in range(len(sizes))]
+        return ready == n and all(g.get("phase") == "Ready" for g in groups)
+
+    wait_for(held, timeout=90, what=f"{n} group nodes Ready", interval=1)
+    step(f"{n} group nodes Ready")
+
+
 def main(h: Harness, args: argparse.Namespace) -> int:
     baseline = Counter()
     if args.baseline > 0:
@@ -71,6 +102,8 @@ def main(h: Harness, args: argparse.Namespace) -> int:
         step(f"baseline writes: {show(baseline)}")
 
     op = h.start_operator("demo")
+    if args.nodes:
+        hold_nodes(h, args.nodes)
     h.create("capacitypools", pool("bench-idle", ITYPE, args.plans, "us-east-1a"))
     start_after = ts(utcnow() + timedelta(minutes=52))
     step(f"creating {args.plans} plans (1 x {ITYPE}, 1-minute block after {start_after}, autoPurchase)")
@@ -86,14 +119,16 @@ def main(h: Harness, args: argparse.Namespace) -> int:
 
     # Settle: every plan Scheduled, and no status write for 10 s.
     deadline = time.monotonic() + args.settle_timeout
-    quiet_since, last_writes = time.monotonic(), -1.0
+    quiet_since, last_writes, last_change = time.monotonic(), -1.0, time.time()
+    reconciles0 = metric_sum(op.metrics(), "hyperplan_reconciles_total")
     while True:
         h.tick()
         plans = h.api.get("/apis/hyperplan.dev/v1alpha1/trainingplans")["items"]
-        phases = Counter((p.get("status") or {}).get("phase") or "none" for p in plans)
+        phases = Counter((p.get("status") or {}).get("phase") or "none" for p in plans
+                         if p["metadata"]["name"].startswith("idle-"))
         writes = metric_sum(op.metrics(), "hyperplan_status_writes_total")
         if writes != last_writes:
-            quiet_since, last_writes = time.monotonic(), writes
+            quiet_since, last_writes, last_change = time.monotonic(), writes, time.time()
         settled = phases.get("Scheduled", 0) == args.plans and time.monotonic() - quiet_since >= 10
         step(f"settling: {dict(phases)}; operator status writes so far {writes:.0f}; "
              f"operator CPU {proc_cpu_seconds(op.pid) - cpu_create:.1f} s")
@@ -104,10 +139,12 @@ def main(h: Harness, args: argparse.Namespace) -> int:
         if time.monotonic() > deadline:
             raise BenchError(f"the plans did not settle within {args.settle_timeout} s: {dict(phases)}")
         time.sleep(2)
-    settle = time.time() - t_create - 10
+    settle = last_change - t_create
     settle_cpu = proc_cpu_seconds(op.pid) - cpu_create
-    step(f"settled: all {args.plans} plans Scheduled; the last status write was ~{settle:.0f} s after the "
-         f"first create; operator CPU since the first create {settle_cpu:.1f} s")
+    settle_reconciles = metric_sum(op.metrics(), "hyperplan_reconciles_total") - reconciles0
+    step(f"settled: all {args.plans} plans Scheduled; the last status write was seen ~{settle:.0f} s after the "
+         f"first create (polled every 2 s); operator CPU since the first create {settle_cpu:.1f} s, "
+         f"{settle_reconciles:.0f} reconciles")
 
     # The idle window.
     step(f"idle window: {args.idle} s")
@@ -140,8 +177,9 @@ def main(h: Harness, args: argparse.Namespace) -> int:
     rows = [
         ("machine", machine(), "", ""),
         ("plans (all Scheduled)", str(args.plans), "", ""),
+        ("group nodes held through an active block", str(args.nodes), "", ""),
         ("settle: first create to last status write", f"{settle:.0f} s", "", ""),
-        ("settle: operator CPU", f"{settle_cpu:.1f} s", "", ""),
+        ("settle: operator CPU / reconciles", f"{settle_cpu:.1f} s / {settle_reconciles:.0f}", "", ""),
         ("idle window", f"{wall:.0f} s", "", ""),
         ("operator status writes (hyperplan_status_writes_total)", f"{op_writes:.0f}", "0", verdict(op_writes == 0)),
         ("operator reconciles (hyperplan_reconciles_total)", f"{op_reconciles:.0f}", "", ""),
@@ -166,5 +204,8 @@ if __name__ == "__main__":
     ap.add_argument("--idle", type=int, default=60, help="seconds of the measured idle window")
     ap.add_argument("--baseline", type=int, default=30, help="seconds of the no-operator baseline (0: skip)")
     ap.add_argument("--settle-timeout", type=int, default=180)
+    ap.add_argument("--nodes", type=int, default=0,
+                    help="also hold this many KWOK nodes in groups with a block running (default 0)")
     args = ap.parse_args()
-    run(lambda h: main(h, args), "idle", budget=60 + args.baseline + args.settle_timeout + args.idle + 30)
+    run(lambda h: main(h, args), "idle", budget=60 + args.baseline + args.settle_timeout + args.idle + 30
+                                           + (90 if args.nodes else 0))

@@ -90,6 +90,7 @@ class Demo:
     def narrate(self) -> None:
         """Status tables, the injected failure, and the end of the demo."""
         failed = False
+        ready_since: float | None = None
         last_table = 0.0
         while not self.stop.is_set():
             try:
@@ -102,8 +103,10 @@ class Demo:
                         roles[role] = roles.get(role, 0) + 1
                     say("status\n" + table.rstrip() + f"\nnodes by role: {roles or 'none'}")
                 group = self.get("instancegroup", "demo-workers").get("status") or {}
-                if not failed and group.get("phase") == "Ready":
-                    failed = True
+                if group.get("phase") == "Ready" and ready_since is None:
+                    ready_since = time.monotonic()
+                if not failed and ready_since is not None and time.monotonic() - ready_since > 10:
+                    failed = True  # let the Ready group be seen for a moment first
                     self.inject_failure()
                 plans = self.get("trainingplans")["items"]
                 if plans and all((p.get("status") or {}).get("phase") in ("Expired", "Failed") for p in plans):

@@ -41,6 +41,8 @@ def run_operator() -> int:
     )
     for noisy in ("kubernetes.client.rest", "urllib3", "aiohttp.access"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    if not hp.verbose:  # one line per handler call drowns what the operator does; keep our own lines
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
 
     from hyperplan import handlers  # noqa: F401  (registers the handlers with kopf)
     from hyperplan.handlers.context import build_runtime

@@ -150,6 +150,7 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
         await asyncio.to_thread(rt.kube.patch_status, PLURAL, name, desired)
         metrics.STATUS_WRITES.labels("InstanceGroup").inc()
     for ev in decision.events:
+        log.info("group %s: %s: %s", name, ev.reason, ev.message)
         kopf.event(obj, type=ev.type, reason=ev.reason, message=ev.message)
     for state, value in (("desired", decision.status.desired_count), ("ready", decision.status.ready_count),
                          ("spare", decision.status.spare_count), ("unhealthy", decision.status.unhealthy_count)):

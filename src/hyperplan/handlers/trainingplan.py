@@ -133,6 +133,7 @@ async def _write(rt: Runtime, obj: dict[str, Any], decision: PlanDecision) -> No
         if boundary and decision.status.phase != _prior_status(obj).phase:
             metrics.TRANSITION_LAG.observe(max(0.0, (rt.clock() - boundary).total_seconds()))
     for ev in decision.events:
+        log.info("plan %s: %s: %s", obj["metadata"]["name"], ev.reason, ev.message)
         kopf.event(obj, type=ev.type, reason=ev.reason, message=ev.message)
 
 
