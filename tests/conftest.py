@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from hyperplan.devcluster.plane import Plane
-from tests.kube import Kubectl, eventually
+from tests.kube import Kubectl
 
 ROOT = Path(__file__).resolve().parent.parent
 

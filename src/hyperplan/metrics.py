@@ -20,6 +20,9 @@ PLAN_INSTANCES = Gauge(
     ["plan", "count"])
 GROUP_NODES = Gauge(
     "hyperplan_instance_group_nodes", "Nodes of an instance group, by state.", ["group", "state"])
+REMEDIATION_BLOCKED = Gauge(
+    "hyperplan_instance_group_remediation_blocked",
+    "1 while maxUnhealthy stops remediation of a group (RemediationAllowed=False), else 0.", ["group"])
 REMEDIATIONS = Counter(
     "hyperplan_remediations_total", "Health remediation actions taken, by action.", ["action"])
 

@@ -9,7 +9,6 @@ from datetime import datetime, timedelta, timezone
 
 from hyperplan.actuation.kube import Kube, api_client
 from hyperplan.actuation.ledger import KubeLedger, pool_snapshot
-from hyperplan.api.models import CapacityPool
 from hyperplan.planning.offerings import OfferingRequest, search_offerings
 from hyperplan.planning.policy import DEMO
 from tests.kube import Kubectl

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Callable
+from datetime import datetime, timedelta, timezone
+from typing import Any, Awaitable, Callable, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from hyperplan import metrics
 
 from hyperplan.actuation.kube import Kube, api_client
 from hyperplan.actuation.ledger import CapacityLedger, KubeLedger
@@ -85,3 +90,34 @@ def build_runtime(settings: Settings) -> Runtime:
     return Runtime(settings=settings, policy=get_policy(settings.policy), kube=kube,
                    ledger=KubeLedger(kube), providers=providers(kube),
                    keys=TopologyKeys(settings.ultraserver_id_label, *layers))
+
+
+RETRY = timedelta(seconds=5)
+M = TypeVar("M", bound=BaseModel)
+
+
+def status_of(model: type[M], obj: dict[str, Any]) -> M:
+    """The object's status as ``model``; an empty one when it is missing or unreadable."""
+    try:
+        return model.model_validate(obj.get("status") or {})
+    except ValidationError:
+        return model()
+
+
+async def reconcile_forever(rt: Runtime, kind: str, key: str, label: str,
+                            reconcile: Callable[[], Awaitable[datetime | None]], stopped: Any,
+                            log: logging.Logger) -> None:
+    """A daemon's life: reconcile, then sleep until the pass's wake time or a wake-up; repeat.
+
+    A failing pass is logged and retried after :data:`RETRY`; it never ends the daemon.
+    """
+    while not stopped:
+        try:
+            wake_at = await reconcile()
+            metrics.RECONCILES.labels(label, "ok").inc()
+        except Exception:  # noqa: BLE001 - a bad pass must not end the daemon
+            metrics.RECONCILES.labels(label, "error").inc()
+            log.exception("reconcile of %s %s failed; retrying in %ss", label, key, RETRY.seconds)
+            wake_at = rt.clock() + RETRY
+        await rt.wakeups.sleep(kind, key, wake_at, rt.clock, stopped)
+    rt.wakeups.forget(kind, key)

@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from hyperplan import metrics
 from hyperplan.actuation.nodes import LABEL_NODE_ID, NoFreeNode, evict_pods, merged_taints, taints_of
 from hyperplan.api.models import GROUP, VERSION, InstanceGroup, InstanceGroupStatus, TrainingPlan
-from hyperplan.handlers.context import Runtime
+from hyperplan.handlers.context import Runtime, reconcile_forever, status_of
 from hyperplan.planning import health as hl
 from hyperplan.planning import placement as pl
 from hyperplan.planning.groups import (
@@ -31,8 +31,8 @@ from hyperplan.planning.groups import (
 from hyperplan.planning.plans import Event
 
 PLURAL = "instancegroups"
+FINALIZER = "hyperplan.dev/finalizer"  # set by kopf (settings.persistence.finalizer)
 KIND = "group"
-RETRY = timedelta(seconds=5)
 log = logging.getLogger("hyperplan.instancegroup")
 
 
@@ -143,10 +143,15 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     nodes += vanished_nodes(rt, pl.label_value(name), nodes)
     decision = decide_group(name, generation, group.spec, group.status, plan,
                             peers_of(groups, group.spec.training_plan_ref), nodes, rt.policy, now, rt.keys)
+    if decision.create and FINALIZER not in obj["metadata"].get("finalizers", []):
+        # kopf adds the finalizer on its first pass over a new group; no node exists before it,
+        # so deleting the group can never orphan one.
+        decision.create = []
+        decision.wake_at = now + timedelta(seconds=1)
     await asyncio.to_thread(apply_decision, rt, obj, group.spec.node_provider, decision,
                             {n.name: r for n, r in zip(nodes, raw)})
     desired = decision.status.wire()
-    if desired != _prior(obj).wire():
+    if desired != status_of(InstanceGroupStatus, obj).wire():
         await asyncio.to_thread(rt.kube.patch_status, PLURAL, name, desired)
         metrics.STATUS_WRITES.labels("InstanceGroup").inc()
     for ev in decision.events:
@@ -155,16 +160,11 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     for state, value in (("desired", decision.status.desired_count), ("ready", decision.status.ready_count),
                          ("spare", decision.status.spare_count), ("unhealthy", decision.status.unhealthy_count)):
         metrics.GROUP_NODES.labels(name, state).set(value)
+    blocked = any(c.type == "RemediationAllowed" and c.status == "False" for c in decision.status.conditions)
+    metrics.REMEDIATION_BLOCKED.labels(name).set(1 if blocked else 0)
     if plan is not None and (decision.create or decision.drain or decision.remediation or decision.update):
         rt.wakeups.wake("plan", plan.name)
     return decision.wake_at
-
-
-def _prior(obj: dict[str, Any]) -> InstanceGroupStatus:
-    try:
-        return InstanceGroupStatus.model_validate(obj.get("status") or {})
-    except ValidationError:
-        return InstanceGroupStatus()
 
 
 def apply_decision(rt: Runtime, group_obj: dict[str, Any], provider_name: str, d: GroupDecision,
@@ -230,17 +230,8 @@ def apply_decision(rt: Runtime, group_obj: dict[str, Any], provider_name: str, d
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10, initial_delay=0)
 async def group_daemon(name: str, stopped: kopf.DaemonStopped, memo: kopf.Memo, **_: Any) -> None:
     rt: Runtime = memo.runtime
-    key = pl.label_value(name)
-    while not stopped:
-        try:
-            wake_at = await reconcile_group(rt, name)
-            metrics.RECONCILES.labels("InstanceGroup", "ok").inc()
-        except Exception:  # noqa: BLE001 - a bad pass must not end the daemon
-            metrics.RECONCILES.labels("InstanceGroup", "error").inc()
-            log.exception("reconcile of instance group %s failed; retrying in %s", name, RETRY)
-            wake_at = rt.clock() + RETRY
-        await rt.wakeups.sleep(KIND, key, wake_at, rt.clock, stopped)
-    rt.wakeups.forget(KIND, key)
+    await reconcile_forever(rt, KIND, pl.label_value(name), "InstanceGroup",
+                            lambda: reconcile_group(rt, name), stopped, log)
 
 
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")

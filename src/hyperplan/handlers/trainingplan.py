@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import kopf
@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from hyperplan import metrics
 from hyperplan.actuation.ledger import entries_of, pool_snapshot
 from hyperplan.api.models import GROUP, VERSION, TrainingPlan, TrainingPlanStatus, UltraServerStatus
-from hyperplan.handlers.context import Runtime
+from hyperplan.handlers.context import Runtime, reconcile_forever, status_of
 from hyperplan.planning import placement as pl
 from hyperplan.planning.offerings import RuleViolation
 from hyperplan.planning.plans import Event, PlanDecision, PlanUsage, Purchased, decide_plan, failed
@@ -27,7 +27,6 @@ from hyperplan.planning.schedule import plan_block_schedule
 
 PLURAL = "trainingplans"
 KIND = "plan"
-_RETRY = timedelta(seconds=5)
 log = logging.getLogger("hyperplan.trainingplan")
 
 
@@ -79,7 +78,7 @@ async def reconcile_plan(rt: Runtime, name: str) -> datetime | None:
     try:
         plan = TrainingPlan.model_validate(obj)
     except ValidationError as e:
-        prior = _prior_status(obj)
+        prior = status_of(TrainingPlanStatus, obj)
         decision = failed(prior, generation, RuleViolation("InvalidSpec", _short(e)), now)
         await _write(rt, obj, decision)
         return None
@@ -112,13 +111,6 @@ async def reconcile_plan(rt: Runtime, name: str) -> datetime | None:
     return decision.wake_at
 
 
-def _prior_status(obj: dict[str, Any]) -> TrainingPlanStatus:
-    try:
-        return TrainingPlanStatus.model_validate(obj.get("status") or {})
-    except ValidationError:
-        return TrainingPlanStatus()
-
-
 def _short(e: ValidationError) -> str:
     return "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors())[:900]
 
@@ -126,11 +118,11 @@ def _short(e: ValidationError) -> str:
 async def _write(rt: Runtime, obj: dict[str, Any], decision: PlanDecision) -> None:
     """The one status patch of a pass, skipped when nothing changed; then the events."""
     desired = decision.status.wire()
-    if desired != _prior_status(obj).wire():
+    if desired != status_of(TrainingPlanStatus, obj).wire():
         await asyncio.to_thread(rt.kube.patch_status, PLURAL, obj["metadata"]["name"], desired)
         metrics.STATUS_WRITES.labels("TrainingPlan").inc()
-        boundary = _prior_status(obj).next_transition_time
-        if boundary and decision.status.phase != _prior_status(obj).phase:
+        boundary = status_of(TrainingPlanStatus, obj).next_transition_time
+        if boundary and decision.status.phase != status_of(TrainingPlanStatus, obj).phase:
             metrics.TRANSITION_LAG.observe(max(0.0, (rt.clock() - boundary).total_seconds()))
     for ev in decision.events:
         log.info("plan %s: %s: %s", obj["metadata"]["name"], ev.reason, ev.message)
@@ -140,16 +132,7 @@ async def _write(rt: Runtime, obj: dict[str, Any], decision: PlanDecision) -> No
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10, initial_delay=0)
 async def plan_daemon(name: str, stopped: kopf.DaemonStopped, memo: kopf.Memo, **_: Any) -> None:
     rt: Runtime = memo.runtime
-    while not stopped:
-        try:
-            wake_at = await reconcile_plan(rt, name)
-            metrics.RECONCILES.labels("TrainingPlan", "ok").inc()
-        except Exception:  # noqa: BLE001 - a bad pass must not end the daemon
-            metrics.RECONCILES.labels("TrainingPlan", "error").inc()
-            log.exception("reconcile of training plan %s failed; retrying in 5s", name)
-            wake_at = rt.clock().replace(microsecond=0) + _RETRY
-        await rt.wakeups.sleep(KIND, name, wake_at, rt.clock, stopped)
-    rt.wakeups.forget(KIND, name)
+    await reconcile_forever(rt, KIND, name, "TrainingPlan", lambda: reconcile_plan(rt, name), stopped, log)
 
 
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
