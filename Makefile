@@ -50,8 +50,12 @@ test-integration: venv
 test-e2e: venv
 	$(BIN)/python -m pytest -ra tests/e2e
 
+# Targets of DESIGN.md section 6, measured on their own control plane (.state/bench); figures in docs/benchmarks.md.
 bench: venv
 	$(BIN)/python bench/transitions.py
+	$(BIN)/python bench/nodes_ready.py
+	$(BIN)/python bench/spare_promotion.py
+	$(BIN)/python bench/idle.py
 
 clean:
 	rm -rf $(VENV) .state .pytest_cache

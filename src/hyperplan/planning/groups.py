@@ -201,15 +201,15 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
     # Make before break: a failed node goes only once its replacement is up and Ready, so the
     # slot is never empty and the failure stays visible (counts, UltraServer health) until then.
     by_slot = {(n.health.slot, n.health.generation): n for n in on_block}
-    failed_by_name = {n.name: n for n in on_block}
+    by_name = {n.name: n for n in on_block}
     actions = tuple(a for a in remedy.actions if not isinstance(a, hl.RemoveNode)
-                    or _replacement_ready(failed_by_name.get(a.node), by_slot))
+                    or _replacement_ready(by_name.get(a.node), by_slot))
 
     owners = pl.spare_owners(placements)
     slots = pl.slot_states_from_labels(n.labels for n in on_block if not n.deleting)
     slots.update(remedy.slot_states())
     for action in actions:  # a spare promoted in this pass is active from now on
-        promoted = failed_by_name.get(action.spare) if isinstance(action, hl.PromoteSpare) else None
+        promoted = by_name.get(action.spare) if isinstance(action, hl.PromoteSpare) else None
         if promoted is not None and promoted.health.slot in slots:
             slots[promoted.health.slot] = dataclasses.replace(slots[promoted.health.slot], role=pl.ROLE_ACTIVE)
     desired = pl.desired_nodes(
