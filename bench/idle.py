@@ -126,12 +126,14 @@ def main(h: Harness, args: argparse.Namespace) -> int:
         plans = h.api.get("/apis/hyperplan.dev/v1alpha1/trainingplans")["items"]
         phases = Counter((p.get("status") or {}).get("phase") or "none" for p in plans
                          if p["metadata"]["name"].startswith("idle-"))
-        writes = metric_sum(op.metrics(), "hyperplan_status_writes_total")
+        m = op.metrics()
+        writes = metric_sum(m, "hyperplan_status_writes_total")
+        reconciles = metric_sum(m, "hyperplan_reconciles_total") - reconciles0
         if writes != last_writes:
             quiet_since, last_writes, last_change = time.monotonic(), writes, time.time()
         settled = phases.get("Scheduled", 0) == args.plans and time.monotonic() - quiet_since >= 10
-        step(f"settling: {dict(phases)}; operator status writes so far {writes:.0f}; "
-             f"operator CPU {proc_cpu_seconds(op.pid) - cpu_create:.1f} s")
+        step(f"settling: {dict(phases)}; operator status writes so far {writes:.0f}, reconciles {reconciles:.0f}, "
+             f"CPU {proc_cpu_seconds(op.pid) - cpu_create:.1f} s")
         if settled:
             break
         if phases.get("Failed"):

@@ -138,6 +138,8 @@ def main(h: Harness, args: argparse.Namespace) -> int:
             raise BenchError(f"no active node left on UltraServer {prefix[0]} to fail")
         victim = candidates[0][1]
         failed.append(victim)
+        with nodes.lock:
+            victim_us = labels(nodes.objs[victim]).get("topology.k8s.aws/ultraserver-id")
         # Fail just after a whole second, and record that second: the API keeps no fractions.
         signal_at = float(int(time.time()) + 1)
         time.sleep(max(0.0, signal_at - time.time()) + 0.01)
@@ -160,13 +162,11 @@ def main(h: Harness, args: argparse.Namespace) -> int:
         with nodes.lock:
             served = nodes.untainted_at[spare]
             marked = nodes.marked_at.get(victim)
-            same_us = (labels(nodes.objs[spare]).get("topology.k8s.aws/ultraserver-id")
-                       == labels(nodes.objs.get(victim, nodes.objs[spare])).get("topology.k8s.aws/ultraserver-id"))
+            same_us = labels(nodes.objs[spare]).get("topology.k8s.aws/ultraserver-id") == victim_us
         lag = served - due
         step(f"failure {k + 1}: spare {spare} untainted {lag:+.3f} s after the grace ended"
              + (f"; {victim} marked {marked - due:+.3f} s" if marked else "")
              + ("" if same_us else "; NOTE: the spare is on another UltraServer"))
-        t_rec = time.time()
         wait_for(lambda: victim in nodes.deleted_at and whole(h, nodes, 22, 20), timeout=60,
                  what=f"the group whole again after replacing {victim}", interval=0.2)
         recovery = time.time() - due

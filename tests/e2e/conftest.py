@@ -22,10 +22,36 @@ from tests.kube import Kubectl, eventually
 
 @dataclass
 class Operator:
-    proc: subprocess.Popen
+    """The operator process: started, killed and restarted with the same settings."""
+
     log: Path
     metrics_port: int
     liveness_port: int
+    env: dict
+    proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "hyperplan.cli", "run"], env=self.env,
+                                         stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def kill_and_restart(self) -> None:
+        """kill -9 (no chance to clean up), then a new process with the same settings."""
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        self.start()
+        self.wait_alive()
+
+    def wait_alive(self) -> None:
+        def alive() -> bool:
+            assert self.proc.poll() is None, f"operator exited early:\n{self.log.read_text()[-3000:]}"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.liveness_port}/healthz", timeout=2) as r:
+                    return r.status == 200
+            except OSError:
+                return False
+
+        eventually(alive, timeout=60, what="operator liveness endpoint")
 
     def metrics(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
@@ -39,21 +65,11 @@ def operator(plane: Plane, crds: Kubectl, tmp_path_factory: pytest.TempPathFacto
     metrics_port, liveness_port = free_port(), free_port()
     env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig), "HYPERPLAN_POLICY": "demo",
            "HYPERPLAN_METRICS_PORT": str(metrics_port), "HYPERPLAN_LIVENESS_PORT": str(liveness_port)}
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "hyperplan.cli", "run"], env=env,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    op = Operator(proc, log, metrics_port, liveness_port)
-
-    def alive() -> bool:
-        assert proc.poll() is None, f"operator exited early:\n{log.read_text()[-3000:]}"
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{liveness_port}/healthz", timeout=2) as r:
-                return r.status == 200
-        except OSError:
-            return False
-
-    eventually(alive, timeout=60, what="operator liveness endpoint")
+    op = Operator(log, metrics_port, liveness_port, env)
+    op.start()
+    op.wait_alive()
     yield op
+    proc = op.proc
     proc.send_signal(signal.SIGTERM)
     try:
         rc = proc.wait(timeout=30)

@@ -6,8 +6,9 @@ UltraServer), a 3-minute block:
 2. 21 pods that each take a node's 4 GPUs: 20 run on the 20 active nodes, none on a spare;
 3. an active node on the second UltraServer goes NotReady: its spare takes over, the failed node is
    marked, tainted and removed, a new spare appears, and the plan's UltraServer health moves;
-4. three nodes fail at once (maxUnhealthy 2): nothing is replaced and the condition says why;
-5. from the termination time every node drains, and all are gone before the block ends.
+4. a node deleted from under the group is replaced by a spare, not recreated under its name;
+5. three nodes fail at once (maxUnhealthy 2): nothing is replaced and the condition says why;
+6. from the termination time every node drains, and all are gone before the block ends.
 """
 
 from __future__ import annotations
@@ -142,8 +143,22 @@ def ultraserver_group(ctx: Context) -> dict:
     out["plan_recovered"] = eventually(plan_ok, timeout=30, what="UltraServers ok again")
     out["us_health"] = [h for _, h in us_health.stop()]
 
-    # 4. Too many at once: three active nodes on the first UltraServer.
-    first = sorted(n["metadata"]["name"] for n in out["recovered"]["nodes"]
+    # 4. A node deleted from under the group counts as failed after the grace: a spare takes over.
+    gone = sorted(n["metadata"]["name"] for n in out["recovered"]["nodes"]
+                  if n["metadata"]["labels"]["hyperplan.dev/slot"].startswith("0-")
+                  and n["metadata"]["labels"]["hyperplan.dev/role"] == "active")[0]
+    k.delete("node", gone)
+
+    def took_over() -> dict | None:
+        return next((n for n in _nodes(k, group) if n["metadata"]["labels"].get("hyperplan.dev/replaces") == gone
+                     and n["metadata"]["labels"]["hyperplan.dev/role"] == "active"), None)
+
+    out["deleted"] = {"node": gone, "taken_over_by": eventually(took_over, timeout=30, what="deleted node replaced")}
+    out["deleted"]["whole"] = eventually(whole_again, timeout=45, what="group whole after deletion")
+
+    # 5. Too many at once: three active nodes on the first UltraServer. They stay failed: nothing
+    # is replaced until the block drains them.
+    first = sorted(n["metadata"]["name"] for n in out["deleted"]["whole"]["nodes"]
                    if n["metadata"]["labels"]["hyperplan.dev/slot"].startswith("0-")
                    and n["metadata"]["labels"]["hyperplan.dev/role"] == "active")[:3]
     # A GPU health agent reports AcceleratedHardwareReady=False on all three, with one failure time.
@@ -156,24 +171,8 @@ def ultraserver_group(ctx: Context) -> dict:
     out["blocked"] = blocked
     out["blocked_nodes"] = {n: k.get_or_none("node", n) for n in first}
     out["blocked_status"] = _group_status(k, group)
-    for name in first:  # they recover; the group goes on
-        _set_condition(ctx.kube, name, "AcceleratedHardwareReady", "True", utcnow())
 
-    # 4b. A node deleted from under the group counts as failed after the grace: a spare takes over.
-    eventually(lambda: not any(c["type"] == "RemediationAllowed" and c["status"] == "False"
-                               for c in _group_status(k, group).get("conditions", [])),
-               timeout=30, what="remediation allowed again")
-    gone = first[0]
-    k.delete("node", gone)
-
-    def took_over() -> dict | None:
-        return next((n for n in _nodes(k, group) if n["metadata"]["labels"].get("hyperplan.dev/replaces") == gone
-                     and n["metadata"]["labels"]["hyperplan.dev/role"] == "active"), None)
-
-    out["deleted"] = {"node": gone, "taken_over_by": eventually(took_over, timeout=30, what="deleted node replaced")}
-    out["deleted"]["whole"] = eventually(whole_again, timeout=45, what="group whole after deletion")
-
-    # 5. Drain before the end.
+    # 6. Drain before the end.
     eventually(lambda: utcnow() > end + timedelta(seconds=3), timeout=300, interval=1, what="block end")
     out["counts"] = counts.stop()
     out["termination"], out["end"], out["start"] = termination, end, start

@@ -82,6 +82,9 @@ class Runtime:
     vanished: dict[str, dict[str, tuple[dict[str, str], datetime]]] = field(default_factory=dict)
     # Node ids the operator itself is removing, so their deletion is not read as a failure.
     releasing: set[str] = field(default_factory=set)
+    # The nodes each group held at its last pass (node id -> labels): one missing now, and
+    # not released by us, was deleted from under the group even if its watch event is late.
+    known: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)
 
 
 def build_runtime(settings: Settings) -> Runtime:

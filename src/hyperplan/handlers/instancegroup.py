@@ -73,7 +73,14 @@ def vanished_nodes(rt: Runtime, group_key: str, present: list[ObservedGroupNode]
     An entry is forgotten once its slot holds a newer generation (it was replaced) or the
     node came back under the same name.
     """
-    gone = rt.vanished.get(group_key, {})
+    gone = rt.vanished.setdefault(group_key, {})
+    known = rt.known.setdefault(group_key, {})
+    present_ids = {n.name for n in present}
+    for node_id, labels in known.items():
+        if node_id not in present_ids and node_id not in gone and node_id not in rt.releasing:
+            gone[node_id] = (labels, rt.clock())
+    known.clear()
+    known.update({n.name: dict(n.labels) for n in present})
     newest = {}
     for n in present:
         newest[n.health.slot] = max(newest.get(n.health.slot, -1), n.health.generation)
@@ -97,9 +104,10 @@ def vanished_nodes(rt: Runtime, group_key: str, present: list[ObservedGroupNode]
     return out
 
 
-def release(rt: Runtime, provider, node_id: str) -> None:
+def release(rt: Runtime, provider, node_id: str, group_key: str) -> None:
     """Remove a node through its provider, noting that its deletion is ours, not a failure."""
     rt.releasing.add(node_id)
+    rt.known.get(group_key, {}).pop(node_id, None)
     provider.release(node_id)
 
 
@@ -171,6 +179,7 @@ def apply_decision(rt: Runtime, group_obj: dict[str, Any], provider_name: str, d
                    raw: dict[str, client.V1Node]) -> None:
     """Carry out a decision: health actions, then creates and updates, then drains. Sync (thread)."""
     provider = rt.providers[provider_name]
+    group_key = pl.label_value(group_obj["metadata"]["name"])
     events: list[tuple[dict | None, Event]] = []
     for action in d.remediation:
         node = raw.get(getattr(action, "node", None) or getattr(action, "spare", ""))
@@ -192,7 +201,7 @@ def apply_decision(rt: Runtime, group_obj: dict[str, Any], provider_name: str, d
                                                   f"spare {action.spare} ({where}) replaces {action.replacing}")))
             metrics.REMEDIATIONS.labels("promote").inc()
         elif isinstance(action, hl.RemoveNode):
-            release(rt, provider, action.node)
+            release(rt, provider, action.node, group_key)
             events.append((None, Event("Normal", "NodeRemoved", f"{action.node} removed: {action.reason}")))
             metrics.REMEDIATIONS.labels("remove").inc()
     for spec in d.create:
@@ -218,7 +227,7 @@ def apply_decision(rt: Runtime, group_obj: dict[str, Any], provider_name: str, d
                                                   f"until {drain.deadline.isoformat()}")))
         progress = evict_pods(rt.kube, node.metadata.name)
         if progress.pods_left == 0 or now >= drain.deadline:
-            release(rt, provider, drain.node)
+            release(rt, provider, drain.node, group_key)
             events.append((None, Event("Normal", "NodeRemoved", f"{drain.node} drained and removed ({drain.reason})")))
     for body, ev in events:
         log.info("group %s: %s: %s", group_obj["metadata"]["name"], ev.reason, ev.message)
@@ -252,7 +261,7 @@ async def drain_group(name: str, spec: kopf.Spec, memo: kopf.Memo, body: kopf.Bo
             await asyncio.to_thread(provider.cordon, node_id)
         progress = await asyncio.to_thread(evict_pods, rt.kube, node.metadata.name)
         if progress.pods_left == 0:
-            await asyncio.to_thread(release, rt, provider, node_id)
+            await asyncio.to_thread(release, rt, provider, node_id, pl.label_value(name))
     left = await asyncio.to_thread(provider.list, name)
     if left:
         raise kopf.TemporaryError(f"{len(left)} node(s) still draining", delay=1)
