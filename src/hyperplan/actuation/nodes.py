@@ -238,9 +238,11 @@ def providers(kube: Kube) -> dict[str, NodeProvider]:
     return {"kwok": KwokProvider(kube), "static": StaticProvider(kube)}
 
 
-# Each provider satisfies the Protocol (checked when the module loads, like Go's `var _ I = T{}`).
-for _impl in (KwokProvider, StaticProvider, FakeProvider):
-    assert all(callable(getattr(_impl, m, None)) for m in ("create", "update", "cordon", "release", "list")), _impl
+# Each provider satisfies the Protocol, stated the way Go's `var _ NodeProvider = KwokProvider{}` is:
+# a type checker rejects these lines if a method goes missing or changes its signature.
+_kwok: type[NodeProvider] = KwokProvider
+_static: type[NodeProvider] = StaticProvider
+_fake: type[NodeProvider] = FakeProvider
 
 
 # --------------------------------------------------------------------------- drain

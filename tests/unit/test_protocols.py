@@ -1,0 +1,26 @@
+"""Every implementation of a Protocol (real and fake) has its methods with the same parameters."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from hyperplan.actuation.ledger import CapacityLedger, FakeLedger, KubeLedger
+from hyperplan.actuation.nodes import FakeProvider, KwokProvider, NodeProvider, StaticProvider
+
+
+def _methods(proto: type) -> list[str]:
+    return [m for m, v in vars(proto).items() if callable(v) and not m.startswith("_")]
+
+
+@pytest.mark.parametrize("impl, proto", [
+    (KwokProvider, NodeProvider), (StaticProvider, NodeProvider), (FakeProvider, NodeProvider),
+    (KubeLedger, CapacityLedger), (FakeLedger, CapacityLedger),
+], ids=lambda x: x.__name__)
+def test_implementation_matches_protocol(impl: type, proto: type) -> None:
+    assert _methods(proto), f"{proto.__name__} declares no methods"
+    for name in _methods(proto):
+        want = list(inspect.signature(getattr(proto, name)).parameters)
+        have = list(inspect.signature(getattr(impl, name)).parameters)
+        assert have == want, f"{impl.__name__}.{name}{have} != {proto.__name__}.{name}{want}"
