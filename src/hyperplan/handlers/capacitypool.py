@@ -11,6 +11,6 @@ from hyperplan.api.models import GROUP, VERSION
 
 @kopf.on.event(GROUP, VERSION, "capacitypools")
 async def pool_changed(memo: kopf.Memo, type: str | None, **_: Any) -> None:
-    """Wake every plan daemon: pending plans search again; bought plans see no change and write nothing."""
+    """Plans not bought yet search again; bought plans do not depend on the pools and sleep on."""
     if type is not None:  # None is the initial listing; daemons reconcile on start anyway
-        memo.runtime.wakeups.wake_kind("plan")
+        memo.runtime.wake_unbought_plans()

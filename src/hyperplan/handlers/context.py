@@ -42,11 +42,6 @@ class Wakeups:
     def wake(self, kind: str, name: str) -> None:
         self._event((kind, name)).set()
 
-    def wake_kind(self, kind: str) -> None:
-        for (k, _), event in self._events.items():
-            if k == kind:
-                event.set()
-
     def forget(self, kind: str, name: str) -> None:
         self._events.pop((kind, name), None)
 
@@ -85,6 +80,19 @@ class Runtime:
     # The nodes each group held at its last pass (node id -> labels): one missing now, and
     # not released by us, was deleted from under the group even if its watch event is late.
     known: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)
+    # Who needs waking when something changes, so a change wakes only the daemons it concerns:
+    # plans not bought yet (their offerings depend on the pools) and each group's plan.
+    unbought_plans: set[str] = field(default_factory=set)
+    group_plans: dict[str, str] = field(default_factory=dict)
+
+    def wake_unbought_plans(self) -> None:
+        for name in list(self.unbought_plans):
+            self.wakeups.wake("plan", name)
+
+    def wake_groups_of(self, plan: str) -> None:
+        for group, bound in list(self.group_plans.items()):
+            if bound == plan:
+                self.wakeups.wake("group", group)
 
 
 def build_runtime(settings: Settings) -> Runtime:

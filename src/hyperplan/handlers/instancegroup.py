@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -32,6 +33,7 @@ from hyperplan.planning.plans import Event
 
 PLURAL = "instancegroups"
 FINALIZER = "hyperplan.dev/finalizer"  # set by kopf (settings.persistence.finalizer)
+CREATE_WORKERS = 8
 KIND = "group"
 log = logging.getLogger("hyperplan.instancegroup")
 
@@ -141,6 +143,7 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     except ValidationError as e:
         kopf.event(obj, type="Warning", reason="InvalidSpec", message=str(e)[:900])
         return None
+    rt.group_plans[pl.label_value(name)] = group.spec.training_plan_ref
     plan_obj = await asyncio.to_thread(rt.kube.get_object, "trainingplans", group.spec.training_plan_ref)
     plan = plan_view(TrainingPlan.model_validate(plan_obj)) if plan_obj else None
     groups = await asyncio.to_thread(rt.kube.list_objects, PLURAL)
@@ -204,15 +207,20 @@ def apply_decision(rt: Runtime, group_obj: dict[str, Any], provider_name: str, d
             release(rt, provider, action.node, group_key)
             events.append((None, Event("Normal", "NodeRemoved", f"{action.node} removed: {action.reason}")))
             metrics.REMEDIATIONS.labels("remove").inc()
-    for spec in d.create:
+    def create(spec: pl.NodeSpec) -> Event:
         try:
             provider.create(spec)
         except NoFreeNode as e:
-            events.append((None, Event("Warning", "NoFreeNode", str(e))))
-            continue
-        events.append((None, Event("Normal", "NodeCreated", f"{spec.name} ({spec.role}) in {spec.availability_zone}")))
-        if any(isinstance(a, hl.Backfill) for a in d.remediation):
-            metrics.REMEDIATIONS.labels("backfill").inc()
+            return Event("Warning", "NoFreeNode", str(e))
+        return Event("Normal", "NodeCreated", f"{spec.name} ({spec.role}) in {spec.availability_zone}")
+
+    # Nodes are independent: their create calls go out together rather than one after another.
+    with ThreadPoolExecutor(max_workers=min(CREATE_WORKERS, max(1, len(d.create)))) as pool:
+        for event in pool.map(create, d.create):
+            events.append((None, event))
+    backfills = sum(1 for a in d.remediation if isinstance(a, hl.Backfill))
+    if backfills:
+        metrics.REMEDIATIONS.labels("backfill").inc(backfills)
     for spec in d.update:
         provider.update(spec.name, spec, managed_taint_keys(spec))
     now = rt.clock()
@@ -244,9 +252,10 @@ async def group_daemon(name: str, stopped: kopf.DaemonStopped, memo: kopf.Memo, 
 
 
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
-async def group_spec_changed(spec: kopf.Spec, memo: kopf.Memo, **_: Any) -> None:
+async def group_spec_changed(name: str, spec: kopf.Spec, memo: kopf.Memo, **_: Any) -> None:
     """A changed count may move every group that shares the plan."""
-    memo.runtime.wakeups.wake_kind(KIND)
+    memo.runtime.wakeups.wake(KIND, pl.label_value(name))
+    memo.runtime.wake_groups_of(spec.get("trainingPlanRef", ""))
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
@@ -266,4 +275,5 @@ async def drain_group(name: str, spec: kopf.Spec, memo: kopf.Memo, body: kopf.Bo
     if left:
         raise kopf.TemporaryError(f"{len(left)} node(s) still draining", delay=1)
     kopf.info(body, reason="Drained", message=f"all nodes of {name} drained and removed")
-    rt.wakeups.wake_kind(KIND)
+    rt.group_plans.pop(pl.label_value(name), None)
+    rt.wake_groups_of(spec.get("trainingPlanRef", ""))  # they may take the room it leaves

@@ -28,7 +28,7 @@ async def group_node_changed(name: str, labels: kopf.Labels, type: str | None, m
 
 
 @kopf.on.event("hyperplan.dev", "v1alpha1", "trainingplans")
-async def plan_changed(body: kopf.Body, type: str | None, memo: kopf.Memo, **_: Any) -> None:
+async def plan_changed(name: str, type: str | None, memo: kopf.Memo, **_: Any) -> None:
     """A plan's blocks or phase changed: its groups look again (they compute block times themselves)."""
     if type is not None:
-        memo.runtime.wakeups.wake_kind("group")
+        memo.runtime.wake_groups_of(name)

@@ -72,6 +72,7 @@ async def reconcile_plan(rt: Runtime, name: str) -> datetime | None:
     """One pass over one plan. Returns when to look again (None: only when woken)."""
     obj = await asyncio.to_thread(rt.kube.get_object, PLURAL, name)
     if obj is None or obj["metadata"].get("deletionTimestamp"):
+        rt.unbought_plans.discard(name)
         return None
     now = rt.clock()
     generation = obj["metadata"].get("generation", 1)
@@ -108,6 +109,10 @@ async def reconcile_plan(rt: Runtime, name: str) -> datetime | None:
             decision = failed(decision.status, generation, result.violation, rt.clock())
 
     await _write(rt, obj, decision)
+    if decision.status.phase in (None, "Pending"):
+        rt.unbought_plans.add(name)
+    else:
+        rt.unbought_plans.discard(name)
     return decision.wake_at
 
 
@@ -147,4 +152,5 @@ async def release_plan(name: str, uid: str, memo: kopf.Memo, body: kopf.Body, **
     released = await asyncio.to_thread(rt.ledger.release, uid, rt.clock())
     if released:
         kopf.info(body, reason="Released", message=f"released {released} reservation(s) back to their pools")
-    rt.wakeups.wake_kind("group")
+    rt.unbought_plans.discard(name)
+    rt.wake_groups_of(name)
