@@ -80,6 +80,9 @@ def test_valid_objects_are_accepted(crds: Kubectl, obj: dict) -> None:
      "set either instanceCount (with instanceType) or ultraServerType with ultraServerCount"),
     (plan(instanceType=None), "spec.instanceType: Invalid value: instanceType is required unless ultraServerType is set"),
     (plan(spareInstancesPerUltraServer=-1), "spec.spareInstancesPerUltraServer: Invalid value: -1"),
+    (plan(instanceType=None, instanceCount=None, ultraServerType="ml.u-p6e-gb200x36", ultraServerCount=1,
+          spareInstancesPerUltraServer=9),
+     "spec.spareInstancesPerUltraServer: Invalid value: spareInstancesPerUltraServer must leave at least one"),
     (group(trainingPlanRef=None), 'spec.trainingPlanRef: Required value'),
     (group(trainingPlanRef=""), 'spec.trainingPlanRef: Invalid value: ""'),
     (group(instanceCount=-1), "spec.instanceCount: Invalid value: -1: spec.instanceCount in body should be greater than or equal to 0"),
@@ -88,7 +91,7 @@ def test_valid_objects_are_accepted(crds: Kubectl, obj: dict) -> None:
     (pool(instanceCount=0), "spec.instanceCount: Invalid value: 0"),
 ], ids=["plan-count-3", "plan-count-128", "plan-target", "plan-duration-word", "plan-duration-zero",
         "plan-duration-negative", "plan-window-reversed", "plan-window-empty", "plan-count-and-ultraserver",
-        "plan-no-type", "plan-negative-spares", "group-no-plan", "group-empty-plan", "group-negative-count",
+        "plan-no-type", "plan-negative-spares", "plan-spares-fill-ultraserver", "group-no-plan", "group-empty-plan", "group-negative-count",
         "group-provider", "group-max-unhealthy", "pool-zero"])
 def test_bad_objects_are_rejected_with_a_message(crds: Kubectl, obj: dict, message: str) -> None:
     proc = crds.create(obj, check=False)

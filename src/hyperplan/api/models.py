@@ -169,6 +169,11 @@ class TrainingPlanSpec(Model):
             "ultraServerType and ultraServerCount go together", fieldPath=".ultraServerCount"),
         cel("has(self.ultraServerType) || has(self.instanceType)",
             "instanceType is required unless ultraServerType is set", fieldPath=".instanceType"),
+        cel("!has(self.ultraServerType) || self.spareInstancesPerUltraServer < "
+            "(self.ultraServerType == 'ml.u-p6e-gb200x72' ? 18 : 9)",
+            "spareInstancesPerUltraServer must leave at least one usable instance per UltraServer "
+            "(at most 17 for ml.u-p6e-gb200x72, 8 for ml.u-p6e-gb200x36)",
+            fieldPath=".spareInstancesPerUltraServer"),
         cel("!has(oldSelf.offeringId) || oldSelf.offeringId == '' || self == oldSelf",
             "spec is immutable once offeringId is set: a purchased plan cannot be modified"),
     ]})
