@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv plane plane-down crds crds-check demo test test-unit test-integration test-e2e bench clean
+.PHONY: all venv tools plane plane-down crds crds-check demo test test-unit test-integration test-e2e bench clean
 
 all: venv
 
@@ -38,8 +38,12 @@ demo: venv
 
 # The whole suite: unit, integration (real API server) and e2e (operator as its own process).
 # One control plane per run, started by the test session and stopped again at its end.
-test: venv
+test: venv tools
 	$(BIN)/python -m pytest -ra tests/unit tests/integration tests/e2e
+
+# Prometheus and promtool come from Debian's package (.ci/run installs it on a fresh machine).
+tools:
+	@command -v promtool >/dev/null || { echo "promtool missing: apt-get install prometheus (or run .ci/run)"; exit 1; }
 
 test-unit: venv
 	$(BIN)/python -m pytest -ra tests/unit
