@@ -110,3 +110,39 @@ class WatchRecorder:
     def stop(self) -> list[tuple[datetime, Any]]:
         self._stop.set()
         return self.changes
+
+
+# ----------------------------------------------------------------------- objects as a user writes them
+
+API = "hyperplan.dev/v1alpha1"
+
+
+def pool_body(name: str, itype: str, count: int, az: str = "us-east-1a", unavailable=(), **spec) -> dict:
+    return {"apiVersion": API, "kind": "CapacityPool", "metadata": {"name": name},
+            "spec": {"instanceType": itype, "availabilityZone": az, "instanceCount": count,
+                     "unavailable": list(unavailable), **spec}}
+
+
+def plan_body(name: str, itype: str, count: int, **spec) -> dict:
+    return {"apiVersion": API, "kind": "TrainingPlan", "metadata": {"name": name},
+            "spec": {"instanceType": itype, "instanceCount": count, "targetResource": "hyperpod-cluster",
+                     **spec}}
+
+
+def group_body(name: str, plan: str, itype: str, count: int, **spec) -> dict:
+    return {"apiVersion": API, "kind": "InstanceGroup", "metadata": {"name": name},
+            "spec": {"trainingPlanRef": plan, "instanceType": itype, "instanceCount": count, **spec}}
+
+
+def first_block(k: Kubectl, plan: str, timeout: float = 60) -> dict:
+    """The plan's first reserved-capacity block, once it is bought."""
+    from tests.kube import eventually
+    return eventually(lambda: ((k.get("trainingplan", plan).get("status") or {}).get("reservedCapacity")
+                               or [None])[0], timeout=timeout, what=f"plan {plan} bought")
+
+
+def wait_phase(k: Kubectl, kind: str, name: str, phase: str, timeout: float = 90) -> dict:
+    """The object's status once its phase is ``phase``."""
+    from tests.kube import eventually
+    return eventually(lambda: (s := k.get(kind, name).get("status") or {}).get("phase") == phase and s,
+                      timeout=timeout, what=f"{kind} {name} {phase}")

@@ -6,10 +6,10 @@ from __future__ import annotations
 import uuid
 from datetime import timedelta
 
-from tests.e2e.scenarios import Context, Recorder, parse_ts, scenario, ts, utcnow
+from tests.e2e.scenarios import (
+    Context, Recorder, first_block, group_body, parse_ts, plan_body, pool_body, scenario, ts, utcnow, wait_phase,
+)
 from tests.kube import eventually
-
-API = "hyperplan.dev/v1alpha1"
 
 
 @scenario
@@ -17,18 +17,12 @@ def drain_respects_pdb(ctx: Context) -> dict:
     k = ctx.kubectl
     tag = uuid.uuid4().hex[:5]
     itype, plan, group = f"ml.pdb-{tag}.xlarge", f"pdb-{tag}", f"pdb-{tag}"
-    k.create({"apiVersion": API, "kind": "CapacityPool", "metadata": {"name": f"pdb-{tag}"},
-              "spec": {"instanceType": itype, "availabilityZone": "us-east-1p", "instanceCount": 2}})
-    k.create({"apiVersion": API, "kind": "TrainingPlan", "metadata": {"name": plan},
-              "spec": {"instanceType": itype, "instanceCount": 2, "targetResource": "hyperpod-cluster",
-                       "duration": "1m", "autoPurchase": True,
-                       "startTimeAfter": ts(utcnow() + timedelta(seconds=15))}})
-    k.create({"apiVersion": API, "kind": "InstanceGroup", "metadata": {"name": group},
-              "spec": {"trainingPlanRef": plan, "instanceType": itype, "instanceCount": 2}})
-    block = eventually(lambda: (s := k.get("trainingplan", plan).get("status") or {}).get("reservedCapacity")
-                       and s["reservedCapacity"][0], timeout=60, what="plan bought")
-    eventually(lambda: (k.get("instancegroup", group).get("status") or {}).get("phase") == "Ready",
-               timeout=90, what="group Ready")
+    k.create(pool_body(f"pdb-{tag}", itype, 2, az="us-east-1p"))
+    k.create(plan_body(plan, itype, 2, duration="1m", autoPurchase=True,
+                       startTimeAfter=ts(utcnow() + timedelta(seconds=15))))
+    k.create(group_body(group, plan, itype, 2))
+    block = first_block(k, plan)
+    wait_phase(k, "instancegroup", group, "Ready")
     # One guarded pod (its PDB allows no disruption) and one free pod, on the group's nodes.
     k.apply([
         {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",

@@ -5,10 +5,8 @@ from __future__ import annotations
 import uuid
 from datetime import timedelta
 
-from tests.e2e.scenarios import Context, scenario, ts, utcnow
+from tests.e2e.scenarios import Context, group_body, plan_body, pool_body, scenario, ts, utcnow, wait_phase
 from tests.kube import eventually
-
-API = "hyperplan.dev/v1alpha1"
 
 
 @scenario
@@ -16,16 +14,11 @@ def group_deleted(ctx: Context) -> dict:
     k = ctx.kubectl
     tag = uuid.uuid4().hex[:5]
     itype, plan, group = f"ml.del-{tag}.xlarge", f"del-{tag}", f"del-{tag}"
-    k.create({"apiVersion": API, "kind": "CapacityPool", "metadata": {"name": f"del-{tag}"},
-              "spec": {"instanceType": itype, "availabilityZone": "us-east-1d", "instanceCount": 4}})
-    k.create({"apiVersion": API, "kind": "TrainingPlan", "metadata": {"name": plan},
-              "spec": {"instanceType": itype, "instanceCount": 4, "targetResource": "hyperpod-cluster",
-                       "duration": "3m", "autoPurchase": True,
-                       "startTimeAfter": ts(utcnow() + timedelta(seconds=15))}})
-    k.create({"apiVersion": API, "kind": "InstanceGroup", "metadata": {"name": group},
-              "spec": {"trainingPlanRef": plan, "instanceType": itype, "instanceCount": 4}})
-    eventually(lambda: (k.get("instancegroup", group).get("status") or {}).get("phase") == "Ready",
-               timeout=90, what="group Ready")
+    k.create(pool_body(f"del-{tag}", itype, 4, az="us-east-1d"))
+    k.create(plan_body(plan, itype, 4, duration="3m", autoPurchase=True,
+                       startTimeAfter=ts(utcnow() + timedelta(seconds=15))))
+    k.create(group_body(group, plan, itype, 4))
+    wait_phase(k, "instancegroup", group, "Ready")
     nodes = [n["metadata"]["name"] for n in k.get("nodes", None, "-l", f"hyperplan.dev/instance-group={group}")["items"]]
     pod = f"job-{tag}"
     k.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod, "namespace": "default"},

@@ -5,23 +5,12 @@ from __future__ import annotations
 import uuid
 from datetime import timedelta
 
-from tests.e2e.scenarios import Context, Recorder, events_for, parse_ts, scenario, ts, utcnow
+from tests.e2e.scenarios import (
+    Context, Recorder, events_for, parse_ts, plan_body, pool_body, scenario, ts, utcnow,
+)
 from tests.kube import eventually
 
-API = "hyperplan.dev/v1alpha1"
 TOLERANCE = timedelta(seconds=2)
-
-
-def _pool(name: str, itype: str, count: int, az: str = "us-east-1a", unavailable=()) -> dict:
-    return {"apiVersion": API, "kind": "CapacityPool", "metadata": {"name": name},
-            "spec": {"instanceType": itype, "availabilityZone": az, "instanceCount": count,
-                     "unavailable": list(unavailable)}}
-
-
-def _plan(name: str, itype: str, count: int, **spec) -> dict:
-    return {"apiVersion": API, "kind": "TrainingPlan", "metadata": {"name": name},
-            "spec": {"instanceType": itype, "instanceCount": count, "targetResource": "hyperpod-cluster",
-                     **spec}}
 
 
 @scenario
@@ -32,10 +21,10 @@ def plan_lifecycle(ctx: Context) -> dict:
     itype, name = f"ml.life-{tag}.xlarge", f"lifecycle-{tag}"
     t0 = utcnow().replace(microsecond=0)
     start = t0 + timedelta(seconds=25)
-    k.create(_pool(f"life-{tag}", itype, 4, unavailable=[
+    k.create(pool_body(f"life-{tag}", itype, 4, unavailable=[
         {"start": ts(start + timedelta(seconds=70)), "end": ts(start + timedelta(seconds=100)),
          "instanceCount": 4}]))
-    k.create(_plan(name, itype, 4, duration="2m", startTimeAfter=ts(start),
+    k.create(plan_body(name, itype, 4, duration="2m", startTimeAfter=ts(start),
                    endTimeBefore=ts(t0 + timedelta(minutes=10))))
     phases = Recorder(lambda: (k.get("trainingplan", name).get("status") or {}).get("phase")).start()
     pending = eventually(lambda: (s := k.get("trainingplan", name).get("status") or {}).get("phase") == "Pending"
@@ -91,8 +80,8 @@ def plan_release_and_rules(ctx: Context) -> dict:
     k = ctx.kubectl
     tag = uuid.uuid4().hex[:5]
     itype = f"ml.rel-{tag}.xlarge"
-    k.create(_pool(f"rel-{tag}", itype, 8))
-    k.create(_plan(f"release-{tag}", itype, 8, duration="5m", autoPurchase=True,
+    k.create(pool_body(f"rel-{tag}", itype, 8))
+    k.create(plan_body(f"release-{tag}", itype, 8, duration="5m", autoPurchase=True,
                    startTimeAfter=ts(utcnow() + timedelta(minutes=20))))
     eventually(lambda: (k.get("trainingplan", f"release-{tag}").get("status") or {}).get("phase") == "Scheduled",
                timeout=60, what="plan Scheduled")
@@ -101,8 +90,8 @@ def plan_release_and_rules(ctx: Context) -> dict:
     released = eventually(lambda: not k.get("capacitypool", f"rel-{tag}").get("status", {}).get("reservations")
                           and "released", timeout=30, what="reservations released")
 
-    k.create(_plan(f"toolong-{tag}", itype, 8, duration="200m"))
-    k.create(_plan(f"nocap-{tag}", itype, 16, duration="2m"))
+    k.create(plan_body(f"toolong-{tag}", itype, 8, duration="200m"))
+    k.create(plan_body(f"nocap-{tag}", itype, 16, duration="2m"))
     failed = eventually(lambda: (s := k.get("trainingplan", f"toolong-{tag}").get("status") or {})
                         .get("phase") == "Failed" and s, timeout=30, what="rule violation reported")
     nocap = eventually(lambda: (s := k.get("trainingplan", f"nocap-{tag}").get("status") or {})
@@ -136,11 +125,11 @@ def racing_plans(ctx: Context) -> dict:
     k = ctx.kubectl
     tag = uuid.uuid4().hex[:5]
     itype = f"ml.race-{tag}.xlarge"
-    k.create(_pool(f"race-{tag}", itype, 16))
+    k.create(pool_body(f"race-{tag}", itype, 16))
     start = ts(utcnow() + timedelta(minutes=2))
     end = ts(utcnow() + timedelta(minutes=6))
     names = [f"race-{tag}-{i}" for i in range(10)]
-    k.apply([_plan(n, itype, 4, duration="3m", autoPurchase=True, startTimeAfter=start, endTimeBefore=end)
+    k.apply([plan_body(n, itype, 4, duration="3m", autoPurchase=True, startTimeAfter=start, endTimeBefore=end)
              for n in names])
     final = {}
     for n in names:
@@ -152,7 +141,7 @@ def racing_plans(ctx: Context) -> dict:
             "window": (parse_ts(start), parse_ts(end))}
 
 
-def test_racing_plans_never_overbook_the_pool(scenarios) -> None:
+def test_racing_plans_never_overbook_thepool_body(scenarios) -> None:
     record = scenarios["racing_plans"].result(timeout=300)
     ledger = record["ledger"]
     start, end = record["window"]

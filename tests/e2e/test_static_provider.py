@@ -5,10 +5,10 @@ from __future__ import annotations
 import uuid
 from datetime import timedelta
 
-from tests.e2e.scenarios import Context, events_for, parse_ts, scenario, ts, utcnow
+from tests.e2e.scenarios import (
+    Context, events_for, first_block, group_body, parse_ts, plan_body, pool_body, scenario, ts, utcnow, wait_phase,
+)
 from tests.kube import eventually
-
-API = "hyperplan.dev/v1alpha1"
 
 
 @scenario
@@ -23,25 +23,18 @@ def static_nodes(ctx: Context) -> dict:
                               "labels": {"hyperplan.dev/pool": "free", "node.kubernetes.io/instance-type": itype,
                                          "topology.kubernetes.io/zone": zone}},
                  "spec": {"unschedulable": True}})
-    k.create({"apiVersion": API, "kind": "CapacityPool", "metadata": {"name": f"static-{tag}"},
-              "spec": {"instanceType": itype, "availabilityZone": zone, "instanceCount": 2}})
-    k.create({"apiVersion": API, "kind": "TrainingPlan", "metadata": {"name": plan},
-              "spec": {"instanceType": itype, "instanceCount": 2, "targetResource": "hyperpod-cluster",
-                       "duration": "1m", "autoPurchase": True,
-                       "startTimeAfter": ts(utcnow() + timedelta(seconds=20))}})
-    k.create({"apiVersion": API, "kind": "InstanceGroup", "metadata": {"name": group},
-              "spec": {"trainingPlanRef": plan, "instanceType": itype, "instanceCount": 2,
-                       "nodeProvider": "static"}})
-    block = eventually(lambda: (s := k.get("trainingplan", plan).get("status") or {}).get("reservedCapacity")
-                       and s["reservedCapacity"][0], timeout=60, what="plan bought")
+    k.create(pool_body(f"static-{tag}", itype, 2, az=zone))
+    k.create(plan_body(plan, itype, 2, duration="1m", autoPurchase=True,
+                       startTimeAfter=ts(utcnow() + timedelta(seconds=20))))
+    k.create(group_body(group, plan, itype, 2, nodeProvider="static"))
+    block = first_block(k, plan)
 
     def held() -> list[dict] | None:
         nodes = k.get("nodes", None, "-l", f"hyperplan.dev/instance-group={group}")["items"]
         return nodes if len(nodes) == 2 and all(not n["spec"].get("unschedulable") for n in nodes) else None
 
     during = eventually(held, timeout=90, what="two workers adopted")
-    status = eventually(lambda: (s := k.get("instancegroup", group).get("status") or {}).get("phase") == "Ready"
-                        and s, timeout=30, what="group Ready")
+    status = wait_phase(k, "instancegroup", group, "Ready", timeout=30)
     end = parse_ts(block["endTime"])
     eventually(lambda: utcnow() > end + timedelta(seconds=2), timeout=120, interval=1, what="block end")
     after = {n: k.get("node", n) for n in names}
