@@ -71,6 +71,29 @@ class NodeTracker:
             return max(self.ready.values())
 
 
+def plane_cpu(h: Harness) -> dict[str, float]:
+    """CPU seconds so far of the plane's processes (and the operator's, when it runs)."""
+    pids = dict((h.plane.state().pids if h.plane.state() else {}))
+    if h.operator is not None:
+        pids["operator"] = h.operator.pid
+    out = {}
+    for name, pid in pids.items():
+        try:
+            out[name] = proc_cpu_seconds(pid)
+        except OSError:
+            pass
+    return out
+
+
+def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {k: after[k] - before[k] for k in after if k in before}
+
+
+def show_cpu(d: dict[str, float]) -> str:
+    short = {"kube-apiserver": "apiserver", "etcd": "etcd", "kwok": "kwok", "operator": "operator"}
+    return ", ".join(f"{short[k]} {d[k]:.2f}" for k in short if k in d)
+
+
 def floor_body(group: str, i: int) -> dict:
     from hyperplan.actuation.nodes import node_capacity
 
@@ -93,6 +116,7 @@ def floor_run(h: Harness, group: str, n: int, threads: int) -> dict:
     w = h.watch("/api/v1/nodes", tracker.on_event, labelSelector=f"{GROUP_LABEL}={group}")
     bodies = [floor_body(group, i) for i in range(n)]
     cpu0 = time.process_time()
+    procs0 = plane_cpu(h)
     t0 = time.time()
     if threads == 1:
         for body in bodies:
@@ -105,12 +129,13 @@ def floor_run(h: Harness, group: str, n: int, threads: int) -> dict:
     wait_for(lambda: tracker.ready_count() >= n, timeout=90, what=f"{n} floor nodes Ready ({group})",
              interval=0.05)
     total = tracker.last_ready() - t0
+    procs = cpu_delta(procs0, plane_cpu(h))
     step(f"floor {group}: {n} create calls took {t_calls:.2f} s ({cpu:.2f} s CPU in this process); "
-         f"all Ready after {total:.2f} s")
+         f"all Ready after {total:.2f} s; CPU s meanwhile: {show_cpu(procs)}")
     h.core.delete_collection_node(label_selector=f"{GROUP_LABEL}={group}")
     wait_for(lambda: not tracker.present, timeout=60, what=f"floor nodes of {group} deleted", interval=0.1)
     w.stop()
-    return {"calls": t_calls, "ready": total, "cpu": cpu}
+    return {"calls": t_calls, "ready": total, "cpu": cpu, "procs": procs}
 
 
 def warm_up(h: Harness) -> None:
@@ -147,14 +172,14 @@ def operator_run(h: Harness, i: int, n: int, lead: int) -> dict:
     wait_for(lambda: time.time() > start - 1, timeout=max(0, start - time.time()) + 5, what="block start",
              interval=0.1)
     op = h.operator
-    m0, a0, cpu0 = op.metrics(), h.api.metrics(), proc_cpu_seconds(op.pid)
+    m0, a0, cpu0, procs0 = op.metrics(), h.api.metrics(), proc_cpu_seconds(op.pid), plane_cpu(h)
 
     def all_ready():
         h.tick()
         return tracker.ready_count() >= n
 
     wait_for(all_ready, timeout=90, what=f"{n} nodes of group {group} Ready", interval=0.05)
-    m1, a1, cpu1 = op.metrics(), h.api.metrics(), proc_cpu_seconds(op.pid)
+    m1, a1, cpu1, procs1 = op.metrics(), h.api.metrics(), proc_cpu_seconds(op.pid), plane_cpu(h)
     with tracker.lock:
         first_added = min(tracker.added.values()) - start
         last_added = max(tracker.added.values()) - start
@@ -169,11 +194,15 @@ def operator_run(h: Harness, i: int, n: int, lead: int) -> dict:
                              lambda l: l.get("resource") == "nodes" and l.get("verb") == "LIST"),
          "node_posts": delta(a0, a1, "apiserver_request_total",
                              lambda l: l.get("resource") == "nodes" and l.get("verb") == "POST"),
-         "cpu": cpu1 - cpu0}
+         "node_patches": delta(a0, a1, "apiserver_request_total",
+                               lambda l: l.get("resource") == "nodes" and l.get("verb") == "PATCH"
+                               and not l.get("subresource")),
+         "cpu": cpu1 - cpu0, "procs": cpu_delta(procs0, procs1)}
     step(f"operator run {i + 1}: first node seen {first_added:+.2f} s after the block start, last node "
          f"{last_added:+.2f} s, all {n} Ready {total:.2f} s; meanwhile the operator used {r['cpu']:.2f} s CPU, "
          f"ran {r['reconciles']:.0f} reconciles, wrote {r['status_writes']:.0f} statuses, "
-         f"listed nodes {r['node_lists']:.0f} times (apiserver count)")
+         f"listed nodes {r['node_lists']:.0f} times and patched nodes {r['node_patches']:.0f} times (apiserver "
+         f"counts); CPU s from 1 s before the start: {show_cpu(r['procs'])}")
     if early:
         step(f"WARNING: {len(early)} nodes appeared before the block started")
     # Diagnostic: what one LIST of these nodes costs a Python client (the operator lists them on each pass).
@@ -219,6 +248,11 @@ def main(h: Harness, args: argparse.Namespace) -> int:
         ("operator per run: CPU s / reconciles / status writes / node LISTs",
          "; ".join(f"{r['cpu']:.2f}/{r['reconciles']:.0f}/{r['status_writes']:.0f}/{r['node_lists']:.0f}"
                    for r in runs), "", ""),
+        *[(f"floor run {i + 1}: CPU s of the plane meanwhile", show_cpu(f["procs"]), "", "")
+          for i, f in enumerate(floors)],
+        ("parallel creates: CPU s of the plane meanwhile", show_cpu(parallel["procs"]), "", ""),
+        *[(f"operator run {i + 1}: CPU s from 1 s before the start to all Ready", show_cpu(r["procs"]), "", "")
+          for i, r in enumerate(runs)],
         (f"one LIST of the {n} group nodes via the Python client (median)",
          f"{statistics.median(r['list_cost'] for r in runs) * 1000:.0f} ms", "", ""),
         (f"operator: median block start to all {n} Ready", fmt(op_time, 2), "", ""),

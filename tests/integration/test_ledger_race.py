@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -28,7 +29,8 @@ def _peak(reservations: list[dict], start: datetime, end: datetime) -> int:
     return peak
 
 
-def test_twelve_racing_purchases_never_overbook(crds: Kubectl, plane) -> None:
+def test_twelve_racing_purchases_never_overbook(crds: Kubectl, plane, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="hyperplan.actuation.ledger")
     itype = f"ml.race-{uuid.uuid4().hex[:4]}.xlarge"
     pool_name = f"race-{uuid.uuid4().hex[:6]}"
     crds.create({"apiVersion": "hyperplan.dev/v1alpha1", "kind": "CapacityPool",
@@ -57,13 +59,19 @@ def test_twelve_racing_purchases_never_overbook(crds: Kubectl, plane) -> None:
     watcher = threading.Thread(target=observe, daemon=True)
     watcher.start()
     plans = [(f"racer-{i}", str(uuid.uuid4())) for i in range(12)]
+    # One ledger (client) per racer, as separate operator replicas would be: a ledger serialises its
+    # own purchases, so only the API server's resourceVersion check stands between these twelve.
+    racers = [KubeLedger(Kube(api_client(str(plane.kubeconfig)))) for _ in plans]
     with ThreadPoolExecutor(max_workers=12) as pool:
-        results = list(pool.map(lambda p: ledger.purchase(p[0], p[1], offering, DEMO, datetime.now(timezone.utc)),
-                                plans))
+        results = list(pool.map(lambda pr: pr[1].purchase(pr[0][0], pr[0][1], offering, DEMO,
+                                                           datetime.now(timezone.utc)),
+                                zip(plans, racers)))
     stop.set()
     crds.run("annotate", "capacitypool", pool_name, "race=done")  # one more event to end the watch
     watcher.join(timeout=35)
 
+    # The race was real: some writes were refused on a stale resourceVersion and retried.
+    assert any("ledger conflict" in rec.getMessage() for rec in caplog.records)
     winners = [r for r in results if r.ok]
     losers = [r for r in results if not r.ok]
     assert len(winners) == 4  # 16 instances / 4 per plan

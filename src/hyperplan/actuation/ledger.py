@@ -15,6 +15,7 @@ pools (crash, conflict) completes on the next attempt instead of blocking itself
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, Sequence, runtime_checkable
@@ -91,19 +92,27 @@ class KubeLedger:
 
     def __init__(self, kube: Kube):
         self.kube = kube
+        # Purchases from this process take turns, so they never conflict with each other; the
+        # resourceVersion check still guards against every other writer (another replica, a user).
+        self._turn = threading.Lock()
 
     def pools(self) -> list[CapacityPool]:
         return [CapacityPool.model_validate(o) for o in self.kube.list_objects(PLURAL)]
 
     def purchase(self, plan: str, plan_uid: str, offering: Offering, policy: Policy,
                  now: datetime) -> PurchaseResult:
+        with self._turn:
+            return self._purchase(plan, plan_uid, offering, policy, now)
+
+    def _purchase(self, plan: str, plan_uid: str, offering: Offering, policy: Policy,
+                  now: datetime) -> PurchaseResult:
         for attempt in range(1, MAX_ATTEMPTS + 1):
             raw = {o["metadata"]["name"]: o for o in self.kube.list_objects(PLURAL)}
             pools = [CapacityPool.model_validate(o) for o in raw.values()]
             violation = recheck_offering(
                 offering, [pool_snapshot(p, exclude_plan_uid=plan_uid) for p in pools], policy, now)
             if violation:
-                self.release(plan_uid, now=None)
+                self._release(plan_uid, now=None)
                 return PurchaseResult(violation=violation)
             try:
                 for pool_name, wanted in _by_pool(plan, plan_uid, offering).items():
@@ -114,12 +123,16 @@ class KubeLedger:
                 log.info("ledger conflict for plan %s (attempt %d); re-reading", plan, attempt)
                 continue
             return PurchaseResult(entries=tuple(entries_of(self.pools(), plan_uid)))
-        self.release(plan_uid, now=None)
+        self._release(plan_uid, now=None)
         return PurchaseResult(violation=RuleViolation(
             "LedgerContention", f"the capacity ledger changed under {MAX_ATTEMPTS} attempts to buy"))
 
     def release(self, plan_uid: str, now: datetime | None) -> int:
         """Remove the plan's reservations that have not ended by ``now`` (all when None)."""
+        with self._turn:
+            return self._release(plan_uid, now)
+
+    def _release(self, plan_uid: str, now: datetime | None) -> int:
         released = 0
         for _ in range(MAX_ATTEMPTS):
             try:
