@@ -94,6 +94,17 @@ def show_cpu(d: dict[str, float]) -> str:
     return ", ".join(f"{short[k]} {d[k]:.2f}" for k in short if k in d)
 
 
+def field_managers(h: Harness, group: str) -> str:
+    """Who wrote the group's nodes, from managedFields: manager, operation, subresource -> node count."""
+    from collections import Counter
+
+    seen: Counter = Counter()
+    for node in h.api.get(f"/api/v1/nodes?labelSelector={GROUP_LABEL}%3D{group}")["items"]:
+        for m in node["metadata"].get("managedFields") or []:
+            seen[(m.get("manager", "?").split("/")[0], m.get("operation"), m.get("subresource", ""))] += 1
+    return "; ".join(f"{m} {op}{'/' + sub if sub else ''} x{n}" for (m, op, sub), n in sorted(seen.items()))
+
+
 def floor_body(group: str, i: int) -> dict:
     from hyperplan.actuation.nodes import node_capacity
 
@@ -130,8 +141,9 @@ def floor_run(h: Harness, group: str, n: int, threads: int) -> dict:
              interval=0.05)
     total = tracker.last_ready() - t0
     procs = cpu_delta(procs0, plane_cpu(h))
+    managers = field_managers(h, group)
     step(f"floor {group}: {n} create calls took {t_calls:.2f} s ({cpu:.2f} s CPU in this process); "
-         f"all Ready after {total:.2f} s; CPU s meanwhile: {show_cpu(procs)}")
+         f"all Ready after {total:.2f} s; CPU s meanwhile: {show_cpu(procs)}; field managers: {managers}")
     h.core.delete_collection_node(label_selector=f"{GROUP_LABEL}={group}")
     wait_for(lambda: not tracker.present, timeout=60, what=f"floor nodes of {group} deleted", interval=0.1)
     w.stop()
@@ -205,6 +217,8 @@ def operator_run(h: Harness, i: int, n: int, lead: int) -> dict:
          f"counts); CPU s from 1 s before the start: {show_cpu(r['procs'])}")
     if early:
         step(f"WARNING: {len(early)} nodes appeared before the block started")
+    r["managers"] = field_managers(h, group)
+    step(f"operator run {i + 1}: field managers of the group's nodes: {r['managers']}")
     # Diagnostic: what one LIST of these nodes costs a Python client (the operator lists them on each pass).
     costs = []
     for _ in range(3):
