@@ -83,6 +83,7 @@ class Runtime:
     # Who needs waking when something changes, so a change wakes only the daemons it concerns:
     # plans not bought yet (their offerings depend on the pools) and each group's plan.
     unbought_plans: set[str] = field(default_factory=set)
+    node_digests: dict[str, tuple] = field(default_factory=dict)  # see handlers.nodes.node_digest
     group_plans: dict[str, str] = field(default_factory=dict)
 
     def wake_unbought_plans(self) -> None:

@@ -10,13 +10,31 @@ from hyperplan.actuation.nodes import LABEL_NODE_ID
 from hyperplan.planning.placement import LABEL_GROUP, LABEL_PLAN
 
 
+def node_digest(body: kopf.Body) -> tuple:
+    """What the operator reads of a node. Heartbeats (KWOK or a kubelet refreshing
+    lastHeartbeatTime every few seconds) leave it unchanged, so they wake nothing."""
+    spec, status = body.get("spec", {}), body.get("status", {})
+    return (
+        tuple(sorted((body.get("metadata", {}).get("labels") or {}).items())),
+        tuple(sorted((t.get("key"), t.get("value"), t.get("effect")) for t in spec.get("taints") or [])),
+        bool(spec.get("unschedulable")),
+        bool(body.get("metadata", {}).get("deletionTimestamp")),
+        tuple(sorted((c.get("type"), c.get("status"), c.get("lastTransitionTime"))
+                     for c in status.get("conditions") or [])),
+    )
+
+
 @kopf.on.event("", "v1", "nodes", labels={LABEL_GROUP: kopf.PRESENT})
-async def group_node_changed(name: str, labels: kopf.Labels, type: str | None, memo: kopf.Memo,
-                             **_: Any) -> None:
-    if type is None:  # the initial listing: daemons reconcile on start anyway
-        return
+async def group_node_changed(name: str, labels: kopf.Labels, body: kopf.Body, type: str | None,
+                             memo: kopf.Memo, **_: Any) -> None:
     rt = memo.runtime
+    digest = node_digest(body)
+    unchanged = rt.node_digests.get(name) == digest
+    rt.node_digests[name] = digest
+    if type is None or (type == "MODIFIED" and unchanged):
+        return  # the initial listing (daemons reconcile on start anyway), or only a heartbeat
     if type == "DELETED":
+        rt.node_digests.pop(name, None)
         node_id = labels.get(LABEL_NODE_ID, name)
         if node_id in rt.releasing:
             rt.releasing.discard(node_id)
