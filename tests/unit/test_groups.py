@@ -188,6 +188,16 @@ TRAINING_JOB_PLAN = PlanView("p", "training-job", None, X72, 1, (BLOCK,))
 P5_PLAN = PlanView("p", "hyperpod-cluster", "ml.p5.48xlarge", None, 1, (BLOCK,))
 
 
+def assert_failed_without_nodes(d, reason: str, message: str) -> None:
+    """A group that breaks a rule: Failed, the rule in its condition and a Warning, and no nodes."""
+    assert d.status.phase == "Failed"
+    assert conds(d) == [("Ready", "False", reason)]
+    assert ready_cond(d).message == message
+    assert d.events == [Event("Warning", reason, message)]
+    assert (d.create, d.update, d.drain, d.remediation) == ([], [], [], ())
+    assert d.wake_at is None
+
+
 @pytest.mark.parametrize(
     "plan, s, reason, message",
     [
@@ -205,12 +215,7 @@ P5_PLAN = PlanView("p", "hyperpod-cluster", "ml.p5.48xlarge", None, 1, (BLOCK,))
 def test_binding_rule_broken_fails_without_nodes(plan, s, reason, message):
     d = decide(plan=plan, s=s)
 
-    assert d.status.phase == "Failed"
-    assert conds(d) == [("Ready", "False", reason)]
-    assert ready_cond(d).message == message
-    assert d.events == [Event("Warning", reason, message)]
-    assert (d.create, d.update, d.drain, d.remediation) == ([], [], [], ())
-    assert d.wake_at is None
+    assert_failed_without_nodes(d, reason, message)
 
 
 def test_binding_rule_broken_drains_existing_nodes():
@@ -380,12 +385,7 @@ def test_fill_first_layout(count, expected):
 def test_placement_failure_fails_the_group(peers, s, reason, message):
     d = decide(s=s, peers=peers)
 
-    assert d.status.phase == "Failed"
-    assert conds(d) == [("Ready", "False", reason)]
-    assert ready_cond(d).message == message
-    assert d.events == [Event("Warning", reason, message)]
-    assert (d.create, d.update, d.drain, d.remediation) == ([], [], [], ())
-    assert d.wake_at is None
+    assert_failed_without_nodes(d, reason, message)
 
 
 def test_explicit_placement_is_honoured():

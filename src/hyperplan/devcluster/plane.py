@@ -9,13 +9,16 @@ inside the checkout (``.state/dev``, git-ignored); ``~/.kube/config`` is never t
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import shutil
 import signal
 import socket
 import ssl
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from importlib import resources
@@ -285,8 +288,6 @@ class Plane:
         raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}; logs in {self.logs}")
 
     def _write_kubeconfig(self, st: PlaneState, pki: certs.Pki) -> None:
-        import base64
-
         def b64(p: Path) -> str:
             return base64.b64encode(p.read_bytes()).decode()
 
@@ -330,5 +331,4 @@ def stop_process_group(pid: int, timeout: float = 10) -> None:
 
 
 def _rmtree(path: Path) -> None:
-    import shutil
     shutil.rmtree(path, ignore_errors=True)

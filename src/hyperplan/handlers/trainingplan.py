@@ -123,11 +123,12 @@ def _short(e: ValidationError) -> str:
 async def _write(rt: Runtime, obj: dict[str, Any], decision: PlanDecision) -> None:
     """The one status patch of a pass, skipped when nothing changed; then the events."""
     desired = decision.status.wire()
-    if desired != status_of(TrainingPlanStatus, obj).wire():
+    prior = status_of(TrainingPlanStatus, obj)
+    if desired != prior.wire():
         await asyncio.to_thread(rt.kube.patch_status, PLURAL, obj["metadata"]["name"], desired)
         metrics.STATUS_WRITES.labels("TrainingPlan").inc()
-        boundary = status_of(TrainingPlanStatus, obj).next_transition_time
-        if boundary and decision.status.phase != status_of(TrainingPlanStatus, obj).phase:
+        boundary = prior.next_transition_time
+        if boundary and decision.status.phase != prior.phase:
             metrics.TRANSITION_LAG.observe(max(0.0, (rt.clock() - boundary).total_seconds()))
     for ev in decision.events:
         log.info("plan %s: %s: %s", obj["metadata"]["name"], ev.reason, ev.message)
