@@ -45,6 +45,7 @@ if str(ROOT / "src") not in sys.path:  # the venv has hyperplan installed editab
 
 from hyperplan.devcluster import build  # noqa: E402
 from hyperplan.devcluster.plane import Plane, free_port, stop_process_group  # noqa: E402
+from hyperplan.api.models import from_rfc3339, to_rfc3339
 
 _T0 = time.monotonic()
 
@@ -65,12 +66,8 @@ def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
-def ts(moment: datetime) -> str:
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_ts(text: str) -> datetime:
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+ts = to_rfc3339
+parse_ts = from_rfc3339
 
 
 def epoch(moment: datetime) -> float:

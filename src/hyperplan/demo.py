@@ -23,6 +23,7 @@ import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+from hyperplan.api.models import to_rfc3339
 from hyperplan.devcluster import build
 from hyperplan.devcluster.plane import Plane, free_port, project_root
 
@@ -39,7 +40,7 @@ def render(text: str, now: datetime) -> str:
     """Fill ``${NOW+90s}`` placeholders with RFC 3339 times relative to ``now``."""
     def repl(m: re.Match) -> str:
         moment = now + timedelta(**{UNITS[m.group(2)]: int(m.group(1))})
-        return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+        return to_rfc3339(moment)
     return PLACEHOLDER.sub(repl, text)
 
 
@@ -119,7 +120,7 @@ class Demo:
     def inject_failure(self) -> None:
         nodes = self.get("nodes", "-l", "hyperplan.dev/instance-group=demo-workers,hyperplan.dev/role=active")
         victim = sorted(n["metadata"]["name"] for n in nodes["items"])[-1]
-        when = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        when = to_rfc3339(datetime.now(timezone.utc))
         patch = {"status": {"conditions": [{"type": "Ready", "status": "False", "reason": "DemoFailure",
                                             "message": "GPU fell off the bus (injected by the demo)",
                                             "lastHeartbeatTime": when, "lastTransitionTime": when}]}}

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable
 
+from hyperplan.api.models import from_rfc3339, to_rfc3339
 from tests.kube import Kubectl
 
 REGISTRY: dict[str, Callable[["Context"], Any]] = {}
@@ -33,12 +34,8 @@ def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
-def ts(moment: datetime) -> str:
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_ts(text: str) -> datetime:
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+ts = to_rfc3339
+parse_ts = from_rfc3339
 
 
 @dataclass

@@ -10,6 +10,7 @@ from datetime import datetime, timedelta, timezone
 
 from hyperplan.actuation.kube import Kube, api_client
 from hyperplan.actuation.ledger import KubeLedger, pool_snapshot
+from hyperplan.api.models import from_rfc3339
 from hyperplan.planning.offerings import OfferingRequest, search_offerings
 from hyperplan.planning.policy import DEMO
 from tests.kube import Kubectl
@@ -17,14 +18,14 @@ from tests.kube import Kubectl
 
 def _peak(reservations: list[dict], start: datetime, end: datetime) -> int:
     """Largest total count reserved at any instant of [start, end)."""
-    points = sorted({start} | {datetime.fromisoformat(r["startTime"].replace("Z", "+00:00")) for r in reservations})
+    points = sorted({start} | {from_rfc3339(r["startTime"]) for r in reservations})
     peak = 0
     for t in points:
         if not start <= t < end:
             continue
         used = sum(r["instanceCount"] for r in reservations
-                   if datetime.fromisoformat(r["startTime"].replace("Z", "+00:00")) <= t
-                   < datetime.fromisoformat(r["endTime"].replace("Z", "+00:00")))
+                   if from_rfc3339(r["startTime"]) <= t
+                   < from_rfc3339(r["endTime"]))
         peak = max(peak, used)
     return peak
 

@@ -11,7 +11,7 @@ by the planners instead.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -25,6 +25,16 @@ ALLOWED_INSTANCE_COUNTS = (1, 2, 4, 8, 16, 32, 64)
 TARGET_RESOURCES = ("training-job", "hyperpod-cluster")
 ULTRASERVER_TYPES = ("ml.u-p6e-gb200x72", "ml.u-p6e-gb200x36")
 DURATION_PATTERN = r"^([0-9]+[dhms])+$"
+
+
+def to_rfc3339(moment: datetime) -> str:
+    """A time as the API's date-time fields carry it: UTC, whole seconds, ``Z``."""
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def from_rfc3339(text: str) -> datetime:
+    """The inverse of :func:`to_rfc3339` (also reads fractional seconds)."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 def cel(rule: str, message: str, **extra: Any) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Iterable, Sequence
 
+from hyperplan.api.models import to_rfc3339
 from hyperplan.planning.policy import Policy, format_duration
 
 TARGETS = ("training-job", "hyperpod-cluster")
@@ -574,4 +575,4 @@ def recheck_offering(
 
 
 def _fmt_time(moment: datetime) -> str:
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return to_rfc3339(moment)
