@@ -45,7 +45,7 @@ if str(ROOT / "src") not in sys.path:  # the venv has hyperplan installed editab
 
 from hyperplan.devcluster import build  # noqa: E402
 from hyperplan.devcluster.plane import Plane, free_port, stop_process_group  # noqa: E402
-from hyperplan.api.models import from_rfc3339, to_rfc3339
+from hyperplan.api.models import from_rfc3339, to_rfc3339  # noqa: E402
 
 _T0 = time.monotonic()
 
