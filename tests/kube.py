@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-import yaml
 
 from hyperplan.devcluster import build
 
@@ -29,12 +28,16 @@ class Kubectl:
             raise AssertionError(f"kubectl {' '.join(args)} failed: {proc.stderr}")
         return proc
 
+    # Objects go to kubectl as JSON: a string such as "4e123" stays a string, where YAML written
+    # by PyYAML (1.1) would leave it unquoted and kubectl's YAML reader would see a number.
     def apply(self, obj: dict[str, Any] | list[dict[str, Any]] | str, check: bool = True) -> subprocess.CompletedProcess:
-        docs = obj if isinstance(obj, str) else yaml.safe_dump_all(obj if isinstance(obj, list) else [obj])
+        if isinstance(obj, list):
+            obj = {"apiVersion": "v1", "kind": "List", "items": obj}
+        docs = obj if isinstance(obj, str) else json.dumps(obj)
         return self.run("apply", "-f", "-", input=docs, check=check)
 
     def create(self, obj: dict[str, Any], check: bool = True) -> subprocess.CompletedProcess:
-        return self.run("create", "-f", "-", input=yaml.safe_dump(obj), check=check)
+        return self.run("create", "-f", "-", input=json.dumps(obj), check=check)
 
     def get(self, kind: str, name: str | None = None, *flags: str) -> Any:
         args = ["get", kind] + ([name] if name else []) + list(flags) + ["-o", "json"]

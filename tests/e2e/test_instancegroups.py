@@ -132,8 +132,10 @@ def ultraserver_group(ctx: Context) -> dict:
         st = _group_status(k, group)
         ns = _nodes(k, group)
         spares = [n for n in ns if n["metadata"]["labels"]["hyperplan.dev/role"] == "spare" and _ready(n)]
+        # Whole: the failed node is gone too (it leaves one pass after its replacement is Ready).
         return {"status": st, "nodes": ns} if (st.get("phase") == "Ready" and len(spares) == 2
-                                                and st.get("readyCount") == 20) else None
+                                                and st.get("readyCount") == 20
+                                                and st.get("unhealthyCount") == 0) else None
 
     out["recovered"] = eventually(whole_again, timeout=45, what="group whole again")
     def plan_ok() -> dict | None:
