@@ -15,6 +15,7 @@ from hyperplan import metrics
 from hyperplan.actuation.kube import Kube, api_client
 from hyperplan.actuation.ledger import CapacityLedger, KubeLedger
 from hyperplan.actuation.nodes import NodeProvider, providers
+from hyperplan.planning.lending import OperatorIdentity
 from hyperplan.planning.placement import TopologyKeys
 from hyperplan.planning.policy import Policy, get_policy
 from hyperplan.settings import Settings
@@ -67,6 +68,7 @@ class Runtime:
     ledger: CapacityLedger
     providers: dict[str, NodeProvider]
     keys: TopologyKeys = field(default_factory=TopologyKeys)
+    me: OperatorIdentity = field(default_factory=OperatorIdentity)  # never drained, never lent
     clock: Clock = utcnow
     wakeups: Wakeups = field(default_factory=Wakeups)
     # When a node's Unschedulable health label was first seen, by (node, value): the grace
@@ -99,8 +101,10 @@ class Runtime:
 def build_runtime(settings: Settings) -> Runtime:
     kube = Kube(api_client(settings.kubeconfig))
     layers = settings.network_layer_labels
+    me = OperatorIdentity(pod_name=settings.pod_name, namespace=settings.pod_namespace,
+                          node_name=settings.node_name, pod_labels=dict(settings.operator_pod_labels))
     return Runtime(settings=settings, policy=get_policy(settings.policy), kube=kube,
-                   ledger=KubeLedger(kube), providers=providers(kube),
+                   ledger=KubeLedger(kube), providers=providers(kube, me), me=me,
                    keys=TopologyKeys(settings.ultraserver_id_label, *layers))
 
 
