@@ -4,13 +4,14 @@ KWOK nodes labelled ``hyperplan.dev/pool=free`` play the static pool (kind's wor
 Two scenarios:
 
 * ``static_nodes``: one free node runs a pod labelled as the operator (the labels the chart
-  sets), one is cordoned by an admin, two are lendable. The group (its own ``labels`` and
-  ``taints``) gets exactly the two lendable ones. While they are held, another "operator
-  replica" lands on one, a DaemonSet runs on both, an admin cordons the other and a workload
-  pod runs there. At the termination time the drain evicts the workload pod only; both nodes
-  are handed back before the block ends with none of the group's labels, taints or
-  annotations; the node hyperplan cordoned is schedulable again, the one the admin cordoned is
-  not.
+  sets), one is cordoned by an admin, two are lendable. The group of three (with its own
+  ``labels`` and ``taints``) gets exactly the two lendable ones and a ``NoFreeNode`` warning
+  that says why the others were left out; when the admin uncordons the cordoned one, the group
+  adopts it. While they are held, another "operator replica" lands on one node, a DaemonSet
+  runs on all, an admin cordons another one, which runs a workload pod. At the termination
+  time the drain evicts the workload pod only; the nodes are handed back before the block ends
+  with none of the group's labels, taints or annotations; the nodes hyperplan cordoned are
+  schedulable again, the one the admin cordoned is not.
 * ``static_race``: two groups on one plan race at the same block start for the same four free
   nodes: each gets two distinct nodes, and the operator counts no reconcile error.
 """
@@ -63,27 +64,33 @@ def static_nodes(ctx: Context) -> dict:
     tag = uuid.uuid4().hex[:5]
     itype, zone, plan, group, ns = (f"ml.static-{tag}.xlarge", f"us-east-{tag}", f"static-{tag}", f"static-{tag}",
                                     f"static-{tag}")
-    w_op, w_cordoned, w_team, w_plain = (f"worker-{tag}-{s}" for s in ("op", "cordoned", "team", "plain"))
-    k.apply([free_node(w_op, itype, zone), free_node(w_cordoned, itype, zone, cordoned=True),
+    w_op, w_late, w_team, w_plain = (f"worker-{tag}-{s}" for s in ("op", "late", "team", "plain"))
+    k.apply([free_node(w_op, itype, zone), free_node(w_late, itype, zone, cordoned=True),
              free_node(w_team, itype, zone, labels={"team": "platform"}), free_node(w_plain, itype, zone)])
     k.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
     # The operator runs on one free worker (as if scheduled there before the pool was labelled).
     k.apply(pod_on("hyperplan-op", ns, w_op, OPERATOR_LABELS))
     eventually(lambda: running(k, "hyperplan-op", ns), timeout=60, what="operator pod Running on its node")
-    before = {n: k.get("node", n) for n in (w_op, w_cordoned, w_team, w_plain)}
+    before = {n: k.get("node", n) for n in (w_op, w_late, w_team, w_plain)}
 
-    k.create(pool_body(f"static-{tag}", itype, 2, az=zone))
-    k.create(plan_body(plan, itype, 2, duration="1m", autoPurchase=True,
+    k.create(pool_body(f"static-{tag}", itype, 4, az=zone))
+    k.create(plan_body(plan, itype, 4, duration="1m", autoPurchase=True,
                        startTimeAfter=ts(utcnow() + timedelta(seconds=20))))
-    k.create(group_body(group, plan, itype, 2, nodeProvider="static", labels={"team": f"g-{tag}"},
+    k.create(group_body(group, plan, itype, 3, nodeProvider="static", labels={"team": f"g-{tag}"},
                         taints=[{"key": GROUP_TAINT_KEY, "value": tag, "effect": "NoSchedule"}]))
     block = first_block(k, plan)
 
-    def held() -> list[dict] | None:
-        nodes = k.get("nodes", None, "-l", f"hyperplan.dev/instance-group={group}")["items"]
-        return nodes if len(nodes) == 2 else None
+    def held(count: int):
+        def check() -> list[dict] | None:
+            nodes = k.get("nodes", None, "-l", f"hyperplan.dev/instance-group={group}")["items"]
+            return nodes if len(nodes) == count else None
+        return check
 
-    during = eventually(held, timeout=90, what="two workers adopted")
+    during = eventually(held(2), timeout=90, what="the two lendable workers adopted")
+    short = eventually(lambda: next((e["message"] for e in events_for(k, group) if e["reason"] == "NoFreeNode"),
+                                    None), timeout=30, what="a NoFreeNode warning")
+    k.run("uncordon", w_late)  # the admin is done with it: the group, woken by the change, takes it
+    late = eventually(held(3), timeout=20, what="the uncordoned worker adopted")
     status = wait_phase(k, "instancegroup", group, "Ready", timeout=30)
 
     # While held: a second operator replica lands on one lent node (no affinity outside the
@@ -112,20 +119,22 @@ def static_nodes(ctx: Context) -> dict:
     def handed_back() -> bool:
         return all(k.get("node", n)["metadata"]["labels"].get("hyperplan.dev/pool") == "free"
                    and "hyperplan.dev/instance-group" not in k.get("node", n)["metadata"]["labels"]
-                   for n in (w_team, w_plain))
+                   for n in (w_late, w_team, w_plain))
 
     eventually(handed_back, timeout=120, interval=0.5, what="both lent nodes handed back")
     back_at = utcnow()
     end = parse_ts(block["endTime"])
     eventually(lambda: utcnow() > end + timedelta(seconds=2), timeout=120, interval=1, what="block end")
-    after = {n: k.get("node", n) for n in (w_op, w_cordoned, w_team, w_plain)}
+    after = {n: k.get("node", n) for n in (w_op, w_late, w_team, w_plain)}
     pods = {p["metadata"]["name"]: p for p in k.get("pods", None, "-n", ns)["items"]}
-    result = {"nodes": (w_op, w_cordoned, w_team, w_plain), "before": before, "during": during, "status": status,
+    result = {"nodes": (w_op, w_late, w_team, w_plain), "before": before, "during": during, "status": status,
+              "short": short, "late": late,
               "during_cordoned": during_cordoned, "after": after, "group": group, "tag": tag,
               "block": block, "back_at": back_at, "replica": replica, "pods": pods,
               "agents_before": agents_before, "agents_after": agents(),
               "events": [(e["reason"], e["message"]) for e in events_for(k, group)],
-              "node_events": {n: [(e["reason"], e["message"]) for e in events_for(k, n)] for n in (w_team, w_plain)}}
+              "node_events": {n: [(e["reason"], e["message"]) for e in events_for(k, n)]
+                              for n in (w_late, w_team, w_plain)}}
     k.run("delete", "namespace", ns, "--wait=false")
     return result
 
@@ -136,10 +145,14 @@ def hyperplan_keys(d: dict) -> set[str]:
 
 def test_static_nodes_are_adopted_for_the_block_and_handed_back(scenarios) -> None:
     r = scenarios["static_nodes"].result(timeout=400)
-    w_op, w_cordoned, w_team, w_plain = r["nodes"]
-    # The node running the operator and the cordoned one are left out; the two lendable ones are lent.
+    w_op, w_late, w_team, w_plain = r["nodes"]
+    # The node running the operator and the cordoned one are left out; the two lendable ones are
+    # lent, and the warning names the others and why.
     assert {n["metadata"]["name"] for n in r["during"]} == {w_team, w_plain}
-    for n in r["during"]:
+    assert re.search(rf"no free node of .*: {w_late} is cordoned; {w_op} runs the operator$", r["short"]), r["short"]
+    # Once uncordoned, the third worker is lent too; the operator's node never.
+    assert {n["metadata"]["name"] for n in r["late"]} == {w_late, w_team, w_plain}
+    for n in r["late"]:
         labels = n["metadata"]["labels"]
         assert labels["hyperplan.dev/pool"] == "held"
         assert labels["hyperplan.dev/role"] == "active"
@@ -149,18 +162,16 @@ def test_static_nodes_are_adopted_for_the_block_and_handed_back(scenarios) -> No
             (t["key"], t.get("value"), t["effect"]) for t in n["spec"].get("taints", [])}
         assert "hyperplan.dev/lent" in n["metadata"]["annotations"]
         assert not n["spec"].get("unschedulable")
-    assert r["status"]["readyCount"] == 2
-    assert [reason for reason, _ in r["events"]].count("NodeAdopted") == 2
-    for name in (w_op, w_cordoned):
-        assert r["after"][name]["metadata"]["labels"] == r["before"][name]["metadata"]["labels"]
-        assert r["after"][name]["spec"].get("unschedulable") == r["before"][name]["spec"].get("unschedulable")
-    assert r["after"][w_cordoned]["spec"]["unschedulable"] is True
+    assert r["status"]["readyCount"] == 3
+    assert [reason for reason, _ in r["events"]].count("NodeAdopted") == 3
+    assert r["after"][w_op]["metadata"]["labels"] == r["before"][w_op]["metadata"]["labels"]
+    assert not r["after"][w_op]["spec"].get("unschedulable")
 
 
 def test_handed_back_nodes_carry_nothing_of_the_group(scenarios) -> None:
     r = scenarios["static_nodes"].result(timeout=400)
-    _, _, w_team, w_plain = r["nodes"]
-    for name in (w_team, w_plain):
+    _, w_late, w_team, w_plain = r["nodes"]
+    for name in (w_late, w_team, w_plain):
         before, after = r["before"][name], r["after"][name]
         labels = after["metadata"]["labels"]
         assert hyperplan_keys(labels) == {"hyperplan.dev/pool"} and labels["hyperplan.dev/pool"] == "free"
@@ -171,14 +182,15 @@ def test_handed_back_nodes_carry_nothing_of_the_group(scenarios) -> None:
         taints = after["spec"].get("taints") or []
         assert [t for t in taints if t["key"] == GROUP_TAINT_KEY or t["key"].startswith("hyperplan.dev/")] == []
         assert hyperplan_keys(after["metadata"].get("annotations") or {}) == set()
-    assert r["after"][w_team]["spec"].get("unschedulable") in (None, False), "hyperplan's cordon was not undone"
+    for name in (w_team, w_late):
+        assert r["after"][name]["spec"].get("unschedulable") in (None, False), "hyperplan's cordon was not undone"
     assert r["during_cordoned"]["spec"]["unschedulable"] is True
     assert r["after"][w_plain]["spec"]["unschedulable"] is True, "the admin's cordon was undone"
     removed = {m.split(" drained")[0]: m for reason, m in r["events"] if reason == "NodeRemoved"}
-    assert len(removed) == 2
+    assert len(removed) == 3
     assert any(w_team in m and "uncordoned (hyperplan had cordoned it)" in m for m in removed.values())
     assert any(w_plain in m and "left cordoned (not cordoned by hyperplan)" in m for m in removed.values())
-    for name in (w_team, w_plain):  # the node itself tells its story too
+    for name in (w_late, w_team, w_plain):  # the node itself tells its story too
         assert [reason for reason, _ in r["node_events"][name]].count("NodeAdopted") == 1
         assert any(reason == "NodeRemoved" and "handed back to the free pool" in m
                    for reason, m in r["node_events"][name])

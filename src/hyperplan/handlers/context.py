@@ -87,6 +87,10 @@ class Runtime:
     unbought_plans: set[str] = field(default_factory=set)
     node_digests: dict[str, tuple] = field(default_factory=dict)  # see handlers.nodes.node_digest
     group_plans: dict[str, str] = field(default_factory=dict)
+    # Groups (label values) whose last pass found no lendable free static node: a change to a
+    # free node (uncordoned, Ready again, handed back) wakes them.
+    short_of_free_nodes: set[str] = field(default_factory=set)
+    free_node_digests: dict[str, tuple] = field(default_factory=dict)
 
     def wake_unbought_plans(self) -> None:
         for name in list(self.unbought_plans):

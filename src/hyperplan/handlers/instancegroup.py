@@ -246,6 +246,10 @@ def apply_decision(rt: Runtime, group_obj: dict[str, Any], provider_name: str, d
                 lost_race = True
             else:
                 events.append(outcome)
+    if any(ev.reason == "NoFreeNode" for _, ev in events):
+        rt.short_of_free_nodes.add(group_key)  # woken when a free node changes (handlers.nodes)
+    else:
+        rt.short_of_free_nodes.discard(group_key)
     backfills = sum(1 for a in d.remediation if isinstance(a, hl.Backfill))
     if backfills:
         metrics.REMEDIATIONS.labels("backfill").inc(backfills)
@@ -308,4 +312,5 @@ async def drain_group(name: str, spec: kopf.Spec, memo: kopf.Memo, body: kopf.Bo
         raise kopf.TemporaryError(f"{len(left)} node(s) still draining", delay=1)
     kopf.info(body, reason="Drained", message=f"all nodes of {name} drained and removed")
     rt.group_plans.pop(pl.label_value(name), None)
+    rt.short_of_free_nodes.discard(pl.label_value(name))
     rt.wake_groups_of(spec.get("trainingPlanRef", ""))  # they may take the room it leaves
