@@ -91,7 +91,8 @@ def test_chart_crds_are_the_generated_ones() -> None:
 
 def test_default_render_runs_the_operator_locked_down(helm) -> None:
     objs = by_kind(render(helm, namespace="hyperplan-system"))
-    assert set(objs) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "Deployment"}
+    assert set(objs) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "Deployment",
+                         "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
     dep = objs["Deployment"]
     assert dep["metadata"]["namespace"] == "hyperplan-system"
     assert dep["spec"]["replicas"] == 1
