@@ -94,7 +94,7 @@ def static_nodes(ctx: Context) -> dict:
     status = wait_phase(k, "instancegroup", group, "Ready", timeout=30)
 
     # While held: a second operator replica lands on one lent node (no affinity outside the
-    # chart), a DaemonSet runs on both, an admin cordons the other, which runs a workload pod.
+    # chart), a DaemonSet runs on all, an admin cordons another one, which runs a workload pod.
     k.apply(pod_on("hyperplan-replica", ns, w_team, OPERATOR_LABELS))
     k.apply(pod_on("trainer", ns, w_plain, {"app": "trainer"}))
     k.apply({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "agent", "namespace": ns},
@@ -121,7 +121,7 @@ def static_nodes(ctx: Context) -> dict:
                    and "hyperplan.dev/instance-group" not in k.get("node", n)["metadata"]["labels"]
                    for n in (w_late, w_team, w_plain))
 
-    eventually(handed_back, timeout=120, interval=0.5, what="both lent nodes handed back")
+    eventually(handed_back, timeout=120, interval=0.5, what="the lent nodes handed back")
     back_at = utcnow()
     end = parse_ts(block["endTime"])
     eventually(lambda: utcnow() > end + timedelta(seconds=2), timeout=120, interval=1, what="block end")
