@@ -97,13 +97,14 @@ def test_eight_adopters_racing_for_three_nodes(pool, plane, caplog) -> None:
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
-def test_one_provider_never_reaches_for_a_node_twice(pool, plane, caplog) -> None:
-    """The parallel creates of one pass share a provider: its claims keep them on distinct nodes,
-    so not even a refused (409) patch happens."""
-    caplog.set_level(logging.INFO, logger="hyperplan.actuation.nodes")
+def test_one_provider_never_reaches_for_a_node_twice(pool, plane) -> None:
+    """The parallel creates of one pass share a provider: its claims keep them on distinct nodes.
+    (A 409 may still happen and be retried: KWOK's status heartbeats change the node's
+    resourceVersion too, as a kubelet's status updates do.)"""
     make, itype, zone = pool
     names = make(4)
-    provider = StaticProvider(Kube(api_client(str(plane.kubeconfig))))
+    kube = Kube(api_client(str(plane.kubeconfig)))
+    provider = StaticProvider(kube)
     start = threading.Barrier(4)
 
     def adopt(i: int) -> str:
@@ -113,7 +114,8 @@ def test_one_provider_never_reaches_for_a_node_twice(pool, plane, caplog) -> Non
     with ThreadPoolExecutor(4) as pool_:
         got = list(pool_.map(adopt, range(4)))
     assert sorted(got) == sorted(names)
-    assert [r.getMessage() for r in caplog.records if "409" in r.getMessage()] == []
+    assert {kube.core.read_node(n).metadata.labels[ln.LABEL_NODE_ID] for n in names} == {f"hp-p-{i}" for i in range(4)}
+    assert provider._claims == set()  # every claim released
 
 
 def test_a_node_running_the_operator_is_not_adopted(pool, plane, crds: Kubectl) -> None:
