@@ -93,10 +93,10 @@ def test_default_render_runs_the_operator_locked_down(helm) -> None:
     objs = by_kind(render(helm, namespace="hyperplan-system"))
     assert set(objs) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "Deployment",
                          "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "Role",
-                         "RoleBinding"}
+                         "RoleBinding", "PodDisruptionBudget"}
     dep = objs["Deployment"]
     assert dep["metadata"]["namespace"] == "hyperplan-system"
-    assert dep["spec"]["replicas"] == 1
+    assert dep["spec"]["replicas"] == 2
     pod = dep["spec"]["template"]["spec"]
     c = container(dep)
     assert [*c["command"], *c["args"]] == ["hyperplan", "run"]
@@ -128,6 +128,31 @@ def test_default_render_runs_the_operator_locked_down(helm) -> None:
         ("true", "8000", "/metrics")
 
 
+def test_two_replicas_elect_a_leader_and_survive_a_drain(helm) -> None:
+    """Two replicas by default: a leader Lease, a PodDisruptionBudget, spread over nodes, and a
+    rolling update that starts the new pod before it stops the old one."""
+    objs = by_kind(render(helm, namespace="hyperplan-system"))
+    dep, pdb = objs["Deployment"], objs["PodDisruptionBudget"]
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert dep["spec"]["strategy"] == {"type": "RollingUpdate",
+                                       "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    (pref,) = dep["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"]
+    assert pref["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert pref["podAffinityTerm"]["labelSelector"]["matchLabels"].items() <= labels.items()
+    env = env_of(container(dep))
+    assert (env["HYPERPLAN_LEADER_ELECTION"], env["HYPERPLAN_LEASE_DURATION_SECONDS"],
+            env["HYPERPLAN_RENEW_DEADLINE_SECONDS"], env["HYPERPLAN_RETRY_PERIOD_SECONDS"]) == \
+        ("true", "15", "10", "2")
+    # One replica: no budget (it would block every drain) and nothing to spread.
+    one = by_kind(render(helm, "--set", "replicas=1", "--set", "leaderElection.leaseDurationSeconds=30"))
+    assert "PodDisruptionBudget" not in one
+    assert "podAntiAffinity" not in one["Deployment"]["spec"]["template"]["spec"]["affinity"]
+    assert env_of(container(one["Deployment"]))["HYPERPLAN_LEASE_DURATION_SECONDS"] == "30"
+
+
 AVOID_LENT = [{"key": "hyperplan.dev/pool", "operator": "DoesNotExist"},
               {"key": "hyperplan.dev/instance-group", "operator": "DoesNotExist"}]
 
@@ -137,8 +162,8 @@ def test_operator_stays_off_lent_nodes_and_knows_itself(helm) -> None:
     it), and it gets its own name, namespace and node, and the labels of its replicas."""
     dep = by_kind(render(helm, namespace="hyperplan-system"))["Deployment"]
     pod = dep["spec"]["template"]["spec"]
-    assert pod["affinity"] == {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-        "nodeSelectorTerms": [{"matchExpressions": AVOID_LENT}]}}}
+    assert pod["affinity"]["nodeAffinity"] == {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": AVOID_LENT}]}}
     env = {e["name"]: e for e in container(dep)["env"]}
     assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert env["POD_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
@@ -176,7 +201,7 @@ def test_users_affinity_is_kept_and_narrowed(helm, tmp_path: Path) -> None:
     # Only the user's affinity, as given, when they opt out.
     plain = by_kind(render(helm, "-f", str(values), "--set", "avoidLentNodes=false"))["Deployment"]
     assert plain["spec"]["template"]["spec"]["affinity"] == mine
-    none = by_kind(render(helm, "--set", "avoidLentNodes=false"))["Deployment"]
+    none = by_kind(render(helm, "--set", "avoidLentNodes=false", "--set", "spreadReplicas=false"))["Deployment"]
     assert "affinity" not in none["spec"]["template"]["spec"]
 
 
