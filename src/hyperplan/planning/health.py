@@ -55,11 +55,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 
 from hyperplan.planning.placement import (
+    ANNOTATION_CORDONED,
     HEALTH_PENDING_REPLACEMENT,
     HEALTH_UNSCHEDULABLE,
+    LABEL_HEALTH,
     ROLE_ACTIVE,
     ROLE_SPARE,
     UNHEALTHY_TAINT,
@@ -68,6 +70,48 @@ from hyperplan.planning.placement import (
     Taint,
     UltraServer,
 )
+
+
+# ---------------------------------------------------------------------------- memory on the node
+
+ANNOTATION_HEALTH_SINCE = "hyperplan.dev/health-signal-since"
+"""``<health label value>@<RFC 3339>``: when the operator first saw a node's ``Unschedulable*``
+health label. Labels carry no time, and the grace of that signal counts from the first sight:
+kept on the node, a restarted operator neither judges the node early nor starts its grace anew."""
+
+
+def health_signal_record(value: str, since: datetime) -> str:
+    return f"{value}@{since.astimezone(timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')}"
+
+
+def parse_health_signal_record(text: str | None) -> tuple[str, datetime] | None:
+    """The (value, since) of a :data:`ANNOTATION_HEALTH_SINCE` value; None when unreadable."""
+    if not text or "@" not in text:
+        return None
+    value, _, when = text.rpartition("@")
+    try:
+        return value, datetime.fromisoformat(when.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def health_label_since(value: str | None, recorded: str | None, first_seen: datetime) -> datetime | None:
+    """When the grace of health label ``value`` started: the time recorded on the node for that
+    same value (if it is earlier), else ``first_seen`` (this process's first sight)."""
+    if not value:
+        return None
+    record = parse_health_signal_record(recorded)
+    if record is not None and record[0] == value:
+        return min(record[1], first_seen)
+    return first_seen
+
+
+def removed_by_operator(labels: Mapping[str, str], annotations: Mapping[str, str]) -> bool:
+    """Whether a node that was deleted had been put on its way out by the operator: cordoned by
+    a drain (:data:`ANNOTATION_CORDONED`) or marked for replacement. Read from the node's last
+    state, so it holds after a restart; anything else deleted from under a group is a failure."""
+    return (annotations.get(ANNOTATION_CORDONED) == "true"
+            or labels.get(LABEL_HEALTH) == HEALTH_PENDING_REPLACEMENT)
 
 READY = "Ready"
 REASON_TOO_MANY_UNHEALTHY = "TooManyUnhealthy"
