@@ -57,6 +57,18 @@ SPARE_PROMOTION = Histogram(
     "From the end of a failed node's grace to a spare serving in its place.",
     buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60))
 
+# Known label values start at 0, so rates and panels have a series before the first event.
+KINDS = ("TrainingPlan", "InstanceGroup")
+REMEDIATION_ACTIONS = ("mark", "promote", "backfill", "remove")
+for _kind in KINDS:
+    RECONCILE_DURATION.labels(_kind)
+    STATUS_WRITES.labels(_kind)
+    for _result in ("ok", "error"):
+        RECONCILES.labels(_kind, _result)
+for _action in REMEDIATION_ACTIONS:
+    REMEDIATIONS.labels(_action)
+PURCHASES.labels("Purchased")
+
 # Group -> the block whose provisioning was already observed (once per group and block).
 _provisioned: dict[str, str] = {}
 _provisioned_lock = threading.Lock()
