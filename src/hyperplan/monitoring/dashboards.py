@@ -80,15 +80,18 @@ def overview() -> dash.Dashboard:
          .with_variable(_variable("group", "Instance group"))
          .with_variable(_variable("pool", "Capacity pool")))
 
+    def add(panel) -> None:
+        d.with_panel(panel.datasource(DATASOURCE))
+
     d.with_row(dash.Row("Training plans"))
-    d.with_panel(
+    add(
         bargauge.Panel().title("Plans by phase").span(6).height(7)
         .description("How many training plans are in each phase now (all plans).")
         .with_target(_query("sum by (phase) (hyperplan_training_plans)", "{{phase}}"))
         .orientation(common.VizOrientation.HORIZONTAL).display_mode(common.BarGaugeDisplayMode.BASIC)
         .reduce_options(common_b.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
         .min(0).decimals(0))
-    d.with_panel(
+    add(
         statetimeline.Panel().title("Plan phase over time").span(18).height(7)
         .description("Each plan's phase (Pending, Scheduled, Active, Expired, Failed) over time: when "
                      "blocks started and ended, and gaps between them.")
@@ -96,20 +99,20 @@ def overview() -> dash.Dashboard:
                             "{{plan}}"))
         .mappings([_mapping(PHASE_CODES, PHASE_COLORS)]).merge_values(True)
         .show_value(common.VisibilityMode.AUTO).legend(common_b.VizLegendOptions().show_legend(False)))
-    d.with_panel(
+    add(
         stat.Panel().title("Until the active block's termination").span(8).height(6)
         .description("Time left until each plan's active block reaches its termination time, when "
                      "nodes start to drain (negative: passed, the block ends soon).")
         .with_target(_query(f"hyperplan_training_plan_seconds_to_termination{{{PLAN}}}", "{{plan}}"))
         .unit("s").reduce_options(common_b.ReduceDataOptions().calcs(["lastNotNull"]))
         .text_mode(common.BigValueTextMode.VALUE_AND_NAME))
-    d.with_panel(
+    add(
         stat.Panel().title("Until the next block starts").span(8).height(6)
         .description("Time until each plan's next reserved-capacity block starts.")
         .with_target(_query(f"hyperplan_training_plan_seconds_to_next_block_start{{{PLAN}}}", "{{plan}}"))
         .unit("s").reduce_options(common_b.ReduceDataOptions().calcs(["lastNotNull"]))
         .text_mode(common.BigValueTextMode.VALUE_AND_NAME))
-    d.with_panel(
+    add(
         timeseries.Panel().title("Plan instances").span(8).height(6)
         .description("Instances of each plan's current (or next) block: reserved in total, in use by "
                      "groups, available for a new group, available spares, unhealthy.")
@@ -118,7 +121,7 @@ def overview() -> dash.Dashboard:
         .min(0).decimals(0).legend(_legend_right()))
 
     d.with_row(dash.Row("Capacity pools"))
-    d.with_panel(
+    add(
         timeseries.Panel().title("Pool capacity: sold vs free").span(16).height(8)
         .description("Instances of each capacity pool sold (this operator's reservations and capacity "
                      "sold to others) and free, over time.")
@@ -126,7 +129,7 @@ def overview() -> dash.Dashboard:
                             "{{pool}} {{state}}"))
         .stacking(common_b.StackingConfig().mode(common.StackingMode.NORMAL).group("A"))
         .fill_opacity(40).min(0).decimals(0).legend(_legend_right()))
-    d.with_panel(
+    add(
         stat.Panel().title("Until a pool has room again").span(8).height(8)
         .description("How long until each pool has room for one more instance (one UltraServer for "
                      "UltraServer pools); 0 when it has room now.")
@@ -136,28 +139,28 @@ def overview() -> dash.Dashboard:
         .text_mode(common.BigValueTextMode.VALUE_AND_NAME))
 
     d.with_row(dash.Row("Instance groups and UltraServers"))
-    d.with_panel(
+    add(
         timeseries.Panel().title("Group nodes by state").span(12).height(8)
         .description("Each instance group's nodes: desired active count, active and Ready, Ready spares, "
                      "unhealthy, and present (every node that exists, draining ones included).")
         .with_target(_query(f"sum by (group, state) (hyperplan_instance_group_nodes{{{GROUP}}})",
                             "{{group}} {{state}}"))
         .min(0).decimals(0).legend(_legend_right()))
-    d.with_panel(
+    add(
         statushistory.Panel().title("UltraServer health").span(12).height(8)
         .description("Health of each UltraServer of the selected plans over time: ok, impaired (an "
                      "unhealthy instance), insufficient-data (no nodes to judge).")
         .with_target(_query(_coded("hyperplan_ultraserver_health", "status", HEALTH_CODES, PLAN,
                                    "plan, ultraserver"), "{{plan}} {{ultraserver}}"))
         .mappings([_mapping(HEALTH_CODES, HEALTH_COLORS)]).show_value(common.VisibilityMode.NEVER))
-    d.with_panel(
+    add(
         timeseries.Panel().title("Spares available per UltraServer").span(12).height(7)
         .description("Healthy spare instances left on each UltraServer; 0 with instances in use means the "
                      "next failure there has no NVLink-local replacement.")
         .with_target(_query(f'sum by (plan, ultraserver) (hyperplan_ultraserver_instances{{{PLAN}, count="spare"}})',
                             "{{plan}} {{ultraserver}}"))
         .min(0).decimals(0).legend(_legend_right()))
-    d.with_panel(
+    add(
         timeseries.Panel().title("UltraServer instances in use and unhealthy").span(12).height(7)
         .description("Instances in use by groups and unhealthy instances on each UltraServer.")
         .with_target(_query(
@@ -166,14 +169,14 @@ def overview() -> dash.Dashboard:
         .min(0).decimals(0).legend(_legend_right()))
 
     d.with_row(dash.Row("Failures and the operator"))
-    d.with_panel(
+    add(
         timeseries.Panel().title("Remediations").span(8).height(7)
         .description("Remediation actions taken: failed nodes marked, spares promoted, replacements "
                      "created (backfill), failed nodes removed.")
         .with_target(_query("sum by (action) (increase(hyperplan_remediations_total[$__rate_interval]))",
                             "{{action}}"))
         .draw_style(common.GraphDrawStyle.BARS).fill_opacity(60).min(0).legend(_legend_right()))
-    d.with_panel(
+    add(
         timeseries.Panel().title("Spare promotion latency").span(8).height(7)
         .description("From the end of a failed node's grace to a spare serving in its place (p50, p95).")
         .with_target(_query("histogram_quantile(0.5, sum by (le) "
@@ -181,7 +184,7 @@ def overview() -> dash.Dashboard:
         .with_target(_query("histogram_quantile(0.95, sum by (le) "
                             "(rate(hyperplan_spare_promotion_seconds_bucket[$__rate_interval])))", "p95", "B"))
         .unit("s").min(0).span_nulls(True))
-    d.with_panel(
+    add(
         timeseries.Panel().title("Group provisioning latency").span(8).height(7)
         .description("From a block's start to all of a group's active nodes Ready (p50, p95).")
         .with_target(_query("histogram_quantile(0.5, sum by (le) "
@@ -189,21 +192,21 @@ def overview() -> dash.Dashboard:
         .with_target(_query("histogram_quantile(0.95, sum by (le) "
                             "(rate(hyperplan_group_provisioning_seconds_bucket[$__rate_interval])))", "p95", "B"))
         .unit("s").min(0).span_nulls(True))
-    d.with_panel(
+    add(
         timeseries.Panel().title("Transition lag").span(8).height(7)
         .description("Delay between a block boundary and the reconcile that acted on it (p99; aim: "
                      "under 1s).")
         .with_target(_query("histogram_quantile(0.99, sum by (le) "
                             "(rate(hyperplan_transition_lag_seconds_bucket[$__rate_interval])))", "p99"))
         .unit("s").min(0).span_nulls(True))
-    d.with_panel(
+    add(
         timeseries.Panel().title("Reconcile errors").span(8).height(7)
         .description("Failed reconcile passes per second, by kind (retried after 5s; see the operator's "
                      "log and the objects' conditions).")
         .with_target(_query('sum by (kind) (rate(hyperplan_reconciles_total{result="error"}[$__rate_interval]))',
                             "{{kind}}"))
         .unit("reqps").min(0).legend(_legend_right()))
-    d.with_panel(
+    add(
         timeseries.Panel().title("Reconcile duration").span(8).height(7)
         .description("How long reconcile passes take, by kind (p95).")
         .with_target(_query("histogram_quantile(0.95, sum by (le, kind) "
