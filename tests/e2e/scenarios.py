@@ -28,6 +28,7 @@ def scenario(fn: Callable[["Context"], Any]) -> Callable[["Context"], Any]:
 class Context:
     kubectl: Kubectl
     kube: Any  # hyperplan.actuation.kube.Kube
+    metrics: Callable[[], str] | None = None  # the operator's /metrics text, read now
 
 
 def utcnow() -> datetime:
