@@ -45,6 +45,8 @@ async def pool_seen(name: str, type: str | None, body: kopf.Body, **_: Any) -> N
     observe(metrics.OBSERVED, "capacitypools", name, type, dict(body))
 
 
-@kopf.on.event("", "v1", "nodes", labels={LABEL_GROUP: kopf.PRESENT})
-async def group_node_seen(name: str, type: str | None, labels: kopf.Labels, **_: Any) -> None:
+@kopf.on.event("", "v1", "nodes")
+async def node_seen(name: str, type: str | None, labels: kopf.Labels, **_: Any) -> None:
+    """Which group a node belongs to. Unfiltered (kopf filters labels on our side of one watch
+    anyway) so that a node handed back without the group label leaves the group's count."""
     metrics.OBSERVED.put_node(name, None if type == "DELETED" else labels.get(LABEL_GROUP))
