@@ -127,9 +127,14 @@ def _record(scenarios) -> dict:
     return scenarios["dashboard_story"].result(timeout=600)
 
 
+def _regex_value(value: str) -> str:
+    """A variable's value as Grafana puts it into ``=~"..."``: regex characters escaped for PromQL."""
+    return re.sub(r"([\\^$.|?*+()\[\]{}])", r"\\\\\1", value)
+
+
 def _filled(expr: str, record: dict) -> str:
-    values = {"plan": re.escape(record["plan"]), "group": re.escape(record["group"]),
-              "pool": re.escape(record["pool"]), "__rate_interval": RATE_INTERVAL}
+    values = {"plan": _regex_value(record["plan"]), "group": _regex_value(record["group"]),
+              "pool": _regex_value(record["pool"]), "__rate_interval": RATE_INTERVAL}
     filled = re.sub(r"\$(\w+)", lambda m: values[m.group(1)], expr)
     assert "$" not in filled, filled
     return filled
