@@ -53,6 +53,19 @@ def _families_without_samples(text: str) -> list[str]:
                   if f.name.startswith("hyperplan_") and not f.samples)
 
 
+def _read_metrics(ctx: Context) -> str:
+    """The operator's /metrics now (retried while it is restarting, as another test may make it)."""
+    assert ctx.metrics is not None, "the scenarios fixture passes the operator's /metrics reader"
+
+    def read() -> str | None:
+        try:
+            return ctx.metrics()
+        except OSError:
+            return None
+
+    return eventually(read, timeout=60, what="the operator's /metrics")
+
+
 @scenario
 def dashboard_story(ctx: Context) -> dict:
     k = ctx.kubectl
@@ -102,7 +115,7 @@ def dashboard_story(ctx: Context) -> dict:
     ultraservers = [u["id"] for u in k.get("trainingplan", plan)["status"].get("ultraServers", [])]
     out["ultraservers"] = ultraservers
     # /metrics with the block active: every declared family must have samples.
-    out["metrics_active"] = ctx.metrics() if ctx.metrics else ""
+    out["metrics_active"] = _read_metrics(ctx)
     out["end"] = utcnow() + timedelta(seconds=3)
     eventually(lambda: utcnow() > out["end"], timeout=10, interval=0.5, what="last scrapes")
 
@@ -115,7 +128,7 @@ def dashboard_story(ctx: Context) -> dict:
     names = [pool, plan, group, later_plan, later_pool, *ultraservers]
 
     def clean() -> str | None:
-        text = ctx.metrics() if ctx.metrics else ""
+        text = _read_metrics(ctx)
         return text if not any(f'"{n}"' in text for n in names) else None
 
     out["metrics_after_delete"] = eventually(clean, timeout=30, what="series of deleted objects gone")
