@@ -1,8 +1,8 @@
 """Every panel of the committed dashboards answers from a real Prometheus, and metrics follow objects.
 
 One scenario (demo profile) on the session's operator, scraped every second by the session's real
-Prometheus from before the scenario starts: a pool of two x72 UltraServers and a plan on them, a
-group of 20 (17 + 3 active, a spare per UltraServer), an injected node failure and the spare that
+Prometheus from before the scenario starts: a pool of two x36 UltraServers and a plan on them, a
+group of 10 (8 + 2 active, a spare per UltraServer), an injected node failure and the spare that
 takes over, and a second plan whose block is still ahead. Then:
 - every target expression of every panel of ``deploy/grafana/*.json``, with ``$plan``, ``$group``
   and ``$pool`` set to the scenario's objects, returns at least one series with a value over the
@@ -33,7 +33,9 @@ from tests.kube import eventually
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = sorted((ROOT / "deploy" / "grafana").glob("*.json"))
 ITYPE = "ml.p6e-gb200.36xlarge"
-US_TYPE = "ml.u-p6e-gb200x72"
+# x36 (9 instances each): the x72 pools of test_instancegroups.py are not ours to race for.
+US_TYPE = "ml.u-p6e-gb200x36"
+GROUP_SIZE = 10  # 8 on the first UltraServer, 2 on the second, a spare on each
 RATE_INTERVAL = "15s"  # what Grafana's $__rate_interval is for a 1s scrape and a short range
 
 
@@ -75,7 +77,7 @@ def dashboard_story(ctx: Context) -> dict:
     later_type = f"ml.dash-{tag}.xlarge"
     out: dict = {"pool": pool, "plan": plan, "group": group, "later_plan": later_plan,
                  "later_pool": later_pool, "start": utcnow()}
-    k.create(pool_body(pool, ITYPE, 36, az=f"us-west-{tag}", ultraServerType=US_TYPE))
+    k.create(pool_body(pool, ITYPE, 18, az=f"us-west-{tag}", ultraServerType=US_TYPE))
     k.create(pool_body(later_pool, later_type, 4))
     k.create({"apiVersion": API, "kind": "TrainingPlan", "metadata": {"name": plan}, "spec": {
         "ultraServerType": US_TYPE, "ultraServerCount": 2, "targetResource": "hyperpod-cluster",
@@ -83,7 +85,8 @@ def dashboard_story(ctx: Context) -> dict:
     # A block well ahead: a "next block start" to show all along.
     k.create(plan_body(later_plan, later_type, 2, duration="1m", autoPurchase=True,
                        startTimeAfter=ts(utcnow() + timedelta(minutes=30))))
-    k.create(group_body(group, plan, ITYPE, 20, healthCheck={"graceSeconds": 5, "maxUnhealthy": 2}))
+    k.create(group_body(group, plan, ITYPE, GROUP_SIZE, healthCheck={"graceSeconds": 5, "maxUnhealthy": 2}))
+    wait_phase(k, "trainingplan", plan, "Scheduled", timeout=60)
     wait_phase(k, "trainingplan", later_plan, "Scheduled", timeout=60)
     wait_phase(k, "instancegroup", group, "Ready", timeout=150)
 
@@ -108,7 +111,7 @@ def dashboard_story(ctx: Context) -> dict:
 
     def whole() -> dict | None:
         st = k.get("instancegroup", group).get("status") or {}
-        return st if st.get("phase") == "Ready" and st.get("readyCount") == 20 and st.get("spareCount") == 2 \
+        return st if st.get("phase") == "Ready" and st.get("readyCount") == GROUP_SIZE and st.get("spareCount") == 2 \
             and st.get("unhealthyCount") == 0 else None
 
     eventually(whole, timeout=60, what="group whole again")
@@ -192,7 +195,7 @@ def test_phase_timeline_and_node_panels_tell_the_story(scenarios, session_promet
     codes = [c for i, c in enumerate(seen) if i == 0 or seen[i - 1] != c]
     assert 2 in codes and codes[-1] == 3, f"Scheduled, then Active at the end expected; saw {codes}"
     present = _range(session_prometheus, f'hyperplan_instance_group_nodes{{group="{group}", state="present"}}', record)
-    assert max(float(v) for _, v in present[0]["values"]) >= 22
+    assert max(float(v) for _, v in present[0]["values"]) >= GROUP_SIZE + 2
     health = _range(session_prometheus, f'hyperplan_ultraserver_health{{plan="{plan}", status="impaired"}}', record)
     assert any(float(v) == 1 for s in health for _, v in s["values"]), "the failure made an UltraServer impaired"
     promotions = _range(session_prometheus, 'sum(increase(hyperplan_spare_promotion_seconds_count[1m]))', record)
