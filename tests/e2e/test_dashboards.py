@@ -196,8 +196,12 @@ def test_phase_timeline_and_node_panels_tell_the_story(scenarios, session_promet
     assert 2 in codes and codes[-1] == 3, f"Scheduled, then Active at the end expected; saw {codes}"
     present = _range(session_prometheus, f'hyperplan_instance_group_nodes{{group="{group}", state="present"}}', record)
     assert max(float(v) for _, v in present[0]["values"]) >= GROUP_SIZE + 2
-    health = _range(session_prometheus, f'hyperplan_ultraserver_health{{plan="{plan}", status="impaired"}}', record)
-    assert any(float(v) == 1 for s in health for _, v in s["values"]), "the failure made an UltraServer impaired"
+    # (The UltraServer's `impaired` may last less than a scrape interval: its panel is only
+    # required to show a series; test_instancegroups.py watches the status for it.)
+    health = _range(session_prometheus, f'hyperplan_ultraserver_health{{plan="{plan}", status="ok"}}', record)
+    assert len(health) == 2, "one health series per UltraServer of the plan"
+    marks = _range(session_prometheus, 'sum(increase(hyperplan_remediations_total{action="mark"}[1m]))', record)
+    assert any(float(v) > 0 for s in marks for _, v in s["values"]), "the failed node was marked"
     promotions = _range(session_prometheus, 'sum(increase(hyperplan_spare_promotion_seconds_count[1m]))', record)
     assert any(float(v) > 0 for s in promotions for _, v in s["values"])
 
