@@ -81,7 +81,8 @@ def dashboard_story(ctx: Context) -> dict:
     k.create(pool_body(later_pool, later_type, 4))
     k.create({"apiVersion": API, "kind": "TrainingPlan", "metadata": {"name": plan}, "spec": {
         "ultraServerType": US_TYPE, "ultraServerCount": 2, "targetResource": "hyperpod-cluster",
-        "duration": "3m", "autoPurchase": True, "startTimeAfter": ts(utcnow() + timedelta(seconds=20))}})
+        # Starts 40 s in: not on the boundary at ~25 s where test_plans.py measures a transition.
+        "duration": "3m", "autoPurchase": True, "startTimeAfter": ts(utcnow() + timedelta(seconds=40))}})
     # A block well ahead: a "next block start" to show all along.
     k.create(plan_body(later_plan, later_type, 2, duration="1m", autoPurchase=True,
                        startTimeAfter=ts(utcnow() + timedelta(minutes=30))))
