@@ -213,11 +213,8 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     for ev in decision.events:
         log.info("group %s: %s: %s", name, ev.reason, ev.message)
         kopf.event(obj, type=ev.type, reason=ev.reason, message=ev.message)
-    for state, value in (("desired", decision.status.desired_count), ("ready", decision.status.ready_count),
-                         ("spare", decision.status.spare_count), ("unhealthy", decision.status.unhealthy_count)):
-        metrics.GROUP_NODES.labels(name, state).set(value)
-    blocked = any(c.type == "RemediationAllowed" and c.status == "False" for c in decision.status.conditions)
-    metrics.REMEDIATION_BLOCKED.labels(name).set(1 if blocked else 0)
+    metrics.observe_group_pass(name, group.status, decision.status,
+                               decision.block.start_time if decision.block else None, rt.clock())
     if plan is not None and (decision.create or decision.drain or decision.remediation or decision.update):
         rt.wakeups.wake("plan", plan.name)
     if lost_race:  # another writer adopted the free node first: choose again shortly
@@ -253,6 +250,7 @@ def apply_decision(rt: Runtime, group_obj: dict[str, Any], provider_name: str, d
             events.append((node_body(node), Event("Normal", "SparePromoted",
                                                   f"spare {action.spare} ({where}) replaces {action.replacing}")))
             metrics.REMEDIATIONS.labels("promote").inc()
+            metrics.observe_spare_promotion(action.grace_ended, rt.clock())
         elif isinstance(action, hl.RemoveNode):
             what = release(rt, provider, action.node, group_key)
             events.append((None, Event("Normal", "NodeRemoved", f"{action.node} removed: {action.reason}; {what}")))

@@ -54,7 +54,7 @@ repeating the plan after a partial run converges.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
 from hyperplan.planning.placement import (
@@ -198,13 +198,15 @@ def parse_condition_spec(text: str) -> tuple[str, str]:
 class HealthVerdict:
     """``unhealthy``, ``unknown`` and ``healthy`` partition the nodes; ``pending`` lists the
     nodes (healthy or unknown) with a signal still inside its grace, ``next_check`` the
-    earliest moment one of those passes its grace (``None``: nothing pending)."""
+    earliest moment one of those passes its grace (``None``: nothing pending);
+    ``grace_ended`` when the grace of each unhealthy node's signal ended (when known)."""
 
     unhealthy: Mapping[str, str]
     healthy: tuple[str, ...]
     unknown: Mapping[str, str]
     pending: Mapping[str, str]
     next_check: datetime | None
+    grace_ended: Mapping[str, datetime] = field(default_factory=dict)
 
 
 _Signal = tuple[str, datetime | None, timedelta]
@@ -236,6 +238,7 @@ def evaluate_health(nodes: Sequence[NodeObservation], check: HealthCheck,
                     now: datetime) -> HealthVerdict:
     """Judge every node at ``now`` (see the module docstring)."""
     unhealthy: dict[str, str] = {}
+    grace_ended: dict[str, datetime] = {}
     unknown: dict[str, str] = {}
     pending: dict[str, str] = {}
     healthy: list[str] = []
@@ -253,6 +256,8 @@ def evaluate_health(nodes: Sequence[NodeObservation], check: HealthCheck,
             # the signal that passed its grace first (unknown start = earliest)
             expired.sort(key=lambda e: (e[0] is not None, e[0] or now, e[1]))
             unhealthy[node.name] = expired[0][2]
+            if expired[0][0] is not None:
+                grace_ended[node.name] = expired[0][0]
             continue
         if waiting:
             waiting.sort()
@@ -263,7 +268,7 @@ def evaluate_health(nodes: Sequence[NodeObservation], check: HealthCheck,
             unknown[node.name] = SIGNAL_LEASE_EXPIRED
         else:
             healthy.append(node.name)
-    return HealthVerdict(unhealthy, tuple(healthy), unknown, pending, next_check)
+    return HealthVerdict(unhealthy, tuple(healthy), unknown, pending, next_check, grace_ended)
 
 
 # --------------------------------------------------------------------------- circuit breaker
@@ -330,6 +335,8 @@ class PromoteSpare:
     replacing: str
     ultraserver_id: str | None
     same_ultraserver: bool
+    # When the failed node's grace ended (for the promotion-latency histogram); not compared.
+    grace_ended: datetime | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -443,7 +450,7 @@ def plan_remediation(
                 promoted = True
                 promotions.append(PromoteSpare(
                     spare.name, name, spare.ultraserver_id,
-                    spare.ultraserver_id == node.ultraserver_id))
+                    spare.ultraserver_id == node.ultraserver_id, verdict.grace_ended.get(name)))
 
         replaced = node.slot is not None and any(
             o.exists and o.slot == node.slot and o.generation > node.generation
