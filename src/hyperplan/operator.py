@@ -19,6 +19,7 @@ import logging
 import os
 import signal
 import socket
+import threading
 import time
 
 import kopf
@@ -67,7 +68,10 @@ def build_elector(hp: Settings, api) -> LeaderElector:
     namespace = hp.leader_election_namespace or hp.pod_namespace or "default"
     identity = hp.leader_election_identity or hp.pod_name or f"{socket.gethostname()}-{os.getpid()}"
     timing = Timing(hp.lease_duration_seconds, hp.renew_deadline_seconds, hp.retry_period_seconds)
-    return LeaderElector(KubeLeaseStore(api, namespace, hp.leader_election_lease_name), identity, timing)
+    # Each Lease call is bounded so that the renew deadline is judged on time (3 tries fit in it).
+    store = KubeLeaseStore(api, namespace, hp.leader_election_lease_name,
+                           request_timeout=max(1.0, min(5.0, hp.renew_deadline_seconds / 3)))
+    return LeaderElector(store, identity, timing)
 
 
 async def run_elected(hp: Settings, runtime) -> int:
@@ -91,30 +95,38 @@ async def run_elected(hp: Settings, runtime) -> int:
                 return 0
             log.info("leading as %s after %.1fs", elector.identity, time.monotonic() - waited)
         metrics.LEADER.set(1)
-        # Our tasks exist before kopf starts: kopf cancels every task created after its start.
-        watchers = {asyncio.create_task(stop.wait())}
-        renewing = asyncio.create_task(elector.keep_renewing(stop)) if elector else None
-        if renewing:
-            watchers.add(renewing)
+        # Renewals run on a thread of their own (see LeaderElector.renew_until_lost). When the
+        # Lease is lost the process exits at once, as a controller-runtime manager does: handler
+        # threads may be in the middle of API calls, and only the exit stops them all before the
+        # standby acts. The kubelet restarts the container, which then stands by.
+        renew_stop = threading.Event()
+        renewer = None
+        if elector is not None:
+            def renew() -> None:
+                if not elector.renew_until_lost(renew_stop):
+                    log.error("lost the lease %s (not renewed for %gs, or another holder): exiting so "
+                              "that only the new leader acts", elector.store.name,
+                              hp.renew_deadline_seconds)
+                    logging.shutdown()
+                    os._exit(1)
+            renewer = threading.Thread(target=renew, name="leader-election", daemon=True)
+            renewer.start()
+        # Our task exists before kopf starts: kopf cancels every task created after its start.
+        stopping = asyncio.create_task(stop.wait())
         # No stop_flag: kopf takes SIGTERM itself once it runs (its own signal handlers replace
-        # ours), and a stop flag it never sees set would hold its shutdown up for 5 s. To stop
-        # it for a lost lease, the task is cancelled.
+        # ours), and a stop flag it never sees set would hold its shutdown up for 5 s.
         operator = asyncio.create_task(kopf.operator(
             clusterwide=True, standalone=True, memo=kopf.Memo(runtime=runtime)))
-        watchers.add(operator)
-        await asyncio.wait(watchers, return_when=asyncio.FIRST_COMPLETED)
-        lost = renewing is not None and renewing.done() and renewing.result() is False
+        await asyncio.wait({operator, stopping}, return_when=asyncio.FIRST_COMPLETED)
         if not operator.done():
             operator.cancel()
         with contextlib.suppress(BaseException):  # kopf logs its own errors; cancelled above
             await asyncio.wait_for(operator, timeout=20)
+        stopping.cancel()
         metrics.LEADER.set(0)
-        if renewing and not renewing.done():
-            renewing.cancel()
-        if lost:
-            log.error("lost the lease %s: stopped acting; exiting so that a standby leads",
-                      elector.store.name)
-            return 1
+        renew_stop.set()
+        if renewer is not None:
+            await asyncio.to_thread(renewer.join, hp.retry_period_seconds + 6)
         if elector is not None and await asyncio.to_thread(elector.release):
             log.info("released the lease for a standby")
         return 0

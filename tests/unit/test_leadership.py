@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
@@ -115,30 +117,54 @@ def test_unreachable_api_server_means_not_leading_and_no_crash() -> None:
 
 
 def test_leader_gives_up_after_the_renew_deadline() -> None:
-    store, clock = FakeLeaseStore(), Clock()
+    store = FakeLeaseStore()
     a = LeaderElector(store, "a", Timing(lease_duration=3, renew_deadline=0.2, retry_period=0.05))
-    stop = asyncio.Event()
-
-    async def scenario() -> bool:
-        assert await a.acquire(stop)
-        store.fail_reads = True  # the API server goes away
-        return await asyncio.wait_for(a.keep_renewing(stop), timeout=5)
-
-    assert asyncio.run(scenario()) is False
+    assert a.try_acquire_or_renew()
+    a.is_leader = True
+    store.fail_reads = True  # the API server goes away
+    started = time.monotonic()
+    assert a.renew_until_lost(threading.Event()) is False
+    assert 0.2 <= time.monotonic() - started < 2
     assert not a.is_leader
+
+
+class HangingStore(FakeLeaseStore):
+    """Reads that take longer than the whole renew deadline (a hung API server)."""
+
+    def get(self):
+        if self.fail_reads:
+            time.sleep(0.3)
+            raise TimeoutError("read timed out")
+        return super().get()
+
+
+def test_a_hung_renewal_is_judged_by_the_deadline_not_by_the_call() -> None:
+    store = HangingStore()
+    a = LeaderElector(store, "a", Timing(lease_duration=3, renew_deadline=0.2, retry_period=0.05))
+    assert a.try_acquire_or_renew()
+    store.fail_reads = True
+    started = time.monotonic()
+    assert a.renew_until_lost(threading.Event()) is False
+    assert time.monotonic() - started < 1.0  # at most one bounded call past the deadline
 
 
 def test_leader_steps_down_when_another_holds_the_lease() -> None:
     store = FakeLeaseStore()
     a = LeaderElector(store, "a", Timing(lease_duration=3, renew_deadline=1, retry_period=0.05))
-    stop = asyncio.Event()
+    assert a.try_acquire_or_renew()
+    store.record = LeaseRecord("b", 3, resource_version="99")  # b took it (a was paused)
+    assert a.renew_until_lost(threading.Event()) is False
 
-    async def scenario() -> bool:
-        assert await a.acquire(stop)
-        store.record = LeaseRecord("b", 3, resource_version="99")  # b took it (a was paused)
-        return await asyncio.wait_for(a.keep_renewing(stop), timeout=5)
 
-    assert asyncio.run(scenario()) is False
+def test_renewing_stops_when_asked() -> None:
+    store = FakeLeaseStore()
+    a = LeaderElector(store, "a", Timing(lease_duration=3, renew_deadline=1, retry_period=0.05))
+    assert a.try_acquire_or_renew()
+    stop = threading.Event()
+    threading.Timer(0.3, stop.set).start()
+    assert a.renew_until_lost(stop) is True
+    assert store.record.holder == "a"
+    assert len(store.writes) >= 3  # renewed meanwhile
 
 
 def test_standby_stops_waiting_when_asked() -> None:

@@ -157,19 +157,18 @@ class LeaderElector:
                 log.debug("watching the lease failed: %s", changed.exception())
         return False
 
-    async def keep_renewing(self, stop: asyncio.Event) -> bool:
-        """Renew every retry period until ``stop`` (True) or a renewal deadline passes (False).
+    def renew_until_lost(self, stop: threading.Event) -> bool:
+        """Renew every retry period until ``stop`` is set (True) or the Lease is lost (False).
 
-        It sleeps rather than waiting on ``stop`` with a timeout: that would spawn a task per
-        period, and kopf takes every task spawned after its start for one of its own and waits
-        for it when it stops (which held a SIGTERM hand-over up by 5 s). Cancel it to stop at once.
+        Runs on a thread of its own, never on the event loop or its shared thread pool: a leader
+        busy starting kopf or creating hundreds of nodes must still renew on time, and the renew
+        deadline is judged on this thread's clock between bounded attempts (each API call has a
+        request timeout), not after a call that waited in a queue. Lost means: no successful
+        renewal for the renew deadline, or another holder seen in the Lease.
         """
         last_renewed = self._monotonic()
-        while not stop.is_set():
-            await asyncio.sleep(self.timing.retry_period)
-            if stop.is_set():
-                break
-            if await asyncio.to_thread(self.try_acquire_or_renew):
+        while not stop.wait(self.timing.retry_period):
+            if self.try_acquire_or_renew():
                 last_renewed = self._monotonic()
             elif self._monotonic() - last_renewed >= self.timing.renew_deadline or (
                     self._observed is not None and self._observed.holder not in ("", self.identity)):
@@ -199,11 +198,13 @@ def _micro(moment: datetime | None) -> datetime | None:
 
 @dataclass
 class KubeLeaseStore:
-    """A :class:`LeaseStore` on a real ``coordination.k8s.io/v1`` Lease."""
+    """A :class:`LeaseStore` on a real ``coordination.k8s.io/v1`` Lease. Every call is bounded
+    by ``request_timeout`` so that a hung API server cannot stall the renew-deadline check."""
 
     api: client.ApiClient
     namespace: str
     name: str
+    request_timeout: float = 5.0
 
     @property
     def _coordination(self) -> client.CoordinationV1Api:
@@ -211,7 +212,8 @@ class KubeLeaseStore:
 
     def get(self) -> LeaseRecord | None:
         try:
-            lease = self._coordination.read_namespaced_lease(self.name, self.namespace)
+            lease = self._coordination.read_namespaced_lease(self.name, self.namespace,
+                                                             _request_timeout=self.request_timeout)
         except ApiException as e:
             if e.status == 404:
                 return None
@@ -238,8 +240,8 @@ class KubeLeaseStore:
 
     def create(self, record: LeaseRecord) -> LeaseRecord | None:
         try:
-            return self._record(self._coordination.create_namespaced_lease(self.namespace,
-                                                                           self._body(record)))
+            return self._record(self._coordination.create_namespaced_lease(
+                self.namespace, self._body(record), _request_timeout=self.request_timeout))
         except ApiException as e:
             if e.status == 409:
                 return None
@@ -263,7 +265,7 @@ class KubeLeaseStore:
     def replace(self, record: LeaseRecord) -> LeaseRecord | None:
         try:
             return self._record(self._coordination.replace_namespaced_lease(
-                self.name, self.namespace, self._body(record)))
+                self.name, self.namespace, self._body(record), _request_timeout=self.request_timeout))
         except ApiException as e:
             if e.status == 409:
                 return None
