@@ -270,3 +270,16 @@ def test_watch_shows_each_read_and_reports_failures_without_ending() -> None:
 
     st.watch(read, shown.append, 0, stop=lambda: len(shown) + len(errors) >= 3, on_error=errors.append)
     assert len(shown) == 2 and [str(e) for e in errors] == ["API down"]
+
+
+@pytest.mark.parametrize("argv, code, message", [
+    pytest.param(["status", "--kubeconfig", "/nonexistent/kubeconfig"], 1,
+                 "error: the kubeconfig /nonexistent/kubeconfig does not exist", id="missing-kubeconfig"),
+    pytest.param(["status", "--interval", "0", "--watch"], 2,
+                 "error: --interval must be a positive number of seconds", id="zero-interval"),
+])
+def test_cli_bad_input_is_a_clear_error(argv: list[str], code: int, message: str,
+                                        capsys: pytest.CaptureFixture) -> None:
+    from hyperplan.cli import main
+    assert main(argv) == code
+    assert capsys.readouterr().err.strip() == message
