@@ -46,7 +46,8 @@ QUERIES = {
 PHASE_COLORS = {"Pending": "#e6b800", "Scheduled": "#4c9be8", "Active": "#2ca02c", "Expired": "#9e9e9e",
                 "Failed": "#d62728"}
 HEALTH_COLORS = {"ok": "#2ca02c", "impaired": "#d62728", "insufficient-data": "#bdbdbd"}
-STATE_COLORS = {"desired": "#555555", "ready": "#2ca02c", "spare": "#4c9be8", "unhealthy": "#d62728"}
+STATE_COLORS = {"desired": "#555555", "ready": "#2ca02c", "spare": "#4c9be8", "unhealthy": "#d62728",
+                "present": "#9467bd"}
 ACTION_COLORS = {"mark": "#d62728", "promote": "#2ca02c", "backfill": "#4c9be8", "remove": "#9e9e9e"}
 
 
