@@ -36,7 +36,10 @@ def named(items: list[dict], name: str) -> dict | None:
 
 @scenario
 def status_view(ctx: Context) -> dict:
-    """One x72 UltraServer, a group of 4 (+1 spare); `hyperplan status` read while Ready and after a failure."""
+    """One x72 UltraServer, a group of 4 (+1 spare); `hyperplan status` read while Ready and after a failure.
+
+    The grace is long (30 s) so that the failed node is still there, NotReady, when the view reads it.
+    """
     k = ctx.kubectl
     tag = uuid.uuid4().hex[:5]
     plan, group = f"st-{tag}", f"st-workers-{tag}"
@@ -49,7 +52,7 @@ def status_view(ctx: Context) -> dict:
                        "startTimeAfter": ts(utcnow() + timedelta(seconds=20))}})
     k.create({"apiVersion": API, "kind": "InstanceGroup", "metadata": {"name": group},
               "spec": {"trainingPlanRef": plan, "instanceType": ITYPE, "instanceCount": 4,
-                       "healthCheck": {"graceSeconds": 3, "maxUnhealthy": 2}}})
+                       "healthCheck": {"graceSeconds": 30, "maxUnhealthy": 2}}})  # the view must catch the failed node
     out: dict = {"plan": plan, "group": group, "pool": f"st-{tag}", "az": f"us-st-{tag}"}
 
     def scheduled() -> dict | None:
