@@ -52,7 +52,8 @@ console = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
 
 
 def say(line: str) -> None:
-    console.print(Text.assemble((f"[demo {datetime.now().strftime('%H:%M:%S')}]", "bold"), " ", line))
+    console.print(Text.assemble((f"[demo {datetime.now().strftime('%H:%M:%S')}]", "bold"), " ", line),
+                  soft_wrap=True)  # long lines (URLs) stay whole
 
 
 def render(text: str, now: datetime) -> str:
@@ -138,7 +139,7 @@ class Demo:
                 if not line:
                     time.sleep(0.3)
                     continue
-                console.print(Text("operator | " + line.rstrip(), style="grey58"))
+                console.print(Text("operator | " + line.rstrip(), style="grey58"), soft_wrap=True)
 
     def start_prometheus(self, metrics_port: int) -> None:
         rules = [self.root / ALERTS] if (self.root / ALERTS).is_file() else []
@@ -160,7 +161,7 @@ class Demo:
                 say(f"the operator exited with {self.operator.returncode}; see {self.dir / 'operator.log'}")
                 return 1
             try:
-                self.snapshot = status.gather(self.kube, status.utcnow())
+                self.snapshot = status.gather(self.kube)
             except Exception as e:  # noqa: BLE001 - a failed read must not end the demo
                 say(f"(status unavailable: {e})")
                 time.sleep(REFRESH_EVERY)

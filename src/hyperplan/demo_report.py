@@ -77,7 +77,7 @@ def collect(prom: Any, start: datetime, end: datetime, step: float = 1.0) -> Run
     data = RunData(start, end, step)
     for key, expr in QUERIES.items():
         result = prom.api("query_range", query=expr, start=f"{start.timestamp():.3f}",
-                          end=f"{end.timestamp():.3f}", step=f"{step}s")
+                          end=f"{end.timestamp():.3f}", step=f"{step:g}")
         data.series[key] = result.get("result", [])
     return data
 

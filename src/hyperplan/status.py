@@ -285,8 +285,11 @@ def snapshot_from_objects(pools: list[dict], plans: list[dict], groups: list[dic
     return snap
 
 
-def gather(kube: Any, now: datetime, ultraserver_label: str | None = None) -> Snapshot:
-    """Read pools, plans, groups and the groups' nodes from the API (``kube``: actuation.kube.Kube)."""
+def gather(kube: Any, now: datetime | None = None, ultraserver_label: str | None = None) -> Snapshot:
+    """Read pools, plans, groups and the groups' nodes from the API (``kube``: actuation.kube.Kube).
+
+    The snapshot's time is ``now``, else the moment the reads finished.
+    """
     if ultraserver_label is None:
         from hyperplan.settings import Settings
         ultraserver_label = Settings().ultraserver_id_label
@@ -294,7 +297,7 @@ def gather(kube: Any, now: datetime, ultraserver_label: str | None = None) -> Sn
     plans = kube.list_objects("trainingplans")
     groups = kube.list_objects("instancegroups")
     nodes = [node_from_api(n, ultraserver_label) for n in kube.list_nodes(pl.LABEL_GROUP)]
-    return snapshot_from_objects(pools, plans, groups, nodes, now)
+    return snapshot_from_objects(pools, plans, groups, nodes, now or utcnow())
 
 
 # ----------------------------------------------------------------------------- rendering
@@ -578,7 +581,7 @@ def read_snapshot(kube: Any) -> Snapshot:
     from kubernetes.client.rest import ApiException
     from urllib3.exceptions import HTTPError
     try:
-        return gather(kube, utcnow())
+        return gather(kube)
     except ApiException as e:
         if e.status == 404:
             raise StatusError("the hyperplan CRDs are not installed on this cluster "
