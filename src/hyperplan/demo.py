@@ -78,6 +78,8 @@ class Demo:
         self.moments: list[demo_report.Moment] = []
         self.live: Live | None = None
         self.snapshot: status.Snapshot | None = None
+        self.victim = ""
+        self.failed_at = datetime.now(timezone.utc)
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
         proc = subprocess.run([str(build.binary("kubectl")), f"--kubeconfig={self.plane.kubeconfig}", *args],
@@ -177,6 +179,8 @@ class Demo:
             if not failed and ready_since is not None and time.monotonic() - ready_since > 10:
                 failed = True  # let the Ready group be seen for a moment first
                 self.inject_failure()
+            elif failed:
+                self.keep_failing(self.snapshot)
             plans = self.snapshot.plans
             if plans and all(p.phase in ("Expired", "Failed") for p in plans):
                 say("both plans have expired: the demo is over")
@@ -189,15 +193,30 @@ class Demo:
 
     def inject_failure(self) -> None:
         nodes = self.get("nodes", "-l", f"hyperplan.dev/instance-group={GROUP},hyperplan.dev/role=active")
-        victim = sorted(n["metadata"]["name"] for n in nodes["items"])[-1]
-        moment = datetime.now(timezone.utc)
-        when = to_rfc3339(moment)
-        patch = {"status": {"conditions": [{"type": "Ready", "status": "False", "reason": "DemoFailure",
-                                            "message": "GPU fell off the bus (injected by the demo)",
-                                            "lastHeartbeatTime": when, "lastTransitionTime": when}]}}
-        self.kubectl("patch", "node", victim, "--subresource=status", "--type=strategic", "-p", json.dumps(patch))
-        self.moments.append(demo_report.Moment(moment, f"failure injected: {victim}"))
-        say(f"injected a failure: {victim} is NotReady; after the 10 s grace a spare takes over")
+        self.victim = sorted(n["metadata"]["name"] for n in nodes["items"])[-1]
+        self.failed_at = datetime.now(timezone.utc)
+        self.report_failure()
+        self.moments.append(demo_report.Moment(self.failed_at, f"failure injected: {self.victim}"))
+        say(f"injected a failure: {self.victim} is NotReady; after the 10 s grace a spare takes over")
+
+    def report_failure(self) -> None:
+        """Ready=False on the victim, as a node agent reports it (the failure keeps its first time)."""
+        self.kube.core.patch_node_status(self.victim, {"status": {"conditions": [
+            {"type": "Ready", "status": "False", "reason": "DemoFailure",
+             "message": "GPU fell off the bus (injected by the demo)",
+             "lastHeartbeatTime": to_rfc3339(datetime.now(timezone.utc)),
+             "lastTransitionTime": to_rfc3339(self.failed_at)}]}})
+
+    def keep_failing(self, snap: status.Snapshot) -> None:
+        """Say it again while the victim is neither NotReady nor marked.
+
+        KWOK's heartbeat can write back a Ready=True it rendered just before the patch; an agent
+        whose node is still broken reports it again, so the operator sees a steady failure.
+        """
+        group = next((g for g in snap.groups if g.name == GROUP), None)
+        node = next((n for n in (group.nodes if group else []) if n.name == self.victim), None)
+        if node is not None and node.state != status.UNHEALTHY:
+            self.report_failure()
 
     # ------------------------------------------------------------------------ the end
 
