@@ -7,8 +7,9 @@
 1. each plan's phase over time (``hyperplan_training_plan_phase{plan,phase} == 1``), a state timeline;
 2. each UltraServer's health over time (``hyperplan_ultraserver_health{plan,ultraserver,status} == 1``);
 3. the group's nodes by state (``hyperplan_instance_group_nodes{group,state}``);
-4. remediations over the run (``hyperplan_remediations_total{action}``, counted from the run's start)
-   with the spare promotion latency (``hyperplan_spare_promotion_seconds``) in its title.
+4. remediations: a marker per action (mark, promote, backfill, remove) where
+   ``hyperplan_remediations_total{action}`` rose during the run, with the spare promotion latency
+   (``hyperplan_spare_promotion_seconds``) in the panel's title.
 
 The demo's own moments (the injected failure) are drawn as vertical lines on every panel. A
 metric without data gives its panel a "no data" note rather than an error, so the picture is
@@ -28,7 +29,6 @@ matplotlib.use("Agg")  # files only: no display on a build machine
 
 import matplotlib.dates as mdates  # noqa: E402
 import matplotlib.patches  # noqa: E402,F401 - matplotlib.patches.Patch for legends
-import matplotlib.ticker  # noqa: E402,F401
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
@@ -119,17 +119,17 @@ def lanes(series: list[Series], lane_label: str, state_label: str) -> dict[str, 
     return dict(sorted(out.items()))
 
 
-def increase_steps(values: Sequence[Sequence[Any]]) -> tuple[list[datetime], list[float]]:
-    """A counter as (times, count since the first sample); resets are followed, not subtracted."""
-    times, counts, total, last = [], [], 0.0, None
+def increments(values: Sequence[Sequence[Any]]) -> list[tuple[datetime, float]]:
+    """When a counter rose during the run, and by how much (a reset counts its new value)."""
+    out, last = [], None
     for ts, v in values:
         v = float(v)
-        if last is not None:
-            total += v - last if v >= last else v
+        if last is not None and v != last:
+            rise = v - last if v > last else v
+            if rise > 0:
+                out.append((_t(ts), rise))
         last = v
-        times.append(_t(ts))
-        counts.append(total)
-    return times, counts
+    return out
 
 
 def promotion_summary(data: RunData) -> str:
@@ -208,15 +208,23 @@ def draw_overview(data: RunData, moments: Sequence[Moment] = (), title: str = "h
         _no_data(nodes_ax, "hyperplan_instance_group_nodes")
 
     rem_ax.set_title(f"Remediations ({promotion_summary(data)})")
-    if data.series.get("remediations"):
-        for s in sorted(data.series["remediations"], key=lambda s: s["metric"].get("action", "")):
-            action = s["metric"].get("action", "?")
-            times, counts = increase_steps(s["values"])
-            rem_ax.step(times, counts, where="post", label=action, color=ACTION_COLORS.get(action),
-                        linewidth=1.8)
-        rem_ax.set_ylabel("actions in this run")
-        rem_ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-        rem_ax.legend(loc="upper left", bbox_to_anchor=(1.005, 1), fontsize=8, frameon=False)
+    actions = {s["metric"].get("action", "?"): increments(s["values"]) for s in data.series.get("remediations", [])}
+    if actions:
+        # One lane per action, a marker where its counter rose: mark, promote, backfill and
+        # remove happen within a second of each other, which lines of counts would draw on top
+        # of each other.
+        order = [a for a in ACTION_COLORS if a in actions] + sorted(a for a in actions if a not in ACTION_COLORS)
+        for i, action in enumerate(order):
+            events = actions[action]
+            rem_ax.scatter([t for t, _ in events], [i] * len(events), marker="D", s=60, zorder=3,
+                           color=ACTION_COLORS.get(action, "#8c564b"), label=action)
+            for t, rise in events:
+                if rise > 1:
+                    rem_ax.annotate(f"×{rise:.0f}", (mdates.date2num(t), i), xytext=(6, 4),
+                                    textcoords="offset points", fontsize=8)
+        rem_ax.set_yticks(range(len(order)), order)
+        rem_ax.set_ylim(-0.6, len(order) - 0.4)
+        rem_ax.invert_yaxis()
     else:
         _no_data(rem_ax, "hyperplan_remediations_total")
 
@@ -225,9 +233,10 @@ def draw_overview(data: RunData, moments: Sequence[Moment] = (), title: str = "h
             ax.axvline(m.time, color="#d62728", linestyle="--", linewidth=1)
         ax.set_axisbelow(True)
         ax.grid(axis="x", color="#eeeeee")
-    for m in moments:
+    for i, m in enumerate(moments):  # labels stepped down so that close moments stay readable
         phase_ax.annotate(m.label, (mdates.date2num(m.time), 1.0), xycoords=("data", "axes fraction"),
-                          xytext=(3, -2), textcoords="offset points", va="top", fontsize=8, color="#d62728")
+                          xytext=(3, -2 - 10 * i), textcoords="offset points", va="top", fontsize=8,
+                          color="#d62728")
     rem_ax.set_xlim(data.start, data.end)
     rem_ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S", tz=timezone.utc))
     rem_ax.set_xlabel("time (UTC)")

@@ -61,6 +61,7 @@ def test_collect_reads_the_run_back_from_prometheus(exporter, tmp_path: Path) ->
     assert float(data.series["group_nodes"][0]["values"][-1][1]) == 20
     (promote,) = [s for s in data.series["remediations"] if s["metric"]["action"] == "promote"]
     assert float(promote["values"][0][1]) == 0 and float(promote["values"][-1][1]) == 1
+    assert [rise for _, rise in dr.increments(promote["values"])] == [1]
     assert dr.promotion_summary(data) == "1 spare promotion, mean 1.5 s from grace end to spare serving"
 
     fig = dr.draw_overview(data)

@@ -6,6 +6,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import matplotlib.colors as mcolors
+import matplotlib.dates as mdates
 import pytest
 
 from hyperplan import demo_report as dr
@@ -68,7 +69,7 @@ def test_the_overview_has_the_four_panels_with_their_lanes_and_legends() -> None
     assert [t.get_text() for t in phase.get_legend().get_texts()] == ["Scheduled", "Active", "Expired"]
     assert [t.get_text() for t in health.get_legend().get_texts()] == ["ok", "impaired"]
     assert [t.get_text() for t in nodes.get_legend().get_texts()] == ["ready", "spare", "unhealthy"]
-    assert [t.get_text() for t in rem.get_legend().get_texts()] == ["mark", "promote"]
+    assert [t.get_text() for t in rem.get_yticklabels()] == ["mark", "promote"]
     assert "failure injected" in texts(fig)
     assert all(any(line.get_linestyle() == "--" for line in ax.get_lines()) for ax in fig.axes)
 
@@ -87,11 +88,16 @@ def test_the_phase_timeline_draws_each_run_of_a_phase_as_a_bar_in_its_colour() -
     assert bars[dr.PHASE_COLORS["Expired"].lower()] == 1
 
 
-def test_remediations_count_from_the_start_of_the_run() -> None:
-    fig = dr.draw_overview(run())
-    rem = fig.axes[3]
-    promote = next(line for line in rem.get_lines() if line.get_label() == "promote")
-    assert promote.get_ydata()[0] == 0 and promote.get_ydata()[-1] == 1
+def test_remediations_are_markers_where_their_counters_rose() -> None:
+    data = run()
+    data.series["remediations"].append(series({"action": "backfill"}, every(100, 120, 3) + every(120, 300, 5)))
+    rem = dr.draw_overview(data).axes[3]
+    assert [t.get_text() for t in rem.get_yticklabels()] == ["mark", "promote", "backfill"]
+    points = {c.get_label(): [(mdates.num2date(x), y) for x, y in c.get_offsets()] for c in rem.collections}
+    assert points["mark"] == [(T0 + timedelta(seconds=110), 0)]
+    assert points["promote"] == [(T0 + timedelta(seconds=112), 1)]
+    assert points["backfill"] == [(T0 + timedelta(seconds=120), 2)]
+    assert [t.get_text() for t in rem.texts] == ["×2"]
 
 
 @pytest.mark.parametrize("missing, note", [
@@ -122,9 +128,15 @@ def test_segments(points: list[int], expected: list[tuple[int, int]]) -> None:
     assert dr.segments([[p, "1"] for p in points], 1.0) == expected
 
 
-def test_counter_resets_are_followed() -> None:
-    _, counts = dr.increase_steps([[0, "3"], [1, "4"], [2, "1"], [3, "2"]])
-    assert counts == [0, 1, 2, 3]
+@pytest.mark.parametrize("values, expected", [
+    pytest.param(["0", "0", "1", "1"], [(2, 1)], id="one-rise"),
+    pytest.param(["3", "4", "1", "2"], [(1, 1), (2, 1), (3, 1)], id="reset-counts-its-new-value"),
+    pytest.param(["2", "2"], [], id="flat"),
+    pytest.param(["0", "3"], [(1, 3)], id="several-at-once"),
+])
+def test_increments(values: list[str], expected: list[tuple[int, float]]) -> None:
+    got = dr.increments([[T0.timestamp() + i, v] for i, v in enumerate(values)])
+    assert got == [(T0 + timedelta(seconds=i), rise) for i, rise in expected]
 
 
 def test_write_overview_saves_a_png(tmp_path: Path) -> None:
