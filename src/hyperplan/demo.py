@@ -44,7 +44,6 @@ ALERTS = Path("deploy") / "prometheus" / "alerts.yml"
 PLACEHOLDER = re.compile(r"\$\{NOW\+(\d+)([smh])\}")
 UNITS = {"s": "seconds", "m": "minutes", "h": "hours"}
 GROUP = "demo-workers"
-GRACE_SECONDS = 10  # healthCheck.graceSeconds of demo-workers in deploy/examples/demo/
 PRINT_EVERY = 15.0  # seconds between printed views when the output is not a terminal
 REFRESH_EVERY = 2.0  # seconds between reads of the API for the view
 
@@ -197,10 +196,12 @@ class Demo:
         self.victim = sorted(n["metadata"]["name"] for n in nodes["items"])[-1]
         self.failed_at = datetime.now(timezone.utc)
         self.report_failure()
+        grace = int(((self.get("instancegroup", GROUP).get("spec") or {}).get("healthCheck") or {})
+                    .get("graceSeconds", 30))
         self.moments.append(demo_report.Moment(self.failed_at, f"failure injected: {self.victim}"))
-        self.moments.append(demo_report.Moment(self.failed_at + timedelta(seconds=GRACE_SECONDS),
-                                               f"its {GRACE_SECONDS} s grace ends"))
-        say(f"injected a failure: {self.victim} is NotReady; after the {GRACE_SECONDS} s grace a spare takes over")
+        self.moments.append(demo_report.Moment(self.failed_at + timedelta(seconds=grace),
+                                               f"its {grace} s grace ends"))
+        say(f"injected a failure: {self.victim} is NotReady; after the {grace} s grace a spare takes over")
 
     def report_failure(self) -> None:
         """Ready=False on the victim, as a node agent reports it (the failure keeps its first time)."""
