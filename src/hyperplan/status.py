@@ -391,7 +391,13 @@ def _phase(phase: str) -> Text:
     return Text(phase or "-", style=PHASE_STYLE.get(phase, ""))
 
 
-def plans_table(snap: Snapshot, now: datetime, bar_width: int, show_type: bool = True) -> Table:
+# Plan columns a narrow console drops, in this order (the time axis needs at least 16 cells).
+OPTIONAL_PLAN_COLUMNS = ("type", "spares", "unhealthy")
+
+
+def plans_table(snap: Snapshot, now: datetime, bar_width: int, dropped: Iterable[str] = ()) -> Table:
+    """One row per plan and one per block, with the blocks drawn on one time axis for all plans."""
+    dropped = set(dropped)
     axis = Axis.around([b for p in snap.plans for b in p.blocks], now, bar_width)
     table = Table(title="Training plans", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, expand=False,
                   caption=Text.assemble((MARK[ACTIVE], MARK_STYLE[ACTIVE]), " active  ",
@@ -399,32 +405,37 @@ def plans_table(snap: Snapshot, now: datetime, bar_width: int, show_type: bool =
                                         (MARK[PAST], MARK_STYLE[PAST]), " past  ",
                                         (NOW_MARK, "bold yellow"), f" now {axis.label(now)}"),
                   caption_justify="left")
-    table.add_column("plan / block", no_wrap=True)
-    table.add_column("phase", no_wrap=True)
-    if show_type:
-        table.add_column("type", no_wrap=True)
-    table.add_column("AZ", no_wrap=True)
-    table.add_column("in use", justify="right", no_wrap=True)
-    table.add_column("spares", justify="right", min_width=6)
-    table.add_column("unhealthy", justify="right", min_width=9)
-    table.add_column("next transition", no_wrap=True, min_width=17)
     first, last = axis.label(axis.start), axis.label(axis.end)
-    header = (first + " " * (bar_width - len(first) - len(last)) + last if bar_width > len(first) + len(last)
-              else first if bar_width >= len(first) else "")
-    table.add_column(header, no_wrap=True, min_width=bar_width)
+    axis_header = (first + " " * (bar_width - len(first) - len(last)) + last if bar_width > len(first) + len(last)
+                   else first if bar_width >= len(first) else "")
+    blocks: list[Block] = []  # the current plan's, for the block rows' tree corners
+    # (header, column options, the plan row's cell, a block row's cell)
+    columns: list[tuple[str, dict, Callable[[Plan], Any], Callable[[Block], Any]]] = [
+        ("plan / block", {}, lambda p: Text(p.name, style="bold"), lambda b: Text(
+            f" {'└' if b is blocks[-1] else '├'} {b.id}", style="grey62")),
+        ("phase", {}, lambda p: _phase(p.phase), lambda b: Text(b.when(now), style=MARK_STYLE[b.when(now)])),
+        ("type", {}, lambda p: p.instance_type, lambda b: ""),
+        ("AZ", {}, lambda p: p.availability_zone or "-", lambda b: b.availability_zone),
+        ("in use", {"justify": "right"}, lambda p: f"{p.in_use_instance_count}/{p.total_instance_count}",
+         lambda b: str(b.instance_count)),
+        ("spares", {"justify": "right", "min_width": 6}, lambda p: str(p.available_spare_instance_count),
+         lambda b: ""),
+        ("unhealthy", {"justify": "right", "min_width": 9}, lambda p: str(p.unhealthy_instance_count),
+         lambda b: ""),
+        ("next transition", {"min_width": 17}, lambda p: relative(p.next_transition_time, now),
+         lambda b: f"{axis.label(b.start_time)}–{axis.label(b.end_time)}"),
+        (axis_header, {"min_width": bar_width}, lambda p: timeline(p.blocks, now, axis),
+         lambda b: timeline([b], now, axis)),
+    ]
+    columns = [c for c in columns if c[0] not in dropped]
+    for header, options, _, _ in columns:
+        table.add_column(header, no_wrap=True, **options)
     for p in snap.plans:
-        table.add_row(Text(p.name, style="bold"), _phase(p.phase), *[p.instance_type][:show_type],
-                      p.availability_zone or "-",
-                      f"{p.in_use_instance_count}/{p.total_instance_count}",
-                      str(p.available_spare_instance_count), str(p.unhealthy_instance_count),
-                      relative(p.next_transition_time, now), timeline(p.blocks, now, axis))
-        for i, b in enumerate(p.blocks):
-            when = b.when(now)
-            corner = "└" if i == len(p.blocks) - 1 else "├"
-            span = f"{axis.label(b.start_time)}–{axis.label(b.end_time)}"
-            table.add_row(Text(f" {corner} {b.id}", style="grey62"), Text(when, style=MARK_STYLE[when]),
-                          *[""][:show_type], b.availability_zone, str(b.instance_count), "", "", span,
-                          timeline([b], now, axis), style="dim" if when == PAST else "")
+        blocks = p.blocks
+        table.add_row(*[plan_cell(p) for _, _, plan_cell, _ in columns])
+        for b in blocks:
+            table.add_row(*[block_cell(b) for _, _, _, block_cell in columns],
+                          style="dim" if b.when(now) == PAST else "")
     if not snap.plans:
         table.add_row(Text("no training plans", style="grey50"))
     return table
@@ -505,18 +516,20 @@ class View:
     bar_width: int | None = None
 
     def __rich_console__(self, console: Any, options: Any) -> Iterable[RenderableType]:
-        bar, show_type = self.bar_width, True
+        bar, dropped = self.bar_width, ()
         if bar is None:  # what the other columns leave, measured with a one-cell axis
-            for show_type in (True, False):  # a narrow console loses the type column first
-                rest = Measurement.get(console, options, plans_table(self.snap, self.now, 1, show_type)).maximum
-                bar = min(80, max(16, options.max_width - rest))
-                if options.max_width - rest >= 16:
+            for n in range(len(OPTIONAL_PLAN_COLUMNS) + 1):  # a narrow console loses columns first
+                dropped = OPTIONAL_PLAN_COLUMNS[:n]
+                table = plans_table(self.snap, self.now, 1, dropped)
+                room = options.max_width - Measurement.get(console, options, table).maximum
+                if room >= 16:
                     break
+            bar = min(80, max(16, room))
         snap, now = self.snap, self.now
         yield Text.assemble(("hyperplan status", "bold"), f"  {to_rfc3339(now)}",
                             (f"  (read {relative(snap.time, now)})", "grey50")
                             if abs((now - snap.time).total_seconds()) >= 1 else "")
-        yield plans_table(snap, now, bar, show_type)
+        yield plans_table(snap, now, bar, dropped)
         if (notes := problems(snap)) is not None:
             yield notes
         yield ultraservers_table(snap)

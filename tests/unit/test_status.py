@@ -283,3 +283,19 @@ def test_cli_bad_input_is_a_clear_error(argv: list[str], code: int, message: str
     from hyperplan.cli import main
     assert main(argv) == code
     assert capsys.readouterr().err.strip() == message
+
+
+@pytest.mark.parametrize("width, dropped", [
+    pytest.param(170, [], id="wide-all-columns"),
+    pytest.param(120, ["type"], id="type-goes-first"),
+    pytest.param(90, ["type", "spares", "unhealthy"], id="narrow"),
+])
+def test_a_narrow_console_drops_columns_but_keeps_the_whole_time_axis(snap: st.Snapshot, width: int,
+                                                                      dropped: list[str]) -> None:
+    text = text_of(snap, width=width)
+    header = line_with(text, "plan / block")
+    for column in st.OPTIONAL_PLAN_COLUMNS:
+        assert (column in header) == (column not in dropped), header
+    bar = line_with(text, "demo-split", "Scheduled").split()[-1]
+    assert len(bar) >= 16 and bar.count("│") == 1 and "…" not in bar
+    assert all(len(line) <= width for line in text.splitlines())
