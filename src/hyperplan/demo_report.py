@@ -2,7 +2,8 @@
 
 :func:`collect` asks a real Prometheus for the run's series (``query_range`` over the run);
 :func:`draw_overview` plots what it is given and fetches nothing, so a test feeds it synthetic
-``query_range`` results. Panels, top to bottom:
+``query_range`` results. Panels, top to bottom, titled like their counterparts on the overview
+dashboard (``deploy/grafana/``):
 
 1. each plan's phase over time (``hyperplan_training_plan_phase{plan,phase} == 1``), a state timeline;
 2. each UltraServer's health over time (``hyperplan_ultraserver_health{plan,ultraserver,status} == 1``);
@@ -180,7 +181,7 @@ def draw_overview(data: RunData, moments: Sequence[Moment] = (), title: str = "h
                              gridspec_kw={"height_ratios": [1.2, 1, 1.4, 1.2]})
     phase_ax, health_ax, nodes_ax, rem_ax = axes
 
-    phase_ax.set_title("Training plan phase")
+    phase_ax.set_title("Plan phase over time")
     if data.series.get("plan_phase"):
         _state_timeline(phase_ax, data.series["plan_phase"], "plan", "phase", PHASE_COLORS, data.step)
     else:
@@ -193,7 +194,7 @@ def draw_overview(data: RunData, moments: Sequence[Moment] = (), title: str = "h
     else:
         _no_data(health_ax, "hyperplan_ultraserver_health")
 
-    nodes_ax.set_title("Instance group nodes by state")
+    nodes_ax.set_title("Group nodes by state")
     if data.series.get("group_nodes"):
         groups = {s["metric"].get("group", "?") for s in data.series["group_nodes"]}
         for s in sorted(data.series["group_nodes"], key=lambda s: (s["metric"].get("group", ""),

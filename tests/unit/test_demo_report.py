@@ -62,7 +62,7 @@ def test_the_overview_has_the_four_panels_with_their_lanes_and_legends() -> None
     fig = dr.draw_overview(run(), [dr.Moment(T0 + timedelta(seconds=100), "failure injected")])
     phase, health, nodes, rem = fig.axes
     assert [ax.get_title() for ax in fig.axes] == [
-        "Training plan phase", "UltraServer health", "Instance group nodes by state",
+        "Plan phase over time", "UltraServer health", "Group nodes by state",
         "Remediations (1 spare promotion, mean 2.5 s from grace end to spare serving)"]
     assert [t.get_text() for t in phase.get_yticklabels()] == ["demo-gb200", "demo-split"]
     assert [t.get_text() for t in health.get_yticklabels()] == ["rc-1-us-0", "rc-1-us-1"]
