@@ -60,6 +60,7 @@ bench: venv
 	$(BIN)/python bench/nodes_ready.py
 	$(BIN)/python bench/spare_promotion.py
 	$(BIN)/python bench/idle.py
+	$(BIN)/python bench/failover.py
 
 clean:
 	rm -rf $(VENV) .state .pytest_cache

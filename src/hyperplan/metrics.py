@@ -26,6 +26,9 @@ REMEDIATION_BLOCKED = Gauge(
 REMEDIATIONS = Counter(
     "hyperplan_remediations_total", "Health remediation actions taken, by action.", ["action"])
 
+LEADER = Gauge(
+    "hyperplan_leader", "1 while this replica holds the leader Lease and acts, 0 while it stands by.")
+
 
 def serve(port: int) -> None:
     if port:

@@ -33,3 +33,18 @@ class Settings(BaseSettings):
     )
 
     verbose: bool = False
+
+    # Leader election on a coordination.k8s.io/v1 Lease (actuation/leadership.py): with several
+    # replicas one acts and the others stand by, writing nothing and running no daemons.
+    leader_election: bool = True
+    leader_election_namespace: str | None = None
+    """Namespace of the Lease; unset: $POD_NAMESPACE (the chart's), else `default`."""
+    leader_election_lease_name: str = "hyperplan-leader"
+    leader_election_identity: str | None = None
+    """This replica's name in the Lease; unset: $POD_NAME, else `<hostname>-<pid>`."""
+    lease_duration_seconds: float = 15.0
+    """A standby takes over once the Lease has not been renewed for this long (a kill -9)."""
+    renew_deadline_seconds: float = 10.0
+    """The leader stops acting when it could not renew for this long."""
+    retry_period_seconds: float = 2.0
+    """Seconds between attempts to acquire or renew the Lease."""

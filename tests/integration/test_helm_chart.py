@@ -92,7 +92,8 @@ def test_chart_crds_are_the_generated_ones() -> None:
 def test_default_render_runs_the_operator_locked_down(helm) -> None:
     objs = by_kind(render(helm, namespace="hyperplan-system"))
     assert set(objs) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "Deployment",
-                         "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+                         "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "Role",
+                         "RoleBinding"}
     dep = objs["Deployment"]
     assert dep["metadata"]["namespace"] == "hyperplan-system"
     assert dep["spec"]["replicas"] == 1
@@ -248,12 +249,13 @@ CANNOT = [
     ("delete", "capacitypools.hyperplan.dev"),
     ("delete", "customresourcedefinitions.apiextensions.k8s.io"),
     ("create", "clusterrolebindings.rbac.authorization.k8s.io"),
-    ("create", "leases.coordination.k8s.io"),  # standalone: no leader election, no peering
+    ("create", "leases.coordination.k8s.io"),  # the leader Lease lives in the release's namespace only
 ]
 
 
-def can_i(kubectl: Kubectl, user: str, verb: str, resource: str, sub: str | None = None) -> bool:
-    args = ["auth", "can-i", verb, resource, f"--as={user}"]
+def can_i(kubectl: Kubectl, user: str, verb: str, resource: str, sub: str | None = None,
+          *flags: str) -> bool:
+    args = ["auth", "can-i", verb, resource, f"--as={user}", *flags]
     if sub:
         args.append(f"--subresource={sub}")
     proc = kubectl.run(*args, check=False)
@@ -267,6 +269,11 @@ def test_cluster_role_grants_what_the_operator_needs_and_no_more(release, crds: 
     assert denied == [], f"{user} lacks: {denied}"
     allowed = [" ".join(a) for a in CANNOT if can_i(crds, user, *a)]
     assert allowed == [], f"{user} may also: {allowed}"
+    # Leader election: the Lease in the release's namespace, written with optimistic concurrency.
+    ns = release["namespace"]
+    for verb in ("get", "watch", "create", "update"):
+        assert can_i(crds, user, verb, "leases.coordination.k8s.io", None, "-n", ns), verb
+    assert not can_i(crds, user, "delete", "leases.coordination.k8s.io", None, "-n", ns)
     # The grants come from the chart's binding, not from something every account has.
     other = f"system:serviceaccount:{release['namespace']}:default"
     assert not can_i(crds, other, "create", "nodes")
@@ -342,7 +349,8 @@ def test_operator_runs_with_the_service_accounts_token(release, plane: Plane, cr
     log = tmp_path / "operator.log"
     liveness = free_port()
     env = {**os.environ, "KUBECONFIG": str(kubeconfig), "HYPERPLAN_POLICY": "demo",
-           "HYPERPLAN_METRICS_PORT": str(free_port()), "HYPERPLAN_LIVENESS_PORT": str(liveness)}
+           "HYPERPLAN_METRICS_PORT": str(free_port()), "HYPERPLAN_LIVENESS_PORT": str(liveness),
+           "POD_NAMESPACE": release["namespace"]}  # as the chart sets it: the Lease goes there
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "hyperplan.cli", "run"], env=env, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
@@ -371,6 +379,9 @@ def test_operator_runs_with_the_service_accounts_token(release, plane: Plane, cr
             return status.get("phase") in ("Scheduled", "Active")
 
         eventually(bought, timeout=60, what=f"plan {plan} bought by the operator")
+        # It acted as the elected leader, on the Lease the chart's Role lets it write.
+        lease = crds.get("lease", "hyperplan-leader", "-n", release["namespace"])
+        assert lease["spec"]["holderIdentity"], lease
         # The purchase wrote the ledger (CapacityPool status) and posted an Event.
         reservations = crds.get("capacitypool", pool).get("status", {}).get("reservations", [])
         assert [r["trainingPlan"] for r in reservations] == [plan]
@@ -403,6 +414,8 @@ def test_helm_uninstall_removes_what_install_created(helm, release, crds: Kubect
                               ("service", f"{full}-metrics", ns), ("clusterrole", full, None),
                               ("clusterrolebinding", full, None),
                               ("validatingadmissionpolicy", f"{full}-owned-nodes", None),
+                              ("role", f"{full}-leader-election", ns),
+                              ("rolebinding", f"{full}-leader-election", ns),
                               ("validatingadmissionpolicybinding", f"{full}-owned-nodes", None)):
         args = (kind, name, "-n", scope) if scope else (kind, name)
         proc = crds.run("get", *args, check=False)
