@@ -125,7 +125,10 @@ class Demo:
     def start_operator(self, metrics_port: int) -> None:
         log = self.dir / "operator.log"
         env = {**os.environ, "KUBECONFIG": str(self.plane.kubeconfig), "HYPERPLAN_POLICY": "demo",
-               "HYPERPLAN_METRICS_PORT": str(metrics_port), "HYPERPLAN_LIVENESS_PORT": str(free_port())}
+               "HYPERPLAN_METRICS_PORT": str(metrics_port), "HYPERPLAN_LIVENESS_PORT": str(free_port()),
+               # One replica: nothing to elect, and no wait for a Lease left by an operator killed
+               # in an earlier run, which would shift the demo's time-relative blocks.
+               "HYPERPLAN_LEADER_ELECTION": "false"}
         say(f"starting the operator (demo profile); metrics on :{metrics_port}/metrics, log {log}")
         with open(log, "ab") as out:
             self.operator = subprocess.Popen([sys.executable, "-m", "hyperplan.cli", "run"], env=env,
