@@ -110,7 +110,7 @@ def standby(operator: Operator, plane: Plane, tmp_path_factory: pytest.TempPathF
 @pytest.fixture(scope="session")
 def scenarios(operator: Operator, standby: Operator, crds: Kubectl, plane: Plane) -> dict[str, Future]:
     """Every registered scenario, started at once on the one operator; tests read their records."""
-    ctx = Context(kubectl=crds, kube=Kube(api_client(str(plane.kubeconfig))))
+    ctx = Context(kubectl=crds, kube=Kube(api_client(str(plane.kubeconfig))), operator=operator)
     pool = ThreadPoolExecutor(max_workers=max(1, len(REGISTRY)), thread_name_prefix="scenario")
     futures = {name: pool.submit(fn, ctx) for name, fn in REGISTRY.items()}
     yield futures

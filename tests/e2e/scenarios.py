@@ -28,6 +28,7 @@ def scenario(fn: Callable[["Context"], Any]) -> Callable[["Context"], Any]:
 class Context:
     kubectl: Kubectl
     kube: Any  # hyperplan.actuation.kube.Kube
+    operator: Any = None  # tests.e2e.conftest.Operator: its log and /metrics
 
 
 def utcnow() -> datetime:

@@ -21,7 +21,9 @@ from kubernetes import client
 from pydantic import ValidationError
 
 from hyperplan import metrics
-from hyperplan.actuation.nodes import LABEL_NODE_ID, NoFreeNode, evict_pods, merged_taints, taints_of
+from hyperplan.actuation.nodes import (
+    LABEL_NODE_ID, AdoptionConflict, NoFreeNode, evict_pods, merged_taints, taints_of,
+)
 from hyperplan.api.models import GROUP, VERSION, InstanceGroup, InstanceGroupStatus, TrainingPlan
 from hyperplan.handlers.context import Runtime, reconcile_forever, status_of
 from hyperplan.planning import health as hl
@@ -34,6 +36,7 @@ from hyperplan.planning.plans import Event
 PLURAL = "instancegroups"
 FINALIZER = "hyperplan.dev/finalizer"  # set by kopf (settings.persistence.finalizer)
 CREATE_WORKERS = 8
+ADOPTION_RETRY = timedelta(seconds=1)  # after a lost race for a free static node
 KIND = "group"
 log = logging.getLogger("hyperplan.instancegroup")
 
@@ -106,11 +109,20 @@ def vanished_nodes(rt: Runtime, group_key: str, present: list[ObservedGroupNode]
     return out
 
 
-def release(rt: Runtime, provider, node_id: str, group_key: str) -> None:
-    """Remove a node through its provider, noting that its deletion is ours, not a failure."""
+def release(rt: Runtime, provider, node_id: str, group_key: str) -> str:
+    """Remove a node through its provider, noting that its deletion is ours, not a failure.
+
+    Returns what became of the node, in words (deleted, or handed back to the free pool)."""
     rt.releasing.add(node_id)
     rt.known.get(group_key, {}).pop(node_id, None)
-    provider.release(node_id)
+    return provider.release(node_id)
+
+
+def left_alone_note(progress) -> str:
+    """The pods a drain did not evict, for the removal event ("" when none)."""
+    if not progress.left_alone:
+        return ""
+    return "; left running: " + ", ".join(f"{p} ({why})" for p, why in sorted(progress.left_alone.items()))
 
 
 def plan_view(plan: TrainingPlan) -> PlanView:
@@ -159,8 +171,8 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
         # so deleting the group can never orphan one.
         decision.create = []
         decision.wake_at = now + timedelta(seconds=1)
-    await asyncio.to_thread(apply_decision, rt, obj, group.spec.node_provider, decision,
-                            {n.name: r for n, r in zip(nodes, raw)})
+    lost_race = await asyncio.to_thread(apply_decision, rt, obj, group.spec.node_provider, decision,
+                                        {n.name: r for n, r in zip(nodes, raw)})
     desired = decision.status.wire()
     if desired != status_of(InstanceGroupStatus, obj).wire():
         await asyncio.to_thread(rt.kube.patch_status, PLURAL, name, desired)
@@ -175,12 +187,17 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     metrics.REMEDIATION_BLOCKED.labels(name).set(1 if blocked else 0)
     if plan is not None and (decision.create or decision.drain or decision.remediation or decision.update):
         rt.wakeups.wake("plan", plan.name)
+    if lost_race:  # another writer adopted the free node first: choose again shortly
+        retry = now + ADOPTION_RETRY
+        return retry if decision.wake_at is None else min(decision.wake_at, retry)
     return decision.wake_at
 
 
 def apply_decision(rt: Runtime, group_obj: dict[str, Any], provider_name: str, d: GroupDecision,
-                   raw: dict[str, client.V1Node]) -> None:
-    """Carry out a decision: health actions, then creates and updates, then drains. Sync (thread)."""
+                   raw: dict[str, client.V1Node]) -> bool:
+    """Carry out a decision: health actions, then creates and updates, then drains. Sync (thread).
+
+    Returns whether a create lost a race for a free static node (the caller looks again soon)."""
     provider = rt.providers[provider_name]
     group_key = pl.label_value(group_obj["metadata"]["name"])
     events: list[tuple[dict | None, Event]] = []
@@ -204,20 +221,35 @@ def apply_decision(rt: Runtime, group_obj: dict[str, Any], provider_name: str, d
                                                   f"spare {action.spare} ({where}) replaces {action.replacing}")))
             metrics.REMEDIATIONS.labels("promote").inc()
         elif isinstance(action, hl.RemoveNode):
-            release(rt, provider, action.node, group_key)
-            events.append((None, Event("Normal", "NodeRemoved", f"{action.node} removed: {action.reason}")))
+            what = release(rt, provider, action.node, group_key)
+            events.append((None, Event("Normal", "NodeRemoved", f"{action.node} removed: {action.reason}; {what}")))
             metrics.REMEDIATIONS.labels("remove").inc()
-    def create(spec: pl.NodeSpec) -> Event:
+    def create(spec: pl.NodeSpec) -> tuple[dict | None, Event] | None:
         try:
-            provider.create(spec)
+            name = provider.create(spec)
         except NoFreeNode as e:
-            return Event("Warning", "NoFreeNode", str(e))
-        return Event("Normal", "NodeCreated", f"{spec.name} ({spec.role}) in {spec.availability_zone}")
+            return None, Event("Warning", "NoFreeNode", str(e))
+        except AdoptionConflict as e:  # not an error: the next pass chooses again
+            log.info("group %s: %s", group_obj["metadata"]["name"], e)
+            return None
+        made = f"{spec.name} ({spec.role}) in {spec.availability_zone}"
+        if name == spec.name:
+            return None, Event("Normal", "NodeCreated", made)
+        adopted = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
+        return adopted, Event("Normal", "NodeAdopted", f"{made}: node {name} lent from the free pool")
 
     # Nodes are independent: their create calls go out together rather than one after another.
+    lost_race = False
     with ThreadPoolExecutor(max_workers=min(CREATE_WORKERS, max(1, len(d.create)))) as pool:
-        for event in pool.map(create, d.create):
-            events.append((None, event))
+        for outcome in pool.map(create, d.create):
+            if outcome is None:
+                lost_race = True
+            else:
+                events.append(outcome)
+    if any(ev.reason == "NoFreeNode" for _, ev in events):
+        rt.short_of_free_nodes.add(group_key)  # woken when a free node changes (handlers.nodes)
+    else:
+        rt.short_of_free_nodes.discard(group_key)
     backfills = sum(1 for a in d.remediation if isinstance(a, hl.Backfill))
     if backfills:
         metrics.REMEDIATIONS.labels("backfill").inc(backfills)
@@ -233,15 +265,18 @@ def apply_decision(rt: Runtime, group_obj: dict[str, Any], provider_name: str, d
             events.append((node_body(node), Event("Normal", "Draining",
                                                   f"{drain.node} cordoned ({drain.reason}); evicting pods "
                                                   f"until {drain.deadline.isoformat()}")))
-        progress = evict_pods(rt.kube, node.metadata.name)
+        progress = evict_pods(rt.kube, node.metadata.name, rt.me)
         if progress.pods_left == 0 or now >= drain.deadline:
-            release(rt, provider, drain.node, group_key)
-            events.append((None, Event("Normal", "NodeRemoved", f"{drain.node} drained and removed ({drain.reason})")))
+            what = release(rt, provider, drain.node, group_key)
+            events.append((node_body(node), Event(
+                "Normal", "NodeRemoved",
+                f"{drain.node} drained and removed ({drain.reason}): {what}{left_alone_note(progress)}")))
     for body, ev in events:
         log.info("group %s: %s: %s", group_obj["metadata"]["name"], ev.reason, ev.message)
         kopf.event(body or group_obj, type=ev.type, reason=ev.reason, message=ev.message)
         if body is not None:
             kopf.event(group_obj, type=ev.type, reason=ev.reason, message=ev.message)
+    return lost_race
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10, initial_delay=0)
@@ -268,12 +303,14 @@ async def drain_group(name: str, spec: kopf.Spec, memo: kopf.Memo, body: kopf.Bo
         node_id = (node.metadata.labels or {}).get(LABEL_NODE_ID, node.metadata.name)
         if not node.spec.unschedulable:
             await asyncio.to_thread(provider.cordon, node_id)
-        progress = await asyncio.to_thread(evict_pods, rt.kube, node.metadata.name)
+        progress = await asyncio.to_thread(evict_pods, rt.kube, node.metadata.name, rt.me)
         if progress.pods_left == 0:
-            await asyncio.to_thread(release, rt, provider, node_id, pl.label_value(name))
+            what = await asyncio.to_thread(release, rt, provider, node_id, pl.label_value(name))
+            log.info("group %s: %s drained and removed: %s%s", name, node_id, what, left_alone_note(progress))
     left = await asyncio.to_thread(provider.list, name)
     if left:
         raise kopf.TemporaryError(f"{len(left)} node(s) still draining", delay=1)
     kopf.info(body, reason="Drained", message=f"all nodes of {name} drained and removed")
     rt.group_plans.pop(pl.label_value(name), None)
+    rt.short_of_free_nodes.discard(pl.label_value(name))
     rt.wake_groups_of(spec.get("trainingPlanRef", ""))  # they may take the room it leaves
