@@ -124,7 +124,9 @@ class KwokProvider:
                                          "spec": {"taints": _taint_body(taints) or None}})
 
     def cordon(self, node: str) -> None:
-        self.kube.core.patch_node(node, {"spec": {"unschedulable": True}})
+        # The annotation outlives this process: a deletion of a node that carries it is ours.
+        self.kube.core.patch_node(node, {"metadata": {"annotations": {pl.ANNOTATION_CORDONED: "true"}},
+                                         "spec": {"unschedulable": True}})
 
     def release(self, node: str) -> str:
         try:

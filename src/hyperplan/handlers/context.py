@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Awaitable, Callable, TypeVar
@@ -132,6 +133,7 @@ async def reconcile_forever(rt: Runtime, kind: str, key: str, label: str,
     A failing pass is logged and retried after :data:`RETRY`; it never ends the daemon.
     """
     while not stopped:
+        started = time.monotonic()
         try:
             wake_at = await reconcile()
             metrics.RECONCILES.labels(label, "ok").inc()
@@ -139,5 +141,6 @@ async def reconcile_forever(rt: Runtime, kind: str, key: str, label: str,
             metrics.RECONCILES.labels(label, "error").inc()
             log.exception("reconcile of %s %s failed; retrying in %ss", label, key, RETRY.seconds)
             wake_at = rt.clock() + RETRY
+        metrics.RECONCILE_DURATION.labels(label).observe(time.monotonic() - started)
         await rt.wakeups.sleep(kind, key, wake_at, rt.clock, stopped)
     rt.wakeups.forget(kind, key)

@@ -18,13 +18,14 @@ from typing import Any
 
 import kopf
 from kubernetes import client
+from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
 from hyperplan import metrics
 from hyperplan.actuation.nodes import (
     LABEL_NODE_ID, AdoptionConflict, NoFreeNode, evict_pods, merged_taints, taints_of,
 )
-from hyperplan.api.models import GROUP, VERSION, InstanceGroup, InstanceGroupStatus, TrainingPlan
+from hyperplan.api.models import GROUP, VERSION, InstanceGroup, InstanceGroupStatus, TrainingPlan, VanishedNode
 from hyperplan.handlers.context import Runtime, reconcile_forever, status_of
 from hyperplan.planning import health as hl
 from hyperplan.planning import placement as pl
@@ -56,7 +57,8 @@ def observe_node(rt: Runtime, node: client.V1Node, now: datetime) -> ObservedGro
     name = labels.get(LABEL_NODE_ID, node.metadata.name)
     since = None
     if bad:
-        since = rt.label_seen.setdefault((name, bad), now)
+        recorded = (node.metadata.annotations or {}).get(hl.ANNOTATION_HEALTH_SINCE)
+        since = hl.health_label_since(bad, recorded, rt.label_seen.setdefault((name, bad), now))
     try:
         generation = int(labels.get(pl.LABEL_GENERATION, "0"))
     except ValueError:
@@ -70,6 +72,30 @@ def observe_node(rt: Runtime, node: client.V1Node, now: datetime) -> ObservedGro
             generation=generation, replaces=labels.get(pl.LABEL_REPLACES)),
         labels=labels, taints=taints_of(node), unschedulable=bool(node.spec.unschedulable),
         ready=ready, deleting=node.metadata.deletion_timestamp is not None)
+
+
+def record_health_signals(rt: Runtime, raw: list[client.V1Node], observed: list[ObservedGroupNode]) -> None:
+    """Keep each node's health-signal start on the node itself (sync, thread).
+
+    Written once per new ``Unschedulable*`` value, removed when the label goes, so that a
+    restarted operator counts the grace from the first sight, and a signal that comes back
+    later starts a new grace. The process's own memory of first sights is pruned alongside.
+    """
+    for node, seen in zip(raw, observed):
+        recorded = (node.metadata.annotations or {}).get(hl.ANNOTATION_HEALTH_SINCE)
+        value, since = seen.health.health_label, seen.health.health_label_since
+        want = hl.health_signal_record(value, since) if since is not None else None
+        if since is None:
+            for key in [k for k in rt.label_seen if k[0] == seen.name]:
+                del rt.label_seen[key]
+        if recorded == want or (want is None and recorded is None):
+            continue
+        try:
+            rt.kube.core.patch_node(node.metadata.name,
+                                    {"metadata": {"annotations": {hl.ANNOTATION_HEALTH_SINCE: want}}})
+        except ApiException as e:
+            if e.status != 404:  # gone meanwhile: nothing to remember
+                raise
 
 
 def vanished_nodes(rt: Runtime, group_key: str, present: list[ObservedGroupNode]) -> list[ObservedGroupNode]:
@@ -163,7 +189,11 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     raw = await asyncio.to_thread(provider.list, name)
     now = rt.clock()
     nodes = [observe_node(rt, n, now) for n in raw]
-    nodes += vanished_nodes(rt, pl.label_value(name), nodes)
+    await asyncio.to_thread(record_health_signals, rt, raw, nodes)
+    group_key = pl.label_value(name)
+    for v in group.status.vanished_nodes:  # after a restart: what the last process had seen
+        rt.vanished.setdefault(group_key, {}).setdefault(v.name, (dict(v.labels), v.since))
+    nodes += vanished_nodes(rt, group_key, nodes)
     decision = decide_group(name, generation, group.spec, group.status, plan,
                             peers_of(groups, group.spec.training_plan_ref), nodes, rt.policy, now, rt.keys)
     if decision.create and FINALIZER not in obj["metadata"].get("finalizers", []):
@@ -173,6 +203,9 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
         decision.wake_at = now + timedelta(seconds=1)
     lost_race = await asyncio.to_thread(apply_decision, rt, obj, group.spec.node_provider, decision,
                                         {n.name: r for n, r in zip(nodes, raw)})
+    decision.status.vanished_nodes = [
+        VanishedNode(name=node_id, since=when, labels=labels)
+        for node_id, (labels, when) in sorted(rt.vanished.get(group_key, {}).items())]
     desired = decision.status.wire()
     if desired != status_of(InstanceGroupStatus, obj).wire():
         await asyncio.to_thread(rt.kube.patch_status, PLURAL, name, desired)
@@ -180,11 +213,8 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     for ev in decision.events:
         log.info("group %s: %s: %s", name, ev.reason, ev.message)
         kopf.event(obj, type=ev.type, reason=ev.reason, message=ev.message)
-    for state, value in (("desired", decision.status.desired_count), ("ready", decision.status.ready_count),
-                         ("spare", decision.status.spare_count), ("unhealthy", decision.status.unhealthy_count)):
-        metrics.GROUP_NODES.labels(name, state).set(value)
-    blocked = any(c.type == "RemediationAllowed" and c.status == "False" for c in decision.status.conditions)
-    metrics.REMEDIATION_BLOCKED.labels(name).set(1 if blocked else 0)
+    metrics.observe_group_pass(name, group.status, decision.status,
+                               decision.block.start_time if decision.block else None, rt.clock())
     if plan is not None and (decision.create or decision.drain or decision.remediation or decision.update):
         rt.wakeups.wake("plan", plan.name)
     if lost_race:  # another writer adopted the free node first: choose again shortly
@@ -220,6 +250,7 @@ def apply_decision(rt: Runtime, group_obj: dict[str, Any], provider_name: str, d
             events.append((node_body(node), Event("Normal", "SparePromoted",
                                                   f"spare {action.spare} ({where}) replaces {action.replacing}")))
             metrics.REMEDIATIONS.labels("promote").inc()
+            metrics.observe_spare_promotion(action.grace_ended, rt.clock())
         elif isinstance(action, hl.RemoveNode):
             what = release(rt, provider, action.node, group_key)
             events.append((None, Event("Normal", "NodeRemoved", f"{action.node} removed: {action.reason}; {what}")))

@@ -7,6 +7,7 @@ from typing import Any
 import kopf
 
 from hyperplan.actuation.nodes import LABEL_NODE_ID, LABEL_POOL, POOL_FREE
+from hyperplan.planning.health import removed_by_operator
 from hyperplan.planning.placement import LABEL_GROUP, LABEL_PLAN
 
 
@@ -36,7 +37,8 @@ async def group_node_changed(name: str, labels: kopf.Labels, body: kopf.Body, ty
     if type == "DELETED":
         rt.node_digests.pop(name, None)
         node_id = labels.get(LABEL_NODE_ID, name)
-        if node_id in rt.releasing:
+        annotations = body.get("metadata", {}).get("annotations") or {}
+        if node_id in rt.releasing or removed_by_operator(labels, annotations):
             rt.releasing.discard(node_id)
         else:  # deleted from under the group: a failure signal, judged after the grace
             rt.vanished.setdefault(labels[LABEL_GROUP], {})[node_id] = (dict(labels), rt.clock())

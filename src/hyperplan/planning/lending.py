@@ -33,9 +33,9 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from hyperplan.planning.health import DEFAULT_BAD_CONDITIONS
+from hyperplan.planning.health import ANNOTATION_HEALTH_SINCE, DEFAULT_BAD_CONDITIONS
 from hyperplan.planning.placement import (
-    HEALTH_UNSCHEDULABLE, LABEL_GENERATION, LABEL_GROUP, LABEL_HEALTH, LABEL_HOSTNAME, LABEL_PLAN,
+    ANNOTATION_CORDONED, HEALTH_UNSCHEDULABLE, LABEL_GENERATION, LABEL_GROUP, LABEL_HEALTH, LABEL_HOSTNAME, LABEL_PLAN,
     LABEL_REPLACES, LABEL_RESERVED_CAPACITY, LABEL_ROLE, LABEL_SAGEMAKER_HEALTH, LABEL_SLOT, SPARE_TAINT,
     UNHEALTHY_TAINT, Taint,
 )
@@ -46,8 +46,7 @@ POOL_FREE = "free"
 POOL_HELD = "held"
 ANNOTATION_LENT = "hyperplan.dev/lent"
 """JSON: ``{"labels": {key: value before adoption or null}, "taintKeys": [...], "taints": [...]}``."""
-ANNOTATION_CORDONED = "hyperplan.dev/cordoned"
-"""``"true"`` while the node is cordoned because hyperplan cordoned it (for a drain)."""
+
 
 OWNED_LABELS = (LABEL_GROUP, LABEL_PLAN, LABEL_RESERVED_CAPACITY, LABEL_ROLE, LABEL_HEALTH, LABEL_SLOT,
                 LABEL_GENERATION, LABEL_REPLACES, LABEL_NODE_ID)
@@ -300,7 +299,8 @@ def hand_back(node: PoolNode) -> HandBack:
     ours = node.annotations.get(ANNOTATION_CORDONED) == "true"
     if ours:
         spec["unschedulable"] = None
-    annotations = {k: None for k in (ANNOTATION_LENT, ANNOTATION_CORDONED) if k in node.annotations}
+    annotations = {k: None for k in (ANNOTATION_LENT, ANNOTATION_CORDONED, ANNOTATION_HEALTH_SINCE)
+                   if k in node.annotations}
     metadata: dict = {"labels": labels}
     if annotations:
         metadata["annotations"] = annotations
