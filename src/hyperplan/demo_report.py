@@ -236,8 +236,9 @@ def draw_overview(data: RunData, moments: Sequence[Moment] = (), title: str = "h
         ax.grid(axis="x", color="#eeeeee")
     for i, m in enumerate(moments):  # labels stepped down so that close moments stay readable
         phase_ax.annotate(m.label, (mdates.date2num(m.time), 1.0), xycoords=("data", "axes fraction"),
-                          xytext=(3, -2 - 10 * i), textcoords="offset points", va="top", fontsize=8,
-                          color="#d62728")
+                          xytext=(3, -2 - 12 * i), textcoords="offset points", va="top", fontsize=8,
+                          color="#d62728", bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "none",
+                                                 "pad": 1})
     rem_ax.set_xlim(data.start, data.end)
     rem_ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S", tz=timezone.utc))
     rem_ax.set_xlabel("time (UTC)")
