@@ -1,4 +1,4 @@
-"""The ``hyperplan`` command: run the operator, manage the local control plane, write the CRDs."""
+"""The ``hyperplan`` command: run the operator, show its status, manage the local control plane, write the CRDs."""
 
 from __future__ import annotations
 
@@ -68,6 +68,19 @@ def cmd_crds(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    from hyperplan.status import StatusError, run_command
+
+    if args.interval <= 0:
+        print("error: --interval must be a positive number of seconds", file=sys.stderr)
+        return 2
+    try:
+        return run_command(args.kubeconfig, args.output, args.watch, args.interval)
+    except StatusError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hyperplan", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -80,6 +93,12 @@ def main(argv: list[str] | None = None) -> int:
     crd.add_argument("--out", default="crds")
     crd.add_argument("--check", action="store_true")
     crd.set_defaults(func=cmd_crds)
+    status = sub.add_parser("status", help="plans with their blocks on a time axis, UltraServers, group nodes")
+    status.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: $KUBECONFIG, then in-cluster)")
+    status.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    status.add_argument("-w", "--watch", action="store_true", help="refresh in place (JSON: one document a line)")
+    status.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes with --watch")
+    status.set_defaults(func=cmd_status)
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -2,12 +2,17 @@
 
 1. brings the local control plane up (building it the first time) and applies the CRDs;
 2. applies the objects of ``deploy/examples/demo/`` with their times filled in relative to now;
-3. runs the operator (``hyperplan run``, demo profile) in the foreground, its log on stdout,
-   with a status table every 15 s;
-4. once the GB200 group is Ready, fails one of its nodes (Ready=False, as an agent would) so
+3. runs the operator (``hyperplan run``, demo profile), its log in ``.state/demo/operator.log``
+   and echoed here, and a real Prometheus scraping it every second (its address is printed, so
+   the graphs can be opened while the demo runs);
+4. shows the ``hyperplan status`` view: refreshed in place on a terminal, printed every 15 s
+   otherwise (a CI log, a pipe);
+5. once the GB200 group is Ready, fails one of its nodes (Ready=False, as an agent would) so
    that a spare takes over;
-5. stops when both plans have expired; Ctrl-C stops earlier. Everything it started (the
-   operator, and the plane if it was not already running) is stopped again, by pid.
+6. stops when both plans have expired (Ctrl-C stops earlier), then writes a picture of the run
+   from Prometheus's data (``.state/demo/overview-<time>.png``, see :mod:`hyperplan.demo_report`)
+   and prints its path. Everything it started (the operator, Prometheus, and the plane if it was
+   not already running) is stopped again, by pid.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,17 +29,31 @@ import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+from rich.console import Console
+from rich.live import Live
+from rich.text import Text
+
+from hyperplan import demo_report, status
+from hyperplan.actuation.kube import Kube, api_client
 from hyperplan.api.models import to_rfc3339
-from hyperplan.devcluster import build
+from hyperplan.devcluster import build, prometheus
 from hyperplan.devcluster.plane import Plane, free_port, project_root
 
 EXAMPLES = Path("deploy") / "examples" / "demo"
+ALERTS = Path("deploy") / "prometheus" / "alerts.yml"
 PLACEHOLDER = re.compile(r"\$\{NOW\+(\d+)([smh])\}")
 UNITS = {"s": "seconds", "m": "minutes", "h": "hours"}
+GROUP = "demo-workers"
+PRINT_EVERY = 15.0  # seconds between printed views when the output is not a terminal
+REFRESH_EVERY = 2.0  # seconds between reads of the API for the view
+
+# Not a terminal (make demo | tee, CI): rich would fall back to 80 columns, too narrow for the view.
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
 
 
 def say(line: str) -> None:
-    print(f"\033[1m[demo {datetime.now().strftime('%H:%M:%S')}]\033[0m {line}", flush=True)
+    console.print(Text.assemble((f"[demo {datetime.now().strftime('%H:%M:%S')}]", "bold"), " ", line),
+                  soft_wrap=True)  # long lines (URLs) stay whole
 
 
 def render(text: str, now: datetime) -> str:
@@ -47,10 +67,19 @@ def render(text: str, now: datetime) -> str:
 class Demo:
     def __init__(self, root: Path):
         self.root = root
+        self.dir = root / ".state" / "demo"
         self.plane = Plane(log=lambda line: say(f"plane: {line}"))
         self.operator: subprocess.Popen | None = None
+        self.prom: prometheus.Prometheus | None = None
+        self.kube: Kube | None = None
         self.started_plane = False
         self.stop = threading.Event()
+        self.started_at: datetime | None = None
+        self.moments: list[demo_report.Moment] = []
+        self.live: Live | None = None
+        self.snapshot: status.Snapshot | None = None
+        self.victim = ""
+        self.failed_at = datetime.now(timezone.utc)
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
         proc = subprocess.run([str(build.binary("kubectl")), f"--kubeconfig={self.plane.kubeconfig}", *args],
@@ -62,80 +91,171 @@ class Demo:
     def get(self, *args: str) -> dict:
         return json.loads(self.kubectl("get", *args, "-o", "json"))
 
+    # ------------------------------------------------------------------------ the run
+
     def run(self) -> int:
         st = self.plane.state()
         self.started_plane = not (st and self.plane._all_alive(st) and self.plane._ready(st))
         self.plane.up()
+        self.kube = Kube(api_client(str(self.plane.kubeconfig)))
         say("applying the CRDs")
         self.kubectl("apply", "-f", str(self.root / "crds"))
         for plural in ("capacitypools", "trainingplans", "instancegroups"):
             self.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{plural}.hyperplan.dev")
         self.kubectl("delete", "instancegroups,trainingplans,capacitypools", "--all", "--wait=true",
                      "--timeout=60s", check=False)
+        shutil.rmtree(self.dir, ignore_errors=True)  # last run's log and TSDB; pictures are kept below
+        self.dir.mkdir(parents=True, exist_ok=True)
         now = datetime.now(timezone.utc).replace(microsecond=0)
+        self.started_at = now
         for path in sorted((self.root / EXAMPLES).glob("*.yaml")):
             say(f"applying {path.relative_to(self.root)}")
-            print(self.kubectl("apply", "-f", "-", input=render(path.read_text(), now)).rstrip(), flush=True)
-        env = {**os.environ, "KUBECONFIG": str(self.plane.kubeconfig), "HYPERPLAN_POLICY": "demo",
-               "HYPERPLAN_METRICS_PORT": str(free_port()), "HYPERPLAN_LIVENESS_PORT": str(free_port())}
-        say(f"starting the operator (demo profile); metrics on :{env['HYPERPLAN_METRICS_PORT']}/metrics")
-        self.operator = subprocess.Popen([sys.executable, "-m", "hyperplan.cli", "run"], env=env,
-                                         start_new_session=True)
-        threading.Thread(target=self.narrate, daemon=True).start()
-        while not self.stop.wait(1):
-            if self.operator.poll() is not None:
-                say(f"the operator exited with {self.operator.returncode}")
-                return 1
-        return 0
+            console.print(self.kubectl("apply", "-f", "-", input=render(path.read_text(), now)).rstrip(),
+                          markup=False)
+        metrics_port = free_port()
+        self.start_operator(metrics_port)
+        self.start_prometheus(metrics_port)
+        say("the status view below is `hyperplan status --watch`; from another shell: "
+            "eval \"$(.venv/bin/hyperplan dev env)\"; .venv/bin/hyperplan status --watch")
+        if console.is_terminal:
+            with Live(console=console, auto_refresh=False) as self.live:
+                return self.narrate()
+        return self.narrate()
 
-    def narrate(self) -> None:
-        """Status tables, the injected failure, and the end of the demo."""
+    def start_operator(self, metrics_port: int) -> None:
+        log = self.dir / "operator.log"
+        env = {**os.environ, "KUBECONFIG": str(self.plane.kubeconfig), "HYPERPLAN_POLICY": "demo",
+               "HYPERPLAN_METRICS_PORT": str(metrics_port), "HYPERPLAN_LIVENESS_PORT": str(free_port()),
+               # One replica: nothing to elect, and no wait for a Lease left by an operator killed
+               # in an earlier run, which would shift the demo's time-relative blocks.
+               "HYPERPLAN_LEADER_ELECTION": "false"}
+        say(f"starting the operator (demo profile); metrics on :{metrics_port}/metrics, log {log}")
+        with open(log, "ab") as out:
+            self.operator = subprocess.Popen([sys.executable, "-m", "hyperplan.cli", "run"], env=env,
+                                             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                             start_new_session=True)
+        threading.Thread(target=self.echo_log, args=(log,), daemon=True).start()
+
+    def echo_log(self, log: Path) -> None:
+        """Print the operator's log lines as they come (above the live view on a terminal)."""
+        with open(log, errors="replace") as f:
+            while not self.stop.is_set():
+                line = f.readline()
+                if not line:
+                    time.sleep(0.3)
+                    continue
+                console.print(Text("operator | " + line.rstrip(), style="grey58"), soft_wrap=True)
+
+    def start_prometheus(self, metrics_port: int) -> None:
+        rules = [self.root / ALERTS] if (self.root / ALERTS).is_file() else []
+        try:
+            self.prom = prometheus.start([f"127.0.0.1:{metrics_port}"], self.dir / "prometheus", rule_files=rules)
+        except (RuntimeError, OSError) as e:  # PrometheusError is a RuntimeError
+            say(f"Prometheus did not start ({e}); the demo goes on without graphs and without its picture")
+            return
+        say(f"Prometheus (pid {self.prom.pid}) scrapes the operator every second: open {self.prom.url}/graph"
+            f"?g0.expr=hyperplan_instance_group_nodes&g0.tab=0&g0.range_input=5m")
+
+    def narrate(self) -> int:
+        """The status view, the injected failure, and the end of the demo."""
         failed = False
         ready_since: float | None = None
-        last_table = 0.0
+        last_print = 0.0
         while not self.stop.is_set():
+            if self.operator.poll() is not None:
+                say(f"the operator exited with {self.operator.returncode}; see {self.dir / 'operator.log'}")
+                return 1
             try:
-                if time.monotonic() - last_table > 15:
-                    last_table = time.monotonic()
-                    table = self.kubectl("get", "trainingplans,instancegroups")
-                    roles = {}
-                    for n in self.get("nodes", "-l", "hyperplan.dev/instance-group")["items"]:
-                        role = n["metadata"]["labels"].get("hyperplan.dev/role", "?")
-                        roles[role] = roles.get(role, 0) + 1
-                    say("status\n" + table.rstrip() + f"\nnodes by role: {roles or 'none'}")
-                group = self.get("instancegroup", "demo-workers").get("status") or {}
-                if group.get("phase") == "Ready" and ready_since is None:
-                    ready_since = time.monotonic()
-                if not failed and ready_since is not None and time.monotonic() - ready_since > 10:
-                    failed = True  # let the Ready group be seen for a moment first
-                    self.inject_failure()
-                plans = self.get("trainingplans")["items"]
-                if plans and all((p.get("status") or {}).get("phase") in ("Expired", "Failed") for p in plans):
-                    say("both plans have expired: the demo is over")
-                    self.stop.set()
-            except Exception as e:  # noqa: BLE001 - narration must not end the demo
+                self.snapshot = status.gather(self.kube)
+            except Exception as e:  # noqa: BLE001 - a failed read must not end the demo
                 say(f"(status unavailable: {e})")
-            time.sleep(2)
+                time.sleep(REFRESH_EVERY)
+                continue
+            if self.live is not None:
+                self.live.update(status.render(self.snapshot, status.utcnow()), refresh=True)
+            elif time.monotonic() - last_print >= PRINT_EVERY:
+                last_print = time.monotonic()
+                console.print(status.render(self.snapshot, status.utcnow()))
+            group = next((g for g in self.snapshot.groups if g.name == GROUP), None)
+            if group is not None and group.phase == "Ready" and ready_since is None:
+                ready_since = time.monotonic()
+            if not failed and ready_since is not None and time.monotonic() - ready_since > 10:
+                failed = True  # let the Ready group be seen for a moment first
+                self.inject_failure()
+            elif failed:
+                self.keep_failing(self.snapshot)
+            plans = self.snapshot.plans
+            if plans and all(p.phase in ("Expired", "Failed") for p in plans):
+                say("both plans have expired: the demo is over")
+                if self.live is None:
+                    console.print(status.render(self.snapshot, status.utcnow()))
+                time.sleep(3)  # a few more scrapes, so the picture shows the end
+                return 0
+            time.sleep(REFRESH_EVERY)
+        return 0
 
     def inject_failure(self) -> None:
-        nodes = self.get("nodes", "-l", "hyperplan.dev/instance-group=demo-workers,hyperplan.dev/role=active")
-        victim = sorted(n["metadata"]["name"] for n in nodes["items"])[-1]
-        when = to_rfc3339(datetime.now(timezone.utc))
-        patch = {"status": {"conditions": [{"type": "Ready", "status": "False", "reason": "DemoFailure",
-                                            "message": "GPU fell off the bus (injected by the demo)",
-                                            "lastHeartbeatTime": when, "lastTransitionTime": when}]}}
-        self.kubectl("patch", "node", victim, "--subresource=status", "--type=strategic", "-p", json.dumps(patch))
-        say(f"injected a failure: {victim} is NotReady; after the 10 s grace a spare takes over")
+        nodes = self.get("nodes", "-l", f"hyperplan.dev/instance-group={GROUP},hyperplan.dev/role=active")
+        self.victim = sorted(n["metadata"]["name"] for n in nodes["items"])[-1]
+        self.failed_at = datetime.now(timezone.utc)
+        self.report_failure()
+        grace = int(((self.get("instancegroup", GROUP).get("spec") or {}).get("healthCheck") or {})
+                    .get("graceSeconds", 30))
+        self.moments.append(demo_report.Moment(self.failed_at, f"failure injected: {self.victim}"))
+        self.moments.append(demo_report.Moment(self.failed_at + timedelta(seconds=grace),
+                                               f"its {grace} s grace ends"))
+        say(f"injected a failure: {self.victim} is NotReady; after the {grace} s grace a spare takes over")
+
+    def report_failure(self) -> None:
+        """Ready=False on the victim, as a node agent reports it (the failure keeps its first time)."""
+        self.kube.core.patch_node_status(self.victim, {"status": {"conditions": [
+            {"type": "Ready", "status": "False", "reason": "DemoFailure",
+             "message": "GPU fell off the bus (injected by the demo)",
+             "lastHeartbeatTime": to_rfc3339(datetime.now(timezone.utc)),
+             "lastTransitionTime": to_rfc3339(self.failed_at)}]}})
+
+    def keep_failing(self, snap: status.Snapshot) -> None:
+        """Say it again while the victim is neither NotReady nor marked.
+
+        KWOK's heartbeat can write back a Ready=True it rendered just before the patch; an agent
+        whose node is still broken reports it again, so the operator sees a steady failure.
+        """
+        group = next((g for g in snap.groups if g.name == GROUP), None)
+        node = next((n for n in (group.nodes if group else []) if n.name == self.victim), None)
+        if node is not None and node.state != status.UNHEALTHY:
+            self.report_failure()
+
+    # ------------------------------------------------------------------------ the end
+
+    def write_picture(self) -> None:
+        """The run's overview from Prometheus's data (nothing when Prometheus or the run never started)."""
+        if self.prom is None or self.started_at is None or self.prom.proc.poll() is not None:
+            return
+        end = datetime.now(timezone.utc)
+        path = self.root / ".state" / f"demo-overview-{self.started_at:%Y%m%d-%H%M%S}.png"
+        try:
+            data = demo_report.collect(self.prom, self.started_at, end, step=1.0)
+            demo_report.write_overview(data, path, self.moments)
+        except Exception as e:  # noqa: BLE001 - the picture must not hide how the demo ended
+            say(f"could not write the picture: {e}")
+            return
+        say(f"the picture of this run: {path}")
 
     def shutdown(self) -> None:
         self.stop.set()
+        if self.live is not None:
+            self.live.stop()
+        self.write_picture()
         if self.operator and self.operator.poll() is None:
-            say("stopping the operator")
+            say(f"stopping the operator (pid {self.operator.pid})")
             self.operator.send_signal(signal.SIGTERM)
             try:
                 self.operator.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 os.killpg(self.operator.pid, signal.SIGKILL)
+        if self.prom is not None:
+            say(f"stopping Prometheus (pid {self.prom.pid})")
+            self.prom.stop()
         if self.started_plane:
             self.plane.down()
         else:

@@ -1,0 +1,301 @@
+"""`hyperplan status`: the snapshot built from API bodies, its JSON, and the view rendered at a fixed now."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from rich.console import Console
+
+from hyperplan import status as st
+from hyperplan.api.models import to_rfc3339
+
+NOW = datetime(2027, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
+
+
+def at(seconds: int) -> str:
+    return to_rfc3339(NOW + timedelta(seconds=seconds))
+
+
+def block(rid: str, start: int, end: int, count: int = 8, az: str = "us-east-1a",
+          itype: str = "ml.p5.48xlarge", **extra) -> dict:
+    return {"id": rid, "availabilityZone": az, "instanceType": itype, "instanceCount": count,
+            "startTime": at(start), "endTime": at(end), "terminationTime": at(end - 20), **extra}
+
+
+def ultraserver(uid: str, health: str, in_use: int, spares: int, unhealthy: int = 0) -> dict:
+    return {"id": uid, "availabilityZone": "us-west-2b", "totalInstanceCount": 18,
+            "configuredSpareInstanceCount": 1, "availableInstanceCount": 18 - in_use - unhealthy - spares,
+            "inUseInstanceCount": in_use, "availableSpareInstanceCount": spares, "unhealthyInstanceCount": unhealthy, "healthStatus": health}
+
+
+POOLS = [
+    {"metadata": {"name": "demo-p5"},
+     "spec": {"instanceType": "ml.p5.48xlarge", "availabilityZone": "us-east-1a", "instanceCount": 8,
+              "unavailable": [{"start": at(-30), "end": at(30), "instanceCount": 2}]},
+     "status": {"reservations": [{"trainingPlan": "demo-split", "reservedCapacityId": "rc-split-0",
+                                  "startTime": at(-60), "endTime": at(0), "instanceCount": 8}]}},
+    {"metadata": {"name": "demo-gb200"},
+     "spec": {"instanceType": "ml.p6e-gb200.36xlarge", "availabilityZone": "us-west-2b", "instanceCount": 36,
+              "ultraServerType": "ml.u-p6e-gb200x72"},
+     "status": {"reservations": [{"trainingPlan": "demo-gb200", "reservedCapacityId": "rc-gb-0",
+                                  "startTime": at(-40), "endTime": at(140), "instanceCount": 36}]}},
+]
+
+PLANS = [
+    {"metadata": {"name": "demo-split"},
+     "spec": {"instanceType": "ml.p5.48xlarge", "instanceCount": 8, "targetResource": "hyperpod-cluster",
+              "duration": "2m"},
+     "status": {"phase": "Scheduled", "availabilityZone": "us-east-1a", "totalInstanceCount": 8,
+                "nextTransitionTime": at(30),
+                "reservedCapacity": [block("rc-split-0", -60, 0, status="Expired"),
+                                     block("rc-split-1", 30, 90)]}},
+    {"metadata": {"name": "demo-gb200"},
+     "spec": {"ultraServerType": "ml.u-p6e-gb200x72", "ultraServerCount": 2,
+              "targetResource": "hyperpod-cluster", "duration": "3m"},
+     "status": {"phase": "Active", "availabilityZone": "us-west-2b", "totalInstanceCount": 36,
+                "inUseInstanceCount": 20, "availableSpareInstanceCount": 1, "unhealthyInstanceCount": 1,
+                "nextTransitionTime": at(120),
+                "reservedCapacity": [block("rc-gb-0", -40, 140, count=36, az="us-west-2b",
+                                                      itype="ml.p6e-gb200.36xlarge", status="Active")],
+                "ultraServers": [ultraserver("rc-gb-0-us-0", "impaired", 17, 0, unhealthy=1),
+                                 ultraserver("rc-gb-0-us-1", "ok", 3, 1)]}},
+    {"metadata": {"name": "not-bought"},
+     "spec": {"instanceType": "ml.p5.48xlarge", "instanceCount": 64, "targetResource": "training-job",
+              "duration": "1m"},
+     "status": {"phase": "Failed", "conditions": [
+         {"type": "Failed", "status": "True", "reason": "NoCapacity", "message": "no pool can sell 64"}]}},
+]
+
+GROUPS = [
+    {"metadata": {"name": "demo-workers"},
+     "spec": {"trainingPlanRef": "demo-gb200", "instanceType": "ml.p6e-gb200.36xlarge", "instanceCount": 20},
+     "status": {"phase": "Ready", "availabilityZone": "us-west-2b", "desiredCount": 20, "readyCount": 20,
+                "spareCount": 1, "unhealthyCount": 1}},
+]
+
+
+def nodes() -> list[tuple[str, st.Node]]:
+    out = [("demo-workers", st.Node(f"hp-demo-workers-0-{i}", "active", st.SERVING, "rc-gb-0-us-0"))
+           for i in range(16)]
+    out += [("demo-workers", st.Node("hp-demo-workers-0-16", "active", st.UNHEALTHY, "rc-gb-0-us-0")),
+            ("demo-workers", st.Node("hp-demo-workers-0-17-g1", "active", st.SERVING, "rc-gb-0-us-0"))]
+    out += [("demo-workers", st.Node(f"hp-demo-workers-1-{i}", "active", st.SERVING, "rc-gb-0-us-1"))
+            for i in range(3)]
+    out += [("demo-workers", st.Node("hp-demo-workers-1-3", "spare", st.SPARE, "rc-gb-0-us-1")),
+            ("other-group", st.Node("hp-other-0", "active", st.SERVING, None))]
+    return out
+
+
+@pytest.fixture
+def snap() -> st.Snapshot:
+    return st.snapshot_from_objects(POOLS, PLANS, GROUPS, nodes(), NOW)
+
+
+def text_of(snap: st.Snapshot, now: datetime = NOW, width: int = 160) -> str:
+    console = Console(width=width, record=True, color_system=None, force_terminal=False)
+    console.print(st.render(snap, now))
+    return console.export_text()
+
+
+def line_with(text: str, *words: str) -> str:
+    lines = [ln for ln in text.splitlines() if all(w in ln for w in words)]
+    assert lines, f"no line with {words} in:\n{text}"
+    return lines[0]
+
+
+# ----------------------------------------------------------------------------- the snapshot
+
+
+def test_snapshot_joins_plans_groups_nodes_and_pools(snap: st.Snapshot) -> None:
+    assert [p.name for p in snap.plans] == ["demo-gb200", "demo-split", "not-bought"]
+    gb = snap.plans[0]
+    assert gb.instance_type == "ml.p6e-gb200.36xlarge"  # from the block: the spec names only the UltraServer type
+    assert [u.spare_nodes for u in gb.ultra_servers] == [[], ["hp-demo-workers-1-3"]]
+    (group,) = snap.groups
+    assert group.nodes_by_state() == {"active": 20, "spare": 1, "provisioning": 0, "draining": 0, "unhealthy": 1}
+    assert "hp-other-0" not in [n.name for n in group.nodes]
+    pools = {p.name: (p.sold_now, p.unavailable_now, p.free_now) for p in snap.pools}
+    assert pools == {"demo-p5": (0, 2, 6), "demo-gb200": (36, 0, 0)}  # a reservation ending at now is over
+    assert snap.plans[2].message == "Failed=True: no pool can sell 64"
+
+
+@pytest.mark.parametrize("start, end, expected", [
+    pytest.param(-60, 0, "past", id="ended-exactly-now"),
+    pytest.param(-60, 1, "active", id="ends-in-a-second"),
+    pytest.param(0, 60, "active", id="starts-now"),
+    pytest.param(1, 60, "next", id="starts-in-a-second"),
+])
+def test_block_when_is_read_from_its_times(start: int, end: int, expected: str) -> None:
+    b = st.Block("rc", "az", 1, NOW + timedelta(seconds=start), NOW + timedelta(seconds=end), None, "Scheduled")
+    assert b.when(NOW) == expected
+
+
+@pytest.mark.parametrize("labels, ready, unschedulable, expected", [
+    pytest.param({"hyperplan.dev/role": "active"}, "True", False, "active", id="serving"),
+    pytest.param({"hyperplan.dev/role": "spare"}, "True", False, "spare", id="spare"),
+    pytest.param({"hyperplan.dev/role": "active"}, None, False, "provisioning", id="no-ready-condition-yet"),
+    pytest.param({"hyperplan.dev/role": "active"}, "False", False, "unhealthy", id="not-ready"),
+    pytest.param({"hyperplan.dev/role": "spare"}, "Unknown", False, "unhealthy", id="spare-lost-contact"),
+    pytest.param({"hyperplan.dev/role": "active",
+                  "hyperplan.dev/node-health-status": "UnschedulablePendingReplacement"}, "True", True,
+                 "unhealthy", id="marked-for-replacement"),
+    pytest.param({"hyperplan.dev/role": "active"}, "True", True, "draining", id="cordoned"),
+])
+def test_node_state(labels: dict, ready: str | None, unschedulable: bool, expected: str) -> None:
+    assert st.node_state(labels, ready, unschedulable) == expected
+
+
+def test_objects_that_do_not_parse_are_shown_not_fatal() -> None:
+    bad = [{"metadata": {"name": "odd"}, "spec": {}, "status": {"phase": "Sideways", "reservedCapacity": "x"}}]
+    snap = st.snapshot_from_objects([], bad, [{"metadata": {"name": "g"}}], [], NOW)
+    assert snap.plans[0].name == "odd" and snap.plans[0].phase == "" and snap.plans[0].blocks == []
+    assert "odd" in text_of(snap)
+
+
+def test_json_has_stable_keys_and_rfc3339_times(snap: st.Snapshot) -> None:
+    doc = json.loads(json.dumps(snap.to_dict()))
+    assert list(doc) == ["time", "pools", "plans", "groups"]
+    assert doc["time"] == "2027-01-01T12:00:00Z"
+    split = next(p for p in doc["plans"] if p["name"] == "demo-split")
+    assert set(split) >= {"name", "phase", "instanceType", "availabilityZone", "totalInstanceCount",
+                          "inUseInstanceCount", "availableSpareInstanceCount", "unhealthyInstanceCount",
+                          "nextTransitionTime", "blocks", "ultraServers"}
+    assert [(b["id"], b["when"], b["startTime"]) for b in split["blocks"]] == [
+        ("rc-split-0", "past", "2027-01-01T11:59:00Z"), ("rc-split-1", "next", "2027-01-01T12:00:30Z")]
+    us = next(p for p in doc["plans"] if p["name"] == "demo-gb200")["ultraServers"]
+    assert [(u["id"], u["healthStatus"], u["availableSpareInstanceCount"], u["spareNodes"]) for u in us] == [
+        ("rc-gb-0-us-0", "impaired", 0, []), ("rc-gb-0-us-1", "ok", 1, ["hp-demo-workers-1-3"])]
+    (group,) = doc["groups"]
+    assert group["nodesByState"] == {"active": 20, "spare": 1, "provisioning": 0, "draining": 0, "unhealthy": 1}
+    assert group["trainingPlan"] == "demo-gb200" and len(group["nodes"]) == 22
+    assert next(p for p in doc["pools"] if p["name"] == "demo-p5")["freeNow"] == 6
+
+
+# ----------------------------------------------------------------------------- the time axis
+
+
+def axis_for(*spans: tuple[int, int], width: int = 20) -> tuple[list[st.Block], st.Axis]:
+    blocks = [st.Block(f"rc-{i}", "az", 1, NOW + timedelta(seconds=a), NOW + timedelta(seconds=b), None, "")
+              for i, (a, b) in enumerate(spans)]
+    return blocks, st.Axis.around(blocks, NOW, width)
+
+
+@pytest.mark.parametrize("spans, expected", [
+    # 20 cells over [-60 s, +60 s] padded by 3 s: each cell 6.3 s; now is cell 10.
+    pytest.param([(-60, 0), (30, 60)], "▒▒▒▒▒▒▒▒▒▒│····░░░░░", id="past-gap-now-next"),
+    pytest.param([(-60, 60)], "██████████│█████████", id="active-around-now"),
+    pytest.param([(-60, -59), (59, 60)], "▒·········│········░", id="short-blocks-keep-a-cell"),
+])
+def test_timeline_marks_past_active_next_and_now(spans: list, expected: str) -> None:
+    blocks, axis = axis_for(*spans)
+    assert st.timeline(blocks, NOW, axis).plain == expected
+
+
+def test_timeline_without_blocks_still_shows_now() -> None:
+    blocks, axis = axis_for()
+    bar = st.timeline(blocks, NOW, axis).plain
+    assert bar.count("│") == 1 and set(bar) == {"│", "·"}
+
+
+@pytest.mark.parametrize("seconds, expected", [
+    pytest.param(0, "in 0s", id="now"),
+    pytest.param(25, "in 25s", id="seconds"),
+    pytest.param(3725, "in 1h 2m", id="two-units-at-most"),
+    pytest.param(-90, "1m 30s ago", id="past"),
+    pytest.param(2 * 86400 + 5, "in 2d 5s", id="days"),
+])
+def test_relative_times(seconds: int, expected: str) -> None:
+    assert st.relative(NOW + timedelta(seconds=seconds), NOW) == expected
+
+
+# ----------------------------------------------------------------------------- the rendered view
+
+
+def test_view_shows_each_plan_with_its_phase_az_counts_and_timeline(snap: st.Snapshot) -> None:
+    text = text_of(snap)
+    split = line_with(text, "demo-split", "Scheduled")
+    assert "us-east-1a" in split and "0/8" in split and "in 30s" in split
+    assert "▒" in split and "░" in split and "│" in split and "█" not in split
+    gb = line_with(text, "demo-gb200", "Active")
+    assert "us-west-2b" in gb and "20/36" in gb and "in 2m" in gb and "█" in gb
+    assert "past" in line_with(text, "rc-split-0") and "12:00:30–12:01:30" in line_with(text, "rc-split-1", "next")
+    assert "active" in line_with(text, "rc-gb-0 ")
+    assert "plan not-bought: Failed=True: no pool can sell 64" in text
+    assert "█ active  ░ next  ▒ past  │ now 12:00:00" in text
+
+
+def test_view_shows_ultraserver_health_and_spares(snap: st.Snapshot) -> None:
+    text = text_of(snap)
+    us0 = line_with(text, "rc-gb-0-us-0")
+    assert "impaired" in us0 and " 0/1 " in us0 and "17" in us0
+    us1 = line_with(text, "rc-gb-0-us-1")
+    assert "ok" in us1 and " 1/1 " in us1 and "hp-demo-workers-1-3" in us1
+
+
+def test_view_shows_group_nodes_by_state(snap: st.Snapshot) -> None:
+    row = line_with(text_of(snap), "demo-workers", "Ready")
+    assert "active 20" in row and "spare 1" in row and "unhealthy 1" in row and "provisioning" not in row
+
+
+def test_view_shows_pools_sold_and_free(snap: st.Snapshot) -> None:
+    row = line_with(text_of(snap), "demo-p5", "ml.p5.48xlarge")
+    assert row.split()[-4:] == ["8", "0", "2", "6"]
+
+
+def test_view_of_an_empty_cluster_says_so() -> None:
+    text = text_of(st.Snapshot(time=NOW))
+    for what in ("no training plans", "no UltraServers", "no instance groups", "no capacity pools"):
+        assert what in text
+
+
+def test_the_same_snapshot_later_moves_the_now_marker(snap: st.Snapshot) -> None:
+    later = NOW + timedelta(seconds=45)
+    text = text_of(snap, later)
+    assert "active" in line_with(text, "rc-split-1")  # 12:00:30–12:01:30 holds 12:00:45
+    assert "(read 45s ago)" in text
+    assert "now 12:00:45" in text
+
+
+def test_watch_shows_each_read_and_reports_failures_without_ending() -> None:
+    reads = iter([st.Snapshot(time=NOW), st.StatusError("API down"), st.Snapshot(time=NOW)])
+    shown, errors = [], []
+
+    def read() -> st.Snapshot:
+        r = next(reads)
+        if isinstance(r, Exception):
+            raise r
+        return r
+
+    st.watch(read, shown.append, 0, stop=lambda: len(shown) + len(errors) >= 3, on_error=errors.append)
+    assert len(shown) == 2 and [str(e) for e in errors] == ["API down"]
+
+
+@pytest.mark.parametrize("argv, code, message", [
+    pytest.param(["status", "--kubeconfig", "/nonexistent/kubeconfig"], 1,
+                 "error: the kubeconfig /nonexistent/kubeconfig does not exist", id="missing-kubeconfig"),
+    pytest.param(["status", "--interval", "0", "--watch"], 2,
+                 "error: --interval must be a positive number of seconds", id="zero-interval"),
+])
+def test_cli_bad_input_is_a_clear_error(argv: list[str], code: int, message: str,
+                                        capsys: pytest.CaptureFixture) -> None:
+    from hyperplan.cli import main
+    assert main(argv) == code
+    assert capsys.readouterr().err.strip() == message
+
+
+@pytest.mark.parametrize("width, dropped", [
+    pytest.param(170, [], id="wide-all-columns"),
+    pytest.param(120, ["type"], id="type-goes-first"),
+    pytest.param(90, ["type", "spares", "unhealthy"], id="narrow"),
+])
+def test_a_narrow_console_drops_columns_but_keeps_the_whole_time_axis(snap: st.Snapshot, width: int,
+                                                                      dropped: list[str]) -> None:
+    text = text_of(snap, width=width)
+    header = line_with(text, "plan / block")
+    for column in st.OPTIONAL_PLAN_COLUMNS:
+        assert (column in header) == (column not in dropped), header
+    bar = line_with(text, "demo-split", "Scheduled").split()[-1]
+    assert len(bar) >= 16 and bar.count("│") == 1 and "…" not in bar
+    assert all(len(line) <= width for line in text.splitlines())
