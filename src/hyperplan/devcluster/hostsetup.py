@@ -309,3 +309,29 @@ def describe() -> list[tuple[str, str]]:
     if state.installed_packages:
         rows.append(("installed packages", " ".join(state.installed_packages)))
     return rows
+
+
+def ensure_system_packages(log: Log) -> None:
+    """What the test suite needs from the system: promtool (Debian's prometheus) and Docker."""
+    if shutil.which("promtool") is None:
+        apt_install(["prometheus"], log)
+        state = HostState.load()
+        state.installed_packages = sorted(set(state.installed_packages) | {"prometheus"})
+        state.save()
+    ensure_docker(log)
+    log("system packages: promtool and a Docker engine are there")
+
+
+def main() -> int:  # pragma: no cover - `make system-deps`
+    import sys
+
+    try:
+        ensure_system_packages(lambda s: print(s, flush=True))
+    except HostSetupError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -196,7 +196,7 @@ def debian_mirror() -> str:
 def debian_base(log: Log) -> str:
     """``hyperplan-local/debian:bookworm-<hash>`` from debootstrap, built once per recipe."""
     mirror = debian_mirror()
-    tag = f"hyperplan-local/debian:{DEBIAN_SUITE}-{_hash('debootstrap minbase', DEBIAN_SUITE, mirror)}"
+    tag = f"hyperplan-local/debian:{DEBIAN_SUITE}-{_hash('debootstrap minbase, PATH', DEBIAN_SUITE, mirror)}"
     if image_exists(tag):
         return tag
     if shutil.which("debootstrap") is None:
@@ -217,7 +217,9 @@ def debian_base(log: Log) -> str:
         (root / "var/cache/apt/archives/partial").mkdir(parents=True, exist_ok=True)
         tar = subprocess.Popen(["tar", "-C", str(root), "--numeric-owner", "-c", "."],
                                stdout=subprocess.PIPE)
-        imp = subprocess.run(["docker", "import", "--change", 'CMD ["/bin/bash"]', "-", tag],
+        imp = subprocess.run(["docker", "import", "--change", 'CMD ["/bin/bash"]', "--change",
+                              "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                              "-", tag],
                              stdin=tar.stdout, capture_output=True, text=True, timeout=600)
         tar.stdout.close()
         tar.wait()

@@ -53,6 +53,7 @@ class KindState:
     cluster: str = CLUSTER_NAME
     node_image: str = ""
     python_base: str = ""
+    podnet_image: str = ""
     operator_image: str = OPERATOR_IMAGE
     local_images: bool = False
 
@@ -140,7 +141,8 @@ class KindCluster:
         self.config_file.write_text(yaml.safe_dump(conf, sort_keys=False))
         return self.config_file
 
-    def up(self, install_operator: bool = True) -> KindState:
+    def prepare(self) -> KindState:
+        """Everything ``up`` needs before ``kind create``: host set-up, binaries, images."""
         self._t0 = time.monotonic()
         self.dir.mkdir(parents=True, exist_ok=True)
         self.step("host: checking for a working Docker engine")
@@ -152,29 +154,33 @@ class KindCluster:
         imgs = images.ensure_images(self.log, started=self._t0)
         hostsetup.ensure_privileged(imgs.node, self.log)
         state = KindState(cluster=self.name, node_image=imgs.node, python_base=imgs.python_base,
-                          local_images=imgs.local)
+                          podnet_image=imgs.podnet or "", local_images=imgs.local)
         state.save(self.state_file)
+        self.step("images ready")
+        return state
 
+    def up(self, install_operator: bool = True) -> KindState:
+        state = self.prepare()
         if self.exists() and self._cluster_answers():
             self.step(f"kind cluster {self.name!r} exists and answers; reusing it")
         else:
             if self.exists():
                 self._run([self.kind_bin(), "delete", "cluster", "--name", self.name],
                           "kind delete cluster", timeout=300)
-            config = self.write_config(imgs.local)
-            self.step(f"kind create cluster --name {self.name} --config {config} --image {imgs.node}")
+            config = self.write_config(state.local_images)
+            self.step(f"kind create cluster --name {self.name} --config {config} --image {state.node_image}")
             self._run([self.kind_bin(), "create", "cluster", "--name", self.name,
-                       "--config", str(config), "--image", imgs.node,
+                       "--config", str(config), "--image", state.node_image,
                        "--kubeconfig", str(self.kubeconfig), "--retain"],
                       "kind create cluster", timeout=900)
             self.step("kind cluster created")
-        if imgs.podnet:
-            self.kubectl("apply", "-f", "-", input=images.podnet_manifest(imgs.podnet, POD_SUBNET))
+        if state.podnet_image:
+            self.kubectl("apply", "-f", "-", input=images.podnet_manifest(state.podnet_image, POD_SUBNET))
             self.step("CNI (podnet) applied")
         self.kubectl("wait", "--for=condition=Ready", "nodes", "--all", "--timeout=300s", timeout=320)
         self.step(f"nodes Ready: {' '.join(self.node_names())}")
         if install_operator:
-            self.install_operator(imgs.python_base)
+            self.install_operator(state.python_base)
         return state
 
     def _cluster_answers(self) -> bool:
@@ -187,7 +193,7 @@ class KindCluster:
     def build_operator_image(self, python_base: str) -> None:
         """``docker build`` of the project's Dockerfile (layer-cached by Docker)."""
         certs = self.root / "certs"
-        made = images.write_extra_certs(certs) if python_base != images.PYTHON_IMAGE else 0
+        made = images.write_extra_certs(certs)
         try:
             cmd = ["docker", "build", "-q", "-t", OPERATOR_IMAGE]
             if python_base != images.PYTHON_IMAGE:

@@ -2,7 +2,8 @@
 # local debootstrap base, with the host's extra CA certificates (TLS-intercepting proxies).
 ARG BASE
 FROM ${BASE}
-ENV LANG=C.UTF-8
+ENV LANG=C.UTF-8 \
+    PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 COPY certs/ /usr/local/share/ca-certificates/host/
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \

@@ -1,0 +1,125 @@
+"""The chart's operator really runs in the kind cluster: the pod a user gets from `helm install`."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from hyperplan.devcluster import build, prometheus
+from tests.kind.conftest import KindEnv
+from tests.kube import eventually
+
+ROOT = Path(__file__).resolve().parents[2]
+SA_TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def operator_pods(kind: KindEnv) -> list[dict]:
+    return kind.kubectl.get("pods", None, "-n", kind.namespace, "-l",
+                            f"app.kubernetes.io/name=hyperplan,app.kubernetes.io/instance={kind.release}")["items"]
+
+
+def test_the_cluster_has_a_ready_control_plane_and_two_ready_workers(kind: KindEnv) -> None:
+    nodes = {n["metadata"]["name"]: n for n in kind.kubectl.get("nodes")["items"]}
+    assert len(kind.workers) == 2, f"workers: {kind.workers}"
+    for name in kind.nodes:
+        ready = [c for c in nodes[name]["status"]["conditions"] if c["type"] == "Ready"]
+        assert ready and ready[0]["status"] == "True", f"{name} is not Ready: {ready}"
+        assert nodes[name]["spec"].get("podCIDR"), f"{name} has no podCIDR"
+    for name in kind.workers:
+        labels = nodes[name]["metadata"]["labels"]
+        assert labels.get("node.kubernetes.io/instance-type") == "ml.p5.48xlarge", labels
+        assert labels.get("topology.kubernetes.io/zone") == "us-east-1a", labels
+
+
+def test_the_operator_pod_is_running_and_ready(kind: KindEnv) -> None:
+    def ready_pod() -> dict | None:
+        for pod in operator_pods(kind):
+            conds = {c["type"]: c["status"] for c in pod["status"].get("conditions", [])}
+            if pod["status"].get("phase") == "Running" and conds.get("Ready") == "True":
+                return pod
+        return None
+
+    pod = eventually(ready_pod, timeout=180, interval=2, what="a Running and Ready operator pod")
+    (container,) = [c for c in pod["spec"]["containers"] if c["name"] == "hyperplan"] or \
+        pod["spec"]["containers"][:1]
+    assert container["image"].endswith(kind.operator_image), container["image"]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    status = pod["status"]["containerStatuses"][0]
+    assert status["ready"] and "running" in status["state"], status
+
+
+def test_the_operator_uses_the_charts_service_account_and_in_cluster_configuration(kind: KindEnv) -> None:
+    (pod, *_) = operator_pods(kind)
+    spec = pod["spec"]
+    assert spec["serviceAccountName"] == kind.release
+    sa = kind.kubectl.get("serviceaccount", kind.release, "-n", kind.namespace)
+    assert sa["metadata"]["labels"]["app.kubernetes.io/instance"] == kind.release
+    container = spec["containers"][0]
+    env_names = {e["name"] for e in container.get("env", [])}
+    assert not env_names & {"KUBECONFIG", "HYPERPLAN_KUBECONFIG"}, env_names
+    mounts = {m["mountPath"] for m in container.get("volumeMounts", [])}
+    assert SA_TOKEN_DIR in mounts, f"no service-account token mounted: {mounts}"
+    assert all(m == SA_TOKEN_DIR or "kube" not in m for m in mounts), mounts
+    # Nothing but the token: the process finds no kubeconfig, so the client is in-cluster.
+    out = kind.kubectl.run("-n", kind.namespace, "exec", pod["metadata"]["name"], "--",
+                           "python", "-c",
+                           "import os; print(os.environ.get('KUBECONFIG'), "
+                           "os.path.exists(os.path.expanduser('~/.kube/config')), "
+                           "sorted(os.listdir('/var/run/secrets/kubernetes.io/serviceaccount')))").stdout
+    assert out.strip() == "None False ['ca.crt', 'namespace', 'token']", out
+    # And it acts: it writes a plan's offerings through the API with that account.
+    plan = {"apiVersion": "hyperplan.dev/v1alpha1", "kind": "TrainingPlan",
+            "metadata": {"name": "kind-tier-incluster"},
+            "spec": {"instanceType": "ml.p5.48xlarge", "instanceCount": 1,
+                     "targetResource": "training-job", "duration": "1d",
+                     "startTimeAfter": "2030-01-01T00:00:00Z", "endTimeBefore": "2030-01-20T00:00:00Z"}}
+    pool = {"apiVersion": "hyperplan.dev/v1alpha1", "kind": "CapacityPool",
+            "metadata": {"name": "kind-tier-incluster"},
+            "spec": {"instanceType": "ml.p5.48xlarge", "availabilityZone": "us-east-1a",
+                     "instanceCount": 4}}
+    kind.kubectl.apply([pool, plan])
+    try:
+        got = eventually(lambda: (kind.kubectl.get("trainingplan", "kind-tier-incluster")
+                                  .get("status") or {}).get("phase"),
+                         timeout=60, what="the operator writing the plan's status")
+        assert got
+    finally:
+        kind.kubectl.run("delete", "trainingplan,capacitypool", "kind-tier-incluster",
+                         "--ignore-not-found", "--wait=true", "--timeout=60s")
+
+
+def test_kubectl_logs_show_the_start_line(kind: KindEnv) -> None:
+    logs = eventually(
+        lambda: (lambda out: out if "hyperplan starting" in out else None)(
+            kind.kubectl.run("-n", kind.namespace, "logs", f"deployment/{kind.release}").stdout),
+        timeout=60, interval=2, what="the operator's start line in kubectl logs")
+    assert "policy=demo" in logs, logs[:2000]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_prometheus_scrapes_the_operator_through_a_port_forward(kind: KindEnv, tmp_path: Path) -> None:
+    port = _free_port()
+    forward = subprocess.Popen(
+        [str(build.binary("kubectl")), f"--kubeconfig={kind.kubeconfig}", "-n", kind.namespace,
+         "port-forward", f"service/{kind.release}-metrics", f"{port}:8000"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        line = forward.stdout.readline()
+        assert "Forwarding from" in line, line
+        with prometheus.start([f"127.0.0.1:{port}"], tmp_path / "prometheus") as prom:
+            prom.wait_for('up{job="hyperplan"} == 1', timeout=60)
+            series = prom.wait_for('count({job="hyperplan", __name__=~"hyperplan_.+"}) > 0', timeout=60)
+            assert float(series[0]["value"][1]) > 0
+    finally:
+        forward.terminate()
+        forward.wait(timeout=10)
