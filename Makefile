@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv lock system-deps tools plane plane-down crds crds-check demo test test-unit test-integration test-e2e test-kind kind kind-images kind-down bench clean
+.PHONY: all venv lock system-deps tools plane plane-down crds crds-check demo test test-unit test-integration test-e2e test-kind binaries kind kind-images kind-down bench clean
 
 all: venv
 
@@ -50,8 +50,12 @@ demo: venv
 # The whole suite: unit, integration (real API server), e2e (operator as its own process) and the
 # kind tier (the operator's image and chart on a real kind cluster). One control plane and one
 # kind cluster per run, started by the test session and stopped again at its end.
-test: venv system-deps kind-images
+test: venv system-deps binaries kind-images
 	$(BIN)/python -m pytest -ra tests/unit tests/integration tests/e2e tests/kind
+
+# The control-plane binaries, built from their Go modules once per machine (~/.cache/hyperplan).
+binaries: venv
+	$(BIN)/python -m hyperplan.devcluster.build
 
 # Prometheus and promtool come from Debian's package (`make system-deps` installs it as root).
 tools:
@@ -69,7 +73,7 @@ kind-down: venv
 kind-images: venv
 	$(BIN)/hyperplan dev kind build
 
-test-kind: venv system-deps kind-images
+test-kind: venv system-deps binaries kind-images
 	$(BIN)/python -m pytest -ra tests/kind
 
 test-unit: venv

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import time
@@ -40,6 +41,20 @@ OPERATOR_IMAGE = "hyperplan:0.1.0"
 RELEASE = "hyperplan"
 NAMESPACE = "hyperplan-system"
 POD_SUBNET = "10.244.0.0/16"
+
+# The README's "Install on a cluster (kind, with Docker)" commands, in order; docs/install-on-kind.md
+# shows the same. `up` runs the first five exactly like this (adding only what this machine needs:
+# --image and --kubeconfig for kind, BASE_IMAGE for docker build, --kubeconfig for helm and
+# kubectl); the kind tier runs the last one. tests/unit/test_kind_readme.py checks the README.
+README_STEPS = (
+    "kind create cluster --config deploy/kind-config.yaml",
+    "docker build -t hyperplan:0.1.0 .",
+    "kind load docker-image hyperplan:0.1.0 --name hyperplan",
+    "helm install hyperplan charts/hyperplan --namespace hyperplan-system --create-namespace --set policy=demo",
+    "kubectl -n hyperplan-system rollout status deployment/hyperplan",
+    "kubectl apply -f deploy/examples/",
+)
+CREATE, BUILD, LOAD, INSTALL, ROLLOUT, EXAMPLES = range(len(README_STEPS))
 
 
 class KindError(RuntimeError):
@@ -113,6 +128,20 @@ class KindCluster:
                             f"{(r.stdout + r.stderr)[-5000:]}")
         return r.stdout
 
+    def readme_step(self, index: int, extra: list[str] = (), timeout: float = 600,
+                    replace: dict[str, str] | None = None) -> str:
+        """Run README_STEPS[index] with the cached binaries, plus ``extra`` arguments."""
+        argv = shlex.split(README_STEPS[index])
+        for old, new in (replace or {}).items():
+            argv = [new if a == old else a for a in argv]
+        tools = {"kind": self.kind_bin, "kubectl": self.kubectl_bin, "helm": self.helm_bin}
+        if argv[0] in tools:
+            argv[0] = tools[argv[0]]()
+        if argv[0].endswith(("kubectl", "helm")):
+            extra = ["--kubeconfig", str(self.kubeconfig), *extra]
+        self.log(f"$ {README_STEPS[index]}" + (f"  [+ {' '.join(extra)}]" if extra else ""))
+        return self._run([*argv, *extra], README_STEPS[index], timeout=timeout)
+
     def kubectl(self, *args: str, timeout: float = 120, input: str | None = None) -> str:
         return self._run([self.kubectl_bin(), "--kubeconfig", str(self.kubeconfig), *args],
                          f"kubectl {args[0]}", timeout=timeout, input=input)
@@ -168,11 +197,10 @@ class KindCluster:
                 self._run([self.kind_bin(), "delete", "cluster", "--name", self.name],
                           "kind delete cluster", timeout=300)
             config = self.write_config(state.local_images)
-            self.step(f"kind create cluster --name {self.name} --config {config} --image {state.node_image}")
-            self._run([self.kind_bin(), "create", "cluster", "--name", self.name,
-                       "--config", str(config), "--image", state.node_image,
-                       "--kubeconfig", str(self.kubeconfig), "--retain"],
-                      "kind create cluster", timeout=900)
+            # Our config file is deploy/kind-config.yaml plus the CNI setting of a local node image.
+            self.readme_step(CREATE, ["--image", state.node_image, "--kubeconfig", str(self.kubeconfig),
+                                      "--retain"], timeout=900,
+                             replace={"deploy/kind-config.yaml": str(config)})
             self.step("kind cluster created")
         if state.podnet_image:
             self.kubectl("apply", "-f", "-", input=images.podnet_manifest(state.podnet_image, POD_SUBNET))
@@ -195,30 +223,28 @@ class KindCluster:
         certs = self.root / "certs"
         made = images.write_extra_certs(certs)
         try:
-            cmd = ["docker", "build", "-q", "-t", OPERATOR_IMAGE]
-            if python_base != images.PYTHON_IMAGE:
-                cmd += ["--build-arg", f"BASE_IMAGE={python_base}"]
-            self._run([*cmd, "."], "docker build (operator image)", timeout=1800)
+            extra = [] if python_base == images.PYTHON_IMAGE else ["--build-arg", f"BASE_IMAGE={python_base}"]
+            self.readme_step(BUILD, ["-q", *extra], timeout=1800)
         finally:
             for p in certs.glob("host-extra-*.crt"):
                 p.unlink()
         self.step(f"operator image {OPERATOR_IMAGE} built"
-                  + (f" (base {python_base}, {made} host CA certificates)" if made else ""))
+                  + (f" (with {made} extra CA certificates of this host)" if made else ""))
 
     def install_operator(self, python_base: str) -> None:
         self.build_operator_image(python_base)
-        self._run([self.kind_bin(), "load", "docker-image", OPERATOR_IMAGE, "--name", self.name],
-                  "kind load docker-image", timeout=600)
-        self.step(f"kind load docker-image {OPERATOR_IMAGE} --name {self.name}")
-        self._run([self.helm_bin(), "upgrade", "--install", RELEASE, "charts/hyperplan",
-                   "--namespace", NAMESPACE, "--create-namespace", "--set", "policy=demo",
-                   "--kubeconfig", str(self.kubeconfig), "--wait", "--timeout", "5m"],
-                  "helm install", timeout=360)
-        # A reloaded image of the same tag needs new pods to take effect.
-        self.kubectl("-n", NAMESPACE, "rollout", "restart", f"deployment/{RELEASE}")
-        self.kubectl("-n", NAMESPACE, "rollout", "status", f"deployment/{RELEASE}", "--timeout=300s",
-                     timeout=320)
-        self.step(f"helm install {RELEASE} charts/hyperplan -n {NAMESPACE} --set policy=demo: Ready")
+        self.readme_step(LOAD)
+        self.step(f"operator image loaded into the nodes of {self.name!r}")
+        installed = subprocess.run([self.helm_bin(), "--kubeconfig", str(self.kubeconfig), "status",
+                                    RELEASE, "-n", NAMESPACE], capture_output=True).returncode == 0
+        # A second `up` on the same cluster upgrades the release (same arguments) and restarts the
+        # pods, which then run the image just loaded under the same tag.
+        self.readme_step(INSTALL, ["--wait", "--timeout", "5m"], timeout=360,
+                         replace={"install": "upgrade"} if installed else None)
+        if installed:
+            self.kubectl("-n", NAMESPACE, "rollout", "restart", f"deployment/{RELEASE}")
+        self.readme_step(ROLLOUT, ["--timeout=300s"], timeout=320)
+        self.step(f"chart installed as {RELEASE!r} in {NAMESPACE} (policy demo); the operator is Ready")
 
     def down(self) -> None:
         self._t0 = time.monotonic()
