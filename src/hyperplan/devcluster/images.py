@@ -179,9 +179,9 @@ def write_extra_certs(folder: Path) -> int:
 # Base images
 
 
-def debian_mirror() -> str:
+def debian_mirror(apt_dir: Path = Path("/etc/apt")) -> str:
     """The Debian mirror the host's apt uses (debootstrap fetches from it)."""
-    files = [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]
+    files = [apt_dir / "sources.list", *sorted((apt_dir / "sources.list.d").glob("*"))]
     for f in files:
         if not f.is_file():
             continue
