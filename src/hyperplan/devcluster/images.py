@@ -21,6 +21,7 @@ and a changed recipe builds a new one. Each step prints a line with the elapsed 
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import re
@@ -362,7 +363,8 @@ def node_image(debian: str, extra_images: list[str], log: Log) -> str:
     node_bins = ["kubelet", "kubeadm", "kubectl", "crictl"]
     image_ids = [_docker("image", "inspect", "--format", "{{.Id}}", ref).stdout.decode().strip()
                  for ref in extra_images]
-    recipe = _hash(dockerfile, debian, build.KIND_VERSION, _tree_digest(base_files),
+    recipe = _hash(dockerfile, _data("import-images.sh"), inspect.getsource(node_image), debian,
+                   build.KIND_VERSION, _tree_digest(base_files),
                    *(_file_digest(build.binary(b)) for b in node_bins), *extra_images, *image_ids)
     tag = f"hyperplan-local/kind-node:{build.KUBERNETES_VERSION}-{recipe}"
     if image_exists(tag):
@@ -372,8 +374,11 @@ def node_image(debian: str, extra_images: list[str], log: Log) -> str:
     stage = f"hyperplan-local/kind-node-stage:{recipe}"
     try:
         shutil.copytree(base_files, work / "files", symlinks=True)
+        # The module cache is read-only; kind's Dockerfile gives these modes (COPY --chmod).
+        executable = ("usr/local/bin", "kind/bin")
         for p in (work / "files").rglob("*"):
-            p.chmod(0o755 if p.is_dir() else (0o755 if os.access(p, os.X_OK) else 0o644))
+            rel = p.relative_to(work / "files").as_posix()
+            p.chmod(0o755 if p.is_dir() or rel.startswith(executable) else 0o644)
         (work / "bin").mkdir()
         for b in node_bins:
             shutil.copy2(build.binary(b), work / "bin" / b)

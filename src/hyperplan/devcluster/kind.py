@@ -194,8 +194,8 @@ class KindCluster:
             self.step(f"kind cluster {self.name!r} exists and answers; reusing it")
         else:
             if self.exists():
-                self._run([self.kind_bin(), "delete", "cluster", "--name", self.name],
-                          "kind delete cluster", timeout=300)
+                self._run([self.kind_bin(), "delete", "cluster", "--name", self.name,
+                           "--kubeconfig", str(self.kubeconfig)], "kind delete cluster", timeout=300)
             config = self.write_config(state.local_images)
             # Our config file is deploy/kind-config.yaml plus the CNI setting of a local node image.
             self.readme_step(CREATE, ["--image", state.node_image, "--kubeconfig", str(self.kubeconfig),
