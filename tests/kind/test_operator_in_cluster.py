@@ -65,13 +65,16 @@ def test_the_operator_uses_the_charts_service_account_and_in_cluster_configurati
     mounts = {m["mountPath"] for m in container.get("volumeMounts", [])}
     assert SA_TOKEN_DIR in mounts, f"no service-account token mounted: {mounts}"
     assert all(m == SA_TOKEN_DIR or "kube" not in m for m in mounts), mounts
-    # Nothing but the token: the process finds no kubeconfig, so the client is in-cluster.
+    # No kubeconfig anywhere the client looks, and the mounted token is the chart's account's:
+    # the operator's client can only be the in-cluster one, as that account.
+    probe = ("import base64, json, os; t = open('%s/token').read().split('.')[1]; "
+             "claims = json.loads(base64.urlsafe_b64decode(t + '=' * (-len(t) %% 4))); "
+             "print(os.environ.get('KUBECONFIG'), os.environ.get('HYPERPLAN_KUBECONFIG'), "
+             "os.path.exists(os.path.expanduser('~/.kube/config')), claims['sub'])" % SA_TOKEN_DIR)
     out = kind.kubectl.run("-n", kind.namespace, "exec", pod["metadata"]["name"], "--",
-                           "python", "-c",
-                           "import os; print(os.environ.get('KUBECONFIG'), "
-                           "os.path.exists(os.path.expanduser('~/.kube/config')), "
-                           "sorted(os.listdir('/var/run/secrets/kubernetes.io/serviceaccount')))").stdout
-    assert out.strip() == "None False ['ca.crt', 'namespace', 'token']", out
+                           "python", "-c", probe).stdout
+    assert out.split() == ["None", "None", "False",
+                           f"system:serviceaccount:{kind.namespace}:{kind.release}"], out
     # And it acts: it writes a plan's offerings through the API with that account.
     plan = {"apiVersion": "hyperplan.dev/v1alpha1", "kind": "TrainingPlan",
             "metadata": {"name": "kind-tier-incluster"},
