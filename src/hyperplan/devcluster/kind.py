@@ -139,7 +139,11 @@ class KindCluster:
             argv[0] = tools[argv[0]]()
         if argv[0].endswith(("kubectl", "helm")):
             extra = ["--kubeconfig", str(self.kubeconfig), *extra]
-        self.log(f"$ {README_STEPS[index]}" + (f"  [+ {' '.join(extra)}]" if extra else ""))
+        shown = shlex.split(README_STEPS[index])
+        for old, new in (replace or {}).items():
+            if old in {"install"}:  # a word of the command, not a path this machine substitutes
+                shown = [new if a == old else a for a in shown]
+        self.log(f"$ {shlex.join(shown)}" + (f"  [+ {' '.join(extra)}]" if extra else ""))
         return self._run([*argv, *extra], README_STEPS[index], timeout=timeout)
 
     def kubectl(self, *args: str, timeout: float = 120, input: str | None = None) -> str:
