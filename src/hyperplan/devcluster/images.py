@@ -28,6 +28,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from importlib import resources
@@ -70,6 +71,16 @@ def image_label(ref: str, label: str) -> str | None:
                 check=False, timeout=60)
     out = r.stdout.decode().strip()
     return out if r.returncode == 0 and out and out != "<no value>" else None
+
+
+def drop_other_tags(tag: str, log: Log) -> None:
+    """Remove the superseded builds of a ``hyperplan-local/...`` repository (old recipes)."""
+    repo = tag.rsplit(":", 1)[0]
+    r = _docker("images", "--format", "{{.Repository}}:{{.Tag}}", repo, check=False, timeout=60)
+    for old in r.stdout.decode().split():
+        if old != tag and old.startswith("hyperplan-local/"):
+            if _docker("rmi", old, check=False, timeout=300).returncode == 0:
+                log(f"  removed superseded image {old}")
 
 
 def try_pull(ref: str, log: Log, timeout: float = PULL_TIMEOUT) -> bool:
@@ -197,7 +208,7 @@ def debian_mirror(apt_dir: Path = Path("/etc/apt")) -> str:
 def debian_base(log: Log) -> str:
     """``hyperplan-local/debian:bookworm-<hash>`` from debootstrap, built once per recipe."""
     mirror = debian_mirror()
-    tag = f"hyperplan-local/debian:{DEBIAN_SUITE}-{_hash('debootstrap minbase, PATH', DEBIAN_SUITE, mirror)}"
+    tag = f"hyperplan-local/debian:{DEBIAN_SUITE}-{_hash('debootstrap minbase, PATH, no apt lists', DEBIAN_SUITE, mirror)}"
     if image_exists(tag):
         return tag
     if shutil.which("debootstrap") is None:
@@ -214,8 +225,10 @@ def debian_base(log: Log) -> str:
         # Images install their packages with apt; keep the mirror debootstrap used.
         (root / "etc/apt/sources.list").write_text(
             f"deb {mirror} {DEBIAN_SUITE} main\ndeb {mirror} {DEBIAN_SUITE}-updates main\n")
-        shutil.rmtree(root / "var/cache/apt/archives", ignore_errors=True)
-        (root / "var/cache/apt/archives/partial").mkdir(parents=True, exist_ok=True)
+        # What apt downloaded: images run `apt-get update` before they install anything.
+        for d in ("var/cache/apt/archives", "var/lib/apt/lists"):
+            shutil.rmtree(root / d, ignore_errors=True)
+            (root / d / "partial").mkdir(parents=True, exist_ok=True)
         tar = subprocess.Popen(["tar", "-C", str(root), "--numeric-owner", "-c", "."],
                                stdout=subprocess.PIPE)
         imp = subprocess.run(["docker", "import", "--change", 'CMD ["/bin/bash"]', "--change",
@@ -228,6 +241,7 @@ def debian_base(log: Log) -> str:
             raise ImageBuildError(f"docker import failed: {imp.stderr[-2000:]}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    drop_other_tags(tag, log)
     return tag
 
 
@@ -245,6 +259,7 @@ def python_base(debian: str, log: Log) -> str:
         docker_build(work, tag, log, build_args={"BASE": debian})
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    drop_other_tags(tag, log)
     return tag
 
 
@@ -339,6 +354,7 @@ def podnet_image(debian: str, log: Log) -> str:
         docker_build(work, tag, log, build_args={"BASE": debian})
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    drop_other_tags(tag, log)
     return tag
 
 
@@ -406,6 +422,7 @@ def node_image(debian: str, extra_images: list[str], log: Log) -> str:
         _docker("rm", "-f", container, check=False)
         _docker("rmi", stage, check=False)
         shutil.rmtree(work, ignore_errors=True)
+    drop_other_tags(tag, log)
     return tag
 
 
@@ -428,13 +445,30 @@ def ensure_images(log: Log, started: float | None = None) -> KindImages:
     pulled_python = try_pull(PYTHON_IMAGE, log)
     if pulled_node and pulled_python:
         return KindImages(node=KINDEST_NODE, python_base=PYTHON_IMAGE, podnet=None, local=False)
-    debian = debian_base(log)
-    step(f"debian base {debian}")
-    python = PYTHON_IMAGE if pulled_python else python_base(debian, log)
-    step(f"python base {python}")
+    # The Go builds (CPU) run while debootstrap and apt (network and disk) make the base images.
+    failed: list[BaseException] = []
+
+    def node_binaries() -> None:
+        try:
+            build.ensure_binaries(lambda s: log("  " + s), build.KIND_COMPONENTS)
+        except BaseException as e:  # re-raised below, in the caller's thread
+            failed.append(e)
+
+    binaries = threading.Thread(target=node_binaries, name="kind-binaries")
+    if not pulled_node:
+        binaries.start()
+    try:
+        debian = debian_base(log)
+        step(f"debian base {debian}")
+        python = PYTHON_IMAGE if pulled_python else python_base(debian, log)
+        step(f"python base {python}")
+    finally:
+        if binaries.is_alive():
+            binaries.join()
     if pulled_node:
         return KindImages(node=KINDEST_NODE, python_base=python, podnet=None, local=False)
-    build.ensure_binaries(lambda s: log("  " + s), build.KIND_COMPONENTS)
+    if failed:
+        raise failed[0]
     step("kind node binaries (kubelet, kubeadm, kube-proxy, crictl, coredns, pause, kind)")
     refs = control_plane_images(debian, log)
     step(f"control-plane images ({len(refs)})")
