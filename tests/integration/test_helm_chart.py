@@ -91,7 +91,8 @@ def test_chart_crds_are_the_generated_ones() -> None:
 
 def test_default_render_runs_the_operator_locked_down(helm) -> None:
     objs = by_kind(render(helm, namespace="hyperplan-system"))
-    assert set(objs) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "Deployment"}
+    assert set(objs) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "Deployment",
+                         "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
     dep = objs["Deployment"]
     assert dep["metadata"]["namespace"] == "hyperplan-system"
     assert dep["spec"]["replicas"] == 1
@@ -174,7 +175,8 @@ def test_rendered_manifests_pass_server_side_dry_run(helm, crds: Kubectl) -> Non
     manifests = helm("template", "hp-dry", str(CHART), "--namespace", "default").stdout
     proc = crds.run("apply", "--dry-run=server", "-f", "-", input=manifests)
     lines = proc.stdout.splitlines()
-    assert len(lines) == 5 and all(l.endswith("(server dry run)") for l in lines), proc.stdout
+    rendered = [d for d in yaml.safe_load_all(manifests) if d]
+    assert len(lines) == len(rendered) and all(l.endswith("(server dry run)") for l in lines), proc.stdout
     assert crds.get_or_none("deployment", "hp-dry-hyperplan") is None  # nothing was persisted
 
 
@@ -270,10 +272,8 @@ def test_cluster_role_grants_what_the_operator_needs_and_no_more(release, crds: 
     assert not can_i(crds, other, "create", "nodes")
 
 
-def test_operator_runs_with_the_service_accounts_token(release, plane: Plane, crds: Kubectl,
-                                                       tmp_path: Path) -> None:
-    """`hyperplan run` as the chart's service account: it starts, watches, reconciles a plan,
-    and is never refused by the API server."""
+def service_account_kubeconfig(release, plane: Plane, crds: Kubectl, tmp_path: Path) -> Path:
+    """A kubeconfig that acts as the chart's ServiceAccount (a short-lived token)."""
     ns, sa = release["namespace"], release["fullname"]
     token = crds.run("create", "token", sa, "-n", ns, "--duration=10m").stdout.strip()
     admin = yaml.safe_load(plane.kubeconfig.read_text())
@@ -287,6 +287,57 @@ def test_operator_runs_with_the_service_accounts_token(release, plane: Plane, cr
     as_sa = Kubectl(kubeconfig)
     assert as_sa.run("auth", "whoami", "-o", "jsonpath={.status.userInfo.username}").stdout == \
         f"system:serviceaccount:{ns}:{sa}"
+    return kubeconfig
+
+
+def test_service_account_may_change_only_nodes_hyperplan_owns(release, plane: Plane, crds: Kubectl,
+                                                              tmp_path: Path) -> None:
+    """The chart's ValidatingAdmissionPolicy: RBAC lets the ServiceAccount write every node, the
+    policy narrows that to nodes hyperplan created or the free static pool."""
+    as_sa = Kubectl(service_account_kubeconfig(release, plane, crds, tmp_path))
+    tag = uuid.uuid4().hex[:5]
+    foreign, owned, free = f"vap-foreign-{tag}", f"vap-owned-{tag}", f"vap-free-{tag}"
+
+    def node(name: str, labels: dict[str, str]) -> dict:
+        return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}
+
+    crds.create(node(foreign, {"team": "infra"}))
+    crds.create(node(free, {"hyperplan.dev/pool": "free"}))
+    try:
+        # Policies take effect once the API server has compiled them: wait for the first refusal.
+        def refused() -> subprocess.CompletedProcess | None:
+            proc = as_sa.run("label", "node", foreign, "hijacked=true", check=False)
+            return proc if proc.returncode != 0 else None
+
+        proc = eventually(refused, timeout=30, what="the node policy to refuse a foreign node")
+        assert f"node {foreign} is neither" in proc.stderr, proc.stderr
+        assert "hyperplan may only change nodes it owns" in proc.stderr, proc.stderr
+        proc = as_sa.run("delete", "node", foreign, "--wait=false", check=False)
+        assert proc.returncode != 0 and f"node {foreign} is neither" in proc.stderr, proc.stderr
+        proc = as_sa.create(node(f"vap-unlabelled-{tag}", {}), check=False)
+        assert proc.returncode != 0 and "is neither" in proc.stderr, proc.stderr
+        assert "hijacked" not in crds.get("node", foreign)["metadata"]["labels"]
+
+        # What the operator does to its own nodes goes through: create, label, taint, delete,
+        # and adopting a node of the free static pool.
+        as_sa.create(node(owned, {"hyperplan.dev/node-id": owned}))
+        as_sa.run("label", "node", owned, "hyperplan.dev/role=spare")
+        as_sa.run("taint", "node", owned, "hyperplan.dev/spare=true:NoSchedule")
+        as_sa.run("label", "node", free, "hyperplan.dev/pool=held", "--overwrite")
+        as_sa.run("label", "node", free, "hyperplan.dev/pool=free", "--overwrite")
+        as_sa.run("delete", "node", owned, "--wait=false")
+        # Anyone else (the admin here) is not matched by the policy.
+        crds.run("label", "node", foreign, "checked=true")
+    finally:
+        for name in (foreign, owned, free):
+            crds.delete("node", name, "--wait=false")
+
+
+def test_operator_runs_with_the_service_accounts_token(release, plane: Plane, crds: Kubectl,
+                                                       tmp_path: Path) -> None:
+    """`hyperplan run` as the chart's service account: it starts, watches, reconciles a plan,
+    and is never refused by the API server."""
+    kubeconfig = service_account_kubeconfig(release, plane, crds, tmp_path)
 
     log = tmp_path / "operator.log"
     liveness = free_port()
@@ -350,7 +401,9 @@ def test_helm_uninstall_removes_what_install_created(helm, release, crds: Kubect
          "--timeout=60s")
     for kind, name, scope in (("deployment", full, ns), ("serviceaccount", full, ns),
                               ("service", f"{full}-metrics", ns), ("clusterrole", full, None),
-                              ("clusterrolebinding", full, None)):
+                              ("clusterrolebinding", full, None),
+                              ("validatingadmissionpolicy", f"{full}-owned-nodes", None),
+                              ("validatingadmissionpolicybinding", f"{full}-owned-nodes", None)):
         args = (kind, name, "-n", scope) if scope else (kind, name)
         proc = crds.run("get", *args, check=False)
         assert "NotFound" in proc.stderr, f"{kind}/{name} survived helm uninstall"

@@ -26,6 +26,20 @@ TARGET_RESOURCES = ("training-job", "hyperpod-cluster")
 ULTRASERVER_TYPES = ("ml.u-p6e-gb200x72", "ml.u-p6e-gb200x36")
 DURATION_PATTERN = r"^([0-9]+[dhms])+$"
 
+# What the API server accepts as a label value and a qualified key (label or taint key): checked here
+# at apply time, because the operator writes these onto nodes and a node write that the API server
+# refuses would otherwise surface only when a block starts.
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$"
+QUALIFIED_NAME_PATTERN = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                          r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+# Keys the operator owns on its nodes. A group may not set them through `labels` or `taints`:
+# they would fight with (or forge) what the operator writes and what schedulers read.
+RESERVED_KEY_PREFIXES = ("hyperplan.dev/", "topology.k8s.aws/")
+RESERVED_KEYS = ("node.kubernetes.io/instance-type", "topology.kubernetes.io/zone",
+                 "kubernetes.io/hostname", "sagemaker.amazonaws.com/node-health-status")
+MAX_GROUP_LABELS = 64
+MAX_GROUP_TAINTS = 32
+
 
 def to_rfc3339(moment: datetime) -> str:
     """A time as the API's date-time fields carry it: UTC, whole seconds, ``Z``."""
@@ -39,6 +53,28 @@ def from_rfc3339(text: str) -> datetime:
 
 def cel(rule: str, message: str, **extra: Any) -> dict[str, Any]:
     return {"rule": rule, "message": message, **extra}
+
+
+def _cel_is_reserved(var: str) -> str:
+    prefixes = " || ".join(f"{var}.startsWith('{p}')" for p in RESERVED_KEY_PREFIXES)
+    keys = ", ".join(f"'{k}'" for k in RESERVED_KEYS)
+    return f"({prefixes} || {var} in [{keys}])"
+
+
+def _cel_is_qualified_name(var: str) -> str:
+    return f"({var}.matches('{QUALIFIED_NAME_PATTERN}') && {var}.split('/')[0].size() <= 253)"
+
+
+def label_value_field(description: str, **default: Any) -> Any:
+    """A string the operator copies into a node label value: checked as one at apply time."""
+    return Field(**default, min_length=1, max_length=63, description=description, json_schema_extra={
+        "x-kubernetes-validations": [cel(
+            f"self.matches('{LABEL_VALUE_PATTERN}')",
+            "must be a valid label value: at most 63 characters, alphanumerics, '-', '_' or '.', "
+            "starting and ending with an alphanumeric",
+            messageExpression="'must be a valid label value (at most 63 characters, alphanumerics, "
+                              "\\'-\\', \\'_\\' or \\'.\\', alphanumeric at both ends): ' + self")],
+    })
 
 
 class Model(BaseModel):
@@ -87,8 +123,8 @@ class Reservation(Model):
 
 
 class CapacityPoolSpec(Model):
-    instance_type: str = Field(min_length=1)
-    availability_zone: str = Field(min_length=1)
+    instance_type: str = label_value_field("Instance type; becomes node.kubernetes.io/instance-type.")
+    availability_zone: str = label_value_field("AZ; becomes topology.kubernetes.io/zone on nodes.")
     instance_count: int = Field(ge=1)
     ultra_server_type: Literal["ml.u-p6e-gb200x72", "ml.u-p6e-gb200x36"] | None = None
     unavailable: list[UnavailableWindow] = Field(default_factory=list)
@@ -155,7 +191,9 @@ class UltraServerStatus(Model):
 
 
 class TrainingPlanSpec(Model):
-    instance_type: str | None = Field(default=None, min_length=1)
+    instance_type: str | None = label_value_field(
+        "Instance type (or implied by ultraServerType); becomes node.kubernetes.io/instance-type.",
+        default=None)
     instance_count: Literal[1, 2, 4, 8, 16, 32, 64] | None = None
     ultra_server_type: Literal["ml.u-p6e-gb200x72", "ml.u-p6e-gb200x36"] | None = None
     ultra_server_count: int | None = Field(default=None, ge=1)
@@ -219,8 +257,16 @@ class TrainingPlan(Model):
 
 
 class Taint(Model):
-    key: str = Field(min_length=1)
-    value: str = ""
+    key: str = Field(min_length=1, max_length=317, json_schema_extra={"x-kubernetes-validations": [
+        cel(_cel_is_qualified_name("self"),
+            "taint key must be a qualified name such as gpu or example.com/gpu"),
+        cel(f"!{_cel_is_reserved('self')}",
+            "taint key is owned by hyperplan (hyperplan.dev/* and the topology keys)"),
+    ]})
+    value: str = Field(default="", max_length=63, json_schema_extra={"x-kubernetes-validations": [
+        cel(f"self.matches('{LABEL_VALUE_PATTERN}')",
+            "taint value must be at most 63 alphanumerics, '-', '_' or '.', alphanumeric at both ends"),
+    ]})
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
 
 
@@ -251,11 +297,35 @@ class PlacementSpec(Model):
 
 class InstanceGroupSpec(Model):
     training_plan_ref: str = Field(min_length=1)
-    instance_type: str = Field(min_length=1)
+    instance_type: str = label_value_field("Instance type of the group's nodes (the plan's type).")
     instance_count: int = Field(ge=0)
     node_provider: Literal["kwok", "static"] = "kwok"
-    labels: dict[str, str] = Field(default_factory=dict)
-    taints: list[Taint] = Field(default_factory=list)
+    labels: dict[str, str] = Field(
+        default_factory=dict, max_length=MAX_GROUP_LABELS,
+        description="Labels the operator puts on the group's nodes (and removes when it hands them back).",
+        json_schema_extra={
+            "additionalProperties": {"type": "string", "maxLength": 63},
+            "x-kubernetes-validations": [
+                cel(f"self.all(k, {_cel_is_qualified_name('k')})",
+                    "label keys must be qualified names such as team or example.com/team",
+                    messageExpression=f"'label key ' + self.filter(k, !{_cel_is_qualified_name('k')})[0] + "
+                                      "' is not a qualified name (an optional DNS subdomain prefix and /, "
+                                      "then at most 63 alphanumerics, \\'-\\', \\'_\\' or \\'.\\')'"),
+                cel(f"self.all(k, self[k].matches('{LABEL_VALUE_PATTERN}'))",
+                    "label values must be at most 63 alphanumerics, '-', '_' or '.', "
+                    "alphanumeric at both ends",
+                    messageExpression=f"'value of label ' + self.filter(k, !self[k].matches("
+                                      f"'{LABEL_VALUE_PATTERN}'))[0] + ' is not a valid label value "
+                                      "(at most 63 alphanumerics, \\'-\\', \\'_\\' or \\'.\\', "
+                                      "alphanumeric at both ends)'"),
+                cel(f"self.all(k, !{_cel_is_reserved('k')})",
+                    "labels may not set keys the operator owns (hyperplan.dev/*, topology.k8s.aws/*, "
+                    "the zone, instance-type, hostname and health labels)",
+                    messageExpression=f"'label ' + self.filter(k, {_cel_is_reserved('k')})[0] + "
+                                      "' is owned by hyperplan: it sets it on every node it manages'"),
+            ],
+        })
+    taints: list[Taint] = Field(default_factory=list, max_length=MAX_GROUP_TAINTS)
     health_check: HealthCheckSpec = Field(default_factory=HealthCheckSpec)
     placement: PlacementSpec = Field(default_factory=PlacementSpec)
 
