@@ -68,7 +68,12 @@ def _hyperplan_kind(action: str, timeout: float) -> None:
 def kind() -> KindEnv:
     cluster = KindCluster(root=ROOT, log=lambda line: print(f"[kind] {line}", flush=True))
     already = cluster.exists() and cluster._cluster_answers()
-    _hyperplan_kind("up", timeout=1800)
+    try:
+        _hyperplan_kind("up", timeout=1800)
+    except BaseException:
+        if not already:  # stop what `up` started before reporting its failure
+            _hyperplan_kind("down", timeout=600)
+        raise
     kubectl = Kubectl(cluster.kubeconfig)
     nodes = kubectl.get("nodes")["items"]
     control = [n["metadata"]["name"] for n in nodes
