@@ -126,3 +126,16 @@ def test_prometheus_scrapes_the_operator_through_a_port_forward(kind: KindEnv, t
     finally:
         forward.terminate()
         forward.wait(timeout=10)
+
+
+def test_dev_kind_status_reports_the_nodes_and_the_operator(kind: KindEnv) -> None:
+    import sys
+
+    out = subprocess.run([str(Path(sys.executable).parent / "hyperplan"), "dev", "kind", "status"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = {l.split()[0] + " " + l.split()[1]: l for l in out.stdout.splitlines() if len(l.split()) > 2}
+    for node in kind.nodes:
+        assert lines.get(f"node {node}", "").endswith("Ready"), out.stdout
+    assert "answers" in lines.get("kind cluster", ""), out.stdout
+    assert any(l.startswith("operator") and "1/1 ready" in l for l in out.stdout.splitlines()), out.stdout
