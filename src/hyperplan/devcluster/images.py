@@ -309,8 +309,25 @@ def _build_if_changed(ref: str, recipe: str, make_context: Callable[[Path], None
     return True
 
 
+def kubeadm_images() -> set[str]:
+    """What the built kubeadm pulls for this Kubernetes version."""
+    r = subprocess.run([str(build.binary("kubeadm")), "config", "images", "list",
+                        "--kubernetes-version", build.KUBERNETES_VERSION],
+                       capture_output=True, text=True, timeout=60)
+    if r.returncode != 0:
+        raise ImageBuildError(f"kubeadm config images list failed: {r.stderr[-2000:]}")
+    return set(r.stdout.split())
+
+
 def control_plane_images(debian: str, log: Log) -> list[str]:
     """The images of ``kubeadm config images list`` (with our pause), built where missing."""
+    ours = {img.ref for img in scratch_images()} | {f"registry.k8s.io/kube-proxy:{build.KUBERNETES_VERSION}"}
+    wanted = kubeadm_images()
+    if wanted != ours:
+        raise ImageBuildError(
+            f"kubeadm {build.KUBERNETES_VERSION} wants {sorted(wanted - ours)}, which this build does "
+            f"not make (it makes {sorted(ours - wanted)} instead): update the versions in "
+            "devcluster/build.py (COREDNS_VERSION, PAUSE_VERSION, ETCD_VERSION)")
     refs = []
     for img in scratch_images():
         src = build.binary(img.binary)
