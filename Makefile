@@ -91,6 +91,16 @@ bench: venv
 	$(BIN)/python bench/nodes_ready.py
 	$(BIN)/python bench/spare_promotion.py
 	$(BIN)/python bench/idle.py
+	$(BIN)/python bench/failover.py
 
 clean:
 	rm -rf $(VENV) .state .pytest_cache
+
+# Alert rules (deploy/prometheus/alerts.yml, the chart's PrometheusRule) and Grafana dashboards
+# (deploy/grafana/, the chart's copy) from src/hyperplan/monitoring/; tests fail when they drift.
+.PHONY: dashboards dashboards-check
+dashboards: venv
+	$(BIN)/python -m hyperplan.monitoring
+
+dashboards-check: venv
+	$(BIN)/python -m hyperplan.monitoring --check

@@ -384,8 +384,9 @@ class Harness:
 
     # -- the operator
 
-    def start_operator(self, policy: str = "demo", extra_env: dict[str, str] | None = None) -> Operator:
-        log = STATE / f"{self.name}-operator.log"
+    def start_operator(self, policy: str = "demo", extra_env: dict[str, str] | None = None,
+                       replica: str = "operator") -> Operator:
+        log = STATE / f"{self.name}-{replica}.log"
         metrics_port, liveness_port = free_port(), free_port()
         env = {**os.environ, "KUBECONFIG": str(self.plane.kubeconfig), "HYPERPLAN_POLICY": policy,
                "HYPERPLAN_METRICS_PORT": str(metrics_port), "HYPERPLAN_LIVENESS_PORT": str(liveness_port),

@@ -1,16 +1,31 @@
-"""Wire the operator together and run it: settings, clients, metrics, kopf.
+"""Wire the operator together and run it: settings, clients, metrics, leader election, kopf.
 
 Everything a handler needs travels in :class:`hyperplan.handlers.context.Runtime`, which is put into kopf's
 operator-level memo before the operator starts; kopf hands each handler a copy of that
 memo, so there are no module-level clients.
+
+With leader election on (the default), kopf starts only once this replica holds the Lease:
+a standby serves ``/healthz`` and ``/metrics`` and nothing else. On SIGTERM the leader stops
+kopf and releases the Lease, so a rolling upgrade hands over at the standby's next attempt;
+when it cannot renew the Lease it stops acting and exits 1 (the kubelet restarts it as a
+standby), as controller-runtime managers do.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
-import kopf
+import signal
+import socket
+import time
 
+import kopf
+from aiohttp import web
+
+from hyperplan import metrics
+from hyperplan.actuation.leadership import KubeLeaseStore, LeaderElector, Timing
 from hyperplan.settings import Settings
 
 def configure_kopf(settings: kopf.OperatorSettings, hp: Settings) -> None:
@@ -29,6 +44,83 @@ def configure_kopf(settings: kopf.OperatorSettings, hp: Settings) -> None:
     settings.execution.max_workers = 8
     settings.batching.error_delays = [1, 2, 5, 10, 20, 30]
     settings.networking.error_backoffs = [1, 2, 5, 10]
+
+
+async def serve_liveness(port: int, elector: LeaderElector | None) -> web.AppRunner | None:
+    """``/healthz`` for both roles: 200 while the event loop answers (leader or standby)."""
+    if not port:
+        return None
+
+    async def healthz(_: web.Request) -> web.Response:
+        role = "leader" if elector is None or elector.is_leader else "standby"
+        return web.json_response({"status": "ok", "role": role})
+
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "0.0.0.0", port).start()
+    return runner
+
+
+def build_elector(hp: Settings, api) -> LeaderElector:
+    namespace = hp.leader_election_namespace or hp.pod_namespace or "default"
+    identity = hp.leader_election_identity or hp.pod_name or f"{socket.gethostname()}-{os.getpid()}"
+    timing = Timing(hp.lease_duration_seconds, hp.renew_deadline_seconds, hp.retry_period_seconds)
+    return LeaderElector(KubeLeaseStore(api, namespace, hp.leader_election_lease_name), identity, timing)
+
+
+async def run_elected(hp: Settings, runtime) -> int:
+    """Stand by until this replica leads (if elections are on), then run kopf until a signal."""
+    log = logging.getLogger("hyperplan")
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    elector = build_elector(hp, runtime.kube.api) if hp.leader_election else None
+    liveness = await serve_liveness(hp.liveness_port, elector)
+    try:
+        if elector is not None:
+            store = elector.store
+            log.info("leader election on lease %s/%s as %s (lease %gs, renew deadline %gs, retry %gs)",
+                     store.namespace, store.name, elector.identity, hp.lease_duration_seconds,
+                     hp.renew_deadline_seconds, hp.retry_period_seconds)
+            waited = time.monotonic()
+            if not await elector.acquire(stop):
+                log.info("stopped while standing by")
+                return 0
+            log.info("leading as %s after %.1fs", elector.identity, time.monotonic() - waited)
+        metrics.LEADER.set(1)
+        # Our tasks exist before kopf starts: kopf cancels every task created after its start.
+        watchers = {asyncio.create_task(stop.wait())}
+        renewing = asyncio.create_task(elector.keep_renewing(stop)) if elector else None
+        if renewing:
+            watchers.add(renewing)
+        # No stop_flag: kopf takes SIGTERM itself once it runs (its own signal handlers replace
+        # ours), and a stop flag it never sees set would hold its shutdown up for 5 s. To stop
+        # it for a lost lease, the task is cancelled.
+        operator = asyncio.create_task(kopf.operator(
+            clusterwide=True, standalone=True, memo=kopf.Memo(runtime=runtime)))
+        watchers.add(operator)
+        await asyncio.wait(watchers, return_when=asyncio.FIRST_COMPLETED)
+        lost = renewing is not None and renewing.done() and renewing.result() is False
+        if not operator.done():
+            operator.cancel()
+        with contextlib.suppress(BaseException):  # kopf logs its own errors; cancelled above
+            await asyncio.wait_for(operator, timeout=20)
+        metrics.LEADER.set(0)
+        if renewing and not renewing.done():
+            renewing.cancel()
+        if lost:
+            log.error("lost the lease %s: stopped acting; exiting so that a standby leads",
+                      elector.store.name)
+            return 1
+        if elector is not None and await asyncio.to_thread(elector.release):
+            log.info("released the lease for a standby")
+        return 0
+    finally:
+        if liveness is not None:
+            await liveness.cleanup()
 
 
 def run_operator() -> int:
@@ -52,6 +144,5 @@ def run_operator() -> int:
     logging.getLogger("hyperplan").info(
         "hyperplan starting: policy=%s, liveness=%s, metrics port=%s",
         hp.policy, liveness, hp.metrics_port or "off")
-    kopf.run(clusterwide=True, standalone=True, liveness_endpoint=liveness,
-             memo=kopf.Memo(runtime=runtime))
-    return 0
+    metrics.serve(hp.metrics_port)
+    return asyncio.run(run_elected(hp, runtime))

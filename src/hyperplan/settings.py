@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -32,4 +33,32 @@ class Settings(BaseSettings):
         "topology.k8s.aws/network-node-layer-3",
     )
 
+    # Who the operator is, so that it never lends or drains the node it runs on. The chart sets
+    # POD_NAME, POD_NAMESPACE and NODE_NAME from the downward API, and HYPERPLAN_OPERATOR_POD_LABELS
+    # to the labels of its Deployment's pods (so another replica is protected too).
+    pod_name: str | None = Field(None, validation_alias=AliasChoices("HYPERPLAN_POD_NAME", "POD_NAME"))
+    pod_namespace: str | None = Field(
+        None, validation_alias=AliasChoices("HYPERPLAN_POD_NAMESPACE", "POD_NAMESPACE"))
+    """Namespace of the operator's pods; unset (out of a cluster): pods with the labels below
+    count as the operator's in every namespace."""
+    node_name: str | None = Field(None, validation_alias=AliasChoices("HYPERPLAN_NODE_NAME", "NODE_NAME"))
+    operator_pod_labels: dict[str, str] = {
+        "app.kubernetes.io/name": "hyperplan", "app.kubernetes.io/component": "operator"}
+    """Labels that mark the operator's pods (JSON in the environment); {} protects only this pod."""
+
     verbose: bool = False
+
+    # Leader election on a coordination.k8s.io/v1 Lease (actuation/leadership.py): with several
+    # replicas one acts and the others stand by, writing nothing and running no daemons.
+    leader_election: bool = True
+    leader_election_namespace: str | None = None
+    """Namespace of the Lease; unset: $POD_NAMESPACE (the chart's), else `default`."""
+    leader_election_lease_name: str = "hyperplan-leader"
+    leader_election_identity: str | None = None
+    """This replica's name in the Lease; unset: $POD_NAME, else `<hostname>-<pid>`."""
+    lease_duration_seconds: float = 15.0
+    """A standby takes over once the Lease has not been renewed for this long (a kill -9)."""
+    renew_deadline_seconds: float = 10.0
+    """The leader stops acting when it could not renew for this long."""
+    retry_period_seconds: float = 2.0
+    """Seconds between attempts to acquire or renew the Lease."""

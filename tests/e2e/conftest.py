@@ -15,6 +15,7 @@ import pytest
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from hyperplan.actuation.kube import Kube, api_client
+from hyperplan.devcluster import prometheus
 from hyperplan.devcluster.plane import Plane, free_port
 from tests.e2e.scenarios import REGISTRY, Context
 from tests.kube import Kubectl, eventually
@@ -58,17 +59,21 @@ class Operator:
             return r.read().decode()
 
 
-@pytest.fixture(scope="session")
-def operator(plane: Plane, crds: Kubectl, tmp_path_factory: pytest.TempPathFactory) -> Operator:
-    """One operator for all e2e scenarios; stopped with SIGTERM at the end, which must exit 0."""
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
+def start_replica(plane: Plane, log: Path, identity: str) -> Operator:
+    """One `hyperplan run` replica. Its identity in the leader Lease stays the same across
+    :meth:`Operator.kill_and_restart`, as a container restarted in the same pod keeps its name."""
     metrics_port, liveness_port = free_port(), free_port()
     env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig), "HYPERPLAN_POLICY": "demo",
-           "HYPERPLAN_METRICS_PORT": str(metrics_port), "HYPERPLAN_LIVENESS_PORT": str(liveness_port)}
+           "HYPERPLAN_METRICS_PORT": str(metrics_port), "HYPERPLAN_LIVENESS_PORT": str(liveness_port),
+           "HYPERPLAN_LEADER_ELECTION_IDENTITY": identity}
     op = Operator(log, metrics_port, liveness_port, env)
     op.start()
     op.wait_alive()
-    yield op
+    return op
+
+
+def stop_replica(op: Operator) -> None:
+    """SIGTERM, which must exit 0 within 30 s."""
     proc = op.proc
     proc.send_signal(signal.SIGTERM)
     try:
@@ -76,15 +81,47 @@ def operator(plane: Plane, crds: Kubectl, tmp_path_factory: pytest.TempPathFacto
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        raise AssertionError("operator did not stop within 30s of SIGTERM")
-    print(f"[operator] log: {log}")
-    assert rc == 0, f"operator exited {rc} on SIGTERM:\n{log.read_text()[-3000:]}"
+        raise AssertionError(f"operator did not stop within 30s of SIGTERM (log {op.log})")
+    print(f"[operator] log: {op.log}")
+    assert rc == 0, f"operator exited {rc} on SIGTERM:\n{op.log.read_text()[-3000:]}"
+
+
+LEADER, STANDBY = "e2e-replica-0", "e2e-replica-1"
 
 
 @pytest.fixture(scope="session")
-def scenarios(operator: Operator, crds: Kubectl, plane: Plane) -> dict[str, Future]:
+def operator(plane: Plane, crds: Kubectl, tmp_path_factory: pytest.TempPathFactory) -> Operator:
+    """The acting replica for all e2e scenarios: the first to take the leader Lease."""
+    op = start_replica(plane, tmp_path_factory.mktemp("operator") / "operator.log", LEADER)
+    eventually(lambda: (crds.get_or_none("lease", "hyperplan-leader") or {}).get("spec", {})
+               .get("holderIdentity") == LEADER, timeout=30, what=f"{LEADER} holding the lease")
+    yield op
+    stop_replica(op)
+
+
+@pytest.fixture(scope="session")
+def standby(operator: Operator, plane: Plane, tmp_path_factory: pytest.TempPathFactory) -> Operator:
+    """A second replica beside the leader for the whole run, as the chart runs two: it must
+    stand by, writing nothing, while the leader lives."""
+    op = start_replica(plane, tmp_path_factory.mktemp("standby") / "operator.log", STANDBY)
+    yield op
+    stop_replica(op)
+
+
+@pytest.fixture(scope="session")
+def session_prometheus(operator: Operator, tmp_path_factory: pytest.TempPathFactory):
+    """A real Prometheus scraping the operator every second from before the scenarios start."""
+    p = prometheus.start([f"127.0.0.1:{operator.metrics_port}"], tmp_path_factory.mktemp("prometheus"))
+    yield p
+    p.stop()
+
+
+@pytest.fixture(scope="session")
+def scenarios(operator: Operator, standby: Operator, crds: Kubectl, plane: Plane,
+              session_prometheus: prometheus.Prometheus) -> dict[str, Future]:
     """Every registered scenario, started at once on the one operator; tests read their records."""
-    ctx = Context(kubectl=crds, kube=Kube(api_client(str(plane.kubeconfig))))
+    ctx = Context(kubectl=crds, kube=Kube(api_client(str(plane.kubeconfig))), operator=operator,
+                  metrics=operator.metrics)
     pool = ThreadPoolExecutor(max_workers=max(1, len(REGISTRY)), thread_name_prefix="scenario")
     futures = {name: pool.submit(fn, ctx) for name, fn in REGISTRY.items()}
     yield futures

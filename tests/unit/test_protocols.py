@@ -6,6 +6,7 @@ import inspect
 
 import pytest
 
+from hyperplan.actuation.leadership import FakeLeaseStore, KubeLeaseStore, LeaseStore
 from hyperplan.actuation.ledger import CapacityLedger, FakeLedger, KubeLedger
 from hyperplan.actuation.nodes import FakeProvider, KwokProvider, NodeProvider, StaticProvider
 
@@ -17,6 +18,7 @@ def _methods(proto: type) -> list[str]:
 @pytest.mark.parametrize("impl, proto", [
     (KwokProvider, NodeProvider), (StaticProvider, NodeProvider), (FakeProvider, NodeProvider),
     (KubeLedger, CapacityLedger), (FakeLedger, CapacityLedger),
+    (KubeLeaseStore, LeaseStore), (FakeLeaseStore, LeaseStore),
 ], ids=lambda x: x.__name__)
 def test_implementation_matches_protocol(impl: type, proto: type) -> None:
     assert _methods(proto), f"{proto.__name__} declares no methods"

@@ -330,6 +330,15 @@ class InstanceGroupSpec(Model):
     placement: PlacementSpec = Field(default_factory=PlacementSpec)
 
 
+class VanishedNode(Model):
+    """A node of the group deleted from under it (not by the operator), kept in the status until
+    its slot is replaced, so that a restarted operator still counts the grace from ``since``."""
+
+    name: str
+    since: datetime
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
 class InstanceGroupStatus(Model):
     phase: Literal["Waiting", "Provisioning", "Ready", "Draining", "Failed"] | None = None
     availability_zone: str | None = None
@@ -341,6 +350,7 @@ class InstanceGroupStatus(Model):
     next_transition_time: datetime | None = None
     conditions: list[Condition] = Field(default_factory=list)
     observed_generation: int | None = None
+    vanished_nodes: list[VanishedNode] = Field(default_factory=list)
 
 
 class InstanceGroup(Model):

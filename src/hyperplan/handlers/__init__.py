@@ -9,8 +9,7 @@ from typing import Any
 
 import kopf
 
-from hyperplan import metrics
-from hyperplan.handlers import capacitypool, instancegroup, nodes, trainingplan  # noqa: F401  (registration)
+from hyperplan.handlers import capacitypool, instancegroup, nodes, observed, trainingplan  # noqa: F401  (registration)
 from hyperplan.operator import configure_kopf
 
 
@@ -18,6 +17,5 @@ from hyperplan.operator import configure_kopf
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_: Any) -> None:
     rt = memo.runtime
     configure_kopf(settings, rt.settings)
-    metrics.serve(rt.settings.metrics_port)
     logger.info("policy profile %s; watching capacitypools, trainingplans, instancegroups, nodes",
                 rt.policy.name)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Awaitable, Callable, TypeVar
@@ -15,6 +16,7 @@ from hyperplan import metrics
 from hyperplan.actuation.kube import Kube, api_client
 from hyperplan.actuation.ledger import CapacityLedger, KubeLedger
 from hyperplan.actuation.nodes import NodeProvider, providers
+from hyperplan.planning.lending import OperatorIdentity
 from hyperplan.planning.placement import TopologyKeys
 from hyperplan.planning.policy import Policy, get_policy
 from hyperplan.settings import Settings
@@ -67,6 +69,7 @@ class Runtime:
     ledger: CapacityLedger
     providers: dict[str, NodeProvider]
     keys: TopologyKeys = field(default_factory=TopologyKeys)
+    me: OperatorIdentity = field(default_factory=OperatorIdentity)  # never drained, never lent
     clock: Clock = utcnow
     wakeups: Wakeups = field(default_factory=Wakeups)
     # When a node's Unschedulable health label was first seen, by (node, value): the grace
@@ -85,6 +88,10 @@ class Runtime:
     unbought_plans: set[str] = field(default_factory=set)
     node_digests: dict[str, tuple] = field(default_factory=dict)  # see handlers.nodes.node_digest
     group_plans: dict[str, str] = field(default_factory=dict)
+    # Groups (label values) whose last pass found no lendable free static node: a change to a
+    # free node (uncordoned, Ready again, handed back) wakes them.
+    short_of_free_nodes: set[str] = field(default_factory=set)
+    free_node_digests: dict[str, tuple] = field(default_factory=dict)
 
     def wake_unbought_plans(self) -> None:
         for name in list(self.unbought_plans):
@@ -99,8 +106,10 @@ class Runtime:
 def build_runtime(settings: Settings) -> Runtime:
     kube = Kube(api_client(settings.kubeconfig))
     layers = settings.network_layer_labels
+    me = OperatorIdentity(pod_name=settings.pod_name, namespace=settings.pod_namespace,
+                          node_name=settings.node_name, pod_labels=dict(settings.operator_pod_labels))
     return Runtime(settings=settings, policy=get_policy(settings.policy), kube=kube,
-                   ledger=KubeLedger(kube), providers=providers(kube),
+                   ledger=KubeLedger(kube), providers=providers(kube, me), me=me,
                    keys=TopologyKeys(settings.ultraserver_id_label, *layers))
 
 
@@ -124,6 +133,7 @@ async def reconcile_forever(rt: Runtime, kind: str, key: str, label: str,
     A failing pass is logged and retried after :data:`RETRY`; it never ends the daemon.
     """
     while not stopped:
+        started = time.monotonic()
         try:
             wake_at = await reconcile()
             metrics.RECONCILES.labels(label, "ok").inc()
@@ -131,5 +141,6 @@ async def reconcile_forever(rt: Runtime, kind: str, key: str, label: str,
             metrics.RECONCILES.labels(label, "error").inc()
             log.exception("reconcile of %s %s failed; retrying in %ss", label, key, RETRY.seconds)
             wake_at = rt.clock() + RETRY
+        metrics.RECONCILE_DURATION.labels(label).observe(time.monotonic() - started)
         await rt.wakeups.sleep(kind, key, wake_at, rt.clock, stopped)
     rt.wakeups.forget(kind, key)
