@@ -36,25 +36,41 @@ def test_the_cluster_has_a_ready_control_plane_and_two_ready_workers(kind: KindE
         assert labels.get("topology.kubernetes.io/zone") == "us-east-1a", labels
 
 
-def test_the_operator_pod_is_running_and_ready(kind: KindEnv) -> None:
-    def ready_pod() -> dict | None:
-        for pod in operator_pods(kind):
-            conds = {c["type"]: c["status"] for c in pod["status"].get("conditions", [])}
-            if pod["status"].get("phase") == "Running" and conds.get("Ready") == "True":
-                return pod
-        return None
+def _ready(pod: dict) -> bool:
+    conds = {c["type"]: c["status"] for c in pod["status"].get("conditions", [])}
+    return pod["status"].get("phase") == "Running" and conds.get("Ready") == "True" \
+        and "deletionTimestamp" not in pod["metadata"]
 
-    pod = eventually(ready_pod, timeout=180, interval=2, what="a Running and Ready operator pod")
-    (container,) = [c for c in pod["spec"]["containers"] if c["name"] == "hyperplan"] or \
-        pod["spec"]["containers"][:1]
-    assert container["image"].endswith(kind.operator_image), container["image"]
-    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    status = pod["status"]["containerStatuses"][0]
-    assert status["ready"] and "running" in status["state"], status
+
+def _replicas(kind: KindEnv) -> int:
+    return kind.kubectl.get("deployment", kind.release, "-n", kind.namespace)["spec"]["replicas"]
+
+
+def ready_operator_pods(kind: KindEnv) -> list[dict]:
+    """Every replica of the chart's Deployment Running and Ready (waits up to 3 minutes)."""
+    want = _replicas(kind)
+    return eventually(lambda: (lambda ready: ready if len(ready) == want else None)(
+        [p for p in operator_pods(kind) if _ready(p)]),
+        timeout=180, interval=2, what=f"{want} Running and Ready operator pods")
+
+
+def test_the_operator_pods_are_running_and_ready(kind: KindEnv) -> None:
+    pods = ready_operator_pods(kind)
+    assert len(pods) == _replicas(kind) >= 1
+    # Never on a node of the lent pool, whose drains would evict it (deploy/kind-values.yaml).
+    nodes = {n["metadata"]["name"]: n["metadata"]["labels"] for n in kind.kubectl.get("nodes")["items"]}
+    assert all("hyperplan.dev/pool" not in nodes[p["spec"]["nodeName"]] for p in pods), \
+        [p["spec"]["nodeName"] for p in pods]
+    for pod in pods:
+        container = pod["spec"]["containers"][0]
+        assert container["image"].endswith(kind.operator_image), container["image"]
+        assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+        status = pod["status"]["containerStatuses"][0]
+        assert status["ready"] and "running" in status["state"], status
 
 
 def test_the_operator_uses_the_charts_service_account_and_in_cluster_configuration(kind: KindEnv) -> None:
-    (pod, *_) = operator_pods(kind)
+    (pod, *_) = ready_operator_pods(kind)
     spec = pod["spec"]
     assert spec["serviceAccountName"] == kind.release
     sa = kind.kubectl.get("serviceaccount", kind.release, "-n", kind.namespace)
@@ -138,4 +154,40 @@ def test_dev_kind_status_reports_the_nodes_and_the_operator(kind: KindEnv) -> No
     for node in kind.nodes:
         assert lines.get(f"node {node}", "").endswith("Ready"), out.stdout
     assert "answers" in lines.get("kind cluster", ""), out.stdout
-    assert any(l.startswith("operator") and "1/1 ready" in l for l in out.stdout.splitlines()), out.stdout
+    replicas = _replicas(kind)
+    assert any(l.startswith("operator") and f"{replicas}/{replicas} ready" in l
+               for l in out.stdout.splitlines()), out.stdout
+
+
+def _leader(kind: KindEnv) -> str | None:
+    out = kind.kubectl.run("-n", kind.namespace, "get", "lease", f"{kind.release}-leader",
+                           "-o", "jsonpath={.spec.holderIdentity}", check=False)
+    return out.stdout.strip() or None
+
+
+def test_killing_the_leaders_pod_hands_over_to_the_other_replica(kind: KindEnv) -> None:
+    if _replicas(kind) < 2:
+        pytest.fail("the chart runs one replica: nothing to hand over to")
+    pods = {p["metadata"]["name"] for p in ready_operator_pods(kind)}
+    leader = eventually(lambda: (lambda h: h if h in pods else None)(_leader(kind)),
+                        timeout=60, what="one of the operator pods holding the Lease")
+    kind.kubectl.run("-n", kind.namespace, "delete", "pod", leader, "--wait=false")
+    new = eventually(lambda: (lambda h: h if h and h != leader else None)(_leader(kind)),
+                     timeout=60, interval=1, what="another replica taking the Lease")
+    assert new in pods, f"the Lease went to {new}, not to the standby among {pods}"
+    logs = kind.kubectl.run("-n", kind.namespace, "logs", new).stdout
+    assert f"leading as {new}" in logs, logs[-2000:]
+    # The new leader acts: it answers a new plan.
+    plan = {"apiVersion": "hyperplan.dev/v1alpha1", "kind": "TrainingPlan",
+            "metadata": {"name": "kind-tier-handover"},
+            "spec": {"instanceType": "ml.p5.48xlarge", "instanceCount": 1,
+                     "targetResource": "training-job", "duration": "1d",
+                     "startTimeAfter": "2030-01-01T00:00:00Z", "endTimeBefore": "2030-01-20T00:00:00Z"}}
+    kind.kubectl.apply(plan)
+    try:
+        eventually(lambda: (kind.kubectl.get("trainingplan", "kind-tier-handover").get("status") or {})
+                   .get("phase"), timeout=60, what="the new leader writing the plan's status")
+    finally:
+        kind.kubectl.run("delete", "trainingplan", "kind-tier-handover", "--ignore-not-found",
+                         "--wait=true", "--timeout=60s")
+    ready_operator_pods(kind)  # and the Deployment is whole again

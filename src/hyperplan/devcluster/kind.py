@@ -10,7 +10,8 @@ a machine without a container registry needs (``docs/kind.md``):
 3. ``kind create cluster --config deploy/kind-config.yaml`` (named ``hyperplan``; with a locally
    built node image also ``--image`` and ``networking.disableDefaultCNI``, and our CNI applied);
 4. ``docker build -t hyperplan:0.1.0 .`` and ``kind load docker-image hyperplan:0.1.0 --name hyperplan``;
-5. ``helm install hyperplan charts/hyperplan -n hyperplan-system --create-namespace --set policy=demo``.
+5. ``helm install hyperplan charts/hyperplan -n hyperplan-system --create-namespace -f deploy/kind-values.yaml``
+   (the demo profile, and the operator on the control plane: both workers are the lent pool).
 
 The kubeconfig is written to ``.state/kind/kubeconfig`` in the checkout; ``~/.kube/config`` is
 never read or written. ``down`` deletes the cluster and undoes the host changes ``up`` made where
@@ -50,7 +51,7 @@ README_STEPS = (
     "kind create cluster --config deploy/kind-config.yaml",
     "docker build -t hyperplan:0.1.0 .",
     "kind load docker-image hyperplan:0.1.0 --name hyperplan",
-    "helm install hyperplan charts/hyperplan --namespace hyperplan-system --create-namespace --set policy=demo",
+    "helm install hyperplan charts/hyperplan --namespace hyperplan-system --create-namespace -f deploy/kind-values.yaml",
     "kubectl -n hyperplan-system rollout status deployment/hyperplan",
     "kubectl apply -f deploy/examples/",
 )
@@ -248,7 +249,7 @@ class KindCluster:
         if installed:
             self.kubectl("-n", NAMESPACE, "rollout", "restart", f"deployment/{RELEASE}")
         self.readme_step(ROLLOUT, ["--timeout=300s"], timeout=320)
-        self.step(f"chart installed as {RELEASE!r} in {NAMESPACE} (policy demo); the operator is Ready")
+        self.step(f"chart installed as {RELEASE!r} in {NAMESPACE} (deploy/kind-values.yaml); the operator is Ready")
 
     def down(self) -> None:
         self._t0 = time.monotonic()
