@@ -325,7 +325,10 @@ class InstanceGroupSpec(Model):
                                       "' is owned by hyperplan: it sets it on every node it manages'"),
             ],
         })
-    taints: list[Taint] = Field(default_factory=list, max_length=MAX_GROUP_TAINTS)
+    taints: list[Taint] = Field(default_factory=list, max_length=MAX_GROUP_TAINTS, json_schema_extra={
+        "x-kubernetes-validations": [cel(
+            "self.all(t, self.exists_one(u, u.key == t.key && u.effect == t.effect))",
+            "taints must be unique by key and effect (a node refuses two taints with the same pair)")]})
     health_check: HealthCheckSpec = Field(default_factory=HealthCheckSpec)
     placement: PlacementSpec = Field(default_factory=PlacementSpec)
 

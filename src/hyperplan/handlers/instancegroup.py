@@ -314,7 +314,7 @@ def apply_decision(rt: Runtime, group_obj: dict[str, Any], provider_name: str, d
 async def group_daemon(name: str, stopped: kopf.DaemonStopped, memo: kopf.Memo, **_: Any) -> None:
     rt: Runtime = memo.runtime
     await reconcile_forever(rt, KIND, pl.label_value(name), "InstanceGroup",
-                            lambda: reconcile_group(rt, name), stopped, log)
+                            lambda: reconcile_group(rt, name), stopped, log, PLURAL, name)
 
 
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
