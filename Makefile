@@ -5,17 +5,28 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv tools plane plane-down crds crds-check demo test test-unit test-integration test-e2e bench clean
+.PHONY: all venv lock system-deps tools plane plane-down crds crds-check demo test test-unit test-integration test-e2e test-kind binaries kind kind-images kind-down bench clean
 
 all: venv
 
-$(STAMP): pyproject.toml
+# The runtime dependencies are installed at the versions of requirements.lock (what the image ships).
+$(STAMP): pyproject.toml requirements.lock
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test]' -c requirements.lock
 	@touch $(STAMP)
 
 venv: $(STAMP)
+
+# Re-pin requirements.lock to the venv after changing pyproject's dependencies
+# (`pip install -e .` without the lock first if a new version is wanted).
+lock:
+	$(BIN)/python -m hyperplan.devcluster.lock requirements.lock
+
+# System packages the tests use: Prometheus (promtool) and a Docker engine (the kind tier).
+# As root, installs what is missing with apt and starts dockerd; otherwise says what to install.
+system-deps: venv
+	$(BIN)/python -m hyperplan.devcluster.hostsetup
 
 # Builds the control-plane binaries on first use (cached in ~/.cache/hyperplan), then starts them.
 plane: venv
@@ -36,14 +47,34 @@ crds-check: venv
 demo: venv
 	$(BIN)/python -m hyperplan.demo
 
-# The whole suite: unit, integration (real API server) and e2e (operator as its own process).
-# One control plane per run, started by the test session and stopped again at its end.
-test: venv tools
-	$(BIN)/python -m pytest -ra tests/unit tests/integration tests/e2e
+# The whole suite: unit, integration (real API server), e2e (operator as its own process) and the
+# kind tier (the operator's image and chart on a real kind cluster). One control plane and one
+# kind cluster per run, started by the test session and stopped again at its end.
+test: venv system-deps binaries kind-images
+	$(BIN)/python -m pytest -ra tests/unit tests/integration tests/e2e tests/kind
 
-# Prometheus and promtool come from Debian's package (.ci/run installs it on a fresh machine).
+# The control-plane binaries, built from their Go modules once per machine (~/.cache/hyperplan).
+binaries: venv
+	$(BIN)/python -m hyperplan.devcluster.build
+
+# Prometheus and promtool come from Debian's package (`make system-deps` installs it as root).
 tools:
-	@command -v promtool >/dev/null || { echo "promtool missing: apt-get install prometheus (or run .ci/run)"; exit 1; }
+	@command -v promtool >/dev/null || { echo "promtool missing: apt-get install prometheus (or run make system-deps as root)"; exit 1; }
+
+# A kind cluster named hyperplan (1 control plane + 2 workers) with the operator installed by
+# Helm under the demo profile; kubeconfig in .state/kind/kubeconfig. See docs/install-on-kind.md.
+kind: venv
+	$(BIN)/hyperplan dev kind up
+
+kind-down: venv
+	$(BIN)/hyperplan dev kind down
+
+# kind, the node image and the base images, built where they cannot be pulled (cached).
+kind-images: venv
+	$(BIN)/hyperplan dev kind build
+
+test-kind: venv system-deps binaries kind-images
+	$(BIN)/python -m pytest -ra tests/kind
 
 test-unit: venv
 	$(BIN)/python -m pytest -ra tests/unit

@@ -24,7 +24,36 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 2
 
 
+def cmd_kind(action: str | None) -> int:
+    from hyperplan.devcluster.hostsetup import HostSetupError
+    from hyperplan.devcluster.kind import KindCluster
+
+    cluster = KindCluster(log=_say)
+    try:
+        if action == "up":
+            cluster.up()
+            _say(f"kubeconfig: {cluster.kubeconfig}")
+        elif action == "build":
+            cluster.prepare()
+        elif action == "down":
+            cluster.down()
+        elif action == "status":
+            rows = cluster.status()
+            for name, state in rows:
+                _say(f"{name:<28} {state}")
+            return 0 if any(n.startswith("kind cluster") and s == "answers" for n, s in rows) else 1
+        else:
+            print("usage: hyperplan dev kind up|down|status|build", file=sys.stderr)
+            return 2
+    except (RuntimeError, HostSetupError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_dev(args: argparse.Namespace) -> int:
+    if args.action == "kind":
+        return cmd_kind(args.kind_action)
     from hyperplan.devcluster.plane import Plane
 
     plane = Plane(log=_say)
@@ -86,8 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the operator (settings from HYPERPLAN_* variables)")
     run.set_defaults(func=cmd_run)
-    dev = sub.add_parser("dev", help="the local control plane: etcd, kube-apiserver, KWOK, ...")
-    dev.add_argument("action", choices=["up", "down", "status", "env"])
+    dev = sub.add_parser("dev", help="the local control plane (etcd, kube-apiserver, KWOK, ...), "
+                                     "or `dev kind up|down|status`: a kind cluster with the chart")
+    dev.add_argument("action", choices=["up", "down", "status", "env", "kind"])
+    dev.add_argument("kind_action", nargs="?", choices=["up", "down", "status", "build"],
+                     help="with `kind`: create, delete or describe the kind cluster, or only "
+                          "build (or pull) what it needs")
     dev.set_defaults(func=cmd_dev)
     crd = sub.add_parser("crds", help="write (or --check) the CRDs generated from the API models")
     crd.add_argument("--out", default="crds")

@@ -30,6 +30,11 @@ KUBERNETES_VERSION = "v1.36.3"
 ETCD_VERSION = "v3.6.8"
 KWOK_VERSION = "v0.8.0"
 HELM_VERSION = "v3.22.0"
+# The kind tier (docs/kind.md): kind itself, and what a locally built node image needs.
+KIND_VERSION = "v0.33.0"
+CRI_TOOLS_VERSION = "v1.37.0"
+COREDNS_VERSION = "v1.14.2"   # what kubeadm v1.36 deploys
+PAUSE_VERSION = "3.10.2"      # the sandbox image kubeadm v1.36 lists
 
 Log = Callable[[str], None]
 
@@ -165,24 +170,47 @@ COMPONENTS: tuple[Component, ...] = (
 )
 
 
+def _build_pause(c: Component, work: Path, out: Path, log: Log) -> None:
+    """The sandbox ("pause") binary from our own tiny program (``kindimages/pause.go``)."""
+    from importlib import resources
+
+    src = resources.files("hyperplan.devcluster").joinpath("kindimages", "pause.go").read_text()
+    (work / "go.mod").write_text("module hyperplan.dev/build/pause\n\ngo 1.24\n")
+    (work / "main.go").write_text(src)
+    _run(["go", "build", "-ldflags", "-s -w", "-o", str(out / "pause"), "."], work, log, "go build pause")
+
+
+# Built only for the kind tier (``hyperplan dev kind up``), not for the local control plane.
+KIND_COMPONENTS: tuple[Component, ...] = (
+    Component("kind", KIND_VERSION, ("kind",), _go_install("sigs.k8s.io/kind", "-s -w")),
+    Component("kubernetes-node", KUBERNETES_VERSION, ("kubelet", "kubeadm", "kube-proxy"),
+              _build_kubernetes),
+    Component("crictl", CRI_TOOLS_VERSION, ("crictl",), _go_install(
+        "sigs.k8s.io/cri-tools/cmd/crictl",
+        f"-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version={CRI_TOOLS_VERSION}")),
+    Component("coredns", COREDNS_VERSION, ("coredns",), _go_install("github.com/coredns/coredns", "-s -w")),
+    Component("pause", PAUSE_VERSION, ("pause",), _build_pause),
+)
+
+
 def component(name: str) -> Component:
-    return next(c for c in COMPONENTS if c.name == name)
+    return next(c for c in (*COMPONENTS, *KIND_COMPONENTS) if c.name == name)
 
 
 def binary(name: str) -> Path:
     """Path of a cached binary, by binary name (``kubectl``, ``etcd``, ...)."""
-    for c in COMPONENTS:
+    for c in (*COMPONENTS, *KIND_COMPONENTS):
         if name in c.binaries:
             return c.path(name)
     raise KeyError(name)
 
 
-def ensure_binaries(log: Log = print) -> None:
+def ensure_binaries(log: Log = print, components: tuple[Component, ...] = COMPONENTS) -> None:
     """Build whatever the cache lacks; print one line per step with the elapsed time."""
     if shutil.which("go") is None:
         raise RuntimeError("the Go toolchain is needed to build the control plane; install Go 1.26+")
     started = time.monotonic()
-    missing = [c for c in COMPONENTS if not c.is_built()]
+    missing = [c for c in components if not c.is_built()]
     for i, c in enumerate(missing, 1):
         log(f"[{i}/{len(missing)}] building {c.name} {c.version} "
             f"(elapsed {time.monotonic() - started:.0f}s)")
