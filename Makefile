@@ -13,7 +13,7 @@ all: venv
 $(STAMP): pyproject.toml requirements.lock
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]' -c requirements.lock
+	$(BIN)/pip install --quiet -e '.[test,demo]' -c requirements.lock
 	@touch $(STAMP)
 
 venv: $(STAMP)
