@@ -65,6 +65,7 @@ from hyperplan import invariants as inv  # noqa: E402
 LEASE, RENEW, RETRY = 4, 3, 1
 CONVERGE_S = 60.0  # the stated bound: a group is at its desired counts this long after a trigger
 GIVE_UP_S = 150.0  # an expectation still unmet after this long is reported as never converged
+DRAIN_S = 20.0  # the demo profile's hyperpod-cluster termination lead: nodes gone by the block's end
 SETTLE_S = 30.0  # a plan/ledger mismatch must outlast this (a purchase writes the ledger first)
 GB, GB_US = "ml.p6e-gb200.36xlarge", "ml.u-p6e-gb200x36"
 US_USABLE = 8  # x36 = 9 instances, 1 spare
@@ -157,6 +158,10 @@ class Cluster:
     def __init__(self, t0: float, excerpt: Callable[[str], list[str]]):
         self.t0 = t0
         self.lock = threading.RLock()
+        self.holders: list[tuple[float, str]] = []  # (t_read, holderIdentity) at each change of the Lease
+        self.node_created: dict[str, float] = {}  # node -> when the watch first showed it
+        self.node_deleted: dict[str, float] = {}
+        self.node_promoted: dict[str, float] = {}  # spare -> when it first carried hyperplan.dev/replaces
         self.objs: dict[str, dict[str, dict]] = {"nodes": {}, "instancegroups": {}, "trainingplans": {},
                                                   "capacitypools": {}}
         self.promotions = inv.PromotionHistory()
@@ -189,6 +194,13 @@ class Cluster:
                     self.objs[kind].pop(name, None)
                 else:
                     self.objs[kind][name] = obj
+                if kind == "nodes":
+                    if etype == "ADDED":
+                        self.node_created.setdefault(name, t)
+                    elif etype == "DELETED":
+                        self.node_deleted.setdefault(name, t)
+                    if (obj["metadata"].get("labels") or {}).get(inv.LABEL_REPLACES):
+                        self.node_promoted.setdefault(name, t)
             self._check_event(kind, obj)
 
         def on_list(items: list[dict], t: float) -> None:
@@ -222,6 +234,23 @@ class Cluster:
                 nodes = list(self.objs["nodes"].values())
             for text in inv.slot_conflicts(nodes):
                 self.violate("two live nodes in one slot", text, text.split(": ", 1)[1].split(", "))
+
+    def on_lease(self, etype: str, obj: dict, t: float) -> None:
+        if obj["metadata"]["name"] != "hyperplan-leader":
+            return
+        holder = "" if etype == "DELETED" else (obj.get("spec") or {}).get("holderIdentity") or ""
+        with self.lock:
+            if not self.holders or self.holders[-1][1] != holder:
+                self.holders.append((t, holder))
+
+    def holder_at(self, t: float) -> tuple[str, float]:
+        """Who the Lease named at ``t`` and since when (as the watch saw it)."""
+        with self.lock:
+            found = ("", 0.0)
+            for since, holder in self.holders:
+                if since <= t:
+                    found = (holder, since)
+            return found
 
     def get(self, kind: str) -> list[dict]:
         with self.lock:
@@ -267,10 +296,17 @@ class GroupDef:
         return inv.Expected(self.count, math.ceil(self.count / US_USABLE) if self.ultra else 0)
 
 
-def workload(t0: datetime) -> tuple[list[dict], list[dict], list[GroupDef], list[tuple[float, str]]]:
+def workload(t0: datetime) -> tuple[list[dict], list[tuple[float, dict]], list[GroupDef], list[tuple[float, str]]]:
+    """Pools, plans (with the second after the start at which each is created), groups, other steps.
+
+    At the start, plans race: three UltraServer plans want 5 of the 4 x36 UltraServers (one
+    loses: Failed, or a later window), four trn1 plans of 4 want the same 8 instances. Plans
+    created 20 s later find the pools busy and get later blocks. A group is created once its
+    plan is bought, so the groups of a plan that lost its race never exist.
+    """
     after = lambda s: ts(t0 + timedelta(seconds=s))  # noqa: E731
     pools = [pool("chaos-gb", GB, 36, "us-west-2a", ultra=GB_US),
-             pool("chaos-p5", P5, 16, "us-east-1a"),
+             pool("chaos-p5", P5, 24, "us-east-1a"),
              pool("chaos-trn", TRN, 8, "us-east-1b")]
     pools[1]["spec"]["unavailable"] = [{"start": after(150), "end": after(210), "instanceCount": 8}]
 
@@ -282,22 +318,26 @@ def workload(t0: datetime) -> tuple[list[dict], list[dict], list[GroupDef], list
         return {"apiVersion": API, "kind": "TrainingPlan", "metadata": {"name": name}, "spec": body}
 
     plans = [
-        plan("gb-main", "5m", 30, ultraServerType=GB_US, ultraServerCount=2),
-        plan("gb-side", "2m", 30, ultraServerType=GB_US, ultraServerCount=1),
-        plan("gb-late", "2m", 30, ultraServerType=GB_US, ultraServerCount=2),  # races gb-side: 4 UltraServers
-        plan("p5-a", "2m", 25, 330, instanceType=P5, instanceCount=8),
-        plan("p5-b", "2m", 25, 330, instanceType=P5, instanceCount=8),
-        plan("p5-c", "2m", 25, 330, instanceType=P5, instanceCount=8),  # 24 wanted of 16: later or split
-        *[plan(f"trn-{i}", "1m", 20, 200, instanceType=TRN, instanceCount=4) for i in range(4)],
+        (0.0, plan("gb-main", "5m", 30, ultraServerType=GB_US, ultraServerCount=2)),
+        (0.0, plan("gb-late", "2m", 30, ultraServerType=GB_US, ultraServerCount=2)),
+        (0.0, plan("gb-race", "2m", 30, ultraServerType=GB_US, ultraServerCount=1)),  # 5 wanted of 4
+        (0.0, plan("p5-a", "2m", 25, 400, instanceType=P5, instanceCount=8)),
+        (0.0, plan("p5-b", "2m", 25, 400, instanceType=P5, instanceCount=8)),
+        (0.0, plan("p5-c", "2m", 25, 400, instanceType=P5, instanceCount=8)),
+        *[(0.0, plan(f"trn-{i}", "1m", 20, 200, instanceType=TRN, instanceCount=4)) for i in range(4)],
+        (20.0, plan("gb-next", "2m", 30, ultraServerType=GB_US, ultraServerCount=1)),  # after a busy window
+        (20.0, plan("p5-next", "2m", 25, 400, instanceType=P5, instanceCount=8)),
     ]
     groups = [
-        GroupDef("gb-main-w", "gb-main", GB, 12, True, failures_at=(25, 70, 125, 175)),
-        GroupDef("gb-side-w", "gb-side", GB, 6, True, failures_at=(35,)),
+        GroupDef("gb-main-w", "gb-main", GB, 12, True, failures_at=(25, 70, 125, 175, 230)),
         GroupDef("gb-late-w", "gb-late", GB, 10, True, failures_at=(30,)),
+        GroupDef("gb-race-w", "gb-race", GB, 6, True, failures_at=(35,)),
+        GroupDef("gb-next-w", "gb-next", GB, 6, True, failures_at=(30,)),
         GroupDef("p5-a-w", "p5-a", P5, 4, False, failures_at=(40,)),
         GroupDef("p5-a-x", "p5-a", P5, 4, False, delete_at=90),  # shares p5-a; deleted in its block
         GroupDef("p5-b-w", "p5-b", P5, 8, False),
-        GroupDef("p5-c-w", "p5-c", P5, 4, False, delete_at=45),  # deleted before or early in its block
+        GroupDef("p5-c-w", "p5-c", P5, 4, False, delete_at=20),  # deleted before its block starts
+        GroupDef("p5-next-w", "p5-next", P5, 8, False, failures_at=(30,)),
     ]
     other = [(70.0, "delete plan trn-3")]
     return pools, plans, groups, other
@@ -312,6 +352,8 @@ class Chaos:
         self.args = args
         self.rng = random.Random(args.seed)
         self.replicas = [Replica(i, h.plane.kubeconfig) for i in ("chaos-a", "chaos-b")]
+        for r in self.replicas:  # each run reads only its own logs
+            r.log.unlink(missing_ok=True)
         self.t_start = now_s() - (time.monotonic() - _common._T0)  # el() reads like the step stamps
         self.cluster = Cluster(self.t_start, self.excerpt)
         self.expectations: list[Expectation] = []
@@ -329,7 +371,9 @@ class Chaos:
         self.block_seen: set[tuple[str, str]] = set()
         self.drain_seen: set[tuple[str, str]] = set()
         self.deleted_groups: set[str] = set()
+        self.created_groups: set[str] = set()
         self.aim_at: list[float] = []  # moments worth a kill: block starts, grace ends
+        self.aim_added: set[float] = set()
 
     # -- helpers
 
@@ -459,6 +503,15 @@ class Chaos:
 
     # -- faults
 
+    def lost_without_plane_fault(self, lost: list[str], plane_at: list[float]) -> int:
+        """Lost-lease exits with no API server or etcd restart in the 20 s before them."""
+        n = 0
+        for stamp in lost:
+            t = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").replace(tzinfo=timezone.utc).timestamp() - self.t_start
+            if not any(0 <= t - p <= 20 + 20 for p in plane_at):  # a restart takes up to ~20 s itself
+                n += 1
+        return n
+
     def wait_leader(self, timeout: float = 60) -> Replica | None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and not self.done.is_set():
@@ -521,35 +574,35 @@ class Chaos:
         self.snapshot_check(f"fault #{self.fault_no} ({name} restart)")
 
     def fault_loop(self) -> None:
-        kills, span = self.args.kills, self.args.fault_window
-        plane_faults = [(0.25, "kube-apiserver", signal.SIGKILL), (0.5, "etcd", signal.SIGTERM),
-                        (0.75, "kube-apiserver", signal.SIGTERM)]
-        start = self.el()
+        """30+ kills of the leader, and the plane restarts after a quarter, half and three quarters.
+
+        Each kill waits until a replica leads, then lets it act for a random while (a quarter of
+        the kills come within 1.5 s of taking the lease, during kopf's start; the rest after 2-7 s
+        of acting) or aims at a workload moment close by (a block start, a failure's grace end).
+        """
+        kills = self.args.kills
+        plane_faults = [(kills // 4, "kube-apiserver", signal.SIGKILL), (kills // 2, "etcd", signal.SIGTERM),
+                        (3 * kills // 4, "kube-apiserver", signal.SIGTERM)]
         done_kills = 0
         try:
-            while not self.done.is_set():
-                progress = (self.el() - start) / span
-                if plane_faults and progress >= plane_faults[0][0]:
+            while not self.done.is_set() and done_kills < kills:
+                if plane_faults and done_kills >= plane_faults[0][0]:
                     _, name, how = plane_faults.pop(0)
                     self.restart_plane(name, how)
                     continue
-                if done_kills >= kills and not plane_faults:
-                    break
-                # The next kill: a random moment, or one aimed at a block start / grace end soon.
-                left = max(span - (self.el() - start), 1.0)
-                mean = left / max(kills - done_kills, 1)
-                delay = self.rng.uniform(0.3, 1.7) * mean
-                soon = [a for a in self.aim_at if 0 < a - self.el() < delay + 3]
+                if self.wait_leader() is None:
+                    step("no live leader within 60 s before a kill")
+                acting = self.rng.uniform(0, 1.5) if self.rng.random() < 0.25 else self.rng.uniform(2, 7)
+                soon = [a for a in self.aim_at if 0 < a - now_s() < 8]
                 if soon and self.rng.random() < 0.6:
-                    delay = soon[0] - self.el() + self.rng.uniform(-0.5, 1.5)
+                    acting = soon[0] - now_s() + self.rng.uniform(-0.5, 1.0)
                     self.aim_at.remove(soon[0])
-                    step(f"next kill aimed at a workload moment in {delay:.1f} s")
-                self.done.wait(max(0.2, delay))
+                    step(f"next kill aimed at a workload moment in {acting:.1f} s")
+                self.done.wait(max(0.0, acting))
                 if self.done.is_set():
                     break
-                if done_kills < kills:
-                    self.kill_leader()
-                    done_kills += 1
+                self.kill_leader()
+                done_kills += 1
         except Exception as e:  # noqa: BLE001
             self.errors.append(f"fault thread: {type(e).__name__}: {e}")
             step(f"fault thread failed: {e}")
@@ -628,7 +681,28 @@ class Chaos:
 
         self.retry(call, f"failing {node}", timeout=30)
 
+    def create_group(self, g: GroupDef) -> None:
+        from kubernetes.client.rest import ApiException
+
+        def call() -> None:
+            try:
+                self.h.create("instancegroups", {
+                    "apiVersion": API, "kind": "InstanceGroup", "metadata": {"name": g.name},
+                    "spec": {"trainingPlanRef": g.plan, "instanceType": g.itype, "instanceCount": g.count,
+                             "nodeProvider": "kwok", "healthCheck": {"graceSeconds": GRACE, "maxUnhealthy": 2}}})
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+
+        self.retry(call, f"creating group {g.name}")
+        self.created_groups.add(g.name)
+        step(f"workload: plan {g.plan} bought; created group {g.name} ({g.count} nodes"
+             + (f" + {g.expected.spares} spares)" if g.ultra else ")"))
+
     def delete_group(self, g: GroupDef) -> None:
+        if g.name not in self.created_groups:
+            step(f"workload: group {g.name} was never created (its plan was not bought); nothing to delete")
+            return
         from kubernetes.client.rest import ApiException
         self.deleted_groups.add(g.name)
         self.cancel(g.name, "its group was deleted")
@@ -670,6 +744,10 @@ class Chaos:
                     _, what, g = todo.pop(0)
                     if what == "delete":
                         self.delete_group(g)
+                    elif isinstance(what, tuple):
+                        body = what[1]
+                        self.retry(lambda: self.h.create("trainingplans", body), "creating a plan")
+                        step(f"workload: created plan {body['metadata']['name']} (the pools are busy now)")
                     elif what.startswith("delete plan"):
                         name = what.split()[-1]
                         self.retry(lambda: self.h.custom.delete_cluster_custom_object(
@@ -677,6 +755,10 @@ class Chaos:
                         step(f"workload: deleted plan {name} (its reservations go back to the pool)")
                 for g in groups:
                     if g.name in self.deleted_groups:
+                        continue
+                    if g.name not in self.created_groups:
+                        if self.block_of(g.plan):
+                            self.create_group(g)
                         continue
                     for b in self.block_of(g.plan):
                         start, term = parse_ts(b["startTime"]).timestamp(), parse_ts(b["terminationTime"]).timestamp()
@@ -688,7 +770,8 @@ class Chaos:
                                 f"{g.expected.active} active + {g.expected.spares} spares on block {b['id']}"))
                             pending_failures[key] = [start + f for f in g.failures_at if start + f < term - 25]
                         elif key not in self.block_seen and now < start:
-                            if start not in self.aim_at:
+                            if start not in self.aim_added:
+                                self.aim_added.add(start)
                                 self.aim_at.append(start)
                         if key not in self.drain_seen and now >= term:
                             self.drain_seen.add(key)
@@ -699,8 +782,8 @@ class Chaos:
                                     for n in self.group_nodes(g.name)) else "nodes of the block left"),
                                 f"nodes of block {b['id']} drained by its end"))
                         due = pending_failures.get(key) or []
-                        if due and now >= due[0]:
-                            due.pop(0)
+                        if due and now >= due[0] and self.whole(g, b["id"]) is None:
+                            due.pop(0)  # only a whole group gets the next failure, so each is timed alone
                             self.inject_failure(g)
                 time.sleep(0.2)
         except Exception as e:  # noqa: BLE001
@@ -722,7 +805,7 @@ class Chaos:
                 if why is None:
                     e.took = t - e.since
                     step(f"converged [{e.kind}] {e.group}: {e.desc} in {e.took:.1f} s"
-                         + ("" if e.took <= CONVERGE_S else f" (ABOVE the {CONVERGE_S:.0f} s bound)"))
+                         + ("" if e.took <= bound(e) else f" (ABOVE the {bound(e):.0f} s bound)"))
                 else:
                     e.last_reason = why
                     if t - e.since > GIVE_UP_S:
@@ -732,12 +815,70 @@ class Chaos:
             time.sleep(0.25)
 
 
+def bound(e: Expectation) -> float:
+    """Drains must be done by the block's end (the demo profile's hyperpod lead after the
+    termination time); everything else within CONVERGE_S."""
+    return DRAIN_S if e.kind == "drain" else CONVERGE_S
+
+
+def stale_leader_actions(r: Replica) -> list[str]:
+    """Actions a replica logged after it logged that it had lost the lease (same start)."""
+    out, lost = [], None
+    for ln in r.lines(""):
+        if ln.startswith("---- chaos: start"):
+            lost = None
+        elif "lost the lease" in ln:
+            lost = ln[:23]
+        elif lost and ("hyperplan.instancegroup: group" in ln or "hyperplan.trainingplan: plan" in ln) \
+                and "reconcile of" not in ln:
+            out.append(f"{r.identity} lost the lease at {lost[11:]}, then logged: {ln[11:23]} {ln.split(': ', 1)[1][:160]}")
+    return out
+
+
+ONE_ACTOR_MARGIN = 1.0
+
+
+def actions_by_a_non_holder(c: Chaos) -> list[str]:
+    """Node writes a replica logged that the API shows happening while the Lease named another.
+
+    For each NodeCreated / SparePromoted / NodeRemoved line in a replica's log, the watch gives the
+    moment the change reached the API server (a node's first ADDED, its first version with
+    ``hyperplan.dev/replaces``, its DELETED); if the Lease then had named another replica for more
+    than ONE_ACTOR_MARGIN seconds, two replicas acted at once.
+    """
+    out = []
+    for r in c.replicas:
+        for ln in r.lines(""):
+            if "hyperplan.instancegroup: group" not in ln:
+                continue
+            text = ln.split(": ", 1)[1] if ": " in ln else ln
+            seen = None
+            if ": NodeCreated: " in text:
+                node = text.split(": NodeCreated: ")[1].split()[0]
+                seen = c.cluster.node_created.get(node)
+            elif ": SparePromoted: spare " in text:
+                node = text.split(": SparePromoted: spare ")[1].split()[0]
+                seen = c.cluster.node_promoted.get(node)
+            elif ": NodeRemoved: " in text:
+                node = text.split(": NodeRemoved: ")[1].split()[0]
+                seen = c.cluster.node_deleted.get(node)
+            if seen is None:
+                continue
+            holder, since = c.cluster.holder_at(seen)
+            if holder and holder != r.identity and seen - since > ONE_ACTOR_MARGIN:
+                out.append(f"{r.identity} logged {ln[11:23]} {text[:150]}; the API showed it at "
+                           f"{datetime.fromtimestamp(seen, timezone.utc):%H:%M:%S.%f}"[:-3]
+                           + f", {seen - since:.1f} s after the Lease named {holder}")
+    return out
+
+
 def main(h: Harness, args: argparse.Namespace) -> int:
     c = Chaos(h, args)
     for kind in ("nodes", "instancegroups", "trainingplans", "capacitypools"):
         on_event, on_list = c.cluster.handler(kind)
         path = "/api/v1/nodes" if kind == "nodes" else f"/apis/hyperplan.dev/v1alpha1/{kind}"
         h.watch(path, on_event, on_list=on_list)
+    h.watch("/apis/coordination.k8s.io/v1/namespaces/default/leases", c.cluster.on_lease)
     for r in c.replicas:
         r.start()
     step(f"started replicas {', '.join(f'{r.identity} (pid {r.proc.pid})' for r in c.replicas)}; "
@@ -747,17 +888,16 @@ def main(h: Harness, args: argparse.Namespace) -> int:
     step(f"leader: {c.holder()}")
 
     t0 = utcnow()
-    pools, plans, groups, other = workload(t0)
+    pools, timed_plans, groups, other = workload(t0)
+    plans = [body for _, body in timed_plans]
     for body in pools:
         h.create("capacitypools", body)
-    for body in plans:
-        h.create("trainingplans", body)
-    for g in groups:
-        h.create("instancegroups", {"apiVersion": API, "kind": "InstanceGroup", "metadata": {"name": g.name},
-                                    "spec": {"trainingPlanRef": g.plan, "instanceType": g.itype,
-                                             "instanceCount": g.count, "nodeProvider": "kwok",
-                                             "healthCheck": {"graceSeconds": GRACE, "maxUnhealthy": 2}}})
-    step(f"workload created: {len(pools)} pools, {len(plans)} plans, {len(groups)} groups")
+    for at, body in timed_plans:
+        if at == 0:
+            h.create("trainingplans", body)
+    other += [(at, ("create plan", body)) for at, body in timed_plans if at > 0]
+    step(f"workload started: {len(pools)} pools, {sum(1 for a, _ in timed_plans if a == 0)} racing plans; "
+         f"{sum(1 for a, _ in timed_plans if a > 0)} plans and {len(groups)} groups (once their plan is bought) to come")
 
     threads = [threading.Thread(target=c.supervise, daemon=True, name="supervisor"),
                threading.Thread(target=c.monitor_loop, daemon=True, name="monitor"),
@@ -821,7 +961,11 @@ def report(c: Chaos, groups: list[GroupDef]) -> int:
     snap_checks = sum(c.snapshot_checks.values())
     kills = sum(v for k, v in c.faults.items() if k.startswith("kill -9"))
     violations = c.cluster.violations
-    over = [e for e in met if e.took > CONVERGE_S]
+    over = [e for e in met if e.took > bound(e)]
+    stale = [a for r in c.replicas for a in stale_leader_actions(r)]
+    two_actors = actions_by_a_non_holder(c)
+    lost = [ln[:23] for r in c.replicas for ln in r.lines("lost the lease")]
+    plane_at = [t for t, what, _ in c.fault_log if "restart" in what]
     rows = [("machine", machine(), "", "")]
     for kind, n in sorted(c.faults.items()):
         rows.append((f"faults: {kind}", str(n), "", ""))
@@ -842,7 +986,16 @@ def report(c: Chaos, groups: list[GroupDef]) -> int:
          f"<= {CONVERGE_S:.0f} s", verdict(worst is not None and not over)),
     ]
     for kind, t in sorted(by_kind.items()):
-        rows.append((f"  worst after {kind}", f"{t:.1f} s", "", ""))
+        b = DRAIN_S if kind == "drain" else CONVERGE_S
+        rows.append((f"  worst after {kind}" + (" (from the termination time)" if kind == "drain" else ""),
+                     f"{t:.1f} s", f"<= {b:.0f} s", verdict(t <= b)))
+    rows += [("leader exits on a lost lease (all / with no plane restart in the 20 s before)",
+              f"{len(lost)} / {c.lost_without_plane_fault(lost, plane_at)}", "", ""),
+             ("actions logged by a replica after it logged the loss of its lease", str(len(stale)), "0",
+              verdict(not stale)),
+             ("node writes seen on the API while the Lease named another replica (> 1 s)", str(len(two_actors)),
+              "0", verdict(not two_actors)),
+             ("Lease holder changes seen on the watch", str(len(c.cluster.holders) - 1), "", "")]
     rows += [("total run time (plane, workload, faults, checks)", f"{total:.0f} s", "< 600 s", verdict(total < 600)),
              ("fault-thread or workload errors", str(len(c.errors)), "0", verdict(not c.errors))]
     print_figures("chaos", rows)
@@ -852,6 +1005,17 @@ def report(c: Chaos, groups: list[GroupDef]) -> int:
             print(f"    {ln[:300]}")
     for e in c.errors:
         print(f"error: {e}")
+    for a in stale:
+        print(f"stale leader: {a}")
+    for a in two_actors:
+        print(f"two actors: {a}")
+    for p in c.cluster.get("trainingplans"):
+        st = p.get("status") or {}
+        reason = next((f"{x.get('reason')}: {x.get('message', '')[:90]}" for x in st.get("conditions", [])
+                       if x.get("status") == "False"), "")
+        print(f"plan {p['metadata']['name']}: {st.get('phase')} "
+              + ", ".join(f"{b['startTime'][11:19]}-{b['endTime'][11:19]} x{b['instanceCount']}"
+                          for b in st.get("reservedCapacity") or []) + (f" ({reason})" if st.get("phase") == "Failed" else ""))
     tracebacks = sum(len(r.lines("Traceback")) for r in c.replicas)
     failed_passes = Counter()
     for r in c.replicas:
@@ -866,14 +1030,16 @@ def report(c: Chaos, groups: list[GroupDef]) -> int:
                "total_s": total, "failures": len(c.failures), "promotions": c.cluster.promotions.promotions,
                "fault_log": c.fault_log, "errors": c.errors}
     (STATE / "chaos-summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    ok = not violations and not c.errors and worst is not None and not over and kills >= c.args.kills and total < 600
+    summary["stale_leader_actions"] = stale
+    summary["two_actors"] = two_actors
+    (STATE / "chaos-summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    ok = not violations and not c.errors and not stale and not two_actors and worst is not None and not over and kills >= c.args.kills and total < 600
     return 0 if ok else 1
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kills", type=int, default=30, help="kill -9 of the leader (at least)")
-    ap.add_argument("--fault-window", type=float, default=240, help="seconds over which the faults are spread")
     ap.add_argument("--warmup", type=float, default=1, help="seconds between the workload and the first fault")
     ap.add_argument("--tail", type=float, default=90, help="at most this long after the faults for blocks to end")
     ap.add_argument("--seed", type=int, default=None, help="random seed (default: from the clock, printed)")
