@@ -65,6 +65,15 @@ bench: venv
 clean:
 	rm -rf $(VENV) .state .pytest_cache
 
+# Alert rules (deploy/prometheus/alerts.yml, the chart's PrometheusRule) and Grafana dashboards
+# (deploy/grafana/, the chart's copy) from src/hyperplan/monitoring/; tests fail when they drift.
+.PHONY: dashboards dashboards-check
+dashboards: venv
+	$(BIN)/python -m hyperplan.monitoring
+
+dashboards-check: venv
+	$(BIN)/python -m hyperplan.monitoring --check
+
 # Faults survived (issue 9): kill -9 of the leader 30+ times, two API server restarts and an etcd
 # restart under a mixed workload, on its own control plane (.state/bench); invariants after every
 # fault, figures in docs/reliability.md. About 5-6 minutes; exits 1 on a violation or a missed bound.

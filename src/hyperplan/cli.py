@@ -12,9 +12,16 @@ def _say(line: str) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+    from pydantic_settings import SettingsError
+
     from hyperplan.operator import run_operator
 
-    return run_operator()
+    try:
+        return run_operator()
+    except (ValidationError, SettingsError) as e:  # a bad HYPERPLAN_* variable: say which, no traceback
+        print(f"error: invalid setting: {e}", file=sys.stderr)
+        return 2
 
 
 def cmd_dev(args: argparse.Namespace) -> int:

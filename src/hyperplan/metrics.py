@@ -1,11 +1,43 @@
-"""Prometheus metrics of the operator (prefix ``hyperplan_``), served on HYPERPLAN_METRICS_PORT."""
+"""Prometheus metrics of the operator (prefix ``hyperplan_``), served on HYPERPLAN_METRICS_PORT.
+
+Two kinds of metric live here:
+
+- **Event metrics** (counters and histograms) that handlers update as things happen:
+  reconciles, status writes, purchases, remediations, transition lag, latencies.
+- **Object metrics** (gauges per plan, group, pool and UltraServer) that are not stored at
+  all: :class:`ObjectMetrics` builds them at scrape time from :class:`ObservedObjects`, the
+  operator's copy of each object as the watch last delivered it (status included). A deleted
+  object leaves that copy, so it leaves no stale series behind by construction, and time-relative
+  values (seconds to a block's termination, what a pool has free now) are computed at the
+  moment Prometheus asks. Cardinality is bounded by the objects: per plan 5 phase series,
+  per UltraServer 3 health and 6 count series, per pool 2 + 1, per group 6 + 2.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+import threading
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable, Iterable, Iterator
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from pydantic import ValidationError
+
+from hyperplan.api.models import (
+    CapacityPool, InstanceGroupSpec, InstanceGroupStatus, ReservedCapacity, TrainingPlanStatus,
+)
+from hyperplan.planning import offerings as of
+from hyperplan.planning.placement import label_value
+
+# --------------------------------------------------------------------------- event metrics
 
 RECONCILES = Counter(
     "hyperplan_reconciles_total", "Reconcile passes, by kind and result.", ["kind", "result"])
+RECONCILE_DURATION = Histogram(
+    "hyperplan_reconcile_duration_seconds", "How long one reconcile pass took, by kind.", ["kind"],
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
 STATUS_WRITES = Counter(
     "hyperplan_status_writes_total", "Status patches written, by kind.", ["kind"])
 PURCHASES = Counter(
@@ -14,20 +46,287 @@ TRANSITION_LAG = Histogram(
     "hyperplan_transition_lag_seconds",
     "Delay between a scheduled block boundary and the reconcile that acted on it.",
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10))
-PLANS = Gauge("hyperplan_training_plans", "Training plans, by phase.", ["phase"])
-PLAN_INSTANCES = Gauge(
-    "hyperplan_training_plan_instances", "Instance counts of a plan's current block, by kind of count.",
-    ["plan", "count"])
-GROUP_NODES = Gauge(
-    "hyperplan_instance_group_nodes", "Nodes of an instance group, by state.", ["group", "state"])
-REMEDIATION_BLOCKED = Gauge(
-    "hyperplan_instance_group_remediation_blocked",
-    "1 while maxUnhealthy stops remediation of a group (RemediationAllowed=False), else 0.", ["group"])
-REMEDIATIONS = Counter(
-    "hyperplan_remediations_total", "Health remediation actions taken, by action.", ["action"])
-
 LEADER = Gauge(
     "hyperplan_leader", "1 while this replica holds the leader Lease and acts, 0 while it stands by.")
+REMEDIATIONS = Counter(
+    "hyperplan_remediations_total", "Health remediation actions taken, by action.", ["action"])
+GROUP_PROVISIONING = Histogram(
+    "hyperplan_group_provisioning_seconds",
+    "From a block's start to all of an instance group's active nodes Ready on it (phase Ready).",
+    buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800))
+SPARE_PROMOTION = Histogram(
+    "hyperplan_spare_promotion_seconds",
+    "From the end of a failed node's grace to a spare serving in its place.",
+    buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60))
+
+# Known label values start at 0, so rates and panels have a series before the first event.
+KINDS = ("TrainingPlan", "InstanceGroup")
+REMEDIATION_ACTIONS = ("mark", "promote", "backfill", "remove")
+for _kind in KINDS:
+    RECONCILE_DURATION.labels(_kind)
+    STATUS_WRITES.labels(_kind)
+    for _result in ("ok", "error"):
+        RECONCILES.labels(_kind, _result)
+for _action in REMEDIATION_ACTIONS:
+    REMEDIATIONS.labels(_action)
+PURCHASES.labels("Purchased")
+
+# Group -> the block whose provisioning was already observed (once per group and block).
+_provisioned: dict[str, str] = {}
+_provisioned_lock = threading.Lock()
+
+
+def observe_group_pass(group: str, prior: InstanceGroupStatus, status: InstanceGroupStatus,
+                       block_start: datetime | None, now: datetime) -> None:
+    """Observe provisioning latency when ``group`` first reaches phase Ready on a block.
+
+    Once per group and block: a group that is whole again after a failure is remediation,
+    not provisioning. The memory is in-process; after a restart a group already Ready is
+    not observed again (its prior status says Ready), one still provisioning is.
+    """
+    block = status.reserved_capacity_id
+    if status.phase != "Ready" or block is None or block_start is None:
+        return
+    with _provisioned_lock:
+        if _provisioned.get(group) == block:
+            return
+        _provisioned[group] = block
+    if prior.phase == "Ready" and prior.reserved_capacity_id == block:
+        return  # already Ready before this process saw it
+    GROUP_PROVISIONING.observe(max(0.0, (now - block_start).total_seconds()))
+
+
+def observe_spare_promotion(grace_ended: datetime | None, now: datetime) -> None:
+    """A spare now serves in place of a node whose grace ended at ``grace_ended``."""
+    if grace_ended is not None:
+        SPARE_PROMOTION.observe(max(0.0, (now - grace_ended).total_seconds()))
+
+
+def forget_group(group: str) -> None:
+    with _provisioned_lock:
+        _provisioned.pop(group, None)
+
+
+# --------------------------------------------------------------------------- object metrics
+
+PLAN_PHASES = ("Pending", "Scheduled", "Active", "Expired", "Failed")
+PLAN_COUNTS = ("total", "in_use", "available", "spare", "unhealthy")
+ULTRASERVER_STATUSES = ("ok", "impaired", "insufficient-data")
+ULTRASERVER_COUNTS = ("total", "in_use", "available", "spare", "configured_spare", "unhealthy")
+GROUP_STATES = ("desired", "ready", "spare", "unhealthy", "present")
+POOL_STATES = ("sold", "free")
+
+# name -> (help, label names): every family ObjectMetrics serves, with or without samples.
+OBJECT_FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "hyperplan_training_plans": ("Training plans, by phase.", ("phase",)),
+    "hyperplan_training_plan_phase": (
+        "1 for the plan's current phase, 0 for the others (one series per plan and phase).",
+        ("plan", "phase")),
+    "hyperplan_training_plan_instances": (
+        "Instance counts of a plan's current (or next) block: total, in_use, available, spare "
+        "(available spares), unhealthy.", ("plan", "count")),
+    "hyperplan_training_plan_seconds_to_termination": (
+        "Seconds until the termination time of the plan's active block (negative once it passed, "
+        "until the block ends); absent without an active block.", ("plan",)),
+    "hyperplan_training_plan_seconds_to_next_block_start": (
+        "Seconds until the plan's next block starts; absent when no block is ahead.", ("plan",)),
+    "hyperplan_ultraserver_health": (
+        "1 for the UltraServer's health status (ok, impaired, insufficient-data), 0 for the others.",
+        ("plan", "ultraserver", "status")),
+    "hyperplan_ultraserver_instances": (
+        "Instance counts of an UltraServer of a plan's current (or next) block.",
+        ("plan", "ultraserver", "count")),
+    "hyperplan_capacity_pool_instances": (
+        "Instances of a capacity pool sold (reservations and unavailable windows) and free now.",
+        ("pool", "instance_type", "availability_zone", "state")),
+    "hyperplan_capacity_pool_seconds_until_free": (
+        "Seconds until the pool next has room for one more instance (one whole UltraServer for an "
+        "UltraServer pool); 0 when it has room now.", ("pool", "instance_type", "availability_zone")),
+    "hyperplan_instance_group_nodes": (
+        "Nodes of an instance group: desired, ready (active and Ready), spare (Ready), unhealthy "
+        "(from its status) and present (nodes that exist, draining ones included).", ("group", "state")),
+    "hyperplan_instance_group_remediation_blocked": (
+        "1 while maxUnhealthy stops remediation of a group (RemediationAllowed=False), else 0.", ("group",)),
+    "hyperplan_instance_group_info": (
+        "1 per instance group, labelled with the training plan it is bound to.", ("group", "plan")),
+}
+
+
+@dataclass(frozen=True)
+class _Group:
+    plan: str
+    status: InstanceGroupStatus
+
+
+@dataclass
+class ObservedObjects:
+    """The operator's copy of its objects, fed by watch events (handlers.observed).
+
+    Written from the operator's event loop and read from the metrics server's thread, so
+    every access takes the lock. Bodies that do not parse keep their last good copy out:
+    a plan with an unreadable status counts as having no phase.
+    """
+
+    plans: dict[str, TrainingPlanStatus] = field(default_factory=dict)
+    groups: dict[str, _Group] = field(default_factory=dict)
+    pools: dict[str, of.PoolSnapshot] = field(default_factory=dict)
+    nodes: dict[str, str] = field(default_factory=dict)  # node name -> its instance group
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def put_plan(self, name: str, body: dict[str, Any]) -> None:
+        try:
+            status = TrainingPlanStatus.model_validate(body.get("status") or {})
+        except ValidationError:
+            status = TrainingPlanStatus()
+        with self._lock:
+            self.plans[name] = status
+
+    def put_group(self, name: str, body: dict[str, Any]) -> None:
+        try:
+            status = InstanceGroupStatus.model_validate(body.get("status") or {})
+        except ValidationError:
+            status = InstanceGroupStatus()
+        plan = (body.get("spec") or {}).get("trainingPlanRef") or ""
+        with self._lock:
+            self.groups[name] = _Group(plan, status)
+
+    def put_pool(self, name: str, body: dict[str, Any]) -> None:
+        from hyperplan.actuation.ledger import pool_snapshot
+        try:
+            snapshot = pool_snapshot(CapacityPool.model_validate(body))
+        except ValidationError:
+            return
+        with self._lock:
+            self.pools[name] = snapshot
+
+    def put_node(self, name: str, group: str | None) -> None:
+        with self._lock:
+            if group:
+                self.nodes[name] = group
+            else:
+                self.nodes.pop(name, None)
+
+    def drop(self, kind: str, name: str) -> None:
+        with self._lock:
+            getattr(self, kind).pop(name, None)
+
+    def copy(self) -> "ObservedObjects":
+        with self._lock:
+            return ObservedObjects(dict(self.plans), dict(self.groups), dict(self.pools), dict(self.nodes))
+
+
+def _current_and_next(blocks: Iterable[ReservedCapacity], now: datetime
+                      ) -> tuple[ReservedCapacity | None, ReservedCapacity | None]:
+    ordered = sorted(blocks, key=lambda b: b.start_time)
+    current = next((b for b in ordered if b.start_time <= now < b.end_time), None)
+    upcoming = next((b for b in ordered if b.start_time > now), None)
+    return current, upcoming
+
+
+def object_samples(view: ObservedObjects, now: datetime) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Every object series at ``now``: family name -> [(labels, value)]. Pure."""
+    out: dict[str, list[tuple[dict[str, str], float]]] = {name: [] for name in OBJECT_FAMILIES}
+
+    def add(family: str, value: float, **labels: str) -> None:
+        out[family].append((labels, float(value)))
+
+    by_phase = dict.fromkeys(PLAN_PHASES, 0)
+    for plan, st in sorted(view.plans.items()):
+        if st.phase in by_phase:
+            by_phase[st.phase] += 1
+        for phase in PLAN_PHASES:
+            add("hyperplan_training_plan_phase", 1 if st.phase == phase else 0, plan=plan, phase=phase)
+        for count, value in zip(PLAN_COUNTS, (st.total_instance_count, st.in_use_instance_count,
+                                              st.available_instance_count, st.available_spare_instance_count,
+                                              st.unhealthy_instance_count)):
+            add("hyperplan_training_plan_instances", value, plan=plan, count=count)
+        current, upcoming = _current_and_next(st.reserved_capacity, now)
+        if current is not None and current.termination_time is not None:
+            add("hyperplan_training_plan_seconds_to_termination",
+                (current.termination_time - now).total_seconds(), plan=plan)
+        if upcoming is not None:
+            add("hyperplan_training_plan_seconds_to_next_block_start",
+                (upcoming.start_time - now).total_seconds(), plan=plan)
+        for us in st.ultra_servers:
+            for status in ULTRASERVER_STATUSES:
+                add("hyperplan_ultraserver_health", 1 if us.health_status == status else 0,
+                    plan=plan, ultraserver=us.id, status=status)
+            for count, value in zip(ULTRASERVER_COUNTS, (
+                    us.total_instance_count, us.in_use_instance_count, us.available_instance_count,
+                    us.available_spare_instance_count, us.configured_spare_instance_count,
+                    us.unhealthy_instance_count)):
+                add("hyperplan_ultraserver_instances", value, plan=plan, ultraserver=us.id, count=count)
+    for phase, n in by_phase.items():
+        add("hyperplan_training_plans", n, phase=phase)
+
+    for name, pool in sorted(view.pools.items()):
+        where = {"pool": name, "instance_type": pool.instance_type, "availability_zone": pool.availability_zone}
+        sold = min(pool.instance_count, of.busy_at(pool, now))
+        add("hyperplan_capacity_pool_instances", sold, state="sold", **where)
+        add("hyperplan_capacity_pool_instances", pool.instance_count - sold, state="free", **where)
+        unit = of.ULTRASERVER_INSTANCES.get(pool.ultra_server_type or "", 1)
+        free = of.free_intervals(pool, unit, now)
+        if free:
+            add("hyperplan_capacity_pool_seconds_until_free",
+                max(0.0, (free[0][0] - now).total_seconds()), **where)
+
+    present: dict[str, int] = {}
+    for group in view.nodes.values():  # nodes carry the group's name as a label value
+        present[group] = present.get(group, 0) + 1
+    for name, g in sorted(view.groups.items()):
+        st = g.status
+        for state, value in zip(GROUP_STATES, (st.desired_count, st.ready_count, st.spare_count,
+                                               st.unhealthy_count, present.get(label_value(name), 0))):
+            add("hyperplan_instance_group_nodes", value, group=name, state=state)
+        blocked = any(c.type == "RemediationAllowed" and c.status == "False" for c in st.conditions)
+        add("hyperplan_instance_group_remediation_blocked", 1 if blocked else 0, group=name)
+        add("hyperplan_instance_group_info", 1, group=name, plan=g.plan)
+    return out
+
+
+class ObjectMetrics(Collector):
+    """Serves :data:`OBJECT_FAMILIES` from an :class:`ObservedObjects` at scrape time."""
+
+    def __init__(self, observed: ObservedObjects, clock: Callable[[], datetime]) -> None:
+        self.observed = observed
+        self.clock = clock
+
+    def _families(self) -> dict[str, GaugeMetricFamily]:
+        return {name: GaugeMetricFamily(name, help_, labels=list(labels))
+                for name, (help_, labels) in OBJECT_FAMILIES.items()}
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return iter(self._families().values())
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        families = self._families()
+        for name, samples in object_samples(self.observed.copy(), self.clock()).items():
+            labels = OBJECT_FAMILIES[name][1]
+            for values, value in samples:
+                families[name].add_metric([values[l] for l in labels], value)
+        return iter(families.values())
+
+
+def _utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+OBSERVED = ObservedObjects()
+REGISTRY.register(ObjectMetrics(OBSERVED, _utcnow))
+
+
+def declared_families(registry: CollectorRegistry = REGISTRY) -> dict[str, tuple[str, set[str]]]:
+    """Every ``hyperplan_`` family the registry declares: name -> (type, label names)."""
+    out: dict[str, tuple[str, set[str]]] = {}
+    for collector in list(registry._collector_to_names):  # noqa: SLF001 - no public listing
+        describe = getattr(collector, "describe", None)
+        for family in (describe() if describe else []):
+            if family.name.startswith("hyperplan_"):
+                labels = set(getattr(collector, "_labelnames", ()))
+                if family.name in OBJECT_FAMILIES:
+                    labels = set(OBJECT_FAMILIES[family.name][1])
+                out[family.name] = (family.type, labels)
+    return out
 
 
 def serve(port: int) -> None:

@@ -64,9 +64,8 @@ async def serve_liveness(port: int, elector: LeaderElector | None) -> web.AppRun
 
 
 def build_elector(hp: Settings, api) -> LeaderElector:
-    namespace = hp.leader_election_namespace or os.environ.get("POD_NAMESPACE") or "default"
-    identity = (hp.leader_election_identity or os.environ.get("POD_NAME")
-                or f"{socket.gethostname()}-{os.getpid()}")
+    namespace = hp.leader_election_namespace or hp.pod_namespace or "default"
+    identity = hp.leader_election_identity or hp.pod_name or f"{socket.gethostname()}-{os.getpid()}"
     timing = Timing(hp.lease_duration_seconds, hp.renew_deadline_seconds, hp.retry_period_seconds)
     return LeaderElector(KubeLeaseStore(api, namespace, hp.leader_election_lease_name), identity, timing)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -31,6 +32,19 @@ class Settings(BaseSettings):
         "topology.k8s.aws/network-node-layer-2",
         "topology.k8s.aws/network-node-layer-3",
     )
+
+    # Who the operator is, so that it never lends or drains the node it runs on. The chart sets
+    # POD_NAME, POD_NAMESPACE and NODE_NAME from the downward API, and HYPERPLAN_OPERATOR_POD_LABELS
+    # to the labels of its Deployment's pods (so another replica is protected too).
+    pod_name: str | None = Field(None, validation_alias=AliasChoices("HYPERPLAN_POD_NAME", "POD_NAME"))
+    pod_namespace: str | None = Field(
+        None, validation_alias=AliasChoices("HYPERPLAN_POD_NAMESPACE", "POD_NAMESPACE"))
+    """Namespace of the operator's pods; unset (out of a cluster): pods with the labels below
+    count as the operator's in every namespace."""
+    node_name: str | None = Field(None, validation_alias=AliasChoices("HYPERPLAN_NODE_NAME", "NODE_NAME"))
+    operator_pod_labels: dict[str, str] = {
+        "app.kubernetes.io/name": "hyperplan", "app.kubernetes.io/component": "operator"}
+    """Labels that mark the operator's pods (JSON in the environment); {} protects only this pod."""
 
     verbose: bool = False
 

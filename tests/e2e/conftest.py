@@ -15,6 +15,7 @@ import pytest
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from hyperplan.actuation.kube import Kube, api_client
+from hyperplan.devcluster import prometheus
 from hyperplan.devcluster.plane import Plane, free_port
 from tests.e2e.scenarios import REGISTRY, Context
 from tests.kube import Kubectl, eventually
@@ -108,9 +109,19 @@ def standby(operator: Operator, plane: Plane, tmp_path_factory: pytest.TempPathF
 
 
 @pytest.fixture(scope="session")
-def scenarios(operator: Operator, standby: Operator, crds: Kubectl, plane: Plane) -> dict[str, Future]:
+def session_prometheus(operator: Operator, tmp_path_factory: pytest.TempPathFactory):
+    """A real Prometheus scraping the operator every second from before the scenarios start."""
+    p = prometheus.start([f"127.0.0.1:{operator.metrics_port}"], tmp_path_factory.mktemp("prometheus"))
+    yield p
+    p.stop()
+
+
+@pytest.fixture(scope="session")
+def scenarios(operator: Operator, standby: Operator, crds: Kubectl, plane: Plane,
+              session_prometheus: prometheus.Prometheus) -> dict[str, Future]:
     """Every registered scenario, started at once on the one operator; tests read their records."""
-    ctx = Context(kubectl=crds, kube=Kube(api_client(str(plane.kubeconfig))))
+    ctx = Context(kubectl=crds, kube=Kube(api_client(str(plane.kubeconfig))), operator=operator,
+                  metrics=operator.metrics)
     pool = ThreadPoolExecutor(max_workers=max(1, len(REGISTRY)), thread_name_prefix="scenario")
     futures = {name: pool.submit(fn, ctx) for name, fn in REGISTRY.items()}
     yield futures

@@ -28,6 +28,8 @@ def scenario(fn: Callable[["Context"], Any]) -> Callable[["Context"], Any]:
 class Context:
     kubectl: Kubectl
     kube: Any  # hyperplan.actuation.kube.Kube
+    operator: Any = None  # tests.e2e.conftest.Operator: its log and /metrics
+    metrics: Callable[[], str] | None = None  # the operator's /metrics text, read now
 
 
 def utcnow() -> datetime:

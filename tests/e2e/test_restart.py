@@ -5,11 +5,12 @@ Runs after every side-by-side scenario has finished, since it kills the shared o
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections import Counter
 from datetime import timedelta
 
-from tests.e2e.scenarios import parse_ts, ts, utcnow
+from tests.e2e.scenarios import first_block, group_body, parse_ts, plan_body, pool_body, ts, utcnow, wait_phase
 from tests.kube import eventually
 
 API = "hyperplan.dev/v1alpha1"
@@ -65,3 +66,77 @@ def test_kill_during_purchase_and_provisioning_converges(scenarios, operator, cr
     slots = [n["metadata"]["labels"]["hyperplan.dev/slot"] for n in nodes]
     assert len(nodes) == 8 and sorted(slots) == sorted(set(slots))
     assert group["readyCount"] == 8
+
+
+def _setup_group(k, tag: str, count: int, **group_spec) -> tuple[str, dict]:
+    itype, name = f"ml.mem-{tag}.xlarge", f"mem-{tag}"
+    k.create(pool_body(name, itype, count, az="us-east-1m"))
+    k.create(plan_body(name, itype, count, duration="1m", autoPurchase=True,
+                       startTimeAfter=ts(utcnow() + timedelta(seconds=10))))
+    k.create(group_body(name, name, itype, count, **group_spec))
+    block = first_block(k, name)
+    wait_phase(k, "instancegroup", name, "Ready")
+    return name, block
+
+
+def test_restart_in_the_middle_of_a_grace_neither_judges_early_nor_forgets(scenarios, operator, crds) -> None:
+    """The grace of a health label counts from its first sight, which the node itself keeps
+    (annotation hyperplan.dev/health-signal-since): a restart 8 s into a 20 s grace marks the
+    node when the grace ends, not 20 s after the restart."""
+    for future in scenarios.values():
+        future.exception(timeout=900)
+    k, grace = crds, 20
+    group, _ = _setup_group(k, uuid.uuid4().hex[:5], 2, healthCheck={"graceSeconds": grace, "maxUnhealthy": 1})
+    victim = k.get("nodes", None, "-l", f"hyperplan.dev/instance-group={group}")["items"][0]["metadata"]["name"]
+    t0 = utcnow()
+    k.run("label", "node", victim, "sagemaker.amazonaws.com/node-health-status=Unschedulable")
+    recorded = eventually(lambda: (k.get("node", victim)["metadata"].get("annotations") or {})
+                          .get("hyperplan.dev/health-signal-since"), timeout=10, what="the signal recorded")
+    assert recorded.startswith("Unschedulable@")
+    assert abs((parse_ts(recorded.split("@")[1]) - t0).total_seconds()) <= 3
+    eventually(lambda: utcnow() >= t0 + timedelta(seconds=8), timeout=20, interval=0.1, what="8 s into the grace")
+    operator.kill_and_restart()
+
+    def marked():
+        labels = (k.get_or_none("node", victim) or {}).get("metadata", {}).get("labels", {})
+        return labels.get("hyperplan.dev/node-health-status") == "UnschedulablePendingReplacement" and utcnow()
+
+    when = eventually(marked, timeout=60, interval=0.25, what=f"{victim} marked after the grace")
+    assert when >= t0 + timedelta(seconds=grace - 1), f"judged early: {(when - t0).total_seconds():.1f} s"
+    assert when <= t0 + timedelta(seconds=grace + 6), \
+        f"the grace started anew at the restart: marked {(when - t0).total_seconds():.1f} s after the label"
+
+
+def test_restart_in_the_middle_of_a_drain_keeps_its_deadline(scenarios, operator, crds) -> None:
+    """A drain held up by a PodDisruptionBudget goes on after a restart: the guarded node goes by
+    the block's end, and its deletion is not taken for a failure (no replacement is made)."""
+    for future in scenarios.values():
+        future.exception(timeout=900)
+    k, tag = crds, uuid.uuid4().hex[:5]
+    group, block = _setup_group(k, tag, 1)
+    k.apply([
+        {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+         "metadata": {"name": f"mem-{tag}", "namespace": "default"},
+         "spec": {"minAvailable": 1, "selector": {"matchLabels": {"mem": tag}}}},
+        {"apiVersion": "v1", "kind": "Pod",
+         "metadata": {"name": f"mem-{tag}", "namespace": "default", "labels": {"mem": tag}},
+         "spec": {"nodeSelector": {"hyperplan.dev/instance-group": group},
+                  "containers": [{"name": "c", "image": "trainer"}]}},
+    ])
+    eventually(lambda: k.get("pod", f"mem-{tag}", "-n", "default")["status"].get("phase") == "Running",
+               timeout=60, what="guarded pod Running")
+    (node,) = k.get("nodes", None, "-l", f"hyperplan.dev/instance-group={group}")["items"]
+    name = node["metadata"]["name"]
+    termination, end = parse_ts(block["terminationTime"]), parse_ts(block["endTime"])
+    eventually(lambda: k.get("node", name)["spec"].get("unschedulable"), timeout=120, interval=0.25,
+               what="the drain started (node cordoned)")
+    assert (k.get("node", name)["metadata"].get("annotations") or {}).get("hyperplan.dev/cordoned") == "true"
+    operator.kill_and_restart()
+    gone = eventually(lambda: k.get_or_none("node", name) is None and utcnow(), timeout=120, interval=0.25,
+                      what=f"{name} removed")
+    assert gone >= termination + timedelta(seconds=5), "the PDB was not honoured after the restart"
+    assert gone <= end + timedelta(seconds=3), f"removed {(gone - end).total_seconds():.1f} s after the block end"
+    time.sleep(3)
+    status = k.get("instancegroup", group).get("status") or {}
+    assert status.get("vanishedNodes", []) == [], status  # its own removal is no failure
+    assert k.get("nodes", None, "-l", f"hyperplan.dev/instance-group={group}")["items"] == []

@@ -118,6 +118,8 @@ def test_valid_objects_are_accepted(crds: Kubectl, obj: dict) -> None:
     (group(taints=[{"key": "gpu", "value": "yes please", "effect": "NoSchedule"}]),
      "spec.taints[0].value: Invalid value: \"yes please\": taint value must be at most 63 alphanumerics"),
     (group(taints=[{"key": "gpu", "effect": "NoExecuteNow"}]), 'spec.taints[0].effect: Unsupported value: "NoExecuteNow"'),
+    (group(taints=[{"key": "gpu", "value": "a", "effect": "NoSchedule"}, {"key": "gpu", "value": "b", "effect": "NoSchedule"}]),
+     "spec.taints: Invalid value: taints must be unique by key and effect"),
 ], ids=["plan-count-3", "plan-count-128", "plan-target", "plan-duration-word", "plan-duration-zero",
         "plan-duration-negative", "plan-window-reversed", "plan-window-empty", "plan-count-and-ultraserver",
         "plan-no-type", "plan-negative-spares", "plan-spares-fill-ultraserver", "group-no-plan", "group-empty-plan", "group-negative-count",
@@ -127,7 +129,7 @@ def test_valid_objects_are_accepted(crds: Kubectl, obj: dict) -> None:
         "group-label-value-space", "group-label-value-too-long", "group-label-hyperplan-key",
         "group-label-zone-key", "group-label-instance-type-key", "group-label-ultraserver-key",
         "group-label-health-key", "group-too-many-labels", "group-taint-key-space", "group-taint-spare-key",
-        "group-taint-value-space", "group-taint-effect"])
+        "group-taint-value-space", "group-taint-effect", "group-taint-duplicate"])
 def test_bad_objects_are_rejected_with_a_message(crds: Kubectl, obj: dict, message: str) -> None:
     proc = crds.create(obj, check=False)
     assert proc.returncode != 0

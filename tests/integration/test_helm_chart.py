@@ -93,10 +93,10 @@ def test_default_render_runs_the_operator_locked_down(helm) -> None:
     objs = by_kind(render(helm, namespace="hyperplan-system"))
     assert set(objs) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "Deployment",
                          "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "Role",
-                         "RoleBinding"}
+                         "RoleBinding", "PodDisruptionBudget"}
     dep = objs["Deployment"]
     assert dep["metadata"]["namespace"] == "hyperplan-system"
-    assert dep["spec"]["replicas"] == 1
+    assert dep["spec"]["replicas"] == 2
     pod = dep["spec"]["template"]["spec"]
     c = container(dep)
     assert [*c["command"], *c["args"]] == ["hyperplan", "run"]
@@ -128,6 +128,83 @@ def test_default_render_runs_the_operator_locked_down(helm) -> None:
         ("true", "8000", "/metrics")
 
 
+def test_two_replicas_elect_a_leader_and_survive_a_drain(helm) -> None:
+    """Two replicas by default: a leader Lease, a PodDisruptionBudget, spread over nodes, and a
+    rolling update that starts the new pod before it stops the old one."""
+    objs = by_kind(render(helm, namespace="hyperplan-system"))
+    dep, pdb = objs["Deployment"], objs["PodDisruptionBudget"]
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert dep["spec"]["strategy"] == {"type": "RollingUpdate",
+                                       "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    (pref,) = dep["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"]
+    assert pref["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert pref["podAffinityTerm"]["labelSelector"]["matchLabels"].items() <= labels.items()
+    env = env_of(container(dep))
+    assert (env["HYPERPLAN_LEADER_ELECTION"], env["HYPERPLAN_LEASE_DURATION_SECONDS"],
+            env["HYPERPLAN_RENEW_DEADLINE_SECONDS"], env["HYPERPLAN_RETRY_PERIOD_SECONDS"]) == \
+        ("true", "15", "10", "2")
+    # One replica: no budget (it would block every drain) and nothing to spread.
+    one = by_kind(render(helm, "--set", "replicas=1", "--set", "leaderElection.leaseDurationSeconds=30"))
+    assert "PodDisruptionBudget" not in one
+    assert "podAntiAffinity" not in one["Deployment"]["spec"]["template"]["spec"]["affinity"]
+    assert env_of(container(one["Deployment"]))["HYPERPLAN_LEASE_DURATION_SECONDS"] == "30"
+
+
+AVOID_LENT = [{"key": "hyperplan.dev/pool", "operator": "DoesNotExist"},
+              {"key": "hyperplan.dev/instance-group", "operator": "DoesNotExist"}]
+
+
+def test_operator_stays_off_lent_nodes_and_knows_itself(helm) -> None:
+    """The pod never schedules onto the static pool or a group's node (a drain there would evict
+    it), and it gets its own name, namespace and node, and the labels of its replicas."""
+    dep = by_kind(render(helm, namespace="hyperplan-system"))["Deployment"]
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["affinity"]["nodeAffinity"] == {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": AVOID_LENT}]}}
+    env = {e["name"]: e for e in container(dep)["env"]}
+    assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["POD_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    # The operator recognises every pod of its Deployment by the labels the chart sets on them.
+    pod_labels = json.loads(env["HYPERPLAN_OPERATOR_POD_LABELS"]["value"])
+    assert pod_labels == dep["spec"]["selector"]["matchLabels"]
+    assert pod_labels.items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    assert pod_labels == {"app.kubernetes.io/name": "hyperplan", "app.kubernetes.io/instance": "hp"}
+
+
+def test_users_affinity_is_kept_and_narrowed(helm, tmp_path: Path) -> None:
+    mine = {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}]},
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["ops-1"]}]}]},
+        "preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 10, "preference": {"matchExpressions": [
+                {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}]}}]},
+        "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 1, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
+                                              "labelSelector": {"matchLabels": {"app": "x"}}}}]}}
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"affinity": mine}))
+    got = by_kind(render(helm, "-f", str(values)))["Deployment"]["spec"]["template"]["spec"]["affinity"]
+    terms = got["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    # Terms are ORed: each of the user's terms gets our two requirements, nothing else changes.
+    assert terms == [
+        {"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}, *AVOID_LENT]},
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["ops-1"]}],
+         "matchExpressions": AVOID_LENT}]
+    assert got["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"] == \
+        mine["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert got["podAntiAffinity"] == mine["podAntiAffinity"]
+    # Only the user's affinity, as given, when they opt out.
+    plain = by_kind(render(helm, "-f", str(values), "--set", "avoidLentNodes=false"))["Deployment"]
+    assert plain["spec"]["template"]["spec"]["affinity"] == mine
+    none = by_kind(render(helm, "--set", "avoidLentNodes=false", "--set", "spreadReplicas=false"))["Deployment"]
+    assert "affinity" not in none["spec"]["template"]["spec"]
+
+
 def test_values_reach_the_operator(helm) -> None:
     objs = by_kind(render(
         helm, "--set", "policy=demo", "--set", "metricsPort=9100", "--set", "livenessPort=9101",
@@ -154,7 +231,7 @@ def test_values_reach_the_operator(helm) -> None:
         objs["Service"]["metadata"]["labels"].items()
 
 
-@pytest.mark.parametrize("bad", ["policy=aws", "metricsPort=0", "image.pullPolicy=Sometimes"])
+@pytest.mark.parametrize("bad", ["policy=aws", "metricsPort=0", "image.pullPolicy=Sometimes", "avoidLentNodes=maybe"])
 def test_invalid_values_are_rejected_naming_the_field(helm, bad: str) -> None:
     proc = helm("template", "hp", str(CHART), "--set", bad, check=False)
     assert proc.returncode != 0
@@ -226,6 +303,8 @@ def test_helm_install_creates_the_operator_objects(helm, release, crds: Kubectl)
     created = eventually(pod, timeout=60, what="the operator pod created by the ReplicaSet")
     assert created["spec"]["serviceAccountName"] == full
     assert created["spec"]["nodeSelector"] == {"hyperplan.dev/helm-test": "nowhere"}
+    required = created["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert required["nodeSelectorTerms"] == [{"matchExpressions": AVOID_LENT}]
     events = crds.get("events", None, "-n", ns, "--field-selector=reason=FailedCreate")["items"]
     assert events == [], [e["message"] for e in events]
 

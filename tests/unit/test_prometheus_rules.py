@@ -42,19 +42,14 @@ def test_alert_rules_are_valid() -> None:
 
 def exported_metrics() -> dict[str, set[str]]:
     """Sample names the operator exports (hyperplan.metrics), with their label names."""
-    from prometheus_client.metrics import MetricWrapperBase
-
     from hyperplan import metrics
 
     out: dict[str, set[str]] = {}
-    for value in vars(metrics).values():
-        if isinstance(value, MetricWrapperBase):
-            labels = set(value._labelnames)
-            for family in value.describe():
-                suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"),
-                            "gauge": ("",)}.get(family.type, ("",))
-                for suffix in suffixes:
-                    out[family.name + suffix] = labels | ({"le"} if suffix == "_bucket" else set())
+    for name, (type_, labels) in metrics.declared_families().items():
+        suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"),
+                    "gauge": ("",)}.get(type_, ("",))
+        for suffix in suffixes:
+            out[name + suffix] = labels | ({"le"} if suffix == "_bucket" else set())
     return out
 
 

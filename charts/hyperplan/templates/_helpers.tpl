@@ -45,3 +45,38 @@ app.kubernetes.io/component: operator
 {{- define "hyperplan.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
+
+{{/*
+The pod's affinity: the user's `affinity` value, with two requirements added to every one of its
+required node selector terms (or to a new term if there is none): no `hyperplan.dev/pool` label
+(the static pool hyperplan lends to groups) and no `hyperplan.dev/instance-group` label (a node a
+group holds). A drain of such a node would evict the operator. Terms are ORed and the expressions
+inside a term ANDed, so adding to each term keeps the user's choice and adds ours to it.
+With several replicas (spreadReplicas), a preferred pod anti-affinity puts them on different
+nodes where there are such nodes (preferred, so a small cluster still runs them all), unless
+the user's affinity brings its own podAntiAffinity.
+*/}}
+{{- define "hyperplan.affinity" -}}
+{{- $affinity := deepCopy (.Values.affinity | default dict) }}
+{{- if .Values.avoidLentNodes }}
+{{- $ours := list (dict "key" "hyperplan.dev/pool" "operator" "DoesNotExist") (dict "key" "hyperplan.dev/instance-group" "operator" "DoesNotExist") }}
+{{- $nodeAffinity := get $affinity "nodeAffinity" | default dict }}
+{{- $required := get $nodeAffinity "requiredDuringSchedulingIgnoredDuringExecution" | default dict }}
+{{- $terms := get $required "nodeSelectorTerms" | default (list dict) }}
+{{- $merged := list }}
+{{- range $terms }}
+{{- $expressions := concat (get . "matchExpressions" | default list) $ours }}
+{{- $merged = append $merged (merge (dict "matchExpressions" $expressions) .) }}
+{{- end }}
+{{- $_ := set $required "nodeSelectorTerms" $merged }}
+{{- $_ = set $nodeAffinity "requiredDuringSchedulingIgnoredDuringExecution" $required }}
+{{- $_ = set $affinity "nodeAffinity" $nodeAffinity }}
+{{- end }}
+{{- if and .Values.spreadReplicas (gt (int .Values.replicas) 1) (not (hasKey $affinity "podAntiAffinity")) }}
+{{- $term := dict "topologyKey" "kubernetes.io/hostname" "labelSelector" (dict "matchLabels" (include "hyperplan.selectorLabels" . | fromYaml)) }}
+{{- $_ := set $affinity "podAntiAffinity" (dict "preferredDuringSchedulingIgnoredDuringExecution" (list (dict "weight" 100 "podAffinityTerm" $term))) }}
+{{- end }}
+{{- if $affinity }}
+{{- toYaml $affinity }}
+{{- end }}
+{{- end }}

@@ -3,9 +3,9 @@
 * :class:`KwokProvider` creates Node objects annotated ``kwok.x-k8s.io/node=fake`` with
   capacity that fits the instance type; KWOK keeps them Ready and runs their pods.
 * :class:`StaticProvider` adopts existing nodes labelled ``hyperplan.dev/pool=free`` of the
-  right instance type and zone (kind's workers, say), labels and uncordons them while the
-  group holds them, and cordons and hands them back when it lets go. It never creates or
-  deletes a node.
+  right instance type and zone (kind's workers, say) and labels and taints them while the
+  group holds them; when it lets go it hands them back as it found them (see
+  :mod:`hyperplan.planning.lending`). It never creates or deletes a node.
 * :class:`FakeProvider` keeps nodes in memory and records every call, for unit tests.
 
 Every node a provider hands out carries the label ``hyperplan.dev/node-id`` with the
@@ -17,6 +17,7 @@ restart neither duplicates nor orphans a node.
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
@@ -25,14 +26,15 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from hyperplan.actuation.kube import Kube
+from hyperplan.planning import lending as ln
 from hyperplan.planning import placement as pl
 
 log = logging.getLogger(__name__)
 
-LABEL_NODE_ID = "hyperplan.dev/node-id"
-LABEL_POOL = "hyperplan.dev/pool"
-POOL_FREE = "free"
-POOL_HELD = "held"
+LABEL_NODE_ID = ln.LABEL_NODE_ID
+LABEL_POOL = ln.LABEL_POOL
+POOL_FREE = ln.POOL_FREE
+POOL_HELD = ln.POOL_HELD
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 
 # GPUs (or Trainium chips) per instance type; everything else gets CPU and memory only.
@@ -75,15 +77,20 @@ def merged_taints(node: client.V1Node, want: tuple[pl.Taint, ...], managed_keys:
 
 @runtime_checkable
 class NodeProvider(Protocol):
-    """Create, change, release and list the nodes of instance groups."""
+    """Create, change, release and list the nodes of instance groups.
 
-    def create(self, spec: pl.NodeSpec) -> None: ...
+    ``create`` returns the name of the Node object that now stands for ``spec`` (a static
+    provider adopts an existing node); ``release`` says in words what became of the node,
+    for the event the handler posts.
+    """
+
+    def create(self, spec: pl.NodeSpec) -> str: ...
 
     def update(self, node: str, spec: pl.NodeSpec, managed_keys: set[str]) -> None: ...
 
     def cordon(self, node: str) -> None: ...
 
-    def release(self, node: str) -> None: ...
+    def release(self, node: str) -> str: ...
 
     def list(self, group: str) -> list[client.V1Node]: ...
 
@@ -94,7 +101,7 @@ class KwokProvider:
     def __init__(self, kube: Kube):
         self.kube = kube
 
-    def create(self, spec: pl.NodeSpec) -> None:
+    def create(self, spec: pl.NodeSpec) -> str:
         body = {
             "apiVersion": "v1", "kind": "Node",
             "metadata": {"name": spec.name, "labels": {**spec.labels, LABEL_NODE_ID: spec.name},
@@ -108,6 +115,7 @@ class KwokProvider:
         except ApiException as e:
             if e.status != 409:  # already there: a previous pass (or life) created it
                 raise
+        return spec.name
 
     def update(self, node: str, spec: pl.NodeSpec, managed_keys: set[str]) -> None:
         current = self.kube.core.read_node(node)
@@ -116,78 +124,145 @@ class KwokProvider:
                                          "spec": {"taints": _taint_body(taints) or None}})
 
     def cordon(self, node: str) -> None:
-        self.kube.core.patch_node(node, {"spec": {"unschedulable": True}})
+        # The annotation outlives this process: a deletion of a node that carries it is ours.
+        self.kube.core.patch_node(node, {"metadata": {"annotations": {pl.ANNOTATION_CORDONED: "true"}},
+                                         "spec": {"unschedulable": True}})
 
-    def release(self, node: str) -> None:
+    def release(self, node: str) -> str:
         try:
             self.kube.core.delete_node(node)
         except ApiException as e:
             if e.status != 404:
                 raise
+        return f"{node} deleted"
 
     def list(self, group: str) -> list[client.V1Node]:
         return self.kube.list_nodes(f"{pl.LABEL_GROUP}={pl.label_value(group)}")
 
 
 class StaticProvider:
-    """Existing nodes lent to groups: adopted from the free pool, handed back when released."""
+    """Existing nodes lent to groups: adopted from the free pool, handed back when released.
 
-    OWNED_LABELS = (pl.LABEL_GROUP, pl.LABEL_PLAN, pl.LABEL_RESERVED_CAPACITY, pl.LABEL_ROLE,
-                    pl.LABEL_HEALTH, pl.LABEL_SLOT, pl.LABEL_GENERATION, LABEL_NODE_ID)
+    What to adopt, and what adopting, cordoning and handing back write, is decided in
+    :mod:`hyperplan.planning.lending`; this class reads the nodes and sends the patches.
 
-    def __init__(self, kube: Kube):
+    Adoption is safe against other writers: the patch carries the node's resourceVersion,
+    so when two operators (or a stale read) reach for the same node one gets 409 and
+    chooses again. Inside one process, adoptions in flight claim their node first, so the
+    parallel creates of one pass, and groups adopting at the same moment, never reach for
+    the same node.
+    """
+
+    ADOPT_ATTEMPTS = 5
+    CORDON_ATTEMPTS = 3
+
+    def __init__(self, kube: Kube, me: ln.OperatorIdentity | None = None):
         self.kube = kube
+        self.me = me or ln.OperatorIdentity()
+        self._claims: set[str] = set()
+        self._lock = threading.Lock()
 
     def _by_id(self, node_id: str) -> client.V1Node | None:
         found = self.kube.list_nodes(f"{LABEL_NODE_ID}={node_id}")
         return found[0] if found else None
 
-    def create(self, spec: pl.NodeSpec) -> None:
-        if self._by_id(spec.name):
-            return
-        free = self.kube.list_nodes(
-            f"{LABEL_POOL}={POOL_FREE},{pl.LABEL_INSTANCE_TYPE}={spec.instance_type},"
-            f"{pl.LABEL_ZONE}={spec.availability_zone}")
-        if not free:
-            raise NoFreeNode(f"no free node of {spec.instance_type} in {spec.availability_zone} "
-                             f"(label {LABEL_POOL}={POOL_FREE})")
-        node = sorted(free, key=lambda n: n.metadata.name)[0]
-        labels = {k: v for k, v in spec.labels.items() if k != pl.LABEL_HOSTNAME}
-        labels.update({LABEL_NODE_ID: spec.name, LABEL_POOL: POOL_HELD})
-        taints = merged_taints(node, spec.taints, {t.key for t in spec.taints}
-                               | {pl.SPARE_TAINT.key, pl.UNHEALTHY_TAINT.key})
-        # resourceVersion makes two groups racing for the same free node safe: one gets 409.
-        self.kube.core.patch_node(node.metadata.name, {
-            "metadata": {"labels": labels, "resourceVersion": node.metadata.resource_version},
-            "spec": {"unschedulable": None, "taints": _taint_body(taints) or None}})
+    def operator_nodes(self) -> set[str]:
+        """Nodes that run a pod of the operator (this one or another replica)."""
+        nodes = {self.me.node_name} if self.me.node_name else set()
+        if self.me.selector:
+            if self.me.namespace:
+                pods = self.kube.core.list_namespaced_pod(self.me.namespace, label_selector=self.me.selector).items
+            else:
+                pods = self.kube.core.list_pod_for_all_namespaces(label_selector=self.me.selector).items
+            nodes |= {p.spec.node_name for p in pods if p.spec and p.spec.node_name}
+        return nodes
+
+    def free_nodes(self, instance_type: str, zone: str) -> list[ln.PoolNode]:
+        return [pool_node(n) for n in self.kube.list_nodes(
+            f"{LABEL_POOL}={POOL_FREE},{pl.LABEL_INSTANCE_TYPE}={instance_type},{pl.LABEL_ZONE}={zone}")]
+
+    def create(self, spec: pl.NodeSpec) -> str:
+        """Adopt a free node for ``spec``; the adopted node's name.
+
+        Raises :class:`NoFreeNode` when no free node may be lent (saying why each was left
+        out) and :class:`AdoptionConflict` when every attempt lost a race (try again later).
+        """
+        held = self._by_id(spec.name)
+        if held is not None:
+            return held.metadata.name
+        operator_nodes = self.operator_nodes()
+        for attempt in range(1, self.ADOPT_ATTEMPTS + 1):
+            free = self.free_nodes(spec.instance_type, spec.availability_zone)
+            with self._lock:
+                choice = ln.choose_free_node(spec.name, free, operator_nodes, self._claims)
+                if choice.node is None:
+                    break
+                self._claims.add(choice.node.name)
+            node = choice.node
+            try:
+                self.kube.core.patch_node(node.name, ln.adoption_patch(
+                    node, spec.name, spec.labels, spec.taints, {t.key for t in spec.taints}))
+                return node.name
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+                log.info("node %s changed while %s adopted it (attempt %d, 409 Conflict); choosing again",
+                         node.name, spec.name, attempt)
+            finally:
+                with self._lock:
+                    self._claims.discard(node.name)
+        else:
+            raise AdoptionConflict(f"{spec.name}: each of {self.ADOPT_ATTEMPTS} free nodes chosen changed "
+                                   "before it could be adopted; trying again on the next pass")
+        why = f": {choice.explain()}" if choice.skipped else ""
+        raise NoFreeNode(f"no free node of {spec.instance_type} in {spec.availability_zone} "
+                         f"(label {LABEL_POOL}={POOL_FREE}) for {spec.name}{why}")
 
     def update(self, node: str, spec: pl.NodeSpec, managed_keys: set[str]) -> None:
         current = self._by_id(node)
         if current is None:
             return
-        labels = {k: v for k, v in spec.labels.items() if k != pl.LABEL_HOSTNAME}
-        taints = merged_taints(current, spec.taints, managed_keys)
-        self.kube.core.patch_node(current.metadata.name, {"metadata": {"labels": labels},
-                                                          "spec": {"taints": _taint_body(taints) or None}})
+        self.kube.core.patch_node(current.metadata.name, ln.held_update_patch(
+            pool_node(current), node, spec.labels, spec.taints, managed_keys))
 
     def cordon(self, node: str) -> None:
-        current = self._by_id(node)
-        if current is not None:
-            self.kube.core.patch_node(current.metadata.name, {"spec": {"unschedulable": True}})
+        for _ in range(self.CORDON_ATTEMPTS):
+            current = self._by_id(node)
+            patch = ln.cordon_patch(pool_node(current)) if current is not None else None
+            if patch is None:
+                return
+            try:
+                self.kube.core.patch_node(current.metadata.name, patch)
+                return
+            except ApiException as e:
+                if e.status != 409:
+                    raise
 
-    def release(self, node: str) -> None:
+    def release(self, node: str) -> str:
         current = self._by_id(node)
         if current is None:
-            return
-        labels: dict[str, Any] = {k: None for k in self.OWNED_LABELS}
-        labels[LABEL_POOL] = POOL_FREE
-        keep = [t for t in taints_of(current) if not t.key.startswith("hyperplan.dev/")]
-        self.kube.core.patch_node(current.metadata.name, {
-            "metadata": {"labels": labels},
-            "spec": {"unschedulable": True, "taints": _taint_body(keep) or None}})
+            return f"{node} already handed back"
+        back = ln.hand_back(pool_node(current))
+        self.kube.core.patch_node(current.metadata.name, back.patch)
+        return back.message
 
     def list(self, group: str) -> list[client.V1Node]:
         return self.kube.list_nodes(f"{pl.LABEL_GROUP}={pl.label_value(group)}")
+
+
+def pool_node(node: client.V1Node) -> ln.PoolNode:
+    """A node as :mod:`hyperplan.planning.lending` sees it."""
+    meta, spec, status = node.metadata, node.spec, node.status
+    return ln.PoolNode(
+        name=meta.name, resource_version=meta.resource_version or "", labels=dict(meta.labels or {}),
+        annotations=dict(meta.annotations or {}), taints=taints_of(node),
+        unschedulable=bool(spec and spec.unschedulable),
+        conditions={c.type: c.status for c in (status.conditions or [])} if status else {},
+        deleting=meta.deletion_timestamp is not None)
+
+
+class AdoptionConflict(RuntimeError):
+    """Every free node chosen was changed by another writer first; the next pass tries again."""
 
 
 class NoFreeNode(RuntimeError):
@@ -207,13 +282,14 @@ class FakeProvider:
         if op in self.fail_on:
             raise RuntimeError(f"injected failure in {op}({name})")
 
-    def create(self, spec: pl.NodeSpec) -> None:
+    def create(self, spec: pl.NodeSpec) -> str:
         self._maybe_fail("create", spec.name)
         self.nodes.setdefault(spec.name, client.V1Node(
             metadata=client.V1ObjectMeta(name=spec.name, labels={**spec.labels, LABEL_NODE_ID: spec.name},
                                          creation_timestamp=datetime.now()),
             spec=client.V1NodeSpec(taints=[client.V1Taint(key=t.key, value=t.value, effect=t.effect)
                                            for t in spec.taints])))
+        return spec.name
 
     def update(self, node: str, spec: pl.NodeSpec, managed_keys: set[str]) -> None:
         self._maybe_fail("update", node)
@@ -226,16 +302,17 @@ class FakeProvider:
         self._maybe_fail("cordon", node)
         self.nodes[node].spec.unschedulable = True
 
-    def release(self, node: str) -> None:
+    def release(self, node: str) -> str:
         self._maybe_fail("release", node)
         self.nodes.pop(node, None)
+        return f"{node} deleted"
 
     def list(self, group: str) -> list[client.V1Node]:
         return [n for n in self.nodes.values() if n.metadata.labels.get(pl.LABEL_GROUP) == pl.label_value(group)]
 
 
-def providers(kube: Kube) -> dict[str, NodeProvider]:
-    return {"kwok": KwokProvider(kube), "static": StaticProvider(kube)}
+def providers(kube: Kube, me: ln.OperatorIdentity | None = None) -> dict[str, NodeProvider]:
+    return {"kwok": KwokProvider(kube), "static": StaticProvider(kube, me)}
 
 
 # Each provider satisfies the Protocol, stated the way Go's `var _ NodeProvider = KwokProvider{}` is:
@@ -250,23 +327,36 @@ _fake: type[NodeProvider] = FakeProvider
 
 @dataclass(frozen=True)
 class DrainProgress:
-    pods_left: int
+    pods_left: int  # pods the drain still waits for (evicted this pass or already terminating)
     blocked: int  # evictions refused by a PodDisruptionBudget this pass
+    left_alone: dict[str, str] = field(default_factory=dict)  # namespace/name -> why it stays
 
 
-def evict_pods(kube: Kube, node_name: str) -> DrainProgress:
-    """Ask the Eviction API to evict every pod on ``node_name`` once; PDB refusals are counted."""
+def pod_view(pod: client.V1Pod) -> ln.PodView:
+    meta = pod.metadata
+    return ln.PodView(
+        name=meta.name, namespace=meta.namespace, node_name=pod.spec.node_name if pod.spec else None,
+        labels=dict(meta.labels or {}), owner_kinds=tuple(o.kind for o in (meta.owner_references or [])),
+        mirror="kubernetes.io/config.mirror" in (meta.annotations or {}),
+        terminating=meta.deletion_timestamp is not None)
+
+
+def evict_pods(kube: Kube, node_name: str, me: ln.OperatorIdentity | None = None) -> DrainProgress:
+    """Ask the Eviction API once to evict every pod on ``node_name`` that a drain should evict.
+
+    The operator's own pods, DaemonSet pods and static pods stay
+    (:func:`hyperplan.planning.lending.sort_pods_for_drain`); PDB refusals are counted.
+    """
     pods = kube.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node_name}").items
-    left = [p for p in pods if p.metadata.deletion_timestamp is None]
+    sort = ln.sort_pods_for_drain([pod_view(p) for p in pods], me or ln.OperatorIdentity())
     blocked = 0
-    for pod in left:
-        eviction = client.V1Eviction(metadata=client.V1ObjectMeta(
-            name=pod.metadata.name, namespace=pod.metadata.namespace))
+    for pod in sort.evict:
+        eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name=pod.name, namespace=pod.namespace))
         try:
-            kube.core.create_namespaced_pod_eviction(pod.metadata.name, pod.metadata.namespace, eviction)
+            kube.core.create_namespaced_pod_eviction(pod.name, pod.namespace, eviction)
         except ApiException as e:
             if e.status == 429:  # a PodDisruptionBudget says not now
                 blocked += 1
             elif e.status != 404:
                 raise
-    return DrainProgress(pods_left=len(pods), blocked=blocked)
+    return DrainProgress(pods_left=sort.waiting_for, blocked=blocked, left_alone=dict(sort.left_alone))

@@ -325,9 +325,21 @@ class InstanceGroupSpec(Model):
                                       "' is owned by hyperplan: it sets it on every node it manages'"),
             ],
         })
-    taints: list[Taint] = Field(default_factory=list, max_length=MAX_GROUP_TAINTS)
+    taints: list[Taint] = Field(default_factory=list, max_length=MAX_GROUP_TAINTS, json_schema_extra={
+        "x-kubernetes-validations": [cel(
+            "self.all(t, self.exists_one(u, u.key == t.key && u.effect == t.effect))",
+            "taints must be unique by key and effect (a node refuses two taints with the same pair)")]})
     health_check: HealthCheckSpec = Field(default_factory=HealthCheckSpec)
     placement: PlacementSpec = Field(default_factory=PlacementSpec)
+
+
+class VanishedNode(Model):
+    """A node of the group deleted from under it (not by the operator), kept in the status until
+    its slot is replaced, so that a restarted operator still counts the grace from ``since``."""
+
+    name: str
+    since: datetime
+    labels: dict[str, str] = Field(default_factory=dict)
 
 
 class InstanceGroupStatus(Model):
@@ -341,6 +353,7 @@ class InstanceGroupStatus(Model):
     next_transition_time: datetime | None = None
     conditions: list[Condition] = Field(default_factory=list)
     observed_generation: int | None = None
+    vanished_nodes: list[VanishedNode] = Field(default_factory=list)
 
 
 class InstanceGroup(Model):

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Awaitable, Callable, TypeVar
 
+import kopf
+from kubernetes.client.rest import ApiException
 from pydantic import BaseModel, ValidationError
 
 from hyperplan import metrics
@@ -15,6 +19,7 @@ from hyperplan import metrics
 from hyperplan.actuation.kube import Kube, api_client
 from hyperplan.actuation.ledger import CapacityLedger, KubeLedger
 from hyperplan.actuation.nodes import NodeProvider, providers
+from hyperplan.planning.lending import OperatorIdentity
 from hyperplan.planning.placement import TopologyKeys
 from hyperplan.planning.policy import Policy, get_policy
 from hyperplan.settings import Settings
@@ -67,6 +72,7 @@ class Runtime:
     ledger: CapacityLedger
     providers: dict[str, NodeProvider]
     keys: TopologyKeys = field(default_factory=TopologyKeys)
+    me: OperatorIdentity = field(default_factory=OperatorIdentity)  # never drained, never lent
     clock: Clock = utcnow
     wakeups: Wakeups = field(default_factory=Wakeups)
     # When a node's Unschedulable health label was first seen, by (node, value): the grace
@@ -85,6 +91,10 @@ class Runtime:
     unbought_plans: set[str] = field(default_factory=set)
     node_digests: dict[str, tuple] = field(default_factory=dict)  # see handlers.nodes.node_digest
     group_plans: dict[str, str] = field(default_factory=dict)
+    # Groups (label values) whose last pass found no lendable free static node: a change to a
+    # free node (uncordoned, Ready again, handed back) wakes them.
+    short_of_free_nodes: set[str] = field(default_factory=set)
+    free_node_digests: dict[str, tuple] = field(default_factory=dict)
 
     def wake_unbought_plans(self) -> None:
         for name in list(self.unbought_plans):
@@ -99,8 +109,10 @@ class Runtime:
 def build_runtime(settings: Settings) -> Runtime:
     kube = Kube(api_client(settings.kubeconfig))
     layers = settings.network_layer_labels
+    me = OperatorIdentity(pod_name=settings.pod_name, namespace=settings.pod_namespace,
+                          node_name=settings.node_name, pod_labels=dict(settings.operator_pod_labels))
     return Runtime(settings=settings, policy=get_policy(settings.policy), kube=kube,
-                   ledger=KubeLedger(kube), providers=providers(kube),
+                   ledger=KubeLedger(kube), providers=providers(kube, me), me=me,
                    keys=TopologyKeys(settings.ultraserver_id_label, *layers))
 
 
@@ -116,20 +128,86 @@ def status_of(model: type[M], obj: dict[str, Any]) -> M:
         return model()
 
 
+MAX_BACKOFF = timedelta(minutes=5)
+FAILURE_CONDITION = "Reconciled"
+
+
+def failure_backoff(failures: int) -> timedelta:
+    """How long to wait after the ``failures``-th failed pass in a row: 5 s, 10 s, 20 s ... 5 min.
+    A broken object costs the operator less and less, and never holds up the others."""
+    return min(RETRY * (2 ** min(max(0, failures - 1), 16)), MAX_BACKOFF)
+
+
+def describe_failure(e: BaseException) -> tuple[str, str]:
+    """(reason, message) of a failed pass for a condition and an Event: the API server's own
+    message when it refused a call (what ``kubectl`` would print), else the error itself."""
+    if isinstance(e, ApiException):
+        try:
+            message = json.loads(e.body or "{}").get("message") or e.reason
+        except (ValueError, AttributeError):
+            message = e.reason
+        return "ApiError", f"the API server refused a call ({e.status}): {message}"[:1000]
+    return "ReconcileError", f"{type(e).__name__}: {e}"[:1000]
+
+
+def failure_conditions(prior: list[dict[str, Any]], reason: str, message: str, failures: int,
+                       retry_in: timedelta, now: datetime, generation: int | None) -> list[dict[str, Any]]:
+    """The object's conditions with ``Reconciled=False`` set (the others kept as they are)."""
+    kept = [c for c in prior if c.get("type") != FAILURE_CONDITION]
+    same = next((c for c in prior if c.get("type") == FAILURE_CONDITION and c.get("status") == "False"), None)
+    since = same["lastTransitionTime"] if same else now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return kept + [{"type": FAILURE_CONDITION, "status": "False", "reason": reason,
+                    "message": f"{message} (failed {failures} time(s) in a row; next try in "
+                               f"{retry_in.total_seconds():.0f}s)",
+                    "lastTransitionTime": since, "observedGeneration": generation}]
+
+
+def report_failure(rt: Runtime, plural: str, name: str, reason: str, message: str, failures: int,
+                   retry_in: timedelta) -> None:
+    """Put a failed pass on the object: the ``Reconciled=False`` condition and a Warning Event
+    (sync, thread). Best effort: the object may be gone, or the API server unreachable."""
+    try:
+        obj = rt.kube.get_object(plural, name)
+        if obj is None:
+            return
+        prior = (obj.get("status") or {}).get("conditions") or []
+        conditions = failure_conditions(prior, reason, message, failures, retry_in, rt.clock(),
+                                        obj["metadata"].get("generation"))
+        rt.kube.patch_status(plural, name, {"conditions": conditions})
+        if failures == 1 or failures % 5 == 0:  # an Event at the first failure, then now and then
+            kopf.event(obj, type="Warning", reason="ReconcileFailed", message=message)
+    except Exception as e:  # noqa: BLE001 - reporting must not fail the daemon either
+        logging.getLogger("hyperplan").debug("could not report the failure on %s %s: %s", plural, name, e)
+
+
 async def reconcile_forever(rt: Runtime, kind: str, key: str, label: str,
                             reconcile: Callable[[], Awaitable[datetime | None]], stopped: Any,
-                            log: logging.Logger) -> None:
+                            log: logging.Logger, plural: str = "", name: str = "") -> None:
     """A daemon's life: reconcile, then sleep until the pass's wake time or a wake-up; repeat.
 
-    A failing pass is logged and retried after :data:`RETRY`; it never ends the daemon.
+    A failing pass never ends the daemon. It is retried with exponential backoff
+    (:func:`failure_backoff`), logged as one line (the traceback at debug level), and put on
+    the object as ``Reconciled=False`` with the API server's message and a Warning Event. The
+    next successful pass writes the status that planning decides, without that condition.
     """
+    failures = 0
     while not stopped:
+        started = time.monotonic()
         try:
             wake_at = await reconcile()
             metrics.RECONCILES.labels(label, "ok").inc()
-        except Exception:  # noqa: BLE001 - a bad pass must not end the daemon
+            failures = 0
+        except Exception as e:  # noqa: BLE001 - a bad pass must not end the daemon
             metrics.RECONCILES.labels(label, "error").inc()
-            log.exception("reconcile of %s %s failed; retrying in %ss", label, key, RETRY.seconds)
-            wake_at = rt.clock() + RETRY
+            failures += 1
+            backoff = failure_backoff(failures)
+            reason, message = describe_failure(e)
+            log.warning("reconcile of %s %s failed (%d in a row; next try in %ss): %s",
+                        label, key, failures, int(backoff.total_seconds()), message)
+            log.debug("reconcile of %s %s failed", label, key, exc_info=True)
+            if plural and name:
+                await asyncio.to_thread(report_failure, rt, plural, name, reason, message, failures, backoff)
+            wake_at = rt.clock() + backoff
+        metrics.RECONCILE_DURATION.labels(label).observe(time.monotonic() - started)
         await rt.wakeups.sleep(kind, key, wake_at, rt.clock, stopped)
     rt.wakeups.forget(kind, key)

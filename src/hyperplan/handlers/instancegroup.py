@@ -18,11 +18,14 @@ from typing import Any
 
 import kopf
 from kubernetes import client
+from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
 from hyperplan import metrics
-from hyperplan.actuation.nodes import LABEL_NODE_ID, NoFreeNode, evict_pods, merged_taints, taints_of
-from hyperplan.api.models import GROUP, VERSION, InstanceGroup, InstanceGroupStatus, TrainingPlan
+from hyperplan.actuation.nodes import (
+    LABEL_NODE_ID, AdoptionConflict, NoFreeNode, evict_pods, merged_taints, taints_of,
+)
+from hyperplan.api.models import GROUP, VERSION, InstanceGroup, InstanceGroupStatus, TrainingPlan, VanishedNode
 from hyperplan.handlers.context import Runtime, reconcile_forever, status_of
 from hyperplan.planning import health as hl
 from hyperplan.planning import placement as pl
@@ -34,6 +37,7 @@ from hyperplan.planning.plans import Event
 PLURAL = "instancegroups"
 FINALIZER = "hyperplan.dev/finalizer"  # set by kopf (settings.persistence.finalizer)
 CREATE_WORKERS = 8
+ADOPTION_RETRY = timedelta(seconds=1)  # after a lost race for a free static node
 KIND = "group"
 log = logging.getLogger("hyperplan.instancegroup")
 
@@ -53,7 +57,8 @@ def observe_node(rt: Runtime, node: client.V1Node, now: datetime) -> ObservedGro
     name = labels.get(LABEL_NODE_ID, node.metadata.name)
     since = None
     if bad:
-        since = rt.label_seen.setdefault((name, bad), now)
+        recorded = (node.metadata.annotations or {}).get(hl.ANNOTATION_HEALTH_SINCE)
+        since = hl.health_label_since(bad, recorded, rt.label_seen.setdefault((name, bad), now))
     try:
         generation = int(labels.get(pl.LABEL_GENERATION, "0"))
     except ValueError:
@@ -67,6 +72,30 @@ def observe_node(rt: Runtime, node: client.V1Node, now: datetime) -> ObservedGro
             generation=generation, replaces=labels.get(pl.LABEL_REPLACES)),
         labels=labels, taints=taints_of(node), unschedulable=bool(node.spec.unschedulable),
         ready=ready, deleting=node.metadata.deletion_timestamp is not None)
+
+
+def record_health_signals(rt: Runtime, raw: list[client.V1Node], observed: list[ObservedGroupNode]) -> None:
+    """Keep each node's health-signal start on the node itself (sync, thread).
+
+    Written once per new ``Unschedulable*`` value, removed when the label goes, so that a
+    restarted operator counts the grace from the first sight, and a signal that comes back
+    later starts a new grace. The process's own memory of first sights is pruned alongside.
+    """
+    for node, seen in zip(raw, observed):
+        recorded = (node.metadata.annotations or {}).get(hl.ANNOTATION_HEALTH_SINCE)
+        value, since = seen.health.health_label, seen.health.health_label_since
+        want = hl.health_signal_record(value, since) if since is not None else None
+        if since is None:
+            for key in [k for k in rt.label_seen if k[0] == seen.name]:
+                del rt.label_seen[key]
+        if recorded == want or (want is None and recorded is None):
+            continue
+        try:
+            rt.kube.core.patch_node(node.metadata.name,
+                                    {"metadata": {"annotations": {hl.ANNOTATION_HEALTH_SINCE: want}}})
+        except ApiException as e:
+            if e.status != 404:  # gone meanwhile: nothing to remember
+                raise
 
 
 def vanished_nodes(rt: Runtime, group_key: str, present: list[ObservedGroupNode]) -> list[ObservedGroupNode]:
@@ -106,11 +135,20 @@ def vanished_nodes(rt: Runtime, group_key: str, present: list[ObservedGroupNode]
     return out
 
 
-def release(rt: Runtime, provider, node_id: str, group_key: str) -> None:
-    """Remove a node through its provider, noting that its deletion is ours, not a failure."""
+def release(rt: Runtime, provider, node_id: str, group_key: str) -> str:
+    """Remove a node through its provider, noting that its deletion is ours, not a failure.
+
+    Returns what became of the node, in words (deleted, or handed back to the free pool)."""
     rt.releasing.add(node_id)
     rt.known.get(group_key, {}).pop(node_id, None)
-    provider.release(node_id)
+    return provider.release(node_id)
+
+
+def left_alone_note(progress) -> str:
+    """The pods a drain did not evict, for the removal event ("" when none)."""
+    if not progress.left_alone:
+        return ""
+    return "; left running: " + ", ".join(f"{p} ({why})" for p, why in sorted(progress.left_alone.items()))
 
 
 def plan_view(plan: TrainingPlan) -> PlanView:
@@ -151,7 +189,11 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     raw = await asyncio.to_thread(provider.list, name)
     now = rt.clock()
     nodes = [observe_node(rt, n, now) for n in raw]
-    nodes += vanished_nodes(rt, pl.label_value(name), nodes)
+    await asyncio.to_thread(record_health_signals, rt, raw, nodes)
+    group_key = pl.label_value(name)
+    for v in group.status.vanished_nodes:  # after a restart: what the last process had seen
+        rt.vanished.setdefault(group_key, {}).setdefault(v.name, (dict(v.labels), v.since))
+    nodes += vanished_nodes(rt, group_key, nodes)
     decision = decide_group(name, generation, group.spec, group.status, plan,
                             peers_of(groups, group.spec.training_plan_ref), nodes, rt.policy, now, rt.keys)
     if decision.create and FINALIZER not in obj["metadata"].get("finalizers", []):
@@ -159,8 +201,11 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
         # so deleting the group can never orphan one.
         decision.create = []
         decision.wake_at = now + timedelta(seconds=1)
-    await asyncio.to_thread(apply_decision, rt, obj, group.spec.node_provider, decision,
-                            {n.name: r for n, r in zip(nodes, raw)})
+    lost_race = await asyncio.to_thread(apply_decision, rt, obj, group.spec.node_provider, decision,
+                                        {n.name: r for n, r in zip(nodes, raw)})
+    decision.status.vanished_nodes = [
+        VanishedNode(name=node_id, since=when, labels=labels)
+        for node_id, (labels, when) in sorted(rt.vanished.get(group_key, {}).items())]
     desired = decision.status.wire()
     if desired != status_of(InstanceGroupStatus, obj).wire():
         await asyncio.to_thread(rt.kube.patch_status, PLURAL, name, desired)
@@ -168,19 +213,21 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     for ev in decision.events:
         log.info("group %s: %s: %s", name, ev.reason, ev.message)
         kopf.event(obj, type=ev.type, reason=ev.reason, message=ev.message)
-    for state, value in (("desired", decision.status.desired_count), ("ready", decision.status.ready_count),
-                         ("spare", decision.status.spare_count), ("unhealthy", decision.status.unhealthy_count)):
-        metrics.GROUP_NODES.labels(name, state).set(value)
-    blocked = any(c.type == "RemediationAllowed" and c.status == "False" for c in decision.status.conditions)
-    metrics.REMEDIATION_BLOCKED.labels(name).set(1 if blocked else 0)
+    metrics.observe_group_pass(name, group.status, decision.status,
+                               decision.block.start_time if decision.block else None, rt.clock())
     if plan is not None and (decision.create or decision.drain or decision.remediation or decision.update):
         rt.wakeups.wake("plan", plan.name)
+    if lost_race:  # another writer adopted the free node first: choose again shortly
+        retry = now + ADOPTION_RETRY
+        return retry if decision.wake_at is None else min(decision.wake_at, retry)
     return decision.wake_at
 
 
 def apply_decision(rt: Runtime, group_obj: dict[str, Any], provider_name: str, d: GroupDecision,
-                   raw: dict[str, client.V1Node]) -> None:
-    """Carry out a decision: health actions, then creates and updates, then drains. Sync (thread)."""
+                   raw: dict[str, client.V1Node]) -> bool:
+    """Carry out a decision: health actions, then creates and updates, then drains. Sync (thread).
+
+    Returns whether a create lost a race for a free static node (the caller looks again soon)."""
     provider = rt.providers[provider_name]
     group_key = pl.label_value(group_obj["metadata"]["name"])
     events: list[tuple[dict | None, Event]] = []
@@ -203,21 +250,37 @@ def apply_decision(rt: Runtime, group_obj: dict[str, Any], provider_name: str, d
             events.append((node_body(node), Event("Normal", "SparePromoted",
                                                   f"spare {action.spare} ({where}) replaces {action.replacing}")))
             metrics.REMEDIATIONS.labels("promote").inc()
+            metrics.observe_spare_promotion(action.grace_ended, rt.clock())
         elif isinstance(action, hl.RemoveNode):
-            release(rt, provider, action.node, group_key)
-            events.append((None, Event("Normal", "NodeRemoved", f"{action.node} removed: {action.reason}")))
+            what = release(rt, provider, action.node, group_key)
+            events.append((None, Event("Normal", "NodeRemoved", f"{action.node} removed: {action.reason}; {what}")))
             metrics.REMEDIATIONS.labels("remove").inc()
-    def create(spec: pl.NodeSpec) -> Event:
+    def create(spec: pl.NodeSpec) -> tuple[dict | None, Event] | None:
         try:
-            provider.create(spec)
+            name = provider.create(spec)
         except NoFreeNode as e:
-            return Event("Warning", "NoFreeNode", str(e))
-        return Event("Normal", "NodeCreated", f"{spec.name} ({spec.role}) in {spec.availability_zone}")
+            return None, Event("Warning", "NoFreeNode", str(e))
+        except AdoptionConflict as e:  # not an error: the next pass chooses again
+            log.info("group %s: %s", group_obj["metadata"]["name"], e)
+            return None
+        made = f"{spec.name} ({spec.role}) in {spec.availability_zone}"
+        if name == spec.name:
+            return None, Event("Normal", "NodeCreated", made)
+        adopted = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
+        return adopted, Event("Normal", "NodeAdopted", f"{made}: node {name} lent from the free pool")
 
     # Nodes are independent: their create calls go out together rather than one after another.
+    lost_race = False
     with ThreadPoolExecutor(max_workers=min(CREATE_WORKERS, max(1, len(d.create)))) as pool:
-        for event in pool.map(create, d.create):
-            events.append((None, event))
+        for outcome in pool.map(create, d.create):
+            if outcome is None:
+                lost_race = True
+            else:
+                events.append(outcome)
+    if any(ev.reason == "NoFreeNode" for _, ev in events):
+        rt.short_of_free_nodes.add(group_key)  # woken when a free node changes (handlers.nodes)
+    else:
+        rt.short_of_free_nodes.discard(group_key)
     backfills = sum(1 for a in d.remediation if isinstance(a, hl.Backfill))
     if backfills:
         metrics.REMEDIATIONS.labels("backfill").inc(backfills)
@@ -233,22 +296,25 @@ def apply_decision(rt: Runtime, group_obj: dict[str, Any], provider_name: str, d
             events.append((node_body(node), Event("Normal", "Draining",
                                                   f"{drain.node} cordoned ({drain.reason}); evicting pods "
                                                   f"until {drain.deadline.isoformat()}")))
-        progress = evict_pods(rt.kube, node.metadata.name)
+        progress = evict_pods(rt.kube, node.metadata.name, rt.me)
         if progress.pods_left == 0 or now >= drain.deadline:
-            release(rt, provider, drain.node, group_key)
-            events.append((None, Event("Normal", "NodeRemoved", f"{drain.node} drained and removed ({drain.reason})")))
+            what = release(rt, provider, drain.node, group_key)
+            events.append((node_body(node), Event(
+                "Normal", "NodeRemoved",
+                f"{drain.node} drained and removed ({drain.reason}): {what}{left_alone_note(progress)}")))
     for body, ev in events:
         log.info("group %s: %s: %s", group_obj["metadata"]["name"], ev.reason, ev.message)
         kopf.event(body or group_obj, type=ev.type, reason=ev.reason, message=ev.message)
         if body is not None:
             kopf.event(group_obj, type=ev.type, reason=ev.reason, message=ev.message)
+    return lost_race
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10, initial_delay=0)
 async def group_daemon(name: str, stopped: kopf.DaemonStopped, memo: kopf.Memo, **_: Any) -> None:
     rt: Runtime = memo.runtime
     await reconcile_forever(rt, KIND, pl.label_value(name), "InstanceGroup",
-                            lambda: reconcile_group(rt, name), stopped, log)
+                            lambda: reconcile_group(rt, name), stopped, log, PLURAL, name)
 
 
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
@@ -268,12 +334,14 @@ async def drain_group(name: str, spec: kopf.Spec, memo: kopf.Memo, body: kopf.Bo
         node_id = (node.metadata.labels or {}).get(LABEL_NODE_ID, node.metadata.name)
         if not node.spec.unschedulable:
             await asyncio.to_thread(provider.cordon, node_id)
-        progress = await asyncio.to_thread(evict_pods, rt.kube, node.metadata.name)
+        progress = await asyncio.to_thread(evict_pods, rt.kube, node.metadata.name, rt.me)
         if progress.pods_left == 0:
-            await asyncio.to_thread(release, rt, provider, node_id, pl.label_value(name))
+            what = await asyncio.to_thread(release, rt, provider, node_id, pl.label_value(name))
+            log.info("group %s: %s drained and removed: %s%s", name, node_id, what, left_alone_note(progress))
     left = await asyncio.to_thread(provider.list, name)
     if left:
         raise kopf.TemporaryError(f"{len(left)} node(s) still draining", delay=1)
     kopf.info(body, reason="Drained", message=f"all nodes of {name} drained and removed")
     rt.group_plans.pop(pl.label_value(name), None)
+    rt.short_of_free_nodes.discard(pl.label_value(name))
     rt.wake_groups_of(spec.get("trainingPlanRef", ""))  # they may take the room it leaves

@@ -6,7 +6,8 @@ from typing import Any
 
 import kopf
 
-from hyperplan.actuation.nodes import LABEL_NODE_ID
+from hyperplan.actuation.nodes import LABEL_NODE_ID, LABEL_POOL, POOL_FREE
+from hyperplan.planning.health import removed_by_operator
 from hyperplan.planning.placement import LABEL_GROUP, LABEL_PLAN
 
 
@@ -36,13 +37,31 @@ async def group_node_changed(name: str, labels: kopf.Labels, body: kopf.Body, ty
     if type == "DELETED":
         rt.node_digests.pop(name, None)
         node_id = labels.get(LABEL_NODE_ID, name)
-        if node_id in rt.releasing:
+        annotations = body.get("metadata", {}).get("annotations") or {}
+        if node_id in rt.releasing or removed_by_operator(labels, annotations):
             rt.releasing.discard(node_id)
         else:  # deleted from under the group: a failure signal, judged after the grace
             rt.vanished.setdefault(labels[LABEL_GROUP], {})[node_id] = (dict(labels), rt.clock())
     rt.wakeups.wake("group", labels[LABEL_GROUP])
     if labels.get(LABEL_PLAN):
         rt.wakeups.wake("plan", labels[LABEL_PLAN])
+
+
+@kopf.on.event("", "v1", "nodes", labels={LABEL_POOL: POOL_FREE})
+async def free_node_changed(name: str, body: kopf.Body, type: str | None, memo: kopf.Memo, **_: Any) -> None:
+    """A node of the free static pool appeared or changed (handed back, uncordoned, Ready again):
+    the groups that last found no lendable node look again. Heartbeats wake nothing."""
+    rt = memo.runtime
+    digest = node_digest(body)
+    unchanged = rt.free_node_digests.get(name) == digest
+    rt.free_node_digests[name] = digest
+    if type == "DELETED":
+        rt.free_node_digests.pop(name, None)
+        return
+    if type is None or unchanged:
+        return
+    for group in list(rt.short_of_free_nodes):
+        rt.wakeups.wake("group", group)
 
 
 @kopf.on.event("hyperplan.dev", "v1alpha1", "trainingplans")

@@ -138,7 +138,8 @@ async def _write(rt: Runtime, obj: dict[str, Any], decision: PlanDecision) -> No
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10, initial_delay=0)
 async def plan_daemon(name: str, stopped: kopf.DaemonStopped, memo: kopf.Memo, **_: Any) -> None:
     rt: Runtime = memo.runtime
-    await reconcile_forever(rt, KIND, name, "TrainingPlan", lambda: reconcile_plan(rt, name), stopped, log)
+    await reconcile_forever(rt, KIND, name, "TrainingPlan", lambda: reconcile_plan(rt, name), stopped, log,
+                            PLURAL, name)
 
 
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")

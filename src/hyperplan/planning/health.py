@@ -54,12 +54,14 @@ repeating the plan after a partial run converges.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 
 from hyperplan.planning.placement import (
+    ANNOTATION_CORDONED,
     HEALTH_PENDING_REPLACEMENT,
     HEALTH_UNSCHEDULABLE,
+    LABEL_HEALTH,
     ROLE_ACTIVE,
     ROLE_SPARE,
     UNHEALTHY_TAINT,
@@ -68,6 +70,48 @@ from hyperplan.planning.placement import (
     Taint,
     UltraServer,
 )
+
+
+# ---------------------------------------------------------------------------- memory on the node
+
+ANNOTATION_HEALTH_SINCE = "hyperplan.dev/health-signal-since"
+"""``<health label value>@<RFC 3339>``: when the operator first saw a node's ``Unschedulable*``
+health label. Labels carry no time, and the grace of that signal counts from the first sight:
+kept on the node, a restarted operator neither judges the node early nor starts its grace anew."""
+
+
+def health_signal_record(value: str, since: datetime) -> str:
+    return f"{value}@{since.astimezone(timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')}"
+
+
+def parse_health_signal_record(text: str | None) -> tuple[str, datetime] | None:
+    """The (value, since) of a :data:`ANNOTATION_HEALTH_SINCE` value; None when unreadable."""
+    if not text or "@" not in text:
+        return None
+    value, _, when = text.rpartition("@")
+    try:
+        return value, datetime.fromisoformat(when.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def health_label_since(value: str | None, recorded: str | None, first_seen: datetime) -> datetime | None:
+    """When the grace of health label ``value`` started: the time recorded on the node for that
+    same value (if it is earlier), else ``first_seen`` (this process's first sight)."""
+    if not value:
+        return None
+    record = parse_health_signal_record(recorded)
+    if record is not None and record[0] == value:
+        return min(record[1], first_seen)
+    return first_seen
+
+
+def removed_by_operator(labels: Mapping[str, str], annotations: Mapping[str, str]) -> bool:
+    """Whether a node that was deleted had been put on its way out by the operator: cordoned by
+    a drain (:data:`ANNOTATION_CORDONED`) or marked for replacement. Read from the node's last
+    state, so it holds after a restart; anything else deleted from under a group is a failure."""
+    return (annotations.get(ANNOTATION_CORDONED) == "true"
+            or labels.get(LABEL_HEALTH) == HEALTH_PENDING_REPLACEMENT)
 
 READY = "Ready"
 REASON_TOO_MANY_UNHEALTHY = "TooManyUnhealthy"
@@ -154,13 +198,15 @@ def parse_condition_spec(text: str) -> tuple[str, str]:
 class HealthVerdict:
     """``unhealthy``, ``unknown`` and ``healthy`` partition the nodes; ``pending`` lists the
     nodes (healthy or unknown) with a signal still inside its grace, ``next_check`` the
-    earliest moment one of those passes its grace (``None``: nothing pending)."""
+    earliest moment one of those passes its grace (``None``: nothing pending);
+    ``grace_ended`` when the grace of each unhealthy node's signal ended (when known)."""
 
     unhealthy: Mapping[str, str]
     healthy: tuple[str, ...]
     unknown: Mapping[str, str]
     pending: Mapping[str, str]
     next_check: datetime | None
+    grace_ended: Mapping[str, datetime] = field(default_factory=dict)
 
 
 _Signal = tuple[str, datetime | None, timedelta]
@@ -192,6 +238,7 @@ def evaluate_health(nodes: Sequence[NodeObservation], check: HealthCheck,
                     now: datetime) -> HealthVerdict:
     """Judge every node at ``now`` (see the module docstring)."""
     unhealthy: dict[str, str] = {}
+    grace_ended: dict[str, datetime] = {}
     unknown: dict[str, str] = {}
     pending: dict[str, str] = {}
     healthy: list[str] = []
@@ -209,6 +256,8 @@ def evaluate_health(nodes: Sequence[NodeObservation], check: HealthCheck,
             # the signal that passed its grace first (unknown start = earliest)
             expired.sort(key=lambda e: (e[0] is not None, e[0] or now, e[1]))
             unhealthy[node.name] = expired[0][2]
+            if expired[0][0] is not None:
+                grace_ended[node.name] = expired[0][0]
             continue
         if waiting:
             waiting.sort()
@@ -219,7 +268,7 @@ def evaluate_health(nodes: Sequence[NodeObservation], check: HealthCheck,
             unknown[node.name] = SIGNAL_LEASE_EXPIRED
         else:
             healthy.append(node.name)
-    return HealthVerdict(unhealthy, tuple(healthy), unknown, pending, next_check)
+    return HealthVerdict(unhealthy, tuple(healthy), unknown, pending, next_check, grace_ended)
 
 
 # --------------------------------------------------------------------------- circuit breaker
@@ -286,6 +335,8 @@ class PromoteSpare:
     replacing: str
     ultraserver_id: str | None
     same_ultraserver: bool
+    # When the failed node's grace ended (for the promotion-latency histogram); not compared.
+    grace_ended: datetime | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -399,7 +450,7 @@ def plan_remediation(
                 promoted = True
                 promotions.append(PromoteSpare(
                     spare.name, name, spare.ultraserver_id,
-                    spare.ultraserver_id == node.ultraserver_id))
+                    spare.ultraserver_id == node.ultraserver_id, verdict.grace_ended.get(name)))
 
         replaced = node.slot is not None and any(
             o.exists and o.slot == node.slot and o.generation > node.generation

@@ -347,7 +347,7 @@ class _FreeTimeline:
     def __init__(self, pool: PoolSnapshot, count: int, since: datetime, policy: Policy) -> None:
         self.pool = pool
         self.policy = policy
-        self.intervals = _free_intervals(pool, count, since)
+        self.intervals = free_intervals(pool, count, since)
 
     def earliest_fit(
         self,
@@ -370,9 +370,11 @@ class _FreeTimeline:
         return None
 
 
-def _free_intervals(
+def free_intervals(
     pool: PoolSnapshot, count: int, since: datetime
 ) -> list[tuple[datetime, datetime | None]]:
+    """The stretches [start, end) from ``since`` on in which ``count`` more instances fit in
+    ``pool`` (end None: open-ended). Empty when the pool is smaller than ``count``."""
     limit = pool.instance_count - count  # the most that may be busy while we hold `count`
     if limit < 0:
         return []
@@ -399,6 +401,11 @@ def _free_intervals(
     if open_since is not None:
         intervals.append((open_since, None))
     return intervals
+
+
+def busy_at(pool: PoolSnapshot, moment: datetime) -> int:
+    """Instances of ``pool`` taken at ``moment`` (reservations and ``unavailable`` windows)."""
+    return sum(b.instance_count for b in pool.busy if b.start <= moment < b.end)
 
 
 def _peak_usage(busy: Iterable[Busy], start: datetime, end: datetime) -> int:

@@ -85,6 +85,8 @@ LABEL_SAGEMAKER_HEALTH = "sagemaker.amazonaws.com/node-health-status"
 LABEL_SLOT = "hyperplan.dev/slot"
 LABEL_GENERATION = "hyperplan.dev/generation"
 LABEL_REPLACES = "hyperplan.dev/replaces"
+ANNOTATION_CORDONED = "hyperplan.dev/cordoned"
+"""``"true"`` while a node is cordoned because hyperplan cordoned it (for a drain)."""
 
 ROLE_ACTIVE = "active"
 ROLE_SPARE = "spare"

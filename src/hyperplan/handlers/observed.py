@@ -1,0 +1,52 @@
+"""Keep the operator's copy of its objects for the object metrics (hyperplan.metrics.OBSERVED).
+
+Each watch event puts the object as the API server sent it (status included); a deletion
+drops it, so its series leave ``/metrics`` with it. These handlers only copy: they share
+kopf's one watch stream per kind with the reconciling handlers and wake nobody.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from hyperplan import metrics
+from hyperplan.api.models import GROUP, VERSION
+from hyperplan.planning.placement import LABEL_GROUP
+
+KINDS = {"trainingplans": "plans", "instancegroups": "groups", "capacitypools": "pools"}
+
+
+def observe(observed: metrics.ObservedObjects, plural: str, name: str, type_: str | None,
+            body: dict[str, Any]) -> None:
+    """Put or drop one object of ``plural`` in ``observed``."""
+    kind = KINDS[plural]
+    if type_ == "DELETED":
+        observed.drop(kind, name)
+        if kind == "groups":
+            metrics.forget_group(name)
+        return
+    getattr(observed, f"put_{kind[:-1]}")(name, body)
+
+
+@kopf.on.event(GROUP, VERSION, "trainingplans")
+async def plan_seen(name: str, type: str | None, body: kopf.Body, **_: Any) -> None:
+    observe(metrics.OBSERVED, "trainingplans", name, type, dict(body))
+
+
+@kopf.on.event(GROUP, VERSION, "instancegroups")
+async def group_seen(name: str, type: str | None, body: kopf.Body, **_: Any) -> None:
+    observe(metrics.OBSERVED, "instancegroups", name, type, dict(body))
+
+
+@kopf.on.event(GROUP, VERSION, "capacitypools")
+async def pool_seen(name: str, type: str | None, body: kopf.Body, **_: Any) -> None:
+    observe(metrics.OBSERVED, "capacitypools", name, type, dict(body))
+
+
+@kopf.on.event("", "v1", "nodes")
+async def node_seen(name: str, type: str | None, labels: kopf.Labels, **_: Any) -> None:
+    """Which group a node belongs to. Unfiltered (kopf filters labels on our side of one watch
+    anyway) so that a node handed back without the group label leaves the group's count."""
+    metrics.OBSERVED.put_node(name, None if type == "DELETED" else labels.get(LABEL_GROUP))

@@ -1,0 +1,352 @@
+"""Lending existing nodes to instance groups (the ``static`` node provider), decided purely.
+
+A static pool is a set of existing nodes labelled ``hyperplan.dev/pool=free`` (kind's
+workers, say). While a block runs an instance group borrows some of them; when it lets go
+they are handed back. This module decides, from plain observations and without I/O or a
+clock:
+
+* which free nodes may be lent at all (:func:`why_not_lendable`): not cordoned, Ready,
+  no failed hardware condition or health label, and not running the operator itself
+  (a drain of that node would evict the operator, so it is never adopted);
+* which of them a new node id takes (:func:`choose_free_node`), skipping the nodes other
+  adoptions of this process hold in flight;
+* what adopting a node changes on it (:func:`adoption_patch`) and what a later change of
+  the group changes (:func:`held_update_patch`). Both record in the annotation
+  :data:`ANNOTATION_LENT` the label values and taints they found before hyperplan first
+  set those keys;
+* what cordoning it for a drain writes (:func:`cordon_patch`): the annotation
+  :data:`ANNOTATION_CORDONED`, so that hand-back undoes only hyperplan's own cordon;
+* what handing it back restores (:func:`hand_back`): every label and taint the group put
+  there goes (values found before adoption come back), the pool label says ``free`` again,
+  and the node is uncordoned only if hyperplan cordoned it;
+* which pods a drain evicts and which it leaves alone (:func:`sort_pods_for_drain`): the
+  operator's own pods, DaemonSet pods and static (mirror) pods stay.
+
+``actuation.nodes.StaticProvider`` and ``actuation.nodes.evict_pods`` read the objects,
+turn them into the views below and send these patches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from hyperplan.planning.health import ANNOTATION_HEALTH_SINCE, DEFAULT_BAD_CONDITIONS
+from hyperplan.planning.placement import (
+    ANNOTATION_CORDONED, HEALTH_UNSCHEDULABLE, LABEL_GENERATION, LABEL_GROUP, LABEL_HEALTH, LABEL_HOSTNAME, LABEL_PLAN,
+    LABEL_REPLACES, LABEL_RESERVED_CAPACITY, LABEL_ROLE, LABEL_SAGEMAKER_HEALTH, LABEL_SLOT, SPARE_TAINT,
+    UNHEALTHY_TAINT, Taint,
+)
+
+LABEL_NODE_ID = "hyperplan.dev/node-id"
+LABEL_POOL = "hyperplan.dev/pool"
+POOL_FREE = "free"
+POOL_HELD = "held"
+ANNOTATION_LENT = "hyperplan.dev/lent"
+"""JSON: ``{"labels": {key: value before adoption or null}, "taintKeys": [...], "taints": [...]}``."""
+
+
+OWNED_LABELS = (LABEL_GROUP, LABEL_PLAN, LABEL_RESERVED_CAPACITY, LABEL_ROLE, LABEL_HEALTH, LABEL_SLOT,
+                LABEL_GENERATION, LABEL_REPLACES, LABEL_NODE_ID)
+"""Labels only hyperplan writes on a lent node; they all go at hand-back."""
+ALWAYS_MANAGED_TAINT_KEYS = frozenset({SPARE_TAINT.key, UNHEALTHY_TAINT.key})
+
+
+# --------------------------------------------------------------------------- observations
+
+
+@dataclass(frozen=True)
+class PoolNode:
+    """A node of the static pool (free or held) as read from the API server."""
+
+    name: str
+    resource_version: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+    unschedulable: bool = False
+    conditions: Mapping[str, str] = field(default_factory=dict)  # type -> status
+    deleting: bool = False
+
+
+@dataclass(frozen=True)
+class OperatorIdentity:
+    """Who the operator is, so that it never lends or drains the node it runs on.
+
+    From the downward API (``POD_NAME``, ``POD_NAMESPACE``, ``NODE_NAME``) and the labels
+    the chart puts on every pod of the operator's Deployment (``pod_labels``), so that a
+    second replica is protected too. Out of a cluster everything but ``pod_labels`` is
+    unset and pods with those labels count as the operator's in every namespace.
+    """
+
+    pod_name: str | None = None
+    namespace: str | None = None
+    node_name: str | None = None
+    pod_labels: Mapping[str, str] = field(default_factory=dict)
+
+    def owns(self, pod: "PodView") -> bool:
+        if self.namespace and pod.namespace != self.namespace:
+            return False
+        if self.pod_name and pod.name == self.pod_name:
+            return True
+        return bool(self.pod_labels) and all(pod.labels.get(k) == v for k, v in self.pod_labels.items())
+
+    @property
+    def selector(self) -> str:
+        """The label selector of the operator's pods ("" when no labels are configured)."""
+        return ",".join(f"{k}={v}" for k, v in sorted(self.pod_labels.items()))
+
+
+@dataclass(frozen=True)
+class PodView:
+    """A pod on a node being drained."""
+
+    name: str
+    namespace: str
+    node_name: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    owner_kinds: tuple[str, ...] = ()
+    mirror: bool = False  # a static pod's mirror (annotation kubernetes.io/config.mirror)
+    terminating: bool = False
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+# --------------------------------------------------------------------------- choosing a free node
+
+
+def why_not_lendable(node: PoolNode, operator_nodes: Iterable[str] = ()) -> str | None:
+    """Why ``node`` of the free pool may not be lent now (a short phrase), or None if it may."""
+    if node.deleting:
+        return "is being deleted"
+    if node.name in set(operator_nodes):
+        return "runs the operator"
+    if node.unschedulable:
+        return "is cordoned"
+    if node.conditions.get("Ready") != "True":
+        return f"is not Ready ({node.conditions.get('Ready', 'no Ready condition')})"
+    for type_, bad in DEFAULT_BAD_CONDITIONS:
+        if node.conditions.get(type_) == bad:
+            return f"has {type_}={bad}"
+    for key in (LABEL_HEALTH, LABEL_SAGEMAKER_HEALTH):
+        value = node.labels.get(key, "")
+        if value.startswith(HEALTH_UNSCHEDULABLE):
+            return f"is labelled {key}={value}"
+    return None
+
+
+def _rank(node_id: str, node_name: str) -> str:
+    return hashlib.sha256(f"{node_id}/{node_name}".encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Choice:
+    node: PoolNode | None
+    skipped: Mapping[str, str]  # node name -> why it was not lendable
+
+    def explain(self) -> str:
+        return "; ".join(f"{n} {why}" for n, why in sorted(self.skipped.items()))
+
+
+def choose_free_node(node_id: str, free: Sequence[PoolNode], operator_nodes: Iterable[str] = (),
+                     claimed: Iterable[str] = ()) -> Choice:
+    """The free node that ``node_id`` should take, and why the others were left out.
+
+    Nodes in ``claimed`` (taken by adoptions still in flight in this process) are skipped
+    quietly. Among the rest, the order is a hash of (node id, node name): each node id has
+    its own preference (rendezvous hashing), so two writers that see the same free list for
+    different node ids rarely reach for the same node, and the choice is reproducible.
+    """
+    operator_nodes, claimed = set(operator_nodes), set(claimed)
+    skipped = {}
+    lendable = []
+    for n in free:
+        why = why_not_lendable(n, operator_nodes)
+        if why:
+            skipped[n.name] = why
+        elif n.name not in claimed:
+            lendable.append(n)
+    lendable.sort(key=lambda n: _rank(node_id, n.name))
+    return Choice(lendable[0] if lendable else None, skipped)
+
+
+# --------------------------------------------------------------------------- what lending records
+
+
+@dataclass(frozen=True)
+class LentRecord:
+    """What the node looked like, for every label and taint key hyperplan set on it."""
+
+    labels: Mapping[str, str | None] = field(default_factory=dict)
+    taint_keys: tuple[str, ...] = ()
+    taints: tuple[Taint, ...] = ()  # taints with those keys that were there before
+
+    @classmethod
+    def load(cls, text: str | None) -> "LentRecord":
+        """The record in the annotation; an empty one when it is missing or unreadable."""
+        try:
+            data = json.loads(text or "{}")
+            return cls(labels={str(k): (None if v is None else str(v)) for k, v in data.get("labels", {}).items()},
+                       taint_keys=tuple(sorted(str(k) for k in data.get("taintKeys", []))),
+                       taints=tuple(Taint(t["key"], t.get("value") or "", t["effect"]) for t in data.get("taints", [])))
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return cls()
+
+    def dump(self) -> str:
+        return json.dumps({"labels": dict(sorted(self.labels.items())), "taintKeys": list(self.taint_keys),
+                           "taints": [{"key": t.key, "value": t.value, "effect": t.effect} for t in self.taints]},
+                          separators=(",", ":"))
+
+    def noting(self, node: PoolNode, label_keys: Iterable[str], taint_keys: Iterable[str]) -> "LentRecord":
+        """This record plus the current state of keys hyperplan is about to set for the first time."""
+        labels = dict(self.labels)
+        for key in label_keys:
+            if key not in labels and key not in OWNED_LABELS and key != LABEL_POOL:
+                labels[key] = node.labels.get(key)
+        new_keys = set(taint_keys) - set(self.taint_keys)
+        taints = self.taints + tuple(t for t in node.taints if t.key in new_keys)
+        return LentRecord(labels, tuple(sorted(set(self.taint_keys) | new_keys)), taints)
+
+
+def _taint_body(taints: Iterable[Taint]) -> list[dict[str, str]] | None:
+    body = [{"key": t.key, "value": t.value, "effect": t.effect} for t in taints]
+    return body or None  # None clears the list in a merge patch
+
+
+def _group_labels(labels: Mapping[str, str], node_id: str) -> dict[str, str]:
+    """The labels a lent node carries: the group's, without the hostname (a real node keeps its own)."""
+    want = {k: v for k, v in labels.items() if k != LABEL_HOSTNAME}
+    want.update({LABEL_NODE_ID: node_id, LABEL_POOL: POOL_HELD})
+    return want
+
+
+def adoption_patch(node: PoolNode, node_id: str, labels: Mapping[str, str], taints: Sequence[Taint],
+                   managed_taint_keys: Iterable[str]) -> dict:
+    """The merge patch that lends free ``node`` as ``node_id``.
+
+    It carries the node's resourceVersion: if anyone changed the node since it was read
+    (another group adopting it, an admin cordoning it), the API server answers 409 and
+    nothing is written.
+    """
+    managed = set(managed_taint_keys) | ALWAYS_MANAGED_TAINT_KEYS
+    want = _group_labels(labels, node_id)
+    record = LentRecord.load(node.annotations.get(ANNOTATION_LENT)).noting(node, want, managed)
+    kept = [t for t in node.taints if t.key not in managed]
+    return {"metadata": {"labels": want, "annotations": {ANNOTATION_LENT: record.dump()},
+                         "resourceVersion": node.resource_version},
+            "spec": {"taints": _taint_body([*kept, *taints])}}
+
+
+def held_update_patch(node: PoolNode, node_id: str, labels: Mapping[str, str], taints: Sequence[Taint],
+                      managed_taint_keys: Iterable[str]) -> dict:
+    """The merge patch that brings a held node to the group's current labels and taints."""
+    managed = set(managed_taint_keys) | ALWAYS_MANAGED_TAINT_KEYS
+    want = _group_labels(labels, node_id)
+    record = LentRecord.load(node.annotations.get(ANNOTATION_LENT)).noting(node, want, managed)
+    kept = [t for t in node.taints if t.key not in managed]
+    return {"metadata": {"labels": want, "annotations": {ANNOTATION_LENT: record.dump()}},
+            "spec": {"taints": _taint_body([*kept, *taints])}}
+
+
+def cordon_patch(node: PoolNode) -> dict | None:
+    """The patch that cordons a held node for its drain, noting that hyperplan did it.
+
+    None when the node is cordoned already: then someone else cordoned it, and it stays
+    cordoned after hand-back. The resourceVersion makes a concurrent cordon by an admin
+    win (409, read again, see it cordoned, do nothing).
+    """
+    if node.unschedulable:
+        return None
+    return {"metadata": {"annotations": {ANNOTATION_CORDONED: "true"}, "resourceVersion": node.resource_version},
+            "spec": {"unschedulable": True}}
+
+
+@dataclass(frozen=True)
+class HandBack:
+    patch: dict
+    message: str
+
+
+def hand_back(node: PoolNode) -> HandBack:
+    """The merge patch that returns a held node to the free pool, and what it did, in words.
+
+    Labels: every label hyperplan owns goes, and every other key it set gets the value it
+    had before adoption back (or goes, if it had none): the group's ``spec.labels``, the
+    topology keys, the instance type and zone if they differed. Taints: the spare and
+    unhealthy taints, the group's ``spec.taints`` keys (and, for a node adopted without a
+    record, any ``hyperplan.dev/`` taint) go; the taints those keys had before come back.
+    The node is uncordoned only if :data:`ANNOTATION_CORDONED` says hyperplan cordoned it;
+    a cordon by anyone else stays. A node whose health label says ``Unschedulable*`` keeps
+    that label, so it is not lent again until someone who repaired it removes the label.
+    """
+    record = LentRecord.load(node.annotations.get(ANNOTATION_LENT))
+    labels: dict[str, str | None] = {k: None for k in OWNED_LABELS if k in node.labels}
+    labels.update({k: v for k, v in record.labels.items() if node.labels.get(k) != v})
+    health = node.labels.get(LABEL_HEALTH, "")
+    kept_health = health.startswith(HEALTH_UNSCHEDULABLE)
+    if kept_health:
+        labels.pop(LABEL_HEALTH, None)
+    labels[LABEL_POOL] = POOL_FREE
+    drop = set(record.taint_keys) | ALWAYS_MANAGED_TAINT_KEYS
+    no_record = ANNOTATION_LENT not in node.annotations
+    kept = [t for t in node.taints if t.key not in drop and not (no_record and t.key.startswith("hyperplan.dev/"))]
+    restored = kept + [t for t in record.taints if t not in kept]
+    spec: dict = {"taints": _taint_body(restored)}
+    ours = node.annotations.get(ANNOTATION_CORDONED) == "true"
+    if ours:
+        spec["unschedulable"] = None
+    annotations = {k: None for k in (ANNOTATION_LENT, ANNOTATION_CORDONED, ANNOTATION_HEALTH_SINCE)
+                   if k in node.annotations}
+    metadata: dict = {"labels": labels}
+    if annotations:
+        metadata["annotations"] = annotations
+    words = [f"{node.name} handed back to the free pool"]
+    if ours:
+        words.append("uncordoned (hyperplan had cordoned it)")
+    elif node.unschedulable:
+        words.append("left cordoned (not cordoned by hyperplan)")
+    if kept_health:
+        words.append(f"keeps {LABEL_HEALTH}={health}, so it is not lent again until that label is removed")
+    return HandBack({"metadata": metadata, "spec": spec}, ", ".join(words))
+
+
+# --------------------------------------------------------------------------- draining
+
+
+@dataclass(frozen=True)
+class DrainSort:
+    evict: tuple[PodView, ...]
+    terminating: tuple[PodView, ...]
+    left_alone: Mapping[str, str]  # namespace/name -> why
+
+    @property
+    def waiting_for(self) -> int:
+        """Pods the drain waits for: the ones it evicts and the ones already going."""
+        return len(self.evict) + len(self.terminating)
+
+
+def sort_pods_for_drain(pods: Sequence[PodView], me: OperatorIdentity) -> DrainSort:
+    """Which pods of a draining node to evict, which are already going, which to leave alone.
+
+    Left alone, as ``kubectl drain --ignore-daemonsets`` does and more: the operator's own
+    pods (evicting them would stop the drain halfway and, on a lent node, lose the
+    operator), DaemonSet pods (their controller puts them straight back, so waiting for
+    them would never end) and mirror pods of static pods (the kubelet owns them).
+    """
+    evict, going, alone = [], [], {}
+    for p in pods:
+        if me.owns(p):
+            alone[p.ref] = "the operator's own pod"
+        elif p.mirror:
+            alone[p.ref] = "a static pod"
+        elif "DaemonSet" in p.owner_kinds:
+            alone[p.ref] = "a DaemonSet pod"
+        elif p.terminating:
+            going.append(p)
+        else:
+            evict.append(p)
+    return DrainSort(tuple(evict), tuple(going), alone)

@@ -1,0 +1,259 @@
+"""Lending static nodes: which free node is taken, what adoption writes, what hand-back restores,
+which pods a drain leaves alone (planning.lending, pure)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hyperplan.planning import lending as ln
+from hyperplan.planning import placement as pl
+
+READY = {"Ready": "True"}
+ME = ln.OperatorIdentity(pod_name="hyperplan-7d9-abc", namespace="hyperplan-system", node_name="worker-op",
+                         pod_labels={"app.kubernetes.io/name": "hyperplan", "app.kubernetes.io/instance": "hp"})
+GROUP_TAINT = pl.Taint("example.com/dedicated", "frontier", "NoSchedule")
+ADMIN_TAINT = pl.Taint("example.com/maintenance-window", "sunday", "PreferNoSchedule")
+
+
+def free(name: str, **kw) -> ln.PoolNode:
+    kw.setdefault("conditions", READY)
+    kw.setdefault("labels", {ln.LABEL_POOL: ln.POOL_FREE, pl.LABEL_INSTANCE_TYPE: "ml.p5.48xlarge",
+                             pl.LABEL_ZONE: "us-east-1a"})
+    return ln.PoolNode(name=name, resource_version="41", **kw)
+
+
+# --------------------------------------------------------------------------- which free nodes may be lent
+
+
+@pytest.mark.parametrize("node, operator_nodes, why", [
+    (free("w1"), (), None),
+    (free("w1", unschedulable=True), (), "is cordoned"),
+    (free("w1", conditions={"Ready": "Unknown"}), (), "is not Ready (Unknown)"),
+    (free("w1", conditions={}), (), "is not Ready (no Ready condition)"),
+    (free("w1", conditions={"Ready": "True", "AcceleratedHardwareReady": "False"}), (),
+     "has AcceleratedHardwareReady=False"),
+    (free("w1", labels={pl.LABEL_HEALTH: "UnschedulablePendingReplacement"}), (),
+     "is labelled hyperplan.dev/node-health-status=UnschedulablePendingReplacement"),
+    (free("w1", labels={pl.LABEL_SAGEMAKER_HEALTH: "Unschedulable"}), (),
+     "is labelled sagemaker.amazonaws.com/node-health-status=Unschedulable"),
+    (free("w1", labels={pl.LABEL_HEALTH: "Schedulable"}), (), None),
+    (free("w1"), ("w1",), "runs the operator"),
+    (free("w1", unschedulable=True), ("w1",), "runs the operator"),
+    (free("w1", deleting=True), (), "is being deleted"),
+], ids=["ready-and-schedulable", "cordoned-by-an-admin", "ready-unknown", "no-ready-condition", "gpu-failed",
+        "hyperplan-health-label", "sagemaker-health-label", "schedulable-health-label", "runs-the-operator",
+        "operator-reason-first", "being-deleted"])
+def test_why_not_lendable(node, operator_nodes, why):
+    assert ln.why_not_lendable(node, operator_nodes) == why
+
+
+def test_choice_skips_the_operators_node_and_says_why():
+    nodes = [free("worker-op"), free("worker-a"), free("worker-b", unschedulable=True)]
+    choice = ln.choose_free_node("hp-g-x-0", nodes, operator_nodes={"worker-op"})
+    assert choice.node.name == "worker-a"
+    assert choice.explain() == "worker-b is cordoned; worker-op runs the operator"
+
+
+def test_choice_is_none_when_every_node_is_skipped():
+    choice = ln.choose_free_node("hp-g-x-0", [free("worker-op")], operator_nodes={"worker-op"})
+    assert choice.node is None and choice.skipped == {"worker-op": "runs the operator"}
+
+
+def test_parallel_adoptions_of_one_process_never_share_a_node():
+    """The creates of one pass claim their node before patching: each gets its own."""
+    nodes = [free(f"w{i}") for i in range(4)]
+    claimed: set[str] = set()
+    for node_id in (f"hp-g-x-{i}" for i in range(4)):
+        choice = ln.choose_free_node(node_id, nodes, claimed=claimed)
+        claimed.add(choice.node.name)
+    assert claimed == {"w0", "w1", "w2", "w3"}
+    assert ln.choose_free_node("hp-g-x-4", nodes, claimed=claimed).node is None
+
+
+def test_each_node_id_has_its_own_reproducible_preference():
+    """Rendezvous order: the same inputs give the same node; different node ids spread out, so two
+    operators reading the same free list rarely reach for the same node."""
+    nodes = [free(f"w{i}") for i in range(8)]
+    first = {ln.choose_free_node(f"hp-g-x-{i}", nodes).node.name for i in range(8)}
+    assert len(first) > 1
+    assert ln.choose_free_node("hp-g-x-0", nodes).node == ln.choose_free_node("hp-g-x-0", list(reversed(nodes))).node
+
+
+# --------------------------------------------------------------------------- adoption, update, hand-back
+
+
+def group_labels(**extra: str) -> dict[str, str]:
+    return {"team": "frontier", pl.LABEL_INSTANCE_TYPE: "ml.p5.48xlarge", pl.LABEL_ZONE: "us-east-1a",
+            pl.LABEL_HOSTNAME: "hp-g-x-0", pl.LABEL_GROUP: "g", pl.LABEL_PLAN: "p",
+            pl.LABEL_RESERVED_CAPACITY: "rc-1", pl.LABEL_ROLE: "spare", pl.LABEL_HEALTH: "Schedulable",
+            pl.LABEL_SLOT: "0", pl.LABEL_GENERATION: "0", **extra}
+
+
+def applied(node: ln.PoolNode, patch: dict) -> ln.PoolNode:
+    """``node`` after a JSON merge patch, as the API server would store it."""
+    meta, spec = patch.get("metadata", {}), patch.get("spec", {})
+
+    def merge(old, new):
+        out = dict(old)
+        for k, v in (new or {}).items():
+            if v is None:
+                out.pop(k, None)
+            else:
+                out[k] = v
+        return out
+
+    taints = node.taints
+    if "taints" in spec:
+        taints = tuple(pl.Taint(t["key"], t["value"], t["effect"]) for t in spec["taints"] or [])
+    unschedulable = node.unschedulable
+    if "unschedulable" in spec:
+        unschedulable = bool(spec["unschedulable"])
+    return ln.PoolNode(name=node.name, resource_version=str(int(node.resource_version) + 1),
+                       labels=merge(node.labels, meta.get("labels")),
+                       annotations=merge(node.annotations, meta.get("annotations")), taints=taints,
+                       unschedulable=unschedulable, conditions=node.conditions)
+
+
+def test_adoption_labels_taints_and_records_what_it_found():
+    before = free("w1", labels={**free("w1").labels, "team": "infra"}, taints=(ADMIN_TAINT,))
+    patch = ln.adoption_patch(before, "hp-g-x-0", group_labels(), (pl.SPARE_TAINT, GROUP_TAINT), {GROUP_TAINT.key})
+    assert patch["metadata"]["resourceVersion"] == "41"  # a concurrent change makes the API server answer 409
+    labels = patch["metadata"]["labels"]
+    assert pl.LABEL_HOSTNAME not in labels  # a real node keeps its own hostname
+    assert labels[ln.LABEL_POOL] == ln.POOL_HELD and labels[ln.LABEL_NODE_ID] == "hp-g-x-0"
+    assert labels["team"] == "frontier"
+    assert patch["spec"] == {"taints": [
+        {"key": ADMIN_TAINT.key, "value": "sunday", "effect": "PreferNoSchedule"},
+        {"key": "hyperplan.dev/spare", "value": "true", "effect": "NoSchedule"},
+        {"key": GROUP_TAINT.key, "value": "frontier", "effect": "NoSchedule"}]}
+    assert "unschedulable" not in patch["spec"]  # cordoned nodes are never adopted; nothing to undo
+    record = json.loads(patch["metadata"]["annotations"][ln.ANNOTATION_LENT])
+    assert record["labels"] == {"team": "infra", pl.LABEL_INSTANCE_TYPE: "ml.p5.48xlarge",
+                                pl.LABEL_ZONE: "us-east-1a"}
+    assert record["taintKeys"] == sorted([GROUP_TAINT.key, pl.SPARE_TAINT.key, pl.UNHEALTHY_TAINT.key])
+
+
+# Each case: the free node, what happens while the group holds it, and what it must look like after.
+def _held(node: ln.PoolNode, *steps) -> ln.PoolNode:
+    node = applied(node, ln.adoption_patch(node, "hp-g-x-0", group_labels(), (pl.SPARE_TAINT, GROUP_TAINT),
+                                           {GROUP_TAINT.key}))
+    for step in steps:
+        node = step(node)
+    return node
+
+
+def drained_by_hyperplan(node):
+    patch = ln.cordon_patch(node)  # None when the node is cordoned already
+    return node if patch is None else applied(node, patch)
+
+
+def cordoned_by_admin(node):
+    return applied(node, {"spec": {"unschedulable": True}})
+
+
+def promoted_and_relabelled(node):
+    """A spare promoted (hyperplan.dev/replaces set directly), then the group's labels changed."""
+    keep = [{"key": t.key, "value": t.value, "effect": t.effect} for t in node.taints if t != pl.SPARE_TAINT]
+    node = applied(node, {"metadata": {"labels": {pl.LABEL_ROLE: "active", pl.LABEL_REPLACES: "hp-g-x-1"}},
+                          "spec": {"taints": keep}})
+    labels = group_labels(**{"cost-center": "42", pl.LABEL_ROLE: "active"})
+    extra = pl.Taint("example.com/gpu-class", "h100", "NoExecute")
+    return applied(node, ln.held_update_patch(node, "hp-g-x-0", labels, (GROUP_TAINT, extra),
+                                             {GROUP_TAINT.key, extra.key}))
+
+
+def marked_unhealthy(node):
+    return applied(node, {"metadata": {"labels": {pl.LABEL_HEALTH: "UnschedulablePendingReplacement"}},
+                          "spec": {"taints": [{"key": t.key, "value": t.value, "effect": t.effect}
+                                              for t in (*node.taints, pl.UNHEALTHY_TAINT)]}})
+
+
+@pytest.mark.parametrize("steps, unschedulable, health, says", [
+    ((drained_by_hyperplan,), False, None, "uncordoned (hyperplan had cordoned it)"),
+    ((cordoned_by_admin,), True, None, "left cordoned (not cordoned by hyperplan)"),
+    ((cordoned_by_admin, drained_by_hyperplan), True, None, "left cordoned"),
+    ((), False, None, "handed back to the free pool"),
+    ((promoted_and_relabelled, drained_by_hyperplan), False, None, "uncordoned"),
+    ((marked_unhealthy, drained_by_hyperplan), False, "UnschedulablePendingReplacement",
+     "keeps hyperplan.dev/node-health-status=UnschedulablePendingReplacement"),
+], ids=["drained-uncordoned", "admin-cordon-stays", "admin-cordon-then-drain-stays", "released-uncordoned-node",
+        "labels-and-taints-changed-while-held", "failed-node-keeps-its-health-verdict"])
+def test_hand_back_restores_the_node_as_it_was_lent(steps, unschedulable, health, says):
+    before = free("w1", labels={**free("w1").labels, "team": "infra", "kubernetes.io/hostname": "w1"},
+                  taints=(ADMIN_TAINT,), annotations={"node.alpha.kubernetes.io/ttl": "0"})
+    held = _held(before, *steps)
+    assert held.labels[pl.LABEL_GROUP] == "g"  # it was really lent
+    back = ln.hand_back(held)
+    after = applied(held, back.patch)
+    want_labels = dict(before.labels)
+    if health:
+        want_labels[pl.LABEL_HEALTH] = health
+    assert after.labels == want_labels
+    assert after.taints == (ADMIN_TAINT,)
+    assert after.annotations == before.annotations
+    assert after.unschedulable is unschedulable
+    assert says in back.message and back.message.startswith("w1 handed back to the free pool")
+
+
+def test_hand_back_without_a_record_still_removes_what_hyperplan_owns():
+    """A node adopted by an older hyperplan (no annotation): its own labels and taints go."""
+    held = free("w1", labels={ln.LABEL_POOL: ln.POOL_HELD, pl.LABEL_GROUP: "g", pl.LABEL_ROLE: "spare",
+                               ln.LABEL_NODE_ID: "hp-g-x-0", "keep": "me"},
+                taints=(pl.SPARE_TAINT, pl.Taint("hyperplan.dev/other", "x", "NoSchedule"), ADMIN_TAINT),
+                unschedulable=True)
+    after = applied(held, ln.hand_back(held).patch)
+    assert after.labels == {ln.LABEL_POOL: ln.POOL_FREE, "keep": "me"}
+    assert after.taints == (ADMIN_TAINT,)
+    assert after.unschedulable is True  # nobody recorded that hyperplan cordoned it
+
+
+def test_unreadable_record_counts_as_none():
+    assert ln.LentRecord.load("{not json") == ln.LentRecord()
+    assert ln.LentRecord.load('{"labels": [1]}') == ln.LentRecord()
+
+
+def test_cordon_patch_notes_hyperplan_and_leaves_an_existing_cordon_alone():
+    patch = ln.cordon_patch(free("w1"))
+    assert patch == {"metadata": {"annotations": {ln.ANNOTATION_CORDONED: "true"}, "resourceVersion": "41"},
+                     "spec": {"unschedulable": True}}
+    assert ln.cordon_patch(free("w1", unschedulable=True)) is None
+
+
+# --------------------------------------------------------------------------- draining
+
+
+def pod(name: str, ns: str = "default", **kw) -> ln.PodView:
+    return ln.PodView(name=name, namespace=ns, node_name="w1", **kw)
+
+
+OPERATOR_LABELS = {"app.kubernetes.io/name": "hyperplan", "app.kubernetes.io/instance": "hp"}
+
+
+@pytest.mark.parametrize("p, me, outcome", [
+    (pod("train-0"), ME, "evict"),
+    (pod("train-0", terminating=True), ME, "terminating"),
+    (pod("hyperplan-7d9-abc", "hyperplan-system"), ME, "the operator's own pod"),
+    (pod("hyperplan-7d9-xyz", "hyperplan-system", labels=OPERATOR_LABELS), ME, "the operator's own pod"),
+    (pod("lookalike", "team-a", labels=OPERATOR_LABELS), ME, "evict"),
+    (pod("hyperplan-7d9-abc", "team-a"), ME, "evict"),
+    (pod("op", "anywhere", labels=OPERATOR_LABELS), ln.OperatorIdentity(pod_labels=OPERATOR_LABELS),
+     "the operator's own pod"),
+    (pod("op", "anywhere", labels=OPERATOR_LABELS), ln.OperatorIdentity(), "evict"),
+    (pod("kube-proxy-x", "kube-system", owner_kinds=("DaemonSet",)), ME, "a DaemonSet pod"),
+    (pod("etcd-w1", "kube-system", mirror=True), ME, "a static pod"),
+    (pod("train-1", owner_kinds=("ReplicaSet",)), ME, "evict"),
+], ids=["workload", "already-terminating", "this-pod-by-name", "other-replica-by-labels",
+        "lookalike-in-another-namespace", "same-name-other-namespace", "out-of-cluster-labels-any-namespace",
+        "no-identity-protects-nothing", "daemonset", "static-pod", "replicaset"])
+def test_sort_pods_for_drain(p, me, outcome):
+    sort = ln.sort_pods_for_drain([p], me)
+    got = ("evict" if sort.evict else "terminating" if sort.terminating else sort.left_alone[p.ref])
+    assert got == outcome
+    assert sort.waiting_for == (1 if outcome in ("evict", "terminating") else 0)
+
+
+def test_operator_selector_is_the_pod_labels():
+    assert ME.selector == "app.kubernetes.io/instance=hp,app.kubernetes.io/name=hyperplan"
+    assert ln.OperatorIdentity().selector == ""
