@@ -11,7 +11,7 @@ from tests.kube import eventually
 
 API = "hyperplan.dev/v1alpha1"
 ITYPE, ZONE = "ml.p5.48xlarge", "us-east-1a"  # the workers' labels in deploy/kind-config.yaml
-PAUSE_IMAGE = "registry.k8s.io/pause:3.10.2"  # in every node's containerd (the sandbox image)
+PAUSE_IMAGE = "registry.k8s.io/pause:3.10.2"  # the sandbox image: already in every node's containerd
 
 
 def utcnow() -> datetime:
@@ -88,3 +88,12 @@ def remove(kind: KindEnv, *objects: tuple[str, str]) -> None:
     a group's nodes are drained and handed back first)."""
     for kind_name, name in objects:
         kind.kubectl.run("delete", kind_name, name, "--ignore-not-found", "--wait=true", "--timeout=120s")
+
+
+def settled_operator_pods(kind: KindEnv) -> dict[str, dict]:
+    """The chart's pods once exactly the Deployment's replicas exist, all Running (a rollout or a
+    killed leader's replacement finished)."""
+    want = kind.kubectl.get("deployment", kind.release, "-n", kind.namespace)["spec"]["replicas"]
+    return eventually(lambda: (lambda ps: ps if len(ps) == want and all(
+        p["phase"] == "Running" and not p["deleting"] for p in ps.values()) else None)(operator_pods(kind)),
+        timeout=120, interval=2, what=f"{want} operator pods Running and no other")

@@ -26,7 +26,7 @@ def user_pod(name: str, ns: str, group: str, app: str) -> dict:
             "spec": {"nodeSelector": {"hyperplan.dev/instance-group": group},
                      "tolerations": [{"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
                      "terminationGracePeriodSeconds": 2,
-                     "containers": [{"name": "c", "image": L.PAUSE_IMAGE, "imagePullPolicy": "Never"}]}}
+                     "containers": [{"name": "c", "image": L.PAUSE_IMAGE, "imagePullPolicy": "IfNotPresent"}]}}
 
 
 def pod_state(kind: KindEnv, name: str, ns: str) -> dict | None:
@@ -51,7 +51,7 @@ def lent(kind: KindEnv) -> dict:
         print(f"[lend] {what} ({time.monotonic() - started:.0f}s)", flush=True)
 
     eventually(lambda: L.in_free_pool(kind), timeout=120, what="both workers in the free pool")
-    ops_before = L.operator_pods(kind)
+    ops_before = L.settled_operator_pods(kind)
     before = {n: k.get("node", n) for n in kind.workers}
     k.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
     try:

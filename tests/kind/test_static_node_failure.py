@@ -36,7 +36,7 @@ def test_a_frozen_worker_is_marked_for_replacement_and_the_user_sees_why(kind: K
         print(f"[failure] {what} ({time.monotonic() - started:.0f}s)", flush=True)
 
     eventually(lambda: L.in_free_pool(kind), timeout=120, what="both workers in the free pool")
-    ops_before = L.operator_pods(kind)
+    ops_before = L.settled_operator_pods(kind)
     paused = False
     try:
         k.apply([L.pool(name), L.plan(name, "4m", start_in=15)])
