@@ -51,7 +51,7 @@ def test_helm_upgrade_rolls_the_deployment_and_a_group_carries_on(kind: KindEnv)
     uids_before = {p["metadata"]["uid"] for p in ready_pods(kind)}
     # A plan bought before the upgrade whose block starts after it: the group's adoption of a
     # worker is a transition the upgraded operator makes.
-    k.apply([L.pool(name), L.plan(name, "5m", start_in=50)])
+    k.apply([L.pool(name), L.plan(name, "5m", start_in=30)])
     k.apply(L.group(name, name, 1, labels={"team": "upgrade"}))
     block = L.first_block(kind, name)
     eventually(lambda: (k.get("instancegroup", name).get("status") or {}).get("phase") == "Waiting",
