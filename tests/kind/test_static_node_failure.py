@@ -12,10 +12,11 @@ from __future__ import annotations
 import subprocess
 import time
 import uuid
+from typing import Callable
 
 from tests.kind import lending as L
 from tests.kind.conftest import KindEnv
-from tests.kube import eventually
+from tests.kube import Kubectl, eventually
 
 HEALTH = "hyperplan.dev/node-health-status"
 
@@ -37,6 +38,25 @@ def test_a_frozen_worker_is_marked_for_replacement_and_the_user_sees_why(kind: K
 
     eventually(lambda: L.in_free_pool(kind), timeout=120, what="both workers in the free pool")
     ops_before = L.settled_operator_pods(kind)
+    try:
+        _lend_freeze_and_check(kind, k, name, tag, victim, other, step)
+    finally:
+        L.remove(kind, ("instancegroup", name), ("trainingplan", name), ("capacitypool", name))
+        # Handed back, the failed node keeps its verdict; the admin who repaired it removes it.
+        eventually(lambda: "hyperplan.dev/instance-group" not in k.get("node", victim)["metadata"]["labels"],
+                   timeout=60, what=f"{victim} handed back")
+        kept = k.get("node", victim)["metadata"]["labels"].get(HEALTH)
+        k.run("label", "node", victim, f"{HEALTH}-")
+        eventually(lambda: L.in_free_pool(kind), timeout=120, what="both workers back in the free pool")
+        step("cleaned up")
+    assert kept == "UnschedulablePendingReplacement", kept
+    ops_after = L.operator_pods(kind)
+    assert set(ops_after) == set(ops_before) and all(p["phase"] == "Running" for p in ops_after.values())
+
+
+def _lend_freeze_and_check(kind: KindEnv, k: Kubectl, name: str, tag: str, victim: str, other: str,
+                           step: Callable[[str], None]) -> None:
+    """Lend both workers, freeze ``victim``, check what the user sees, unfreeze (always)."""
     paused = False
     try:
         k.apply([L.pool(name), L.plan(name, "4m", start_in=15)])
@@ -64,30 +84,17 @@ def test_a_frozen_worker_is_marked_for_replacement_and_the_user_sees_why(kind: K
         if paused:
             subprocess.run(["docker", "unpause", victim], capture_output=True, timeout=60)
             step(f"docker unpause {victim}")
-    try:
-        # What a user sees while the worker is down.
-        taints = {(t["key"], t.get("value"), t["effect"]) for t in marked["spec"].get("taints", [])}
-        assert ("hyperplan.dev/unhealthy", "true", "NoSchedule") in taints, taints
-        assert marked["metadata"]["labels"]["hyperplan.dev/instance-group"] == name
-        assert any("Ready=Unknown" in m and "UnschedulablePendingReplacement" in m for m in unhealthy), unhealthy
-        assert status["unhealthyCount"] == 1, status
-        no_free = [m for r, m in group_events if r == "NoFreeNode"]
-        assert no_free, group_events
-        # The healthy worker is untouched: still lent, schedulable, no verdict.
-        assert healthy_peer["metadata"]["labels"].get(HEALTH) in (None, "Schedulable")
-        assert not healthy_peer["spec"].get("unschedulable")
-        eventually(lambda: ready_status(kind, victim) == "True", timeout=90, interval=2,
-                   what=f"{victim} Ready again after docker unpause")
-        step(f"{victim} Ready again")
-    finally:
-        L.remove(kind, ("instancegroup", name), ("trainingplan", name), ("capacitypool", name))
-        # Handed back, the failed node keeps its verdict; the admin who repaired it removes it.
-        eventually(lambda: "hyperplan.dev/instance-group" not in k.get("node", victim)["metadata"]["labels"],
-                   timeout=60, what=f"{victim} handed back")
-        kept = k.get("node", victim)["metadata"]["labels"].get(HEALTH)
-        k.run("label", "node", victim, f"{HEALTH}-")
-        eventually(lambda: L.in_free_pool(kind), timeout=120, what="both workers back in the free pool")
-        step("cleaned up")
-    assert kept == "UnschedulablePendingReplacement", kept
-    ops_after = L.operator_pods(kind)
-    assert set(ops_after) == set(ops_before) and all(p["phase"] == "Running" for p in ops_after.values())
+    # What a user sees while the worker is down.
+    taints = {(t["key"], t.get("value"), t["effect"]) for t in marked["spec"].get("taints", [])}
+    assert ("hyperplan.dev/unhealthy", "true", "NoSchedule") in taints, taints
+    assert marked["metadata"]["labels"]["hyperplan.dev/instance-group"] == name
+    assert any("Ready=Unknown" in m and "UnschedulablePendingReplacement" in m for m in unhealthy), unhealthy
+    assert status["unhealthyCount"] == 1, status
+    no_free = [m for r, m in group_events if r == "NoFreeNode"]
+    assert no_free, group_events
+    # The healthy worker is untouched: still lent, schedulable, no verdict.
+    assert healthy_peer["metadata"]["labels"].get(HEALTH) in (None, "Schedulable")
+    assert not healthy_peer["spec"].get("unschedulable")
+    eventually(lambda: ready_status(kind, victim) == "True", timeout=90, interval=2,
+               what=f"{victim} Ready again after docker unpause")
+    step(f"{victim} Ready again")
