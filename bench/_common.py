@@ -143,6 +143,9 @@ class Watch:
     path: str  # e.g. /api/v1/nodes or /apis/hyperplan.dev/v1alpha1/trainingplans
     on_event: Callable[[str, dict, float], None]
     params: dict[str, str] = field(default_factory=dict)
+    # When set, every (re-)list is handed over whole (items, t_read) instead of as ADDED events,
+    # so that a consumer keeping state can drop what was deleted while the stream was down.
+    on_list: Callable[[list[dict], float], None] | None = None
     errors: list[str] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _ready: threading.Event = field(default_factory=threading.Event)
@@ -167,8 +170,11 @@ class Watch:
                     listing = self.api.get(self._url({}))
                     t = time.time()
                     rv = listing["metadata"]["resourceVersion"]
-                    for item in listing.get("items", []):
-                        self.on_event("ADDED", item, t)
+                    if self.on_list is not None:
+                        self.on_list(listing.get("items", []), t)
+                    else:
+                        for item in listing.get("items", []):
+                            self.on_event("ADDED", item, t)
                     self._ready.set()
                 url = self.api.base + self._url({"watch": "1", "resourceVersion": rv,
                                                  "allowWatchBookmarks": "true", "timeoutSeconds": "20"})
@@ -437,8 +443,9 @@ class Harness:
             raise BenchError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
         return proc
 
-    def watch(self, path: str, on_event: Callable[[str, dict, float], None], **params: str) -> Watch:
-        w = Watch(self.api, path, on_event, params=params).start()
+    def watch(self, path: str, on_event: Callable[[str, dict, float], None],
+              on_list: Callable[[list[dict], float], None] | None = None, **params: str) -> Watch:
+        w = Watch(self.api, path, on_event, params=params, on_list=on_list).start()
         self._watches.append(w)
         return w
 

@@ -17,7 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from hyperplan.actuation.kube import Kube, api_client
 from hyperplan.devcluster import prometheus
 from hyperplan.devcluster.plane import Plane, free_port
-from tests.e2e.scenarios import REGISTRY, Context
+from tests.e2e.scenarios import LATE_REGISTRY, REGISTRY, Context
 from tests.kube import Kubectl, eventually
 
 
@@ -124,5 +124,19 @@ def scenarios(operator: Operator, standby: Operator, crds: Kubectl, plane: Plane
                   metrics=operator.metrics)
     pool = ThreadPoolExecutor(max_workers=max(1, len(REGISTRY)), thread_name_prefix="scenario")
     futures = {name: pool.submit(fn, ctx) for name, fn in REGISTRY.items()}
+    yield futures
+    pool.shutdown(wait=True)
+
+
+@pytest.fixture(scope="session")
+def late_scenarios(scenarios: dict[str, Future], operator: Operator, crds: Kubectl,
+                   plane: Plane) -> dict[str, Future]:
+    """The late scenarios (see scenarios.LATE_REGISTRY), side by side once the first wave is done."""
+    for future in scenarios.values():
+        future.exception(timeout=900)
+    ctx = Context(kubectl=crds, kube=Kube(api_client(str(plane.kubeconfig))), operator=operator,
+                  metrics=operator.metrics)
+    pool = ThreadPoolExecutor(max_workers=max(1, len(LATE_REGISTRY)), thread_name_prefix="late")
+    futures = {name: pool.submit(fn, ctx) for name, fn in LATE_REGISTRY.items()}
     yield futures
     pool.shutdown(wait=True)

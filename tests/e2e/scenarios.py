@@ -24,6 +24,17 @@ def scenario(fn: Callable[["Context"], Any]) -> Callable[["Context"], Any]:
     return fn
 
 
+# Scenarios that start only once the first wave has finished: they would compete with it for the
+# same UltraServer capacity (offerings come from every pool of a type), or they make reconcile
+# errors on purpose, which other scenarios count.
+LATE_REGISTRY: dict[str, Callable[["Context"], Any]] = {}
+
+
+def late_scenario(fn: Callable[["Context"], Any]) -> Callable[["Context"], Any]:
+    LATE_REGISTRY[fn.__name__] = fn
+    return fn
+
+
 @dataclass
 class Context:
     kubectl: Kubectl

@@ -12,13 +12,13 @@ import uuid
 from datetime import timedelta
 
 from tests.e2e.scenarios import (
-    Context, events_for, first_block, group_body, parse_ts, plan_body, pool_body, scenario, ts, utcnow,
+    Context, events_for, first_block, group_body, parse_ts, plan_body, pool_body, late_scenario, ts, utcnow,
     wait_phase,
 )
 from tests.kube import eventually
 
 
-@scenario
+@late_scenario
 def refused_by_cluster_policy(ctx: Context) -> dict:
     k, tag = ctx.kubectl, uuid.uuid4().hex[:5]
     policy = f"refuse-{tag}"
@@ -65,8 +65,8 @@ def refused_by_cluster_policy(ctx: Context) -> dict:
             "first": first, "later": later, "events": events, "nodes": nodes, "operator": ctx.operator}
 
 
-def test_a_refused_action_lands_on_the_object_and_backs_off(scenarios) -> None:
-    r = scenarios["refused_by_cluster_policy"].result(timeout=600)
+def test_a_refused_action_lands_on_the_object_and_backs_off(late_scenarios) -> None:
+    r = late_scenarios["refused_by_cluster_policy"].result(timeout=600)
     tag, later = r["tag"], r["later"]
     assert later["reason"] == "ApiError"
     assert f"cluster policy refuse-{tag}: no node may carry refuse-{tag}" in later["message"], later

@@ -16,8 +16,9 @@ from tests.kube import eventually
 API = "hyperplan.dev/v1alpha1"
 
 
-def test_kill_during_purchase_and_provisioning_converges(scenarios, operator, crds) -> None:
-    for future in scenarios.values():  # the shared operator is about to die: let the others finish
+def test_kill_during_purchase_and_provisioning_converges(scenarios, late_scenarios, operator, crds) -> None:
+    # The shared operator is about to die: let every other scenario finish first.
+    for future in [*scenarios.values(), *late_scenarios.values()]:
         future.exception(timeout=900)
     k = crds
     tag = uuid.uuid4().hex[:5]
@@ -79,11 +80,12 @@ def _setup_group(k, tag: str, count: int, **group_spec) -> tuple[str, dict]:
     return name, block
 
 
-def test_restart_in_the_middle_of_a_grace_neither_judges_early_nor_forgets(scenarios, operator, crds) -> None:
+def test_restart_in_the_middle_of_a_grace_neither_judges_early_nor_forgets(scenarios, late_scenarios, operator,
+                                                                          crds) -> None:
     """The grace of a health label counts from its first sight, which the node itself keeps
     (annotation hyperplan.dev/health-signal-since): a restart 8 s into a 20 s grace marks the
     node when the grace ends, not 20 s after the restart."""
-    for future in scenarios.values():
+    for future in [*scenarios.values(), *late_scenarios.values()]:
         future.exception(timeout=900)
     k, grace = crds, 20
     group, _ = _setup_group(k, uuid.uuid4().hex[:5], 2, healthCheck={"graceSeconds": grace, "maxUnhealthy": 1})
@@ -107,10 +109,10 @@ def test_restart_in_the_middle_of_a_grace_neither_judges_early_nor_forgets(scena
         f"the grace started anew at the restart: marked {(when - t0).total_seconds():.1f} s after the label"
 
 
-def test_restart_in_the_middle_of_a_drain_keeps_its_deadline(scenarios, operator, crds) -> None:
+def test_restart_in_the_middle_of_a_drain_keeps_its_deadline(scenarios, late_scenarios, operator, crds) -> None:
     """A drain held up by a PodDisruptionBudget goes on after a restart: the guarded node goes by
     the block's end, and its deletion is not taken for a failure (no replacement is made)."""
-    for future in scenarios.values():
+    for future in [*scenarios.values(), *late_scenarios.values()]:
         future.exception(timeout=900)
     k, tag = crds, uuid.uuid4().hex[:5]
     group, block = _setup_group(k, tag, 1)

@@ -10,7 +10,7 @@ import uuid
 from datetime import timedelta
 from pathlib import Path
 
-from tests.e2e.scenarios import Context, parse_ts, scenario, ts, utcnow
+from tests.e2e.scenarios import Context, late_scenario, parse_ts, ts, utcnow
 from tests.kube import eventually
 
 API = "hyperplan.dev/v1alpha1"
@@ -34,7 +34,7 @@ def named(items: list[dict], name: str) -> dict | None:
     return next((i for i in items if i["name"] == name), None)
 
 
-@scenario
+@late_scenario
 def status_view(ctx: Context) -> dict:
     """One x72 UltraServer, a group of 4 (+1 spare); `hyperplan status` read while Ready and after a failure.
 
@@ -60,6 +60,11 @@ def status_view(ctx: Context) -> dict:
         return p if p and p["phase"] == "Scheduled" and p["blocks"] else None
 
     out["scheduled"] = eventually(scheduled, timeout=90, interval=1, what=f"{plan} Scheduled in the view")
+    # Offerings come from every x72 pool; pools other scenarios left behind may sell this plan its
+    # block. The view must show where the API says the block is.
+    bought = k.get("trainingplan", plan)["status"]
+    out["az"] = bought["availabilityZone"]
+    out["pool"] = bought["reservedCapacity"][0].get("capacityPool") or f"st-{tag}"
 
     def ready() -> dict | None:
         doc = status_json(k.kubeconfig)
@@ -98,12 +103,12 @@ def status_view(ctx: Context) -> dict:
     return out
 
 
-def _record(scenarios) -> dict:
-    return scenarios["status_view"].result(timeout=600)
+def _record(late_scenarios) -> dict:
+    return late_scenarios["status_view"].result(timeout=600)
 
 
-def test_json_shows_the_bought_plan_with_its_next_block(scenarios) -> None:
-    r = _record(scenarios)
+def test_json_shows_the_bought_plan_with_its_next_block(late_scenarios) -> None:
+    r = _record(late_scenarios)
     p = r["scheduled"]
     assert p["availabilityZone"] == r["az"] and p["instanceType"] == ITYPE and p["totalInstanceCount"] == 18
     (block,) = p["blocks"]
@@ -112,8 +117,8 @@ def test_json_shows_the_bought_plan_with_its_next_block(scenarios) -> None:
     assert parse_ts(p["nextTransitionTime"]) == parse_ts(block["startTime"])
 
 
-def test_json_shows_the_ready_group_its_ultraserver_and_spare(scenarios) -> None:
-    r = _record(scenarios)
+def test_json_shows_the_ready_group_its_ultraserver_and_spare(late_scenarios) -> None:
+    r = _record(late_scenarios)
     doc = r["ready"]
     p = named(doc["plans"], r["plan"])
     assert p["phase"] == "Active" and [b["when"] for b in p["blocks"]] == ["active"]
@@ -127,18 +132,18 @@ def test_json_shows_the_ready_group_its_ultraserver_and_spare(scenarios) -> None
     assert us["spareNodes"] == [spare]
     assert all(n["ultraServer"] == us["id"] for n in g["nodes"])
     pool = named(doc["pools"], r["pool"])
-    assert (pool["instanceCount"], pool["soldNow"], pool["freeNow"]) == (18, 18, 0)
+    assert pool["soldNow"] >= 18 and pool["freeNow"] == pool["instanceCount"] - pool["soldNow"], pool
 
 
-def test_json_shows_a_failed_node_as_unhealthy(scenarios) -> None:
-    r = _record(scenarios)
+def test_json_shows_a_failed_node_as_unhealthy(late_scenarios) -> None:
+    r = _record(late_scenarios)
     g = named(r["after_failure"]["groups"], r["group"])
     assert g["nodesByState"]["unhealthy"] >= 1
     assert next(n for n in g["nodes"] if n["name"] == r["victim"])["state"] == "unhealthy"
 
 
-def test_the_table_names_the_plan_group_and_ultraserver(scenarios) -> None:
-    r = _record(scenarios)
+def test_the_table_names_the_plan_group_and_ultraserver(late_scenarios) -> None:
+    r = _record(late_scenarios)
     rc, out, err = r["table"]
     assert rc == 0, err
     us_id = named(r["ready"]["plans"], r["plan"])["ultraServers"][0]["id"]

@@ -153,6 +153,46 @@ class Plane:
         if not quiet:
             self.log("control plane stopped and its state removed")
 
+    def restart(self, name: str, how: signal.Signals = signal.SIGTERM, timeout: float = 120) -> float:
+        """Stop one process of the running plane and start it again; the seconds that took.
+
+        The process group recorded in ``plane.json`` gets ``how`` (SIGTERM: a clean stop, as
+        an upgrade does; SIGKILL: a crash), and once it is gone the same command runs again:
+        the same ports, the existing certificates and kubeconfig, and for etcd the same data
+        directory, so the cluster keeps every object. Returns once the process serves again:
+        etcd's client port answers and the API server is ready again behind it, the API
+        server's ``/readyz`` says ok, the others are alive for a second. For chaos tests.
+        """
+        if name not in PROCESS_ORDER:
+            raise ValueError(f"unknown plane process {name!r}; expected one of {', '.join(PROCESS_ORDER)}")
+        st = self.state()
+        if st is None:
+            raise RuntimeError("the local control plane is not up; nothing to restart")
+        started = time.monotonic()
+        pid = st.pids.get(name)
+        if pid and self._is_ours(name, pid):
+            if how == signal.SIGKILL:
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            stop_process_group(pid)
+            child = self._children.pop(name, None)
+            if child is not None:
+                child.wait(timeout=10)
+        self.logs.mkdir(parents=True, exist_ok=True)
+        st.pids[name] = self._spawn(name, self._command(name, st, self.pki))
+        st.save(self.state_file)
+        if name == "etcd":
+            self._wait(lambda: self._port_open(st.ports["etcd"]), "etcd", st, timeout)
+            self._wait(lambda: self._ready(st), "kube-apiserver /readyz after etcd came back", st, timeout)
+        elif name == "kube-apiserver":
+            self._wait(lambda: self._ready(st), "kube-apiserver /readyz", st, timeout)
+        else:
+            time.sleep(1)
+            self._wait(lambda: self._is_ours(name, st.pids[name]), name, st, timeout)
+        return time.monotonic() - started
+
     def status(self) -> list[tuple[str, str, str]]:
         st = self.state()
         if st is None:
