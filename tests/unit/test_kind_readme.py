@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hyperplan.devcluster.kind import README_STEPS
+from hyperplan.devcluster.kind import README_STEPS, REMOVAL_STEPS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,3 +42,16 @@ def test_the_examples_folder_holds_only_core_kinds() -> None:
     kinds = {d["apiVersion"].split("/")[0] for f in (ROOT / "deploy" / "examples").glob("*.yaml")
              for d in yaml.safe_load_all(f.read_text()) if d}
     assert kinds == {"hyperplan.dev"}, kinds
+
+
+def test_the_readme_removal_block_is_exactly_the_steps_the_kind_tier_runs() -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Install on a cluster (kind, with Docker)"):]
+    blocks = [[l.strip() for l in b.splitlines() if l.strip() and not l.strip().startswith("#")]
+              for b in re.findall(r"```sh\n(.*?)```", section, re.S)]
+    assert list(REMOVAL_STEPS) in blocks
+
+
+@pytest.mark.parametrize("step", REMOVAL_STEPS)
+def test_install_on_kind_shows_every_removal_step(step: str) -> None:
+    assert step in (ROOT / "docs" / "install-on-kind.md").read_text()

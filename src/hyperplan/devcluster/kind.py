@@ -57,6 +57,20 @@ README_STEPS = (
 )
 CREATE, BUILD, LOAD, INSTALL, ROLLOUT, EXAMPLES = range(len(README_STEPS))
 
+# The README's "Remove everything" commands, in order (docs/install-on-kind.md shows the same).
+# hyperplan's objects go first, while the operator still runs to remove their finalizers (a
+# group's nodes are drained and handed back, a plan's capacity released); Helm never deletes
+# CRDs, so they are deleted by hand. The kind tier runs exactly these as its last test
+# (tests/kind/test_zz_helm_lifecycle.py); tests/unit/test_kind_readme.py checks the README.
+REMOVAL_STEPS = (
+    "kubectl delete instancegroups --all --wait=true",
+    "kubectl delete trainingplans --all --wait=true",
+    "kubectl delete capacitypools --all --wait=true",
+    "helm uninstall hyperplan --namespace hyperplan-system --wait",
+    "kubectl delete -f charts/hyperplan/crds/",
+    "kubectl delete namespace hyperplan-system",
+)
+
 
 class KindError(RuntimeError):
     pass
