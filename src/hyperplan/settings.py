@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -62,3 +62,14 @@ class Settings(BaseSettings):
     """The leader stops acting when it could not renew for this long."""
     retry_period_seconds: float = 2.0
     """Seconds between attempts to acquire or renew the Lease."""
+
+    @model_validator(mode="after")
+    def _leases_make_one_actor(self) -> "Settings":
+        """The leader must give up (renew deadline) before a standby may take over (lease duration),
+        and try more than once before it gives up; otherwise two replicas could act at once."""
+        if not 0 < self.retry_period_seconds < self.renew_deadline_seconds < self.lease_duration_seconds:
+            raise ValueError(
+                "leader election needs 0 < retry_period_seconds < renew_deadline_seconds < "
+                f"lease_duration_seconds, got {self.retry_period_seconds:g} < {self.renew_deadline_seconds:g} "
+                f"< {self.lease_duration_seconds:g}")
+        return self

@@ -63,3 +63,15 @@ def test_a_bad_setting_stops_run_with_a_message(var, value, named):
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: invalid setting:") and named in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+
+@pytest.mark.parametrize("lease, renew, retry", [
+    ("15", "15", "2"), ("10", "12", "2"), ("15", "10", "10"), ("15", "10", "0"),
+], ids=["renew-equals-lease", "renew-after-lease", "retry-equals-renew", "zero-retry"])
+def test_lease_timings_that_allow_two_actors_are_refused(monkeypatch, lease: str, renew: str, retry: str) -> None:
+    monkeypatch.setenv("HYPERPLAN_LEASE_DURATION_SECONDS", lease)
+    monkeypatch.setenv("HYPERPLAN_RENEW_DEADLINE_SECONDS", renew)
+    monkeypatch.setenv("HYPERPLAN_RETRY_PERIOD_SECONDS", retry)
+    with pytest.raises(ValueError, match="retry_period_seconds < renew_deadline_seconds < lease_duration_seconds"):
+        Settings()
