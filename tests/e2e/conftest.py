@@ -116,16 +116,20 @@ def session_prometheus(operator: Operator, tmp_path_factory: pytest.TempPathFact
     p.stop()
 
 
+def side_by_side(registry: dict, operator: Operator, crds: Kubectl, plane: Plane, name: str):
+    """Start every scenario of ``registry`` at once on the one operator; yield their futures."""
+    ctx = Context(kubectl=crds, kube=Kube(api_client(str(plane.kubeconfig))), operator=operator,
+                  metrics=operator.metrics)
+    pool = ThreadPoolExecutor(max_workers=max(1, len(registry)), thread_name_prefix=name)
+    yield {key: pool.submit(fn, ctx) for key, fn in registry.items()}
+    pool.shutdown(wait=True)
+
+
 @pytest.fixture(scope="session")
 def scenarios(operator: Operator, standby: Operator, crds: Kubectl, plane: Plane,
               session_prometheus: prometheus.Prometheus) -> dict[str, Future]:
     """Every registered scenario, started at once on the one operator; tests read their records."""
-    ctx = Context(kubectl=crds, kube=Kube(api_client(str(plane.kubeconfig))), operator=operator,
-                  metrics=operator.metrics)
-    pool = ThreadPoolExecutor(max_workers=max(1, len(REGISTRY)), thread_name_prefix="scenario")
-    futures = {name: pool.submit(fn, ctx) for name, fn in REGISTRY.items()}
-    yield futures
-    pool.shutdown(wait=True)
+    yield from side_by_side(REGISTRY, operator, crds, plane, "scenario")
 
 
 @pytest.fixture(scope="session")
@@ -134,9 +138,4 @@ def late_scenarios(scenarios: dict[str, Future], operator: Operator, crds: Kubec
     """The late scenarios (see scenarios.LATE_REGISTRY), side by side once the first wave is done."""
     for future in scenarios.values():
         future.exception(timeout=900)
-    ctx = Context(kubectl=crds, kube=Kube(api_client(str(plane.kubeconfig))), operator=operator,
-                  metrics=operator.metrics)
-    pool = ThreadPoolExecutor(max_workers=max(1, len(LATE_REGISTRY)), thread_name_prefix="late")
-    futures = {name: pool.submit(fn, ctx) for name, fn in LATE_REGISTRY.items()}
-    yield futures
-    pool.shutdown(wait=True)
+    yield from side_by_side(LATE_REGISTRY, operator, crds, plane, "late")
