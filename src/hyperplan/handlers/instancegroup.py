@@ -88,7 +88,7 @@ def record_health_signals(rt: Runtime, raw: list[client.V1Node], observed: list[
         if since is None:
             for key in [k for k in rt.label_seen if k[0] == seen.name]:
                 del rt.label_seen[key]
-        if recorded == want or (want is None and recorded is None):
+        if recorded == want:
             continue
         try:
             rt.kube.core.patch_node(node.metadata.name,
