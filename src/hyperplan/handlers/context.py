@@ -95,6 +95,9 @@ class Runtime:
     # free node (uncordoned, Ready again, handed back) wakes them.
     short_of_free_nodes: set[str] = field(default_factory=set)
     free_node_digests: dict[str, tuple] = field(default_factory=dict)
+    # The Kueue admission controller's state (handlers.kueue.KueueState): the AdmissionChecks it
+    # serves and the per-plan loops it runs. Set when its handlers start.
+    kueue: Any = None
 
     def wake_unbought_plans(self) -> None:
         for name in list(self.unbought_plans):

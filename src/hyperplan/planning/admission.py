@@ -317,3 +317,79 @@ def check_active(parameters: Mapping[str, str] | None, plan: PlanView | None) ->
         return CheckActive("False", REASON_PLAN_NOT_FOUND, f"training plan {name} does not exist", name)
     return CheckActive("True", "PlanFound",
                        f"serving training plan {name} ({plan.target})", name)
+
+
+# --------------------------------------------------------------------------- reading a Workload
+
+
+def _quantity_sum(a: str | None, b: str) -> str:
+    """Sum of two whole quantities where both are whole numbers; else the larger text (rough)."""
+    x, y = _whole(a) if a is not None else 0, _whole(b)
+    if x is None or y is None:
+        return b if a is None else a
+    return str(x + y)
+
+
+def pod_requests(pod_spec: Mapping) -> dict[str, str]:
+    """One pod's requests: summed over its containers, limits standing in where requests are unset."""
+    total: dict[str, str] = {}
+    for c in pod_spec.get("containers") or []:
+        resources = c.get("resources") or {}
+        asked = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+        for key, value in asked.items():
+            total[key] = _quantity_sum(total.get(key), str(value))
+    return total
+
+
+def workload_view(obj: Mapping) -> WorkloadView:
+    """A Kueue ``Workload`` (v1beta2) as admission sees it.
+
+    The maximum execution time is ``spec.maximumExecutionTimeSeconds``, which Kueue copies from
+    the Job's ``kueue.x-k8s.io/max-exec-time-seconds`` label; the label on the Workload itself
+    is read when the field is missing.
+    """
+    meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+    sets = tuple(PodSetView(ps.get("name") or "main", int(ps.get("count") or 0),
+                            pod_requests(((ps.get("template") or {}).get("spec")) or {}))
+                 for ps in spec.get("podSets") or [])
+    seconds = spec.get("maximumExecutionTimeSeconds")
+    if seconds is None:
+        label = (meta.get("labels") or {}).get("kueue.x-k8s.io/max-exec-time-seconds")
+        seconds = int(label) if label and label.isdigit() else None
+    return WorkloadView(meta.get("namespace", ""), meta.get("name", ""), sets,
+                        timedelta(seconds=int(seconds)) if seconds else None)
+
+
+@dataclass(frozen=True)
+class WorkloadProgress:
+    """Where a Workload stands in Kueue, for one of its admission checks."""
+
+    check_state: str | None  # the check's entry state, None when it has no entry
+    quota_reserved: bool
+    admitted: bool
+    finished: bool
+    evicted: bool
+    since: str = ""  # the entry's lastTransitionTime, for ordering
+
+    @property
+    def to_decide(self) -> bool:
+        """Kueue waits for this controller: quota is reserved and the check is Pending."""
+        return self.check_state == PENDING and self.quota_reserved and not self.finished and not self.evicted
+
+    @property
+    def holds_capacity(self) -> bool:
+        """Admitted (or about to be) into a block: its instances are taken."""
+        return self.check_state == READY and self.quota_reserved and not self.finished and not self.evicted
+
+
+def workload_progress(obj: Mapping, check: str) -> WorkloadProgress:
+    status = obj.get("status") or {}
+    conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
+    entry = next((c for c in status.get("admissionChecks") or [] if c.get("name") == check), None)
+    return WorkloadProgress(
+        check_state=entry.get("state") if entry else None,
+        quota_reserved=conditions.get("QuotaReserved") == "True",
+        admitted=conditions.get("Admitted") == "True",
+        finished=conditions.get("Finished") == "True",
+        evicted=conditions.get("Evicted") == "True",
+        since=(entry or {}).get("lastTransitionTime") or "")
