@@ -160,3 +160,55 @@ def test_check_active(parameters, the_plan, status, reason, fragment) -> None:
     active = ad.check_active(parameters, the_plan)
     assert (active.status, active.reason) == (status, reason)
     assert fragment in active.message
+
+
+# --------------------------------------------------------------------------- reading Kueue's Workload
+
+
+def wl_obj(**spec_extra) -> dict:
+    return {"metadata": {"name": "job-train-1a2b3", "namespace": "team", "labels": {}},
+            "spec": {"podSets": [
+                {"name": "launcher", "count": 1, "template": {"spec": {"containers": [
+                    {"name": "l", "resources": {"requests": {"cpu": "1"}}}]}}},
+                {"name": "workers", "count": 4, "template": {"spec": {"containers": [
+                    {"name": "w", "resources": {"limits": {"nvidia.com/gpu": "4"}}},
+                    {"name": "sidecar", "resources": {"requests": {"nvidia.com/gpu": "0", "cpu": "1"}}}]}}}],
+                **spec_extra}}
+
+
+def test_workload_view_reads_pod_sets_and_max_exec() -> None:
+    view = ad.workload_view(wl_obj(maximumExecutionTimeSeconds=3600))
+    assert view.key == "team/job-train-1a2b3"
+    assert [(ps.name, ps.count) for ps in view.pod_sets] == [("launcher", 1), ("workers", 4)]
+    assert view.pod_sets[1].requests["nvidia.com/gpu"] == "4"  # limits stand in for requests, summed
+    assert view.max_execution == timedelta(hours=1)
+    assert ad.instances_needed(view.pod_sets, P5) == (1 + 2, "")
+
+
+@pytest.mark.parametrize("spec, labels, expected", [
+    ({}, {}, None),
+    ({}, {"kueue.x-k8s.io/max-exec-time-seconds": "600"}, timedelta(minutes=10)),
+    ({"maximumExecutionTimeSeconds": 60}, {"kueue.x-k8s.io/max-exec-time-seconds": "600"}, timedelta(minutes=1)),
+    ({}, {"kueue.x-k8s.io/max-exec-time-seconds": "soon"}, None),
+], ids=["none", "label-only", "spec-wins", "bad-label"])
+def test_workload_max_exec_sources(spec, labels, expected) -> None:
+    obj = wl_obj(**spec)
+    obj["metadata"]["labels"] = labels
+    assert ad.workload_view(obj).max_execution == expected
+
+
+@pytest.mark.parametrize("conditions, state, to_decide, holds", [
+    ({"QuotaReserved": "True"}, "Pending", True, False),
+    ({"QuotaReserved": "False"}, "Pending", False, False),
+    ({"QuotaReserved": "True"}, "Retry", False, False),
+    ({"QuotaReserved": "True", "Admitted": "True"}, "Ready", False, True),
+    ({"QuotaReserved": "True", "Finished": "True"}, "Ready", False, False),
+    ({"QuotaReserved": "True", "Evicted": "True"}, "Ready", False, False),
+    ({"QuotaReserved": "True"}, None, False, False),
+], ids=["quota-pending", "no-quota", "retry-left-to-kueue", "admitted-holds", "finished", "evicted", "no-entry"])
+def test_workload_progress(conditions, state, to_decide, holds) -> None:
+    obj = {"status": {"conditions": [{"type": t, "status": s} for t, s in conditions.items()],
+                      "admissionChecks": ([{"name": "plan-check", "state": state, "lastTransitionTime": "t"}]
+                                          if state else [])}}
+    progress = ad.workload_progress(obj, "plan-check")
+    assert (progress.to_decide, progress.holds_capacity) == (to_decide, holds)
