@@ -212,3 +212,28 @@ def test_workload_progress(conditions, state, to_decide, holds) -> None:
                                           if state else [])}}
     progress = ad.workload_progress(obj, "plan-check")
     assert (progress.to_decide, progress.holds_capacity) == (to_decide, holds)
+
+
+@pytest.mark.parametrize("the_plan, now, state, fragments, requeue", [
+    (plan(A, B), "2027-01-02 11:00", "Retry",
+     ["block a reached its termination time 2027-01-02T11:00:00Z", "evicted: next block that can hold it (b"],
+     timedelta(days=1, minutes=30)),
+    (plan(A, block("c", "2027-01-02 11:30", "2027-01-03 11:30")), "2027-01-02 11:30", "Retry",
+     ["evicted to be admitted again into block c"], timedelta(seconds=1)),
+    (plan(A), "2027-01-02 11:00", "Rejected", ["block a reached its termination time", "no block"], None),
+    (plan(B), "2027-01-03 12:00", "Retry", ["block a is no longer part of training plan llama"], None),
+], ids=["next-block-later", "next-block-now", "no-block-left", "block-gone"])
+def test_decide_after_block(the_plan, now, state, fragments, requeue) -> None:
+    d = ad.decide_after_block(the_plan, workload(hours=None), "a", ts(now), busy_retry=timedelta(seconds=30))
+    assert d.state == state, d.message
+    for fragment in fragments:
+        assert fragment in d.message, (fragment, d.message)
+    if requeue is not None:
+        assert d.requeue_after == requeue
+
+
+def test_admitted_block_reads_the_pod_label_of_the_entry() -> None:
+    entry = {"podSetUpdates": [{"name": "main", "labels": {"hyperplan.dev/reserved-capacity": "rc-1"}}]}
+    assert ad.admitted_block(entry, "hyperplan.dev/reserved-capacity") == "rc-1"
+    assert ad.admitted_block({"podSetUpdates": [{"name": "main"}]}, "hyperplan.dev/reserved-capacity") is None
+    assert ad.admitted_block(None, "x") is None

@@ -202,7 +202,10 @@ def apply_check_active(rt: Runtime, check: dict[str, Any], active: ad.CheckActiv
 
 
 def entry_for(check: str, decision: ad.AdmissionDecision, prior: dict[str, Any] | None,
-              pod_sets: tuple[ad.PodSetView, ...], selector: dict[str, str], now: datetime) -> dict[str, Any]:
+              pod_sets: tuple[ad.PodSetView, ...], selector: dict[str, str], now: datetime,
+              labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """The entry to apply: on Ready, ``podSetUpdates`` pin each pod set to ``selector`` and label
+    its pods with ``labels`` (the block they were admitted into, read back on later passes)."""
     entry: dict[str, Any] = {"name": check, "state": decision.state, "message": decision.message[:32000]}
     same_state = prior is not None and prior.get("state") == decision.state
     entry["lastTransitionTime"] = prior["lastTransitionTime"] if same_state and prior.get("lastTransitionTime") \
@@ -210,7 +213,8 @@ def entry_for(check: str, decision: ad.AdmissionDecision, prior: dict[str, Any] 
     if decision.requeue_after_seconds is not None:
         entry["requeueAfterSeconds"] = decision.requeue_after_seconds
     if decision.state == ad.READY and selector:
-        entry["podSetUpdates"] = [{"name": ps.name, "nodeSelector": dict(selector)} for ps in pod_sets]
+        entry["podSetUpdates"] = [{"name": ps.name, **({"labels": dict(labels)} if labels else {}),
+                                   "nodeSelector": dict(selector)} for ps in pod_sets]
     return entry
 
 
@@ -230,16 +234,26 @@ def workload_ref(wl: dict[str, Any]) -> dict[str, Any]:
 
 
 async def reconcile_plan_workloads(rt: Runtime, plan_name: str, stop: Stop) -> datetime | None:
-    """One pass over a plan named by AdmissionChecks: the checks, their workloads, the job nodes."""
+    """One pass over a plan named by AdmissionChecks: the checks, their workloads, the job nodes.
+
+    With no check naming the plan any more, the pass only lets go of the plan's job nodes
+    (released, or kept warm for their keep-alive) and the loop ends once none is left.
+    """
     state = state_of(rt)
     checks = state.checks_of(plan_name)
-    if not checks:
-        stop.set()  # no check names the plan any more: this loop ends
-        state.loops.pop(plan_name, None)
-        return None
     now = rt.clock()
     plan_obj = await asyncio.to_thread(rt.kube.get_object, "trainingplans", plan_name)
+    if plan_obj is not None and plan_obj["metadata"].get("deletionTimestamp"):
+        plan_obj = None  # being deleted: its blocks are going back to the pools
     view, extra = plan_view(rt, plan_obj, now)
+    plan, schedule = extra if extra else (None, None)
+    if not checks:
+        wake, left = await asyncio.to_thread(reconcile_job_nodes, rt, plan_name, plan, schedule, [], now)
+        if not left:
+            stop.set()
+            state.loops.pop(plan_name, None)
+            return None
+        return wake
     for check in checks:
         obj = await asyncio.to_thread(_get_check, rt, check)
         if obj is not None:
@@ -256,22 +270,30 @@ async def reconcile_plan_workloads(rt: Runtime, plan_name: str, stop: Stop) -> d
                 mine.append((wl, check, ad.workload_progress(wl, check), ad.workload_view(wl)))
     mine.sort(key=lambda m: (m[2].since, m[0]["metadata"].get("creationTimestamp", ""), m[3].key))
 
-    plan, schedule = extra if extra else (None, None)
     target = view.target if view else ad.TRAINING_JOB
-    usable_block = None
+    usable = None
     if schedule is not None and schedule.usable_block is not None:
-        usable_block = plan.status.reserved_capacity[schedule.usable_block]
+        usable = plan.status.reserved_capacity[schedule.usable_block]
+    usable_value = pl.label_value(usable.id) if usable is not None else None
     ready_nodes = None
-    if target == ad.HYPERPOD_CLUSTER and usable_block is not None:
-        ready_nodes = await asyncio.to_thread(ready_group_nodes, rt, plan_name, usable_block.id)
+    if target == ad.HYPERPOD_CLUSTER and usable is not None:
+        ready_nodes = await asyncio.to_thread(ready_group_nodes, rt, plan_name, usable.id)
 
     accelerators = view.accelerators if view else None
     holders: list[tuple[ad.WorkloadView, int]] = []
+    decisions: list[tuple[dict[str, Any], str, ad.WorkloadView, ad.AdmissionDecision]] = []
+    busy_retry = min(timedelta(seconds=60), max(timedelta(seconds=5), rt.policy.day / 12))
     for wl, check, progress, w in mine:
-        if progress.holds_capacity:
+        if not progress.holds_capacity:
+            continue
+        entry = _entry(wl, check)
+        block = ad.admitted_block(entry, pl.LABEL_RESERVED_CAPACITY)
+        if block is not None and block != usable_value:  # its block ended (or went): requeue or reject it
+            decisions.append((wl, check, w, ad.decide_after_block(view, w, block, now, busy_retry=busy_retry,
+                                                                  plan_name=plan_name)))
+        else:
             holders.append((w, ad.instances_needed(w.pod_sets, accelerators)[0]))
     held = sum(n for _, n in holders)
-    busy_retry = min(timedelta(seconds=60), max(timedelta(seconds=5), rt.policy.day / 12))
     for wl, check, progress, w in mine:
         if not progress.to_decide:
             continue
@@ -280,10 +302,14 @@ async def reconcile_plan_workloads(rt: Runtime, plan_name: str, stop: Stop) -> d
         if decision.state == ad.READY:
             held += decision.instances
             holders.append((w, decision.instances))
+        decisions.append((wl, check, w, decision))
+
+    for wl, check, w, decision in decisions:
         selector = ({tj.LABEL_WORKLOAD: tj.workload_label_value(w.namespace, w.name)} if target == ad.TRAINING_JOB
                     else {pl.LABEL_PLAN: pl.label_value(plan_name)})
-        prior = next((c for c in wl["status"].get("admissionChecks") or [] if c.get("name") == check), None)
-        entry = entry_for(check, decision, prior, w.pod_sets, selector, now)
+        labels = {pl.LABEL_RESERVED_CAPACITY: pl.label_value(decision.block_id)} if decision.block_id else {}
+        prior = _entry(wl, check)
+        entry = entry_for(check, decision, prior, w.pod_sets, selector, now, labels)
         if differs(prior, entry):
             await asyncio.to_thread(apply_check_entry, rt, wl, entry)
             log.info("workload %s: check %s %s (%s): %s", w.key, check, decision.state, decision.reason,
@@ -292,9 +318,14 @@ async def reconcile_plan_workloads(rt: Runtime, plan_name: str, stop: Stop) -> d
                        reason=f"AdmissionCheck{decision.state}", message=f"{check}: {decision.message}"[:1000])
 
     wakes = [schedule.next_transition_time] if schedule is not None else []
-    if target == ad.TRAINING_JOB and plan is not None:
-        wakes.append(await asyncio.to_thread(reconcile_job_nodes, rt, plan, schedule, holders, now))
+    if target == ad.TRAINING_JOB:
+        wake, _ = await asyncio.to_thread(reconcile_job_nodes, rt, plan_name, plan, schedule, holders, now)
+        wakes.append(wake)
     return min((w for w in wakes if w is not None), default=None)
+
+
+def _entry(wl: dict[str, Any], check: str) -> dict[str, Any] | None:
+    return next((c for c in (wl.get("status") or {}).get("admissionChecks") or [] if c.get("name") == check), None)
 
 
 def _get_check(rt: Runtime, name: str) -> dict[str, Any] | None:
@@ -309,12 +340,15 @@ def _get_check(rt: Runtime, name: str) -> dict[str, Any] | None:
 # --------------------------------------------------------------------------- training-job nodes
 
 
-def reconcile_job_nodes(rt: Runtime, plan: TrainingPlan, schedule, holders: list[tuple[ad.WorkloadView, int]],
-                        now: datetime) -> datetime | None:
-    """Create, hand over, keep warm, drain and release a training-job plan's nodes (sync, thread)."""
-    name = plan.metadata["name"]
+def reconcile_job_nodes(rt: Runtime, name: str, plan: TrainingPlan | None, schedule,
+                        holders: list[tuple[ad.WorkloadView, int]], now: datetime) -> tuple[datetime | None, int]:
+    """Create, hand over, keep warm, drain and release a training-job plan's nodes (sync, thread).
+
+    Returns when to look again and how many of the plan's job nodes are left. Without the plan
+    (deleted) every node drains at once.
+    """
     block = None
-    if schedule is not None and schedule.active_block is not None:
+    if plan is not None and schedule is not None and schedule.active_block is not None:
         b = plan.status.reserved_capacity[schedule.active_block]
         state = schedule.blocks[schedule.active_block]
         block = tj.JobBlock(b.id, b.availability_zone, b.instance_type, b.instance_count, state.termination_time,
@@ -324,13 +358,17 @@ def reconcile_job_nodes(rt: Runtime, plan: TrainingPlan, schedule, holders: list
     raw = [n for n in raw if not n.metadata.deletion_timestamp]
     nodes = tj.job_nodes_from_labels([(n.metadata.name, n.metadata.labels or {}, n.metadata.annotations or {},
                                        bool(n.spec.unschedulable)) for n in raw])
-    keep = plan.spec.keep_alive_period_seconds
+    if not raw and not holders:
+        return None, 0
+    keep = plan.spec.keep_alive_period_seconds if plan is not None else None
     decision = tj.decide_job_nodes(
         name, block, [tj.Holder(tj.workload_label_value(w.namespace, w.name), n) for w, n in holders],
         nodes, timedelta(seconds=keep) if keep else None, now, rt.keys)
     provider: KwokProvider = rt.providers["kwok"]
-    plan_ref = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TrainingPlan", "metadata": plan.metadata}
+    plan_ref = ({"apiVersion": f"{GROUP}/{VERSION}", "kind": "TrainingPlan", "metadata": plan.metadata}
+                if plan is not None else None)
     events: list[tuple[str, str]] = []
+    removed: set[str] = set()
     for spec in decision.create:
         provider.create(spec)
         events.append(("NodeCreated", f"{spec.name} in {spec.availability_zone} for workload "
@@ -346,8 +384,9 @@ def reconcile_job_nodes(rt: Runtime, plan: TrainingPlan, schedule, holders: list
                                        "(keepAlivePeriodSeconds)"))
     for node, why in decision.release:
         progress = evict_pods(rt.kube, node, rt.me)
+        removed.add(node)
         events.append(("NodeRemoved", f"{node} removed ({why}): {provider.release(node)}"
-                       + (f"; {progress.pods_left} pod(s) were still on it" if progress.pods_left else "")))
+                       + (f"; {progress.pods_left} pod(s) evicted" if progress.pods_left else "")))
     cordoned = {n.name for n in nodes if n.cordoned}
     for drain in decision.drain:
         if drain.node not in cordoned:
@@ -356,6 +395,7 @@ def reconcile_job_nodes(rt: Runtime, plan: TrainingPlan, schedule, holders: list
                                        f"{to_rfc3339(drain.deadline)}"))
         progress = evict_pods(rt.kube, drain.node, rt.me)
         if progress.pods_left == 0 or now >= drain.deadline:
+            removed.add(drain.node)
             events.append(("NodeRemoved", f"{drain.node} drained and removed ({drain.reason}): "
                                           f"{provider.release(drain.node)}"))
     for workload, missing in decision.short.items():
@@ -363,13 +403,14 @@ def reconcile_job_nodes(rt: Runtime, plan: TrainingPlan, schedule, holders: list
                                             f"{block.id if block else '-'}"))
     for reason, message in events:
         log.info("plan %s: %s: %s", name, reason, message)
-        kopf.event(plan_ref, type="Warning" if reason == "NoSlotForWorkload" else "Normal", reason=reason,
-                   message=message)
+        if plan_ref is not None:
+            kopf.event(plan_ref, type="Warning" if reason == "NoSlotForWorkload" else "Normal", reason=reason,
+                       message=message)
     wake = decision.wake_at
     if decision.drain:  # evictions take a moment: look again shortly until the nodes are gone
         soon = now + timedelta(seconds=1)
         wake = soon if wake is None else min(wake, soon)
-    return wake
+    return wake, len(raw) + len(decision.create) - len(removed)
 
 
 # --------------------------------------------------------------------------- watches

@@ -393,3 +393,35 @@ def workload_progress(obj: Mapping, check: str) -> WorkloadProgress:
         finished=conditions.get("Finished") == "True",
         evicted=conditions.get("Evicted") == "True",
         since=(entry or {}).get("lastTransitionTime") or "")
+
+
+def admitted_block(entry: Mapping | None, label: str) -> str | None:
+    """The block (label value) a Ready entry admitted the workload into, from its podSetUpdates."""
+    for update in (entry or {}).get("podSetUpdates") or []:
+        value = (update.get("labels") or {}).get(label)
+        if value:
+            return value
+    return None
+
+
+def decide_after_block(plan: PlanView | None, workload: WorkloadView, block_id: str, now: datetime, *,
+                       busy_retry: timedelta = timedelta(seconds=30), plan_name: str = "") -> AdmissionDecision:
+    """The check state of a workload admitted into a block that is no longer usable.
+
+    From the block's termination time its nodes drain. Rather than leave Kueue believing the
+    workload still runs, the check goes to ``Retry`` (Kueue evicts it, suspending the Job so
+    that its pods stop gracefully, and queues it again) with the block it may run in next, or
+    to ``Rejected`` when no block can ever hold it.
+    """
+    ended = next((b for b in (plan.blocks if plan else ()) if b.id == block_id), None)
+    head = (f"block {block_id} reached its termination time {stamp(ended.termination_time)}" if ended
+            else f"block {block_id} is no longer part of training plan {plan.name if plan else plan_name}")
+    later = decide_admission(plan, workload, now, busy_retry=busy_retry, plan_name=plan_name)
+    if later.state == REJECTED:
+        return AdmissionDecision(REJECTED, later.reason, f"{head}; {later.message}", later.instances)
+    if later.state == READY:  # another block is usable right now: be queued again for it at once
+        return AdmissionDecision(RETRY, REASON_WAITING_FOR_BLOCK,
+                                 f"{head}; evicted to be admitted again into block {later.block_id}",
+                                 later.instances, requeue_after=timedelta(seconds=1))
+    return AdmissionDecision(RETRY, later.reason, f"{head}; evicted: {later.message}", later.instances,
+                             requeue_after=later.requeue_after)
