@@ -10,6 +10,13 @@ Writes are idempotent: a reservation's id is derived from the plan's uid and the
 index, and a pool that already holds it is left alone. A plan's own reservations are
 left out of the snapshots it re-checks against, so a purchase interrupted between two
 pools (crash, conflict) completes on the next attempt instead of blocking itself.
+
+With a :class:`PoolReads` (the operator's watch cache) the ledger reads the pools from memory
+instead of LISTing them per purchase, and hands each write's result back to it (write-through),
+so the next purchase of this process starts from the ledger as it just wrote it. The only API
+read left is the GET of a pool after a 409, which optimistic concurrency needs. A refused
+re-check returns the snapshots it was made against, so that the caller can search again against
+the ledger as it is now (a lost race is not the end of an auto-purchase).
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from datetime import datetime
 from typing import Any, Protocol, Sequence, runtime_checkable
 
 from hyperplan.actuation.kube import Kube, is_conflict
-from hyperplan.api.models import CapacityPool, Reservation
+from hyperplan.api.models import API_VERSION, CapacityPool, Reservation
 from hyperplan.planning.offerings import Block, Busy, Offering, PoolSnapshot, RuleViolation, recheck_offering
 from hyperplan.planning.policy import Policy
 
@@ -50,6 +57,8 @@ class LedgerEntry:
 class PurchaseResult:
     entries: tuple[LedgerEntry, ...] = ()
     violation: RuleViolation | None = None
+    # With a violation: the pools the offering was re-checked against (fresh), to search again in.
+    pools: tuple[PoolSnapshot, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -77,6 +86,18 @@ def entries_of(pools: Sequence[CapacityPool], plan_uid: str) -> list[LedgerEntry
     return sorted(found, key=lambda e: (e.reservation.start_time, e.reservation.reserved_capacity_id))
 
 
+class PoolReads(Protocol):
+    """Where the ledger reads pools from when not from the API (the operator's watch cache)."""
+
+    def pool_objects(self) -> list[dict[str, Any]]: ...
+
+    def pool_snapshots(self, pools: list[dict[str, Any]]) -> list[PoolSnapshot]: ...
+
+    def entries_of(self, plan_uid: str, pools: list[dict[str, Any]]) -> list[LedgerEntry]: ...
+
+    def wrote(self, kind: str, obj: dict[str, Any]) -> None: ...
+
+
 @runtime_checkable
 class CapacityLedger(Protocol):
     def pools(self) -> list[CapacityPool]: ...
@@ -90,14 +111,28 @@ class CapacityLedger(Protocol):
 class KubeLedger:
     """The ledger kept in CapacityPool status on the API server."""
 
-    def __init__(self, kube: Kube):
+    def __init__(self, kube: Kube, reads: PoolReads | None = None):
         self.kube = kube
+        self.reads = reads
         # Purchases from this process take turns, so they never conflict with each other; the
         # resourceVersion check still guards against every other writer (another replica, a user).
         self._turn = threading.Lock()
 
     def pools(self) -> list[CapacityPool]:
-        return [CapacityPool.model_validate(o) for o in self.kube.list_objects(PLURAL)]
+        return [CapacityPool.model_validate(o) for o in self._pool_objects().values()]
+
+    def _pool_objects(self) -> dict[str, dict[str, Any]]:
+        objects = self.reads.pool_objects() if self.reads is not None else self.kube.list_objects(PLURAL)
+        return {o["metadata"]["name"]: o for o in objects}
+
+    def _snapshots(self, raw: dict[str, dict[str, Any]], plan_uid: str) -> list[PoolSnapshot]:
+        """The pools as a re-check sees them: without this plan's own reservations."""
+        if self.reads is None:
+            return [pool_snapshot(CapacityPool.model_validate(o), exclude_plan_uid=plan_uid) for o in raw.values()]
+        mine = {e.pool for e in self.reads.entries_of(plan_uid, list(raw.values()))}
+        cached = {s.name: s for s in self.reads.pool_snapshots([o for n, o in raw.items() if n not in mine])}
+        return [cached[n] if n in cached else pool_snapshot(CapacityPool.model_validate(o), exclude_plan_uid=plan_uid)
+                for n, o in raw.items()]
 
     def purchase(self, plan: str, plan_uid: str, offering: Offering, policy: Policy,
                  now: datetime) -> PurchaseResult:
@@ -107,25 +142,41 @@ class KubeLedger:
     def _purchase(self, plan: str, plan_uid: str, offering: Offering, policy: Policy,
                   now: datetime) -> PurchaseResult:
         for attempt in range(1, MAX_ATTEMPTS + 1):
-            raw = {o["metadata"]["name"]: o for o in self.kube.list_objects(PLURAL)}
-            pools = [CapacityPool.model_validate(o) for o in raw.values()]
-            violation = recheck_offering(
-                offering, [pool_snapshot(p, exclude_plan_uid=plan_uid) for p in pools], policy, now)
+            raw = self._pool_objects()
+            snapshots = self._snapshots(raw, plan_uid)
+            violation = recheck_offering(offering, snapshots, policy, now)
             if violation:
-                self._release(plan_uid, now=None)
-                return PurchaseResult(violation=violation)
+                if any(r.get("trainingPlanUid") == plan_uid for o in raw.values()
+                       for r in (o.get("status") or {}).get("reservations") or []):
+                    self._release(plan_uid, now=None)  # a purchase interrupted between two pools
+                return PurchaseResult(violation=violation, pools=tuple(snapshots))
+            written: dict[str, dict[str, Any]] = {}
             try:
                 for pool_name, wanted in _by_pool(plan, plan_uid, offering).items():
-                    self._add(raw[pool_name], wanted)
+                    written[pool_name] = self._add(raw[pool_name], wanted)
             except Exception as e:  # noqa: BLE001 - only conflicts are retried
                 if not is_conflict(e):
                     raise
                 log.info("ledger conflict for plan %s (attempt %d); re-reading", plan, attempt)
+                self._reread(offering)
                 continue
-            return PurchaseResult(entries=tuple(entries_of(self.pools(), plan_uid)))
+            after = {**raw, **written}
+            if self.reads is not None:
+                return PurchaseResult(entries=tuple(self.reads.entries_of(plan_uid, list(after.values()))))
+            return PurchaseResult(entries=tuple(entries_of(
+                [CapacityPool.model_validate(o) for o in after.values()], plan_uid)))
         self._release(plan_uid, now=None)
         return PurchaseResult(violation=RuleViolation(
             "LedgerContention", f"the capacity ledger changed under {MAX_ATTEMPTS} attempts to buy"))
+
+    def _reread(self, offering: Offering) -> None:
+        """After a 409: GET the offering's pools, so the next attempt sees what the other writer wrote."""
+        if self.reads is None:
+            return  # the next attempt LISTs anyway
+        for name in sorted({b.pool for b in offering.blocks}):
+            fresh = self.kube.get_object(PLURAL, name)
+            if fresh is not None:
+                self.reads.wrote(PLURAL, fresh)
 
     def release(self, plan_uid: str, now: datetime | None) -> int:
         """Remove the plan's reservations that have not ended by ``now`` (all when None)."""
@@ -153,15 +204,21 @@ class KubeLedger:
                     raise
         raise RuntimeError(f"could not release reservations of plan uid {plan_uid}: ledger contention")
 
-    def _add(self, obj: dict[str, Any], wanted: list[Reservation]) -> None:
-        status = obj.setdefault("status", {})
+    def _add(self, obj: dict[str, Any], wanted: list[Reservation]) -> dict[str, Any]:
+        """Append ``wanted`` to the pool's ledger in one status replace; the pool as written."""
+        status = dict(obj.get("status") or {})
         have = {r.get("reservedCapacityId") for r in status.get("reservations", [])}
         new = [r.wire() for r in wanted if r.reserved_capacity_id not in have]
         if not new:
-            return
-        status["reservations"] = status.get("reservations", []) + new
-        updated = self.kube.replace_status(PLURAL, obj)
-        obj["metadata"]["resourceVersion"] = updated["metadata"]["resourceVersion"]
+            return obj
+        status["reservations"] = list(status.get("reservations", [])) + new
+        body = {"apiVersion": obj.get("apiVersion") or API_VERSION, "kind": "CapacityPool",
+                "metadata": {"name": obj["metadata"]["name"], "resourceVersion": obj["metadata"]["resourceVersion"]},
+                "spec": obj.get("spec") or {}, "status": status}
+        updated = self.kube.replace_status(PLURAL, body)
+        if self.reads is not None:
+            self.reads.wrote(PLURAL, updated)
+        return updated
 
 
 def _by_pool(plan: str, plan_uid: str, offering: Offering) -> dict[str, list[Reservation]]:
@@ -191,10 +248,10 @@ class FakeLedger:
     def purchase(self, plan: str, plan_uid: str, offering: Offering, policy: Policy,
                  now: datetime) -> PurchaseResult:
         self.calls.append(("purchase", (plan, offering.id)))
-        violation = self.fail_with or recheck_offering(
-            offering, [pool_snapshot(p, plan_uid) for p in self.pool_objects], policy, now)
+        snapshots = [pool_snapshot(p, plan_uid) for p in self.pool_objects]
+        violation = self.fail_with or recheck_offering(offering, snapshots, policy, now)
         if violation:
-            return PurchaseResult(violation=violation)
+            return PurchaseResult(violation=violation, pools=tuple(snapshots))
         by_name = {p.metadata["name"]: p for p in self.pool_objects}
         for pool_name, wanted in _by_pool(plan, plan_uid, offering).items():
             have = {r.reserved_capacity_id for r in by_name[pool_name].status.reservations}

@@ -19,6 +19,7 @@ from hyperplan import metrics
 from hyperplan.actuation.kube import Kube, api_client
 from hyperplan.actuation.ledger import CapacityLedger, KubeLedger
 from hyperplan.actuation.nodes import NodeProvider, providers
+from hyperplan.handlers.cache import WatchCache
 from hyperplan.planning.lending import OperatorIdentity
 from hyperplan.planning.placement import TopologyKeys
 from hyperplan.planning.policy import Policy, get_policy
@@ -75,6 +76,7 @@ class Runtime:
     me: OperatorIdentity = field(default_factory=OperatorIdentity)  # never drained, never lent
     clock: Clock = utcnow
     wakeups: Wakeups = field(default_factory=Wakeups)
+    cache: WatchCache = field(default_factory=WatchCache)  # what the watches hold: the read side of passes
     # When a node's Unschedulable health label was first seen, by (node, value): the grace
     # of that signal counts from here. Lost on restart, which judges such a node at once.
     label_seen: dict[tuple[str, str], datetime] = field(default_factory=dict)
@@ -111,9 +113,10 @@ def build_runtime(settings: Settings) -> Runtime:
     layers = settings.network_layer_labels
     me = OperatorIdentity(pod_name=settings.pod_name, namespace=settings.pod_namespace,
                           node_name=settings.node_name, pod_labels=dict(settings.operator_pod_labels))
+    cache = WatchCache()
     return Runtime(settings=settings, policy=get_policy(settings.policy), kube=kube,
-                   ledger=KubeLedger(kube), providers=providers(kube, me), me=me,
-                   keys=TopologyKeys(settings.ultraserver_id_label, *layers))
+                   ledger=KubeLedger(kube, reads=cache), providers=providers(kube, me), me=me,
+                   keys=TopologyKeys(settings.ultraserver_id_label, *layers), cache=cache)
 
 
 RETRY = timedelta(seconds=5)
