@@ -57,10 +57,15 @@ def _metadata(meta: Mapping[str, Any], *, with_annotations: bool) -> dict[str, A
 
 
 def slim_object(body: Mapping[str, Any]) -> dict[str, Any]:
-    """A hyperplan object as passes read it: kind, the metadata they use, spec and status."""
+    """A hyperplan object as passes read it: kind, the metadata they use, spec and status.
+
+    ``spec`` and ``status`` are the event's own parsed JSON, shared, not copied (kopf's body view
+    hands out the raw nested dicts; each watch event is parsed afresh and nobody mutates them:
+    the ledger builds a new status for its writes). Copying them would cost a pool's whole ledger
+    on every pool event."""
     return {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
             "metadata": _metadata(body.get("metadata") or {}, with_annotations=True),
-            "spec": _plain(body.get("spec") or {}), "status": _plain(body.get("status") or {})}
+            "spec": _raw(body.get("spec")), "status": _raw(body.get("status"))}
 
 
 def slim_node(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -75,13 +80,11 @@ def slim_node(body: Mapping[str, Any]) -> dict[str, Any]:
                                       for c in status.get("conditions") or []]}}
 
 
-def _plain(value: Any) -> Any:
-    """A deep copy in plain dicts and lists (kopf's body views are live mappings)."""
-    if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
+def _raw(value: Any) -> dict[str, Any]:
+    """The plain dict under a kopf view (or the dict itself); a copy only for an odd mapping."""
+    if isinstance(value, dict):
+        return value
+    return dict(value) if isinstance(value, Mapping) else {}
 
 
 @kopf.index(GROUP, VERSION, "trainingplans")
