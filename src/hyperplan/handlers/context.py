@@ -19,6 +19,7 @@ from hyperplan import metrics
 from hyperplan.actuation.kube import Kube, api_client
 from hyperplan.actuation.ledger import CapacityLedger, KubeLedger
 from hyperplan.actuation.nodes import KubeNodePods, NodePods, NodeProvider, providers
+from hyperplan.handlers.cache import WatchCache
 from hyperplan.planning.lending import OperatorIdentity
 from hyperplan.planning.memory import GroupMemory
 from hyperplan.planning.placement import TopologyKeys
@@ -81,6 +82,7 @@ class Runtime:
     groups: GroupMemory = field(default_factory=GroupMemory)
     # What a drain does to the pods on a node (the Eviction API; a recording fake in tests).
     pods: NodePods | None = None
+    cache: WatchCache = field(default_factory=WatchCache)  # what the watches hold: the read side of passes
     # Who needs waking when something changes, so a change wakes only the daemons it concerns:
     # plans not bought yet (their offerings depend on the pools).
     unbought_plans: set[str] = field(default_factory=set)
@@ -108,9 +110,10 @@ def build_runtime(settings: Settings) -> Runtime:
     layers = settings.network_layer_labels
     me = OperatorIdentity(pod_name=settings.pod_name, namespace=settings.pod_namespace,
                           node_name=settings.node_name, pod_labels=dict(settings.operator_pod_labels))
+    cache = WatchCache()
     return Runtime(settings=settings, policy=get_policy(settings.policy), kube=kube,
-                   ledger=KubeLedger(kube), providers=providers(kube, me), me=me,
-                   keys=TopologyKeys(settings.ultraserver_id_label, *layers))
+                   ledger=KubeLedger(kube, reads=cache), providers=providers(kube, me), me=me,
+                   keys=TopologyKeys(settings.ultraserver_id_label, *layers), cache=cache)
 
 
 RETRY = timedelta(seconds=5)
