@@ -111,7 +111,8 @@ def build_runtime(settings: Settings) -> Runtime:
     me = OperatorIdentity(pod_name=settings.pod_name, namespace=settings.pod_namespace,
                           node_name=settings.node_name, pod_labels=dict(settings.operator_pod_labels))
     cache = WatchCache()
-    return Runtime(settings=settings, policy=get_policy(settings.policy), kube=kube,
+    lead = None if settings.checkpoint_lead_seconds is None else timedelta(seconds=settings.checkpoint_lead_seconds)
+    return Runtime(settings=settings, policy=get_policy(settings.policy, lead), kube=kube,
                    ledger=KubeLedger(kube, reads=cache), providers=providers(kube, me), me=me,
                    keys=TopologyKeys(settings.ultraserver_id_label, *layers), cache=cache)
 

@@ -100,6 +100,8 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
         await asyncio.to_thread(rt.kube.patch_status, PLURAL, name, desired)
         metrics.STATUS_WRITES.labels("InstanceGroup").inc()
     post_events(obj, [(None, ev) for ev in decision.events] + applied.events)
+    for pod, ev in applied.pod_events:
+        kopf.event(pod, type=ev.type, reason=ev.reason, message=ev.message)
     metrics.observe_group_pass(name, group.status, decision.status,
                                decision.block.start_time if decision.block else None, rt.clock())
     if plan is not None and (decision.create or decision.drain or decision.remediation or decision.update):
