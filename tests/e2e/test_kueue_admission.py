@@ -10,10 +10,11 @@ its status.
 1. ``gap``: a plan of two 1-minute blocks with a gap; a Job whose maximum execution time does
    not fit in what is left of the first block waits through it (check ``Retry``, "next block ...
    starts ...") and runs in the second.
-2. ``two_azs``: a ``training-job`` plan whose blocks are in two AZs, with a keep-alive: the
-   Job's nodes appear in the running block's AZ, a second Job reuses them after the first
-   finishes, they go once the keep-alive has passed, and a third Job runs in the other AZ
-   when the second block starts.
+2. ``two_azs``: a ``training-job`` plan whose blocks are in two AZs, back to back, with a
+   keep-alive: the Job's nodes appear in the running block's AZ, a second Job reuses them after
+   the first finishes, they go once the keep-alive has passed; a third Job with no declared time
+   runs in the first block until its termination time, is requeued through its check, and runs
+   again in the other AZ when the second block starts.
 3. The AdmissionCheck is ``Active=True`` for an existing plan and ``Active=False`` with a
    reason for a missing one.
 """
@@ -272,12 +273,21 @@ def kueue_two_azs(ctx: Context) -> dict:
     eventually(lambda: not plan_nodes(k, plan), timeout=60, interval=0.5, what="warm nodes released")
     out["released"] = utcnow()
 
-    # Job 3 declares 40 s: the first block has less left, so it runs in the second block, in the other AZ.
-    k.create(job_body("three", ns, lq, 2, max_exec=40))
-    eventually(lambda: running_pods(k, ns, "three", 2), timeout=150, interval=0.5, what="job three Running")
-    out["three_running"] = utcnow()
-    out["three_nodes"] = eventually(lambda: workload_nodes(k, plan, ns, "three"), timeout=10,
-                                    what="job three's nodes")
+    # Job 3 declares no time: it runs in the first block until its termination time, is then
+    # evicted through its check (Retry), and runs again in the second block, in the other AZ.
+    states = Recorder(lambda: check_entry(k, ns, "three", check), interval=0.2).start()
+    k.create(job_body("three", ns, lq, 2))
+    eventually(lambda: running_pods(k, ns, "three", 2), timeout=60, interval=0.5, what="job three Running")
+    out["three_first_nodes"] = eventually(lambda: workload_nodes(k, plan, ns, "three"), timeout=10,
+                                          what="job three's nodes in the first block")
+    wait_until(parse_ts(second["startTime"]), "the second block's start")
+    out["three_second_nodes"] = eventually(
+        lambda: (nodes := workload_nodes(k, plan, ns, "three")) and all(
+            labels["hyperplan.dev/reserved-capacity"] == second["id"] for labels in nodes.values()) and nodes,
+        timeout=60, interval=0.5, what="job three running on the second block's nodes")
+    out["three_running_again"] = utcnow()
+    out["three_states"] = states.stop()
+    out["three_workload"] = workload_of(k, ns, "three")["metadata"]["name"]
     out["plan_events"] = [(e["reason"], e["message"]) for e in events_for(k, plan)]
     return out
 
@@ -313,12 +323,25 @@ def test_training_job_nodes_follow_the_active_block_az_and_are_reused_when_warm(
     assert timedelta(seconds=10) <= r["released"] - r["two_finished"] <= timedelta(seconds=25)
     assert r["released"] < parse_ts(first["terminationTime"])
 
-    # Job 3: in the second block's AZ.
-    assert r["three_running"] >= parse_ts(second["startTime"])
-    assert len(r["three_nodes"]) == 2
-    for labels in r["three_nodes"].values():
+    # Job 3: in the first block's AZ until its termination time, then requeued through its check,
+    # and in the second block's AZ once that starts.
+    assert len(r["three_first_nodes"]) == 2
+    for labels in r["three_first_nodes"].values():
+        assert labels["topology.kubernetes.io/zone"] == first["availabilityZone"]
+    assert len(r["three_second_nodes"]) == 2
+    for labels in r["three_second_nodes"].values():
         assert labels["topology.kubernetes.io/zone"] == second["availabilityZone"]
         assert labels["hyperplan.dev/reserved-capacity"] == second["id"]
+    states = [(when, value) for when, value in r["three_states"] if value]
+    sequence = [state for _, (state, _) in states]
+    assert "Retry" in sequence and sequence.index("Ready") < sequence.index("Retry"), sequence
+    retry_at, retry_message = next((w, m) for w, (st, m) in states if st == "Retry")
+    termination = parse_ts(first["terminationTime"])
+    assert termination <= retry_at <= termination + TOLERANCE, (retry_at, termination)
+    assert f"block {first['id']} reached its termination time {first['terminationTime']}" in retry_message
+    assert f"starts {second['startTime']}" in retry_message, retry_message
+    ready_again = [w for w, (st, _) in states if st == "Ready" and w > retry_at]
+    assert ready_again and ready_again[0] >= parse_ts(second["startTime"]) - timedelta(seconds=1), states
     reasons = [reason for reason, _ in r["plan_events"]]
     for reason in ("NodeCreated", "NodeKeptWarm", "NodeReused", "NodeRemoved"):
         assert reason in reasons, (reason, r["plan_events"])
