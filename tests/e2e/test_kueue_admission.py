@@ -320,7 +320,7 @@ def test_training_job_nodes_follow_the_active_block_az_and_are_reused_when_warm(
     assert {labels["hyperplan.dev/workload"] for labels in r["two_nodes"].values()} != \
         {labels["hyperplan.dev/workload"] for labels in r["one_nodes"].values()}
     # Released once the keep-alive passed after job 2 finished, before the block's termination.
-    assert timedelta(seconds=10) <= r["released"] - r["two_finished"] <= timedelta(seconds=25)
+    assert timedelta(seconds=10) <= r["released"] - r["two_finished"] <= timedelta(seconds=30)
     assert r["released"] < parse_ts(first["terminationTime"])
 
     # Job 3: in the first block's AZ until its termination time, then requeued through its check,
@@ -345,3 +345,50 @@ def test_training_job_nodes_follow_the_active_block_az_and_are_reused_when_warm(
     reasons = [reason for reason, _ in r["plan_events"]]
     for reason in ("NodeCreated", "NodeKeptWarm", "NodeReused", "NodeRemoved"):
         assert reason in reasons, (reason, r["plan_events"])
+
+
+# ----------------------------------------------------------------------- 3. a hyperpod-cluster plan: room is the groups' Ready nodes
+
+
+@scenario
+def kueue_hyperpod(ctx: Context) -> dict:
+    k = ctx.kubectl
+    tag = uuid.uuid4().hex[:5]
+    itype, plan, group = f"ml.kqhp-{tag}.xlarge", f"kq-hp-{tag}", f"kq-hp-{tag}"
+    t0 = utcnow().replace(microsecond=0)
+    k.create(pool_body(f"kq-hp-{tag}", itype, 4))
+    k.create({"apiVersion": API, "kind": "TrainingPlan", "metadata": {"name": plan},
+              "spec": {"instanceType": itype, "instanceCount": 4, "targetResource": "hyperpod-cluster",
+                       "duration": "2m", "startTimeAfter": ts(t0 + timedelta(seconds=25)), "autoPurchase": True}})
+    k.create({"apiVersion": API, "kind": "InstanceGroup", "metadata": {"name": group},
+              "spec": {"trainingPlanRef": plan, "instanceType": itype, "instanceCount": 2}})
+    names = kueue_setup(k, tag, itype, plan)
+    ns, lq, check = names["ns"], names["lq"], names["check"]
+    (block,) = buy(k, plan, 1)
+    out: dict = {"block": block, "plan": plan, "group": group}
+    k.create(job_body("wide", ns, lq, 2))
+    eventually(lambda: running_pods(k, ns, "wide", 2), timeout=120, interval=0.5, what="job wide Running")
+    out["wide_running"] = utcnow()
+    out["wide_pod_nodes"] = {p["spec"]["nodeName"]: node_labels(k, p["spec"]["nodeName"])
+                             for p in job_pods(k, ns, "wide")}
+    # The group's 2 Ready nodes are held by job wide: one more pod must wait for room.
+    k.create(job_body("extra", ns, lq, 1))
+    out["extra_waiting"] = eventually(lambda: (e := check_entry(k, ns, "extra", check)) and e[0] == "Retry" and e,
+                                      timeout=60, interval=0.3, what="job extra told to wait for room")
+    finish_pods(ctx, ns, "wide")
+    eventually(lambda: running_pods(k, ns, "extra", 1), timeout=90, interval=0.5, what="job extra Running")
+    out["extra_pod_nodes"] = {p["spec"]["nodeName"]: node_labels(k, p["spec"]["nodeName"])
+                              for p in job_pods(k, ns, "extra") if p["spec"].get("nodeName")}
+    out["extra_entry"] = check_entry(k, ns, "extra", check)
+    return out
+
+
+def test_hyperpod_cluster_plan_admits_up_to_its_groups_ready_nodes(scenarios) -> None:
+    r = scenarios["kueue_hyperpod"].result(timeout=600)
+    assert r["wide_running"] >= parse_ts(r["block"]["startTime"])
+    for labels in list(r["wide_pod_nodes"].values()) + list(r["extra_pod_nodes"].values()):
+        assert labels["hyperplan.dev/instance-group"] == r["group"], "pods run on the plan's group nodes"
+        assert labels["hyperplan.dev/training-plan"] == r["plan"]
+    state, message = r["extra_waiting"]
+    assert "2 Ready active node(s) of its instance groups" in message and "hold 2, 0 free" in message, message
+    assert r["extra_entry"][0] == "Ready", r["extra_entry"]
