@@ -1,23 +1,26 @@
 """decide_group: an InstanceGroup's nodes to create, update and drain, its remediation, status,
-events and wake time. Also FakeProvider, the in-memory node provider.
+events and wake time; the apply step (actuation.groups) against the recording FakeProvider;
+the group memory (planning.memory) and its pruning.
 
-Observed nodes are built from the NodeSpecs an earlier decision returned, and a tiny
-simulator applies a decision the way the handler does (marks, promotions, creates,
-updates, removals, drains), so multi-pass scenarios run without a cluster. All times
-are fixed; nothing reads the clock.
+Nodes live in a FakeProvider; the real ``observe_nodes`` reads them (with a real GroupMemory)
+and the real ``apply_decision`` carries out each decision on them, so multi-pass scenarios
+run the handler's own steps without a cluster. All times are fixed; nothing reads the clock.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import Counter
-from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
 import pytest
 from kubernetes import client
 
-from hyperplan.actuation.nodes import LABEL_NODE_ID, FakeProvider, NodeProvider
+from hyperplan.actuation.groups import (
+    Applied, Observation, apply_decision, bad_health_label, drain_node, observe_node, observe_nodes, releases_of,
+)
+from hyperplan.actuation.nodes import LABEL_NODE_ID, FakeNodePods, FakeProvider, NodeProvider, taints_of
 from hyperplan.api.models import InstanceGroupSpec, InstanceGroupStatus, ReservedCapacity
 from hyperplan.planning import health as hl
 from hyperplan.planning import placement as pl
@@ -28,6 +31,7 @@ from hyperplan.planning.groups import (
     PlanView,
     decide_group,
 )
+from hyperplan.planning.memory import GroupMemory, PresentNode
 from hyperplan.planning.plans import Event
 from hyperplan.planning.policy import DEMO
 
@@ -68,68 +72,136 @@ def name(slot: str, group: str = "w", h: str = H) -> str:
     return f"hp-{group}-{h}-{slot}"
 
 
-# --------------------------------------------------------------------------- observed nodes
+# --------------------------------------------------------------------------- the cluster, through the real code
 
 
-@dataclass
-class Node:
-    """A node as the cluster holds it, mutable so that decisions can be applied to it."""
+class NodeHandle:
+    """One node of the fake provider, with setters for what tests change on it."""
 
-    labels: dict[str, str]
-    taints: tuple[pl.Taint, ...]
-    ready: str | None = "True"  # Ready condition status; None: no Ready condition yet
-    ready_since: datetime = T0
-    health_since: datetime | None = None
-    deleting: bool = False
+    def __init__(self, node: client.V1Node):
+        self.node = node
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return self.node.metadata.labels
+
+    @property
+    def taints(self) -> tuple[pl.Taint, ...]:
+        return taints_of(self.node)
+
+    def _ready(self) -> client.V1NodeCondition | None:
+        conditions = (self.node.status.conditions if self.node.status else None) or []
+        return next((c for c in conditions if c.type == "Ready"), None)
+
+    @property
+    def ready(self) -> str | None:
+        c = self._ready()
+        return c.status if c else None
+
+    @ready.setter
+    def ready(self, status: str | None) -> None:
+        """The Ready condition's status (None: no Ready condition yet, a node starting up)."""
+        others = [c for c in (self.node.status.conditions if self.node.status else None) or [] if c.type != "Ready"]
+        since = self._ready().last_transition_time if self._ready() else T0
+        ready = [] if status is None else [client.V1NodeCondition(type="Ready", status=status,
+                                                                  last_transition_time=since)]
+        self.node.status = client.V1NodeStatus(conditions=others + ready)
+
+    @property
+    def ready_since(self) -> datetime:
+        return self._ready().last_transition_time
+
+    @ready_since.setter
+    def ready_since(self, when: datetime) -> None:
+        self._ready().last_transition_time = when
+
+    @property
+    def health_since(self) -> datetime | None:
+        return None
+
+    @health_since.setter
+    def health_since(self, when: datetime) -> None:
+        """When the node's health label was first seen, as the node's own record keeps it."""
+        value = self.labels[pl.LABEL_HEALTH]
+        annotations = dict(self.node.metadata.annotations or {})
+        annotations[hl.ANNOTATION_HEALTH_SINCE] = hl.health_signal_record(value, when)
+        self.node.metadata.annotations = annotations
+
+    @property
+    def deleting(self) -> bool:
+        return self.node.metadata.deletion_timestamp is not None
+
+    @deleting.setter
+    def deleting(self, value: bool) -> None:
+        self.node.metadata.deletion_timestamp = T0 if value else None
 
 
-def node_of(s: pl.NodeSpec, since: datetime = T0, ready: str | None = "True") -> Node:
-    return Node(dict(s.labels), tuple(s.taints), ready=ready, ready_since=since)
+class Cluster:
+    """A group's nodes in the recording FakeProvider, read and changed by the real
+    ``actuation.groups.observe_nodes`` and ``apply_decision`` with a real GroupMemory, the way
+    the handler does: observe, decide, note the releases, apply, note the result."""
+
+    def __init__(self, specs=(), since: datetime = T0, group: str = "w"):
+        self.now = since
+        self.group = group
+        self.provider = FakeProvider(clock=lambda: self.now)
+        self.pods = FakeNodePods()
+        self.memory = GroupMemory()
+        self.last: Observation | None = None
+        for s in specs:
+            self.provider.create(s)
+            self[s.name].ready = "True"
+            self[s.name].ready_since = since
+
+    def __getitem__(self, node: str) -> NodeHandle:
+        return NodeHandle(self.provider.nodes[node])
+
+    def __delitem__(self, node: str) -> None:
+        del self.provider.nodes[node]
+
+    def __iter__(self):
+        return iter(list(self.provider.nodes))
+
+    def __contains__(self, node: str) -> bool:
+        return node in self.provider.nodes
+
+    def values(self) -> list[NodeHandle]:
+        return [NodeHandle(n) for n in self.provider.nodes.values()]
+
+    def observe(self, now: datetime | None = None) -> Observation:
+        self.last = observe_nodes(self.group, self.provider.list(self.group), self.memory, now or self.now, KEYS)
+        return self.last
+
+    def apply(self, d: GroupDecision, now: datetime, new_ready: str | None = "True") -> Applied:
+        seen = self.last if self.last is not None else self.observe(now)
+        self.now = now
+        self.memory.note_releasing(self.group, releases_of(d))
+        applied = apply_decision(self.provider, self.pods, d, seen.raw, seen.health_notes, now, lambda: now,
+                                 self.group)
+        self.memory.note_short_of_free_nodes(self.group, applied.short_of_free_nodes)
+        for s in d.create:
+            self[s.name].ready = new_ready
+            if new_ready is not None:
+                self[s.name].ready_since = now
+        self.last = None
+        return applied
 
 
-def observed(cluster: dict[str, Node]) -> list[ObservedGroupNode]:
-    """What the handler would observe: an ObservedGroupNode per node (like observe_node)."""
-    out = []
-    for node_name, n in cluster.items():
-        labels = n.labels
-        conditions = () if n.ready is None else (hl.NodeCondition("Ready", n.ready, n.ready_since),)
-        out.append(ObservedGroupNode(
-            health=hl.NodeObservation(
-                name=node_name, conditions=conditions, health_label=labels.get(pl.LABEL_HEALTH),
-                health_label_since=n.health_since, role=labels.get(pl.LABEL_ROLE, pl.ROLE_ACTIVE),
-                ultraserver_id=labels.get(US_KEY), created=T0, slot=labels.get(pl.LABEL_SLOT),
-                generation=int(labels.get(pl.LABEL_GENERATION, "0")), replaces=labels.get(pl.LABEL_REPLACES)),
-            labels=dict(labels), taints=n.taints, unschedulable=False, ready=n.ready == "True",
-            deleting=n.deleting))
-    return out
+KEYS = pl.TopologyKeys()
 
 
-def cluster_of(specs: list[pl.NodeSpec], since: datetime = T0) -> dict[str, Node]:
-    return {s.name: node_of(s, since) for s in specs}
+def observed(cluster: Cluster, now: datetime | None = None) -> list[ObservedGroupNode]:
+    """What a pass observes (the real observe_nodes): existing nodes, then vanished ones."""
+    return cluster.observe(now).nodes
 
 
-def apply(d: GroupDecision, cluster: dict[str, Node], now: datetime, new_ready: str | None = "True") -> None:
-    """Carry out a decision as the handler does: health actions, creates, updates, drains."""
-    for a in d.remediation:
-        if isinstance(a, hl.MarkUnhealthy):
-            n = cluster[a.node]
-            n.labels[pl.LABEL_HEALTH] = a.health_status
-            n.taints = n.taints + (a.taint,)
-            n.health_since = now
-        elif isinstance(a, hl.PromoteSpare):
-            n = cluster[a.spare]
-            n.labels[pl.LABEL_ROLE] = pl.ROLE_ACTIVE
-            n.labels[pl.LABEL_REPLACES] = a.replacing
-            n.taints = tuple(t for t in n.taints if t != pl.SPARE_TAINT)
-        elif isinstance(a, hl.RemoveNode):
-            cluster.pop(a.node)
-    for s in d.create:
-        cluster[s.name] = node_of(s, now, ready=new_ready)
-    for s in d.update:
-        cluster[s.name].labels.update(s.labels)
-        cluster[s.name].taints = tuple(s.taints)
-    for dr in d.drain:
-        cluster.pop(dr.node)
+def cluster_of(specs: list[pl.NodeSpec], since: datetime = T0) -> Cluster:
+    return Cluster(specs, since)
+
+
+def apply(d: GroupDecision, cluster: Cluster, now: datetime, new_ready: str | None = "True") -> Applied:
+    """Carry out a decision as the handler does (actuation.groups.apply_decision)."""
+    return cluster.apply(d, now, new_ready)
 
 
 def decide(nodes=(), *, now: datetime = NOW, s: InstanceGroupSpec = SPEC, plan: PlanView | None = PLAN,
@@ -152,11 +224,12 @@ def kinds(events: list[Event]) -> list[tuple[str, str]]:
 
 
 FIRST = decide()  # the 22 nodes of the 20-instance group at block start
-RUNNING = cluster_of(FIRST.create)
+RUNNING = {s.name for s in FIRST.create}
 
 
-def running() -> dict[str, Node]:
-    return {k: Node(dict(v.labels), v.taints, v.ready, v.ready_since) for k, v in RUNNING.items()}
+def running() -> Cluster:
+    """The group's 22 nodes, all Ready since the block start."""
+    return cluster_of(FIRST.create)
 
 
 # =========================================================================== no usable block
@@ -596,7 +669,7 @@ FAIL_AT = NOW  # Ready=False from here; grace is 5 s
 P1 = NOW + timedelta(seconds=10)
 
 
-def failing(*slots: str, cluster: dict[str, Node] | None = None, since: datetime = FAIL_AT) -> dict[str, Node]:
+def failing(*slots: str, cluster: Cluster | None = None, since: datetime = FAIL_AT) -> Cluster:
     cluster = cluster if cluster is not None else running()
     for slot in slots:
         cluster[name(slot)].ready = "False"
@@ -892,3 +965,215 @@ def test_fake_provider_fail_on_raises_and_still_records(op):
     assert sorted(p.nodes) == ["n1"]
     assert p.nodes["n1"].metadata.labels[pl.LABEL_ROLE] == "spare"
     assert p.nodes["n1"].spec.unschedulable is None
+
+
+# =========================================================================== the apply step (actuation.groups)
+
+
+def test_a_remediation_pass_marks_promotes_and_backfills_through_the_provider():
+    cluster = failing("0-1")
+    d = decide(observed(cluster), now=P1, prior=READY_STATUS)
+    cluster.provider.calls.clear()
+    applied = apply(d, cluster, P1, new_ready=None)
+
+    assert cluster.provider.calls == [("mark_unhealthy", name("0-1")), ("promote_spare", name("0-17")),
+                                      ("create", name("0-1") + "-g1")]
+    failed, spare = cluster[name("0-1")], cluster[name("0-17")]
+    assert failed.labels[pl.LABEL_HEALTH] == "UnschedulablePendingReplacement"
+    assert pl.UNHEALTHY_TAINT in failed.taints
+    assert (spare.labels[pl.LABEL_ROLE], spare.labels[pl.LABEL_REPLACES]) == ("active", name("0-1"))
+    assert pl.SPARE_TAINT not in spare.taints
+    assert [(body["metadata"]["name"] if body else None, ev.type, ev.reason) for body, ev in applied.events] == [
+        (name("0-1"), "Warning", "NodeUnhealthy"), (name("0-17"), "Normal", "SparePromoted"),
+        (None, "Normal", "NodeCreated")]
+    assert applied.events[1][1].message == f"spare {name('0-17')} (same UltraServer) replaces {name('0-1')}"
+    assert (applied.released, applied.lost_race, applied.short_of_free_nodes) == ([], False, False)
+
+    # Once the backfill is Ready, the failed node goes through the provider; its absence is no failure.
+    cluster[name("0-1") + "-g1"].ready = "True"
+    later = P1 + timedelta(seconds=1)
+    d2 = decide(observed(cluster, later), now=later, prior=d.status)
+    cluster.provider.calls.clear()
+    applied = apply(d2, cluster, later)
+    # (its health label, set by the mark, is recorded first, as for any Unschedulable* label)
+    assert cluster.provider.calls == [("annotate", name("0-1")), ("release", name("0-1"))]
+    assert applied.released == [name("0-1")]
+    assert [(ev.reason, ev.message) for _, ev in applied.events] == [
+        ("NodeRemoved", f"{name('0-1')} removed: Ready=False; {name('0-1')} deleted")]
+    again = observed(cluster, later + timedelta(seconds=1))
+    assert all(n.health.exists for n in again)  # not taken for a node deleted from under the group
+
+
+def test_a_drain_held_by_a_pdb_waits_until_its_deadline_then_removes_the_node():
+    cluster = running()
+    node = name("1-0")
+    cluster.pods.pods[node] = ["default/guarded", "default/free"]
+    cluster.pods.guarded = {"default/guarded"}
+    d = decide(observed(cluster), s=spec(14), prior=READY_STATUS)
+    assert node in {x.node for x in d.drain}
+    cluster.provider.calls.clear()
+    first = apply(d, cluster, NOW)
+
+    assert ("cordon", node) in cluster.provider.calls
+    assert ("release", node) not in cluster.provider.calls
+    assert node not in first.released and node in cluster
+    assert cluster[node].node.spec.unschedulable is True
+    assert cluster.pods.pods[node] == ["default/guarded"]
+    assert any(ev.reason == "Draining" and body["metadata"]["name"] == node for body, ev in first.events)
+
+    # Cordoned already: no second cordon, no second Draining event; past the deadline it goes.
+    d2 = decide(observed(cluster, END), s=spec(14), now=END - timedelta(seconds=1), prior=d.status)
+    drain = next(x for x in d2.drain if x.node == node)
+    cluster.provider.calls.clear()
+    at_deadline = apply(d2.__class__(status=d2.status, drain=[dataclasses.replace(drain, deadline=END)]), cluster, END)
+    assert cluster.provider.calls == [("release", node)]
+    assert at_deadline.released == [node]
+    assert [ev.reason for _, ev in at_deadline.events] == ["NodeRemoved"]
+
+
+def test_drain_node_without_a_deadline_waits_for_every_pod():
+    cluster = running()
+    node = name("0-0")
+    cluster.pods.pods[node] = ["default/guarded"]
+    cluster.pods.guarded = {"default/guarded"}
+    raw = cluster.provider.nodes[node]
+    outcome = drain_node(cluster.provider, cluster.pods, raw, "GroupDeleted", None, END + timedelta(hours=1))
+    assert outcome.released is None and outcome.progress.pods_left == 1
+    assert [ev.reason for _, ev in outcome.events] == ["Draining"]
+    assert outcome.events[0][1].message == f"{node} cordoned (GroupDeleted); evicting pods until none is left"
+    cluster.pods.guarded = set()
+    outcome = drain_node(cluster.provider, cluster.pods, raw, "GroupDeleted", None, END + timedelta(hours=1))
+    assert outcome.released == f"{node} deleted"
+    assert node not in cluster
+
+
+def test_the_health_signal_record_is_written_with_the_pass_and_removed_with_the_label():
+    cluster = running()
+    node = name("0-2")
+    cluster[node].labels[pl.LABEL_SAGEMAKER_HEALTH] = "Unschedulable"
+    d = decide(observed(cluster, NOW), now=NOW, prior=READY_STATUS)
+    cluster.provider.calls.clear()
+    apply(d, cluster, NOW)
+    assert cluster.provider.calls == [("annotate", node)]
+    assert cluster[node].node.metadata.annotations[hl.ANNOTATION_HEALTH_SINCE] == "Unschedulable@2026-12-01T12:00:10Z"
+
+    # The same value later: nothing to write.
+    later = NOW + timedelta(seconds=2)
+    d = decide(observed(cluster, later), now=later, prior=d.status)
+    cluster.provider.calls.clear()
+    apply(d, cluster, later)
+    assert cluster.provider.calls == []
+
+    # The label goes: so does the record (and the memory of its first sight).
+    del cluster[node].labels[pl.LABEL_SAGEMAKER_HEALTH]
+    d = decide(observed(cluster, later), now=later, prior=d.status)
+    cluster.provider.calls.clear()
+    apply(d, cluster, later)
+    assert cluster.provider.calls == [("annotate", node)]
+    assert hl.ANNOTATION_HEALTH_SINCE not in cluster[node].node.metadata.annotations
+
+
+@pytest.mark.parametrize(
+    "labels, recorded, first_seen, label, since",
+    [
+        pytest.param({pl.LABEL_SAGEMAKER_HEALTH: "Unschedulable"}, None, NOW, "Unschedulable", NOW,
+                     id="sagemaker-label-first-seen-now"),
+        pytest.param({pl.LABEL_HEALTH: "Schedulable", pl.LABEL_SAGEMAKER_HEALTH: "UnschedulablePendingReboot"},
+                     None, NOW, "UnschedulablePendingReboot", NOW, id="the-bad-label-wins"),
+        pytest.param({pl.LABEL_SAGEMAKER_HEALTH: "Unschedulable"}, "Unschedulable@2026-12-01T12:00:02Z", NOW,
+                     "Unschedulable", T0 + timedelta(seconds=2), id="the-nodes-earlier-record-wins-after-a-restart"),
+        pytest.param({pl.LABEL_SAGEMAKER_HEALTH: "Unschedulable"}, "UnschedulablePendingReboot@2026-12-01T12:00:02Z",
+                     NOW, "Unschedulable", NOW, id="a-record-of-another-value-is-ignored"),
+        pytest.param({pl.LABEL_HEALTH: "Schedulable"}, None, NOW, "Schedulable", None, id="healthy"),
+    ],
+)
+def test_observe_node_reads_the_health_label_and_its_start(labels, recorded, first_seen, label, since):
+    node = client.V1Node(metadata=client.V1ObjectMeta(
+        name="n", labels={LABEL_NODE_ID: "hp-n", pl.LABEL_SLOT: "0-1", pl.LABEL_GENERATION: "x", **labels},
+        annotations={hl.ANNOTATION_HEALTH_SINCE: recorded} if recorded else None), spec=client.V1NodeSpec())
+    seen = observe_node(node, NOW + timedelta(seconds=30), KEYS, lambda n, v: first_seen)
+    assert (seen.name, seen.health.health_label, seen.health.health_label_since) == ("hp-n", label, since)
+    assert (seen.health.slot, seen.health.generation, seen.ready) == ("0-1", 0, False)  # bad generation: 0
+
+
+# =========================================================================== the group memory (planning.memory)
+
+
+def present(cluster: Cluster) -> list[PresentNode]:
+    return [PresentNode(n, cluster[n].labels, bad_health_label(cluster[n].labels)) for n in cluster]
+
+
+def test_memory_drops_a_vanished_node_once_its_slot_is_replaced():
+    cluster = running()
+    observed(cluster, NOW)
+    gone = name("0-3")
+    del cluster[gone]  # deleted from under the group
+    later = NOW + timedelta(seconds=1)
+    nodes = observed(cluster, later)
+    assert [(n.name, n.health.exists, n.health.deleted_since) for n in nodes if not n.health.exists] == [
+        (gone, False, later)]
+    assert [v.name for v in cluster.memory.vanished("w")] == [gone]
+
+    # Its slot gets a newer generation: the entry goes, from the status too.
+    cluster.provider.create(dataclasses.replace(
+        next(s for s in FIRST.create if s.name == gone), name=gone + "-g1",
+        labels={**next(s for s in FIRST.create if s.name == gone).labels, pl.LABEL_GENERATION: "1"}))
+    nodes = observed(cluster, later + timedelta(seconds=1))
+    assert all(n.health.exists for n in nodes)
+    assert cluster.memory.vanished("w") == []
+
+
+def test_memory_forgets_first_sights_and_releases_of_nodes_that_are_gone():
+    m = GroupMemory()
+    a, b = PresentNode("a", {}, "Unschedulable"), PresentNode("b", {}, None)
+    assert m.first_sight("g", "a", "Unschedulable", NOW) == NOW
+    assert m.first_sight("g", "a", "Unschedulable", NOW + timedelta(seconds=5)) == NOW  # the first sight stays
+    m.first_sight("g", "b", "Unschedulable", NOW)  # b's label has gone since
+    m.observe("g", [a, b], NOW)
+    m.prune("g", [a, b])
+    assert m.first_sight("g", "b", "Unschedulable", P1) == P1  # forgotten: a new signal starts anew
+    assert m.first_sight("g", "a", "Unschedulable", P1) == NOW  # still carried: remembered
+    m.prune("g", [a, b])  # b's new sight goes again
+
+    m.note_releasing("g", ["a", "c"])  # the operator removes a (and c, which it never saw)
+    m.observe("g", [b], P1)
+    m.prune("g", [b])
+    assert m.vanished("g") == []  # a was released: no failure
+    assert m.size() == 2  # the group and b as last seen: nothing of a, c or the first sights
+    assert m.first_sight("g", "a", "Unschedulable", P1) == P1
+
+
+def test_a_deleted_group_leaves_nothing_in_the_memory():
+    cluster = running()
+    observed(cluster, NOW)
+    del cluster[name("0-3")]
+    observed(cluster, NOW + timedelta(seconds=1))
+    cluster.memory.bind("w", "p")
+    cluster.memory.note_short_of_free_nodes("w", True)
+    assert cluster.memory.size() > 0 and cluster.memory.groups_of("p") == ["w"]
+
+    cluster.memory.forget_group("w")
+    assert cluster.memory.size() == 0
+    assert (cluster.memory.groups_of("p"), cluster.memory.short_of_free_nodes(), cluster.memory.vanished("w")) == (
+        [], [], [])
+    # A late deletion event of one of its nodes does not bring it back.
+    cluster.memory.note_deleted("w", name("0-4"), {}, P1)
+    assert cluster.memory.size() == 0
+
+
+@pytest.mark.parametrize(
+    "releasing, by_operator, vanished",
+    [
+        pytest.param(False, False, True, id="deleted-from-under-the-group"),
+        pytest.param(True, False, False, id="released-by-the-operator"),
+        pytest.param(False, True, False, id="last-state-says-the-operator-removed-it"),
+    ],
+)
+def test_a_deletion_event_is_a_failure_only_when_the_operator_did_not_remove_the_node(releasing, by_operator,
+                                                                                      vanished):
+    m = GroupMemory()
+    m.observe("g", [PresentNode("a", {pl.LABEL_SLOT: "0"})], NOW)
+    if releasing:
+        m.note_releasing("g", ["a"])
+    m.note_deleted("g", "a", {pl.LABEL_SLOT: "0"}, NOW, by_operator=by_operator)
+    assert [v.name for v in m.vanished("g")] == (["a"] if vanished else [])

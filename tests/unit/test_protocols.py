@@ -8,7 +8,9 @@ import pytest
 
 from hyperplan.actuation.leadership import FakeLeaseStore, KubeLeaseStore, LeaseStore
 from hyperplan.actuation.ledger import CapacityLedger, FakeLedger, KubeLedger
-from hyperplan.actuation.nodes import FakeProvider, KwokProvider, NodeProvider, StaticProvider
+from hyperplan.actuation.nodes import (
+    FakeNodePods, FakeProvider, KubeNodePods, KwokProvider, NodePods, NodeProvider, StaticProvider,
+)
 
 
 def _methods(proto: type) -> list[str]:
@@ -17,6 +19,7 @@ def _methods(proto: type) -> list[str]:
 
 @pytest.mark.parametrize("impl, proto", [
     (KwokProvider, NodeProvider), (StaticProvider, NodeProvider), (FakeProvider, NodeProvider),
+    (KubeNodePods, NodePods), (FakeNodePods, NodePods),
     (KubeLedger, CapacityLedger), (FakeLedger, CapacityLedger),
     (KubeLeaseStore, LeaseStore), (FakeLeaseStore, LeaseStore),
 ], ids=lambda x: x.__name__)

@@ -8,6 +8,12 @@
   :mod:`hyperplan.planning.lending`). It never creates or deletes a node.
 * :class:`FakeProvider` keeps nodes in memory and records every call, for unit tests.
 
+Besides creating, changing and releasing nodes, a provider carries out the health actions
+of remediation on them (:meth:`NodeProvider.mark_unhealthy`, :meth:`NodeProvider.promote_spare`)
+and keeps the operator's notes on a node (:meth:`NodeProvider.annotate`), so that everything
+the operator writes on a group's nodes goes through one seam. What happens to the pods on a
+node (eviction for a drain) goes through :class:`NodePods` (the API server, or a recording fake).
+
 Every node a provider hands out carries the label ``hyperplan.dev/node-id`` with the
 deterministic name planning chose (:class:`~hyperplan.planning.placement.NodeSpec`);
 for KWOK it is also the node's name. Nodes are found again by the group label, so a
@@ -19,8 +25,8 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any, Protocol, runtime_checkable
+from datetime import datetime, timezone
+from typing import Any, Callable, Protocol, runtime_checkable
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -94,6 +100,30 @@ class NodeProvider(Protocol):
 
     def list(self, group: str) -> list[client.V1Node]: ...
 
+    def mark_unhealthy(self, node: str, health_status: str, taint: pl.Taint) -> None:
+        """Label the node's health ``health_status`` and add ``taint`` (other taints kept)."""
+        ...
+
+    def promote_spare(self, node: str, replacing: str) -> None:
+        """Make spare ``node`` active in place of ``replacing``: role ``active``, label
+        ``hyperplan.dev/replaces=<replacing>``, the spare taint removed (other taints kept)."""
+        ...
+
+    def annotate(self, node: str, annotations: dict[str, str | None]) -> None:
+        """Set (or, with None, remove) annotations on the node; a node that is gone is no error."""
+        ...
+
+
+def mark_unhealthy_patch(current: client.V1Node, health_status: str, taint: pl.Taint) -> dict:
+    taints = merged_taints(current, (taint,), {taint.key})
+    return {"metadata": {"labels": {pl.LABEL_HEALTH: health_status}}, "spec": {"taints": _taint_body(taints)}}
+
+
+def promote_spare_patch(current: client.V1Node, replacing: str) -> dict:
+    keep = [t for t in taints_of(current) if t.key != pl.SPARE_TAINT.key]
+    return {"metadata": {"labels": {pl.LABEL_ROLE: pl.ROLE_ACTIVE, pl.LABEL_REPLACES: replacing}},
+            "spec": {"taints": _taint_body(keep) or None}}
+
 
 class KwokProvider:
     """Fake nodes that KWOK keeps alive on the local control plane (or any cluster with KWOK)."""
@@ -138,6 +168,19 @@ class KwokProvider:
 
     def list(self, group: str) -> list[client.V1Node]:
         return self.kube.list_nodes(f"{pl.LABEL_GROUP}={pl.label_value(group)}")
+
+    def mark_unhealthy(self, node: str, health_status: str, taint: pl.Taint) -> None:
+        self.kube.core.patch_node(node, mark_unhealthy_patch(self.kube.core.read_node(node), health_status, taint))
+
+    def promote_spare(self, node: str, replacing: str) -> None:
+        self.kube.core.patch_node(node, promote_spare_patch(self.kube.core.read_node(node), replacing))
+
+    def annotate(self, node: str, annotations: dict[str, str | None]) -> None:
+        try:
+            self.kube.core.patch_node(node, {"metadata": {"annotations": annotations}})
+        except ApiException as e:
+            if e.status != 404:
+                raise
 
 
 class StaticProvider:
@@ -249,6 +292,26 @@ class StaticProvider:
     def list(self, group: str) -> list[client.V1Node]:
         return self.kube.list_nodes(f"{pl.LABEL_GROUP}={pl.label_value(group)}")
 
+    def mark_unhealthy(self, node: str, health_status: str, taint: pl.Taint) -> None:
+        current = self._by_id(node)
+        if current is not None:
+            self.kube.core.patch_node(current.metadata.name, mark_unhealthy_patch(current, health_status, taint))
+
+    def promote_spare(self, node: str, replacing: str) -> None:
+        current = self._by_id(node)
+        if current is not None:
+            self.kube.core.patch_node(current.metadata.name, promote_spare_patch(current, replacing))
+
+    def annotate(self, node: str, annotations: dict[str, str | None]) -> None:
+        current = self._by_id(node)
+        if current is None:
+            return
+        try:
+            self.kube.core.patch_node(current.metadata.name, {"metadata": {"annotations": annotations}})
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
 
 def pool_node(node: client.V1Node) -> ln.PoolNode:
     """A node as :mod:`hyperplan.planning.lending` sees it."""
@@ -269,13 +332,20 @@ class NoFreeNode(RuntimeError):
     """The static pool has no node left for a group."""
 
 
+def _utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
 @dataclass
 class FakeProvider:
-    """Nodes in memory; records calls; ``fail_on`` makes a named operation raise."""
+    """Nodes in memory; records calls; ``fail_on`` makes a named operation raise.
+
+    ``clock`` stamps the creation time of new nodes (tests pass a fixed one)."""
 
     nodes: dict[str, client.V1Node] = field(default_factory=dict)
     calls: list[tuple[str, str]] = field(default_factory=list)
     fail_on: set[str] = field(default_factory=set)
+    clock: Callable[[], datetime] = _utcnow
 
     def _maybe_fail(self, op: str, name: str) -> None:
         self.calls.append((op, name))
@@ -286,7 +356,7 @@ class FakeProvider:
         self._maybe_fail("create", spec.name)
         self.nodes.setdefault(spec.name, client.V1Node(
             metadata=client.V1ObjectMeta(name=spec.name, labels={**spec.labels, LABEL_NODE_ID: spec.name},
-                                         creation_timestamp=datetime.now()),
+                                         creation_timestamp=self.clock()),
             spec=client.V1NodeSpec(taints=[client.V1Taint(key=t.key, value=t.value, effect=t.effect)
                                            for t in spec.taints])))
         return spec.name
@@ -309,6 +379,32 @@ class FakeProvider:
 
     def list(self, group: str) -> list[client.V1Node]:
         return [n for n in self.nodes.values() if n.metadata.labels.get(pl.LABEL_GROUP) == pl.label_value(group)]
+
+    def mark_unhealthy(self, node: str, health_status: str, taint: pl.Taint) -> None:
+        self._maybe_fail("mark_unhealthy", node)
+        n = self.nodes[node]
+        n.metadata.labels[pl.LABEL_HEALTH] = health_status
+        n.spec.taints = [client.V1Taint(key=t.key, value=t.value, effect=t.effect)
+                         for t in merged_taints(n, (taint,), {taint.key})]
+
+    def promote_spare(self, node: str, replacing: str) -> None:
+        self._maybe_fail("promote_spare", node)
+        n = self.nodes[node]
+        n.metadata.labels.update({pl.LABEL_ROLE: pl.ROLE_ACTIVE, pl.LABEL_REPLACES: replacing})
+        n.spec.taints = [t for t in (n.spec.taints or []) if t.key != pl.SPARE_TAINT.key]
+
+    def annotate(self, node: str, annotations: dict[str, str | None]) -> None:
+        self._maybe_fail("annotate", node)
+        n = self.nodes.get(node)
+        if n is None:
+            return
+        current = dict(n.metadata.annotations or {})
+        for key, value in annotations.items():
+            if value is None:
+                current.pop(key, None)
+            else:
+                current[key] = value
+        n.metadata.annotations = current
 
 
 def providers(kube: Kube, me: ln.OperatorIdentity | None = None) -> dict[str, NodeProvider]:
@@ -360,3 +456,45 @@ def evict_pods(kube: Kube, node_name: str, me: ln.OperatorIdentity | None = None
             elif e.status != 404:
                 raise
     return DrainProgress(pods_left=sort.waiting_for, blocked=blocked, left_alone=dict(sort.left_alone))
+
+
+@runtime_checkable
+class NodePods(Protocol):
+    """What the operator does to the pods on a node (by the node's name)."""
+
+    def evict(self, node_name: str) -> DrainProgress:
+        """Ask once to evict every pod a drain should evict (see :func:`evict_pods`)."""
+        ...
+
+
+@dataclass
+class KubeNodePods:
+    """Pods on the API server, through the Eviction API."""
+
+    kube: Kube
+    me: ln.OperatorIdentity = field(default_factory=ln.OperatorIdentity)
+
+    def evict(self, node_name: str) -> DrainProgress:
+        return evict_pods(self.kube, node_name, self.me)
+
+
+@dataclass
+class FakeNodePods:
+    """Pods in memory, by node name, as ``namespace/name``; records calls.
+
+    ``guarded`` pods refuse eviction (a PodDisruptionBudget); other evicted pods go at once.
+    """
+
+    pods: dict[str, list[str]] = field(default_factory=dict)
+    guarded: set[str] = field(default_factory=set)
+    calls: list[tuple[str, str]] = field(default_factory=list)
+
+    def evict(self, node_name: str) -> DrainProgress:
+        self.calls.append(("evict", node_name))
+        left = [p for p in self.pods.get(node_name, []) if p in self.guarded]
+        self.pods[node_name] = left
+        return DrainProgress(pods_left=len(left), blocked=len(left))
+
+
+_kube_pods: type[NodePods] = KubeNodePods
+_fake_pods: type[NodePods] = FakeNodePods

@@ -18,9 +18,10 @@ from hyperplan import metrics
 
 from hyperplan.actuation.kube import Kube, api_client
 from hyperplan.actuation.ledger import CapacityLedger, KubeLedger
-from hyperplan.actuation.nodes import NodeProvider, providers
+from hyperplan.actuation.nodes import KubeNodePods, NodePods, NodeProvider, providers
 from hyperplan.handlers.cache import WatchCache
 from hyperplan.planning.lending import OperatorIdentity
+from hyperplan.planning.memory import GroupMemory
 from hyperplan.planning.placement import TopologyKeys
 from hyperplan.planning.policy import Policy, get_policy
 from hyperplan.settings import Settings
@@ -77,35 +78,28 @@ class Runtime:
     clock: Clock = utcnow
     wakeups: Wakeups = field(default_factory=Wakeups)
     cache: WatchCache = field(default_factory=WatchCache)  # what the watches hold: the read side of passes
-    # When a node's Unschedulable health label was first seen, by (node, value): the grace
-    # of that signal counts from here. Lost on restart, which judges such a node at once.
-    label_seen: dict[tuple[str, str], datetime] = field(default_factory=dict)
-    # Nodes deleted from under a group (not by us), by group label value then node id:
-    # (the node's labels, when it went). A health signal; lost on restart.
-    vanished: dict[str, dict[str, tuple[dict[str, str], datetime]]] = field(default_factory=dict)
-    # Node ids the operator itself is removing, so their deletion is not read as a failure.
-    releasing: set[str] = field(default_factory=set)
-    # The nodes each group held at its last pass (node id -> labels): one missing now, and
-    # not released by us, was deleted from under the group even if its watch event is late.
-    known: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)
+    # What the operator remembers of its groups between passes (first sights of health labels,
+    # vanished and releasing nodes, the plan of each group): one owner, changed on the event loop.
+    groups: GroupMemory = field(default_factory=GroupMemory)
+    # What a drain does to the pods on a node (the Eviction API; a recording fake in tests).
+    pods: NodePods | None = None
     # Who needs waking when something changes, so a change wakes only the daemons it concerns:
-    # plans not bought yet (their offerings depend on the pools) and each group's plan.
+    # plans not bought yet (their offerings depend on the pools).
     unbought_plans: set[str] = field(default_factory=set)
     node_digests: dict[str, tuple] = field(default_factory=dict)  # see handlers.nodes.node_digest
-    group_plans: dict[str, str] = field(default_factory=dict)
-    # Groups (label values) whose last pass found no lendable free static node: a change to a
-    # free node (uncordoned, Ready again, handed back) wakes them.
-    short_of_free_nodes: set[str] = field(default_factory=set)
     free_node_digests: dict[str, tuple] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.pods is None:
+            self.pods = KubeNodePods(self.kube, self.me)
 
     def wake_unbought_plans(self) -> None:
         for name in list(self.unbought_plans):
             self.wakeups.wake("plan", name)
 
     def wake_groups_of(self, plan: str) -> None:
-        for group, bound in list(self.group_plans.items()):
-            if bound == plan:
-                self.wakeups.wake("group", group)
+        for group in self.groups.groups_of(plan):
+            self.wakeups.wake("group", group)
 
 
 def build_runtime(settings: Settings) -> Runtime:

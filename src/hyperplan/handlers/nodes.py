@@ -38,10 +38,10 @@ async def group_node_changed(name: str, labels: kopf.Labels, body: kopf.Body, ty
         rt.node_digests.pop(name, None)
         node_id = labels.get(LABEL_NODE_ID, name)
         annotations = body.get("metadata", {}).get("annotations") or {}
-        if node_id in rt.releasing or removed_by_operator(labels, annotations):
-            rt.releasing.discard(node_id)
-        else:  # deleted from under the group: a failure signal, judged after the grace
-            rt.vanished.setdefault(labels[LABEL_GROUP], {})[node_id] = (dict(labels), rt.clock())
+        # Unless the operator removed it, the node was deleted from under the group: a failure
+        # signal, judged after the grace.
+        rt.groups.note_deleted(labels[LABEL_GROUP], node_id, labels, rt.clock(),
+                               by_operator=removed_by_operator(labels, annotations))
     rt.wakeups.wake("group", labels[LABEL_GROUP])
     if labels.get(LABEL_PLAN):
         rt.wakeups.wake("plan", labels[LABEL_PLAN])
@@ -60,7 +60,7 @@ async def free_node_changed(name: str, body: kopf.Body, type: str | None, memo: 
         return
     if type is None or unchanged:
         return
-    for group in list(rt.short_of_free_nodes):
+    for group in rt.groups.short_of_free_nodes():
         rt.wakeups.wake("group", group)
 
 

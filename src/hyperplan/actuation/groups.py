@@ -1,0 +1,248 @@
+"""An InstanceGroup's nodes, read and changed: the two ends of a group's pass.
+
+* :func:`observe_nodes` turns the nodes a provider lists into what planning judges
+  (:class:`~hyperplan.planning.groups.ObservedGroupNode`), with the nodes deleted from
+  under the group that the memory still holds, and says which health-signal notes the
+  nodes need (:class:`Observation`).
+* :func:`apply_decision` carries out a :class:`~hyperplan.planning.groups.GroupDecision`
+  through the group's :class:`~hyperplan.actuation.nodes.NodeProvider` and
+  :class:`~hyperplan.actuation.nodes.NodePods`: the health-signal notes, then the health
+  actions (mark, promote, remove), the creates (in parallel), the updates, the drains. It
+  returns what it did (:class:`Applied`): the events to post, the nodes it released, whether
+  a create lost a race for a free static node. It never touches the operator's memory; the
+  handler applies the result on the event loop.
+* :func:`drain_node` is the one drain step, used by a pass and by the group's deletion.
+
+Sync: the handler runs :func:`apply_decision` in a worker thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from kubernetes import client
+
+from hyperplan import metrics
+from hyperplan.actuation.nodes import (
+    LABEL_NODE_ID, AdoptionConflict, DrainProgress, NodePods, NodeProvider, NoFreeNode, taints_of,
+)
+from hyperplan.planning.memory import GroupMemory, PresentNode, Vanished, generation_of
+from hyperplan.planning import health as hl
+from hyperplan.planning import placement as pl
+from hyperplan.planning.groups import GroupDecision, ObservedGroupNode, managed_taint_keys
+from hyperplan.planning.plans import Event
+
+CREATE_WORKERS = 8
+log = logging.getLogger("hyperplan.groups")
+
+NodeBody = dict  # the Kubernetes reference an event is posted on (None: the group)
+
+
+def node_id(node: client.V1Node) -> str:
+    """The deterministic name planning gave the node (its own name on KWOK)."""
+    return (node.metadata.labels or {}).get(LABEL_NODE_ID, node.metadata.name)
+
+
+def node_ref(node: client.V1Node) -> NodeBody:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node.metadata.name, "uid": node.metadata.uid}}
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def bad_health_label(labels: Mapping[str, str]) -> str | None:
+    """The ``Unschedulable*`` value of the hyperplan or SageMaker health label, if either says so."""
+    values = [labels.get(pl.LABEL_HEALTH), labels.get(pl.LABEL_SAGEMAKER_HEALTH)]
+    return next((v for v in values if v and v.startswith(pl.HEALTH_UNSCHEDULABLE)), None)
+
+
+def observe_node(node: client.V1Node, now: datetime, keys: pl.TopologyKeys,
+                 first_sight: Callable[[str, str], datetime]) -> ObservedGroupNode:
+    """One node as planning judges it. ``first_sight(node_id, value)`` says when this process
+    first saw the node's ``Unschedulable*`` health label; the node's own record
+    (:data:`~hyperplan.planning.health.ANNOTATION_HEALTH_SINCE`) wins when it is earlier."""
+    labels = node.metadata.labels or {}
+    conditions = tuple(hl.NodeCondition(c.type, c.status, c.last_transition_time or now)
+                       for c in (node.status.conditions if node.status and node.status.conditions else []))
+    bad = bad_health_label(labels)
+    label = bad or next((v for v in (labels.get(pl.LABEL_HEALTH), labels.get(pl.LABEL_SAGEMAKER_HEALTH)) if v), None)
+    name = node_id(node)
+    since = None
+    if bad:
+        recorded = (node.metadata.annotations or {}).get(hl.ANNOTATION_HEALTH_SINCE)
+        since = hl.health_label_since(bad, recorded, first_sight(name, bad))
+    ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
+    return ObservedGroupNode(
+        health=hl.NodeObservation(
+            name=name, conditions=conditions, health_label=label, health_label_since=since,
+            role=labels.get(pl.LABEL_ROLE, pl.ROLE_ACTIVE), ultraserver_id=labels.get(keys.ultraserver_id),
+            created=node.metadata.creation_timestamp, slot=labels.get(pl.LABEL_SLOT),
+            generation=generation_of(labels), replaces=labels.get(pl.LABEL_REPLACES)),
+        labels=labels, taints=taints_of(node), unschedulable=bool(node.spec and node.spec.unschedulable),
+        ready=ready, deleting=node.metadata.deletion_timestamp is not None)
+
+
+def vanished_observation(v: Vanished, keys: pl.TopologyKeys) -> ObservedGroupNode:
+    """A node deleted from under the group, as an observation of a node that no longer exists."""
+    labels = dict(v.labels)
+    return ObservedGroupNode(
+        health=hl.NodeObservation(name=v.name, exists=False, deleted_since=v.since,
+                                  role=labels.get(pl.LABEL_ROLE, pl.ROLE_ACTIVE),
+                                  ultraserver_id=labels.get(keys.ultraserver_id), slot=labels.get(pl.LABEL_SLOT),
+                                  generation=generation_of(labels), replaces=labels.get(pl.LABEL_REPLACES)),
+        labels=labels, taints=(), unschedulable=True, ready=False)
+
+
+def health_signal_note(node: client.V1Node, seen: ObservedGroupNode) -> tuple[str, str | None] | None:
+    """The change of the node's health-signal record this pass needs, as (node id, new value or
+    None to remove it), or None when the record is right. Written once per new ``Unschedulable*``
+    value and removed when the label goes, so that a restarted operator counts the grace from
+    the first sight, and a signal that comes back later starts a new grace."""
+    recorded = (node.metadata.annotations or {}).get(hl.ANNOTATION_HEALTH_SINCE)
+    value, since = seen.health.health_label, seen.health.health_label_since
+    want = hl.health_signal_record(value, since) if since is not None else None
+    return None if recorded == want else (seen.name, want)
+
+
+@dataclass
+class Observation:
+    """A group's nodes as one pass found them."""
+
+    nodes: list[ObservedGroupNode]  # existing nodes, then the ones deleted from under the group
+    raw: dict[str, client.V1Node]  # existing nodes by node id
+    health_notes: list[tuple[str, str | None]]  # (node id, record) to write on the nodes
+
+
+def observe_nodes(group: str, raw: Sequence[client.V1Node], memory: GroupMemory, now: datetime,
+                  keys: pl.TopologyKeys) -> Observation:
+    """Read a group's nodes (``group`` is its label value), and prune the group's memory.
+
+    Runs on the event loop: it asks and updates ``memory``."""
+    seen = [observe_node(n, now, keys, lambda node, value: memory.first_sight(group, node, value, now))
+            for n in raw]
+    notes = [note for n, s in zip(raw, seen) if (note := health_signal_note(n, s)) is not None]
+    present = [PresentNode(s.name, s.labels, bad_health_label(s.labels)) for s in seen]
+    vanished = memory.observe(group, present, now)
+    memory.prune(group, present)
+    return Observation(nodes=seen + [vanished_observation(v, keys) for v in vanished],
+                       raw={s.name: n for s, n in zip(seen, raw)}, health_notes=notes)
+
+
+# --------------------------------------------------------------------------- acting
+
+
+@dataclass
+class Applied:
+    """What :func:`apply_decision` did."""
+
+    events: list[tuple[NodeBody | None, Event]] = field(default_factory=list)
+    released: list[str] = field(default_factory=list)
+    lost_race: bool = False  # a create lost a race for a free static node: look again soon
+    short_of_free_nodes: bool = False  # a create found no lendable free static node
+
+
+def releases_of(d: GroupDecision) -> list[str]:
+    """The nodes a decision may remove (noted before it is carried out, see GroupMemory)."""
+    return [a.node for a in d.remediation if isinstance(a, hl.RemoveNode)] + [x.node for x in d.drain]
+
+
+@dataclass(frozen=True)
+class DrainOutcome:
+    released: str | None  # what became of the node, in words, once it was released
+    progress: DrainProgress
+    events: tuple[tuple[NodeBody | None, Event], ...]
+
+
+def left_alone_note(progress: DrainProgress) -> str:
+    """The pods a drain did not evict, for the removal event ("" when none)."""
+    if not progress.left_alone:
+        return ""
+    return "; left running: " + ", ".join(f"{p} ({why})" for p, why in sorted(progress.left_alone.items()))
+
+
+def drain_node(provider: NodeProvider, pods: NodePods, node: client.V1Node, reason: str,
+               deadline: datetime | None, now: datetime) -> DrainOutcome:
+    """One drain step: cordon (once), ask to evict the node's pods, and release the node once
+    none is left or ``deadline`` has passed (None: no deadline, wait for the pods)."""
+    nid, events = node_id(node), []
+    if not (node.spec and node.spec.unschedulable):
+        provider.cordon(nid)
+        until = f"until {deadline.isoformat()}" if deadline is not None else "until none is left"
+        events.append((node_ref(node), Event("Normal", "Draining",
+                                             f"{nid} cordoned ({reason}); evicting pods {until}")))
+    progress = pods.evict(node.metadata.name)
+    if progress.pods_left and (deadline is None or now < deadline):
+        return DrainOutcome(None, progress, tuple(events))
+    what = provider.release(nid)
+    events.append((node_ref(node), Event("Normal", "NodeRemoved",
+                                         f"{nid} drained and removed ({reason}): {what}{left_alone_note(progress)}")))
+    return DrainOutcome(what, progress, tuple(events))
+
+
+def apply_decision(provider: NodeProvider, pods: NodePods, d: GroupDecision, raw: Mapping[str, client.V1Node],
+                   health_notes: Iterable[tuple[str, str | None]], now: datetime,
+                   clock: Callable[[], datetime], group: str = "") -> Applied:
+    """Carry out a decision (see the module docstring). Sync (thread)."""
+    out = Applied()
+    for nid, record in health_notes:
+        provider.annotate(nid, {hl.ANNOTATION_HEALTH_SINCE: record})
+    for action in d.remediation:
+        if isinstance(action, hl.MarkUnhealthy) and action.node in raw:
+            provider.mark_unhealthy(action.node, action.health_status, action.taint)
+            out.events.append((node_ref(raw[action.node]), Event(
+                "Warning", "NodeUnhealthy", f"{action.node}: {action.reason}; marked {action.health_status}")))
+            metrics.REMEDIATIONS.labels("mark").inc()
+        elif isinstance(action, hl.PromoteSpare) and action.spare in raw:
+            provider.promote_spare(action.spare, action.replacing)
+            where = "same UltraServer" if action.same_ultraserver else f"UltraServer {action.ultraserver_id}"
+            out.events.append((node_ref(raw[action.spare]), Event(
+                "Normal", "SparePromoted", f"spare {action.spare} ({where}) replaces {action.replacing}")))
+            metrics.REMEDIATIONS.labels("promote").inc()
+            metrics.observe_spare_promotion(action.grace_ended, clock())
+        elif isinstance(action, hl.RemoveNode):
+            what = provider.release(action.node)
+            out.released.append(action.node)
+            out.events.append((None, Event("Normal", "NodeRemoved", f"{action.node} removed: {action.reason}; {what}")))
+            metrics.REMEDIATIONS.labels("remove").inc()
+
+    def create(spec: pl.NodeSpec) -> tuple[NodeBody | None, Event] | None:
+        try:
+            made_as = provider.create(spec)
+        except NoFreeNode as e:
+            return None, Event("Warning", "NoFreeNode", str(e))
+        except AdoptionConflict as e:  # not an error: the next pass chooses again
+            log.info("group %s: %s", group, e)
+            return None
+        made = f"{spec.name} ({spec.role}) in {spec.availability_zone}"
+        if made_as == spec.name:
+            return None, Event("Normal", "NodeCreated", made)
+        adopted = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": made_as}}
+        return adopted, Event("Normal", "NodeAdopted", f"{made}: node {made_as} lent from the free pool")
+
+    # Nodes are independent: their create calls go out together rather than one after another.
+    if d.create:
+        with ThreadPoolExecutor(max_workers=min(CREATE_WORKERS, len(d.create))) as pool:
+            for outcome in pool.map(create, d.create):
+                if outcome is None:
+                    out.lost_race = True
+                else:
+                    out.events.append(outcome)
+    out.short_of_free_nodes = any(ev.reason == "NoFreeNode" for _, ev in out.events)
+    backfills = sum(1 for a in d.remediation if isinstance(a, hl.Backfill))
+    if backfills:
+        metrics.REMEDIATIONS.labels("backfill").inc(backfills)
+    for spec in d.update:
+        provider.update(spec.name, spec, managed_taint_keys(spec))
+    for drain in d.drain:
+        node = raw.get(drain.node)
+        if node is None:
+            continue
+        outcome = drain_node(provider, pods, node, drain.reason, drain.deadline, now)
+        out.events.extend(outcome.events)
+        if outcome.released is not None:
+            out.released.append(drain.node)
+    return out

@@ -1,0 +1,185 @@
+"""What the operator remembers about its instance groups between passes: one owner, named operations.
+
+A group's pass reads its nodes from the API; a few facts cannot be read there and live here:
+
+* when this process first saw a node's ``Unschedulable*`` health label (the grace of that
+  signal counts from it; the node also keeps it in an annotation, for restarts);
+* the nodes the group held at its last pass, so that one missing now, and not released by
+  the operator, is known to have been deleted from under the group (a failure signal);
+* those vanished nodes, until their slot holds a replacement (also written to the group's
+  ``status.vanishedNodes`` for restarts);
+* the nodes the operator is removing itself, so that their absence is no failure;
+* the plan each group is bound to and whether its last pass found no free static node, so
+  that a change wakes only the daemons it concerns.
+
+Pure like the rest of planning (no I/O, ``now`` passed in), but the one object that keeps
+state: the handlers hold one instance (``Runtime.groups``). Every operation runs on the event
+loop (kopf handlers and the group daemons' coroutines); worker threads return what they did
+and the handler applies it here. Each pass prunes its
+group (:meth:`GroupMemory.prune`), and a deleted group leaves nothing (:meth:`GroupMemory.forget_group`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from hyperplan.planning import placement as pl
+
+
+@dataclass(frozen=True)
+class PresentNode:
+    """What the memory needs of a node a pass found: its id, labels and current bad health label."""
+
+    name: str
+    labels: Mapping[str, str]
+    bad_health_label: str | None = None
+
+    @property
+    def slot(self) -> str | None:
+        return self.labels.get(pl.LABEL_SLOT)
+
+    @property
+    def generation(self) -> int:
+        return generation_of(self.labels)
+
+
+@dataclass(frozen=True)
+class Vanished:
+    """A node deleted from under a group: its last labels and when it was found gone."""
+
+    name: str
+    labels: Mapping[str, str]
+    since: datetime
+
+
+def generation_of(labels: Mapping[str, str]) -> int:
+    try:
+        return int(labels.get(pl.LABEL_GENERATION, "0"))
+    except ValueError:
+        return 0
+
+
+@dataclass
+class _Group:
+    plan: str | None = None
+    first_seen: dict[tuple[str, str], datetime] = field(default_factory=dict)
+    known: dict[str, dict[str, str]] = field(default_factory=dict)
+    vanished: dict[str, tuple[dict[str, str], datetime]] = field(default_factory=dict)
+    releasing: set[str] = field(default_factory=set)
+    short_of_free_nodes: bool = False
+
+
+class GroupMemory:
+    """The operator's memory of its groups, by group label value (``placement.label_value``)."""
+
+    def __init__(self) -> None:
+        self._groups: dict[str, _Group] = {}
+
+    def _group(self, group: str) -> _Group:
+        return self._groups.setdefault(group, _Group())
+
+    # ------------------------------------------------------------------ routing of wake-ups
+
+    def bind(self, group: str, plan: str) -> None:
+        """``group`` is bound to training plan ``plan`` (a change of the plan wakes it)."""
+        self._group(group).plan = plan
+
+    def groups_of(self, plan: str) -> list[str]:
+        return [g for g, state in self._groups.items() if state.plan == plan]
+
+    def note_short_of_free_nodes(self, group: str, short: bool) -> None:
+        """Whether the group's last pass found no lendable free static node."""
+        if short or group in self._groups:
+            self._group(group).short_of_free_nodes = short
+
+    def short_of_free_nodes(self) -> list[str]:
+        """Groups a change to a free static node should wake."""
+        return [g for g, state in self._groups.items() if state.short_of_free_nodes]
+
+    # ------------------------------------------------------------------ health signals
+
+    def first_sight(self, group: str, node: str, value: str, now: datetime) -> datetime:
+        """When this process first saw ``node`` carry health label ``value`` (``now`` if never)."""
+        return self._group(group).first_seen.setdefault((node, value), now)
+
+    # ------------------------------------------------------------------ nodes leaving
+
+    def note_releasing(self, group: str, nodes: Iterable[str]) -> None:
+        """The operator is about to remove ``nodes`` (a drain or a remediation): their absence,
+        and a deletion event for them, are no failure."""
+        self._group(group).releasing.update(nodes)
+
+    def note_deleted(self, group: str, node: str, labels: Mapping[str, str], now: datetime,
+                     by_operator: bool = False) -> None:
+        """A deletion event of one of ``group``'s nodes. Unless the operator removed it (noted as
+        releasing, or ``by_operator`` read from the node's last state), it vanished: a failure
+        signal judged after the grace. Events for groups this process does not hold are ignored."""
+        state = self._groups.get(group)
+        if state is None or node in state.releasing or by_operator:
+            return
+        state.vanished.setdefault(node, (dict(labels), now))
+
+    def restore_vanished(self, group: str, entries: Iterable[Vanished]) -> None:
+        """What an earlier process recorded in the group's status (``status.vanishedNodes``)."""
+        gone = self._group(group).vanished
+        for v in entries:
+            gone.setdefault(v.name, (dict(v.labels), v.since))
+
+    def observe(self, group: str, present: Iterable[PresentNode], now: datetime) -> list[Vanished]:
+        """The pass found ``present``: the nodes deleted from under the group, oldest record kept.
+
+        A node held at the last pass, missing now and not being released by the operator has
+        vanished (even if its deletion event is late). A vanished entry is dropped once its
+        slot holds a newer generation (it was replaced) or the node is back under its name.
+        """
+        state = self._group(group)
+        present = list(present)
+        names = {n.name for n in present}
+        for node, labels in state.known.items():
+            if node not in names and node not in state.vanished and node not in state.releasing:
+                state.vanished[node] = (labels, now)
+        state.known = {n.name: dict(n.labels) for n in present}
+        newest: dict[str | None, int] = {}
+        for n in present:
+            newest[n.slot] = max(newest.get(n.slot, -1), n.generation)
+        out = []
+        for node, (labels, since) in list(state.vanished.items()):
+            if node in names or newest.get(labels.get(pl.LABEL_SLOT), -1) > generation_of(labels):
+                del state.vanished[node]
+                continue
+            out.append(Vanished(node, labels, since))
+        return sorted(out, key=lambda v: v.name)
+
+    def vanished(self, group: str) -> list[Vanished]:
+        state = self._groups.get(group)
+        if state is None:
+            return []
+        return [Vanished(n, labels, since) for n, (labels, since) in sorted(state.vanished.items())]
+
+    # ------------------------------------------------------------------ pruning
+
+    def prune(self, group: str, present: Iterable[PresentNode]) -> None:
+        """Forget what no longer concerns ``group`` after a pass that found ``present``:
+        first sights of health labels a node no longer carries (or of nodes that are gone), and
+        releases of nodes that are gone. Called every pass, after :meth:`observe`."""
+        state = self._groups.get(group)
+        if state is None:
+            return
+        bad = {n.name: n.bad_health_label for n in present}
+        state.first_seen = {(node, value): when for (node, value), when in state.first_seen.items()
+                             if bad.get(node) == value}
+        state.releasing &= set(bad)
+
+    def forget_group(self, group: str) -> None:
+        """The group is gone: nothing of it stays."""
+        self._groups.pop(group, None)
+
+    def holds(self, group: str) -> bool:
+        return group in self._groups
+
+    def size(self) -> int:
+        """Entries held over all groups (for tests and the curious)."""
+        return sum(1 + len(s.first_seen) + len(s.known) + len(s.vanished) + len(s.releasing)
+                   for s in self._groups.values())
