@@ -77,12 +77,12 @@ class Runtime:
     me: OperatorIdentity = field(default_factory=OperatorIdentity)  # never drained, never lent
     clock: Clock = utcnow
     wakeups: Wakeups = field(default_factory=Wakeups)
+    cache: WatchCache = field(default_factory=WatchCache)  # what the watches hold: the read side of passes
     # What the operator remembers of its groups between passes (first sights of health labels,
     # vanished and releasing nodes, the plan of each group): one owner, changed on the event loop.
     groups: GroupMemory = field(default_factory=GroupMemory)
     # What a drain does to the pods on a node (the Eviction API; a recording fake in tests).
     pods: NodePods | None = None
-    cache: WatchCache = field(default_factory=WatchCache)  # what the watches hold: the read side of passes
     # Who needs waking when something changes, so a change wakes only the daemons it concerns:
     # plans not bought yet (their offerings depend on the pools).
     unbought_plans: set[str] = field(default_factory=set)
