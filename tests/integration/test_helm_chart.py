@@ -322,12 +322,16 @@ CAN = [
     ("patch", "pods", "status"), ("delete", "pods"),
     ("create", "events"), ("patch", "events.events.k8s.io"),
     ("list", "customresourcedefinitions.apiextensions.k8s.io"), ("watch", "namespaces"),
+    ("watch", "workloads.kueue.x-k8s.io"), ("patch", "workloads.kueue.x-k8s.io", "status"),
+    ("watch", "admissionchecks.kueue.x-k8s.io"), ("patch", "admissionchecks.kueue.x-k8s.io", "status"),
 ]
 CANNOT = [
     ("update", "pods"),  # pods are only annotated (a patch), never rewritten
     ("get", "secrets"),
     ("create", "trainingplans.hyperplan.dev"),  # users buy plans, the operator does not
     ("delete", "capacitypools.hyperplan.dev"),
+    ("patch", "workloads.kueue.x-k8s.io"),  # only the status of Kueue's objects
+    ("create", "admissionchecks.kueue.x-k8s.io"),
     ("delete", "customresourcedefinitions.apiextensions.k8s.io"),
     ("create", "clusterrolebindings.rbac.authorization.k8s.io"),
     ("create", "leases.coordination.k8s.io"),  # the leader Lease lives in the release's namespace only

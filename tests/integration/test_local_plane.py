@@ -57,7 +57,7 @@ def _cli(plane: Plane, *args: str) -> subprocess.CompletedProcess:
 def test_dev_status_env_and_idempotent_up(plane: Plane) -> None:
     status = _cli(plane, "dev", "status")
     assert status.returncode == 0, status.stderr
-    for name in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"):
+    for name in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "kueue"):
         line = next(l for l in status.stdout.splitlines() if l.startswith(name + " "))
         assert "running (pid" in line
     pids_before = plane.state().pids

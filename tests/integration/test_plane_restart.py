@@ -45,7 +45,7 @@ def test_restarts_keep_ports_certificates_and_etcd_data(own_plane: Plane) -> Non
         before = after
     assert {row[0]: row[1].startswith("running") for row in own_plane.status()} == {
         "etcd": True, "kube-apiserver": True, "kube-controller-manager": True, "kube-scheduler": True,
-        "kwok": True}
+        "kwok": True, "kueue": True}
 
 
 def test_restart_names_an_unknown_process(own_plane: Plane) -> None:

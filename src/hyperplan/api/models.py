@@ -207,6 +207,11 @@ class TrainingPlanSpec(Model):
     spare_instances_per_ultra_server: int = Field(default=1, ge=0)
     offering_id: str = ""
     auto_purchase: bool = False
+    keep_alive_period_seconds: int | None = Field(
+        default=None, ge=0, le=3600 * 24 * 7,
+        description="training-job plans: how long a Kueue workload's nodes stay after it finishes or is "
+                    "evicted, for the next workload to reuse (SageMaker managed warm pools); unset or 0: "
+                    "released at once.")
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
         cel("!has(self.startTimeAfter) || !has(self.endTimeBefore) || self.endTimeBefore > self.startTimeAfter",

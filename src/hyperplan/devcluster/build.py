@@ -30,6 +30,9 @@ KUBERNETES_VERSION = "v1.36.3"
 ETCD_VERSION = "v3.6.8"
 KWOK_VERSION = "v0.8.0"
 HELM_VERSION = "v3.22.0"
+# Kueue (docs/kueue.md): the job queueing hyperplan serves as an AdmissionCheck controller.
+KUEUE_VERSION = "v0.17.0"
+KUEUE_MODULE = "sigs.k8s.io/kueue"
 # The kind tier (docs/kind.md): kind itself, and what a locally built node image needs.
 KIND_VERSION = "v0.33.0"
 CRI_TOOLS_VERSION = "v1.37.0"
@@ -49,6 +52,9 @@ class Component:
     version: str
     binaries: tuple[str, ...]
     build: Callable[["Component", Path, Path, Log], None] = field(compare=False)
+    # Other files the build leaves next to the binaries and that must be there at run time
+    # (Kueue's CRDs and webhook manifests, copied from its module).
+    files: tuple[str, ...] = ()
 
     @property
     def dir(self) -> Path:
@@ -58,7 +64,7 @@ class Component:
         return self.dir / binary
 
     def is_built(self) -> bool:
-        return all(self.path(b).is_file() for b in self.binaries)
+        return all(self.path(b).is_file() for b in (*self.binaries, *self.files))
 
 
 def _go_env() -> dict[str, str]:
@@ -147,6 +153,35 @@ def _build_etcd(c: Component, work: Path, out: Path, log: Log) -> None:
          work, log, "go build etcd")
 
 
+def _build_kueue(c: Component, work: Path, out: Path, log: Log) -> None:
+    """Kueue's command through a wrapper module, plus its CRDs and webhook manifests.
+
+    The wrapper must require the command's package (``go get .../cmd/kueue@v``): with only the
+    bare module, ``go build`` finds no go.sum entries for the command's dependencies. The CRDs
+    and webhook manifests come from the same module version, copied out of Go's module cache
+    into the cache entry, so nothing of Kueue is kept in this repository.
+    """
+    (work / "go.mod").write_text("module hyperplan.dev/build/kueue\n\ngo 1.25.0\n")
+    _run(["go", "get", f"{KUEUE_MODULE}/cmd/kueue@{c.version}"], work, log, "resolve modules")
+    module_dir = Path(subprocess.run(
+        ["go", "list", "-m", "-f", "{{.Dir}}", KUEUE_MODULE],
+        cwd=work, env=_go_env(), capture_output=True, text=True, check=True).stdout.strip())
+    crd_dir = module_dir / "config" / "components" / "crd" / "bases"
+    crds = sorted(crd_dir.glob("*.yaml"))
+    if not crds:
+        raise RuntimeError(f"no CRDs found in {crd_dir}")
+    (out / "crds").mkdir()
+    for f in crds:
+        shutil.copyfile(f, out / "crds" / f.name)
+    shutil.copyfile(module_dir / "config" / "components" / "webhook" / "manifests.yaml",
+                    out / "webhook-manifests.yaml")
+    log(f"  copied {len(crds)} CRDs and the webhook manifests from {module_dir}")
+    _run(["go", "build", "-ldflags",
+          f"-s -w -X {KUEUE_MODULE}/pkg/version.GitVersion={c.version}",
+          "-o", str(out / "kueue"), f"{KUEUE_MODULE}/cmd/kueue"],
+         work, log, "go build kueue (about 5 minutes on 2 cores)")
+
+
 def _go_install(pkg: str, ldflags: str) -> Callable[[Component, Path, Path, Log], None]:
     def build(c: Component, work: Path, out: Path, log: Log) -> None:
         env_bin = ["env", f"GOBIN={out}"]
@@ -167,6 +202,8 @@ COMPONENTS: tuple[Component, ...] = (
     Component("kubernetes", KUBERNETES_VERSION,
               ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl"),
               _build_kubernetes),
+    Component("kueue", KUEUE_VERSION, ("kueue",), _build_kueue,
+              files=("webhook-manifests.yaml", "crds/kueue.x-k8s.io_workloads.yaml")),
 )
 
 

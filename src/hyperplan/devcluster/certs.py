@@ -118,3 +118,22 @@ def generate(directory: Path) -> Pki:
     pki.sa_pub.write_bytes(sa_key.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
     return pki
+
+
+def issue_serving_cert(pki: Pki, common_name: str, ips: tuple[str, ...], directory: Path) -> tuple[Path, Path]:
+    """A serving certificate for ``ips`` signed by the plane's CA: ``directory/tls.{crt,key}``.
+
+    For servers the API server calls back (Kueue's webhooks on loopback): the API server
+    trusts them through the CA bundle of the webhook configuration, which is ``pki.ca_cert``.
+    """
+    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    ca_cert = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
+    directory.mkdir(parents=True, exist_ok=True)
+    key = _key()
+    cert, key_path = directory / "tls.crt", directory / "tls.key"
+    _write_key(key_path, key)
+    _write_cert(cert, _sign(
+        _name(common_name), key, ca_cert.subject, ca_key, ca=False,
+        sans=[x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips],
+        usages=[ExtendedKeyUsageOID.SERVER_AUTH]))
+    return cert, key_path

@@ -1,8 +1,9 @@
 """Start, inspect and stop the local control plane.
 
-etcd, kube-apiserver, kube-controller-manager, kube-scheduler and KWOK run as child
+etcd, kube-apiserver, kube-controller-manager, kube-scheduler, KWOK and Kueue run as child
 processes on loopback ports, each in its own session so that ``down`` can stop exactly
-the process group it started, found by the pid recorded in ``plane.json``. Everything the
+the process group it started, found by the pid recorded in ``plane.json``. Kueue's part
+(CRDs, webhooks on loopback, a private mount namespace) is in :mod:`.kueue`. Everything the
 plane writes (certificates, etcd data, logs, the kubeconfig) lives in one state folder
 inside the checkout (``.state/dev``, git-ignored); ``~/.kube/config`` is never touched.
 """
@@ -20,6 +21,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -27,12 +29,12 @@ from typing import Callable
 
 import yaml
 
-from hyperplan.devcluster import build, certs
+from hyperplan.devcluster import build, certs, kueue
 
 Log = Callable[[str], None]
 
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
-PROCESS_ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+PROCESS_ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "kueue")
 
 
 def project_root() -> Path:
@@ -63,6 +65,7 @@ class PlaneState:
     ports: dict[str, int] = field(default_factory=dict)
     pids: dict[str, int] = field(default_factory=dict)
     kubernetes_version: str = build.KUBERNETES_VERSION
+    kueue_version: str = build.KUEUE_VERSION
 
     @classmethod
     def load(cls, path: Path) -> "PlaneState | None":
@@ -75,10 +78,17 @@ class PlaneState:
 
 
 class Plane:
-    def __init__(self, root: Path | None = None, log: Log = print):
+    def __init__(self, root: Path | None = None, log: Log = print, with_kueue: bool = True):
+        """``with_kueue=False``: a plane without Kueue (for benchmarks that measure the rest)."""
         self.dir = root or state_dir()
         self.log = log
+        self.with_kueue = with_kueue
         self._children: dict[str, subprocess.Popen] = {}
+
+    @property
+    def processes(self) -> tuple[str, ...]:
+        """What ``up`` starts, in order."""
+        return PROCESS_ORDER if self.with_kueue else tuple(n for n in PROCESS_ORDER if n != "kueue")
 
     # ----------------------------------------------------------------- paths
 
@@ -90,6 +100,8 @@ class Plane:
     def logs(self) -> Path: return self.dir / "logs"
     @property
     def pki(self) -> certs.Pki: return certs.Pki(self.dir / "pki")
+    @property
+    def kueue_dir(self) -> Path: return self.dir / "kueue"
 
     def state(self) -> PlaneState | None:
         return PlaneState.load(self.state_file)
@@ -118,17 +130,25 @@ class Plane:
         self.log("generating certificates")
         pki = certs.generate(self.dir / "pki")
         st = PlaneState(ports={k: free_port() for k in (
-            "etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler", "kwok")})
+            "etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler", "kwok",
+            "kueue-webhook", "kueue-health", "kueue-metrics")})
         st.save(self.state_file)
         self._write_kubeconfig(st, pki)
-        for name in PROCESS_ORDER:
+        for name in self.processes:
+            if name == "kueue":
+                self._prepare_kueue(st, pki, started)
             self.log(f"starting {name} (elapsed {time.monotonic() - started:.1f}s)")
+            kueue_started = time.monotonic()
             st.pids[name] = self._spawn(name, self._command(name, st, pki))
             st.save(self.state_file)
             if name == "etcd":
                 self._wait(lambda: self._port_open(st.ports["etcd"]), "etcd", st)
             elif name == "kube-apiserver":
                 self._wait(lambda: self._ready(st), "kube-apiserver /readyz", st)
+            elif name == "kueue":
+                self._await_kueue(st, pki, started)
+                self.log(f"kueue {build.KUEUE_VERSION} ready in {time.monotonic() - kueue_started:.1f}s "
+                         f"(webhooks on https://127.0.0.1:{st.ports['kueue-webhook']})")
         self._wait(lambda: self._default_service_account(st), "the default service account", st)
         self.log(f"control plane ready at https://127.0.0.1:{st.ports['apiserver']} "
                  f"in {time.monotonic() - started:.1f}s; kubeconfig {self.kubeconfig}")
@@ -140,13 +160,14 @@ class Plane:
             if not quiet:
                 self.log("control plane is not running")
             return
+        self._delete_kueue_webhooks(st, quiet)
         for name in reversed(PROCESS_ORDER):
             pid = st.pids.get(name)
             if pid and self._is_ours(name, pid):
                 if not quiet:
                     self.log(f"stopping {name} (pid {pid})")
                 stop_process_group(pid)
-        for sub in ("etcd", "pki", "logs"):
+        for sub in ("etcd", "pki", "logs", "kueue"):
             _rmtree(self.dir / sub)
         for f in (self.state_file, self.kubeconfig, self.dir / "kwok-stages.yaml"):
             f.unlink(missing_ok=True)
@@ -161,7 +182,9 @@ class Plane:
         the same ports, the existing certificates and kubeconfig, and for etcd the same data
         directory, so the cluster keeps every object. Returns once the process serves again:
         etcd's client port answers and the API server is ready again behind it, the API
-        server's ``/readyz`` says ok, the others are alive for a second. For chaos tests.
+        server's ``/readyz`` says ok, Kueue's webhooks answer, the others are alive for a
+        second. For chaos tests. Kueue's webhook configurations stay while it restarts
+        (creates of Jobs fail meanwhile, as with an in-cluster Kueue that restarts).
         """
         if name not in PROCESS_ORDER:
             raise ValueError(f"unknown plane process {name!r}; expected one of {', '.join(PROCESS_ORDER)}")
@@ -188,6 +211,8 @@ class Plane:
             self._wait(lambda: self._ready(st), "kube-apiserver /readyz after etcd came back", st, timeout)
         elif name == "kube-apiserver":
             self._wait(lambda: self._ready(st), "kube-apiserver /readyz", st, timeout)
+        elif name == "kueue":
+            self._await_kueue(st, self.pki, started, timeout)
         else:
             time.sleep(1)
             self._wait(lambda: self._is_ours(name, st.pids[name]), name, st, timeout)
@@ -202,8 +227,10 @@ class Plane:
                  "kube-apiserver": f"https://127.0.0.1:{st.ports['apiserver']}",
                  "kube-controller-manager": f"https://127.0.0.1:{st.ports['controller-manager']}",
                  "kube-scheduler": f"https://127.0.0.1:{st.ports['scheduler']}",
-                 "kwok": f"http://127.0.0.1:{st.ports['kwok']}"}
-        for name in PROCESS_ORDER:
+                 "kwok": f"http://127.0.0.1:{st.ports['kwok']}",
+                 "kueue": f"https://127.0.0.1:{st.ports.get('kueue-webhook')} (webhooks), "
+                          f"http://127.0.0.1:{st.ports.get('kueue-health')}/readyz"}
+        for name in (n for n in PROCESS_ORDER if n in st.pids):
             pid = st.pids.get(name)
             alive = bool(pid) and self._is_ours(name, pid)
             rows.append((name, f"running (pid {pid})" if alive else "not running", where[name]))
@@ -263,7 +290,115 @@ class Plane:
                     "--cidr=10.0.0.0/16", "--node-ip=10.0.0.1",
                     "--node-lease-duration-seconds=40",
                     f"--server-address=127.0.0.1:{p['kwok']}", f"--config={stages}"]
+        if name == "kueue":
+            d = self.kueue_dir
+            return kueue.launch_command(build.binary("kueue"), d / "config.yaml", self.kubeconfig,
+                                        d / "certs", d / "etc-overlay")
         raise KeyError(name)
+
+    # ----------------------------------------------------------------- Kueue
+
+    def _apply(self, st: PlaneState, path: str, obj: dict) -> None:
+        """Server-side apply of one object at its API ``path`` (as ``kubectl apply --server-side``)."""
+        status, body = self._request(st, "PATCH", f"{path}?fieldManager=hyperplan-dev-plane&force=true",
+                                     json.dumps(obj).encode(), "application/apply-patch+yaml")
+        if status not in (200, 201):
+            raise RuntimeError(f"applying {path} failed ({status or 'no answer'}): {body.decode()[:500]}")
+
+    def _kueue_crds_established(self, st: PlaneState, names: set[str]) -> bool:
+        status, body = self._get(st, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions")
+        if status != 200:
+            return False
+        established = {c["metadata"]["name"] for c in json.loads(body)["items"]
+                       if any(x["type"] == "Established" and x["status"] == "True"
+                              for x in (c.get("status") or {}).get("conditions") or [])}
+        return names <= established
+
+    def _prepare_kueue(self, st: PlaneState, pki: certs.Pki, started: float) -> None:
+        """Kueue's CRDs applied and Established; its configuration and serving certificate written."""
+        self.log(f"applying Kueue's CRDs (elapsed {time.monotonic() - started:.1f}s)")
+        d = self.kueue_dir
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "etc-overlay").mkdir(exist_ok=True)
+        # libyaml's loader where PyYAML has it: the Workload CRD alone is 1.4 MB of YAML, which
+        # the pure-Python loader takes seconds to read. The API server gets JSON, which it
+        # decodes much faster than YAML; the CRDs go in side by side.
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+        crds = [yaml.load(f.read_text(), Loader=loader) for f in sorted(kueue.crd_dir().glob("*.yaml"))]
+        names = {c["metadata"]["name"] for c in crds}
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            list(pool.map(lambda c: self._apply(
+                st, f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{c['metadata']['name']}", c), crds))
+        self._apply(st, f"/api/v1/namespaces/{kueue.NAMESPACE}",
+                    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": kueue.NAMESPACE}})
+        self._wait(lambda: self._kueue_crds_established(st, names), "Kueue's CRDs Established", st)
+        self.log(f"Kueue's {len(names)} CRDs Established (elapsed {time.monotonic() - started:.1f}s)")
+        certs.issue_serving_cert(pki, "kueue-webhook", ("127.0.0.1",), d / "certs")
+        config = kueue.configuration(st.ports["kueue-webhook"], st.ports["kueue-health"],
+                                     st.ports["kueue-metrics"], d / "certs")
+        (d / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+
+    def _kueue_healthy(self, st: PlaneState) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{st.ports['kueue-health']}/readyz", timeout=2) as r:
+                return r.status == 200
+        except (OSError, urllib.error.HTTPError):
+            return False
+
+    def _kueue_webhooks_answer(self, st: PlaneState) -> bool:
+        status, _ = self._request(st, "POST", f"/apis/{kueue.GROUP}/v1beta2/resourceflavors?dryRun=All",
+                                  json.dumps(kueue.PROBE_OBJECT).encode())
+        return status == 201
+
+    def _await_kueue(self, st: PlaneState, pki: certs.Pki, started: float, timeout: float = 120) -> None:
+        """Wait for Kueue's readiness, point its webhook configurations at it, wait until they answer."""
+        self._wait(lambda: self._kueue_healthy(st), "kueue /readyz", st, timeout)
+        configs = kueue.webhook_configurations(kueue.webhook_manifests().read_text(),
+                                               st.ports["kueue-webhook"], pki.ca_cert.read_bytes())
+        for c in configs:
+            self._apply(st, f"/apis/admissionregistration.k8s.io/v1/{c['kind'].lower()}s/{c['metadata']['name']}", c)
+        hooks = sum(len(c["webhooks"]) for c in configs)
+        self.log(f"kueue healthy; {hooks} webhooks registered at https://127.0.0.1:{st.ports['kueue-webhook']} "
+                 f"(elapsed {time.monotonic() - started:.1f}s)")
+        self._wait(lambda: self._kueue_webhooks_answer(st), "Kueue's webhooks (a dry-run ResourceFlavor)", st, timeout)
+
+    def _delete_kueue_webhooks(self, st: PlaneState, quiet: bool) -> None:
+        """Before Kueue stops: remove its webhook configurations while the API server still runs."""
+        pid = st.pids.get("kueue")
+        if not pid or not self._ready(st):
+            return
+        try:
+            kueue.delete_webhook_configurations(build.binary("kubectl"), self.kubeconfig)
+            if not quiet:
+                self.log("deleted Kueue's webhook configurations")
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            self.log(f"warning: {e}")
+
+    def stop_kueue(self) -> None:
+        """Stop Kueue alone, its webhook configurations deleted first; the rest keeps running."""
+        st = self.state()
+        if st is None:
+            raise RuntimeError("the local control plane is not up")
+        kueue.delete_webhook_configurations(build.binary("kubectl"), self.kubeconfig)
+        pid = st.pids.get("kueue")
+        if pid and self._is_ours("kueue", pid):
+            stop_process_group(pid)
+        child = self._children.pop("kueue", None)
+        if child is not None:
+            child.wait(timeout=10)
+
+    def start_kueue(self) -> float:
+        """Start Kueue on the running plane (after :meth:`stop_kueue`); the seconds it took."""
+        st = self.state()
+        if st is None:
+            raise RuntimeError("the local control plane is not up")
+        started = time.monotonic()
+        pki = self.pki
+        self._prepare_kueue(st, pki, started)
+        st.pids["kueue"] = self._spawn("kueue", self._command("kueue", st, pki))
+        st.save(self.state_file)
+        self._await_kueue(st, pki, started)
+        return time.monotonic() - started
 
     def _spawn(self, name: str, cmd: list[str]) -> int:
         with open(self.logs / f"{name}.log", "ab") as out:
@@ -284,7 +419,7 @@ class Plane:
         return Path(cmdline).name == name
 
     def _all_alive(self, st: PlaneState) -> bool:
-        return all(self._is_ours(n, st.pids.get(n, 0)) for n in PROCESS_ORDER)
+        return all(self._is_ours(n, st.pids.get(n, 0)) for n in self.processes)
 
     def _port_open(self, port: int) -> bool:
         with socket.socket() as s:
@@ -306,6 +441,19 @@ class Plane:
             return e.code, b""
         except (OSError, ssl.SSLError):
             return 0, b""
+
+    def _request(self, st: PlaneState, method: str, path: str, body: bytes,
+                 content_type: str = "application/json", timeout: float = 30) -> tuple[int, bytes]:
+        """One API call with the admin certificate; (status, body), status 0 when nothing answered."""
+        req = urllib.request.Request(f"https://127.0.0.1:{st.ports['apiserver']}{path}", data=body,
+                                     method=method, headers={"Content-Type": content_type})
+        try:
+            with urllib.request.urlopen(req, context=self.ssl_context(), timeout=timeout) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+        except (OSError, ssl.SSLError) as e:
+            return 0, str(e).encode()
 
     def _ready(self, st: PlaneState) -> bool:
         return self._get(st, "/readyz")[0] == 200
