@@ -156,3 +156,36 @@ def wait_phase(k: Kubectl, kind: str, name: str, phase: str, timeout: float = 90
     from tests.kube import eventually
     return eventually(lambda: (s := k.get(kind, name).get("status") or {}).get("phase") == phase and s,
                       timeout=timeout, what=f"{kind} {name} {phase}")
+
+
+@dataclass
+class PodWatch:
+    """Every version of the pods matching ``selector`` the API server sends, with the time seen."""
+
+    kube: object
+    selector: str
+    namespace: str = "default"
+    seen: list[tuple[datetime, str, dict]] = field(default_factory=list)  # (when, event type, pod)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> "PodWatch":
+        ready = threading.Event()
+        threading.Thread(target=self._run, args=(ready,), daemon=True).start()
+        ready.wait(10)
+        return self
+
+    def _run(self, ready: threading.Event) -> None:
+        from kubernetes import watch
+        while not self._stop.is_set():
+            w = watch.Watch()
+            stream = w.stream(self.kube.core.list_namespaced_pod, self.namespace, label_selector=self.selector,
+                              timeout_seconds=5)
+            ready.set()
+            for event in stream:
+                self.seen.append((utcnow(), event["type"], self.kube.api.sanitize_for_serialization(event["object"])))
+                if self._stop.is_set():
+                    w.stop()
+
+    def stop(self) -> list[tuple[datetime, str, dict]]:
+        self._stop.set()
+        return self.seen

@@ -18,14 +18,12 @@ eviction) also runs on one of the Job's nodes. That node stops answering (Ready=
 
 from __future__ import annotations
 
-import threading
 import uuid
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from kubernetes import client
 
-from tests.e2e.scenarios import Context, Recorder, events_for, late_scenario, parse_ts, ts, utcnow
+from tests.e2e.scenarios import Context, PodWatch, Recorder, events_for, late_scenario, parse_ts, ts, utcnow
 from tests.kube import eventually
 
 API = "hyperplan.dev/v1alpha1"
@@ -33,38 +31,6 @@ ITYPE = "ml.p6e-gb200.36xlarge"
 US_TYPE = "ml.u-p6e-gb200x36"
 GRACE = 5
 NS = "default"
-
-
-@dataclass
-class PodWatch:
-    """Every version of the pods matching ``selector`` the API server sends, with the time seen."""
-
-    kube: object
-    selector: str
-    seen: list[tuple[datetime, str, dict]] = field(default_factory=list)  # (when, event type, pod)
-    _stop: threading.Event = field(default_factory=threading.Event)
-
-    def start(self) -> "PodWatch":
-        ready = threading.Event()
-        threading.Thread(target=self._run, args=(ready,), daemon=True).start()
-        ready.wait(10)
-        return self
-
-    def _run(self, ready: threading.Event) -> None:
-        from kubernetes import watch
-        while not self._stop.is_set():
-            w = watch.Watch()
-            stream = w.stream(self.kube.core.list_namespaced_pod, NS, label_selector=self.selector,
-                              timeout_seconds=5)
-            ready.set()
-            for event in stream:
-                self.seen.append((utcnow(), event["type"], self.kube.api.sanitize_for_serialization(event["object"])))
-                if self._stop.is_set():
-                    w.stop()
-
-    def stop(self) -> list[tuple[datetime, str, dict]]:
-        self._stop.set()
-        return self.seen
 
 
 def _set_ready(kube, node: str, status: str, since: datetime) -> None:

@@ -143,6 +143,9 @@ def ultraserver_group(ctx: Context) -> dict:
         return st if all(u["healthStatus"] == "ok" for u in st.get("ultraServers", [])) else None
 
     out["plan_recovered"] = eventually(plan_ok, timeout=30, what="UltraServers ok again")
+    # The watch thread may lag a poll on a loaded machine: let it see the same "ok" first.
+    eventually(lambda: us_health.changes and us_health.changes[-1][1] == "ok", timeout=15, interval=0.2,
+               what="the UltraServer health watch caught up")
     out["us_health"] = [h for _, h in us_health.stop()]
 
     # 4. A node deleted from under the group counts as failed after the grace: a spare takes over.
