@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 import kopf
+from kubernetes import client
 
 from hyperplan.actuation.ledger import LedgerEntry
 from hyperplan.api.models import GROUP, VERSION, Reservation, to_rfc3339
@@ -142,6 +143,10 @@ class WatchCache:
     _parsed_pools: dict[str, _ParsedPool] = field(default_factory=dict)
     _reservations: dict[str, Reservation] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    # Groups (label values) whose last pass wrote to their nodes: their next pass lists the nodes
+    # from the API once, so that it never acts on a view older than its own writes (the watch
+    # events of those writes may still be on their way). Touched on the event loop only.
+    _groups_wrote: set[str] = field(default_factory=set)
 
     def bind(self, indices: Mapping[str, Any]) -> None:
         self._indexes = {name: indices[name] for name in (PLANS, POOLS, GROUPS, NODES)}
@@ -216,6 +221,21 @@ class WatchCache:
         """The nodes labelled ``hyperplan.dev/instance-group=<group_label>`` (slim)."""
         return sorted(self._values(NODES, ("group", group_label)), key=lambda n: n["metadata"]["name"])
 
+    def group_nodes_v1(self, group_label: str) -> list[client.V1Node]:
+        """The group's nodes as the Kubernetes client's models (what node providers return)."""
+        return [v1_node(n) for n in self.group_nodes(group_label)]
+
+    def note_group_wrote(self, group_label: str, wrote: bool) -> None:
+        """Whether a group's pass wrote to its nodes (see ``must_list_group_nodes``)."""
+        if wrote:
+            self._groups_wrote.add(group_label)
+        else:
+            self._groups_wrote.discard(group_label)
+
+    def must_list_group_nodes(self, group_label: str) -> bool:
+        """True when the group's last pass wrote to its nodes: list them from the API this once."""
+        return group_label in self._groups_wrote or self._indexes is None
+
     def block_nodes(self, reserved_capacity_label: str) -> list[dict[str, Any]]:
         """The group nodes of one reserved-capacity block, by its label value (slim)."""
         return sorted(self._values(NODES, ("block", reserved_capacity_label)), key=lambda n: n["metadata"]["name"])
@@ -277,6 +297,26 @@ class WatchCache:
     def forget_pool(self, name: str) -> None:
         with self._lock:
             self._parsed_pools.pop(name, None)
+
+
+def v1_node(node: Mapping[str, Any]) -> client.V1Node:
+    """A slim node (:func:`slim_node`) as the Kubernetes client's model, with the fields that
+    observing, marking, promoting and draining a node read."""
+    meta, spec, status = node.get("metadata") or {}, node.get("spec") or {}, node.get("status") or {}
+    return client.V1Node(
+        metadata=client.V1ObjectMeta(
+            name=meta.get("name"), uid=meta.get("uid"), resource_version=meta.get("resourceVersion"),
+            labels=dict(meta.get("labels") or {}), annotations=dict(meta.get("annotations") or {}),
+            creation_timestamp=_time(meta.get("creationTimestamp")),
+            deletion_timestamp=_time(meta.get("deletionTimestamp"))),
+        spec=client.V1NodeSpec(
+            taints=[client.V1Taint(key=t.get("key"), value=t.get("value"), effect=t.get("effect"))
+                    for t in spec.get("taints") or []] or None,
+            unschedulable=bool(spec.get("unschedulable")) or None),
+        status=client.V1NodeStatus(conditions=[
+            client.V1NodeCondition(type=c.get("type"), status=c.get("status"),
+                                   last_transition_time=_time(c.get("lastTransitionTime")))
+            for c in status.get("conditions") or []] or None))
 
 
 def _line_key(r: Reservation) -> tuple:

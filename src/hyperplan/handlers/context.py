@@ -77,12 +77,12 @@ class Runtime:
     me: OperatorIdentity = field(default_factory=OperatorIdentity)  # never drained, never lent
     clock: Clock = utcnow
     wakeups: Wakeups = field(default_factory=Wakeups)
+    cache: WatchCache = field(default_factory=WatchCache)  # what the watches hold: the read side of passes
     # What the operator remembers of its groups between passes (first sights of health labels,
     # vanished and releasing nodes, the plan of each group): one owner, changed on the event loop.
     groups: GroupMemory = field(default_factory=GroupMemory)
     # What a drain does to the pods on a node (the Eviction API; a recording fake in tests).
     pods: NodePods | None = None
-    cache: WatchCache = field(default_factory=WatchCache)  # what the watches hold: the read side of passes
     # Who needs waking when something changes, so a change wakes only the daemons it concerns:
     # plans not bought yet (their offerings depend on the pools).
     unbought_plans: set[str] = field(default_factory=set)
@@ -111,7 +111,8 @@ def build_runtime(settings: Settings) -> Runtime:
     me = OperatorIdentity(pod_name=settings.pod_name, namespace=settings.pod_namespace,
                           node_name=settings.node_name, pod_labels=dict(settings.operator_pod_labels))
     cache = WatchCache()
-    return Runtime(settings=settings, policy=get_policy(settings.policy), kube=kube,
+    lead = None if settings.checkpoint_lead_seconds is None else timedelta(seconds=settings.checkpoint_lead_seconds)
+    return Runtime(settings=settings, policy=get_policy(settings.policy, lead), kube=kube,
                    ledger=KubeLedger(kube, reads=cache), providers=providers(kube, me), me=me,
                    keys=TopologyKeys(settings.ultraserver_id_label, *layers), cache=cache)
 
