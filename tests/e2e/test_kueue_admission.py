@@ -13,8 +13,9 @@ its status.
 2. ``two_azs``: a ``training-job`` plan whose blocks are in two AZs, back to back, with a
    keep-alive: the Job's nodes appear in the running block's AZ, a second Job reuses them after
    the first finishes, they go once the keep-alive has passed; a third Job with no declared time
-   runs in the first block until its termination time, is requeued through its check, and runs
-   again in the other AZ when the second block starts.
+   runs in the first block, is asked to checkpoint at the lead (pod annotation), is requeued
+   through its check at the termination time, and runs again in the other AZ when the second
+   block starts.
 3. The AdmissionCheck is ``Active=True`` for an existing plan and ``Active=False`` with a
    reason for a missing one.
 """
@@ -280,6 +281,13 @@ def kueue_two_azs(ctx: Context) -> dict:
     eventually(lambda: running_pods(k, ns, "three", 2), timeout=60, interval=0.5, what="job three Running")
     out["three_first_nodes"] = eventually(lambda: workload_nodes(k, plan, ns, "three"), timeout=10,
                                           what="job three's nodes in the first block")
+    # At the checkpoint lead (5 s under demo) before the termination time its pods are asked to checkpoint.
+    def signalled() -> tuple | None:
+        notes = [(p.get("metadata", {}).get("annotations") or {}).get("hyperplan.dev/block-termination-time")
+                 for p in job_pods(k, ns, "three")]
+        return (utcnow(), notes) if notes and all(notes) else None
+
+    out["three_signal"] = eventually(signalled, timeout=180, interval=0.3, what="job three's pods signalled")
     wait_until(parse_ts(second["startTime"]), "the second block's start")
     out["three_second_nodes"] = eventually(
         lambda: (nodes := workload_nodes(k, plan, ns, "three")) and all(
@@ -333,11 +341,14 @@ def test_training_job_nodes_follow_the_active_block_az_and_are_reused_when_warm(
     for labels in r["three_second_nodes"].values():
         assert labels["topology.kubernetes.io/zone"] == second["availabilityZone"]
         assert labels["hyperplan.dev/reserved-capacity"] == second["id"]
+    seen, notes = r["three_signal"]
+    assert set(notes) == {first["terminationTime"]}, notes
+    termination = parse_ts(first["terminationTime"])
+    assert termination - timedelta(seconds=5) - TOLERANCE <= seen < termination, (seen, termination)
     states = [(when, value) for when, value in r["three_states"] if value]
     sequence = [state for _, (state, _) in states]
     assert "Retry" in sequence and sequence.index("Ready") < sequence.index("Retry"), sequence
     retry_at, retry_message = next((w, m) for w, (st, m) in states if st == "Retry")
-    termination = parse_ts(first["terminationTime"])
     assert termination <= retry_at <= termination + 2 * TOLERANCE, (retry_at, termination)
     assert f"block {first['id']} reached its termination time {first['terminationTime']}" in retry_message
     assert f"starts {second['startTime']}" in retry_message, retry_message

@@ -51,10 +51,12 @@ from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
 from hyperplan import metrics
-from hyperplan.actuation.nodes import ACCELERATORS, KwokProvider, evict_pods
+from hyperplan.actuation.groups import signal_checkpoint
+from hyperplan.actuation.nodes import ACCELERATORS, KwokProvider
 from hyperplan.api.models import GROUP, VERSION, TrainingPlan, to_rfc3339
 from hyperplan.handlers.context import Runtime, reconcile_forever
 from hyperplan.planning import admission as ad
+from hyperplan.planning import groups as gr
 from hyperplan.planning import placement as pl
 from hyperplan.planning import trainingjobs as tj
 from hyperplan.planning.schedule import plan_block_schedule
@@ -358,13 +360,13 @@ def reconcile_job_nodes(rt: Runtime, name: str, plan: TrainingPlan | None, sched
     raw = rt.kube.list_nodes(f"{pl.LABEL_PLAN}={pl.label_value(name)},{tj.LABEL_WORKLOAD}")
     raw = [n for n in raw if not n.metadata.deletion_timestamp]
     nodes = tj.job_nodes_from_labels([(n.metadata.name, n.metadata.labels or {}, n.metadata.annotations or {},
-                                       bool(n.spec.unschedulable)) for n in raw])
+                                       bool(n.spec.unschedulable), _signalled(n)) for n in raw])
     if not raw and not holders:
         return None, 0
     keep = plan.spec.keep_alive_period_seconds if plan is not None else None
     decision = tj.decide_job_nodes(
         name, block, [tj.Holder(tj.workload_label_value(w.namespace, w.name), n) for w, n in holders],
-        nodes, timedelta(seconds=keep) if keep else None, now, rt.keys)
+        nodes, timedelta(seconds=keep) if keep else None, now, rt.keys, rt.policy.checkpoint_lead)
     provider: KwokProvider = rt.providers["kwok"]
     plan_ref = ({"apiVersion": f"{GROUP}/{VERSION}", "kind": "TrainingPlan", "metadata": plan.metadata}
                 if plan is not None else None)
@@ -383,8 +385,16 @@ def reconcile_job_nodes(rt: Runtime, name: str, plan: TrainingPlan | None, sched
                                                     "annotations": {tj.ANNOTATION_KEEP_ALIVE_UNTIL: to_rfc3339(until)}}})
         events.append(("NodeKeptWarm", f"{node} of workload {previous} kept until {to_rfc3339(until)} "
                                        "(keepAlivePeriodSeconds)"))
+    if decision.checkpoint and block is not None:  # before any drain: the workloads are asked first
+        checkpoint = gr.Checkpoint(block.id, block.termination_time, tuple(decision.checkpoint))
+        by_name = {n.metadata.name: n for n in raw}
+        for node in decision.checkpoint:
+            for ref, event in signal_checkpoint(provider, rt.pods, by_name[node], checkpoint, now):
+                kopf.event(ref, type=event.type, reason=event.reason, message=event.message)
+        if not any(n.signalled for n in nodes):
+            events.append((gr.REASON_CHECKPOINT, f"{checkpoint.message}; {len(checkpoint.nodes)} node(s) signalled"))
     for node, why in decision.release:
-        progress = evict_pods(rt.kube, node, rt.me)
+        progress = rt.pods.evict(node)
         removed.add(node)
         events.append(("NodeRemoved", f"{node} removed ({why}): {provider.release(node)}"
                        + (f"; {progress.pods_left} pod(s) evicted" if progress.pods_left else "")))
@@ -394,7 +404,7 @@ def reconcile_job_nodes(rt: Runtime, name: str, plan: TrainingPlan | None, sched
             provider.cordon(drain.node)
             events.append(("Draining", f"{drain.node} cordoned ({drain.reason}); evicting pods until "
                                        f"{to_rfc3339(drain.deadline)}"))
-        progress = evict_pods(rt.kube, drain.node, rt.me)
+        progress = rt.pods.evict(drain.node)
         if progress.pods_left == 0 or now >= drain.deadline:
             removed.add(drain.node)
             events.append(("NodeRemoved", f"{drain.node} drained and removed ({drain.reason}): "
@@ -405,13 +415,19 @@ def reconcile_job_nodes(rt: Runtime, name: str, plan: TrainingPlan | None, sched
     for reason, message in events:
         log.info("plan %s: %s: %s", name, reason, message)
         if plan_ref is not None:
-            kopf.event(plan_ref, type="Warning" if reason == "NoSlotForWorkload" else "Normal", reason=reason,
-                       message=message)
+            warning = reason in ("NoSlotForWorkload", gr.REASON_CHECKPOINT)
+            kopf.event(plan_ref, type="Warning" if warning else "Normal", reason=reason, message=message)
     wake = decision.wake_at
     if decision.drain:  # evictions take a moment: look again shortly until the nodes are gone
         soon = now + timedelta(seconds=1)
         wake = soon if wake is None else min(wake, soon)
     return wake, len(raw) + len(decision.create) - len(removed)
+
+
+def _signalled(node) -> bool:
+    """Whether the node carries the checkpoint signal (docs/checkpoint.md)."""
+    return any(c.type == gr.CONDITION_BLOCK_TERMINATING and c.status == "True"
+               for c in ((node.status.conditions or []) if node.status else []))
 
 
 # --------------------------------------------------------------------------- watches
