@@ -265,60 +265,41 @@ async def reconcile_plan_workloads(rt: Runtime, plan_name: str, stop: Stop) -> d
                 log.info("admission check %s: Active=%s (%s) %s", check, active.status, active.reason, active.message)
 
     workloads = await asyncio.to_thread(list_workloads, rt)
-    mine: list[tuple[dict[str, Any], str, ad.WorkloadProgress, ad.WorkloadView]] = []
+    mine: list[ad.CheckedWorkload] = []
     for wl in workloads:
         names = {c.get("name") for c in (wl.get("status") or {}).get("admissionChecks") or []}
         for check in checks:
             if check in names:
-                mine.append((wl, check, ad.workload_progress(wl, check), ad.workload_view(wl)))
-    mine.sort(key=lambda m: (m[2].since, m[0]["metadata"].get("creationTimestamp", ""), m[3].key))
+                progress = ad.workload_progress(wl, check)
+                mine.append(ad.CheckedWorkload((wl, check), ad.workload_view(wl), progress,
+                                               ad.admitted_block(_entry(wl, check), pl.LABEL_RESERVED_CAPACITY)))
+    mine.sort(key=lambda m: (m.progress.since, m.ref[0]["metadata"].get("creationTimestamp", ""), m.view.key))
 
     target = view.target if view else ad.TRAINING_JOB
     usable = None
     if schedule is not None and schedule.usable_block is not None:
         usable = plan.status.reserved_capacity[schedule.usable_block]
-    usable_value = pl.label_value(usable.id) if usable is not None else None
     ready_nodes = None
     if target == ad.HYPERPOD_CLUSTER and usable is not None:
         ready_nodes = ready_group_nodes(rt, plan_name, usable.id)
-
-    accelerators = view.accelerators if view else None
-    holders: list[tuple[ad.WorkloadView, int]] = []
-    decisions: list[tuple[dict[str, Any], str, ad.WorkloadView, ad.AdmissionDecision]] = []
     busy_retry = min(timedelta(seconds=60), max(timedelta(seconds=5), rt.policy.day / 12))
-    for wl, check, progress, w in mine:
-        if not progress.holds_capacity:
-            continue
-        entry = _entry(wl, check)
-        block = ad.admitted_block(entry, pl.LABEL_RESERVED_CAPACITY)
-        if block is not None and block != usable_value:  # its block ended (or went): requeue or reject it
-            decisions.append((wl, check, w, ad.decide_after_block(view, w, block, now, busy_retry=busy_retry,
-                                                                  plan_name=plan_name)))
-        else:
-            holders.append((w, ad.instances_needed(w.pod_sets, accelerators)[0]))
-    held = sum(n for _, n in holders)
-    for wl, check, progress, w in mine:
-        if not progress.to_decide:
-            continue
-        decision = ad.decide_admission(view, w, now, held_by_others=held, ready_nodes=ready_nodes,
-                                       busy_retry=busy_retry, plan_name=plan_name)
-        if decision.state == ad.READY:
-            held += decision.instances
-            holders.append((w, decision.instances))
-        decisions.append((wl, check, w, decision))
+    decided = ad.decide_plan_admission(view, mine, pl.label_value(usable.id) if usable is not None else None, now,
+                                       ready_nodes=ready_nodes, busy_retry=busy_retry, plan_name=plan_name)
 
-    for wl, check, w, decision in decisions:
-        selector = ({tj.LABEL_WORKLOAD: tj.workload_label_value(w.namespace, w.name)} if target == ad.TRAINING_JOB
-                    else {pl.LABEL_PLAN: pl.label_value(plan_name)})
+    for w, decision in decided.decisions:
+        wl, check = w.ref
+        selector = ({tj.LABEL_WORKLOAD: tj.workload_label_value(w.view.namespace, w.view.name)}
+                    if target == ad.TRAINING_JOB else {pl.LABEL_PLAN: pl.label_value(plan_name)})
         labels = {pl.LABEL_RESERVED_CAPACITY: pl.label_value(decision.block_id)} if decision.block_id else {}
         prior = _entry(wl, check)
-        entry = entry_for(check, decision, prior, w.pod_sets, selector, now, labels)
+        entry = entry_for(check, decision, prior, w.view.pod_sets, selector, now, labels)
         if differs(prior, entry):
             await asyncio.to_thread(apply_check_entry, rt, wl, entry)
-            log.info("workload %s: check %s %s (%s): %s", w.key, check, decision.state, decision.reason,
+            log.info("workload %s: check %s %s (%s): %s", w.view.key, check, decision.state, decision.reason,
                      decision.message)
             kopf.event(workload_ref(wl), type="Warning" if decision.state == ad.REJECTED else "Normal",
                        reason=f"AdmissionCheck{decision.state}", message=f"{check}: {decision.message}"[:1000])
+    holders = [(w.view, n) for w, n in decided.holders]
 
     wakes = [schedule.next_transition_time] if schedule is not None else []
     if target == ad.TRAINING_JOB:
