@@ -115,18 +115,20 @@ def plan_nodes(k: Kubectl, plan: str) -> list[dict]:
     return k.get("nodes", None, "-l", f"hyperplan.dev/training-plan={plan},hyperplan.dev/workload")["items"]
 
 
-def workload_nodes(k: Kubectl, plan: str, ns: str, job: str) -> dict[str, dict[str, str]] | None:
-    """The plan's nodes labelled for the Job's workload (name -> labels), once the Job's pods all
-    run on them."""
+def workload_nodes(k: Kubectl, plan: str, ns: str, job: str, count: int = 2) -> dict[str, dict[str, str]] | None:
+    """The plan's nodes labelled for the Job's workload (name -> labels), once there are ``count``
+    of them and the Job's ``count`` live pods all run on them."""
     wl = workload_of(k, ns, job)
     if wl is None:
         return None
     value = f"{ns}.{wl['metadata']['name']}"
     nodes = {n["metadata"]["name"]: n["metadata"]["labels"] for n in plan_nodes(k, plan)
              if n["metadata"]["labels"].get("hyperplan.dev/workload") == value}
-    pods = job_pods(k, ns, job)
-    placed = {p["spec"].get("nodeName") for p in pods if (p.get("status") or {}).get("phase") == "Running"}
-    return nodes if pods and None not in placed and placed <= set(nodes) and len(placed) else None
+    pods = [p for p in job_pods(k, ns, job) if not p["metadata"].get("deletionTimestamp")
+            and (p.get("status") or {}).get("phase") in ("Pending", "Running")]
+    running = {p["spec"].get("nodeName") for p in pods if p["status"].get("phase") == "Running"}
+    ok = len(nodes) == count and len(pods) == count and all(p["status"].get("phase") == "Running" for p in pods)
+    return nodes if ok and running <= set(nodes) else None
 
 
 def active_condition(k: Kubectl, check: str) -> dict:

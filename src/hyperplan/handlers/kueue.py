@@ -41,7 +41,10 @@ operator neither fails nor polls.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -88,11 +91,24 @@ class Stop:
 
 @dataclass
 class KueueState:
-    """The checks this operator serves (name -> plan, None when the parameters are invalid)
-    and the loop running for each plan they name."""
+    """The checks this operator serves (name -> plan, None when the parameters are invalid),
+    the loop running for each plan they name, and the threads their API calls run on.
+
+    The calls run on threads of their own (``executor``), not on asyncio's default executor
+    that the plan and group daemons share: a slow Workload listing or a burst of node creates
+    for jobs must never hold up a block transition or a spare promotion."""
 
     checks: dict[str, str | None] = field(default_factory=dict)
     loops: dict[str, tuple[asyncio.Task, Stop]] = field(default_factory=dict)
+    executor: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(max_workers=2, thread_name_prefix="kueue-admission"))
+
+    async def call(self, fn, *args):
+        """``fn(*args)`` on this controller's threads, with the caller's context (kopf's event
+        poster lives in context variables)."""
+        context = contextvars.copy_context()
+        return await asyncio.get_running_loop().run_in_executor(
+            self.executor, functools.partial(context.run, fn, *args))
 
     def checks_of(self, plan: str) -> list[str]:
         return sorted(c for c, p in self.checks.items() if p == plan)
@@ -251,20 +267,20 @@ async def reconcile_plan_workloads(rt: Runtime, plan_name: str, stop: Stop) -> d
     view, extra = plan_view(rt, plan_obj, now)
     plan, schedule = extra if extra else (None, None)
     if not checks:
-        wake, left = await asyncio.to_thread(reconcile_job_nodes, rt, plan_name, plan, schedule, [], now)
+        wake, left = await state.call(reconcile_job_nodes, rt, plan_name, plan, schedule, [], now)
         if not left:
             stop.set()
             state.loops.pop(plan_name, None)
             return None
         return wake
     for check in checks:
-        obj = await asyncio.to_thread(_get_check, rt, check)
+        obj = await state.call(_get_check, rt, check)
         if obj is not None:
             active = ad.check_active((obj.get("spec") or {}).get("parameters"), view)
-            if await asyncio.to_thread(apply_check_active, rt, obj, active):
+            if await state.call(apply_check_active, rt, obj, active):
                 log.info("admission check %s: Active=%s (%s) %s", check, active.status, active.reason, active.message)
 
-    workloads = await asyncio.to_thread(list_workloads, rt)
+    workloads = await state.call(list_workloads, rt)
     mine: list[ad.CheckedWorkload] = []
     for wl in workloads:
         names = {c.get("name") for c in (wl.get("status") or {}).get("admissionChecks") or []}
@@ -294,7 +310,7 @@ async def reconcile_plan_workloads(rt: Runtime, plan_name: str, stop: Stop) -> d
         prior = _entry(wl, check)
         entry = entry_for(check, decision, prior, w.view.pod_sets, selector, now, labels)
         if differs(prior, entry):
-            await asyncio.to_thread(apply_check_entry, rt, wl, entry)
+            await state.call(apply_check_entry, rt, wl, entry)
             log.info("workload %s: check %s %s (%s): %s", w.view.key, check, decision.state, decision.reason,
                      decision.message)
             kopf.event(workload_ref(wl), type="Warning" if decision.state == ad.REJECTED else "Normal",
@@ -303,7 +319,7 @@ async def reconcile_plan_workloads(rt: Runtime, plan_name: str, stop: Stop) -> d
 
     wakes = [schedule.next_transition_time] if schedule is not None else []
     if target == ad.TRAINING_JOB:
-        wake, _ = await asyncio.to_thread(reconcile_job_nodes, rt, plan_name, plan, schedule, holders, now)
+        wake, _ = await state.call(reconcile_job_nodes, rt, plan_name, plan, schedule, holders, now)
         wakes.append(wake)
     return min((w for w in wakes if w is not None), default=None)
 
@@ -444,7 +460,7 @@ async def admission_check_changed(name: str, body: kopf.Body, spec: kopf.Spec, t
         rt.wakeups.wake(KIND, before)
     if plan is None:
         active = ad.CheckActive("False", "InvalidParameters", why)
-        if await asyncio.to_thread(apply_check_active, rt, dict(body), active):
+        if await state.call(apply_check_active, rt, dict(body), active):
             log.info("admission check %s: Active=False (InvalidParameters) %s", name, why)
         return
     state.ensure_loop(rt, plan)
