@@ -295,6 +295,23 @@ class Operator:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def tracemalloc_report(self, timeout: float = 120) -> str | None:
+        """With BENCH_OPERATOR_TRACEMALLOC=<file>: ask the operator for its allocation sites
+        (SIGUSR1, see bench/_traced_operator.py) and return the report; None when not traced."""
+        path = os.environ.get("BENCH_OPERATOR_TRACEMALLOC")
+        if not path:
+            return None
+        out = Path(path)
+        before = out.stat().st_mtime if out.exists() else 0.0
+        self.proc.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if out.exists() and out.stat().st_mtime > before and out.stat().st_size > 0:
+                time.sleep(0.5)
+                return out.read_text()
+            time.sleep(0.5)
+        return None
+
     def check(self) -> None:
         if not self.alive():
             raise BenchError(f"the operator exited with {self.proc.returncode}; last lines of {self.log}:\n"
@@ -402,6 +419,9 @@ class Harness:
         profile = os.environ.get("BENCH_OPERATOR_PROFILE")  # diagnostics: cProfile of the event-loop thread
         if profile:
             cmd[1:1] = ["-m", "cProfile", "-o", profile]
+        traced = os.environ.get("BENCH_OPERATOR_TRACEMALLOC")  # diagnostics: where the memory goes
+        if traced:
+            cmd = [str(PYTHON), str(ROOT / "bench" / "_traced_operator.py"), traced]
         with open(log, "wb") as out:
             proc = subprocess.Popen(cmd, env=env, cwd=ROOT,
                                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -199,6 +199,11 @@ class ObservedObjects:
         with self._lock:
             self.pools[name] = snapshot
 
+    def put_pool_snapshot(self, name: str, snapshot: of.PoolSnapshot) -> None:
+        """A pool as already parsed (by the watch cache, once per resourceVersion)."""
+        with self._lock:
+            self.pools[name] = snapshot
+
     def put_node(self, name: str, group: str | None) -> None:
         with self._lock:
             if group:

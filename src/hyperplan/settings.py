@@ -23,6 +23,10 @@ class Settings(BaseSettings):
     metrics_port: int = 8000
     """Port of the Prometheus endpoint (/metrics); 0 disables it."""
 
+    checkpoint_lead_seconds: float | None = Field(None, ge=0)
+    """Seconds before a block's termination time that workloads are asked to checkpoint;
+    unset: the policy profile's (10 min under sagemaker, 5 s under demo). docs/checkpoint.md."""
+
     watch_server_timeout: int = 300
     """Seconds after which the API server closes a watch and kopf opens a new one."""
 

@@ -10,17 +10,17 @@ its status.
 1. ``gap``: a plan of two 1-minute blocks with a gap; a Job whose maximum execution time does
    not fit in what is left of the first block waits through it (check ``Retry``, "next block ...
    starts ...") and runs in the second.
-2. ``two_azs``: a ``training-job`` plan whose blocks are in two AZs, with a keep-alive: the
-   Job's nodes appear in the running block's AZ, a second Job reuses them after the first
-   finishes, they go once the keep-alive has passed, and a third Job runs in the other AZ
-   when the second block starts.
+2. ``two_azs``: a ``training-job`` plan whose blocks are in two AZs, back to back, with a
+   keep-alive: the Job's nodes appear in the running block's AZ, a second Job reuses them after
+   the first finishes, they go once the keep-alive has passed; a third Job with no declared time
+   runs in the first block until its termination time, is requeued through its check, and runs
+   again in the other AZ when the second block starts.
 3. The AdmissionCheck is ``Active=True`` for an existing plan and ``Active=False`` with a
    reason for a missing one.
 """
 
 from __future__ import annotations
 
-import json
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -31,7 +31,7 @@ from tests.kube import Kubectl, eventually
 API = "hyperplan.dev/v1alpha1"
 KUEUE = "kueue.x-k8s.io/v1beta2"
 CONTROLLER = "hyperplan.dev/training-plan"
-TOLERANCE = timedelta(seconds=4)  # Kueue requeues, reserves quota and unsuspends the Job in that time
+TOLERANCE = timedelta(seconds=4)  # a state change seen by a poll of kubectl on a loaded machine
 
 
 # ----------------------------------------------------------------------- Kueue objects as a user writes them
@@ -198,7 +198,7 @@ def test_workload_waits_through_the_first_block_and_runs_in_the_second(scenarios
     ready = [when for when, (state, _) in states if state == "Ready"]
     assert ready, f"never Ready: {states}"
     assert ready[0] >= second_start - timedelta(seconds=1), (ready[0], second_start)
-    assert ready[0] - second_start <= TOLERANCE + timedelta(seconds=6), "admitted soon after the block started"
+    assert ready[0] - second_start <= timedelta(seconds=15), "admitted soon after the block started"
     # The Job stayed suspended until then, and its pods run on nodes of the second block.
     unsuspended = [when for when, value in r["suspended"] if value is False]
     assert unsuspended and unsuspended[0] >= second_start - timedelta(seconds=1), r["suspended"]
@@ -272,12 +272,21 @@ def kueue_two_azs(ctx: Context) -> dict:
     eventually(lambda: not plan_nodes(k, plan), timeout=60, interval=0.5, what="warm nodes released")
     out["released"] = utcnow()
 
-    # Job 3 declares 40 s: the first block has less left, so it runs in the second block, in the other AZ.
-    k.create(job_body("three", ns, lq, 2, max_exec=40))
-    eventually(lambda: running_pods(k, ns, "three", 2), timeout=150, interval=0.5, what="job three Running")
-    out["three_running"] = utcnow()
-    out["three_nodes"] = eventually(lambda: workload_nodes(k, plan, ns, "three"), timeout=10,
-                                    what="job three's nodes")
+    # Job 3 declares no time: it runs in the first block until its termination time, is then
+    # evicted through its check (Retry), and runs again in the second block, in the other AZ.
+    states = Recorder(lambda: check_entry(k, ns, "three", check), interval=0.2).start()
+    k.create(job_body("three", ns, lq, 2))
+    eventually(lambda: running_pods(k, ns, "three", 2), timeout=60, interval=0.5, what="job three Running")
+    out["three_first_nodes"] = eventually(lambda: workload_nodes(k, plan, ns, "three"), timeout=10,
+                                          what="job three's nodes in the first block")
+    wait_until(parse_ts(second["startTime"]), "the second block's start")
+    out["three_second_nodes"] = eventually(
+        lambda: (nodes := workload_nodes(k, plan, ns, "three")) and all(
+            labels["hyperplan.dev/reserved-capacity"] == second["id"] for labels in nodes.values()) and nodes,
+        timeout=60, interval=0.5, what="job three running on the second block's nodes")
+    out["three_running_again"] = utcnow()
+    out["three_states"] = states.stop()
+    out["three_workload"] = workload_of(k, ns, "three")["metadata"]["name"]
     out["plan_events"] = [(e["reason"], e["message"]) for e in events_for(k, plan)]
     return out
 
@@ -310,15 +319,75 @@ def test_training_job_nodes_follow_the_active_block_az_and_are_reused_when_warm(
     assert {labels["hyperplan.dev/workload"] for labels in r["two_nodes"].values()} != \
         {labels["hyperplan.dev/workload"] for labels in r["one_nodes"].values()}
     # Released once the keep-alive passed after job 2 finished, before the block's termination.
-    assert timedelta(seconds=10) <= r["released"] - r["two_finished"] <= timedelta(seconds=25)
+    assert timedelta(seconds=10) <= r["released"] - r["two_finished"] <= timedelta(seconds=30)
     assert r["released"] < parse_ts(first["terminationTime"])
 
-    # Job 3: in the second block's AZ.
-    assert r["three_running"] >= parse_ts(second["startTime"])
-    assert len(r["three_nodes"]) == 2
-    for labels in r["three_nodes"].values():
+    # Job 3: in the first block's AZ until its termination time, then requeued through its check,
+    # and in the second block's AZ once that starts.
+    assert len(r["three_first_nodes"]) == 2
+    for labels in r["three_first_nodes"].values():
+        assert labels["topology.kubernetes.io/zone"] == first["availabilityZone"]
+    assert len(r["three_second_nodes"]) == 2
+    for labels in r["three_second_nodes"].values():
         assert labels["topology.kubernetes.io/zone"] == second["availabilityZone"]
         assert labels["hyperplan.dev/reserved-capacity"] == second["id"]
+    states = [(when, value) for when, value in r["three_states"] if value]
+    sequence = [state for _, (state, _) in states]
+    assert "Retry" in sequence and sequence.index("Ready") < sequence.index("Retry"), sequence
+    retry_at, retry_message = next((w, m) for w, (st, m) in states if st == "Retry")
+    termination = parse_ts(first["terminationTime"])
+    assert termination <= retry_at <= termination + 2 * TOLERANCE, (retry_at, termination)
+    assert f"block {first['id']} reached its termination time {first['terminationTime']}" in retry_message
+    assert f"starts {second['startTime']}" in retry_message, retry_message
+    ready_again = [w for w, (st, _) in states if st == "Ready" and w > retry_at]
+    assert ready_again and ready_again[0] >= parse_ts(second["startTime"]) - timedelta(seconds=1), states
     reasons = [reason for reason, _ in r["plan_events"]]
     for reason in ("NodeCreated", "NodeKeptWarm", "NodeReused", "NodeRemoved"):
         assert reason in reasons, (reason, r["plan_events"])
+
+
+# ----------------------------------------------------------------------- 3. a hyperpod-cluster plan: room is the groups' Ready nodes
+
+
+@scenario
+def kueue_hyperpod(ctx: Context) -> dict:
+    k = ctx.kubectl
+    tag = uuid.uuid4().hex[:5]
+    itype, plan, group = f"ml.kqhp-{tag}.xlarge", f"kq-hp-{tag}", f"kq-hp-{tag}"
+    t0 = utcnow().replace(microsecond=0)
+    k.create(pool_body(f"kq-hp-{tag}", itype, 4))
+    k.create({"apiVersion": API, "kind": "TrainingPlan", "metadata": {"name": plan},
+              "spec": {"instanceType": itype, "instanceCount": 4, "targetResource": "hyperpod-cluster",
+                       "duration": "2m", "startTimeAfter": ts(t0 + timedelta(seconds=25)), "autoPurchase": True}})
+    k.create({"apiVersion": API, "kind": "InstanceGroup", "metadata": {"name": group},
+              "spec": {"trainingPlanRef": plan, "instanceType": itype, "instanceCount": 2}})
+    names = kueue_setup(k, tag, itype, plan)
+    ns, lq, check = names["ns"], names["lq"], names["check"]
+    (block,) = buy(k, plan, 1)
+    out: dict = {"block": block, "plan": plan, "group": group}
+    k.create(job_body("wide", ns, lq, 2))
+    eventually(lambda: running_pods(k, ns, "wide", 2), timeout=120, interval=0.5, what="job wide Running")
+    out["wide_running"] = utcnow()
+    out["wide_pod_nodes"] = {p["spec"]["nodeName"]: node_labels(k, p["spec"]["nodeName"])
+                             for p in job_pods(k, ns, "wide")}
+    # The group's 2 Ready nodes are held by job wide: one more pod must wait for room.
+    k.create(job_body("extra", ns, lq, 1))
+    out["extra_waiting"] = eventually(lambda: (e := check_entry(k, ns, "extra", check)) and e[0] == "Retry" and e,
+                                      timeout=60, interval=0.3, what="job extra told to wait for room")
+    finish_pods(ctx, ns, "wide")
+    eventually(lambda: running_pods(k, ns, "extra", 1), timeout=90, interval=0.5, what="job extra Running")
+    out["extra_pod_nodes"] = {p["spec"]["nodeName"]: node_labels(k, p["spec"]["nodeName"])
+                              for p in job_pods(k, ns, "extra") if p["spec"].get("nodeName")}
+    out["extra_entry"] = check_entry(k, ns, "extra", check)
+    return out
+
+
+def test_hyperpod_cluster_plan_admits_up_to_its_groups_ready_nodes(scenarios) -> None:
+    r = scenarios["kueue_hyperpod"].result(timeout=600)
+    assert r["wide_running"] >= parse_ts(r["block"]["startTime"])
+    for labels in list(r["wide_pod_nodes"].values()) + list(r["extra_pod_nodes"].values()):
+        assert labels["hyperplan.dev/instance-group"] == r["group"], "pods run on the plan's group nodes"
+        assert labels["hyperplan.dev/training-plan"] == r["plan"]
+    state, message = r["extra_waiting"]
+    assert "2 Ready active node(s) of its instance groups" in message and "hold 2, 0 free" in message, message
+    assert r["extra_entry"][0] == "Ready", r["extra_entry"]

@@ -116,6 +116,13 @@ def static_nodes(ctx: Context) -> dict:
     eventually(lambda: running(k, "trainer", ns), timeout=60, what="trainer Running")
     during_cordoned = k.get("node", w_plain)
 
+    def signalled() -> dict | None:  # the checkpoint signal comes before the drain (docs/checkpoint.md)
+        node = k.get("node", w_team)
+        return node if any(c["type"] == "hyperplan.dev/BlockTerminating" for c in node["status"]["conditions"]) \
+            else None
+
+    during_signal = eventually(signalled, timeout=120, interval=0.25, what="the checkpoint signal on a lent node")
+
     def handed_back() -> bool:
         return all(k.get("node", n)["metadata"]["labels"].get("hyperplan.dev/pool") == "free"
                    and "hyperplan.dev/instance-group" not in k.get("node", n)["metadata"]["labels"]
@@ -129,7 +136,7 @@ def static_nodes(ctx: Context) -> dict:
     pods = {p["metadata"]["name"]: p for p in k.get("pods", None, "-n", ns)["items"]}
     result = {"nodes": (w_op, w_late, w_team, w_plain), "before": before, "during": during, "status": status,
               "short": short, "late": late,
-              "during_cordoned": during_cordoned, "after": after, "group": group, "tag": tag,
+              "during_cordoned": during_cordoned, "during_signal": during_signal, "after": after, "group": group, "tag": tag,
               "block": block, "back_at": back_at, "replica": replica, "pods": pods,
               "agents_before": agents_before, "agents_after": agents(),
               "events": [(e["reason"], e["message"]) for e in events_for(k, group)],
@@ -182,6 +189,10 @@ def test_handed_back_nodes_carry_nothing_of_the_group(scenarios) -> None:
         taints = after["spec"].get("taints") or []
         assert [t for t in taints if t["key"] == GROUP_TAINT_KEY or t["key"].startswith("hyperplan.dev/")] == []
         assert hyperplan_keys(after["metadata"].get("annotations") or {}) == set()
+        # The checkpoint signal's node condition goes with the group.
+        assert [c for c in after["status"]["conditions"] if c["type"].startswith("hyperplan.dev/")] == []
+    assert any(c["type"] == "hyperplan.dev/BlockTerminating" and c["status"] == "True"
+               for c in r["during_signal"]["status"]["conditions"])
     for name in (w_team, w_late):
         assert r["after"][name]["spec"].get("unschedulable") in (None, False), "hyperplan's cordon was not undone"
     assert r["during_cordoned"]["spec"]["unschedulable"] is True

@@ -317,7 +317,7 @@ CAN = [
     ("update", "capacitypools.hyperplan.dev", "status"),
     ("patch", "instancegroups.hyperplan.dev", "status"),
     ("update", "instancegroups.hyperplan.dev", "finalizers"),
-    ("list", "pods"), ("create", "pods", "eviction"),
+    ("list", "pods"), ("create", "pods", "eviction"), ("patch", "pods"),  # the checkpoint annotation
     ("create", "events"), ("patch", "events.events.k8s.io"),
     ("list", "customresourcedefinitions.apiextensions.k8s.io"), ("watch", "namespaces"),
     ("watch", "workloads.kueue.x-k8s.io"), ("patch", "workloads.kueue.x-k8s.io", "status"),

@@ -25,11 +25,14 @@ from hyperplan.api.models import InstanceGroupSpec, InstanceGroupStatus, Reserve
 from hyperplan.planning import health as hl
 from hyperplan.planning import placement as pl
 from hyperplan.planning.groups import (
+    CONDITION_BLOCK_TERMINATING,
     GroupDecision,
     ObservedGroupNode,
     Peer,
     PlanView,
+    checkpoint_time,
     decide_group,
+    plan_checkpoint,
 )
 from hyperplan.planning.memory import GroupMemory, PresentNode
 from hyperplan.planning.plans import Event
@@ -46,6 +49,7 @@ LAYERS = tuple(f"topology.k8s.aws/network-node-layer-{i}" for i in (1, 2, 3))
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 END = T0 + timedelta(minutes=3)
 TERMINATION = END - timedelta(seconds=20)
+CHECKPOINT = TERMINATION - timedelta(seconds=5)  # demo: workloads are asked to checkpoint 5 s ahead
 NOW = T0 + timedelta(seconds=10)
 
 BLOCK = ReservedCapacity(id="rc-abc-0", availability_zone=AZ, instance_type=US_TYPE, instance_count=36,
@@ -410,7 +414,7 @@ def test_block_start_status():
     assert all(c.last_transition_time == NOW for c in st.conditions)
     assert d.events == [Event("Normal", "Provisioning",
                               "0/20 active nodes Ready, 0 spare(s) in use1-az3 on block rc-abc-0")]
-    assert d.wake_at == TERMINATION
+    assert d.wake_at == CHECKPOINT  # the checkpoint signal, 5 s before the termination time
 
 
 @pytest.mark.parametrize(
@@ -514,7 +518,7 @@ def test_ready_once_every_node_exists_and_is_ready():
     assert (st.desired_count, st.ready_count, st.spare_count, st.unhealthy_count) == (20, 20, 2, 0)
     assert (d.create, d.update, d.drain, d.remediation) == ([], [], [], ())
     assert d.events == [Event("Normal", "NodesReady", message)]
-    assert d.wake_at == TERMINATION
+    assert d.wake_at == CHECKPOINT  # the checkpoint signal, 5 s before the termination time
 
     again = decide(observed(running()), prior=st, now=NOW + timedelta(seconds=9))
     assert again.events == []
@@ -612,7 +616,10 @@ def test_past_the_termination_time_every_node_drains_by_the_block_end(now):
                                      "2026-12-01T12:02:40+00:00")
     assert (d.status.availability_zone, d.status.reserved_capacity_id) == (AZ, "rc-abc-0")
     assert d.status.next_transition_time == END
-    assert kinds(d.events) == [("Normal", "BlockTerminating")]
+    # Nodes that never got the checkpoint signal (say, the operator was down through the lead)
+    # get it now, before their pods are evicted.
+    assert kinds(d.events) == [("Normal", "BlockTerminating"), ("Warning", "CheckpointRequested")]
+    assert d.checkpoint is not None and set(d.checkpoint.nodes) == RUNNING
     assert d.wake_at == now + timedelta(seconds=1)
 
 
@@ -1177,3 +1184,87 @@ def test_a_deletion_event_is_a_failure_only_when_the_operator_did_not_remove_the
         m.note_releasing("g", ["a"])
     m.note_deleted("g", "a", {pl.LABEL_SLOT: "0"}, NOW, by_operator=by_operator)
     assert [v.name for v in m.vanished("g")] == (["a"] if vanished else [])
+
+
+# =========================================================================== checkpoint before drain
+
+
+def obs(node: str, *, signalled: bool = False, exists: bool = True, deleting: bool = False) -> ObservedGroupNode:
+    conditions = (hl.NodeCondition(CONDITION_BLOCK_TERMINATING, "True", T0),) if signalled else ()
+    return ObservedGroupNode(health=hl.NodeObservation(name=node, exists=exists, conditions=conditions),
+                             labels={}, taints=(), unschedulable=False, ready=True, deleting=deleting)
+
+
+LEAD = timedelta(seconds=5)
+
+
+@pytest.mark.parametrize(
+    "now, nodes, expected",
+    [
+        pytest.param(CHECKPOINT - timedelta(seconds=1), [obs("a"), obs("b")], None, id="before-the-lead"),
+        pytest.param(CHECKPOINT, [obs("b"), obs("a")], ("a", "b"), id="at-the-lead-every-node"),
+        pytest.param(CHECKPOINT + timedelta(seconds=2), [obs("a", signalled=True), obs("b")], ("b",),
+                     id="only-nodes-not-signalled-yet"),
+        pytest.param(CHECKPOINT + timedelta(seconds=2), [obs("a", signalled=True), obs("b", signalled=True)], None,
+                     id="all-signalled-nothing-to-do"),
+        pytest.param(CHECKPOINT, [obs("a"), obs("gone", exists=False), obs("going", deleting=True)], ("a",),
+                     id="not-nodes-that-are-gone-or-going"),
+        pytest.param(TERMINATION + timedelta(seconds=3), [obs("a")], ("a",), id="late-still-before-the-drain"),
+    ],
+)
+def test_plan_checkpoint(now, nodes, expected):
+    cp = plan_checkpoint("rc-abc-0", TERMINATION, LEAD, nodes, now)
+    assert (cp.nodes if cp else None) == expected
+    if cp:
+        assert (cp.block, cp.termination, cp.annotation) == ("rc-abc-0", TERMINATION, "2026-12-01T12:02:40Z")
+
+
+@pytest.mark.parametrize(
+    "lead, termination, expected",
+    [
+        pytest.param(timedelta(minutes=10), datetime(2027, 1, 3, 10, 30, tzinfo=UTC),
+                     datetime(2027, 1, 3, 10, 20, tzinfo=UTC), id="sagemaker-10-min"),
+        pytest.param(LEAD, TERMINATION, CHECKPOINT, id="demo-5-s"),
+        pytest.param(timedelta(0), TERMINATION, TERMINATION, id="no-lead-signals-at-the-drain"),
+    ],
+)
+def test_checkpoint_time(lead, termination, expected):
+    assert checkpoint_time(termination, lead) == expected
+
+
+def test_the_checkpoint_signal_comes_at_the_lead_once_and_the_drain_only_at_the_termination_time():
+    cluster = running()
+    cluster.pods.pods[name("0-0")] = ["default/trainer-0"]
+    before = decide(observed(cluster, CHECKPOINT - timedelta(seconds=1)), now=CHECKPOINT - timedelta(seconds=1),
+                    prior=READY_STATUS)
+    assert before.checkpoint is None and before.wake_at == CHECKPOINT
+
+    at = decide(observed(cluster, CHECKPOINT), now=CHECKPOINT, prior=before.status)
+    assert at.checkpoint is not None and set(at.checkpoint.nodes) == RUNNING
+    assert at.drain == [] and at.status.phase == "Ready"  # no drain before the termination time
+    assert at.events == [Event("Warning", "CheckpointRequested",
+                               "block rc-abc-0 reaches its termination time at 2026-12-01T12:02:40Z: checkpoint "
+                               "and exit; pods are evicted from then on (annotation "
+                               "hyperplan.dev/block-termination-time); 22 node(s) signalled")]
+    assert at.wake_at == TERMINATION
+    cluster.provider.calls.clear()
+    applied = apply(at, cluster, CHECKPOINT)
+
+    assert cluster.pods.annotations == {"default/trainer-0": {
+        "hyperplan.dev/block-termination-time": "2026-12-01T12:02:40Z"}}
+    assert [(ref["metadata"], ev.type, ev.reason) for ref, ev in applied.pod_events] == [
+        ({"name": "trainer-0", "namespace": "default"}, "Warning", "CheckpointRequested")]
+    assert sorted(n for op, n in cluster.provider.calls if op == "set_condition") == sorted(RUNNING)
+    condition = next(c for c in cluster[name("0-0")].node.status.conditions if c.type == CONDITION_BLOCK_TERMINATING)
+    assert (condition.status, condition.reason, condition.last_transition_time) == (
+        "True", "CheckpointRequested", CHECKPOINT)
+
+    # The next pass (woken by the node changes) has nothing left to signal, and posts nothing.
+    again = decide(observed(cluster, CHECKPOINT + timedelta(seconds=1)), now=CHECKPOINT + timedelta(seconds=1),
+                   prior=at.status)
+    assert again.checkpoint is None and again.events == []
+    # At the termination time the drain starts, with no second signal.
+    drain = decide(observed(cluster, TERMINATION), now=TERMINATION, prior=again.status)
+    assert drain.checkpoint is None
+    assert {x.node for x in drain.drain} == RUNNING
+    assert kinds(drain.events) == [("Normal", "BlockTerminating")]

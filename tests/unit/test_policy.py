@@ -84,6 +84,7 @@ def test_demo_is_sagemaker_with_a_day_read_as_a_minute():
         "training-job": timedelta(minutes=30),
         "hyperpod-cluster": timedelta(minutes=60),
     }
+    assert (sagemaker.checkpoint_lead, demo.checkpoint_lead) == (timedelta(minutes=10), timedelta(seconds=5))
 
 
 @pytest.mark.parametrize(
@@ -143,8 +144,9 @@ def _policy(**changes) -> Policy:
         ({"end_time_of_day": time(11, 30)}, "end_time_of_day needs day == slot == 1 day"),
         ({"allowed_instance_counts": ()}, "allowed_instance_counts"),
         ({"min_duration_days": 5, "max_duration_days": 2}, "min_duration_days"),
+        ({"checkpoint_lead": timedelta(seconds=-1)}, "checkpoint_lead must not be negative"),
     ],
-    ids=["slot-not-dividing-day", "alignment-with-minute-day", "no-counts", "min-above-max"],
+    ids=["slot-not-dividing-day", "alignment-with-minute-day", "no-counts", "min-above-max", "negative-checkpoint-lead"],
 )
 def test_inconsistent_policy_is_rejected(changes, message):
     with pytest.raises(ValueError, match=message):

@@ -51,10 +51,27 @@ def test_the_runtime_carries_the_identity_to_the_static_provider(monkeypatch, tm
     assert rt.providers["static"].me is rt.me
 
 
+@pytest.mark.parametrize("policy, lead, want", [
+    ("sagemaker", None, 600), ("demo", None, 5), ("demo", "12", 12), ("sagemaker", "0", 0),
+], ids=["sagemaker-10-min", "demo-5-s", "override", "zero-signals-at-the-drain"])
+def test_the_checkpoint_lead_comes_from_the_profile_unless_set(monkeypatch, tmp_path, policy, lead, want):
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("apiVersion: v1\nkind: Config\ncurrent-context: x\nclusters: [{name: x, cluster: "
+                          "{server: 'https://127.0.0.1:1'}}]\nusers: [{name: x, user: {}}]\n"
+                          "contexts: [{name: x, context: {cluster: x, user: x}}]\n")
+    monkeypatch.setenv("HYPERPLAN_POLICY", policy)
+    if lead is not None:
+        monkeypatch.setenv("HYPERPLAN_CHECKPOINT_LEAD_SECONDS", lead)
+    rt = build_runtime(Settings(kubeconfig=str(kubeconfig)))
+    assert rt.policy.checkpoint_lead.total_seconds() == want
+    assert rt.policy.name == policy
+
+
 @pytest.mark.parametrize("var, value, named", [
     ("HYPERPLAN_OPERATOR_POD_LABELS", "app=hyperplan", "operator_pod_labels"),
     ("HYPERPLAN_POLICY", "aws", "policy"),
-], ids=["labels-not-json", "unknown-policy"])
+    ("HYPERPLAN_CHECKPOINT_LEAD_SECONDS", "-5", "checkpoint_lead_seconds"),
+], ids=["labels-not-json", "unknown-policy", "negative-checkpoint-lead"])
 def test_a_bad_setting_stops_run_with_a_message(var, value, named):
     env = {k: v for k, v in os.environ.items() if k not in IDENTITY_VARS}
     env[var] = value

@@ -7,7 +7,8 @@
 * :func:`apply_decision` carries out a :class:`~hyperplan.planning.groups.GroupDecision`
   through the group's :class:`~hyperplan.actuation.nodes.NodeProvider` and
   :class:`~hyperplan.actuation.nodes.NodePods`: the health-signal notes, then the health
-  actions (mark, promote, remove), the creates (in parallel), the updates, the drains. It
+  actions (mark, promote, remove), the creates (in parallel), the updates, the checkpoint
+  signal (pods annotated, node condition set), the drains. It
   returns what it did (:class:`Applied`): the events to post, the nodes it released, whether
   a create lost a race for a free static node. It never touches the operator's memory; the
   handler applies the result on the event loop.
@@ -22,7 +23,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 
 from kubernetes import client
 
@@ -33,7 +34,10 @@ from hyperplan.actuation.nodes import (
 from hyperplan.planning.memory import GroupMemory, PresentNode, Vanished, generation_of
 from hyperplan.planning import health as hl
 from hyperplan.planning import placement as pl
-from hyperplan.planning.groups import GroupDecision, ObservedGroupNode, managed_taint_keys
+from hyperplan.planning.groups import (
+    ANNOTATION_BLOCK_TERMINATION, CONDITION_BLOCK_TERMINATING, REASON_CHECKPOINT, Checkpoint, GroupDecision,
+    ObservedGroupNode, managed_taint_keys,
+)
 from hyperplan.planning.plans import Event
 
 CREATE_WORKERS = 8
@@ -140,6 +144,7 @@ class Applied:
     """What :func:`apply_decision` did."""
 
     events: list[tuple[NodeBody | None, Event]] = field(default_factory=list)
+    pod_events: list[tuple[dict, Event]] = field(default_factory=list)  # posted on the pod only
     released: list[str] = field(default_factory=list)
     lost_race: bool = False  # a create lost a race for a free static node: look again soon
     short_of_free_nodes: bool = False  # a create found no lendable free static node
@@ -181,6 +186,22 @@ def drain_node(provider: NodeProvider, pods: NodePods, node: client.V1Node, reas
     events.append((node_ref(node), Event("Normal", "NodeRemoved",
                                          f"{nid} drained and removed ({reason}): {what}{left_alone_note(progress)}")))
     return DrainOutcome(what, progress, tuple(events))
+
+
+def rfc3339(when: datetime) -> str:
+    return when.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def signal_checkpoint(provider: NodeProvider, pods: NodePods, node: client.V1Node, checkpoint: Checkpoint,
+                      now: datetime) -> list[tuple[dict, Event]]:
+    """Ask the workloads on one node to checkpoint: annotate its pods (those a drain would
+    evict), then set the node's condition; the Warning Events for the pods annotated. Pods
+    first: a crash in between leaves the node unsignalled, and the next pass finishes the job."""
+    annotated = pods.annotate(node.metadata.name, {ANNOTATION_BLOCK_TERMINATION: checkpoint.annotation})
+    provider.set_condition(node_id(node), {
+        "type": CONDITION_BLOCK_TERMINATING, "status": "True", "reason": REASON_CHECKPOINT,
+        "message": checkpoint.message, "lastTransitionTime": rfc3339(now), "lastHeartbeatTime": rfc3339(now)})
+    return [(ref, Event("Warning", REASON_CHECKPOINT, checkpoint.message)) for ref in annotated]
 
 
 def apply_decision(provider: NodeProvider, pods: NodePods, d: GroupDecision, raw: Mapping[str, client.V1Node],
@@ -237,6 +258,11 @@ def apply_decision(provider: NodeProvider, pods: NodePods, d: GroupDecision, raw
         metrics.REMEDIATIONS.labels("backfill").inc(backfills)
     for spec in d.update:
         provider.update(spec.name, spec, managed_taint_keys(spec))
+    if d.checkpoint is not None:  # before the drains: every pod is asked before it is evicted
+        signal = [raw[n] for n in d.checkpoint.nodes if n in raw]
+        with ThreadPoolExecutor(max_workers=max(1, min(CREATE_WORKERS, len(signal)))) as pool:
+            for pod_events in pool.map(lambda n: signal_checkpoint(provider, pods, n, d.checkpoint, now), signal):
+                out.pod_events.extend(pod_events)
     for drain in d.drain:
         node = raw.get(drain.node)
         if node is None:

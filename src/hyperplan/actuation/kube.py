@@ -68,8 +68,9 @@ class Kube:
         return self.custom.replace_cluster_custom_object_status(
             GROUP, VERSION, plural, body["metadata"]["name"], body)
 
-    def patch_status(self, plural: str, name: str, status: dict[str, Any]) -> None:
-        self.custom.patch_cluster_custom_object_status(
+    def patch_status(self, plural: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        """Merge-patch the status; the object as written."""
+        return self.custom.patch_cluster_custom_object_status(
             GROUP, VERSION, plural, name, {"status": status})
 
     # ---------------------------------------------------------------- nodes and pods

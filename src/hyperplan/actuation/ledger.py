@@ -10,18 +10,29 @@ Writes are idempotent: a reservation's id is derived from the plan's uid and the
 index, and a pool that already holds it is left alone. A plan's own reservations are
 left out of the snapshots it re-checks against, so a purchase interrupted between two
 pools (crash, conflict) completes on the next attempt instead of blocking itself.
+
+With a :class:`PoolReads` (the operator's watch cache) the ledger reads the pools from memory
+instead of LISTing them per purchase, and hands each write's result back to it (write-through),
+so the next purchase of this process starts from the ledger as it just wrote it. The only API
+read left is the GET of a pool after a 409, which optimistic concurrency needs. A refused
+re-check returns the snapshots it was made against, so that the caller can search again against
+the ledger as it is now (a lost race is not the end of an auto-purchase).
+
+Purchases of one process are group-committed: those that arrive while a batch is being written
+wait and go together into the next one, each re-checked against the ledger plus the purchases
+accepted before it, with one status replace per pool for the whole batch.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Protocol, Sequence, runtime_checkable
 
 from hyperplan.actuation.kube import Kube, is_conflict
-from hyperplan.api.models import CapacityPool, Reservation
+from hyperplan.api.models import API_VERSION, CapacityPool, Reservation
 from hyperplan.planning.offerings import Block, Busy, Offering, PoolSnapshot, RuleViolation, recheck_offering
 from hyperplan.planning.policy import Policy
 
@@ -50,6 +61,8 @@ class LedgerEntry:
 class PurchaseResult:
     entries: tuple[LedgerEntry, ...] = ()
     violation: RuleViolation | None = None
+    # With a violation: the pools the offering was re-checked against (fresh), to search again in.
+    pools: tuple[PoolSnapshot, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -77,6 +90,18 @@ def entries_of(pools: Sequence[CapacityPool], plan_uid: str) -> list[LedgerEntry
     return sorted(found, key=lambda e: (e.reservation.start_time, e.reservation.reserved_capacity_id))
 
 
+class PoolReads(Protocol):
+    """Where the ledger reads pools from when not from the API (the operator's watch cache)."""
+
+    def pool_objects(self) -> list[dict[str, Any]]: ...
+
+    def pool_snapshots(self, pools: list[dict[str, Any]]) -> list[PoolSnapshot]: ...
+
+    def entries_of(self, plan_uid: str, pools: list[dict[str, Any]]) -> list[LedgerEntry]: ...
+
+    def wrote(self, kind: str, obj: dict[str, Any]) -> None: ...
+
+
 @runtime_checkable
 class CapacityLedger(Protocol):
     def pools(self) -> list[CapacityPool]: ...
@@ -90,42 +115,124 @@ class CapacityLedger(Protocol):
 class KubeLedger:
     """The ledger kept in CapacityPool status on the API server."""
 
-    def __init__(self, kube: Kube):
+    def __init__(self, kube: Kube, reads: PoolReads | None = None):
         self.kube = kube
-        # Purchases from this process take turns, so they never conflict with each other; the
+        self.reads = reads
+        # Ledger writes from this process take turns, so they never conflict with each other; the
         # resourceVersion check still guards against every other writer (another replica, a user).
         self._turn = threading.Lock()
+        self._batch = threading.Condition()  # purchases waiting for the next group commit
+        self._waiting: list[_Ticket] = []
+        self._committing = False
 
     def pools(self) -> list[CapacityPool]:
-        return [CapacityPool.model_validate(o) for o in self.kube.list_objects(PLURAL)]
+        return [CapacityPool.model_validate(o) for o in self._pool_objects().values()]
+
+    def _pool_objects(self) -> dict[str, dict[str, Any]]:
+        objects = self.reads.pool_objects() if self.reads is not None else self.kube.list_objects(PLURAL)
+        return {o["metadata"]["name"]: o for o in objects}
+
+    def _snapshots(self, raw: dict[str, dict[str, Any]], plan_uid: str) -> list[PoolSnapshot]:
+        """The pools as a re-check sees them: without this plan's own reservations."""
+        if self.reads is None:
+            return [pool_snapshot(CapacityPool.model_validate(o), exclude_plan_uid=plan_uid) for o in raw.values()]
+        mine = {e.pool for e in self.reads.entries_of(plan_uid, list(raw.values()))}
+        cached = {s.name: s for s in self.reads.pool_snapshots([o for n, o in raw.items() if n not in mine])}
+        return [cached[n] if n in cached else pool_snapshot(CapacityPool.model_validate(o), exclude_plan_uid=plan_uid)
+                for n, o in raw.items()]
 
     def purchase(self, plan: str, plan_uid: str, offering: Offering, policy: Policy,
                  now: datetime) -> PurchaseResult:
-        with self._turn:
-            return self._purchase(plan, plan_uid, offering, policy, now)
+        """Buy ``offering`` for the plan, or say why not.
 
-    def _purchase(self, plan: str, plan_uid: str, offering: Offering, policy: Policy,
-                  now: datetime) -> PurchaseResult:
+        Group commit: purchases that arrive while another batch is being written wait, and are
+        then re-checked and written together, one status replace per pool for the whole batch
+        (each re-checked against the ledger plus the purchases accepted before it in the batch).
+        A thousand purchases at once cost tens of ledger writes, not a thousand."""
+        ticket = _Ticket(plan, plan_uid, offering, policy, now)
+        with self._batch:
+            self._waiting.append(ticket)
+            while not ticket.done:
+                if self._committing:
+                    self._batch.wait()
+                    continue
+                batch, self._waiting = self._waiting, []
+                self._committing = True
+                self._batch.release()
+                try:
+                    with self._turn:
+                        self._commit(batch)
+                except BaseException as e:  # noqa: BLE001 - every waiter of the batch sees it
+                    for t in batch:
+                        if not t.done:
+                            t.error = e
+                finally:
+                    self._batch.acquire()
+                    self._committing = False
+                    self._batch.notify_all()
+        if ticket.error is not None:
+            raise ticket.error
+        assert ticket.result is not None
+        return ticket.result
+
+    def _commit(self, batch: list["_Ticket"]) -> None:
         for attempt in range(1, MAX_ATTEMPTS + 1):
-            raw = {o["metadata"]["name"]: o for o in self.kube.list_objects(PLURAL)}
-            pools = [CapacityPool.model_validate(o) for o in raw.values()]
-            violation = recheck_offering(
-                offering, [pool_snapshot(p, exclude_plan_uid=plan_uid) for p in pools], policy, now)
-            if violation:
-                self._release(plan_uid, now=None)
-                return PurchaseResult(violation=violation)
+            raw = self._pool_objects()
+            added: dict[str, list[dict[str, Any]]] = {}
+            also_busy: dict[str, list[Busy]] = {}
+            accepted: list[_Ticket] = []
+            for t in batch:
+                t.result = None
+                snapshots = [replace(s, busy=s.busy + tuple(also_busy[s.name])) if s.name in also_busy else s
+                             for s in self._snapshots(raw, t.plan_uid)]
+                violation = recheck_offering(t.offering, snapshots, t.policy, t.now)
+                if violation:
+                    if any(r.get("trainingPlanUid") == t.plan_uid for o in raw.values()
+                           for r in (o.get("status") or {}).get("reservations") or []):
+                        self._release(t.plan_uid, now=None)  # a purchase interrupted between two pools
+                    t.result = PurchaseResult(violation=violation, pools=tuple(snapshots))
+                    continue
+                for pool_name, wanted in _by_pool(t.plan, t.plan_uid, t.offering).items():
+                    have = {r.get("reservedCapacityId") for r in
+                            (raw[pool_name].get("status") or {}).get("reservations") or []}
+                    new = [r for r in wanted if r.reserved_capacity_id not in have]
+                    added.setdefault(pool_name, []).extend(r.wire() for r in new)
+                    also_busy.setdefault(pool_name, []).extend(
+                        Busy(r.start_time, r.end_time, r.instance_count) for r in new)
+                accepted.append(t)
+            written: dict[str, dict[str, Any]] = {}
             try:
-                for pool_name, wanted in _by_pool(plan, plan_uid, offering).items():
-                    self._add(raw[pool_name], wanted)
+                for pool_name in sorted(added):
+                    written[pool_name] = self._add(raw[pool_name], added[pool_name])
             except Exception as e:  # noqa: BLE001 - only conflicts are retried
                 if not is_conflict(e):
                     raise
-                log.info("ledger conflict for plan %s (attempt %d); re-reading", plan, attempt)
+                log.info("ledger conflict for a batch of %d purchase(s) (attempt %d); re-reading",
+                         len(batch), attempt)
+                self._reread(sorted(added))
                 continue
-            return PurchaseResult(entries=tuple(entries_of(self.pools(), plan_uid)))
-        self._release(plan_uid, now=None)
-        return PurchaseResult(violation=RuleViolation(
-            "LedgerContention", f"the capacity ledger changed under {MAX_ATTEMPTS} attempts to buy"))
+            after = list({**raw, **written}.values())
+            for t in accepted:
+                t.result = PurchaseResult(entries=tuple(self._entries(t.plan_uid, after)))
+            return
+        for t in batch:
+            self._release(t.plan_uid, now=None)
+            t.result = PurchaseResult(violation=RuleViolation(
+                "LedgerContention", f"the capacity ledger changed under {MAX_ATTEMPTS} attempts to buy"))
+
+    def _entries(self, plan_uid: str, pools: list[dict[str, Any]]) -> list[LedgerEntry]:
+        if self.reads is not None:
+            return self.reads.entries_of(plan_uid, pools)
+        return entries_of([CapacityPool.model_validate(o) for o in pools], plan_uid)
+
+    def _reread(self, names: list[str]) -> None:
+        """After a 409: GET the pools written, so the next attempt sees what the other writer wrote."""
+        if self.reads is None:
+            return  # the next attempt LISTs anyway
+        for name in names:
+            fresh = self.kube.get_object(PLURAL, name)
+            if fresh is not None:
+                self.reads.wrote(PLURAL, fresh)
 
     def release(self, plan_uid: str, now: datetime | None) -> int:
         """Remove the plan's reservations that have not ended by ``now`` (all when None)."""
@@ -153,15 +260,37 @@ class KubeLedger:
                     raise
         raise RuntimeError(f"could not release reservations of plan uid {plan_uid}: ledger contention")
 
-    def _add(self, obj: dict[str, Any], wanted: list[Reservation]) -> None:
-        status = obj.setdefault("status", {})
-        have = {r.get("reservedCapacityId") for r in status.get("reservations", [])}
-        new = [r.wire() for r in wanted if r.reserved_capacity_id not in have]
+    def _add(self, obj: dict[str, Any], new: list[dict[str, Any]]) -> dict[str, Any]:
+        """Append ``new`` (reservations on the wire) to the pool's ledger in one status replace;
+        the pool as written."""
+        status = dict(obj.get("status") or {})
         if not new:
-            return
-        status["reservations"] = status.get("reservations", []) + new
-        updated = self.kube.replace_status(PLURAL, obj)
-        obj["metadata"]["resourceVersion"] = updated["metadata"]["resourceVersion"]
+            return obj
+        status["reservations"] = list(status.get("reservations", [])) + new
+        body = {"apiVersion": obj.get("apiVersion") or API_VERSION, "kind": "CapacityPool",
+                "metadata": {"name": obj["metadata"]["name"], "resourceVersion": obj["metadata"]["resourceVersion"]},
+                "spec": obj.get("spec") or {}, "status": status}
+        updated = self.kube.replace_status(PLURAL, body)
+        if self.reads is not None:
+            self.reads.wrote(PLURAL, updated)
+        return updated
+
+
+@dataclass
+class _Ticket:
+    """One purchase waiting for (or in) a group commit."""
+
+    plan: str
+    plan_uid: str
+    offering: Offering
+    policy: Policy
+    now: datetime
+    result: PurchaseResult | None = None
+    error: BaseException | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.result is not None or self.error is not None
 
 
 def _by_pool(plan: str, plan_uid: str, offering: Offering) -> dict[str, list[Reservation]]:
@@ -191,10 +320,10 @@ class FakeLedger:
     def purchase(self, plan: str, plan_uid: str, offering: Offering, policy: Policy,
                  now: datetime) -> PurchaseResult:
         self.calls.append(("purchase", (plan, offering.id)))
-        violation = self.fail_with or recheck_offering(
-            offering, [pool_snapshot(p, plan_uid) for p in self.pool_objects], policy, now)
+        snapshots = [pool_snapshot(p, plan_uid) for p in self.pool_objects]
+        violation = self.fail_with or recheck_offering(offering, snapshots, policy, now)
         if violation:
-            return PurchaseResult(violation=violation)
+            return PurchaseResult(violation=violation, pools=tuple(snapshots))
         by_name = {p.metadata["name"]: p for p in self.pool_objects}
         for pool_name, wanted in _by_pool(plan, plan_uid, offering).items():
             have = {r.reserved_capacity_id for r in by_name[pool_name].status.reservations}

@@ -113,6 +113,11 @@ class NodeProvider(Protocol):
         """Set (or, with None, remove) annotations on the node; a node that is gone is no error."""
         ...
 
+    def set_condition(self, node: str, condition: dict[str, str]) -> None:
+        """Set one condition (``type``, ``status``, ``reason``, ``message``, times) in the node's
+        status, the others kept; a node that is gone is no error."""
+        ...
+
 
 def mark_unhealthy_patch(current: client.V1Node, health_status: str, taint: pl.Taint) -> dict:
     taints = merged_taints(current, (taint,), {taint.key})
@@ -181,6 +186,18 @@ class KwokProvider:
         except ApiException as e:
             if e.status != 404:
                 raise
+
+    def set_condition(self, node: str, condition: dict[str, str]) -> None:
+        set_node_condition(self.kube, node, condition)
+
+
+def set_node_condition(kube: Kube, node_name: str, condition: dict[str, str]) -> None:
+    """A strategic merge patch of the node's status: conditions merge by ``type``."""
+    try:
+        kube.core.patch_node_status(node_name, {"status": {"conditions": [condition]}})
+    except ApiException as e:
+        if e.status != 404:
+            raise
 
 
 class StaticProvider:
@@ -287,6 +304,10 @@ class StaticProvider:
             return f"{node} already handed back"
         back = ln.hand_back(pool_node(current))
         self.kube.core.patch_node(current.metadata.name, back.patch)
+        ours = [c.type for c in (current.status.conditions if current.status else None) or []
+                if c.type.startswith(OWN_CONDITION_PREFIX)]
+        if ours:  # a condition hyperplan set for the group (the checkpoint signal) goes with it
+            set_node_conditions_removed(self.kube, current.metadata.name, ours)
         return back.message
 
     def list(self, group: str) -> list[client.V1Node]:
@@ -311,6 +332,24 @@ class StaticProvider:
         except ApiException as e:
             if e.status != 404:
                 raise
+
+    def set_condition(self, node: str, condition: dict[str, str]) -> None:
+        current = self._by_id(node)
+        if current is not None:
+            set_node_condition(self.kube, current.metadata.name, condition)
+
+
+OWN_CONDITION_PREFIX = "hyperplan.dev/"  # node conditions hyperplan sets (planning.groups)
+
+
+def set_node_conditions_removed(kube: Kube, node_name: str, types: list[str]) -> None:
+    """Remove conditions by type from the node's status (strategic merge ``$patch: delete``)."""
+    try:
+        kube.core.patch_node_status(node_name, {"status": {"conditions": [
+            {"type": t, "$patch": "delete"} for t in types]}})
+    except ApiException as e:
+        if e.status != 404:
+            raise
 
 
 def pool_node(node: client.V1Node) -> ln.PoolNode:
@@ -406,6 +445,21 @@ class FakeProvider:
                 current[key] = value
         n.metadata.annotations = current
 
+    def set_condition(self, node: str, condition: dict[str, str]) -> None:
+        self._maybe_fail("set_condition", node)
+        n = self.nodes.get(node)
+        if n is None:
+            return
+        when = condition.get("lastTransitionTime")
+        made = client.V1NodeCondition(
+            type=condition["type"], status=condition["status"], reason=condition.get("reason"),
+            message=condition.get("message"),
+            last_transition_time=datetime.fromisoformat(when.replace("Z", "+00:00")) if when else self.clock())
+        others = [c for c in ((n.status.conditions if n.status else None) or []) if c.type != made.type]
+        if n.status is None:
+            n.status = client.V1NodeStatus()
+        n.status.conditions = others + [made]
+
 
 def providers(kube: Kube, me: ln.OperatorIdentity | None = None) -> dict[str, NodeProvider]:
     return {"kwok": KwokProvider(kube), "static": StaticProvider(kube, me)}
@@ -437,14 +491,45 @@ def pod_view(pod: client.V1Pod) -> ln.PodView:
         terminating=meta.deletion_timestamp is not None)
 
 
+def pods_on(kube: Kube, node_name: str) -> list[client.V1Pod]:
+    return kube.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node_name}").items
+
+
+def pod_ref(pod: client.V1Pod) -> dict[str, Any]:
+    meta = pod.metadata
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": meta.name, "namespace": meta.namespace, "uid": meta.uid}}
+
+
+def annotate_pods(kube: Kube, node_name: str, annotations: dict[str, str],
+                  me: ln.OperatorIdentity | None = None) -> list[dict[str, Any]]:
+    """Annotate the pods on ``node_name`` that a drain would evict and that lack ``annotations``
+    (a pod that went meanwhile is skipped); the references of the pods annotated."""
+    pods = {(p.metadata.namespace, p.metadata.name): p for p in pods_on(kube, node_name)}
+    sort = ln.sort_pods_for_drain([pod_view(p) for p in pods.values()], me or ln.OperatorIdentity())
+    done = []
+    for view in sort.evict:
+        pod = pods[(view.namespace, view.name)]
+        have = pod.metadata.annotations or {}
+        if all(have.get(k) == v for k, v in annotations.items()):
+            continue
+        try:
+            kube.core.patch_namespaced_pod(view.name, view.namespace, {"metadata": {"annotations": annotations}})
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            continue
+        done.append(pod_ref(pod))
+    return done
+
+
 def evict_pods(kube: Kube, node_name: str, me: ln.OperatorIdentity | None = None) -> DrainProgress:
     """Ask the Eviction API once to evict every pod on ``node_name`` that a drain should evict.
 
     The operator's own pods, DaemonSet pods and static pods stay
     (:func:`hyperplan.planning.lending.sort_pods_for_drain`); PDB refusals are counted.
     """
-    pods = kube.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node_name}").items
-    sort = ln.sort_pods_for_drain([pod_view(p) for p in pods], me or ln.OperatorIdentity())
+    sort = ln.sort_pods_for_drain([pod_view(p) for p in pods_on(kube, node_name)], me or ln.OperatorIdentity())
     blocked = 0
     for pod in sort.evict:
         eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name=pod.name, namespace=pod.namespace))
@@ -466,6 +551,12 @@ class NodePods(Protocol):
         """Ask once to evict every pod a drain should evict (see :func:`evict_pods`)."""
         ...
 
+    def annotate(self, node_name: str, annotations: dict[str, str]) -> list[dict[str, Any]]:
+        """Set ``annotations`` on every pod of the node that a drain would evict (the operator's
+        own, DaemonSet and static pods are left alone) and that lacks them; references
+        (``apiVersion``, ``kind``, ``metadata``) of the pods annotated now, for their events."""
+        ...
+
 
 @dataclass
 class KubeNodePods:
@@ -476,6 +567,9 @@ class KubeNodePods:
 
     def evict(self, node_name: str) -> DrainProgress:
         return evict_pods(self.kube, node_name, self.me)
+
+    def annotate(self, node_name: str, annotations: dict[str, str]) -> list[dict[str, Any]]:
+        return annotate_pods(self.kube, node_name, annotations, self.me)
 
 
 @dataclass
@@ -489,11 +583,24 @@ class FakeNodePods:
     guarded: set[str] = field(default_factory=set)
     calls: list[tuple[str, str]] = field(default_factory=list)
 
+    annotations: dict[str, dict[str, str]] = field(default_factory=dict)  # by pod
+
     def evict(self, node_name: str) -> DrainProgress:
         self.calls.append(("evict", node_name))
         left = [p for p in self.pods.get(node_name, []) if p in self.guarded]
         self.pods[node_name] = left
         return DrainProgress(pods_left=len(left), blocked=len(left))
+
+    def annotate(self, node_name: str, annotations: dict[str, str]) -> list[dict[str, Any]]:
+        self.calls.append(("annotate", node_name))
+        done = []
+        for pod in self.pods.get(node_name, []):
+            have = self.annotations.setdefault(pod, {})
+            if any(have.get(k) != v for k, v in annotations.items()):
+                have.update(annotations)
+                namespace, _, name = pod.partition("/")
+                done.append({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace}})
+        return done
 
 
 _kube_pods: type[NodePods] = KubeNodePods

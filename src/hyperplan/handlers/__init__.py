@@ -9,7 +9,7 @@ from typing import Any
 
 import kopf
 
-from hyperplan.handlers import capacitypool, instancegroup, nodes, observed, trainingplan  # noqa: F401  (registration)
+from hyperplan.handlers import cache, capacitypool, instancegroup, nodes, observed, trainingplan  # noqa: F401  (registration)
 from hyperplan.handlers import kueue  # noqa: F401  (registration: the Kueue AdmissionCheck controller)
 from hyperplan.operator import configure_kopf
 

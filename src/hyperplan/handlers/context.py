@@ -19,6 +19,7 @@ from hyperplan import metrics
 from hyperplan.actuation.kube import Kube, api_client
 from hyperplan.actuation.ledger import CapacityLedger, KubeLedger
 from hyperplan.actuation.nodes import KubeNodePods, NodePods, NodeProvider, providers
+from hyperplan.handlers.cache import WatchCache
 from hyperplan.planning.lending import OperatorIdentity
 from hyperplan.planning.memory import GroupMemory
 from hyperplan.planning.placement import TopologyKeys
@@ -76,6 +77,7 @@ class Runtime:
     me: OperatorIdentity = field(default_factory=OperatorIdentity)  # never drained, never lent
     clock: Clock = utcnow
     wakeups: Wakeups = field(default_factory=Wakeups)
+    cache: WatchCache = field(default_factory=WatchCache)  # what the watches hold: the read side of passes
     # What the operator remembers of its groups between passes (first sights of health labels,
     # vanished and releasing nodes, the plan of each group): one owner, changed on the event loop.
     groups: GroupMemory = field(default_factory=GroupMemory)
@@ -108,9 +110,11 @@ def build_runtime(settings: Settings) -> Runtime:
     layers = settings.network_layer_labels
     me = OperatorIdentity(pod_name=settings.pod_name, namespace=settings.pod_namespace,
                           node_name=settings.node_name, pod_labels=dict(settings.operator_pod_labels))
-    return Runtime(settings=settings, policy=get_policy(settings.policy), kube=kube,
-                   ledger=KubeLedger(kube), providers=providers(kube, me), me=me,
-                   keys=TopologyKeys(settings.ultraserver_id_label, *layers))
+    cache = WatchCache()
+    lead = None if settings.checkpoint_lead_seconds is None else timedelta(seconds=settings.checkpoint_lead_seconds)
+    return Runtime(settings=settings, policy=get_policy(settings.policy, lead), kube=kube,
+                   ledger=KubeLedger(kube, reads=cache), providers=providers(kube, me), me=me,
+                   keys=TopologyKeys(settings.ultraserver_id_label, *layers), cache=cache)
 
 
 RETRY = timedelta(seconds=5)

@@ -58,8 +58,10 @@ def peers_of(groups: list[dict[str, Any]], plan: str) -> list[Peer]:
 
 async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     """One pass: read, decide (planning), apply (actuation), one status patch, events."""
-    # Read: the group, its plan, the groups sharing the plan, the group's nodes.
-    obj = await asyncio.to_thread(rt.kube.get_object, PLURAL, name)
+    # Read, from the watch cache (handlers.cache): the group, its plan, the groups sharing the
+    # plan, the group's nodes. A pass right after one that wrote to the nodes lists them from the
+    # API once instead, so it never acts on a view older than its own writes.
+    obj = rt.cache.group(name)
     if obj is None or obj["metadata"].get("deletionTimestamp"):
         return None
     try:
@@ -67,10 +69,13 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     except ValidationError as e:
         kopf.event(obj, type="Warning", reason="InvalidSpec", message=str(e)[:900])
         return None
-    plan_obj = await asyncio.to_thread(rt.kube.get_object, "trainingplans", group.spec.training_plan_ref)
-    groups = await asyncio.to_thread(rt.kube.list_objects, PLURAL)
+    plan_obj = rt.cache.plan(group.spec.training_plan_ref)
+    groups = rt.cache.groups()
     provider = rt.providers[group.spec.node_provider]
-    raw = await asyncio.to_thread(provider.list, name)
+    if rt.cache.must_list_group_nodes(pl.label_value(name)):
+        raw = await asyncio.to_thread(provider.list, name)
+    else:
+        raw = rt.cache.group_nodes_v1(pl.label_value(name))
 
     # Decide.
     now, key = rt.clock(), pl.label_value(name)
@@ -90,6 +95,8 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     rt.groups.note_releasing(key, releases_of(decision))
     applied = await asyncio.to_thread(apply_decision, provider, rt.pods, decision, seen.raw, seen.health_notes,
                                       now, rt.clock, name)
+    rt.cache.note_group_wrote(key, bool(decision.create or decision.update or decision.drain
+                                        or decision.remediation or seen.health_notes))
     rt.groups.note_short_of_free_nodes(key, applied.short_of_free_nodes)  # see handlers.nodes
 
     # One status patch, then the events.
@@ -97,9 +104,13 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
                                       for v in rt.groups.vanished(key)]
     desired = decision.status.wire()
     if desired != status_of(InstanceGroupStatus, obj).wire():
-        await asyncio.to_thread(rt.kube.patch_status, PLURAL, name, desired)
+        written = await asyncio.to_thread(rt.kube.patch_status, PLURAL, name, desired)
+        if written:
+            rt.cache.wrote(PLURAL, written)
         metrics.STATUS_WRITES.labels("InstanceGroup").inc()
     post_events(obj, [(None, ev) for ev in decision.events] + applied.events)
+    for pod, ev in applied.pod_events:
+        kopf.event(pod, type=ev.type, reason=ev.reason, message=ev.message)
     metrics.observe_group_pass(name, group.status, decision.status,
                                decision.block.start_time if decision.block else None, rt.clock())
     if plan is not None and (decision.create or decision.drain or decision.remediation or decision.update):

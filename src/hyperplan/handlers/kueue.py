@@ -150,16 +150,17 @@ def plan_view(rt: Runtime, obj: dict[str, Any] | None, now: datetime) -> tuple[a
 
 
 def ready_group_nodes(rt: Runtime, plan: str, block_id: str) -> int:
-    """Ready, schedulable, healthy active nodes of the plan's instance groups on the block (sync)."""
-    nodes = rt.kube.list_nodes(f"{pl.LABEL_PLAN}={pl.label_value(plan)},"
-                               f"{pl.LABEL_RESERVED_CAPACITY}={pl.label_value(block_id)},{pl.LABEL_GROUP}")
+    """Ready, schedulable, healthy active nodes of the plan's instance groups on the block
+    (from the watch cache of group nodes)."""
     count = 0
-    for n in nodes:
-        labels = n.metadata.labels or {}
-        ready = any(c.type == "Ready" and c.status == "True" for c in (n.status.conditions or [])) if n.status else False
+    for n in rt.cache.block_nodes(pl.label_value(block_id)):
+        meta = n["metadata"]
+        labels = meta.get("labels") or {}
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in n["status"]["conditions"])
         healthy = not (labels.get(pl.LABEL_HEALTH) or "").startswith(pl.HEALTH_UNSCHEDULABLE)
-        if ready and healthy and labels.get(pl.LABEL_ROLE) == pl.ROLE_ACTIVE and not n.spec.unschedulable \
-                and not n.metadata.deletion_timestamp:
+        if ready and healthy and labels.get(pl.LABEL_PLAN) == pl.label_value(plan) \
+                and labels.get(pl.LABEL_ROLE) == pl.ROLE_ACTIVE and not n["spec"]["unschedulable"] \
+                and not meta.get("deletionTimestamp"):
             count += 1
     return count
 
@@ -242,7 +243,7 @@ async def reconcile_plan_workloads(rt: Runtime, plan_name: str, stop: Stop) -> d
     state = state_of(rt)
     checks = state.checks_of(plan_name)
     now = rt.clock()
-    plan_obj = await asyncio.to_thread(rt.kube.get_object, "trainingplans", plan_name)
+    plan_obj = rt.cache.plan(plan_name)
     if plan_obj is not None and plan_obj["metadata"].get("deletionTimestamp"):
         plan_obj = None  # being deleted: its blocks are going back to the pools
     view, extra = plan_view(rt, plan_obj, now)
@@ -277,7 +278,7 @@ async def reconcile_plan_workloads(rt: Runtime, plan_name: str, stop: Stop) -> d
     usable_value = pl.label_value(usable.id) if usable is not None else None
     ready_nodes = None
     if target == ad.HYPERPOD_CLUSTER and usable is not None:
-        ready_nodes = await asyncio.to_thread(ready_group_nodes, rt, plan_name, usable.id)
+        ready_nodes = ready_group_nodes(rt, plan_name, usable.id)
 
     accelerators = view.accelerators if view else None
     holders: list[tuple[ad.WorkloadView, int]] = []

@@ -13,6 +13,7 @@ import kopf
 
 from hyperplan import metrics
 from hyperplan.api.models import GROUP, VERSION
+from hyperplan.handlers.cache import slim_object
 from hyperplan.planning.placement import LABEL_GROUP
 
 KINDS = {"trainingplans": "plans", "instancegroups": "groups", "capacitypools": "pools"}
@@ -41,8 +42,14 @@ async def group_seen(name: str, type: str | None, body: kopf.Body, **_: Any) -> 
 
 
 @kopf.on.event(GROUP, VERSION, "capacitypools")
-async def pool_seen(name: str, type: str | None, body: kopf.Body, **_: Any) -> None:
-    observe(metrics.OBSERVED, "capacitypools", name, type, dict(body))
+async def pool_seen(name: str, type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """The pool's snapshot comes from the watch cache, which parses each ledger line once: a
+    pool's ledger grows with every purchase, and parsing all of it on every event would cost
+    the square of the purchases."""
+    if type == "DELETED":
+        observe(metrics.OBSERVED, "capacitypools", name, type, {})
+        return
+    metrics.OBSERVED.put_pool_snapshot(name, memo.runtime.cache.pool_snapshots([slim_object(body)])[0])
 
 
 @kopf.on.event("", "v1", "nodes")

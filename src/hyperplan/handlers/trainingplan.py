@@ -1,32 +1,44 @@
 """TrainingPlan handlers: one daemon per plan that reconciles, then sleeps to its next boundary.
 
-Each pass reads the plan and the pools, asks ``planning.plans.decide_plan`` what the
-status should be, buys through the ledger when the decision says so, and writes one
-status patch when anything changed. Between passes the daemon sleeps until the plan's
-next block boundary, a pool change, or a change to the plan itself: no polling.
+Each pass reads the plan, the pools and the block's nodes from the watch cache
+(``handlers.cache``, no API read), asks ``planning.plans.decide_plan`` what the status should
+be, buys through the ledger when the decision says so, and writes one status patch when
+anything changed. Between passes the daemon sleeps until the plan's next block boundary, a pool
+change, or a change to the plan itself: no polling.
+
+An auto-purchase that loses a race for its offering (another plan bought the capacity between
+the search and the ledger write) searches again against the ledger as the purchase just read
+it and buys the next best offering (:func:`purchase`); only a plan whose window has no room
+left fails.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from datetime import datetime
-from typing import Any
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Callable, Mapping
 
 import kopf
 from pydantic import ValidationError
 
 from hyperplan import metrics
-from hyperplan.actuation.ledger import entries_of, pool_snapshot
-from hyperplan.api.models import GROUP, VERSION, TrainingPlan, TrainingPlanStatus, UltraServerStatus
+from hyperplan.actuation.ledger import CapacityLedger, PurchaseResult
+from hyperplan.api.models import GROUP, VERSION, TrainingPlan, TrainingPlanSpec, TrainingPlanStatus
 from hyperplan.handlers.context import Runtime, reconcile_forever, status_of
 from hyperplan.planning import placement as pl
-from hyperplan.planning.offerings import RuleViolation
-from hyperplan.planning.plans import Event, PlanDecision, PlanUsage, Purchased, decide_plan, failed
-from hyperplan.planning.schedule import plan_block_schedule
+from hyperplan.planning.offerings import Offering, RuleViolation
+from hyperplan.planning.plans import (
+    Event, PlanDecision, PlanUsage, Purchased, block_usage, current_block, decide_plan, failed,
+)
+from hyperplan.planning.policy import Policy
 
 PLURAL = "trainingplans"
 KIND = "plan"
+LOST_RACE = "OfferingUnavailable"  # the ledger's re-check: the offered capacity was sold meanwhile
+PURCHASE_SEARCHES = 8  # purchases (a first one and searches again) per pass before trying next pass
+CONTENDED_RETRY = timedelta(seconds=1)
 log = logging.getLogger("hyperplan.trainingplan")
 
 
@@ -38,39 +50,63 @@ def purchased_blocks(entries) -> list[Purchased]:
             for e in entries]
 
 
-def node_usage(rt: Runtime, plan: TrainingPlan, purchased: list[Purchased]) -> PlanUsage:
-    """What the groups' nodes hold of the plan's current (or next) block. Sync (thread)."""
-    schedule = plan_block_schedule([(p.start, p.end) for p in purchased], plan.spec.target_resource,
-                                   rt.policy, rt.clock())
-    if schedule.current_or_next_block is None:
-        return PlanUsage()
-    block = purchased[schedule.current_or_next_block]
-    nodes = rt.kube.list_nodes(f"{pl.LABEL_RESERVED_CAPACITY}={pl.label_value(block.id)}")
-    observed = [plan_observed_node(rt, n) for n in nodes if not n.metadata.deletion_timestamp]
-    spares = plan.spec.spare_instances_per_ultra_server
-    ultraservers = pl.ultraservers_for_block(block.id, block.ultra_server_type, block.instance_count, spares)
-    counts = pl.plan_counts(block.instance_count, sum(u.spare_count for u in ultraservers), observed)
-    reports = pl.ultraserver_reports(ultraservers, block.availability_zone, observed)
-    return PlanUsage(in_use=counts.in_use, unhealthy=counts.unhealthy, available_spares=counts.available_spares,
-                     ultra_servers=tuple(UltraServerStatus.model_validate(r.as_status()) for r in reports))
-
-
-def plan_observed_node(rt: Runtime, node) -> pl.ObservedNode:
-    """A node as the plan's counters see it, from its labels and Ready condition."""
-    labels = node.metadata.labels or {}
+def plan_observed_node(node: Mapping[str, Any], ultraserver_key: str) -> pl.ObservedNode:
+    """A node (as the watch cache holds it) as the plan's counters see it: labels and Ready."""
+    meta = node.get("metadata") or {}
+    labels = meta.get("labels") or {}
     health = [labels.get(pl.LABEL_HEALTH) or "", labels.get(pl.LABEL_SAGEMAKER_HEALTH) or ""]
-    ready = next((c.status for c in (node.status.conditions or []) if c.type == "Ready"), "Unknown") \
-        if node.status else "Unknown"
+    ready = next((c.get("status") for c in (node.get("status") or {}).get("conditions") or []
+                  if c.get("type") == "Ready"), "Unknown")
     healthy = False if any(h.startswith(pl.HEALTH_UNSCHEDULABLE) for h in health) else (
         None if ready == "Unknown" else True)
-    return pl.ObservedNode(node.metadata.name, labels.get(pl.LABEL_GROUP, ""), labels.get(pl.LABEL_ROLE, pl.ROLE_ACTIVE),
-                           labels.get(rt.keys.ultraserver_id), healthy, ready == "True",
+    return pl.ObservedNode(meta.get("name", ""), labels.get(pl.LABEL_GROUP, ""), labels.get(pl.LABEL_ROLE, pl.ROLE_ACTIVE),
+                           labels.get(ultraserver_key), healthy, ready == "True",
                            pl.HEALTH_PENDING_REPLACEMENT in health)
+
+
+def node_usage(rt: Runtime, plan: TrainingPlan, purchased: list[Purchased], now: datetime) -> PlanUsage:
+    """What the groups' nodes hold of the plan's current (or next) block, from the watch cache."""
+    block = current_block(purchased, plan.spec.target_resource, rt.policy, now)
+    if block is None:
+        return PlanUsage()
+    nodes = [plan_observed_node(n, rt.keys.ultraserver_id) for n in rt.cache.block_nodes(pl.label_value(block.id))
+             if not n["metadata"].get("deletionTimestamp")]
+    return block_usage(block, plan.spec.spare_instances_per_ultra_server, nodes)
+
+
+@dataclass(frozen=True)
+class PurchaseOutcome:
+    result: PurchaseResult
+    offering: Offering  # the offering bought (or last tried)
+    purchases: int  # ledger purchases made in this pass (1 + searches again)
+    contended: bool = False  # lost every race of this pass: stay Pending, try again next pass
+
+
+def purchase(ledger: CapacityLedger, name: str, uid: str, spec: TrainingPlanSpec, generation: int,
+             prior: TrainingPlanStatus, offering: Offering, policy: Policy, clock: Callable[[], datetime],
+             searches: int = PURCHASE_SEARCHES) -> PurchaseOutcome:
+    """Buy ``offering``. An auto-purchase that loses the race for it searches again against the
+    pools the ledger just re-checked it against, and buys the best offering there, up to
+    ``searches`` purchases in all; after that the plan stays Pending and tries again on its next
+    pass. A purchase of an offering the user chose (``offeringId``) is never swapped. When the
+    new search finds nothing, the window truly has no room left and the lost race's violation
+    stands (Sync: runs in a worker thread.)"""
+    for attempt in range(1, searches + 1):
+        result = ledger.purchase(name, uid, offering, policy, clock())
+        if result.ok or result.violation.reason != LOST_RACE or spec.offering_id or not spec.auto_purchase \
+                or not result.pools:
+            return PurchaseOutcome(result, offering, attempt)
+        again = decide_plan(spec, generation, prior, [], result.pools, policy, clock())
+        if again.buy is None:
+            return PurchaseOutcome(result, offering, attempt)
+        log.info("plan %s: lost the race for offering %s; buying %s instead", name, offering.id, again.buy.id)
+        offering = again.buy
+    return PurchaseOutcome(result, offering, searches, contended=True)
 
 
 async def reconcile_plan(rt: Runtime, name: str) -> datetime | None:
     """One pass over one plan. Returns when to look again (None: only when woken)."""
-    obj = await asyncio.to_thread(rt.kube.get_object, PLURAL, name)
+    obj = rt.cache.plan(name)
     if obj is None or obj["metadata"].get("deletionTimestamp"):
         rt.unbought_plans.discard(name)
         return None
@@ -84,18 +120,20 @@ async def reconcile_plan(rt: Runtime, name: str) -> datetime | None:
         await _write(rt, obj, decision)
         return None
 
-    pools = await asyncio.to_thread(rt.ledger.pools)
     uid = obj["metadata"]["uid"]
-    purchased = purchased_blocks(entries_of(pools, uid))
-    usage = await asyncio.to_thread(node_usage, rt, plan, purchased) if purchased else PlanUsage()
-    snapshots = [pool_snapshot(p) for p in pools]
+    pools = rt.cache.pool_objects()
+    purchased = purchased_blocks(rt.cache.entries_of(uid, pools))
+    usage = node_usage(rt, plan, purchased, now) if purchased else PlanUsage()
+    snapshots = rt.cache.pool_snapshots(pools)
     decision = decide_plan(plan.spec, generation, plan.status, purchased, snapshots, rt.policy, now, usage)
 
     if decision.buy is not None:
-        result = await asyncio.to_thread(rt.ledger.purchase, name, uid, decision.buy, rt.policy, rt.clock())
+        outcome = await asyncio.to_thread(purchase, rt.ledger, name, uid, plan.spec, generation, plan.status,
+                                          decision.buy, rt.policy, rt.clock)
+        result = outcome.result
         if result.ok:
             metrics.PURCHASES.labels("Purchased").inc()
-            bought = decision.status.model_copy(update={"purchased_offering_id": decision.buy.id})
+            bought = decision.status.model_copy(update={"purchased_offering_id": outcome.offering.id})
             decision = decide_plan(plan.spec, generation, bought, purchased_blocks(result.entries),
                                    snapshots, rt.policy, rt.clock(), usage)
             decision.events.insert(0, Event(
@@ -104,6 +142,9 @@ async def reconcile_plan(rt: Runtime, name: str) -> datetime | None:
                 + ", ".join(f"{r.instance_count} x {r.instance_type} in {r.availability_zone} "
                             f"{r.start_time.isoformat()} to {r.end_time.isoformat()}"
                             for r in decision.status.reserved_capacity)))
+        elif outcome.contended:
+            metrics.PURCHASES.labels("Contended").inc()
+            decision.wake_at = rt.clock() + CONTENDED_RETRY
         else:
             metrics.PURCHASES.labels(result.violation.reason).inc()
             decision = failed(decision.status, generation, result.violation, rt.clock())
@@ -125,7 +166,9 @@ async def _write(rt: Runtime, obj: dict[str, Any], decision: PlanDecision) -> No
     desired = decision.status.wire()
     prior = status_of(TrainingPlanStatus, obj)
     if desired != prior.wire():
-        await asyncio.to_thread(rt.kube.patch_status, PLURAL, obj["metadata"]["name"], desired)
+        written = await asyncio.to_thread(rt.kube.patch_status, PLURAL, obj["metadata"]["name"], desired)
+        if written:
+            rt.cache.wrote(PLURAL, written)
         metrics.STATUS_WRITES.labels("TrainingPlan").inc()
         boundary = prior.next_transition_time
         if boundary and decision.status.phase != prior.phase:

@@ -10,6 +10,10 @@ The rules (DESIGN.md sections 1-2):
 
 * nodes exist only while one of the plan's blocks is usable: active and before its
   termination time (end minus the policy's lead for the plan's target);
+* from the policy's checkpoint lead before the termination time, the workloads on the
+  block's nodes are asked to checkpoint (:func:`plan_checkpoint`): pod annotation
+  :data:`ANNOTATION_BLOCK_TERMINATION`, node condition :data:`CONDITION_BLOCK_TERMINATING`,
+  Warning Events (docs/checkpoint.md);
 * at the termination time every node of the group drains (cordon, evict, remove) with a
   deadline at the block's end;
 * the group's instance type must be the plan's, the plan must target
@@ -23,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Mapping, Sequence
 
 from hyperplan.api.models import Condition, InstanceGroupSpec, InstanceGroupStatus, ReservedCapacity
@@ -86,6 +90,66 @@ class Drain:
     reason: str
 
 
+ANNOTATION_BLOCK_TERMINATION = "hyperplan.dev/block-termination-time"
+"""On a workload's pods: when the block its node belongs to reaches its termination time (RFC 3339).
+From then on the node drains; readable in the pod through the downward API (docs/checkpoint.md)."""
+CONDITION_BLOCK_TERMINATING = "hyperplan.dev/BlockTerminating"
+"""Node condition, ``True`` from the checkpoint signal on: the node's block is about to terminate."""
+REASON_CHECKPOINT = "CheckpointRequested"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Ask the workloads on ``nodes`` to checkpoint: block ``block`` reaches its termination
+    time at ``termination``, when their nodes start to drain."""
+
+    block: str
+    termination: datetime
+    nodes: tuple[str, ...]
+
+    @property
+    def annotation(self) -> str:
+        return self.termination.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    @property
+    def message(self) -> str:
+        return (f"block {self.block} reaches its termination time at {self.annotation}: checkpoint and exit; "
+                f"pods are evicted from then on (annotation {ANNOTATION_BLOCK_TERMINATION})")
+
+
+def checkpoint_time(termination: datetime, lead: timedelta) -> datetime:
+    """When the workloads of a block terminating at ``termination`` are asked to checkpoint."""
+    return termination - lead
+
+
+def signalled(node: ObservedGroupNode) -> bool:
+    """Whether the node carries the checkpoint signal (its condition is True)."""
+    c = node.health.condition(CONDITION_BLOCK_TERMINATING)
+    return c is not None and c.status == "True"
+
+
+def plan_checkpoint(block: str, termination: datetime, lead: timedelta, nodes: Sequence[ObservedGroupNode],
+                    now: datetime) -> Checkpoint | None:
+    """The checkpoint signal due at ``now``, or None (too early, or every node has it).
+
+    From ``termination - lead`` on (the drain phase included, should the operator have been
+    down through the lead), each existing node of the block that does not carry
+    :data:`CONDITION_BLOCK_TERMINATING` yet is signalled: its pods get the annotation, then the
+    node gets the condition; a node that has it was signalled already (crash-safe: pods first).
+    """
+    if now < checkpoint_time(termination, lead):
+        return None
+    todo = tuple(sorted(n.name for n in nodes if n.health.exists and not n.deleting and not signalled(n)))
+    return Checkpoint(block, termination, todo) if todo else None
+
+
+def checkpoint_events(checkpoint: Checkpoint | None, nodes: Sequence[ObservedGroupNode]) -> list[Event]:
+    """The group's Warning when the first of its nodes is signalled (not again on later passes)."""
+    if checkpoint is None or any(signalled(n) for n in nodes):
+        return []
+    return [Event("Warning", REASON_CHECKPOINT, f"{checkpoint.message}; {len(checkpoint.nodes)} node(s) signalled")]
+
+
 @dataclass
 class GroupDecision:
     status: InstanceGroupStatus
@@ -94,6 +158,7 @@ class GroupDecision:
     update: list[pl.NodeSpec] = field(default_factory=list)
     drain: list[Drain] = field(default_factory=list)
     remediation: tuple[hl.Action, ...] = ()
+    checkpoint: Checkpoint | None = None  # carried out before the drains
     events: list[Event] = field(default_factory=list)
     wake_at: datetime | None = None
 
@@ -160,13 +225,18 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
         current = schedule.active_block
         if current is not None:  # past the termination time: drain until the block ends
             block = plan.blocks[current]
-            return _with_events(leave_all(
+            termination = schedule.blocks[current].termination_time
+            d = leave_all(
                 WAITING, "BlockTerminating",
                 f"block {block.id} stops at {block.end_time.isoformat()}; nodes drain from "
-                f"{schedule.blocks[current].termination_time.isoformat()}",
+                f"{termination.isoformat()}",
                 block.end_time, schedule.next_transition_time,
                 availability_zone=block.availability_zone, reserved_capacity_id=block.id,
-                next_transition_time=schedule.next_transition_time), prior)
+                next_transition_time=schedule.next_transition_time)
+            on_block = [n for n in nodes if n.block == block.id]
+            d.checkpoint = plan_checkpoint(block.id, termination, policy.checkpoint_lead, on_block, now)
+            d.events += checkpoint_events(d.checkpoint, on_block)
+            return _with_events(d, prior)
         upcoming = schedule.current_or_next_block
         message = (f"next block {plan.blocks[upcoming].id} starts at {plan.blocks[upcoming].start_time.isoformat()}"
                    if upcoming is not None else f"training plan {plan.name} has expired")
@@ -248,9 +318,12 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
                       desired_count=active_wanted, ready_count=ready, spare_count=spares_up,
                       unhealthy_count=len(verdict.unhealthy),
                       next_transition_time=schedule.next_transition_time, extra_conditions=extra),
-        block=block, create=create, update=update, drain=drains, remediation=actions)
+        block=block, create=create, update=update, drain=drains, remediation=actions,
+        checkpoint=plan_checkpoint(block.id, termination, policy.checkpoint_lead, on_block, now))
+    decision.events += checkpoint_events(decision.checkpoint, on_block)
+    signal_at = checkpoint_time(termination, policy.checkpoint_lead)
     decision.wake_at = _min_time(schedule.next_transition_time, verdict.next_check,
-                                 now + DRAIN_RETRY if drains else None)
+                                 now + DRAIN_RETRY if drains else None, signal_at if now < signal_at else None)
     if not remedy.allowed and _reason(prior.conditions, "RemediationAllowed") != remedy.reason:
         decision.events.append(Event("Warning", remedy.reason or "TooManyUnhealthy", remedy.message))
     return _with_events(decision, prior)

@@ -714,9 +714,18 @@ def plan_counts(total: int, configured_spares: int, nodes: Sequence[ObservedNode
     in_use = sum(1 for n in nodes if n.role == ROLE_ACTIVE and n.healthy is not False)
     available_spares = sum(1 for n in nodes
                            if n.role == ROLE_SPARE and n.healthy is True and n.ready)
-    reserved_spares = max(configured_spares - unhealthy_spares, 0)
-    available = max(total - in_use - unhealthy - reserved_spares, 0)
+    available = available_instances(total, in_use, unhealthy, configured_spares, unhealthy_spares)
     return Counts(total, in_use, available, available_spares, unhealthy, configured_spares)
+
+
+def available_instances(total: int, in_use: int, unhealthy: int, configured_spares: int,
+                        unhealthy_spares: int) -> int:
+    """What is left of a block for a new group: the one formula of ``availableInstanceCount``.
+
+    ``total - in_use - unhealthy - configured spares``, at least 0, where an unhealthy spare is
+    counted once: it is taken off the configured spares it stands in for, not subtracted twice.
+    """
+    return max(total - in_use - unhealthy - max(configured_spares - unhealthy_spares, 0), 0)
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from hyperplan.planning.offerings import (
     ULTRASERVER_INSTANCES, Block, Offering, OfferingRequest, PoolSnapshot, RuleViolation,
     search_offerings, validate_request,
 )
+from hyperplan.planning import placement as pl
 from hyperplan.planning.policy import Policy, parse_duration
 from hyperplan.planning.schedule import plan_block_schedule
 
@@ -54,6 +55,7 @@ class PlanUsage:
     unhealthy: int = 0
     available_spares: int = 0
     ultra_servers: tuple[UltraServerStatus, ...] = ()
+    unhealthy_spares: int = 0  # of ``unhealthy``: spares, which stand in for configured spares
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,25 @@ class PlanDecision:
     buy: Offering | None = None
     events: list[Event] = field(default_factory=list)
     wake_at: datetime | None = None
+
+
+def current_block(purchased: Sequence[Purchased], target: str, policy: Policy,
+                  now: datetime) -> Purchased | None:
+    """The plan's block that runs at ``now``, else the next one; None after the last."""
+    blocks = sorted(purchased, key=lambda p: p.start)
+    schedule = plan_block_schedule([(p.start, p.end) for p in blocks], target, policy, now)
+    return None if schedule.current_or_next_block is None else blocks[schedule.current_or_next_block]
+
+
+def block_usage(block: Purchased, spares_per_ultraserver: int, nodes: Sequence[pl.ObservedNode]) -> PlanUsage:
+    """What the groups' nodes hold of ``block``: the plan's counts and one report per UltraServer."""
+    ultraservers = pl.ultraservers_for_block(block.id, block.ultra_server_type, block.instance_count,
+                                             spares_per_ultraserver)
+    counts = pl.plan_counts(block.instance_count, sum(u.spare_count for u in ultraservers), nodes)
+    reports = pl.ultraserver_reports(ultraservers, block.availability_zone, nodes)
+    return PlanUsage(in_use=counts.in_use, unhealthy=counts.unhealthy, available_spares=counts.available_spares,
+                     ultra_servers=tuple(UltraServerStatus.model_validate(r.as_status()) for r in reports),
+                     unhealthy_spares=sum(1 for n in nodes if n.healthy is False and n.role == pl.ROLE_SPARE))
 
 
 def request_of(spec: TrainingPlanSpec, duration: timedelta) -> OfferingRequest:
@@ -210,7 +231,8 @@ def _bought(spec: TrainingPlanSpec, generation: int, prior: TrainingPlanStatus,
         in_use_instance_count=usage.in_use,
         unhealthy_instance_count=usage.unhealthy,
         available_spare_instance_count=usage.available_spares,
-        available_instance_count=max(0, total - usage.in_use - spares - usage.unhealthy),
+        available_instance_count=pl.available_instances(total, usage.in_use, usage.unhealthy, spares,
+                                                        usage.unhealthy_spares),
         total_ultra_server_count=current.ultra_server_count if current else None,
         ultra_servers=list(usage.ultra_servers),
         next_transition_time=schedule.next_transition_time,

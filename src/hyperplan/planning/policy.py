@@ -9,7 +9,7 @@ profile it runs under; it only reads the fields.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, time, timedelta, timezone
 from types import MappingProxyType
 from typing import Mapping
@@ -38,6 +38,10 @@ class Policy:
     end_time_of_day: time | None
     termination_lead: Mapping[str, timedelta] = field(hash=False)
     slot: timedelta
+    # How long before a block's termination time the workloads on its nodes are asked to
+    # checkpoint (pod annotation, node condition, Event); the drain still starts at the
+    # termination time. See docs/checkpoint.md.
+    checkpoint_lead: timedelta = timedelta(minutes=10)
 
     def __post_init__(self) -> None:
         # Freeze the mapping so that a shared profile cannot be edited in place.
@@ -51,6 +55,8 @@ class Policy:
             problems.append("slot must divide day, so that block ends stay on the start grid")
         if not 1 <= self.min_duration_days <= self.max_duration_days:
             problems.append("need 1 <= min_duration_days <= max_duration_days")
+        if self.checkpoint_lead < timedelta(0):
+            problems.append("checkpoint_lead must not be negative")
         if self.end_time_of_day is not None:
             if self.end_time_of_day.tzinfo is not None:
                 problems.append("end_time_of_day is read as UTC and must be naive")
@@ -107,6 +113,7 @@ SAGEMAKER = Policy(
     # Blocks are whole days ending at 11:30 UTC, so they also start at 11:30 UTC:
     # a finer grid would only produce starts that the end alignment forbids.
     slot=timedelta(days=1),
+    checkpoint_lead=timedelta(minutes=10),
 )
 
 DEMO = Policy(
@@ -124,19 +131,21 @@ DEMO = Policy(
     end_time_of_day=None,
     termination_lead={"training-job": timedelta(seconds=10), "hyperpod-cluster": timedelta(seconds=20)},
     slot=timedelta(seconds=5),
+    checkpoint_lead=timedelta(seconds=5),
 )
 
 POLICIES: dict[str, Policy] = {policy.name: policy for policy in (SAGEMAKER, DEMO)}
 
 
-def get_policy(name: str) -> Policy:
-    """The policy profile called `name`."""
+def get_policy(name: str, checkpoint_lead: timedelta | None = None) -> Policy:
+    """The policy profile called `name` (with its checkpoint lead replaced, when given)."""
     try:
-        return POLICIES[name]
+        policy = POLICIES[name]
     except (KeyError, TypeError):
         raise ValueError(
             f"unknown policy profile {name!r}; expected one of: {', '.join(sorted(POLICIES))}"
         ) from None
+    return policy if checkpoint_lead is None else replace(policy, checkpoint_lead=checkpoint_lead)
 
 
 _DURATION = re.compile(r"(?:(?P<d>\d+)d)?(?:(?P<h>\d+)h)?(?:(?P<m>\d+)m)?(?:(?P<s>\d+)s)?")

@@ -1,0 +1,330 @@
+"""The operator's read side: what its watches already hold, read by every pass instead of the API.
+
+kopf keeps one watch stream per kind. Each kind a pass reads (plans, pools, groups, and the
+nodes of groups) is also registered here as a kopf *index*, fed by that same stream, so a pass
+reads its object, the pools and its nodes from memory: no GET or LIST per pass. API reads stay
+where optimistic concurrency needs them (the ledger re-reads a pool after a 409).
+
+Why kopf indexes and not a dict filled by ``@kopf.on.event``: kopf fills every index from the
+initial listing of *every* indexed kind before it runs any other handler. A pass therefore never
+sees a half-listed world; a bought plan that saw no pools yet would think itself unbought.
+
+What is kept is a slim copy: the fields passes read, without ``managedFields`` and kopf's
+last-handled-configuration annotation (which repeat the object), so memory grows with the
+fleet, not with the size of the API server's bookkeeping.
+
+Write-through: the operator's own writes (a pool's ledger, a plan's status) are remembered with
+the resourceVersion the API server returned, and a read prefers whichever copy is newer, so the
+next pass does not act on its own stale write while the watch event is on its way. The
+resourceVersion comparison is only a freshness hint (both are etcd revisions); correctness does
+not depend on it: a stale pool makes the ledger's write fail with 409, and it re-reads.
+
+The named read operations are on :class:`WatchCache` (``rt.cache``); its parsed views of the
+pools are memoised per resourceVersion, and each reservation is parsed once.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+import kopf
+from kubernetes import client
+
+from hyperplan.actuation.ledger import LedgerEntry
+from hyperplan.api.models import GROUP, VERSION, Reservation, to_rfc3339
+from hyperplan.planning.offerings import Busy, PoolSnapshot
+from hyperplan.planning.placement import LABEL_GROUP, LABEL_RESERVED_CAPACITY
+
+PLANS, POOLS, GROUPS, NODES = "hp_plans", "hp_pools", "hp_groups", "hp_group_nodes"
+KEEP_ANNOTATION_PREFIXES = ("hyperplan.dev/",)
+DROP_ANNOTATIONS = ("hyperplan.dev/last-handled-configuration",)
+
+
+def _metadata(meta: Mapping[str, Any], *, with_annotations: bool) -> dict[str, Any]:
+    out = {k: meta[k] for k in ("name", "uid", "generation", "resourceVersion", "creationTimestamp",
+                                "deletionTimestamp") if meta.get(k) is not None}
+    if meta.get("labels"):
+        out["labels"] = dict(meta["labels"])
+    if with_annotations and meta.get("annotations"):
+        kept = {k: v for k, v in meta["annotations"].items()
+                if k.startswith(KEEP_ANNOTATION_PREFIXES) and k not in DROP_ANNOTATIONS}
+        if kept:
+            out["annotations"] = kept
+    if meta.get("finalizers"):
+        out["finalizers"] = list(meta["finalizers"])
+    return out
+
+
+def slim_object(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A hyperplan object as passes read it: kind, the metadata they use, spec and status.
+
+    ``spec`` and ``status`` are the event's own parsed JSON, shared, not copied (kopf's body view
+    hands out the raw nested dicts; each watch event is parsed afresh and nobody mutates them:
+    the ledger builds a new status for its writes). Copying them would cost a pool's whole ledger
+    on every pool event."""
+    return {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
+            "metadata": _metadata(body.get("metadata") or {}, with_annotations=True),
+            "spec": _raw(body.get("spec")), "status": _raw(body.get("status"))}
+
+
+def slim_node(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A node as passes read it: metadata, taints, unschedulable and the conditions' verdicts
+    (not their heartbeats or messages, which change every few seconds and are never read)."""
+    spec, status = body.get("spec") or {}, body.get("status") or {}
+    return {"metadata": _metadata(body.get("metadata") or {}, with_annotations=True),
+            "spec": {"taints": [dict(t) for t in spec.get("taints") or []],
+                     "unschedulable": bool(spec.get("unschedulable"))},
+            "status": {"conditions": [{"type": c.get("type"), "status": c.get("status"),
+                                       "lastTransitionTime": c.get("lastTransitionTime")}
+                                      for c in status.get("conditions") or []]}}
+
+
+def _raw(value: Any) -> dict[str, Any]:
+    """The plain dict under a kopf view (or the dict itself); a copy only for an odd mapping."""
+    if isinstance(value, dict):
+        return value
+    return dict(value) if isinstance(value, Mapping) else {}
+
+
+@kopf.index(GROUP, VERSION, "trainingplans")
+def hp_plans(name: str, body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
+    return {name: slim_object(body)}
+
+
+@kopf.index(GROUP, VERSION, "capacitypools")
+def hp_pools(name: str, body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
+    return {name: slim_object(body)}
+
+
+@kopf.index(GROUP, VERSION, "instancegroups")
+def hp_groups(name: str, body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
+    return {name: slim_object(body)}
+
+
+@kopf.index("", "v1", "nodes", labels={LABEL_GROUP: kopf.PRESENT})
+def hp_group_nodes(body: kopf.Body, labels: kopf.Labels, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
+    """Group nodes, by ("group", label value) and by ("block", reserved-capacity label value)."""
+    node = slim_node(body)
+    keys = {("group", labels[LABEL_GROUP]): node}
+    if labels.get(LABEL_RESERVED_CAPACITY):
+        keys[("block", labels[LABEL_RESERVED_CAPACITY])] = node
+    return keys
+
+
+@kopf.on.startup()
+async def bind_watch_cache(memo: kopf.Memo, **kwargs: Any) -> None:
+    """Hand kopf's indexes (available to startup handlers, filled before any other handler) to
+    the runtime's cache."""
+    memo.runtime.cache.bind(kwargs)
+
+
+def _rv(obj: Mapping[str, Any] | None) -> int:
+    try:
+        return int((obj or {}).get("metadata", {}).get("resourceVersion") or -1)
+    except (TypeError, ValueError):
+        return -1
+
+
+@dataclass
+class _ParsedPool:
+    resource_version: str
+    snapshot: PoolSnapshot
+    by_plan_uid: dict[str, list[LedgerEntry]]
+
+
+@dataclass
+class WatchCache:
+    """Named reads of what the operator watches (see the module docstring)."""
+
+    _indexes: Mapping[str, Any] | None = None
+    _written: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    _parsed_pools: dict[str, _ParsedPool] = field(default_factory=dict)
+    _reservations: dict[str, Reservation] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    # Groups (label values) whose last pass wrote to their nodes: their next pass lists the nodes
+    # from the API once, so that it never acts on a view older than its own writes (the watch
+    # events of those writes may still be on their way). Touched on the event loop only.
+    _groups_wrote: set[str] = field(default_factory=set)
+
+    def bind(self, indices: Mapping[str, Any]) -> None:
+        self._indexes = {name: indices[name] for name in (PLANS, POOLS, GROUPS, NODES)}
+
+    @property
+    def bound(self) -> bool:
+        return self._indexes is not None
+
+    # ------------------------------------------------------------------ raw objects
+
+    def _values(self, index: str, key: Any) -> list[dict[str, Any]]:
+        if self._indexes is None:
+            raise RuntimeError("the watch cache is read before kopf started (no indexes bound)")
+        for _ in range(5):  # the event loop may add an object while a worker thread iterates
+            try:
+                store = self._indexes[index].get(key)
+                return list(store) if store is not None else []
+            except RuntimeError:
+                continue
+        store = self._indexes[index].get(key)
+        return list(store) if store is not None else []
+
+    def _keys(self, index: str) -> list[Any]:
+        for _ in range(5):
+            try:
+                return list(self._indexes[index].keys())  # type: ignore[index]
+            except RuntimeError:
+                continue
+        return list(self._indexes[index].keys())  # type: ignore[index]
+
+    def _fresh(self, kind: str, name: str, watched: dict[str, Any] | None) -> dict[str, Any] | None:
+        with self._lock:
+            written = self._written.get((kind, name))
+            if written is None:
+                return watched
+            if watched is None or _rv(watched) >= _rv(written):
+                # gone (deleted) or the watch caught up with our write: the watch is the truth now
+                del self._written[(kind, name)]
+                return watched
+            return written
+
+    def _one(self, index: str, kind: str, name: str) -> dict[str, Any] | None:
+        found = self._values(index, name)
+        return self._fresh(kind, name, found[0] if found else None)
+
+    def wrote(self, kind: str, obj: Mapping[str, Any]) -> None:
+        """Remember an object as the API server returned it after our write (write-through)."""
+        slim = slim_object(obj)
+        with self._lock:
+            before = self._written.get((kind, slim["metadata"]["name"]))
+            if before is None or _rv(slim) > _rv(before):
+                self._written[(kind, slim["metadata"]["name"])] = slim
+
+    def plan(self, name: str) -> dict[str, Any] | None:
+        """The TrainingPlan ``name`` (slim; None when it does not exist)."""
+        return self._one(PLANS, "trainingplans", name)
+
+    def group(self, name: str) -> dict[str, Any] | None:
+        return self._one(GROUPS, "instancegroups", name)
+
+    def groups(self) -> list[dict[str, Any]]:
+        return [g for g in (self.group(n) for n in self._keys(GROUPS)) if g is not None]
+
+    def pool_objects(self) -> list[dict[str, Any]]:
+        """Every CapacityPool (slim), sorted by name."""
+        found = (self._one(POOLS, "capacitypools", n) for n in sorted(self._keys(POOLS)))
+        return [p for p in found if p is not None]
+
+    # ------------------------------------------------------------------ nodes
+
+    def group_nodes(self, group_label: str) -> list[dict[str, Any]]:
+        """The nodes labelled ``hyperplan.dev/instance-group=<group_label>`` (slim)."""
+        return sorted(self._values(NODES, ("group", group_label)), key=lambda n: n["metadata"]["name"])
+
+    def group_nodes_v1(self, group_label: str) -> list[client.V1Node]:
+        """The group's nodes as the Kubernetes client's models (what node providers return)."""
+        return [v1_node(n) for n in self.group_nodes(group_label)]
+
+    def note_group_wrote(self, group_label: str, wrote: bool) -> None:
+        """Whether a group's pass wrote to its nodes (see ``must_list_group_nodes``)."""
+        if wrote:
+            self._groups_wrote.add(group_label)
+        else:
+            self._groups_wrote.discard(group_label)
+
+    def must_list_group_nodes(self, group_label: str) -> bool:
+        """True when the group's last pass wrote to its nodes: list them from the API this once."""
+        return group_label in self._groups_wrote or self._indexes is None
+
+    def block_nodes(self, reserved_capacity_label: str) -> list[dict[str, Any]]:
+        """The group nodes of one reserved-capacity block, by its label value (slim)."""
+        return sorted(self._values(NODES, ("block", reserved_capacity_label)), key=lambda n: n["metadata"]["name"])
+
+    # ------------------------------------------------------------------ the ledger, parsed
+
+    def _parsed(self, obj: dict[str, Any]) -> _ParsedPool:
+        name, rv = obj["metadata"]["name"], obj["metadata"].get("resourceVersion", "")
+        with self._lock:
+            cached = self._parsed_pools.get(name)
+        if cached is not None and cached.resource_version == rv and rv:
+            return cached
+        spec, status = obj.get("spec") or {}, obj.get("status") or {}
+        reservations = [self._reservation(r) for r in status.get("reservations") or []]
+        busy = [Busy(_time(w["start"]), _time(w["end"]), int(w["instanceCount"]))
+                for w in spec.get("unavailable") or []]
+        busy += [Busy(r.start_time, r.end_time, r.instance_count) for r in reservations]
+        by_uid: dict[str, list[LedgerEntry]] = {}
+        for r in reservations:
+            if r.training_plan_uid:
+                by_uid.setdefault(r.training_plan_uid, []).append(LedgerEntry(
+                    name, spec.get("availabilityZone", ""), spec.get("instanceType", ""),
+                    spec.get("ultraServerType"), r))
+        parsed = _ParsedPool(rv, PoolSnapshot(
+            name=name, instance_type=spec.get("instanceType", ""),
+            availability_zone=spec.get("availabilityZone", ""), instance_count=int(spec.get("instanceCount", 0)),
+            ultra_server_type=spec.get("ultraServerType"), busy=tuple(busy)), by_uid)
+        with self._lock:
+            self._parsed_pools[name] = parsed
+            held = sum(len(p.snapshot.busy) for p in self._parsed_pools.values())
+            if len(self._reservations) > 2 * held + 1000:  # prune lines that left every ledger
+                live = {_line_key(e.reservation) for p in self._parsed_pools.values()
+                        for es in p.by_plan_uid.values() for e in es}
+                self._reservations = {k: v for k, v in self._reservations.items() if k in live}
+        return parsed
+
+    def _reservation(self, raw: Mapping[str, Any]) -> Reservation:
+        """A ledger line, parsed once: a reservation never changes after it is written."""
+        key = (raw.get("reservedCapacityId"), raw.get("trainingPlanUid"), raw.get("startTime"),
+               raw.get("endTime"), raw.get("instanceCount"))
+        with self._lock:
+            found = self._reservations.get(key)
+        if found is None:
+            found = Reservation.model_validate(raw)
+            with self._lock:
+                self._reservations[key] = found
+        return found
+
+    def pool_snapshots(self, pools: Iterable[dict[str, Any]] | None = None) -> list[PoolSnapshot]:
+        """What planning sees of every pool: its size minus `unavailable` windows and reservations."""
+        return [self._parsed(p).snapshot for p in (self.pool_objects() if pools is None else pools)]
+
+    def entries_of(self, plan_uid: str, pools: Iterable[dict[str, Any]] | None = None) -> list[LedgerEntry]:
+        """The reservations of the plan with ``plan_uid`` in every pool's ledger, ordered by start."""
+        found = [e for p in (self.pool_objects() if pools is None else pools)
+                 for e in self._parsed(p).by_plan_uid.get(plan_uid, ())]
+        return sorted(found, key=lambda e: (e.reservation.start_time, e.reservation.reserved_capacity_id))
+
+    def forget_pool(self, name: str) -> None:
+        with self._lock:
+            self._parsed_pools.pop(name, None)
+
+
+def v1_node(node: Mapping[str, Any]) -> client.V1Node:
+    """A slim node (:func:`slim_node`) as the Kubernetes client's model, with the fields that
+    observing, marking, promoting and draining a node read."""
+    meta, spec, status = node.get("metadata") or {}, node.get("spec") or {}, node.get("status") or {}
+    return client.V1Node(
+        metadata=client.V1ObjectMeta(
+            name=meta.get("name"), uid=meta.get("uid"), resource_version=meta.get("resourceVersion"),
+            labels=dict(meta.get("labels") or {}), annotations=dict(meta.get("annotations") or {}),
+            creation_timestamp=_time(meta.get("creationTimestamp")),
+            deletion_timestamp=_time(meta.get("deletionTimestamp"))),
+        spec=client.V1NodeSpec(
+            taints=[client.V1Taint(key=t.get("key"), value=t.get("value"), effect=t.get("effect"))
+                    for t in spec.get("taints") or []] or None,
+            unschedulable=bool(spec.get("unschedulable")) or None),
+        status=client.V1NodeStatus(conditions=[
+            client.V1NodeCondition(type=c.get("type"), status=c.get("status"),
+                                   last_transition_time=_time(c.get("lastTransitionTime")))
+            for c in status.get("conditions") or []] or None))
+
+
+def _line_key(r: Reservation) -> tuple:
+    return (r.reserved_capacity_id, r.training_plan_uid, to_rfc3339(r.start_time), to_rfc3339(r.end_time),
+            r.instance_count)
+
+
+def _time(text: Any):
+    from hyperplan.api.models import from_rfc3339
+
+    return text if not isinstance(text, str) else from_rfc3339(text)
