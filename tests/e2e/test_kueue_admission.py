@@ -225,15 +225,16 @@ def kueue_two_azs(ctx: Context) -> dict:
     t0 = utcnow().replace(microsecond=0)
     start = t0 + timedelta(seconds=35 - (t0.second % 5))  # on the demo profile's 5 s start grid
     far = t0 + timedelta(minutes=30)
-    # Pool a is free for the first minute only, pool b from then on: the 2-minute plan's best
-    # offering is a minute in each AZ, back to back.
+    # Pool a is free for the first two minutes only, pool b from then on: the 4-minute plan's best
+    # offering is two minutes in each AZ, back to back (the first block leaves time for three Jobs
+    # even on a loaded machine).
     k.create(pool_body(f"kq-az-{tag}-a", itype, 2, az=az_a, unavailable=[
-        {"start": ts(start + timedelta(seconds=60)), "end": ts(far), "instanceCount": 2}]))
+        {"start": ts(start + timedelta(seconds=120)), "end": ts(far), "instanceCount": 2}]))
     k.create(pool_body(f"kq-az-{tag}-b", itype, 2, az=az_b, unavailable=[
-        {"start": ts(t0), "end": ts(start + timedelta(seconds=60)), "instanceCount": 2}]))
+        {"start": ts(t0), "end": ts(start + timedelta(seconds=120)), "instanceCount": 2}]))
     k.create({"apiVersion": API, "kind": "TrainingPlan", "metadata": {"name": plan},
               "spec": {"instanceType": itype, "instanceCount": 2, "targetResource": "training-job",
-                       "duration": "2m", "startTimeAfter": ts(start), "autoPurchase": True,
+                       "duration": "4m", "startTimeAfter": ts(start), "autoPurchase": True,
                        "endTimeBefore": ts(far), "keepAlivePeriodSeconds": 12}})
     names = kueue_setup(k, tag, itype, plan)
     missing = f"adm-missing-{tag}"
@@ -295,6 +296,7 @@ def test_training_job_nodes_follow_the_active_block_az_and_are_reused_when_warm(
     r = scenarios["kueue_two_azs"].result(timeout=600)
     first, second = r["first"], r["second"]
     assert first["availabilityZone"] != second["availabilityZone"], "the blocks are in two AZs"
+    assert parse_ts(second["startTime"]) == parse_ts(first["endTime"]), "back to back"
     assert r["active"]["status"] == "True" and r["active"]["reason"] == "PlanFound", r["active"]
     assert r["missing_active"]["status"] == "False" and r["missing_active"]["reason"] == "PlanNotFound"
     assert "does not exist" in r["missing_active"]["message"]
