@@ -318,13 +318,15 @@ CAN = [
     ("patch", "instancegroups.hyperplan.dev", "status"),
     ("update", "instancegroups.hyperplan.dev", "finalizers"),
     ("list", "pods"), ("create", "pods", "eviction"), ("patch", "pods"),  # the checkpoint annotation
+    # The pods of a dead failed node after their eviction's deadline: marked Failed, then deleted.
+    ("patch", "pods", "status"), ("delete", "pods"),
     ("create", "events"), ("patch", "events.events.k8s.io"),
     ("list", "customresourcedefinitions.apiextensions.k8s.io"), ("watch", "namespaces"),
     ("watch", "workloads.kueue.x-k8s.io"), ("patch", "workloads.kueue.x-k8s.io", "status"),
     ("watch", "admissionchecks.kueue.x-k8s.io"), ("patch", "admissionchecks.kueue.x-k8s.io", "status"),
 ]
 CANNOT = [
-    ("delete", "pods"),  # drains go through the eviction API, which honours PodDisruptionBudgets
+    ("update", "pods"),  # pods are only annotated (a patch), never rewritten
     ("get", "secrets"),
     ("create", "trainingplans.hyperplan.dev"),  # users buy plans, the operator does not
     ("delete", "capacitypools.hyperplan.dev"),

@@ -18,7 +18,8 @@ import pytest
 from kubernetes import client
 
 from hyperplan.actuation.groups import (
-    Applied, Observation, apply_decision, bad_health_label, drain_node, observe_node, observe_nodes, releases_of,
+    Applied, Observation, apply_decision, bad_health_label, count_pods, drain_node, observe_node, observe_nodes,
+    releases_of,
 )
 from hyperplan.actuation.nodes import LABEL_NODE_ID, FakeNodePods, FakeProvider, NodeProvider, taints_of
 from hyperplan.api.models import InstanceGroupSpec, InstanceGroupStatus, ReservedCapacity
@@ -173,7 +174,8 @@ class Cluster:
         return [NodeHandle(n) for n in self.provider.nodes.values()]
 
     def observe(self, now: datetime | None = None) -> Observation:
-        self.last = observe_nodes(self.group, self.provider.list(self.group), self.memory, now or self.now, KEYS)
+        raw = self.provider.list(self.group)
+        self.last = observe_nodes(self.group, raw, self.memory, now or self.now, KEYS, count_pods(self.pods, raw))
         return self.last
 
     def apply(self, d: GroupDecision, now: datetime, new_ready: str | None = "True") -> Applied:
@@ -704,6 +706,8 @@ def test_a_failed_node_is_marked_and_replaced_by_the_spare_on_its_ultraserver():
         hl.MarkUnhealthy(name("0-1"), "Ready=False"),
         hl.PromoteSpare(name("0-17"), name("0-1"), US0, True),
         hl.Backfill(name("0-1"), "0-1", 1, pl.ROLE_SPARE, US0),
+        # The spare serves from this pass on: the failed node's pods are evicted at once.
+        hl.EvictPods(name("0-1"), "Ready=False", start=True),
     )
     # The backfill gets a new name (generation 1) in the failed node's slot, as the new spare.
     assert [(c.name, c.role, c.slot, c.generation, c.taints) for c in d.create] == [
@@ -794,6 +798,8 @@ def test_a_spare_promoted_across_ultraservers_stays_active_and_the_group_keeps_i
         hl.PromoteSpare(name("1-3"), name("0-10"), US1, False),
         hl.Backfill(name("0-1"), "0-1", 1, pl.ROLE_SPARE, US0),
         hl.Backfill(name("0-10"), "0-10", 1, pl.ROLE_SPARE, US0),
+        hl.EvictPods(name("0-1"), "Ready=False", start=True),
+        hl.EvictPods(name("0-10"), "Ready=False", start=True),
     )
     now = P1
     for _ in range(4):
@@ -875,7 +881,8 @@ def test_remediation_resumes_when_the_count_drops():
     assert conds(d)[1] == ("RemediationAllowed", "True", "WithinBounds")
     assert d.status.conditions[1].last_transition_time == P1 + timedelta(seconds=1)
     assert [type(a).__name__ for a in d.remediation] == [
-        "MarkUnhealthy", "MarkUnhealthy", "PromoteSpare", "PromoteSpare", "Backfill", "Backfill"]
+        "MarkUnhealthy", "MarkUnhealthy", "PromoteSpare", "PromoteSpare", "Backfill", "Backfill", "EvictPods",
+        "EvictPods"]
 
 
 def test_no_remediation_past_the_termination_time():
@@ -983,8 +990,11 @@ def test_a_remediation_pass_marks_promotes_and_backfills_through_the_provider():
     cluster.provider.calls.clear()
     applied = apply(d, cluster, P1, new_ready=None)
 
+    # The spare serves: the failed node's pods are evicted, the start of it noted on the node.
     assert cluster.provider.calls == [("mark_unhealthy", name("0-1")), ("promote_spare", name("0-17")),
-                                      ("create", name("0-1") + "-g1")]
+                                      ("annotate", name("0-1")), ("create", name("0-1") + "-g1")]
+    assert cluster.pods.calls == [("evict", name("0-1"))]
+    assert cluster[name("0-1")].node.metadata.annotations[hl.ANNOTATION_EVICTING_SINCE] == "2026-12-01T12:00:20Z"
     failed, spare = cluster[name("0-1")], cluster[name("0-17")]
     assert failed.labels[pl.LABEL_HEALTH] == "UnschedulablePendingReplacement"
     assert pl.UNHEALTHY_TAINT in failed.taints
@@ -992,7 +1002,7 @@ def test_a_remediation_pass_marks_promotes_and_backfills_through_the_provider():
     assert pl.SPARE_TAINT not in spare.taints
     assert [(body["metadata"]["name"] if body else None, ev.type, ev.reason) for body, ev in applied.events] == [
         (name("0-1"), "Warning", "NodeUnhealthy"), (name("0-17"), "Normal", "SparePromoted"),
-        (None, "Normal", "NodeCreated")]
+        (name("0-1"), "Normal", "PodsEvicted"), (None, "Normal", "NodeCreated")]
     assert applied.events[1][1].message == f"spare {name('0-17')} (same UltraServer) replaces {name('0-1')}"
     assert (applied.released, applied.lost_race, applied.short_of_free_nodes) == ([], False, False)
 
@@ -1268,3 +1278,97 @@ def test_the_checkpoint_signal_comes_at_the_lead_once_and_the_drain_only_at_the_
     assert drain.checkpoint is None
     assert {x.node for x in drain.drain} == RUNNING
     assert kinds(drain.events) == [("Normal", "BlockTerminating")]
+
+
+# =========================================================================== evacuation before removal
+
+
+def test_a_dead_nodes_pods_are_evicted_then_forced_out_and_only_then_is_the_node_removed():
+    cluster = failing("0-1")  # Ready=False: dead
+    failed = name("0-1")
+    cluster.pods.pods[failed] = ["default/trainer-1", "default/guarded"]
+    cluster.pods.guarded = {"default/guarded"}  # its eviction is refused (a PDB), so it stays
+
+    p1 = decide(observed(cluster, P1), now=P1, prior=READY_STATUS)
+    apply(p1, cluster, P1)  # promoted, backfill created Ready; pods evicted
+    assert cluster.pods.pods[failed] == ["default/guarded"]
+    assert cluster.pods.calls == [("evict", failed)]
+
+    t = P1 + timedelta(seconds=1)
+    p2 = decide(observed(cluster, t), now=t, prior=p1.status)
+    # The backfill is Ready, but a pod is still on the failed node: no removal yet.
+    assert [type(a).__name__ for a in p2.remediation] == ["EvictPods"]
+    assert p2.remediation[0] == hl.EvictPods(failed, "Ready=False")
+    assert p2.wake_at == t + timedelta(seconds=1)
+    apply(p2, cluster, t)
+    assert failed in cluster
+
+    # 3 s (demo) after the eviction started, the dead node's pods are marked Failed and deleted.
+    t = P1 + DEMO.dead_node_eviction_timeout
+    p3 = decide(observed(cluster, t), now=t, prior=p2.status)
+    assert p3.remediation == (hl.EvictPods(failed, "Ready=False", force=True),)
+    cluster.pods.calls.clear()
+    applied = apply(p3, cluster, t)
+    assert cluster.pods.calls == [("force_delete", failed)]
+    assert cluster.pods.conditions["default/guarded"] == [{
+        "type": "DisruptionTarget", "status": "True", "reason": "DeletionByHyperplan",
+        "message": f"hyperplan: node {failed} failed (Ready=False) and its replacement serves; the node does not "
+                   "answer, so its pods are deleted",
+        "lastTransitionTime": "2026-12-01T12:00:23Z"}]
+    assert [(ev.type, ev.reason) for _, ev in applied.events] == [("Warning", "PodsDeleted")]
+    assert failed in cluster  # removed on the next pass, once no pod is seen on it
+
+    t += timedelta(seconds=1)
+    p4 = decide(observed(cluster, t), now=t, prior=p3.status)
+    assert p4.remediation == (hl.RemoveNode(failed, "Ready=False"),)
+    apply(p4, cluster, t)
+    assert failed not in cluster
+
+
+def test_a_live_failed_nodes_pods_are_evicted_never_forced_and_hold_its_removal():
+    cluster = running()
+    failed = name("0-1")
+    cluster[failed].labels[pl.LABEL_HEALTH] = "Unschedulable"  # a health agent says so; the kubelet answers
+    cluster[failed].health_since = FAIL_AT
+    cluster.pods.pods[failed] = ["default/guarded"]
+    cluster.pods.guarded = {"default/guarded"}
+    d = decide(observed(cluster, P1), now=P1, prior=READY_STATUS)
+    assert hl.EvictPods(failed, "NodeHealthStatus=Unschedulable", start=True) in d.remediation
+    now = P1
+    for _ in range(5):
+        apply(d, cluster, now)
+        now += timedelta(seconds=10)
+        d = decide(observed(cluster, now), now=now, prior=d.status)
+    # (marked, its label now says UnschedulablePendingReplacement)
+    assert d.remediation == (hl.EvictPods(failed, "NodeHealthStatus=UnschedulablePendingReplacement"),)
+    assert ("force_delete", failed) not in cluster.pods.calls
+    assert failed in cluster and cluster.pods.pods[failed] == ["default/guarded"]
+
+    cluster.pods.guarded = set()  # the budget allows it now
+    apply(d, cluster, now)
+    now += timedelta(seconds=1)
+    d = decide(observed(cluster, now), now=now, prior=d.status)
+    assert d.remediation == (hl.RemoveNode(failed, "NodeHealthStatus=UnschedulablePendingReplacement"),)
+
+
+def test_without_spares_the_pods_leave_once_the_backfill_is_ready():
+    s = spec(4, instance_type="ml.p5.48xlarge", max_unhealthy=1)
+    first = decide(s=s, plan=PLAIN_PLAN)
+    cluster = cluster_of(first.create)
+    failed = first.create[2].name
+    cluster[failed].ready = "False"
+    cluster[failed].ready_since = FAIL_AT
+    cluster.pods.pods[failed] = ["default/trainer-2"]
+    d = decide(observed(cluster, P1), s=s, plan=PLAIN_PLAN, now=P1)
+    assert not any(isinstance(a, hl.EvictPods) for a in d.remediation)  # nothing serves in its stead yet
+    apply(d, cluster, P1, new_ready=None)
+    t = P1 + timedelta(seconds=1)
+    d = decide(observed(cluster, t), s=s, plan=PLAIN_PLAN, now=t, prior=d.status)
+    assert d.remediation == ()
+    cluster[failed + "-g1"].ready = "True"
+    d = decide(observed(cluster, t), s=s, plan=PLAIN_PLAN, now=t, prior=d.status)
+    assert d.remediation == (hl.EvictPods(failed, "Ready=False", start=True),)
+    apply(d, cluster, t)
+    t += timedelta(seconds=1)
+    d = decide(observed(cluster, t), s=s, plan=PLAIN_PLAN, now=t, prior=d.status)
+    assert d.remediation == (hl.RemoveNode(failed, "Ready=False"),)

@@ -1,4 +1,5 @@
-"""Node health verdicts, the maxUnhealthy circuit breaker and remediation plans."""
+"""Node health verdicts, the maxUnhealthy circuit breaker, remediation plans and the evacuation of
+a failed node's pods."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from hyperplan.planning.health import (
+    EVICTION_RETRY,
     Backfill,
+    Evacuation,
+    EvictPods,
     HealthCheck,
     HealthVerdict,
     MarkUnhealthy,
@@ -15,6 +19,7 @@ from hyperplan.planning.health import (
     NodeObservation,
     PromoteSpare,
     RemoveNode,
+    evacuate,
     evaluate_health,
     max_unhealthy_limit,
     observed_nodes,
@@ -505,3 +510,44 @@ def test_observed_nodes_feed_plan_counts():
         ObservedNode("s", "g", "spare", US0, True, True, True),
     ]
     assert isinstance(verdict, HealthVerdict)
+
+
+# --------------------------------------------------------------------------- evacuation of a failed node
+
+TIMEOUT = timedelta(seconds=10)
+DEAD = cond("Ready", "False", 60)
+SINCE = ago(4)
+
+
+@pytest.mark.parametrize(
+    "observation, expected",
+    [
+        pytest.param(node("f", pods_left=0), Evacuation(None, True), id="no-pod-left-done"),
+        pytest.param(node("f", DEAD, pods_left=0, evicting_since=ago(30)), Evacuation(None, True),
+                     id="dead-no-pod-left-done"),
+        pytest.param(node("f"), Evacuation(EvictPods("f", "r", start=True), False, NOW + EVICTION_RETRY),
+                     id="not-counted-yet-start"),
+        pytest.param(node("f", pods_left=2), Evacuation(EvictPods("f", "r", start=True), False, NOW + EVICTION_RETRY),
+                     id="pods-first-attempt-start"),
+        pytest.param(node("f", pods_left=2, evicting_since=ago(3600)),
+                     Evacuation(EvictPods("f", "r"), False, NOW + EVICTION_RETRY),
+                     id="live-node-is-never-forced"),
+        pytest.param(node("f", DEAD, pods_left=1, evicting_since=SINCE),
+                     Evacuation(EvictPods("f", "r"), False, NOW + EVICTION_RETRY),
+                     id="dead-node-inside-its-deadline-evicts"),
+        pytest.param(node("f", DEAD, pods_left=1, evicting_since=ago(9.5)),
+                     Evacuation(EvictPods("f", "r"), False, ago(9.5) + TIMEOUT),
+                     id="dead-node-looks-again-at-its-deadline"),
+        pytest.param(node("f", DEAD, pods_left=1, evicting_since=ago(10)),
+                     Evacuation(EvictPods("f", "r", force=True), False, NOW + EVICTION_RETRY),
+                     id="dead-node-past-its-deadline-forces"),
+        pytest.param(node("f", cond("Ready", "Unknown", 60), pods_left=1, evicting_since=ago(11)),
+                     Evacuation(EvictPods("f", "r", force=True), False, NOW + EVICTION_RETRY),
+                     id="unknown-counts-as-dead"),
+        pytest.param(NodeObservation("f", conditions=(), pods_left=1, evicting_since=ago(11)),
+                     Evacuation(EvictPods("f", "r", force=True), False, NOW + EVICTION_RETRY),
+                     id="no-ready-condition-counts-as-dead"),
+    ],
+)
+def test_evacuate(observation, expected):
+    assert evacuate(observation, "r", NOW, TIMEOUT) == expected

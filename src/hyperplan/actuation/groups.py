@@ -64,12 +64,35 @@ def bad_health_label(labels: Mapping[str, str]) -> str | None:
     return next((v for v in values if v and v.startswith(pl.HEALTH_UNSCHEDULABLE)), None)
 
 
+def parse_time(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def being_evacuated(node: client.V1Node) -> bool:
+    """Whether the node was marked for replacement (its pods leave before it does)."""
+    return ((node.metadata.labels or {}).get(pl.LABEL_HEALTH) == pl.HEALTH_PENDING_REPLACEMENT
+            or hl.ANNOTATION_EVICTING_SINCE in (node.metadata.annotations or {}))
+
+
+def count_pods(pods: NodePods, raw: Sequence[client.V1Node]) -> dict[str, int]:
+    """The pods still on the nodes marked for replacement, by node name (sync, thread): their
+    removal waits until none is left. Other nodes' pods are not read."""
+    return {n.metadata.name: pods.count(n.metadata.name) for n in raw if being_evacuated(n)}
+
+
 def observe_node(node: client.V1Node, now: datetime, keys: pl.TopologyKeys,
-                 first_sight: Callable[[str, str], datetime]) -> ObservedGroupNode:
+                 first_sight: Callable[[str, str], datetime], pods_left: int | None = None) -> ObservedGroupNode:
     """One node as planning judges it. ``first_sight(node_id, value)`` says when this process
     first saw the node's ``Unschedulable*`` health label; the node's own record
-    (:data:`~hyperplan.planning.health.ANNOTATION_HEALTH_SINCE`) wins when it is earlier."""
+    (:data:`~hyperplan.planning.health.ANNOTATION_HEALTH_SINCE`) wins when it is earlier.
+    ``pods_left``: the pods on it (counted for nodes marked for replacement only)."""
     labels = node.metadata.labels or {}
+    annotations = node.metadata.annotations or {}
     conditions = tuple(hl.NodeCondition(c.type, c.status, c.last_transition_time or now)
                        for c in (node.status.conditions if node.status and node.status.conditions else []))
     bad = bad_health_label(labels)
@@ -77,7 +100,7 @@ def observe_node(node: client.V1Node, now: datetime, keys: pl.TopologyKeys,
     name = node_id(node)
     since = None
     if bad:
-        recorded = (node.metadata.annotations or {}).get(hl.ANNOTATION_HEALTH_SINCE)
+        recorded = annotations.get(hl.ANNOTATION_HEALTH_SINCE)
         since = hl.health_label_since(bad, recorded, first_sight(name, bad))
     ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
     return ObservedGroupNode(
@@ -85,7 +108,8 @@ def observe_node(node: client.V1Node, now: datetime, keys: pl.TopologyKeys,
             name=name, conditions=conditions, health_label=label, health_label_since=since,
             role=labels.get(pl.LABEL_ROLE, pl.ROLE_ACTIVE), ultraserver_id=labels.get(keys.ultraserver_id),
             created=node.metadata.creation_timestamp, slot=labels.get(pl.LABEL_SLOT),
-            generation=generation_of(labels), replaces=labels.get(pl.LABEL_REPLACES)),
+            generation=generation_of(labels), replaces=labels.get(pl.LABEL_REPLACES), pods_left=pods_left,
+            evicting_since=parse_time(annotations.get(hl.ANNOTATION_EVICTING_SINCE))),
         labels=labels, taints=taints_of(node), unschedulable=bool(node.spec and node.spec.unschedulable),
         ready=ready, deleting=node.metadata.deletion_timestamp is not None)
 
@@ -122,12 +146,14 @@ class Observation:
 
 
 def observe_nodes(group: str, raw: Sequence[client.V1Node], memory: GroupMemory, now: datetime,
-                  keys: pl.TopologyKeys) -> Observation:
-    """Read a group's nodes (``group`` is its label value), and prune the group's memory.
+                  keys: pl.TopologyKeys, pod_counts: Mapping[str, int] | None = None) -> Observation:
+    """Read a group's nodes (``group`` is its label value; ``pod_counts`` from :func:`count_pods`),
+    and prune the group's memory.
 
     Runs on the event loop: it asks and updates ``memory``."""
-    seen = [observe_node(n, now, keys, lambda node, value: memory.first_sight(group, node, value, now))
-            for n in raw]
+    counts = pod_counts or {}
+    seen = [observe_node(n, now, keys, lambda node, value: memory.first_sight(group, node, value, now),
+                         counts.get(n.metadata.name)) for n in raw]
     notes = [note for n, s in zip(raw, seen) if (note := health_signal_note(n, s)) is not None]
     present = [PresentNode(s.name, s.labels, bad_health_label(s.labels)) for s in seen]
     vanished = memory.observe(group, present, now)
@@ -204,6 +230,31 @@ def signal_checkpoint(provider: NodeProvider, pods: NodePods, node: client.V1Nod
     return [(ref, Event("Warning", REASON_CHECKPOINT, checkpoint.message)) for ref in annotated]
 
 
+def evacuate_node(provider: NodeProvider, pods: NodePods, node: client.V1Node, action: hl.EvictPods,
+                  now: datetime) -> list[tuple[NodeBody | None, Event]]:
+    """Move the pods off a failed node whose replacement serves: through the Eviction API, or
+    on a dead node past its deadline, marked Failed with ``DisruptionTarget`` and deleted."""
+    if action.start:  # the eviction deadline of a dead node counts from here, across restarts
+        provider.annotate(action.node, {hl.ANNOTATION_EVICTING_SINCE: rfc3339(now)})
+    if action.force:
+        message = (f"hyperplan: node {action.node} failed ({action.reason}) and its replacement serves; "
+                   "the node does not answer, so its pods are deleted")
+        gone = pods.force_delete(node.metadata.name, {
+            "type": "DisruptionTarget", "status": "True", "reason": hl.REASON_DELETED_BY_HYPERPLAN,
+            "message": message, "lastTransitionTime": rfc3339(now)})
+        if not gone:
+            return []
+        return [(node_ref(node), Event("Warning", "PodsDeleted",
+                                       f"{action.node} does not answer: {len(gone)} pod(s) marked Failed "
+                                       f"(DisruptionTarget) and deleted: {', '.join(sorted(gone))}"))]
+    progress = pods.evict(node.metadata.name)
+    if not action.start:
+        return []
+    return [(node_ref(node), Event("Normal", "PodsEvicted",
+                                   f"{action.node} failed ({action.reason}) and its replacement serves: evicting "
+                                   f"its {progress.pods_left} pod(s) before it is removed"))]
+
+
 def apply_decision(provider: NodeProvider, pods: NodePods, d: GroupDecision, raw: Mapping[str, client.V1Node],
                    health_notes: Iterable[tuple[str, str | None]], now: datetime,
                    clock: Callable[[], datetime], group: str = "") -> Applied:
@@ -224,6 +275,8 @@ def apply_decision(provider: NodeProvider, pods: NodePods, d: GroupDecision, raw
                 "Normal", "SparePromoted", f"spare {action.spare} ({where}) replaces {action.replacing}")))
             metrics.REMEDIATIONS.labels("promote").inc()
             metrics.observe_spare_promotion(action.grace_ended, clock())
+        elif isinstance(action, hl.EvictPods) and action.node in raw:
+            out.events.extend(evacuate_node(provider, pods, raw[action.node], action, now))
         elif isinstance(action, hl.RemoveNode):
             what = provider.release(action.node)
             out.released.append(action.node)

@@ -523,6 +523,31 @@ def annotate_pods(kube: Kube, node_name: str, annotations: dict[str, str],
     return done
 
 
+def force_delete_pods(kube: Kube, node_name: str, condition: dict[str, str],
+                      me: ln.OperatorIdentity | None = None) -> list[str]:
+    """Delete the pods a drain of dead node ``node_name`` waits for, the way the pod garbage
+    collector deletes orphans: first the status (phase ``Failed``, ``condition``), so that a
+    Job's ``podFailurePolicy`` sees the disruption and its controller lets go of the pod, then
+    a delete with grace period 0 (no kubelet is left to wait for)."""
+    pods = {(p.metadata.namespace, p.metadata.name): p for p in pods_on(kube, node_name)}
+    sort = ln.sort_pods_for_drain([pod_view(p) for p in pods.values()], me or ln.OperatorIdentity())
+    gone = []
+    for view in (*sort.evict, *sort.terminating):
+        pod = pods[(view.namespace, view.name)]
+        try:
+            if (pod.status.phase if pod.status else None) not in ("Succeeded", "Failed"):
+                kube.core.patch_namespaced_pod_status(view.name, view.namespace, {
+                    "status": {"phase": "Failed", "conditions": [condition]}})
+            kube.core.delete_namespaced_pod(view.name, view.namespace,
+                                            body=client.V1DeleteOptions(grace_period_seconds=0))
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            continue
+        gone.append(view.ref)
+    return gone
+
+
 def evict_pods(kube: Kube, node_name: str, me: ln.OperatorIdentity | None = None) -> DrainProgress:
     """Ask the Eviction API once to evict every pod on ``node_name`` that a drain should evict.
 
@@ -557,6 +582,16 @@ class NodePods(Protocol):
         (``apiVersion``, ``kind``, ``metadata``) of the pods annotated now, for their events."""
         ...
 
+    def count(self, node_name: str) -> int:
+        """The pods a drain of the node waits for (to evict, or terminating already)."""
+        ...
+
+    def force_delete(self, node_name: str, condition: dict[str, str]) -> list[str]:
+        """For a dead node: mark each pod a drain waits for ``Failed`` with ``condition`` (a
+        ``DisruptionTarget``), then delete it with grace period 0; the pods deleted
+        (``namespace/name``)."""
+        ...
+
 
 @dataclass
 class KubeNodePods:
@@ -571,6 +606,12 @@ class KubeNodePods:
     def annotate(self, node_name: str, annotations: dict[str, str]) -> list[dict[str, Any]]:
         return annotate_pods(self.kube, node_name, annotations, self.me)
 
+    def count(self, node_name: str) -> int:
+        return ln.sort_pods_for_drain([pod_view(p) for p in pods_on(self.kube, node_name)], self.me).waiting_for
+
+    def force_delete(self, node_name: str, condition: dict[str, str]) -> list[str]:
+        return force_delete_pods(self.kube, node_name, condition, self.me)
+
 
 @dataclass
 class FakeNodePods:
@@ -584,6 +625,7 @@ class FakeNodePods:
     calls: list[tuple[str, str]] = field(default_factory=list)
 
     annotations: dict[str, dict[str, str]] = field(default_factory=dict)  # by pod
+    conditions: dict[str, list[dict[str, str]]] = field(default_factory=dict)  # by pod, set before a force delete
 
     def evict(self, node_name: str) -> DrainProgress:
         self.calls.append(("evict", node_name))
@@ -601,6 +643,18 @@ class FakeNodePods:
                 namespace, _, name = pod.partition("/")
                 done.append({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace}})
         return done
+
+    def count(self, node_name: str) -> int:
+        self.calls.append(("count", node_name))
+        return len(self.pods.get(node_name, []))
+
+    def force_delete(self, node_name: str, condition: dict[str, str]) -> list[str]:
+        self.calls.append(("force_delete", node_name))
+        gone = list(self.pods.get(node_name, []))
+        for pod in gone:
+            self.conditions.setdefault(pod, []).append(dict(condition))
+        self.pods[node_name] = []
+        return gone
 
 
 _kube_pods: type[NodePods] = KubeNodePods

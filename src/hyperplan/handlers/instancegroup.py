@@ -21,7 +21,9 @@ import kopf
 from pydantic import ValidationError
 
 from hyperplan import metrics
-from hyperplan.actuation.groups import apply_decision, drain_node, node_id, observe_nodes, releases_of
+from hyperplan.actuation.groups import (
+    apply_decision, count_pods, drain_node, node_id, observe_nodes, releases_of,
+)
 from hyperplan.api.models import GROUP, VERSION, InstanceGroup, InstanceGroupStatus, TrainingPlan, VanishedNode
 from hyperplan.handlers.context import Runtime, reconcile_forever, status_of
 from hyperplan.planning import placement as pl
@@ -76,13 +78,14 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
         raw = await asyncio.to_thread(provider.list, name)
     else:
         raw = rt.cache.group_nodes_v1(pl.label_value(name))
+    pod_counts = await asyncio.to_thread(count_pods, rt.pods, raw)  # nodes marked for replacement only
 
     # Decide.
     now, key = rt.clock(), pl.label_value(name)
     plan = plan_view(TrainingPlan.model_validate(plan_obj)) if plan_obj else None
     rt.groups.bind(key, group.spec.training_plan_ref)
     rt.groups.restore_vanished(key, [Vanished(v.name, v.labels, v.since) for v in group.status.vanished_nodes])
-    seen = observe_nodes(key, raw, rt.groups, now, rt.keys)
+    seen = observe_nodes(key, raw, rt.groups, now, rt.keys, pod_counts)
     decision = decide_group(name, obj["metadata"].get("generation", 1), group.spec, group.status, plan,
                             peers_of(groups, group.spec.training_plan_ref), seen.nodes, rt.policy, now, rt.keys)
     if decision.create and FINALIZER not in obj["metadata"].get("finalizers", []):
@@ -96,7 +99,7 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     applied = await asyncio.to_thread(apply_decision, provider, rt.pods, decision, seen.raw, seen.health_notes,
                                       now, rt.clock, name)
     rt.cache.note_group_wrote(key, bool(decision.create or decision.update or decision.drain
-                                        or decision.remediation or seen.health_notes))
+                                        or decision.remediation or decision.checkpoint or seen.health_notes))
     rt.groups.note_short_of_free_nodes(key, applied.short_of_free_nodes)  # see handlers.nodes
 
     # One status patch, then the events.

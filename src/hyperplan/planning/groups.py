@@ -269,11 +269,11 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
                                  uses_spares=bool(ultraservers), max_unhealthy=check.max_unhealthy)
 
     # Make before break: a failed node goes only once its replacement is up and Ready, so the
-    # slot is never empty and the failure stays visible (counts, UltraServer health) until then.
+    # slot is never empty and the failure stays visible (counts, UltraServer health) until then;
+    # and only once its pods have left (evicted as soon as its replacement serves).
     by_slot = {(n.health.slot, n.health.generation): n for n in on_block}
     by_name = {n.name: n for n in on_block}
-    actions = tuple(a for a in remedy.actions if not isinstance(a, hl.RemoveNode)
-                    or _replacement_ready(by_name.get(a.node), by_slot))
+    actions, evacuation_check = _evacuate_before_removal(remedy.actions, on_block, by_name, by_slot, policy, now)
 
     owners = pl.spare_owners(placements)
     slots = pl.slot_states_from_labels(n.labels for n in on_block if not n.deleting)
@@ -322,11 +322,41 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
         checkpoint=plan_checkpoint(block.id, termination, policy.checkpoint_lead, on_block, now))
     decision.events += checkpoint_events(decision.checkpoint, on_block)
     signal_at = checkpoint_time(termination, policy.checkpoint_lead)
-    decision.wake_at = _min_time(schedule.next_transition_time, verdict.next_check,
+    decision.wake_at = _min_time(schedule.next_transition_time, verdict.next_check, evacuation_check,
                                  now + DRAIN_RETRY if drains else None, signal_at if now < signal_at else None)
     if not remedy.allowed and _reason(prior.conditions, "RemediationAllowed") != remedy.reason:
         decision.events.append(Event("Warning", remedy.reason or "TooManyUnhealthy", remedy.message))
     return _with_events(decision, prior)
+
+
+def _evacuate_before_removal(planned: Sequence[hl.Action], on_block: Sequence[ObservedGroupNode],
+                             by_name: Mapping[str, ObservedGroupNode],
+                             by_slot: Mapping[tuple[str | None, int], ObservedGroupNode], policy: Policy,
+                             now: datetime) -> tuple[tuple[hl.Action, ...], datetime | None]:
+    """The remediation with each failed node's pods evicted once its replacement serves (a spare
+    promoted in its stead, or its backfill Ready) and its removal held until they are gone
+    (:func:`hyperplan.planning.health.evacuate`); and when to look again at pods still leaving."""
+    serving_for = {a.replacing for a in planned if isinstance(a, hl.PromoteSpare)} | {
+        n.health.replaces for n in on_block if n.health.exists and n.health.replaces}
+    kept: list[hl.Action] = []
+    evictions: list[hl.Action] = []
+    removals: list[hl.Action] = []
+    check = None
+    for action in planned:
+        if not isinstance(action, hl.RemoveNode):
+            kept.append(action)
+            continue
+        failed = by_name.get(action.node)
+        ready = _replacement_ready(failed, by_slot)
+        if failed is None or not (ready or failed.name in serving_for):
+            continue
+        evacuation = hl.evacuate(failed.health, action.reason, now, policy.dead_node_eviction_timeout)
+        if evacuation.action is not None:
+            evictions.append(evacuation.action)
+        if evacuation.done and ready:
+            removals.append(action)
+        check = _min_time(check, evacuation.next_check)
+    return tuple(kept + evictions + removals), check
 
 
 def _replacement_ready(failed: ObservedGroupNode | None,

@@ -49,6 +49,18 @@ node's name. Without time left in the block there is no backfill, and the failed
 stays cordoned until the block drains. Each step is skipped when already done (label set,
 a spare already carries ``hyperplan.dev/replaces=<failed node>``, replacement exists), so
 repeating the plan after a partial run converges.
+
+Evacuation
+----------
+Once a failed node's replacement serves, its pods leave before the node does
+(:func:`evacuate`): they are evicted through the Eviction API (which gives each the
+``DisruptionTarget`` condition, so a Job whose ``podFailurePolicy`` ignores that condition
+spends no retry); on a dead node (``Ready`` not ``True``), whose kubelet cannot stop them, the
+pods still there after ``dead_node_eviction_timeout`` are marked ``Failed`` with a
+``DisruptionTarget`` condition of hyperplan's own (reason :data:`REASON_DELETED_BY_HYPERPLAN`)
+and deleted at once. ``RemoveNode`` proceeds only when no pod is left, so no pod is ever shown
+on a node that no longer exists. When the eviction started is kept on the node
+(:data:`ANNOTATION_EVICTING_SINCE`), so a restart neither waits anew nor forces early.
 """
 
 from __future__ import annotations
@@ -106,6 +118,15 @@ def health_label_since(value: str | None, recorded: str | None, first_seen: date
     return first_seen
 
 
+ANNOTATION_EVICTING_SINCE = "hyperplan.dev/evicting-since"
+"""RFC 3339: when the operator started to evict a failed node's pods (the deadline of a dead
+node's eviction counts from it, across restarts)."""
+
+REASON_DELETED_BY_HYPERPLAN = "DeletionByHyperplan"
+"""Reason of the ``DisruptionTarget`` pod condition hyperplan sets on a pod it deletes from a dead
+node (the Eviction API sets ``EvictionByEvictionAPI`` itself)."""
+
+
 def removed_by_operator(labels: Mapping[str, str], annotations: Mapping[str, str]) -> bool:
     """Whether a node that was deleted had been put on its way out by the operator: cordoned by
     a drain (:data:`ANNOTATION_CORDONED`) or marked for replacement. Read from the node's last
@@ -157,6 +178,8 @@ class NodeObservation:
     slot: str | None = None
     generation: int = 0
     replaces: str | None = None
+    pods_left: int | None = None  # pods a drain would wait for; None: not counted this pass
+    evicting_since: datetime | None = None  # see ANNOTATION_EVICTING_SINCE
 
     def condition(self, type_: str) -> NodeCondition | None:
         for c in self.conditions:
@@ -363,7 +386,52 @@ class RemoveNode:
     reason: str
 
 
-Action = MarkUnhealthy | PromoteSpare | Backfill | RemoveNode
+@dataclass(frozen=True)
+class EvictPods:
+    """Evict the pods of failed ``node`` (its replacement serves). ``start``: the first attempt
+    (record when it started); ``force``: the node is dead and its eviction deadline passed, so
+    the pods still there are marked Failed with ``DisruptionTarget`` and deleted (grace 0)."""
+
+    node: str
+    reason: str
+    start: bool = False
+    force: bool = False
+
+
+Action = MarkUnhealthy | PromoteSpare | Backfill | EvictPods | RemoveNode
+
+
+EVICTION_RETRY = timedelta(seconds=1)
+
+
+@dataclass(frozen=True)
+class Evacuation:
+    """What :func:`evacuate` says about a failed node's pods."""
+
+    action: EvictPods | None  # what to do this pass (None: nothing, the pods are gone)
+    done: bool  # no pod left: the node may be removed
+    next_check: datetime | None = None  # when to look again while pods remain
+
+
+def evacuate(node: NodeObservation, reason: str, now: datetime, dead_node_timeout: timedelta) -> Evacuation:
+    """The pods of failed ``node``, whose replacement serves (see the module docstring).
+
+    Pods not counted yet (``pods_left`` None) are evicted; a count of 0 means done. A live
+    node's pods are evicted until they are gone (a PodDisruptionBudget may hold them; the
+    block's end drains what is left). A dead node's pods are forced out from
+    ``evicting_since + dead_node_timeout`` on.
+    """
+    if node.pods_left == 0:
+        return Evacuation(None, True)
+    since = node.evicting_since
+    if since is None:
+        return Evacuation(EvictPods(node.name, reason, start=True), False, now + EVICTION_RETRY)
+    if node.ready:
+        return Evacuation(EvictPods(node.name, reason), False, now + EVICTION_RETRY)
+    deadline = since + dead_node_timeout
+    if now >= deadline:
+        return Evacuation(EvictPods(node.name, reason, force=True), False, now + EVICTION_RETRY)
+    return Evacuation(EvictPods(node.name, reason), False, min(deadline, now + EVICTION_RETRY))
 
 
 @dataclass(frozen=True)

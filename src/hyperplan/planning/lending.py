@@ -33,7 +33,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from hyperplan.planning.health import ANNOTATION_HEALTH_SINCE, DEFAULT_BAD_CONDITIONS
+from hyperplan.planning.health import ANNOTATION_EVICTING_SINCE, ANNOTATION_HEALTH_SINCE, DEFAULT_BAD_CONDITIONS
 from hyperplan.planning.placement import (
     ANNOTATION_CORDONED, HEALTH_UNSCHEDULABLE, LABEL_GENERATION, LABEL_GROUP, LABEL_HEALTH, LABEL_HOSTNAME, LABEL_PLAN,
     LABEL_REPLACES, LABEL_RESERVED_CAPACITY, LABEL_ROLE, LABEL_SAGEMAKER_HEALTH, LABEL_SLOT, SPARE_TAINT,
@@ -299,8 +299,8 @@ def hand_back(node: PoolNode) -> HandBack:
     ours = node.annotations.get(ANNOTATION_CORDONED) == "true"
     if ours:
         spec["unschedulable"] = None
-    annotations = {k: None for k in (ANNOTATION_LENT, ANNOTATION_CORDONED, ANNOTATION_HEALTH_SINCE)
-                   if k in node.annotations}
+    annotations = {k: None for k in (ANNOTATION_LENT, ANNOTATION_CORDONED, ANNOTATION_HEALTH_SINCE,
+                                      ANNOTATION_EVICTING_SINCE) if k in node.annotations}
     metadata: dict = {"labels": labels}
     if annotations:
         metadata["annotations"] = annotations

@@ -42,6 +42,9 @@ class Policy:
     # checkpoint (pod annotation, node condition, Event); the drain still starts at the
     # termination time. See docs/checkpoint.md.
     checkpoint_lead: timedelta = timedelta(minutes=10)
+    # How long the pods of a failed node that is dead (Ready not True) get to leave through the
+    # Eviction API before they are marked Failed (DisruptionTarget) and deleted (planning.health).
+    dead_node_eviction_timeout: timedelta = timedelta(seconds=10)
 
     def __post_init__(self) -> None:
         # Freeze the mapping so that a shared profile cannot be edited in place.
@@ -57,6 +60,8 @@ class Policy:
             problems.append("need 1 <= min_duration_days <= max_duration_days")
         if self.checkpoint_lead < timedelta(0):
             problems.append("checkpoint_lead must not be negative")
+        if self.dead_node_eviction_timeout < timedelta(0):
+            problems.append("dead_node_eviction_timeout must not be negative")
         if self.end_time_of_day is not None:
             if self.end_time_of_day.tzinfo is not None:
                 problems.append("end_time_of_day is read as UTC and must be naive")
@@ -114,6 +119,7 @@ SAGEMAKER = Policy(
     # a finer grid would only produce starts that the end alignment forbids.
     slot=timedelta(days=1),
     checkpoint_lead=timedelta(minutes=10),
+    dead_node_eviction_timeout=timedelta(seconds=10),
 )
 
 DEMO = Policy(
@@ -132,6 +138,7 @@ DEMO = Policy(
     termination_lead={"training-job": timedelta(seconds=10), "hyperpod-cluster": timedelta(seconds=20)},
     slot=timedelta(seconds=5),
     checkpoint_lead=timedelta(seconds=5),
+    dead_node_eviction_timeout=timedelta(seconds=3),
 )
 
 POLICIES: dict[str, Policy] = {policy.name: policy for policy in (SAGEMAKER, DEMO)}
