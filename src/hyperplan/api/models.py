@@ -17,13 +17,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-GROUP = "hyperplan.dev"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
+from hyperplan.api.vocabulary import API_VERSION, GROUP, TARGET_RESOURCES, ULTRASERVER_TYPES, VERSION  # noqa: F401
 
 ALLOWED_INSTANCE_COUNTS = (1, 2, 4, 8, 16, 32, 64)
-TARGET_RESOURCES = ("training-job", "hyperpod-cluster")
-ULTRASERVER_TYPES = ("ml.u-p6e-gb200x72", "ml.u-p6e-gb200x36")
 DURATION_PATTERN = r"^([0-9]+[dhms])+$"
 
 # What the API server accepts as a label value and a qualified key (label or taint key): checked here

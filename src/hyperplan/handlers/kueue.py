@@ -145,7 +145,7 @@ def plan_view(rt: Runtime, obj: dict[str, Any] | None, now: datetime) -> tuple[a
     try:
         plan = TrainingPlan.model_validate(obj)
     except ValidationError:
-        return ad.PlanView(obj["metadata"]["name"], "training-job", "Failed", (), "its spec is invalid"), None
+        return ad.PlanView(obj["metadata"]["name"], ad.TRAINING_JOB, "Failed", (), "its spec is invalid"), None
     spec, status = plan.spec, plan.status
     spares = spec.spare_instances_per_ultra_server
     blocks = []

@@ -42,16 +42,17 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal, Mapping, Sequence
 
+from hyperplan.api.vocabulary import ADMISSION_CONTROLLER_NAME, GROUP, HYPERPOD_CLUSTER, TRAINING_JOB  # noqa: F401
+
 from hyperplan.planning.policy import format_duration
 
-CONTROLLER_NAME = "hyperplan.dev/training-plan"
-PARAMETERS_API_GROUP = "hyperplan.dev"
+CONTROLLER_NAME = ADMISSION_CONTROLLER_NAME
+PARAMETERS_API_GROUP = GROUP
 PARAMETERS_KIND = "TrainingPlan"
 
 READY, RETRY, REJECTED, PENDING = "Ready", "Retry", "Rejected", "Pending"
 CheckState = Literal["Ready", "Retry", "Rejected", "Pending"]
 
-TRAINING_JOB, HYPERPOD_CLUSTER = "training-job", "hyperpod-cluster"
 ACCELERATOR_RESOURCES = ("nvidia.com/gpu", "aws.amazon.com/neuron", "amd.com/gpu")
 
 # Condition reasons (also the Event reasons of a state change).

@@ -67,10 +67,11 @@ import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from hyperplan.api.vocabulary import ULTRASERVER_INSTANCES
+
 # --------------------------------------------------------------------------- constants
 
 ULTRASERVER_INSTANCE_TYPE = "ml.p6e-gb200.36xlarge"
-ULTRASERVER_INSTANCES = {"ml.u-p6e-gb200x72": 18, "ml.u-p6e-gb200x36": 9}
 DEFAULT_SPARES_PER_ULTRASERVER = 1
 
 LABEL_INSTANCE_TYPE = "node.kubernetes.io/instance-type"
