@@ -7,9 +7,15 @@
    the graphs can be opened while the demo runs);
 4. shows the ``hyperplan status`` view: refreshed in place on a terminal, printed every 15 s
    otherwise (a CI log, a pipe);
-5. once the GB200 group is Ready, fails one of its nodes (Ready=False, as an agent would) so
+5. follows a training job queued through Kueue (``40-kueue.yaml``) before its block exists:
+   one line each time its Workload changes, held at ``Retry`` by hyperplan's admission check
+   with the check's message until the GB200 block is active and its group Ready, then admitted
+   and its pods Running on the group's nodes; after 30 s the demo ends its pods with exit code 0,
+   as a kubelet reports a finished container (KWOK runs pods but never ends them), and Kueue
+   marks the Workload Finished;
+6. once the GB200 group is Ready, fails one of its nodes (Ready=False, as an agent would) so
    that a spare takes over;
-6. stops when both plans have expired (Ctrl-C stops earlier), then writes a picture of the run
+7. stops when both plans have expired (Ctrl-C stops earlier), then writes a picture of the run
    from Prometheus's data (``.state/demo/overview-<time>.png``, see :mod:`hyperplan.demo_report`)
    and prints its path. Everything it started (the operator, Prometheus, and the plane if it was
    not already running) is stopped again, by pid.
@@ -44,6 +50,8 @@ ALERTS = Path("deploy") / "prometheus" / "alerts.yml"
 PLACEHOLDER = re.compile(r"\$\{NOW\+(\d+)([smh])\}")
 UNITS = {"s": "seconds", "m": "minutes", "h": "hours"}
 GROUP = "demo-workers"
+JOB_NAMESPACE, JOB = "default", "demo-train"  # queued through Kueue by 40-kueue.yaml
+JOB_RUNS_FOR = 30.0  # seconds the job's pods run before the demo reports them finished
 PRINT_EVERY = 15.0  # seconds between printed views when the output is not a terminal
 REFRESH_EVERY = 2.0  # seconds between reads of the API for the view
 
@@ -54,6 +62,43 @@ console = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
 def say(line: str) -> None:
     console.print(Text.assemble((f"[demo {datetime.now().strftime('%H:%M:%S')}]", "bold"), " ", line),
                   soft_wrap=True)  # long lines (URLs) stay whole
+
+
+def _condition(obj: dict, kind: str) -> dict:
+    return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("type") == kind), {})
+
+
+def describe_job(workload: dict | None, pods: list[dict]) -> str:
+    """One line on where the demo's job is on its way through Kueue and hyperplan's check.
+
+    From its Workload (``None``: Kueue has not made one yet) and its pods: finished, evicted,
+    admitted (with its pods' phases and nodes), held by an admission check (its state and
+    message, e.g. hyperplan's ``Retry`` "next block ... starts ..."), or waiting in Kueue's
+    queue (Kueue's own message).
+    """
+    if workload is None:
+        return "submitted; Kueue has not made its Workload yet"
+    finished = _condition(workload, "Finished")
+    if finished.get("status") == "True":
+        return f"finished: {finished.get('message') or finished.get('reason')}"
+    evicted = _condition(workload, "Evicted")
+    if evicted.get("status") == "True":
+        return f"evicted ({evicted.get('reason')}): {evicted.get('message', '')}"
+    if _condition(workload, "Admitted").get("status") == "True":
+        phases: dict[str, list[str]] = {}
+        for pod in pods:
+            phase = (pod.get("status") or {}).get("phase", "Pending")
+            phases.setdefault(phase, []).append((pod.get("spec") or {}).get("nodeName") or "-")
+        parts = [f"{len(nodes)} {phase} (on {', '.join(sorted(nodes))})" if phase == "Running"
+                 else f"{len(nodes)} {phase}" for phase, nodes in sorted(phases.items())]
+        return "admitted; pods: " + ("; ".join(parts) if parts else "none yet")
+    checks = (workload.get("status") or {}).get("admissionChecks") or []
+    if _condition(workload, "QuotaReserved").get("status") == "True" and checks:
+        return "quota reserved; " + "; ".join(
+            f"check {c.get('name')}: {c.get('state')}" + (f": {c['message']}" if c.get("message") else "")
+            for c in checks)
+    reserved = _condition(workload, "QuotaReserved")
+    return f"waiting in Kueue's queue: {reserved.get('message') or 'no quota reserved yet'}"
 
 
 def render(text: str, now: datetime) -> str:
@@ -80,6 +125,8 @@ class Demo:
         self.snapshot: status.Snapshot | None = None
         self.victim = ""
         self.failed_at = datetime.now(timezone.utc)
+        self.job_line = ""
+        self.job_running_since: float | None = None
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
         proc = subprocess.run([str(build.binary("kubectl")), f"--kubeconfig={self.plane.kubeconfig}", *args],
@@ -102,6 +149,11 @@ class Demo:
         self.kubectl("apply", "-f", str(self.root / "crds"))
         for plural in ("capacitypools", "trainingplans", "instancegroups"):
             self.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{plural}.hyperplan.dev")
+        # A previous run's Kueue objects go first (its Job and its Workload with them), then ours.
+        for path in sorted((self.root / EXAMPLES).glob("*.yaml")):
+            if "kueue.x-k8s.io" in path.read_text():
+                self.kubectl("delete", "-f", str(path), "--ignore-not-found", "--wait=true",
+                             "--timeout=60s", check=False)
         self.kubectl("delete", "instancegroups,trainingplans,capacitypools", "--all", "--wait=true",
                      "--timeout=60s", check=False)
         shutil.rmtree(self.dir, ignore_errors=True)  # last run's log and TSDB; pictures are kept below
@@ -176,6 +228,7 @@ class Demo:
             elif time.monotonic() - last_print >= PRINT_EVERY:
                 last_print = time.monotonic()
                 console.print(status.render(self.snapshot, status.utcnow()))
+            self.follow_job()
             group = next((g for g in self.snapshot.groups if g.name == GROUP), None)
             if group is not None and group.phase == "Ready" and ready_since is None:
                 ready_since = time.monotonic()
@@ -193,6 +246,50 @@ class Demo:
                 return 0
             time.sleep(REFRESH_EVERY)
         return 0
+
+    def follow_job(self) -> None:
+        """Say where the Kueue job is whenever that changes (and mark its admission in the picture)."""
+        try:
+            workloads = self.kube.custom.list_namespaced_custom_object(
+                "kueue.x-k8s.io", "v1beta2", JOB_NAMESPACE, "workloads")["items"]
+            pods = self.kube.api.sanitize_for_serialization(self.kube.core.list_namespaced_pod(
+                JOB_NAMESPACE, label_selector=f"job-name={JOB}").items)
+        except Exception:  # noqa: BLE001 - a failed read must not end the demo; next round
+            return
+        workload = next((w for w in workloads if any(
+            o.get("kind") == "Job" and o.get("name") == JOB
+            for o in w["metadata"].get("ownerReferences") or [])), None)
+        line = describe_job(workload, pods)
+        running = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
+        if line.startswith("admitted") and running and len(running) == len(pods):
+            if self.job_running_since is None:
+                self.job_running_since = time.monotonic()
+            elif time.monotonic() - self.job_running_since > JOB_RUNS_FOR:
+                say(f"Kueue job {JOB_NAMESPACE}/{JOB}: its training run is done; the demo reports its "
+                    f"{len(running)} containers exited 0, as a kubelet would")
+                self.finish_pods(running)
+                self.job_running_since = float("inf")  # once
+        if line != self.job_line:
+            if line.startswith("admitted") and not self.job_line.startswith("admitted"):
+                self.moments.append(demo_report.Moment(datetime.now(timezone.utc), f"job {JOB} admitted"))
+            self.job_line = line
+            say(f"Kueue job {JOB_NAMESPACE}/{JOB}: {line}")
+
+    def finish_pods(self, pods: list[dict]) -> None:
+        now = to_rfc3339(datetime.now(timezone.utc))
+        for pod in pods:
+            container = pod["spec"]["containers"][0]
+            try:
+                self.kube.core.patch_namespaced_pod_status(pod["metadata"]["name"], JOB_NAMESPACE, {"status": {
+                    "phase": "Succeeded",
+                    "conditions": [{"type": "Ready", "status": "False", "reason": "PodCompleted",
+                                    "lastTransitionTime": now}],
+                    "containerStatuses": [{"name": container["name"], "image": container["image"], "imageID": "",
+                                           "ready": False, "restartCount": 0,
+                                           "state": {"terminated": {"exitCode": 0, "reason": "Completed",
+                                                                    "startedAt": now, "finishedAt": now}}}]}})
+            except Exception as e:  # noqa: BLE001 - the demo goes on; the job then ends with its block
+                say(f"could not report {pod['metadata']['name']} finished: {e}")
 
     def inject_failure(self) -> None:
         nodes = self.get("nodes", "-l", f"hyperplan.dev/instance-group={GROUP},hyperplan.dev/role=active")

@@ -109,11 +109,11 @@ class WatchRecorder:
             w = watch.Watch()
             stream = w.stream(self.kube.custom.list_cluster_custom_object, "hyperplan.dev", "v1alpha1",
                               self.plural, field_selector=f"metadata.name={self.name}", timeout_seconds=5)
-            ready.set()
             for event in stream:
                 value = self.read(event["object"])
                 if not self.changes or self.changes[-1][1] != value:
                     self.changes.append((utcnow(), value))
+                ready.set()  # the first event is the object as it is now: recording has begun
                 if self._stop.is_set():
                     w.stop()
 

@@ -106,12 +106,13 @@ def ultraserver_group(ctx: Context) -> dict:
     by_role = {n["metadata"]["name"]: n for n in nodes}
     victim = sorted(n for n, v in by_role.items() if v["metadata"]["labels"]["hyperplan.dev/role"] == "active"
                     and v["metadata"]["labels"]["hyperplan.dev/slot"].startswith("1-"))[0]
-    failed_at = utcnow()
-    _set_condition(ctx.kube, victim, "Ready", "False", failed_at)
+    # The recorder starts before the failure: the plan may report it within milliseconds.
     us1 = by_role[victim]["metadata"]["labels"]["topology.k8s.aws/ultraserver-id"]
     us_health = WatchRecorder(ctx.kube, "trainingplans", plan, lambda obj: next(
         (u["healthStatus"] for u in (obj.get("status") or {}).get("ultraServers", []) if u["id"] == us1),
         None)).start()
+    failed_at = utcnow()
+    _set_condition(ctx.kube, victim, "Ready", "False", failed_at)
 
     def promoted() -> dict | None:
         # KWOK's heartbeat may write back a Ready=True it rendered before our patch; an agent that
