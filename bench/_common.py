@@ -437,7 +437,7 @@ class Harness:
             except OSError:
                 return False
 
-        wait_for(live, timeout=60, what="the operator's liveness endpoint", interval=0.3)
+        wait_for(live, timeout=300 if traced else 60, what="the operator's liveness endpoint", interval=0.3)
         step("operator is live")
         return op
 

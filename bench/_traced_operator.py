@@ -2,7 +2,7 @@
 
 Used by the benchmarks when BENCH_OPERATOR_TRACEMALLOC=<file> is set (bench/_common.py): the
 report lists the top allocation sites by line and by the first frame inside hyperplan or kopf,
-with the total traced size. Tracing costs CPU and memory of its own (frames are kept 12 deep),
+with the total traced size. Tracing costs CPU and memory of its own (frames are kept 6 deep),
 so the RSS of a traced run is not a figure to compare; the sites and their shares are.
 """
 
@@ -15,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 OUT = Path(sys.argv[1])
-FRAMES = 12
+FRAMES = 6
 
 
 def report(_signum=None, _frame=None) -> None:

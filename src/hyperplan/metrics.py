@@ -28,6 +28,7 @@ from pydantic import ValidationError
 from hyperplan.api.models import (
     CapacityPool, InstanceGroupSpec, InstanceGroupStatus, ReservedCapacity, TrainingPlanStatus,
 )
+from hyperplan.api import vocabulary
 from hyperplan.planning import offerings as of
 from hyperplan.planning.placement import label_value
 
@@ -269,7 +270,7 @@ def object_samples(view: ObservedObjects, now: datetime) -> dict[str, list[tuple
         sold = min(pool.instance_count, of.busy_at(pool, now))
         add("hyperplan_capacity_pool_instances", sold, state="sold", **where)
         add("hyperplan_capacity_pool_instances", pool.instance_count - sold, state="free", **where)
-        unit = of.ULTRASERVER_INSTANCES.get(pool.ultra_server_type or "", 1)
+        unit = vocabulary.ULTRASERVER_INSTANCES.get(pool.ultra_server_type or "", 1)
         free = of.free_intervals(pool, unit, now)
         if free:
             add("hyperplan_capacity_pool_seconds_until_free",

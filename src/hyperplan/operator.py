@@ -27,6 +27,7 @@ from aiohttp import web
 
 from hyperplan import metrics
 from hyperplan.actuation.leadership import KubeLeaseStore, LeaderElector, Timing
+from hyperplan.api.vocabulary import ANNOTATION_PREFIX, FINALIZER
 from hyperplan.settings import Settings
 
 def configure_kopf(settings: kopf.OperatorSettings, hp: Settings) -> None:
@@ -35,10 +36,10 @@ def configure_kopf(settings: kopf.OperatorSettings, hp: Settings) -> None:
     Progress and the last-handled spec go into annotations, because our status schemas
     are structural (the API server would prune kopf's own ``status.kopf`` fields).
     """
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="hyperplan.dev")
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix="hyperplan.dev", key="last-handled-configuration")
-    settings.persistence.finalizer = "hyperplan.dev/finalizer"
+        prefix=ANNOTATION_PREFIX, key="last-handled-configuration")
+    settings.persistence.finalizer = FINALIZER
     settings.posting.level = logging.INFO
     settings.watching.server_timeout = hp.watch_server_timeout
     settings.watching.client_timeout = hp.watch_server_timeout + 30

@@ -13,8 +13,9 @@ its status.
 2. ``two_azs``: a ``training-job`` plan whose blocks are in two AZs, back to back, with a
    keep-alive: the Job's nodes appear in the running block's AZ, a second Job reuses them after
    the first finishes, they go once the keep-alive has passed; a third Job with no declared time
-   runs in the first block until its termination time, is requeued through its check, and runs
-   again in the other AZ when the second block starts.
+   runs in the first block, is asked to checkpoint at the lead (pod annotation), is requeued
+   through its check at the termination time, and runs again in the other AZ when the second
+   block starts.
 3. The AdmissionCheck is ``Active=True`` for an existing plan and ``Active=False`` with a
    reason for a missing one.
 """
@@ -114,18 +115,20 @@ def plan_nodes(k: Kubectl, plan: str) -> list[dict]:
     return k.get("nodes", None, "-l", f"hyperplan.dev/training-plan={plan},hyperplan.dev/workload")["items"]
 
 
-def workload_nodes(k: Kubectl, plan: str, ns: str, job: str) -> dict[str, dict[str, str]] | None:
-    """The plan's nodes labelled for the Job's workload (name -> labels), once the Job's pods all
-    run on them."""
+def workload_nodes(k: Kubectl, plan: str, ns: str, job: str, count: int = 2) -> dict[str, dict[str, str]] | None:
+    """The plan's nodes labelled for the Job's workload (name -> labels), once there are ``count``
+    of them and the Job's ``count`` live pods all run on them."""
     wl = workload_of(k, ns, job)
     if wl is None:
         return None
     value = f"{ns}.{wl['metadata']['name']}"
     nodes = {n["metadata"]["name"]: n["metadata"]["labels"] for n in plan_nodes(k, plan)
              if n["metadata"]["labels"].get("hyperplan.dev/workload") == value}
-    pods = job_pods(k, ns, job)
-    placed = {p["spec"].get("nodeName") for p in pods if (p.get("status") or {}).get("phase") == "Running"}
-    return nodes if pods and None not in placed and placed <= set(nodes) and len(placed) else None
+    pods = [p for p in job_pods(k, ns, job) if not p["metadata"].get("deletionTimestamp")
+            and (p.get("status") or {}).get("phase") in ("Pending", "Running")]
+    running = {p["spec"].get("nodeName") for p in pods if p["status"].get("phase") == "Running"}
+    ok = len(nodes) == count and len(pods) == count and all(p["status"].get("phase") == "Running" for p in pods)
+    return nodes if ok and running <= set(nodes) else None
 
 
 def active_condition(k: Kubectl, check: str) -> dict:
@@ -280,6 +283,13 @@ def kueue_two_azs(ctx: Context) -> dict:
     eventually(lambda: running_pods(k, ns, "three", 2), timeout=60, interval=0.5, what="job three Running")
     out["three_first_nodes"] = eventually(lambda: workload_nodes(k, plan, ns, "three"), timeout=10,
                                           what="job three's nodes in the first block")
+    # At the checkpoint lead (5 s under demo) before the termination time its pods are asked to checkpoint.
+    def signalled() -> tuple | None:
+        notes = [(p.get("metadata", {}).get("annotations") or {}).get("hyperplan.dev/block-termination-time")
+                 for p in job_pods(k, ns, "three")]
+        return (utcnow(), notes) if notes and all(notes) else None
+
+    out["three_signal"] = eventually(signalled, timeout=180, interval=0.3, what="job three's pods signalled")
     wait_until(parse_ts(second["startTime"]), "the second block's start")
     out["three_second_nodes"] = eventually(
         lambda: (nodes := workload_nodes(k, plan, ns, "three")) and all(
@@ -333,11 +343,14 @@ def test_training_job_nodes_follow_the_active_block_az_and_are_reused_when_warm(
     for labels in r["three_second_nodes"].values():
         assert labels["topology.kubernetes.io/zone"] == second["availabilityZone"]
         assert labels["hyperplan.dev/reserved-capacity"] == second["id"]
+    seen, notes = r["three_signal"]
+    assert set(notes) == {first["terminationTime"]}, notes
+    termination = parse_ts(first["terminationTime"])
+    assert termination - timedelta(seconds=5) - TOLERANCE <= seen < termination, (seen, termination)
     states = [(when, value) for when, value in r["three_states"] if value]
     sequence = [state for _, (state, _) in states]
     assert "Retry" in sequence and sequence.index("Ready") < sequence.index("Retry"), sequence
     retry_at, retry_message = next((w, m) for w, (st, m) in states if st == "Retry")
-    termination = parse_ts(first["terminationTime"])
     assert termination <= retry_at <= termination + 2 * TOLERANCE, (retry_at, termination)
     assert f"block {first['id']} reached its termination time {first['terminationTime']}" in retry_message
     assert f"starts {second['startTime']}" in retry_message, retry_message

@@ -237,3 +237,33 @@ def test_admitted_block_reads_the_pod_label_of_the_entry() -> None:
     assert ad.admitted_block(entry, "hyperplan.dev/reserved-capacity") == "rc-1"
     assert ad.admitted_block({"podSetUpdates": [{"name": "main"}]}, "hyperplan.dev/reserved-capacity") is None
     assert ad.admitted_block(None, "x") is None
+
+
+# --------------------------------------------------------------------------- one pass over a plan's workloads
+
+
+def checked(name: str, state: str | None, pods: int = 4, hours: float | None = None, block: str | None = None,
+            finished: bool = False) -> ad.CheckedWorkload:
+    progress = ad.WorkloadProgress(state, quota_reserved=True, admitted=state == "Ready", finished=finished,
+                                   evicted=False)
+    view = ad.WorkloadView("team", name, (ad.PodSetView("main", pods, {"nvidia.com/gpu": "8"}),),
+                           None if hours is None else timedelta(hours=hours))
+    return ad.CheckedWorkload(name, view, progress, block)
+
+
+@pytest.mark.parametrize("workloads, expected, held", [
+    ([checked("a", "Pending"), checked("b", "Pending")], {"a": "Ready", "b": "Ready"}, 8),
+    ([checked("x", "Ready", pods=2, block="a"), checked("a", "Pending"), checked("b", "Pending")],
+     {"a": "Ready", "b": "Retry"}, 6),
+    ([checked("x", "Ready", pods=6, block="a", finished=True), checked("a", "Pending", pods=8)], {"a": "Ready"}, 8),
+    ([checked("old", "Ready", pods=4, block="gone"), checked("a", "Pending", pods=8)],
+     {"old": "Retry", "a": "Ready"}, 8),
+    ([checked("r", "Retry"), checked("j", "Rejected"), checked("a", "Pending", pods=9)], {"a": "Rejected"}, 0),
+], ids=["two-fit", "second-waits-for-room", "finished-holds-nothing", "ended-block-requeued", "only-pending-decided"])
+def test_decide_plan_admission_accounts_room_across_one_pass(workloads, expected, held) -> None:
+    out = ad.decide_plan_admission(plan(A, B), workloads, "a", ts("2027-01-01 12:00"), busy_retry=timedelta(seconds=5))
+    assert {w.ref: d.state for w, d in out.decisions} == expected
+    assert sum(n for _, n in out.holders) == held
+    for w, d in out.decisions:
+        if w.ref == "old":
+            assert "block gone is no longer part of training plan llama" in d.message

@@ -13,7 +13,6 @@ from hyperplan.planning.health import (
     Evacuation,
     EvictPods,
     HealthCheck,
-    HealthVerdict,
     MarkUnhealthy,
     NodeCondition,
     NodeObservation,
@@ -22,7 +21,6 @@ from hyperplan.planning.health import (
     evacuate,
     evaluate_health,
     max_unhealthy_limit,
-    observed_nodes,
     parse_condition_spec,
     plan_remediation,
     remediation_allowed,
@@ -30,7 +28,6 @@ from hyperplan.planning.health import (
 from hyperplan.planning.placement import (
     UNHEALTHY_TAINT,
     GroupRequest,
-    ObservedNode,
     SlotState,
     desired_nodes,
     place_groups,
@@ -495,21 +492,6 @@ def test_replacement_gets_a_new_name_and_promotion_survives_reconcile():
         (before[3].name, "active"),
     ]
     assert plan.slot_states() == {"0-1": SlotState(1, "spare")}
-
-
-def test_observed_nodes_feed_plan_counts():
-    nodes = [member("a"), failing("b"), member("c", lease_renewed=ago(120)),
-             member("s", "spare", health_label="UnschedulablePendingReplacement",
-                    health_label_since=ago(1)),
-             NodeObservation("gone", exists=False, deleted_since=ago(5))]
-    verdict = evaluate_health(nodes, CHECK, NOW)
-    assert observed_nodes("g", nodes, verdict) == [
-        ObservedNode("a", "g", "active", US0, True, True, False),
-        ObservedNode("b", "g", "active", US0, False, False, False),
-        ObservedNode("c", "g", "active", US0, None, True, False),
-        ObservedNode("s", "g", "spare", US0, True, True, True),
-    ]
-    assert isinstance(verdict, HealthVerdict)
 
 
 # --------------------------------------------------------------------------- evacuation of a failed node

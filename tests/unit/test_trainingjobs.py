@@ -144,7 +144,30 @@ def test_node_names_are_stable() -> None:
 
 def test_job_nodes_from_labels_reads_keep_alive() -> None:
     labels = {pl.LABEL_RESERVED_CAPACITY: "rc-b", pl.LABEL_SLOT: "2", tj.LABEL_WORKLOAD: ""}
-    got = tj.job_nodes_from_labels([("n", labels, {tj.ANNOTATION_KEEP_ALIVE_UNTIL: "2027-01-03T12:05:00Z"}, False),
-                                    ("m", labels, {tj.ANNOTATION_KEEP_ALIVE_UNTIL: "soon"}, True)])
+    got = tj.job_nodes_from_labels([("n", labels, {tj.ANNOTATION_KEEP_ALIVE_UNTIL: "2027-01-03T12:05:00Z"}, False, False),
+                                    ("m", labels, {tj.ANNOTATION_KEEP_ALIVE_UNTIL: "soon"}, True, True)])
     assert got[0].keep_alive_until == NOW + timedelta(minutes=5) and got[0].slot == "2"
-    assert got[1].keep_alive_until is None and got[1].cordoned
+    assert got[1].keep_alive_until is None and got[1].cordoned and got[1].signalled and not got[0].signalled
+
+
+LEAD = timedelta(minutes=10)
+
+
+@pytest.mark.parametrize("before_termination, signalled, expected, wake", [
+    (timedelta(minutes=11), False, [], timedelta(minutes=1)),
+    (timedelta(minutes=10), False, ["0", "1"], None),
+    (timedelta(minutes=3), True, ["1"], None),
+    (timedelta(seconds=-5), False, ["0", "1"], None),
+], ids=["before-the-lead", "at-the-lead", "one-already-signalled", "operator-was-down-through-the-lead"])
+def test_checkpoint_signal_at_the_lead_before_termination(before_termination, signalled, expected, wake) -> None:
+    now = PLAIN.termination_time - before_termination
+    existing = [tj.JobNode(node(PLAIN, "0", "team.a").name, "rc-b", "0", "team.a", signalled=signalled),
+                node(PLAIN, "1", "team.a")]
+    d = tj.decide_job_nodes("llama", PLAIN, [tj.Holder("team.a", 2)], existing, None, now, checkpoint_lead=LEAD)
+    assert [n.rsplit("-", 1)[1] for n in d.checkpoint] == expected
+    if wake is not None:
+        assert d.wake_at == now + wake
+    if before_termination > timedelta(0):
+        assert not d.drain, "the drain waits for the termination time"
+    else:
+        assert len(d.drain) == 2

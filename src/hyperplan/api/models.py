@@ -17,13 +17,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-GROUP = "hyperplan.dev"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
+from hyperplan.api.vocabulary import API_VERSION, GROUP, TARGET_RESOURCES, ULTRASERVER_TYPES, VERSION  # noqa: F401
 
 ALLOWED_INSTANCE_COUNTS = (1, 2, 4, 8, 16, 32, 64)
-TARGET_RESOURCES = ("training-job", "hyperpod-cluster")
-ULTRASERVER_TYPES = ("ml.u-p6e-gb200x72", "ml.u-p6e-gb200x36")
 DURATION_PATTERN = r"^([0-9]+[dhms])+$"
 
 # What the API server accepts as a label value and a qualified key (label or taint key): checked here
@@ -126,7 +122,7 @@ class CapacityPoolSpec(Model):
     instance_type: str = label_value_field("Instance type; becomes node.kubernetes.io/instance-type.")
     availability_zone: str = label_value_field("AZ; becomes topology.kubernetes.io/zone on nodes.")
     instance_count: int = Field(ge=1)
-    ultra_server_type: Literal["ml.u-p6e-gb200x72", "ml.u-p6e-gb200x36"] | None = None
+    ultra_server_type: Literal[*ULTRASERVER_TYPES] | None = None
     unavailable: list[UnavailableWindow] = Field(default_factory=list)
 
 
@@ -195,9 +191,9 @@ class TrainingPlanSpec(Model):
         "Instance type (or implied by ultraServerType); becomes node.kubernetes.io/instance-type.",
         default=None)
     instance_count: Literal[1, 2, 4, 8, 16, 32, 64] | None = None
-    ultra_server_type: Literal["ml.u-p6e-gb200x72", "ml.u-p6e-gb200x36"] | None = None
+    ultra_server_type: Literal[*ULTRASERVER_TYPES] | None = None
     ultra_server_count: int | None = Field(default=None, ge=1)
-    target_resource: Literal["training-job", "hyperpod-cluster"]
+    target_resource: Literal[*TARGET_RESOURCES]
     duration: str = Field(json_schema_extra={"x-kubernetes-validations": [
         cel(f"self.matches('{DURATION_PATTERN}') && self.matches('[1-9]')",
             "duration must be a positive duration string such as 48h, 2d or 90m"),

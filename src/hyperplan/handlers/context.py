@@ -110,6 +110,9 @@ def build_runtime(settings: Settings) -> Runtime:
     layers = settings.network_layer_labels
     me = OperatorIdentity(pod_name=settings.pod_name, namespace=settings.pod_namespace,
                           node_name=settings.node_name, pod_labels=dict(settings.operator_pod_labels))
+    # The client imports an API's module on its first use (CoreV1Api: 1 to 2 s). Passes read from
+    # the watch cache, so the first node create at a block start would pay it: pay it at startup.
+    _ = kube.core, kube.policy
     cache = WatchCache()
     lead = None if settings.checkpoint_lead_seconds is None else timedelta(seconds=settings.checkpoint_lead_seconds)
     return Runtime(settings=settings, policy=get_policy(settings.policy, lead), kube=kube,

@@ -25,6 +25,7 @@ from hyperplan.actuation.groups import (
     apply_decision, count_pods, drain_node, node_id, observe_nodes, releases_of,
 )
 from hyperplan.api.models import GROUP, VERSION, InstanceGroup, InstanceGroupStatus, TrainingPlan, VanishedNode
+from hyperplan.api.vocabulary import FINALIZER  # set by kopf (operator.configure_kopf)
 from hyperplan.handlers.context import Runtime, reconcile_forever, status_of
 from hyperplan.planning import placement as pl
 from hyperplan.planning.groups import Peer, PlanView, decide_group
@@ -32,7 +33,6 @@ from hyperplan.planning.memory import Vanished
 from hyperplan.planning.plans import Event
 
 PLURAL = "instancegroups"
-FINALIZER = "hyperplan.dev/finalizer"  # set by kopf (settings.persistence.finalizer)
 ADOPTION_RETRY = timedelta(seconds=1)  # after a lost race for a free static node
 KIND = "group"
 log = logging.getLogger("hyperplan.instancegroup")

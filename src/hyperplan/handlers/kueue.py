@@ -41,7 +41,10 @@ operator neither fails nor polls.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -51,10 +54,12 @@ from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
 from hyperplan import metrics
-from hyperplan.actuation.nodes import ACCELERATORS, KwokProvider, evict_pods
+from hyperplan.actuation.groups import signal_checkpoint
+from hyperplan.actuation.nodes import ACCELERATORS, KwokProvider
 from hyperplan.api.models import GROUP, VERSION, TrainingPlan, to_rfc3339
 from hyperplan.handlers.context import Runtime, reconcile_forever
 from hyperplan.planning import admission as ad
+from hyperplan.planning import groups as gr
 from hyperplan.planning import placement as pl
 from hyperplan.planning import trainingjobs as tj
 from hyperplan.planning.schedule import plan_block_schedule
@@ -86,11 +91,24 @@ class Stop:
 
 @dataclass
 class KueueState:
-    """The checks this operator serves (name -> plan, None when the parameters are invalid)
-    and the loop running for each plan they name."""
+    """The checks this operator serves (name -> plan, None when the parameters are invalid),
+    the loop running for each plan they name, and the threads their API calls run on.
+
+    The calls run on threads of their own (``executor``), not on asyncio's default executor
+    that the plan and group daemons share: a slow Workload listing or a burst of node creates
+    for jobs must never hold up a block transition or a spare promotion."""
 
     checks: dict[str, str | None] = field(default_factory=dict)
     loops: dict[str, tuple[asyncio.Task, Stop]] = field(default_factory=dict)
+    executor: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(max_workers=2, thread_name_prefix="kueue-admission"))
+
+    async def call(self, fn, *args):
+        """``fn(*args)`` on this controller's threads, with the caller's context (kopf's event
+        poster lives in context variables)."""
+        context = contextvars.copy_context()
+        return await asyncio.get_running_loop().run_in_executor(
+            self.executor, functools.partial(context.run, fn, *args))
 
     def checks_of(self, plan: str) -> list[str]:
         return sorted(c for c, p in self.checks.items() if p == plan)
@@ -127,7 +145,7 @@ def plan_view(rt: Runtime, obj: dict[str, Any] | None, now: datetime) -> tuple[a
     try:
         plan = TrainingPlan.model_validate(obj)
     except ValidationError:
-        return ad.PlanView(obj["metadata"]["name"], "training-job", "Failed", (), "its spec is invalid"), None
+        return ad.PlanView(obj["metadata"]["name"], ad.TRAINING_JOB, "Failed", (), "its spec is invalid"), None
     spec, status = plan.spec, plan.status
     spares = spec.spare_instances_per_ultra_server
     blocks = []
@@ -249,78 +267,59 @@ async def reconcile_plan_workloads(rt: Runtime, plan_name: str, stop: Stop) -> d
     view, extra = plan_view(rt, plan_obj, now)
     plan, schedule = extra if extra else (None, None)
     if not checks:
-        wake, left = await asyncio.to_thread(reconcile_job_nodes, rt, plan_name, plan, schedule, [], now)
+        wake, left = await state.call(reconcile_job_nodes, rt, plan_name, plan, schedule, [], now)
         if not left:
             stop.set()
             state.loops.pop(plan_name, None)
             return None
         return wake
     for check in checks:
-        obj = await asyncio.to_thread(_get_check, rt, check)
+        obj = await state.call(_get_check, rt, check)
         if obj is not None:
             active = ad.check_active((obj.get("spec") or {}).get("parameters"), view)
-            if await asyncio.to_thread(apply_check_active, rt, obj, active):
+            if await state.call(apply_check_active, rt, obj, active):
                 log.info("admission check %s: Active=%s (%s) %s", check, active.status, active.reason, active.message)
 
-    workloads = await asyncio.to_thread(list_workloads, rt)
-    mine: list[tuple[dict[str, Any], str, ad.WorkloadProgress, ad.WorkloadView]] = []
+    workloads = await state.call(list_workloads, rt)
+    mine: list[ad.CheckedWorkload] = []
     for wl in workloads:
         names = {c.get("name") for c in (wl.get("status") or {}).get("admissionChecks") or []}
         for check in checks:
             if check in names:
-                mine.append((wl, check, ad.workload_progress(wl, check), ad.workload_view(wl)))
-    mine.sort(key=lambda m: (m[2].since, m[0]["metadata"].get("creationTimestamp", ""), m[3].key))
+                progress = ad.workload_progress(wl, check)
+                mine.append(ad.CheckedWorkload((wl, check), ad.workload_view(wl), progress,
+                                               ad.admitted_block(_entry(wl, check), pl.LABEL_RESERVED_CAPACITY)))
+    mine.sort(key=lambda m: (m.progress.since, m.ref[0]["metadata"].get("creationTimestamp", ""), m.view.key))
 
     target = view.target if view else ad.TRAINING_JOB
     usable = None
     if schedule is not None and schedule.usable_block is not None:
         usable = plan.status.reserved_capacity[schedule.usable_block]
-    usable_value = pl.label_value(usable.id) if usable is not None else None
     ready_nodes = None
     if target == ad.HYPERPOD_CLUSTER and usable is not None:
         ready_nodes = ready_group_nodes(rt, plan_name, usable.id)
-
-    accelerators = view.accelerators if view else None
-    holders: list[tuple[ad.WorkloadView, int]] = []
-    decisions: list[tuple[dict[str, Any], str, ad.WorkloadView, ad.AdmissionDecision]] = []
     busy_retry = min(timedelta(seconds=60), max(timedelta(seconds=5), rt.policy.day / 12))
-    for wl, check, progress, w in mine:
-        if not progress.holds_capacity:
-            continue
-        entry = _entry(wl, check)
-        block = ad.admitted_block(entry, pl.LABEL_RESERVED_CAPACITY)
-        if block is not None and block != usable_value:  # its block ended (or went): requeue or reject it
-            decisions.append((wl, check, w, ad.decide_after_block(view, w, block, now, busy_retry=busy_retry,
-                                                                  plan_name=plan_name)))
-        else:
-            holders.append((w, ad.instances_needed(w.pod_sets, accelerators)[0]))
-    held = sum(n for _, n in holders)
-    for wl, check, progress, w in mine:
-        if not progress.to_decide:
-            continue
-        decision = ad.decide_admission(view, w, now, held_by_others=held, ready_nodes=ready_nodes,
-                                       busy_retry=busy_retry, plan_name=plan_name)
-        if decision.state == ad.READY:
-            held += decision.instances
-            holders.append((w, decision.instances))
-        decisions.append((wl, check, w, decision))
+    decided = ad.decide_plan_admission(view, mine, pl.label_value(usable.id) if usable is not None else None, now,
+                                       ready_nodes=ready_nodes, busy_retry=busy_retry, plan_name=plan_name)
 
-    for wl, check, w, decision in decisions:
-        selector = ({tj.LABEL_WORKLOAD: tj.workload_label_value(w.namespace, w.name)} if target == ad.TRAINING_JOB
-                    else {pl.LABEL_PLAN: pl.label_value(plan_name)})
+    for w, decision in decided.decisions:
+        wl, check = w.ref
+        selector = ({tj.LABEL_WORKLOAD: tj.workload_label_value(w.view.namespace, w.view.name)}
+                    if target == ad.TRAINING_JOB else {pl.LABEL_PLAN: pl.label_value(plan_name)})
         labels = {pl.LABEL_RESERVED_CAPACITY: pl.label_value(decision.block_id)} if decision.block_id else {}
         prior = _entry(wl, check)
-        entry = entry_for(check, decision, prior, w.pod_sets, selector, now, labels)
+        entry = entry_for(check, decision, prior, w.view.pod_sets, selector, now, labels)
         if differs(prior, entry):
-            await asyncio.to_thread(apply_check_entry, rt, wl, entry)
-            log.info("workload %s: check %s %s (%s): %s", w.key, check, decision.state, decision.reason,
+            await state.call(apply_check_entry, rt, wl, entry)
+            log.info("workload %s: check %s %s (%s): %s", w.view.key, check, decision.state, decision.reason,
                      decision.message)
             kopf.event(workload_ref(wl), type="Warning" if decision.state == ad.REJECTED else "Normal",
                        reason=f"AdmissionCheck{decision.state}", message=f"{check}: {decision.message}"[:1000])
+    holders = [(w.view, n) for w, n in decided.holders]
 
     wakes = [schedule.next_transition_time] if schedule is not None else []
     if target == ad.TRAINING_JOB:
-        wake, _ = await asyncio.to_thread(reconcile_job_nodes, rt, plan_name, plan, schedule, holders, now)
+        wake, _ = await state.call(reconcile_job_nodes, rt, plan_name, plan, schedule, holders, now)
         wakes.append(wake)
     return min((w for w in wakes if w is not None), default=None)
 
@@ -358,13 +357,13 @@ def reconcile_job_nodes(rt: Runtime, name: str, plan: TrainingPlan | None, sched
     raw = rt.kube.list_nodes(f"{pl.LABEL_PLAN}={pl.label_value(name)},{tj.LABEL_WORKLOAD}")
     raw = [n for n in raw if not n.metadata.deletion_timestamp]
     nodes = tj.job_nodes_from_labels([(n.metadata.name, n.metadata.labels or {}, n.metadata.annotations or {},
-                                       bool(n.spec.unschedulable)) for n in raw])
+                                       bool(n.spec.unschedulable), _signalled(n)) for n in raw])
     if not raw and not holders:
         return None, 0
     keep = plan.spec.keep_alive_period_seconds if plan is not None else None
     decision = tj.decide_job_nodes(
         name, block, [tj.Holder(tj.workload_label_value(w.namespace, w.name), n) for w, n in holders],
-        nodes, timedelta(seconds=keep) if keep else None, now, rt.keys)
+        nodes, timedelta(seconds=keep) if keep else None, now, rt.keys, rt.policy.checkpoint_lead)
     provider: KwokProvider = rt.providers["kwok"]
     plan_ref = ({"apiVersion": f"{GROUP}/{VERSION}", "kind": "TrainingPlan", "metadata": plan.metadata}
                 if plan is not None else None)
@@ -383,8 +382,16 @@ def reconcile_job_nodes(rt: Runtime, name: str, plan: TrainingPlan | None, sched
                                                     "annotations": {tj.ANNOTATION_KEEP_ALIVE_UNTIL: to_rfc3339(until)}}})
         events.append(("NodeKeptWarm", f"{node} of workload {previous} kept until {to_rfc3339(until)} "
                                        "(keepAlivePeriodSeconds)"))
+    if decision.checkpoint and block is not None:  # before any drain: the workloads are asked first
+        checkpoint = gr.Checkpoint(block.id, block.termination_time, tuple(decision.checkpoint))
+        by_name = {n.metadata.name: n for n in raw}
+        for node in decision.checkpoint:
+            for ref, event in signal_checkpoint(provider, rt.pods, by_name[node], checkpoint, now):
+                kopf.event(ref, type=event.type, reason=event.reason, message=event.message)
+        if not any(n.signalled for n in nodes):
+            events.append((gr.REASON_CHECKPOINT, f"{checkpoint.message}; {len(checkpoint.nodes)} node(s) signalled"))
     for node, why in decision.release:
-        progress = evict_pods(rt.kube, node, rt.me)
+        progress = rt.pods.evict(node)
         removed.add(node)
         events.append(("NodeRemoved", f"{node} removed ({why}): {provider.release(node)}"
                        + (f"; {progress.pods_left} pod(s) evicted" if progress.pods_left else "")))
@@ -394,7 +401,7 @@ def reconcile_job_nodes(rt: Runtime, name: str, plan: TrainingPlan | None, sched
             provider.cordon(drain.node)
             events.append(("Draining", f"{drain.node} cordoned ({drain.reason}); evicting pods until "
                                        f"{to_rfc3339(drain.deadline)}"))
-        progress = evict_pods(rt.kube, drain.node, rt.me)
+        progress = rt.pods.evict(drain.node)
         if progress.pods_left == 0 or now >= drain.deadline:
             removed.add(drain.node)
             events.append(("NodeRemoved", f"{drain.node} drained and removed ({drain.reason}): "
@@ -405,13 +412,19 @@ def reconcile_job_nodes(rt: Runtime, name: str, plan: TrainingPlan | None, sched
     for reason, message in events:
         log.info("plan %s: %s: %s", name, reason, message)
         if plan_ref is not None:
-            kopf.event(plan_ref, type="Warning" if reason == "NoSlotForWorkload" else "Normal", reason=reason,
-                       message=message)
+            warning = reason in ("NoSlotForWorkload", gr.REASON_CHECKPOINT)
+            kopf.event(plan_ref, type="Warning" if warning else "Normal", reason=reason, message=message)
     wake = decision.wake_at
     if decision.drain:  # evictions take a moment: look again shortly until the nodes are gone
         soon = now + timedelta(seconds=1)
         wake = soon if wake is None else min(wake, soon)
     return wake, len(raw) + len(decision.create) - len(removed)
+
+
+def _signalled(node) -> bool:
+    """Whether the node carries the checkpoint signal (docs/checkpoint.md)."""
+    return any(c.type == gr.CONDITION_BLOCK_TERMINATING and c.status == "True"
+               for c in ((node.status.conditions or []) if node.status else []))
 
 
 # --------------------------------------------------------------------------- watches
@@ -447,7 +460,7 @@ async def admission_check_changed(name: str, body: kopf.Body, spec: kopf.Spec, t
         rt.wakeups.wake(KIND, before)
     if plan is None:
         active = ad.CheckActive("False", "InvalidParameters", why)
-        if await asyncio.to_thread(apply_check_active, rt, dict(body), active):
+        if await state.call(apply_check_active, rt, dict(body), active):
             log.info("admission check %s: Active=False (InvalidParameters) %s", name, why)
         return
     state.ensure_loop(rt, plan)

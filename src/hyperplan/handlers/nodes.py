@@ -7,6 +7,7 @@ from typing import Any
 import kopf
 
 from hyperplan.actuation.nodes import LABEL_NODE_ID, LABEL_POOL, POOL_FREE
+from hyperplan.api.vocabulary import GROUP, VERSION
 from hyperplan.planning.health import removed_by_operator
 from hyperplan.planning.placement import LABEL_GROUP, LABEL_PLAN
 
@@ -64,7 +65,7 @@ async def free_node_changed(name: str, body: kopf.Body, type: str | None, memo: 
         rt.wakeups.wake("group", group)
 
 
-@kopf.on.event("hyperplan.dev", "v1alpha1", "trainingplans")
+@kopf.on.event(GROUP, VERSION, "trainingplans")
 async def plan_changed(name: str, type: str | None, memo: kopf.Memo, **_: Any) -> None:
     """A plan's blocks or phase changed: its groups look again (they compute block times themselves)."""
     if type is not None:

@@ -42,16 +42,17 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal, Mapping, Sequence
 
+from hyperplan.api.vocabulary import ADMISSION_CONTROLLER_NAME, GROUP, HYPERPOD_CLUSTER, TRAINING_JOB  # noqa: F401
+
 from hyperplan.planning.policy import format_duration
 
-CONTROLLER_NAME = "hyperplan.dev/training-plan"
-PARAMETERS_API_GROUP = "hyperplan.dev"
+CONTROLLER_NAME = ADMISSION_CONTROLLER_NAME
+PARAMETERS_API_GROUP = GROUP
 PARAMETERS_KIND = "TrainingPlan"
 
 READY, RETRY, REJECTED, PENDING = "Ready", "Retry", "Rejected", "Pending"
 CheckState = Literal["Ready", "Retry", "Rejected", "Pending"]
 
-TRAINING_JOB, HYPERPOD_CLUSTER = "training-job", "hyperpod-cluster"
 ACCELERATOR_RESOURCES = ("nvidia.com/gpu", "aws.amazon.com/neuron", "amd.com/gpu")
 
 # Condition reasons (also the Event reasons of a state change).
@@ -425,3 +426,54 @@ def decide_after_block(plan: PlanView | None, workload: WorkloadView, block_id: 
                                  later.instances, requeue_after=timedelta(seconds=1))
     return AdmissionDecision(RETRY, later.reason, f"{head}; evicted: {later.message}", later.instances,
                              requeue_after=later.requeue_after)
+
+
+@dataclass(frozen=True)
+class CheckedWorkload:
+    """A workload carrying one of the plan's checks, as one pass of the plan sees it."""
+
+    ref: object  # the caller's handle (the Workload body and the check's name)
+    view: WorkloadView
+    progress: WorkloadProgress
+    admitted_block: str | None = None  # label value of the block a Ready entry admitted it into
+
+
+@dataclass
+class PlanAdmission:
+    """What one pass decides for the workloads of a plan."""
+
+    holders: list[tuple[CheckedWorkload, int]] = field(default_factory=list)  # on the usable block, instances
+    decisions: list[tuple[CheckedWorkload, AdmissionDecision]] = field(default_factory=list)  # entries to write
+
+
+def decide_plan_admission(plan: PlanView | None, workloads: Sequence[CheckedWorkload], usable_block: str | None,
+                          now: datetime, *, ready_nodes: int | None = None,
+                          busy_retry: timedelta = timedelta(seconds=30), plan_name: str = "") -> PlanAdmission:
+    """Every check decision of one pass over a plan, in the order given (admission order).
+
+    Workloads admitted into the usable block (``usable_block``, a label value) hold their
+    instances; one admitted into another block (it ended) is requeued or rejected
+    (:func:`decide_after_block`); each Pending workload is decided with what the holders and
+    the workloads admitted before it in this pass hold, so one pass never admits more than
+    the block has room for.
+    """
+    out = PlanAdmission()
+    for w in workloads:
+        if not w.progress.holds_capacity:
+            continue
+        if w.admitted_block is not None and w.admitted_block != usable_block:
+            out.decisions.append((w, decide_after_block(plan, w.view, w.admitted_block, now, busy_retry=busy_retry,
+                                                        plan_name=plan_name)))
+        else:
+            out.holders.append((w, instances_needed(w.view.pod_sets, plan.accelerators if plan else None)[0]))
+    held = sum(n for _, n in out.holders)
+    for w in workloads:
+        if not w.progress.to_decide:
+            continue
+        decision = decide_admission(plan, w.view, now, held_by_others=held, ready_nodes=ready_nodes,
+                                    busy_retry=busy_retry, plan_name=plan_name)
+        if decision.state == READY:
+            held += decision.instances
+            out.holders.append((w, decision.instances))
+        out.decisions.append((w, decision))
+    return out

@@ -31,6 +31,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Mapping, Sequence
 
 from hyperplan.api.models import Condition, InstanceGroupSpec, InstanceGroupStatus, ReservedCapacity
+from hyperplan.api.vocabulary import HYPERPOD_CLUSTER
 from hyperplan.planning import health as hl
 from hyperplan.planning import placement as pl
 from hyperplan.planning.plans import Event, condition
@@ -38,7 +39,7 @@ from hyperplan.planning.policy import Policy
 from hyperplan.planning.schedule import plan_block_schedule
 
 WAITING, PROVISIONING, READY, DRAINING, FAILED = "Waiting", "Provisioning", "Ready", "Draining", "Failed"
-HYPERPOD = "hyperpod-cluster"
+HYPERPOD = HYPERPOD_CLUSTER
 DRAIN_RETRY = timedelta(seconds=1)
 
 

@@ -77,7 +77,6 @@ from hyperplan.planning.placement import (
     ROLE_ACTIVE,
     ROLE_SPARE,
     UNHEALTHY_TAINT,
-    ObservedNode,
     SlotState,
     Taint,
     UltraServer,
@@ -541,23 +540,3 @@ def plan_remediation(
     if notes:
         message = f"{message}; " + "; ".join(notes)
     return RemediationPlan(True, actions, None, message, len(failed))
-
-
-def observed_nodes(group: str, nodes: Sequence[NodeObservation],
-                   verdict: HealthVerdict) -> list[ObservedNode]:
-    """The group's nodes for :func:`~hyperplan.planning.placement.plan_counts` and
-    ``ultraserver_reports``: existing nodes, plus gone ones judged unhealthy."""
-    out = []
-    for n in sorted(nodes, key=lambda n: n.name):
-        if not n.exists and n.name not in verdict.unhealthy:
-            continue
-        healthy: bool | None
-        if n.name in verdict.unhealthy:
-            healthy = False
-        elif n.name in verdict.unknown:
-            healthy = None
-        else:
-            healthy = True
-        out.append(ObservedNode(n.name, group, n.role, n.ultraserver_id, healthy, n.ready,
-                                n.health_label == HEALTH_PENDING_REPLACEMENT))
-    return out

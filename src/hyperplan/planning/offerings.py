@@ -31,12 +31,10 @@ from datetime import datetime, timedelta, timezone
 from typing import Iterable, Sequence
 
 from hyperplan.api.models import to_rfc3339
+from hyperplan.api.vocabulary import SINGLE_AZ_TARGETS, TARGET_RESOURCES, ULTRASERVER_INSTANCES
 from hyperplan.planning.policy import Policy, format_duration
 
-TARGETS = ("training-job", "hyperpod-cluster")
-ULTRASERVER_INSTANCES = {"ml.u-p6e-gb200x72": 18, "ml.u-p6e-gb200x36": 9}  # instances per UltraServer
 ULTRASERVER_INSTANCE_TYPE = "ml.p6e-gb200.36xlarge"
-SINGLE_AZ_TARGETS = frozenset({"hyperpod-cluster"})
 MAX_OFFERINGS = 3
 
 
@@ -191,11 +189,11 @@ def _search_window(request: OfferingRequest, policy: Policy, now: datetime) -> _
 def validate_request(request: OfferingRequest, policy: Policy, now: datetime) -> list[RuleViolation]:
     """Every rule the request breaks under `policy` at `now`; empty when it may be searched."""
     violations: list[RuleViolation] = []
-    if request.target not in TARGETS:
+    if request.target not in TARGET_RESOURCES:
         violations.append(
             RuleViolation(
                 "UnknownTargetResource",
-                f"targetResource {request.target!r} is not one of {', '.join(TARGETS)}",
+                f"targetResource {request.target!r} is not one of {', '.join(TARGET_RESOURCES)}",
             )
         )
     violations += _validate_capacity(request, policy)

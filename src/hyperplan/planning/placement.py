@@ -67,10 +67,11 @@ import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from hyperplan.api.vocabulary import ULTRASERVER_INSTANCES
+
 # --------------------------------------------------------------------------- constants
 
 ULTRASERVER_INSTANCE_TYPE = "ml.p6e-gb200.36xlarge"
-ULTRASERVER_INSTANCES = {"ml.u-p6e-gb200x72": 18, "ml.u-p6e-gb200x36": 9}
 DEFAULT_SPARES_PER_ULTRASERVER = 1
 
 LABEL_INSTANCE_TYPE = "node.kubernetes.io/instance-type"
@@ -765,8 +766,11 @@ def ultraserver_reports(
     (also for an UltraServer no group uses: nothing on it is known to be wrong).
     """
     reports = []
+    by_ultraserver: dict[str | None, list[ObservedNode]] = {}
+    for n in nodes:  # one pass over the nodes, not one per UltraServer: linear in the block's size
+        by_ultraserver.setdefault(n.ultraserver_id, []).append(n)
     for u in sorted(ultraservers, key=lambda u: u.index):
-        mine = [n for n in nodes if n.ultraserver_id == u.id]
+        mine = by_ultraserver.get(u.id, [])
         c = plan_counts(u.instance_count, u.spare_count, mine)
         if any(n.healthy is False or n.pending_replacement for n in mine):
             status = STATUS_IMPAIRED

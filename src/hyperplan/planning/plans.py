@@ -22,8 +22,9 @@ from hyperplan.api.models import (
     Condition, OfferedBlock, Offering as OfferingStatus, ReservedCapacity, TrainingPlanSpec,
     TrainingPlanStatus, UltraServerStatus,
 )
+from hyperplan.api.vocabulary import ULTRASERVER_INSTANCES
 from hyperplan.planning.offerings import (
-    ULTRASERVER_INSTANCES, Block, Offering, OfferingRequest, PoolSnapshot, RuleViolation,
+    Block, Offering, OfferingRequest, PoolSnapshot, RuleViolation,
     search_offerings, validate_request,
 )
 from hyperplan.planning import placement as pl

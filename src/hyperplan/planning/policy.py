@@ -14,6 +14,8 @@ from datetime import datetime, time, timedelta, timezone
 from types import MappingProxyType
 from typing import Mapping
 
+from hyperplan.api.vocabulary import HYPERPOD_CLUSTER, TRAINING_JOB
+
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _ONE_DAY = timedelta(days=1)
 
@@ -114,7 +116,7 @@ SAGEMAKER = Policy(
     earliest_start_after_search=timedelta(minutes=30),
     min_purchase_lead=timedelta(minutes=5),
     end_time_of_day=time(11, 30),
-    termination_lead={"training-job": timedelta(minutes=30), "hyperpod-cluster": timedelta(minutes=60)},
+    termination_lead={TRAINING_JOB: timedelta(minutes=30), HYPERPOD_CLUSTER: timedelta(minutes=60)},
     # Blocks are whole days ending at 11:30 UTC, so they also start at 11:30 UTC:
     # a finer grid would only produce starts that the end alignment forbids.
     slot=timedelta(days=1),
@@ -135,7 +137,7 @@ DEMO = Policy(
     earliest_start_after_search=timedelta(seconds=10),
     min_purchase_lead=timedelta(seconds=5),
     end_time_of_day=None,
-    termination_lead={"training-job": timedelta(seconds=10), "hyperpod-cluster": timedelta(seconds=20)},
+    termination_lead={TRAINING_JOB: timedelta(seconds=10), HYPERPOD_CLUSTER: timedelta(seconds=20)},
     slot=timedelta(seconds=5),
     checkpoint_lead=timedelta(seconds=5),
     dead_node_eviction_timeout=timedelta(seconds=3),

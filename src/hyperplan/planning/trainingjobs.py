@@ -91,6 +91,7 @@ class JobNode:
     workload: str  # "" when idle (kept warm)
     keep_alive_until: datetime | None = None
     cordoned: bool = False
+    signalled: bool = False  # carries the checkpoint signal (planning.groups.CONDITION_BLOCK_TERMINATING)
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,7 @@ class JobNodeDecision:
     keep_warm: list[tuple[str, datetime, str]] = field(default_factory=list)  # (node, until, previous workload)
     release: list[tuple[str, str]] = field(default_factory=list)  # (node, why)
     drain: list[Drain] = field(default_factory=list)
+    checkpoint: list[str] = field(default_factory=list)  # nodes whose workloads are asked to checkpoint now
     short: dict[str, int] = field(default_factory=dict)  # workload -> instances no slot was left for
     wake_at: datetime | None = None
 
@@ -135,17 +137,27 @@ def node_spec(plan: str, block: JobBlock, server: pl.UltraServer | None, slot: s
 
 def decide_job_nodes(plan: str, block: JobBlock | None, holders: Sequence[Holder], nodes: Sequence[JobNode],
                      keep_alive: timedelta | None, now: datetime,
-                     keys: pl.TopologyKeys = pl.TopologyKeys()) -> JobNodeDecision:
+                     keys: pl.TopologyKeys = pl.TopologyKeys(),
+                     checkpoint_lead: timedelta | None = None) -> JobNodeDecision:
     """What to do with a training-job plan's nodes (see the module docstring).
 
     ``block`` is the block that is active now (None in a gap or after the plan), even when
     past its termination time: its nodes then drain until its end. ``holders`` are in
-    admission order: when slots run short, the earlier workload is served first.
+    admission order: when slots run short, the earlier workload is served first. From
+    ``checkpoint_lead`` before the termination time on, the block's nodes that do not carry the
+    checkpoint signal yet are listed in ``checkpoint`` (as an instance group's are, see
+    docs/checkpoint.md); the drain still starts at the termination time.
     """
     d = JobNodeDecision()
     block_value = pl.label_value(block.id) if block is not None else None
     usable = block is not None and now < block.termination_time
     wakes: list[datetime] = []
+    if block is not None and checkpoint_lead is not None:
+        signal_at = block.termination_time - checkpoint_lead
+        if now >= signal_at:
+            d.checkpoint = sorted(n.name for n in nodes if n.block_id == block_value and not n.signalled)
+        else:
+            wakes.append(signal_at)
 
     mine = [n for n in nodes if n.block_id == block_value] if block is not None else []
     for n in nodes:
@@ -242,15 +254,16 @@ def pl_stamp(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def job_nodes_from_labels(items: Sequence[tuple[str, Mapping[str, str], Mapping[str, str], bool]]) -> list[JobNode]:
-    """JobNodes from (name, labels, annotations, cordoned) of the plan's nodes."""
+def job_nodes_from_labels(items: Sequence[tuple[str, Mapping[str, str], Mapping[str, str], bool, bool]]
+                          ) -> list[JobNode]:
+    """JobNodes from (name, labels, annotations, cordoned, signalled) of the plan's nodes."""
     out = []
-    for name, labels, annotations, cordoned in items:
+    for name, labels, annotations, cordoned, signalled in items:
         until = annotations.get(ANNOTATION_KEEP_ALIVE_UNTIL)
         try:
             when = datetime.fromisoformat(until.replace("Z", "+00:00")) if until else None
         except ValueError:
             when = None
         out.append(JobNode(name, labels.get(pl.LABEL_RESERVED_CAPACITY, ""), labels.get(pl.LABEL_SLOT, ""),
-                           labels.get(LABEL_WORKLOAD, ""), when, cordoned))
+                           labels.get(LABEL_WORKLOAD, ""), when, cordoned, signalled))
     return out

@@ -1,0 +1,254 @@
+"""The operator at fleet scale: memory, idle writes and idle CPU with many plans and nodes.
+
+1. The operator (demo profile, its own process) with nothing to do: its RSS after ``--warmup``
+   seconds is the idle operator's RSS.
+2. ``--plans`` auto-purchasing plans (1 x ml.p5.48xlarge, 1 minute) over 10 pools of 64, in a
+   window that starts 38 minutes ahead, so nothing falls due while the benchmark runs; created
+   from 4 threads. Timed until every plan is Scheduled (or Failed, reported). RSS then.
+3. ``--groups`` plans of 64 x ml.p5.48xlarge with a 3-hour block running now and one
+   InstanceGroup of 64 KWOK nodes each, plus (unless ``--no-ultraserver``) a plan of 16
+   ml.u-p6e-gb200x72 UltraServers and a group of 272 instances on them (16 x 17 active + 16
+   spares = 288 nodes). Timed until every group node is Ready and every group Ready. RSS then.
+4. An idle window of ``--idle`` seconds: the operator's CPU (utime + stime), its RSS every 10 s,
+   its status writes, and the apiserver's writes by resource (``apiserver_request_total``),
+   where writes to hyperplan objects, events and node metadata (not ``nodes/status``, which
+   KWOK's heartbeats write) are the operator's.
+
+Targets (issue 10): RSS at most the idle operator's + 200 MiB and flat over the idle window;
+0 API writes and under 2 % of a core while idle. Memory per plan and per node are the RSS steps
+of 2. and 3. divided by the plans and nodes. With ``BENCH_OPERATOR_TRACEMALLOC=<file>`` the
+operator runs under tracemalloc and the script prints where its memory is at the end (tracing
+itself costs memory and CPU: take the sites from such a run, the figures from an untraced one).
+
+    .venv/bin/python bench/scale.py [--plans 10000] [--groups 16] [--idle 300] [--warmup 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import (  # noqa: E402
+    API, GROUP, VERSION, BenchError, Harness, machine, metric_sum, node_ready, pool, print_figures,
+    proc_cpu_seconds, proc_rss_mib, run, scrape, step, ts, utcnow, verdict,
+)
+
+ITYPE = "ml.p5.48xlarge"
+GB200, X72 = "ml.p6e-gb200.36xlarge", "ml.u-p6e-gb200x72"
+AZS = [f"us-east-1{c}" for c in "abcdef"] + [f"us-west-2{c}" for c in "abcd"]
+WRITES = {"POST", "PUT", "PATCH", "DELETE", "APPLY", "DELETECOLLECTION"}
+RSS_BUDGET = 200.0  # MiB above the idle operator
+CPU_TARGET = 2.0  # percent of one core
+FLAT = 5.0  # MiB of growth over the idle window read as flat
+
+
+def loadavg() -> str:
+    return "/".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def writes(text: str) -> Counter:
+    out: Counter = Counter()
+    for labels, value in scrape(text, "apiserver_request_total"):
+        if labels.get("verb") in WRITES:
+            res = "/".join(x for x in (labels.get("group") or "core", labels.get("resource", "?"),
+                                       labels.get("subresource", "")) if x)
+            out[(res, labels["verb"])] += value
+    return out
+
+
+def operators(c: Counter) -> Counter:
+    """The writes only the operator makes: hyperplan objects, events, node metadata."""
+    return Counter({k: v for k, v in c.items() if k[0].startswith("hyperplan.dev/")
+                    or k[0] in ("core/events", "events.k8s.io/events", "core/nodes")})
+
+
+def diff(after: Counter, before: Counter) -> Counter:
+    return Counter({k: after[k] - before.get(k, 0) for k in after if after[k] - before.get(k, 0) > 0})
+
+
+def settled_rss(pid: int, seconds: float = 10) -> float:
+    """RSS once it has stopped moving by more than 1 MiB for ``seconds`` (at most 60 s)."""
+    last, since, deadline = proc_rss_mib(pid), time.monotonic(), time.monotonic() + 60
+    while time.monotonic() - since < seconds and time.monotonic() < deadline:
+        time.sleep(1)
+        now = proc_rss_mib(pid)
+        if abs(now - last) > 1:
+            last, since = now, time.monotonic()
+    return proc_rss_mib(pid)
+
+
+def create_plans(h: Harness, n: int) -> float:
+    for p in range(10):
+        h.create("capacitypools", pool(f"plans-{p:02d}", ITYPE, 64, AZS[p]))
+    start = utcnow() + timedelta(minutes=38)
+    spec = {"instanceType": ITYPE, "instanceCount": 1, "targetResource": "hyperpod-cluster", "duration": "1m",
+            "autoPurchase": True, "startTimeAfter": ts(start), "endTimeBefore": ts(start + timedelta(minutes=17))}
+    t0 = time.monotonic()
+
+    def make(i: int) -> None:
+        h.create("trainingplans", {"apiVersion": API, "kind": "TrainingPlan",
+                                   "metadata": {"name": f"scale-{i:05d}"}, "spec": spec})
+        if (i + 1) % 1000 == 0:
+            step(f"  created {i + 1} plans ({time.monotonic() - t0:.0f} s)")
+
+    with ThreadPoolExecutor(4) as ex:
+        list(ex.map(make, range(n)))
+    return time.monotonic() - t0
+
+
+def phases(h: Harness, prefix: str) -> Counter:
+    items = h.api.get(f"/apis/{GROUP}/{VERSION}/trainingplans", timeout=60)["items"]
+    return Counter((p.get("status") or {}).get("phase") or "none" for p in items
+                   if p["metadata"]["name"].startswith(prefix))
+
+
+def hold_nodes(h: Harness, groups: int, ultra: bool) -> int:
+    start_after = ts(utcnow() + timedelta(seconds=15))
+    if groups:
+        h.create("capacitypools", pool("nodes-p5", ITYPE, 64 * groups, "eu-west-1a"))
+    for j in range(groups):
+        h.create("trainingplans", {"apiVersion": API, "kind": "TrainingPlan", "metadata": {"name": f"nodes-{j:03d}"},
+                                   "spec": {"instanceType": ITYPE, "instanceCount": 64, "targetResource": "hyperpod-cluster",
+                                            "duration": "180m", "autoPurchase": True, "startTimeAfter": start_after}})
+        h.create("instancegroups", {"apiVersion": API, "kind": "InstanceGroup", "metadata": {"name": f"nodes-{j:03d}"},
+                                    "spec": {"trainingPlanRef": f"nodes-{j:03d}", "instanceType": ITYPE,
+                                             "instanceCount": 64}})
+    total = 64 * groups
+    if ultra:
+        h.create("capacitypools", pool("nodes-gb200", GB200, 18 * 16, "eu-west-1b", ultra=X72))
+        h.create("trainingplans", {"apiVersion": API, "kind": "TrainingPlan", "metadata": {"name": "nodes-x72"},
+                                   "spec": {"ultraServerType": X72, "ultraServerCount": 16, "targetResource": "hyperpod-cluster",
+                                            "duration": "180m", "autoPurchase": True, "startTimeAfter": start_after}})
+        h.create("instancegroups", {"apiVersion": API, "kind": "InstanceGroup", "metadata": {"name": "nodes-x72"},
+                                    "spec": {"trainingPlanRef": "nodes-x72", "instanceType": GB200,
+                                             "instanceCount": 16 * 17}})
+        total += 18 * 16
+    step(f"{groups} group(s) of 64 ml.p5 nodes{' and one of 16 x72 UltraServers (288 nodes)' if ultra else ''}: "
+         f"{total} nodes, blocks starting in ~15 s")
+    return total
+
+
+def main(h: Harness, args: argparse.Namespace) -> int:
+    load_start = loadavg()
+    op = h.start_operator("demo")
+    time.sleep(args.warmup)
+    rss_idle = settled_rss(op.pid)
+    step(f"idle operator: RSS {rss_idle:.1f} MiB")
+
+    t0 = time.monotonic()
+    cpu0 = proc_cpu_seconds(op.pid)
+    created = create_plans(h, args.plans)
+    step(f"{args.plans} plans created in {created:.0f} s; waiting until they are bought")
+    deadline = time.monotonic() + args.settle_timeout
+    while True:
+        h.tick()
+        counts = phases(h, "scale-")
+        step(f"  plans: {dict(counts)} ({time.monotonic() - t0:.0f} s, operator CPU {proc_cpu_seconds(op.pid) - cpu0:.0f} s, "
+             f"RSS {proc_rss_mib(op.pid):.0f} MiB, load {loadavg()})")
+        if counts.get("Scheduled", 0) + counts.get("Failed", 0) >= args.plans:
+            break
+        if time.monotonic() > deadline:
+            raise BenchError(f"{args.plans} plans not bought within {args.settle_timeout} s: {dict(counts)}")
+        time.sleep(10)
+    plans_settle = time.monotonic() - t0
+    plans_cpu = proc_cpu_seconds(op.pid) - cpu0
+    rss_plans = settled_rss(op.pid)
+    step(f"plans settled in {plans_settle:.0f} s ({plans_cpu:.0f} CPU-s); RSS {rss_plans:.1f} MiB")
+
+    nodes = hold_nodes(h, args.groups, args.ultraserver)
+    t1 = time.monotonic()
+    names = [f"nodes-{j:03d}" for j in range(args.groups)] + (["nodes-x72"] if args.ultraserver else [])
+    while True:
+        h.tick()
+        items = h.api.get("/api/v1/nodes?labelSelector=hyperplan.dev%2Finstance-group", timeout=60)["items"]
+        ready = sum(1 for i in items if node_ready(i))
+        groups_ready = sum(1 for g in names if h.status("instancegroups", g).get("phase") == "Ready")
+        step(f"  nodes Ready {ready}/{nodes}, groups Ready {groups_ready}/{len(names)} "
+             f"({time.monotonic() - t1:.0f} s, RSS {proc_rss_mib(op.pid):.0f} MiB, load {loadavg()})")
+        if ready >= nodes and groups_ready == len(names):
+            break
+        if time.monotonic() - t1 > args.nodes_timeout:
+            raise BenchError(f"nodes not Ready within {args.nodes_timeout} s: {ready}/{nodes}")
+        time.sleep(5)
+    nodes_ready = time.monotonic() - t1
+    time.sleep(10)  # the last status writes of the groups and plans
+    rss_nodes = settled_rss(op.pid)
+    step(f"all {nodes} nodes Ready in {nodes_ready:.0f} s; RSS {rss_nodes:.1f} MiB")
+
+    step(f"idle window: {args.idle} s")
+    m0, a0 = op.metrics(), writes(h.api.metrics())
+    t2, c2 = time.time(), proc_cpu_seconds(op.pid)
+    samples = [(0.0, rss_nodes)]
+    while time.time() - t2 < args.idle:
+        time.sleep(min(10, args.idle - (time.time() - t2)))
+        h.tick()
+        samples.append((time.time() - t2, proc_rss_mib(op.pid)))
+        step(f"  t={samples[-1][0]:4.0f} s  CPU {proc_cpu_seconds(op.pid) - c2:.2f} s  RSS {samples[-1][1]:.1f} MiB "
+             f"load {loadavg()}")
+    wall = time.time() - t2
+    cpu = proc_cpu_seconds(op.pid) - c2
+    m1, a1 = op.metrics(), writes(h.api.metrics())
+    all_writes = diff(a1, a0)
+    ours = operators(all_writes)
+    status_writes = metric_sum(m1, "hyperplan_status_writes_total") - metric_sum(m0, "hyperplan_status_writes_total")
+    idle_reconciles = metric_sum(m1, "hyperplan_reconciles_total") - metric_sum(m0, "hyperplan_reconciles_total")
+    step("apiserver writes in the idle window: " + ", ".join(f"{r} {v} {n:.0f}" for (r, v), n in sorted(all_writes.items())))
+    report = op.tracemalloc_report()
+    if report:
+        print("\n== where the operator's memory is (tracemalloc) ==\n" + report, flush=True)
+
+    rss_end = samples[-1][1]
+    growth = rss_end - rss_nodes
+    above = max(s[1] for s in samples) - rss_idle
+    cpu_pct = 100 * cpu / wall
+    per_plan = (rss_plans - rss_idle) * 1024 / max(1, args.plans)
+    per_node = (rss_nodes - rss_plans) * 1024 / max(1, nodes)
+    counts = phases(h, "scale-")
+    rows = [
+        ("machine", machine(), "", ""),
+        ("load average at the start / the end", f"{load_start} / {loadavg()}", "", ""),
+        ("plans bought (Scheduled / Failed)", f"{counts.get('Scheduled', 0)} / {counts.get('Failed', 0)} of {args.plans}",
+         f"{args.plans} / 0", verdict(counts.get("Scheduled", 0) == args.plans)),
+        ("plans: first create to all bought / creates alone / operator CPU",
+         f"{plans_settle:.0f} s / {created:.0f} s / {plans_cpu:.0f} s", "", ""),
+        ("group nodes (groups of 64 + UltraServer group)", f"{nodes} in {len(names)} groups", "", ""),
+        ("nodes: block start to all Ready (incl. status settle)", f"{nodes_ready:.0f} s", "", ""),
+        ("operator RSS idle / with plans / with plans and nodes / after the idle window",
+         f"{rss_idle:.1f} / {rss_plans:.1f} / {rss_nodes:.1f} / {rss_end:.1f} MiB", "", ""),
+        ("RSS above the idle operator (max over the idle window)", f"{above:+.1f} MiB", f"<= {RSS_BUDGET:.0f} MiB",
+         verdict(above <= RSS_BUDGET)),
+        ("memory per plan / per node", f"{per_plan:.1f} KiB / {per_node:.1f} KiB", "", ""),
+        (f"RSS growth over the idle window ({wall:.0f} s)", f"{growth:+.1f} MiB", f"< {FLAT:.0f} MiB",
+         verdict(growth < FLAT)),
+        ("idle: operator status writes / reconciles", f"{status_writes:.0f} / {idle_reconciles:.0f}", "0", verdict(status_writes == 0)),
+        ("idle: apiserver writes by the operator (hyperplan objects, events, node metadata)",
+         ", ".join(f"{r} {v} {n:.0f}" for (r, v), n in sorted(ours.items())) or "0", "0", verdict(not ours)),
+        ("idle: apiserver writes, all clients (KWOK heartbeats in nodes/status)", f"{sum(all_writes.values()):.0f}", "", ""),
+        ("idle: operator CPU", f"{cpu:.1f} s = {cpu_pct:.2f} % of a core", f"< {CPU_TARGET:.0f} %",
+         verdict(cpu_pct < CPU_TARGET)),
+    ]
+    print_figures("scale", rows)
+    ok = above <= RSS_BUDGET and growth < FLAT and status_writes == 0 and not ours and cpu_pct < CPU_TARGET
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--plans", type=int, default=10000)
+    ap.add_argument("--groups", type=int, default=16, help="groups of 64 KWOK nodes (each with its own plan)")
+    ap.add_argument("--no-ultraserver", dest="ultraserver", action="store_false",
+                    help="leave out the group of 16 x72 UltraServers (288 nodes)")
+    ap.add_argument("--idle", type=int, default=300, help="seconds of the idle window")
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--settle-timeout", type=int, default=1500)
+    ap.add_argument("--nodes-timeout", type=int, default=600)
+    args = ap.parse_args()
+    run(lambda h: main(h, args), "scale",
+        budget=120 + args.warmup + args.settle_timeout + args.nodes_timeout + args.idle + 300)
