@@ -154,8 +154,9 @@ def main(h: Harness, args: argparse.Namespace) -> int:
              f"RSS {proc_rss_mib(op.pid):.0f} MiB, load {loadavg()})")
         if counts.get("Scheduled", 0) + counts.get("Failed", 0) >= args.plans:
             break
-        if time.monotonic() > deadline:
-            raise BenchError(f"{args.plans} plans not bought within {args.settle_timeout} s: {dict(counts)}")
+        if time.monotonic() > deadline:  # report what was bought; the table says it did not settle
+            step(f"NOT SETTLED: {args.plans} plans not all bought within {args.settle_timeout} s: {dict(counts)}")
+            break
         time.sleep(10)
     plans_settle = time.monotonic() - t0
     plans_cpu = proc_cpu_seconds(op.pid) - cpu0
