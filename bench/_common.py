@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 ROOT = Path(__file__).resolve().parent.parent
-STATE = ROOT / ".state" / "bench"
+STATE = Path(os.environ.get("BENCH_STATE") or ROOT / ".state" / "bench")  # BENCH_STATE: run beside another bench
 PYTHON = ROOT / ".venv" / "bin" / "python"
 API = "hyperplan.dev/v1alpha1"
 GROUP, VERSION = "hyperplan.dev", "v1alpha1"

@@ -137,7 +137,10 @@ def hold_nodes(h: Harness, groups: int, ultra: bool) -> int:
 
 def main(h: Harness, args: argparse.Namespace) -> int:
     load_start = loadavg()
-    op = h.start_operator("demo")
+    # One replica, no election: on 2 shared cores the lease renewal thread of a busy operator
+    # missed its 10 s deadline once (the operator then exits by design); that is measured by the
+    # failover bench, not here.
+    op = h.start_operator("demo", extra_env={"HYPERPLAN_LEADER_ELECTION": "false"})
     time.sleep(args.warmup)
     rss_idle = settled_rss(op.pid)
     step(f"idle operator: RSS {rss_idle:.1f} MiB")
@@ -154,8 +157,9 @@ def main(h: Harness, args: argparse.Namespace) -> int:
              f"RSS {proc_rss_mib(op.pid):.0f} MiB, load {loadavg()})")
         if counts.get("Scheduled", 0) + counts.get("Failed", 0) >= args.plans:
             break
-        if time.monotonic() > deadline:
-            raise BenchError(f"{args.plans} plans not bought within {args.settle_timeout} s: {dict(counts)}")
+        if time.monotonic() > deadline:  # report what was bought; the table says it did not settle
+            step(f"NOT SETTLED: {args.plans} plans not all bought within {args.settle_timeout} s: {dict(counts)}")
+            break
         time.sleep(10)
     plans_settle = time.monotonic() - t0
     plans_cpu = proc_cpu_seconds(op.pid) - cpu0
