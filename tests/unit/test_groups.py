@@ -994,7 +994,8 @@ def test_a_remediation_pass_marks_promotes_and_backfills_through_the_provider():
     assert cluster.provider.calls == [("mark_unhealthy", name("0-1")), ("promote_spare", name("0-17")),
                                       ("annotate", name("0-1")), ("create", name("0-1") + "-g1")]
     assert cluster.pods.calls == [("evict", name("0-1"))]
-    assert cluster[name("0-1")].node.metadata.annotations[hl.ANNOTATION_EVICTING_SINCE] == "2026-12-01T12:00:20Z"
+    assert cluster[name("0-1")].node.metadata.annotations[hl.ANNOTATION_EVICTING_SINCE] == \
+        "2026-12-01T12:00:20.000000Z"
     failed, spare = cluster[name("0-1")], cluster[name("0-17")]
     assert failed.labels[pl.LABEL_HEALTH] == "UnschedulablePendingReplacement"
     assert pl.UNHEALTHY_TAINT in failed.taints

@@ -235,7 +235,8 @@ def evacuate_node(provider: NodeProvider, pods: NodePods, node: client.V1Node, a
     """Move the pods off a failed node whose replacement serves: through the Eviction API, or
     on a dead node past its deadline, marked Failed with ``DisruptionTarget`` and deleted."""
     if action.start:  # the eviction deadline of a dead node counts from here, across restarts
-        provider.annotate(action.node, {hl.ANNOTATION_EVICTING_SINCE: rfc3339(now)})
+        started = now.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")  # to the microsecond
+        provider.annotate(action.node, {hl.ANNOTATION_EVICTING_SINCE: started})
     if action.force:
         message = (f"hyperplan: node {action.node} failed ({action.reason}) and its replacement serves; "
                    "the node does not answer, so its pods are deleted")
@@ -276,7 +277,7 @@ def apply_decision(provider: NodeProvider, pods: NodePods, d: GroupDecision, raw
             metrics.REMEDIATIONS.labels("promote").inc()
             metrics.observe_spare_promotion(action.grace_ended, clock())
         elif isinstance(action, hl.EvictPods) and action.node in raw:
-            out.events.extend(evacuate_node(provider, pods, raw[action.node], action, now))
+            out.events.extend(evacuate_node(provider, pods, raw[action.node], action, clock()))
         elif isinstance(action, hl.RemoveNode):
             what = provider.release(action.node)
             out.released.append(action.node)
