@@ -288,8 +288,8 @@ class Operator:
     def pid(self) -> int:
         return self.proc.pid
 
-    def metrics(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
+    def metrics(self, timeout: float = 5) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=timeout) as r:
             return r.read().decode()
 
     def alive(self) -> bool:

@@ -187,7 +187,7 @@ def main(h: Harness, args: argparse.Namespace) -> int:
     step(f"all {nodes} nodes Ready in {nodes_ready:.0f} s; RSS {rss_nodes:.1f} MiB")
 
     step(f"idle window: {args.idle} s")
-    m0, a0 = op.metrics(), writes(h.api.metrics())
+    m0, a0 = op.metrics(timeout=120), writes(h.api.metrics())  # /metrics took > 5 s at 5,000 plans
     t2, c2 = time.time(), proc_cpu_seconds(op.pid)
     samples = [(0.0, rss_nodes)]
     while time.time() - t2 < args.idle:
@@ -198,7 +198,7 @@ def main(h: Harness, args: argparse.Namespace) -> int:
              f"load {loadavg()}")
     wall = time.time() - t2
     cpu = proc_cpu_seconds(op.pid) - c2
-    m1, a1 = op.metrics(), writes(h.api.metrics())
+    m1, a1 = op.metrics(timeout=120), writes(h.api.metrics())
     all_writes = diff(a1, a0)
     ours = operators(all_writes)
     status_writes = metric_sum(m1, "hyperplan_status_writes_total") - metric_sum(m0, "hyperplan_status_writes_total")

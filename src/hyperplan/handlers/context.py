@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Awaitable, Callable, TypeVar
@@ -78,6 +79,10 @@ class Runtime:
     clock: Clock = utcnow
     wakeups: Wakeups = field(default_factory=Wakeups)
     cache: WatchCache = field(default_factory=WatchCache)  # what the watches hold: the read side of passes
+    # Threads for purchases, which mostly wait for the ledger's next group commit: on the loop's
+    # default executor (6 threads on 2 cores) they would cap a batch at 6 and starve other passes.
+    purchase_threads: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(max_workers=64, thread_name_prefix="purchase"))
     # What the operator remembers of its groups between passes (first sights of health labels,
     # vanished and releasing nodes, the plan of each group): one owner, changed on the event loop.
     groups: GroupMemory = field(default_factory=GroupMemory)

@@ -128,8 +128,9 @@ async def reconcile_plan(rt: Runtime, name: str) -> datetime | None:
     decision = decide_plan(plan.spec, generation, plan.status, purchased, snapshots, rt.policy, now, usage)
 
     if decision.buy is not None:
-        outcome = await asyncio.to_thread(purchase, rt.ledger, name, uid, plan.spec, generation, plan.status,
-                                          decision.buy, rt.policy, rt.clock)
+        outcome = await asyncio.get_running_loop().run_in_executor(
+            rt.purchase_threads, purchase, rt.ledger, name, uid, plan.spec, generation, plan.status,
+            decision.buy, rt.policy, rt.clock)
         result = outcome.result
         if result.ok:
             metrics.PURCHASES.labels("Purchased").inc()
