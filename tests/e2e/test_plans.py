@@ -10,7 +10,9 @@ from tests.e2e.scenarios import (
 )
 from tests.kube import eventually
 
-TOLERANCE = timedelta(seconds=2)
+# Behaviour, not speed: a transition within a few seconds of its boundary (bench/transitions.py
+# measures the lag itself). The margin is for a loaded machine running every scenario side by side.
+TOLERANCE = timedelta(seconds=4)
 
 
 @scenario
