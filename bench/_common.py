@@ -29,6 +29,7 @@ import traceback
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -516,3 +517,23 @@ def run(main: Callable[[Harness], int], name: str, budget: float) -> None:
 
 
 __all__: Iterable[str] = [n for n in dir() if not n.startswith("_")]
+
+
+def loadavg() -> str:
+    """The machine's 1/5/15-minute load averages, as the figures are printed beside them."""
+    return "/".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def api_requests(text: str) -> Counter:
+    """The API server's apiserver_request_total by (verb, group/resource[/subresource])."""
+    out: Counter = Counter()
+    for labels, value in scrape(text, "apiserver_request_total"):
+        res = "/".join(x for x in (labels.get("group") or "core", labels.get("resource", "?"),
+                                   labels.get("subresource", "")) if x)
+        out[(labels.get("verb", "?"), res)] += value
+    return out
+
+
+def increase(after: Counter, before: Counter) -> Counter:
+    """What each counter grew by between two scrapes (keys that did not grow are left out)."""
+    return Counter({k: after[k] - before.get(k, 0) for k in after if after[k] - before.get(k, 0) > 0})

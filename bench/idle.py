@@ -34,6 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
+    increase,
     API, BenchError, Harness, machine, metric_sum, pool, print_figures, proc_cpu_seconds, proc_rss_mib, run,
     scrape, step, ts, utcnow, verdict, wait_for,
 )
@@ -53,10 +54,6 @@ def api_writes(text: str) -> Counter:
                                        labels.get("subresource", "")) if x)
             out[(res, labels["verb"])] += value
     return out
-
-
-def diff(after: Counter, before: Counter) -> Counter:
-    return Counter({k: after[k] - before.get(k, 0) for k in after if after[k] - before.get(k, 0) > 0})
 
 
 def show(c: Counter) -> str:
@@ -98,7 +95,7 @@ def main(h: Harness, args: argparse.Namespace) -> int:
         step(f"baseline: API writes of the bare control plane for {args.baseline} s (no operator)")
         b0 = api_writes(h.api.metrics())
         time.sleep(args.baseline)
-        baseline = diff(api_writes(h.api.metrics()), b0)
+        baseline = increase(api_writes(h.api.metrics()), b0)
         step(f"baseline writes: {show(baseline)}")
 
     op = h.start_operator("demo")
@@ -175,7 +172,7 @@ def main(h: Harness, args: argparse.Namespace) -> int:
 
     op_writes = metric_sum(m1, "hyperplan_status_writes_total") - metric_sum(m0, "hyperplan_status_writes_total")
     op_reconciles = metric_sum(m1, "hyperplan_reconciles_total") - metric_sum(m0, "hyperplan_reconciles_total")
-    writes = diff(a1, a0)
+    writes = increase(a1, a0)
     ours = Counter({k: v for k, v in writes.items() if k[0].startswith("hyperplan.dev/")})
     events = sum(v for k, v in writes.items() if k[0] in ("core/events", "events.k8s.io/events"))
     total = sum(writes.values())

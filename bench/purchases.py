@@ -35,6 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
+    loadavg, increase, api_requests,
     API, GROUP, VERSION, BenchError, Harness, machine, metric_sum, pool, print_figures, proc_cpu_seconds,
     proc_rss_mib, run, scrape, step, ts, utcnow, verdict,
 )
@@ -42,24 +43,6 @@ from _common import (  # noqa: E402
 ITYPE = "ml.p5.48xlarge"
 AZS = [f"us-east-1{c}" for c in "abcdef"] + [f"us-west-2{c}" for c in "abcd"] + [f"eu-west-1{c}" for c in "abc"]
 TARGET_RATIO = 2.0
-
-
-def loadavg() -> str:
-    return "/".join(Path("/proc/loadavg").read_text().split()[:3])
-
-
-def api_requests(text: str) -> Counter:
-    """apiserver_request_total by (verb, group/resource[/subresource])."""
-    out: Counter = Counter()
-    for labels, value in scrape(text, "apiserver_request_total"):
-        res = "/".join(x for x in (labels.get("group") or "core", labels.get("resource", "?"),
-                                   labels.get("subresource", "")) if x)
-        out[(labels.get("verb", "?"), res)] += value
-    return out
-
-
-def diff(after: Counter, before: Counter) -> Counter:
-    return Counter({k: after[k] - before.get(k, 0) for k in after if after[k] - before.get(k, 0) > 0})
 
 
 def show_requests(c: Counter, per: float, unit: str, only: str = "") -> str:
@@ -121,7 +104,7 @@ def run_floor(h: Harness, args, start_after, end_before, prefix: str = "floor") 
         if (i + 1) % max(1, args.plans // 10) == 0:
             step(f"  floor: {i + 1} plans written ({time.monotonic() - t0:.1f} s)")
     elapsed = time.monotonic() - t0
-    requests = diff(api_requests(h.api.metrics()), a0)
+    requests = increase(api_requests(h.api.metrics()), a0)
     step(f"floor: {elapsed:.2f} s; deleting the floor's plans and pools")
     h.custom.delete_collection_cluster_custom_object(GROUP, VERSION, "trainingplans", label_selector="bench=floor")
     for p in range(args.pools):
@@ -226,7 +209,7 @@ def main(h: Harness, args: argparse.Namespace) -> int:
     cpu = proc_cpu_seconds(op.pid) - cpu0
     rss = proc_rss_mib(op.pid)
     load_after_operator = loadavg()
-    requests = diff(a1, a0)
+    requests = increase(a1, a0)
     reconciles = metric_sum(m1, "hyperplan_reconciles_total", lambda l: l.get("kind") in (None, "TrainingPlan")) \
         - metric_sum(m0, "hyperplan_reconciles_total", lambda l: l.get("kind") in (None, "TrainingPlan"))
     status_writes = metric_sum(m1, "hyperplan_status_writes_total") - metric_sum(m0, "hyperplan_status_writes_total")

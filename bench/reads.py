@@ -27,28 +27,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
+    loadavg, increase, api_requests,
     API, Harness, machine, metric_sum, node_ready, pool, print_figures, run, scrape, step, ts, utcnow, wait_for,
 )
 
 ITYPE = "ml.p5.48xlarge"
 READS = ("GET", "LIST")
-
-
-def loadavg() -> str:
-    return "/".join(Path("/proc/loadavg").read_text().split()[:3])
-
-
-def requests(text: str) -> Counter:
-    out: Counter = Counter()
-    for labels, value in scrape(text, "apiserver_request_total"):
-        res = "/".join(x for x in (labels.get("group") or "core", labels.get("resource", "?"),
-                                   labels.get("subresource", "")) if x)
-        out[(labels.get("verb", "?"), res)] += value
-    return out
-
-
-def diff(after: Counter, before: Counter) -> Counter:
-    return Counter({k: after[k] - before.get(k, 0) for k in after if after[k] - before.get(k, 0) > 0})
 
 
 def reconciles(text: str, kind: str) -> float:
@@ -94,15 +78,15 @@ def main(h: Harness, args: argparse.Namespace) -> int:
         items = h.api.get(f"/api/v1/nodes?labelSelector=hyperplan.dev%2Finstance-group%3Dreads-{j:02d}")["items"]
         nodes[j] = sorted(i["metadata"]["name"] for i in items if "spare" not in
                           i["metadata"].get("labels", {}).get("hyperplan.dev/role", ""))
-    m0, a0 = op.metrics(), requests(h.api.metrics())
+    m0, a0 = op.metrics(), api_requests(h.api.metrics())
     for r in range(args.rounds):
         for j in range(g):
             h.core.patch_node(nodes[j][r % len(nodes[j])], {"metadata": {"labels": {"bench/touch": str(r)}}})
         still(2)
         step(f"round {r + 1}/{args.rounds}: reconciles so far plan {reconciles(op.metrics(), 'TrainingPlan') - reconciles(m0, 'TrainingPlan'):.0f}, "
              f"group {reconciles(op.metrics(), 'InstanceGroup') - reconciles(m0, 'InstanceGroup'):.0f}")
-    m1, a1 = op.metrics(), requests(h.api.metrics())
-    req = diff(a1, a0)
+    m1, a1 = op.metrics(), api_requests(h.api.metrics())
+    req = increase(a1, a0)
     req[("PATCH", "core/nodes")] -= args.rounds * g  # the bench's own label patches
     plan_passes = reconciles(m1, "TrainingPlan") - reconciles(m0, "TrainingPlan")
     group_passes = reconciles(m1, "InstanceGroup") - reconciles(m0, "InstanceGroup")

@@ -36,6 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
+    loadavg, increase,
     API, GROUP, VERSION, BenchError, Harness, machine, metric_sum, node_ready, pool, print_figures,
     proc_cpu_seconds, proc_rss_mib, run, scrape, step, ts, utcnow, verdict,
 )
@@ -47,10 +48,6 @@ WRITES = {"POST", "PUT", "PATCH", "DELETE", "APPLY", "DELETECOLLECTION"}
 RSS_BUDGET = 200.0  # MiB above the idle operator
 CPU_TARGET = 2.0  # percent of one core
 FLAT = 5.0  # MiB of growth over the idle window read as flat
-
-
-def loadavg() -> str:
-    return "/".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 def writes(text: str) -> Counter:
@@ -67,10 +64,6 @@ def operators(c: Counter) -> Counter:
     """The writes only the operator makes: hyperplan objects, events, node metadata."""
     return Counter({k: v for k, v in c.items() if k[0].startswith("hyperplan.dev/")
                     or k[0] in ("core/events", "events.k8s.io/events", "core/nodes")})
-
-
-def diff(after: Counter, before: Counter) -> Counter:
-    return Counter({k: after[k] - before.get(k, 0) for k in after if after[k] - before.get(k, 0) > 0})
 
 
 def settled_rss(pid: int, seconds: float = 10) -> float:
@@ -199,7 +192,7 @@ def main(h: Harness, args: argparse.Namespace) -> int:
     wall = time.time() - t2
     cpu = proc_cpu_seconds(op.pid) - c2
     m1, a1 = op.metrics(timeout=120), writes(h.api.metrics())
-    all_writes = diff(a1, a0)
+    all_writes = increase(a1, a0)
     ours = operators(all_writes)
     status_writes = metric_sum(m1, "hyperplan_status_writes_total") - metric_sum(m0, "hyperplan_status_writes_total")
     idle_reconciles = metric_sum(m1, "hyperplan_reconciles_total") - metric_sum(m0, "hyperplan_reconciles_total")
