@@ -37,6 +37,8 @@ from kubernetes import client  # noqa: E402
 from hyperplan.actuation.groups import observe_nodes  # noqa: E402
 from hyperplan.actuation.nodes import FakeProvider  # noqa: E402
 from hyperplan.api.models import InstanceGroupSpec, InstanceGroupStatus, ReservedCapacity  # noqa: E402
+from hyperplan.planning import counts as ct  # noqa: E402
+from hyperplan.planning import naming as nm  # noqa: E402
 from hyperplan.planning import placement as pl  # noqa: E402
 from hyperplan.planning.groups import Peer, PlanView, decide_group  # noqa: E402
 from hyperplan.planning.memory import GroupMemory  # noqa: E402
@@ -85,27 +87,27 @@ def measure(ultraservers: int, repeat: int, loops: int) -> dict[str, float]:
         provider.create(s)
         set_ready(provider.nodes[s.name], "True", T0 + timedelta(seconds=2))
     memory = GroupMemory()
-    keys = pl.TopologyKeys()
+    keys = nm.TopologyKeys()
     raw = provider.list("w")
     assert len(raw) == count, (len(raw), count)
     seen = observe_nodes("w", raw, memory, now, keys)
     steady = decide_group("w", 1, spec, first.status, plan, peers, seen.nodes, DEMO, now, keys)
     assert not (steady.create or steady.drain or steady.remediation), "the steady group must have nothing to do"
 
-    victim = next(n for n in raw if (n.metadata.labels or {}).get(pl.LABEL_ROLE) == pl.ROLE_ACTIVE)
+    victim = next(n for n in raw if (n.metadata.labels or {}).get(nm.LABEL_ROLE) == nm.ROLE_ACTIVE)
     set_ready(victim, "False", now - timedelta(seconds=30))
     failing = observe_nodes("w", provider.list("w"), GroupMemory(), now, keys)
     failed = decide_group("w", 1, spec, steady.status, plan, peers, failing.nodes, DEMO, now, keys)
     assert failed.remediation, "one node past its grace must be remediated"
     set_ready(victim, "True", T0 + timedelta(seconds=2))
 
-    plan_nodes = [pl.ObservedNode(n.metadata.name, "w", (n.metadata.labels or {}).get(pl.LABEL_ROLE, pl.ROLE_ACTIVE),
+    plan_nodes = [ct.ObservedNode(n.metadata.name, "w", (n.metadata.labels or {}).get(nm.LABEL_ROLE, nm.ROLE_ACTIVE),
                                   (n.metadata.labels or {}).get(keys.ultraserver_id), True, True, False) for n in raw]
     ultras = pl.ultraservers_for_block(block.id, X72, count, 1)
 
     def placement() -> None:
-        pl.plan_counts(count, ultraservers, plan_nodes)
-        pl.ultraserver_reports(ultras, "az1", plan_nodes)
+        ct.plan_counts(count, ultraservers, plan_nodes)
+        ct.ultraserver_reports(ultras, "az1", plan_nodes)
 
     return {
         "nodes": count,

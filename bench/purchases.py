@@ -24,7 +24,6 @@ and the load average at the start and the end.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import threading
 import time
@@ -37,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
     loadavg, increase, api_requests,
     API, GROUP, VERSION, BenchError, Harness, machine, metric_sum, pool, print_figures, proc_cpu_seconds,
-    proc_rss_mib, run, scrape, step, ts, utcnow, verdict,
+    proc_rss_mib, run, step, ts, utcnow, verdict,
 )
 
 ITYPE = "ml.p5.48xlarge"

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
     loadavg, increase, api_requests,
-    API, Harness, machine, metric_sum, node_ready, pool, print_figures, run, scrape, step, ts, utcnow, wait_for,
+    API, Harness, machine, metric_sum, node_ready, pool, print_figures, run, step, ts, utcnow, wait_for,
 )
 
 ITYPE = "ml.p5.48xlarge"

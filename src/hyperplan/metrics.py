@@ -26,11 +26,11 @@ from prometheus_client.registry import Collector
 from pydantic import ValidationError
 
 from hyperplan.api.models import (
-    CapacityPool, InstanceGroupSpec, InstanceGroupStatus, ReservedCapacity, TrainingPlanStatus,
+    CapacityPool, InstanceGroupStatus, ReservedCapacity, TrainingPlanStatus,
 )
 from hyperplan.api import vocabulary
 from hyperplan.planning import offerings as of
-from hyperplan.planning.placement import label_value
+from hyperplan.planning.naming import label_value
 
 # --------------------------------------------------------------------------- event metrics
 

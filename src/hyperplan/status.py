@@ -29,7 +29,7 @@ from rich.text import Text
 
 from hyperplan.api.models import (CapacityPoolSpec, CapacityPoolStatus, InstanceGroupStatus,
                                   TrainingPlanStatus, from_rfc3339, to_rfc3339)
-from hyperplan.planning import placement as pl
+from hyperplan.planning import naming as nm
 
 # ----------------------------------------------------------------------------- the snapshot
 
@@ -202,13 +202,13 @@ def _message(conditions: Iterable[Any]) -> str:
 
 def node_state(labels: dict[str, str], ready: str | None, unschedulable: bool) -> str:
     """One node's state in its group's view (see :data:`NODE_STATES`)."""
-    if labels.get(pl.LABEL_HEALTH, "").startswith(pl.HEALTH_UNSCHEDULABLE) or ready in ("False", "Unknown"):
+    if labels.get(nm.LABEL_HEALTH, "").startswith(nm.HEALTH_UNSCHEDULABLE) or ready in ("False", "Unknown"):
         return UNHEALTHY
     if unschedulable:
         return DRAINING
     if ready is None:
         return PROVISIONING
-    if labels.get(pl.LABEL_ROLE) == pl.ROLE_SPARE:
+    if labels.get(nm.LABEL_ROLE) == nm.ROLE_SPARE:
         return SPARE
     return SERVING
 
@@ -219,8 +219,8 @@ def node_from_api(node: Any, ultraserver_label: str) -> tuple[str, Node]:
     conditions = (node.status.conditions if node.status else None) or []
     ready = next((c.status for c in conditions if c.type == "Ready"), None)
     unschedulable = bool(node.spec and node.spec.unschedulable)
-    return labels.get(pl.LABEL_GROUP, ""), Node(
-        name=node.metadata.name, role=labels.get(pl.LABEL_ROLE, ""),
+    return labels.get(nm.LABEL_GROUP, ""), Node(
+        name=node.metadata.name, role=labels.get(nm.LABEL_ROLE, ""),
         state=node_state(labels, ready, unschedulable), ultra_server=labels.get(ultraserver_label))
 
 
@@ -280,7 +280,7 @@ def snapshot_from_objects(pools: list[dict], plans: list[dict], groups: list[dic
             name=name, training_plan=spec.get("trainingPlanRef", ""), phase=st.phase or "",
             availability_zone=st.availability_zone or "", desired_count=st.desired_count,
             ready_count=st.ready_count, spare_count=st.spare_count, unhealthy_count=st.unhealthy_count,
-            nodes=sorted(by_group.get(pl.label_value(name), []), key=lambda n: n.name),
+            nodes=sorted(by_group.get(nm.label_value(name), []), key=lambda n: n.name),
             message=_message(st.conditions)))
     return snap
 
@@ -296,7 +296,7 @@ def gather(kube: Any, now: datetime | None = None, ultraserver_label: str | None
     pools = kube.list_objects("capacitypools")
     plans = kube.list_objects("trainingplans")
     groups = kube.list_objects("instancegroups")
-    nodes = [node_from_api(n, ultraserver_label) for n in kube.list_nodes(pl.LABEL_GROUP)]
+    nodes = [node_from_api(n, ultraserver_label) for n in kube.list_nodes(nm.LABEL_GROUP)]
     return snapshot_from_objects(pools, plans, groups, nodes, now or utcnow())
 
 
@@ -308,8 +308,8 @@ NOW_MARK, EMPTY_MARK = "│", "·"
 PHASE_STYLE = {"Active": "bold green", "Ready": "bold green", "Scheduled": "cyan", "Waiting": "cyan",
                "Pending": "yellow", "Provisioning": "yellow", "Draining": "magenta",
                "Expired": "grey50", "Failed": "bold red"}
-HEALTH_STYLE = {pl.STATUS_OK: "bold green", pl.STATUS_IMPAIRED: "bold red",
-                pl.STATUS_INSUFFICIENT_DATA: "yellow"}
+HEALTH_STYLE = {nm.STATUS_OK: "bold green", nm.STATUS_IMPAIRED: "bold red",
+                nm.STATUS_INSUFFICIENT_DATA: "yellow"}
 STATE_STYLE = {SERVING: "green", SPARE: "cyan", PROVISIONING: "yellow", DRAINING: "magenta",
                UNHEALTHY: "bold red"}
 

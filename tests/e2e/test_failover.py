@@ -23,7 +23,7 @@ from datetime import datetime, timedelta
 
 from kubernetes import client
 
-from tests.e2e.scenarios import Context, PodWatch, Recorder, events_for, late_scenario, parse_ts, ts, utcnow
+from tests.e2e.scenarios import Context, PodWatch, Recorder, events_for, late_scenario, ts, utcnow
 from tests.kube import eventually
 
 API = "hyperplan.dev/v1alpha1"

@@ -14,13 +14,14 @@ from kubernetes.client.rest import ApiException
 from hyperplan.actuation.kube import Kube, api_client
 from hyperplan.actuation.nodes import AdoptionConflict, NoFreeNode, StaticProvider
 from hyperplan.planning import lending as ln
+from hyperplan.planning import naming as nm
 from hyperplan.planning import placement as pl
 from tests.kube import Kubectl, eventually
 
 
 def spec(name: str, itype: str, zone: str) -> pl.NodeSpec:
-    return pl.NodeSpec(name, {pl.LABEL_GROUP: "g", pl.LABEL_ROLE: "active", pl.LABEL_INSTANCE_TYPE: itype,
-                              pl.LABEL_ZONE: zone}, (), "active", None, itype, zone)
+    return pl.NodeSpec(name, {nm.LABEL_GROUP: "g", nm.LABEL_ROLE: "active", nm.LABEL_INSTANCE_TYPE: itype,
+                              nm.LABEL_ZONE: zone}, (), "active", None, itype, zone)
 
 
 @pytest.fixture
@@ -34,8 +35,8 @@ def pool(crds: Kubectl, plane):
         names = [f"adopt-{tag}-{i}" for i in range(count)]
         crds.apply([{"apiVersion": "v1", "kind": "Node",
                      "metadata": {"name": n, "annotations": {"kwok.x-k8s.io/node": "fake"},
-                                  "labels": {ln.LABEL_POOL: ln.POOL_FREE, pl.LABEL_INSTANCE_TYPE: itype,
-                                             pl.LABEL_ZONE: zone}}} for n in names])
+                                  "labels": {ln.LABEL_POOL: ln.POOL_FREE, nm.LABEL_INSTANCE_TYPE: itype,
+                                             nm.LABEL_ZONE: zone}}} for n in names])
         made.extend(names)
         kube = Kube(api_client(str(plane.kubeconfig)))
         eventually(lambda: len([n for n in StaticProvider(kube).free_nodes(itype, zone)

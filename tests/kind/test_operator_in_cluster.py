@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import socket
 import subprocess
-import time
 from pathlib import Path
 
 import pytest

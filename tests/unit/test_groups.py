@@ -24,6 +24,7 @@ from hyperplan.actuation.groups import (
 from hyperplan.actuation.nodes import LABEL_NODE_ID, FakeNodePods, FakeProvider, NodeProvider, taints_of
 from hyperplan.api.models import InstanceGroupSpec, InstanceGroupStatus, ReservedCapacity
 from hyperplan.planning import health as hl
+from hyperplan.planning import naming as nm
 from hyperplan.planning import placement as pl
 from hyperplan.planning.groups import (
     CONDITION_BLOCK_TERMINATING,
@@ -91,7 +92,7 @@ class NodeHandle:
         return self.node.metadata.labels
 
     @property
-    def taints(self) -> tuple[pl.Taint, ...]:
+    def taints(self) -> tuple[nm.Taint, ...]:
         return taints_of(self.node)
 
     def _ready(self) -> client.V1NodeCondition | None:
@@ -127,7 +128,7 @@ class NodeHandle:
     @health_since.setter
     def health_since(self, when: datetime) -> None:
         """When the node's health label was first seen, as the node's own record keeps it."""
-        value = self.labels[pl.LABEL_HEALTH]
+        value = self.labels[nm.LABEL_HEALTH]
         annotations = dict(self.node.metadata.annotations or {})
         annotations[hl.ANNOTATION_HEALTH_SINCE] = hl.health_signal_record(value, when)
         self.node.metadata.annotations = annotations
@@ -193,7 +194,7 @@ class Cluster:
         return applied
 
 
-KEYS = pl.TopologyKeys()
+KEYS = nm.TopologyKeys()
 
 
 def observed(cluster: Cluster, now: datetime | None = None) -> list[ObservedGroupNode]:
@@ -351,11 +352,11 @@ def test_block_start_creates_active_nodes_fill_first_plus_one_spare_per_ultraser
     us1 = [name(f"1-{j}") for j in range(4)]
     assert [c.name for c in d.create] == us0 + us1
     roles = {c.name: c.role for c in d.create}
-    assert [n for n in us0 + us1 if roles[n] == pl.ROLE_SPARE] == [name("0-17"), name("1-3")]
+    assert [n for n in us0 + us1 if roles[n] == nm.ROLE_SPARE] == [name("0-17"), name("1-3")]
     assert Counter((c.ultraserver_id, c.role) for c in d.create) == {
         (US0, "active"): 17, (US0, "spare"): 1, (US1, "active"): 3, (US1, "spare"): 1}
     assert {c.name: c.taints for c in d.create if c.taints} == {
-        name("0-17"): (pl.SPARE_TAINT,), name("1-3"): (pl.SPARE_TAINT,)}
+        name("0-17"): (nm.SPARE_TAINT,), name("1-3"): (nm.SPARE_TAINT,)}
     assert (d.update, d.drain, d.remediation) == ([], [], ())
     assert d.block == BLOCK
 
@@ -393,13 +394,13 @@ def test_node_labels():
 def test_group_labels_and_taints_go_on_every_node():
     gpu = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
     d = decide(s=spec(labels={"team": "llm", "hyperplan.dev/role": "mine"}, taints=[gpu]))
-    taint = pl.Taint("nvidia.com/gpu", "present", "NoSchedule")
+    taint = nm.Taint("nvidia.com/gpu", "present", "NoSchedule")
 
     assert len(d.create) == 22
     assert all(c.labels["team"] == "llm" for c in d.create)
     # The operator's own labels win over the group's.
     assert Counter(c.labels["hyperplan.dev/role"] for c in d.create) == {"active": 20, "spare": 2}
-    assert Counter(c.taints for c in d.create) == {(taint,): 20, (taint, pl.SPARE_TAINT): 2}
+    assert Counter(c.taints for c in d.create) == {(taint,): 20, (taint, nm.SPARE_TAINT): 2}
 
 
 def test_block_start_status():
@@ -498,10 +499,10 @@ def test_two_groups_sharing_a_plan(b_count, a_layout, b_layout):
     assert all(n.startswith(f"hp-b-{H}-") for n in b_names)
     assert {c.labels["hyperplan.dev/instance-group"] for c in b.create} == {"b"}
     # Together they never hold more active nodes on an UltraServer than it has usable.
-    active = Counter(c.ultraserver_id for c in a.create + b.create if c.role == pl.ROLE_ACTIVE)
+    active = Counter(c.ultraserver_id for c in a.create + b.create if c.role == nm.ROLE_ACTIVE)
     assert all(v <= 17 for v in active.values())
     # Each UltraServer's spare exists once, with the first group that uses it.
-    spares = Counter(c.ultraserver_id for c in a.create + b.create if c.role == pl.ROLE_SPARE)
+    spares = Counter(c.ultraserver_id for c in a.create + b.create if c.role == nm.ROLE_SPARE)
     assert all(v == 1 for v in spares.values())
 
 
@@ -577,7 +578,7 @@ def test_group_shrunk_to_one_ultraserver_keeps_fourteen_active_nodes_and_its_spa
         d = decide(observed(cluster), s=spec(14), now=now, prior=d.status)
 
     assert (d.create, d.update, d.drain) == ([], [], [])
-    assert Counter((n.labels[US_KEY], n.labels[pl.LABEL_ROLE]) for n in cluster.values()) == {
+    assert Counter((n.labels[US_KEY], n.labels[nm.LABEL_ROLE]) for n in cluster.values()) == {
         (US0, "active"): 14, (US0, "spare"): 1}
     assert (d.status.ready_count, d.status.spare_count, d.status.desired_count) == (14, 1, 14)
 
@@ -586,7 +587,7 @@ def test_group_shrunk_to_one_ultraserver_keeps_fourteen_active_nodes_and_its_spa
                                    "UnschedulablePendingReplacement"])
 def test_a_node_with_an_unschedulable_health_label_is_never_drained_as_not_desired(label):
     cluster = running()
-    cluster[name("1-1")].labels[pl.LABEL_HEALTH] = label
+    cluster[name("1-1")].labels[nm.LABEL_HEALTH] = label
     cluster[name("1-1")].health_since = NOW  # within the grace: not yet judged
     d = decide(observed(cluster), s=spec(17))
 
@@ -705,13 +706,13 @@ def test_a_failed_node_is_marked_and_replaced_by_the_spare_on_its_ultraserver():
     assert d.remediation == (
         hl.MarkUnhealthy(name("0-1"), "Ready=False"),
         hl.PromoteSpare(name("0-17"), name("0-1"), US0, True),
-        hl.Backfill(name("0-1"), "0-1", 1, pl.ROLE_SPARE, US0),
+        hl.Backfill(name("0-1"), "0-1", 1, nm.ROLE_SPARE, US0),
         # The spare serves from this pass on: the failed node's pods are evicted at once.
         hl.EvictPods(name("0-1"), "Ready=False", start=True),
     )
     # The backfill gets a new name (generation 1) in the failed node's slot, as the new spare.
     assert [(c.name, c.role, c.slot, c.generation, c.taints) for c in d.create] == [
-        (name("0-1") + "-g1", "spare", "0-1", 1, (pl.SPARE_TAINT,))]
+        (name("0-1") + "-g1", "spare", "0-1", 1, (nm.SPARE_TAINT,))]
     assert d.create[0].labels["hyperplan.dev/generation"] == "1"
     assert d.create[0].labels[US_KEY] == US0
     # Nothing is removed before its replacement is Ready (make before break).
@@ -736,7 +737,7 @@ def test_remediation_makes_before_it_breaks():
     assert (p2.create, p2.update, p2.drain) == ([], [], [])
     assert name("0-1") in {o for o in cluster}
     # The promoted spare now serves in the failed node's stead.
-    assert cluster[name("0-17")].labels[pl.LABEL_ROLE] == "active"
+    assert cluster[name("0-17")].labels[nm.LABEL_ROLE] == "active"
     assert (p2.status.ready_count, p2.status.spare_count, p2.status.unhealthy_count) == (20, 1, 1)
 
     cluster[name("0-1") + "-g1"].ready = "True"
@@ -750,7 +751,7 @@ def test_remediation_makes_before_it_breaks():
     assert (p4.create, p4.update, p4.drain, p4.remediation) == ([], [], [], ())
     assert (p4.status.phase, p4.status.ready_count, p4.status.spare_count, p4.status.unhealthy_count) == (
         "Ready", 20, 2, 0)
-    assert Counter((n.labels[US_KEY], n.labels[pl.LABEL_ROLE]) for n in cluster.values()) == {
+    assert Counter((n.labels[US_KEY], n.labels[nm.LABEL_ROLE]) for n in cluster.values()) == {
         (US0, "active"): 17, (US0, "spare"): 1, (US1, "active"): 3, (US1, "spare"): 1}
     assert sorted(cluster) == sorted((set(RUNNING) - {name("0-1")}) | {name("0-1") + "-g1"})
 
@@ -777,9 +778,9 @@ def test_a_promoted_spare_keeps_its_active_role(failures, promoted):
             assert name(spare) not in {x.node for x in d.drain}
     for spare, failed_slot in promoted.items():
         n = cluster[name(spare)]
-        assert n.labels[pl.LABEL_ROLE] == "active"
-        assert n.labels[pl.LABEL_REPLACES] == name(failed_slot)
-        assert pl.SPARE_TAINT not in n.taints
+        assert n.labels[nm.LABEL_ROLE] == "active"
+        assert n.labels[nm.LABEL_REPLACES] == name(failed_slot)
+        assert nm.SPARE_TAINT not in n.taints
     assert not {name(f) for f in failures} & set(cluster)  # the failed nodes are gone
 
 
@@ -796,8 +797,8 @@ def test_a_spare_promoted_across_ultraservers_stays_active_and_the_group_keeps_i
         hl.MarkUnhealthy(name("0-10"), "Ready=False"),
         hl.PromoteSpare(name("0-17"), name("0-1"), US0, True),
         hl.PromoteSpare(name("1-3"), name("0-10"), US1, False),
-        hl.Backfill(name("0-1"), "0-1", 1, pl.ROLE_SPARE, US0),
-        hl.Backfill(name("0-10"), "0-10", 1, pl.ROLE_SPARE, US0),
+        hl.Backfill(name("0-1"), "0-1", 1, nm.ROLE_SPARE, US0),
+        hl.Backfill(name("0-10"), "0-10", 1, nm.ROLE_SPARE, US0),
         hl.EvictPods(name("0-1"), "Ready=False", start=True),
         hl.EvictPods(name("0-10"), "Ready=False", start=True),
     )
@@ -807,9 +808,9 @@ def test_a_spare_promoted_across_ultraservers_stays_active_and_the_group_keeps_i
         now += timedelta(seconds=1)
         p1 = decide(observed(cluster), now=now, prior=p1.status)
 
-    assert cluster[name("1-3")].labels[pl.LABEL_ROLE] == "active"
+    assert cluster[name("1-3")].labels[nm.LABEL_ROLE] == "active"
     assert (p1.create, p1.update, p1.drain, p1.remediation) == ([], [], [], ())
-    roles = Counter(n.labels[pl.LABEL_ROLE] for n in cluster.values())
+    roles = Counter(n.labels[nm.LABEL_ROLE] for n in cluster.values())
     assert roles == {"active": 20, "spare": 2}
     assert (p1.status.ready_count, p1.status.spare_count) == (20, 2)
 
@@ -912,7 +913,7 @@ def test_plain_block_has_no_spares_and_backfills_an_active_node():
     cluster[names[2]].ready_since = FAIL_AT
     d = decide(observed(cluster), s=s, plan=PLAIN_PLAN, now=P1)
     assert d.remediation == (hl.MarkUnhealthy(names[2], "Ready=False"),
-                             hl.Backfill(names[2], "2", 1, pl.ROLE_ACTIVE, None))
+                             hl.Backfill(names[2], "2", 1, nm.ROLE_ACTIVE, None))
     assert [(c.name, c.role) for c in d.create] == [(names[2] + "-g1", "active")]
 
 
@@ -926,8 +927,8 @@ def test_plain_block_group_larger_than_the_block():
 # =========================================================================== FakeProvider
 
 
-def node_spec(n: str = "hp-w-x-0", group: str = "w", taints=(pl.SPARE_TAINT,), role: str = "spare") -> pl.NodeSpec:
-    return pl.NodeSpec(n, {pl.LABEL_GROUP: group, pl.LABEL_ROLE: role}, tuple(taints), role, None,
+def node_spec(n: str = "hp-w-x-0", group: str = "w", taints=(nm.SPARE_TAINT,), role: str = "spare") -> pl.NodeSpec:
+    return pl.NodeSpec(n, {nm.LABEL_GROUP: group, nm.LABEL_ROLE: role}, tuple(taints), role, None,
                        "ml.p5.48xlarge", "use1-az1")
 
 
@@ -940,14 +941,14 @@ def test_fake_provider_records_calls_and_keeps_nodes():
     p.create(node_spec("n1"))
     p.create(node_spec("n1"))  # idempotent: the node is not replaced
     p.create(node_spec("n2", group="other", taints=()))
-    custom = pl.Taint("team", "x", "NoSchedule")
+    custom = nm.Taint("team", "x", "NoSchedule")
     p.nodes["n1"].spec.taints.append(client.V1Taint(key="team", value="x", effect="NoSchedule"))
-    p.update("n1", node_spec("n1", taints=(), role="active"), {pl.SPARE_TAINT.key})
+    p.update("n1", node_spec("n1", taints=(), role="active"), {nm.SPARE_TAINT.key})
     p.cordon("n1")
 
     assert p.calls == [("create", "n1"), ("create", "n1"), ("create", "n2"), ("update", "n1"), ("cordon", "n1")]
     n1 = p.nodes["n1"]
-    assert n1.metadata.labels == {pl.LABEL_GROUP: "w", pl.LABEL_ROLE: "active", LABEL_NODE_ID: "n1"}
+    assert n1.metadata.labels == {nm.LABEL_GROUP: "w", nm.LABEL_ROLE: "active", LABEL_NODE_ID: "n1"}
     assert [(t.key, t.value, t.effect) for t in n1.spec.taints] == [(custom.key, custom.value, custom.effect)]
     assert n1.spec.unschedulable is True
     assert [n.metadata.name for n in p.list("w")] == ["n1"]
@@ -977,7 +978,7 @@ def test_fake_provider_fail_on_raises_and_still_records(op):
     assert p.calls[-1] == (op, target)
     # The failed operation changed nothing.
     assert sorted(p.nodes) == ["n1"]
-    assert p.nodes["n1"].metadata.labels[pl.LABEL_ROLE] == "spare"
+    assert p.nodes["n1"].metadata.labels[nm.LABEL_ROLE] == "spare"
     assert p.nodes["n1"].spec.unschedulable is None
 
 
@@ -997,10 +998,10 @@ def test_a_remediation_pass_marks_promotes_and_backfills_through_the_provider():
     assert cluster[name("0-1")].node.metadata.annotations[hl.ANNOTATION_EVICTING_SINCE] == \
         "2026-12-01T12:00:20.000000Z"
     failed, spare = cluster[name("0-1")], cluster[name("0-17")]
-    assert failed.labels[pl.LABEL_HEALTH] == "UnschedulablePendingReplacement"
-    assert pl.UNHEALTHY_TAINT in failed.taints
-    assert (spare.labels[pl.LABEL_ROLE], spare.labels[pl.LABEL_REPLACES]) == ("active", name("0-1"))
-    assert pl.SPARE_TAINT not in spare.taints
+    assert failed.labels[nm.LABEL_HEALTH] == "UnschedulablePendingReplacement"
+    assert nm.UNHEALTHY_TAINT in failed.taints
+    assert (spare.labels[nm.LABEL_ROLE], spare.labels[nm.LABEL_REPLACES]) == ("active", name("0-1"))
+    assert nm.SPARE_TAINT not in spare.taints
     assert [(body["metadata"]["name"] if body else None, ev.type, ev.reason) for body, ev in applied.events] == [
         (name("0-1"), "Warning", "NodeUnhealthy"), (name("0-17"), "Normal", "SparePromoted"),
         (name("0-1"), "Normal", "PodsEvicted"), (None, "Normal", "NodeCreated")]
@@ -1068,7 +1069,7 @@ def test_drain_node_without_a_deadline_waits_for_every_pod():
 def test_the_health_signal_record_is_written_with_the_pass_and_removed_with_the_label():
     cluster = running()
     node = name("0-2")
-    cluster[node].labels[pl.LABEL_SAGEMAKER_HEALTH] = "Unschedulable"
+    cluster[node].labels[nm.LABEL_SAGEMAKER_HEALTH] = "Unschedulable"
     d = decide(observed(cluster, NOW), now=NOW, prior=READY_STATUS)
     cluster.provider.calls.clear()
     apply(d, cluster, NOW)
@@ -1083,7 +1084,7 @@ def test_the_health_signal_record_is_written_with_the_pass_and_removed_with_the_
     assert cluster.provider.calls == []
 
     # The label goes: so does the record (and the memory of its first sight).
-    del cluster[node].labels[pl.LABEL_SAGEMAKER_HEALTH]
+    del cluster[node].labels[nm.LABEL_SAGEMAKER_HEALTH]
     d = decide(observed(cluster, later), now=later, prior=d.status)
     cluster.provider.calls.clear()
     apply(d, cluster, later)
@@ -1094,20 +1095,20 @@ def test_the_health_signal_record_is_written_with_the_pass_and_removed_with_the_
 @pytest.mark.parametrize(
     "labels, recorded, first_seen, label, since",
     [
-        pytest.param({pl.LABEL_SAGEMAKER_HEALTH: "Unschedulable"}, None, NOW, "Unschedulable", NOW,
+        pytest.param({nm.LABEL_SAGEMAKER_HEALTH: "Unschedulable"}, None, NOW, "Unschedulable", NOW,
                      id="sagemaker-label-first-seen-now"),
-        pytest.param({pl.LABEL_HEALTH: "Schedulable", pl.LABEL_SAGEMAKER_HEALTH: "UnschedulablePendingReboot"},
+        pytest.param({nm.LABEL_HEALTH: "Schedulable", nm.LABEL_SAGEMAKER_HEALTH: "UnschedulablePendingReboot"},
                      None, NOW, "UnschedulablePendingReboot", NOW, id="the-bad-label-wins"),
-        pytest.param({pl.LABEL_SAGEMAKER_HEALTH: "Unschedulable"}, "Unschedulable@2026-12-01T12:00:02Z", NOW,
+        pytest.param({nm.LABEL_SAGEMAKER_HEALTH: "Unschedulable"}, "Unschedulable@2026-12-01T12:00:02Z", NOW,
                      "Unschedulable", T0 + timedelta(seconds=2), id="the-nodes-earlier-record-wins-after-a-restart"),
-        pytest.param({pl.LABEL_SAGEMAKER_HEALTH: "Unschedulable"}, "UnschedulablePendingReboot@2026-12-01T12:00:02Z",
+        pytest.param({nm.LABEL_SAGEMAKER_HEALTH: "Unschedulable"}, "UnschedulablePendingReboot@2026-12-01T12:00:02Z",
                      NOW, "Unschedulable", NOW, id="a-record-of-another-value-is-ignored"),
-        pytest.param({pl.LABEL_HEALTH: "Schedulable"}, None, NOW, "Schedulable", None, id="healthy"),
+        pytest.param({nm.LABEL_HEALTH: "Schedulable"}, None, NOW, "Schedulable", None, id="healthy"),
     ],
 )
 def test_observe_node_reads_the_health_label_and_its_start(labels, recorded, first_seen, label, since):
     node = client.V1Node(metadata=client.V1ObjectMeta(
-        name="n", labels={LABEL_NODE_ID: "hp-n", pl.LABEL_SLOT: "0-1", pl.LABEL_GENERATION: "x", **labels},
+        name="n", labels={LABEL_NODE_ID: "hp-n", nm.LABEL_SLOT: "0-1", nm.LABEL_GENERATION: "x", **labels},
         annotations={hl.ANNOTATION_HEALTH_SINCE: recorded} if recorded else None), spec=client.V1NodeSpec())
     seen = observe_node(node, NOW + timedelta(seconds=30), KEYS, lambda n, v: first_seen)
     assert (seen.name, seen.health.health_label, seen.health.health_label_since) == ("hp-n", label, since)
@@ -1135,7 +1136,7 @@ def test_memory_drops_a_vanished_node_once_its_slot_is_replaced():
     # Its slot gets a newer generation: the entry goes, from the status too.
     cluster.provider.create(dataclasses.replace(
         next(s for s in FIRST.create if s.name == gone), name=gone + "-g1",
-        labels={**next(s for s in FIRST.create if s.name == gone).labels, pl.LABEL_GENERATION: "1"}))
+        labels={**next(s for s in FIRST.create if s.name == gone).labels, nm.LABEL_GENERATION: "1"}))
     nodes = observed(cluster, later + timedelta(seconds=1))
     assert all(n.health.exists for n in nodes)
     assert cluster.memory.vanished("w") == []
@@ -1190,10 +1191,10 @@ def test_a_deleted_group_leaves_nothing_in_the_memory():
 def test_a_deletion_event_is_a_failure_only_when_the_operator_did_not_remove_the_node(releasing, by_operator,
                                                                                       vanished):
     m = GroupMemory()
-    m.observe("g", [PresentNode("a", {pl.LABEL_SLOT: "0"})], NOW)
+    m.observe("g", [PresentNode("a", {nm.LABEL_SLOT: "0"})], NOW)
     if releasing:
         m.note_releasing("g", ["a"])
-    m.note_deleted("g", "a", {pl.LABEL_SLOT: "0"}, NOW, by_operator=by_operator)
+    m.note_deleted("g", "a", {nm.LABEL_SLOT: "0"}, NOW, by_operator=by_operator)
     assert [v.name for v in m.vanished("g")] == (["a"] if vanished else [])
 
 
@@ -1329,7 +1330,7 @@ def test_a_dead_nodes_pods_are_evicted_then_forced_out_and_only_then_is_the_node
 def test_a_live_failed_nodes_pods_are_evicted_never_forced_and_hold_its_removal():
     cluster = running()
     failed = name("0-1")
-    cluster[failed].labels[pl.LABEL_HEALTH] = "Unschedulable"  # a health agent says so; the kubelet answers
+    cluster[failed].labels[nm.LABEL_HEALTH] = "Unschedulable"  # a health agent says so; the kubelet answers
     cluster[failed].health_since = FAIL_AT
     cluster.pods.pods[failed] = ["default/guarded"]
     cluster.pods.guarded = {"default/guarded"}

@@ -25,8 +25,8 @@ from hyperplan.planning.health import (
     plan_remediation,
     remediation_allowed,
 )
+from hyperplan.planning.naming import UNHEALTHY_TAINT
 from hyperplan.planning.placement import (
-    UNHEALTHY_TAINT,
     GroupRequest,
     SlotState,
     desired_nodes,

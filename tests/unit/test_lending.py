@@ -8,19 +8,19 @@ import json
 import pytest
 
 from hyperplan.planning import lending as ln
-from hyperplan.planning import placement as pl
+from hyperplan.planning import naming as nm
 
 READY = {"Ready": "True"}
 ME = ln.OperatorIdentity(pod_name="hyperplan-7d9-abc", namespace="hyperplan-system", node_name="worker-op",
                          pod_labels={"app.kubernetes.io/name": "hyperplan", "app.kubernetes.io/instance": "hp"})
-GROUP_TAINT = pl.Taint("example.com/dedicated", "frontier", "NoSchedule")
-ADMIN_TAINT = pl.Taint("example.com/maintenance-window", "sunday", "PreferNoSchedule")
+GROUP_TAINT = nm.Taint("example.com/dedicated", "frontier", "NoSchedule")
+ADMIN_TAINT = nm.Taint("example.com/maintenance-window", "sunday", "PreferNoSchedule")
 
 
 def free(name: str, **kw) -> ln.PoolNode:
     kw.setdefault("conditions", READY)
-    kw.setdefault("labels", {ln.LABEL_POOL: ln.POOL_FREE, pl.LABEL_INSTANCE_TYPE: "ml.p5.48xlarge",
-                             pl.LABEL_ZONE: "us-east-1a"})
+    kw.setdefault("labels", {ln.LABEL_POOL: ln.POOL_FREE, nm.LABEL_INSTANCE_TYPE: "ml.p5.48xlarge",
+                             nm.LABEL_ZONE: "us-east-1a"})
     return ln.PoolNode(name=name, resource_version="41", **kw)
 
 
@@ -34,11 +34,11 @@ def free(name: str, **kw) -> ln.PoolNode:
     (free("w1", conditions={}), (), "is not Ready (no Ready condition)"),
     (free("w1", conditions={"Ready": "True", "AcceleratedHardwareReady": "False"}), (),
      "has AcceleratedHardwareReady=False"),
-    (free("w1", labels={pl.LABEL_HEALTH: "UnschedulablePendingReplacement"}), (),
+    (free("w1", labels={nm.LABEL_HEALTH: "UnschedulablePendingReplacement"}), (),
      "is labelled hyperplan.dev/node-health-status=UnschedulablePendingReplacement"),
-    (free("w1", labels={pl.LABEL_SAGEMAKER_HEALTH: "Unschedulable"}), (),
+    (free("w1", labels={nm.LABEL_SAGEMAKER_HEALTH: "Unschedulable"}), (),
      "is labelled sagemaker.amazonaws.com/node-health-status=Unschedulable"),
-    (free("w1", labels={pl.LABEL_HEALTH: "Schedulable"}), (), None),
+    (free("w1", labels={nm.LABEL_HEALTH: "Schedulable"}), (), None),
     (free("w1"), ("w1",), "runs the operator"),
     (free("w1", unschedulable=True), ("w1",), "runs the operator"),
     (free("w1", deleting=True), (), "is being deleted"),
@@ -85,10 +85,10 @@ def test_each_node_id_has_its_own_reproducible_preference():
 
 
 def group_labels(**extra: str) -> dict[str, str]:
-    return {"team": "frontier", pl.LABEL_INSTANCE_TYPE: "ml.p5.48xlarge", pl.LABEL_ZONE: "us-east-1a",
-            pl.LABEL_HOSTNAME: "hp-g-x-0", pl.LABEL_GROUP: "g", pl.LABEL_PLAN: "p",
-            pl.LABEL_RESERVED_CAPACITY: "rc-1", pl.LABEL_ROLE: "spare", pl.LABEL_HEALTH: "Schedulable",
-            pl.LABEL_SLOT: "0", pl.LABEL_GENERATION: "0", **extra}
+    return {"team": "frontier", nm.LABEL_INSTANCE_TYPE: "ml.p5.48xlarge", nm.LABEL_ZONE: "us-east-1a",
+            nm.LABEL_HOSTNAME: "hp-g-x-0", nm.LABEL_GROUP: "g", nm.LABEL_PLAN: "p",
+            nm.LABEL_RESERVED_CAPACITY: "rc-1", nm.LABEL_ROLE: "spare", nm.LABEL_HEALTH: "Schedulable",
+            nm.LABEL_SLOT: "0", nm.LABEL_GENERATION: "0", **extra}
 
 
 def applied(node: ln.PoolNode, patch: dict) -> ln.PoolNode:
@@ -106,7 +106,7 @@ def applied(node: ln.PoolNode, patch: dict) -> ln.PoolNode:
 
     taints = node.taints
     if "taints" in spec:
-        taints = tuple(pl.Taint(t["key"], t["value"], t["effect"]) for t in spec["taints"] or [])
+        taints = tuple(nm.Taint(t["key"], t["value"], t["effect"]) for t in spec["taints"] or [])
     unschedulable = node.unschedulable
     if "unschedulable" in spec:
         unschedulable = bool(spec["unschedulable"])
@@ -118,10 +118,10 @@ def applied(node: ln.PoolNode, patch: dict) -> ln.PoolNode:
 
 def test_adoption_labels_taints_and_records_what_it_found():
     before = free("w1", labels={**free("w1").labels, "team": "infra"}, taints=(ADMIN_TAINT,))
-    patch = ln.adoption_patch(before, "hp-g-x-0", group_labels(), (pl.SPARE_TAINT, GROUP_TAINT), {GROUP_TAINT.key})
+    patch = ln.adoption_patch(before, "hp-g-x-0", group_labels(), (nm.SPARE_TAINT, GROUP_TAINT), {GROUP_TAINT.key})
     assert patch["metadata"]["resourceVersion"] == "41"  # a concurrent change makes the API server answer 409
     labels = patch["metadata"]["labels"]
-    assert pl.LABEL_HOSTNAME not in labels  # a real node keeps its own hostname
+    assert nm.LABEL_HOSTNAME not in labels  # a real node keeps its own hostname
     assert labels[ln.LABEL_POOL] == ln.POOL_HELD and labels[ln.LABEL_NODE_ID] == "hp-g-x-0"
     assert labels["team"] == "frontier"
     assert patch["spec"] == {"taints": [
@@ -130,14 +130,14 @@ def test_adoption_labels_taints_and_records_what_it_found():
         {"key": GROUP_TAINT.key, "value": "frontier", "effect": "NoSchedule"}]}
     assert "unschedulable" not in patch["spec"]  # cordoned nodes are never adopted; nothing to undo
     record = json.loads(patch["metadata"]["annotations"][ln.ANNOTATION_LENT])
-    assert record["labels"] == {"team": "infra", pl.LABEL_INSTANCE_TYPE: "ml.p5.48xlarge",
-                                pl.LABEL_ZONE: "us-east-1a"}
-    assert record["taintKeys"] == sorted([GROUP_TAINT.key, pl.SPARE_TAINT.key, pl.UNHEALTHY_TAINT.key])
+    assert record["labels"] == {"team": "infra", nm.LABEL_INSTANCE_TYPE: "ml.p5.48xlarge",
+                                nm.LABEL_ZONE: "us-east-1a"}
+    assert record["taintKeys"] == sorted([GROUP_TAINT.key, nm.SPARE_TAINT.key, nm.UNHEALTHY_TAINT.key])
 
 
 # Each case: the free node, what happens while the group holds it, and what it must look like after.
 def _held(node: ln.PoolNode, *steps) -> ln.PoolNode:
-    node = applied(node, ln.adoption_patch(node, "hp-g-x-0", group_labels(), (pl.SPARE_TAINT, GROUP_TAINT),
+    node = applied(node, ln.adoption_patch(node, "hp-g-x-0", group_labels(), (nm.SPARE_TAINT, GROUP_TAINT),
                                            {GROUP_TAINT.key}))
     for step in steps:
         node = step(node)
@@ -155,19 +155,19 @@ def cordoned_by_admin(node):
 
 def promoted_and_relabelled(node):
     """A spare promoted (hyperplan.dev/replaces set directly), then the group's labels changed."""
-    keep = [{"key": t.key, "value": t.value, "effect": t.effect} for t in node.taints if t != pl.SPARE_TAINT]
-    node = applied(node, {"metadata": {"labels": {pl.LABEL_ROLE: "active", pl.LABEL_REPLACES: "hp-g-x-1"}},
+    keep = [{"key": t.key, "value": t.value, "effect": t.effect} for t in node.taints if t != nm.SPARE_TAINT]
+    node = applied(node, {"metadata": {"labels": {nm.LABEL_ROLE: "active", nm.LABEL_REPLACES: "hp-g-x-1"}},
                           "spec": {"taints": keep}})
-    labels = group_labels(**{"cost-center": "42", pl.LABEL_ROLE: "active"})
-    extra = pl.Taint("example.com/gpu-class", "h100", "NoExecute")
+    labels = group_labels(**{"cost-center": "42", nm.LABEL_ROLE: "active"})
+    extra = nm.Taint("example.com/gpu-class", "h100", "NoExecute")
     return applied(node, ln.held_update_patch(node, "hp-g-x-0", labels, (GROUP_TAINT, extra),
                                              {GROUP_TAINT.key, extra.key}))
 
 
 def marked_unhealthy(node):
-    return applied(node, {"metadata": {"labels": {pl.LABEL_HEALTH: "UnschedulablePendingReplacement"}},
+    return applied(node, {"metadata": {"labels": {nm.LABEL_HEALTH: "UnschedulablePendingReplacement"}},
                           "spec": {"taints": [{"key": t.key, "value": t.value, "effect": t.effect}
-                                              for t in (*node.taints, pl.UNHEALTHY_TAINT)]}})
+                                              for t in (*node.taints, nm.UNHEALTHY_TAINT)]}})
 
 
 @pytest.mark.parametrize("steps, unschedulable, health, says", [
@@ -184,12 +184,12 @@ def test_hand_back_restores_the_node_as_it_was_lent(steps, unschedulable, health
     before = free("w1", labels={**free("w1").labels, "team": "infra", "kubernetes.io/hostname": "w1"},
                   taints=(ADMIN_TAINT,), annotations={"node.alpha.kubernetes.io/ttl": "0"})
     held = _held(before, *steps)
-    assert held.labels[pl.LABEL_GROUP] == "g"  # it was really lent
+    assert held.labels[nm.LABEL_GROUP] == "g"  # it was really lent
     back = ln.hand_back(held)
     after = applied(held, back.patch)
     want_labels = dict(before.labels)
     if health:
-        want_labels[pl.LABEL_HEALTH] = health
+        want_labels[nm.LABEL_HEALTH] = health
     assert after.labels == want_labels
     assert after.taints == (ADMIN_TAINT,)
     assert after.annotations == before.annotations
@@ -199,9 +199,9 @@ def test_hand_back_restores_the_node_as_it_was_lent(steps, unschedulable, health
 
 def test_hand_back_without_a_record_still_removes_what_hyperplan_owns():
     """A node adopted by an older hyperplan (no annotation): its own labels and taints go."""
-    held = free("w1", labels={ln.LABEL_POOL: ln.POOL_HELD, pl.LABEL_GROUP: "g", pl.LABEL_ROLE: "spare",
+    held = free("w1", labels={ln.LABEL_POOL: ln.POOL_HELD, nm.LABEL_GROUP: "g", nm.LABEL_ROLE: "spare",
                                ln.LABEL_NODE_ID: "hp-g-x-0", "keep": "me"},
-                taints=(pl.SPARE_TAINT, pl.Taint("hyperplan.dev/other", "x", "NoSchedule"), ADMIN_TAINT),
+                taints=(nm.SPARE_TAINT, nm.Taint("hyperplan.dev/other", "x", "NoSchedule"), ADMIN_TAINT),
                 unschedulable=True)
     after = applied(held, ln.hand_back(held).patch)
     assert after.labels == {ln.LABEL_POOL: ln.POOL_FREE, "keep": "me"}

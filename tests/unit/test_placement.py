@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hyperplan.planning.placement import (
+from hyperplan.planning.counts import ObservedNode, UltraServerReport, plan_counts, ultraserver_reports
+from hyperplan.planning.naming import (
     HEALTH_PENDING_REPLACEMENT,
     LABEL_GROUP,
     LABEL_HEALTH,
@@ -13,25 +14,23 @@ from hyperplan.planning.placement import (
     LABEL_GENERATION,
     SPARE_TAINT,
     UNHEALTHY_TAINT,
-    GroupRequest,
-    ObservedNode,
-    PlacementResult,
-    SlotState,
     Taint,
     TopologyKeys,
-    UltraServer,
-    UltraServerReport,
-    desired_nodes,
     is_dns_label,
     kueue_topology_levels,
     label_value,
     node_name,
+)
+from hyperplan.planning.placement import (
+    GroupRequest,
+    PlacementResult,
+    SlotState,
+    UltraServer,
+    desired_nodes,
     place_groups,
-    plan_counts,
     slot_states_from_labels,
     spare_owners,
     spare_ultraservers,
-    ultraserver_reports,
     ultraservers_for_block,
 )
 

@@ -3,7 +3,7 @@
 The plan's status (planning.plans) and its per-UltraServer reports (planning.placement) used to
 compute what is available two ways, and disagreed when a spare was unhealthy: the plan took the
 unhealthy spare off twice (once as unhealthy, once as a configured spare). Both now use
-``placement.available_instances``. Also ``current_block``: which block the counts are of, at ``now``.
+``counts.available_instances``. Also ``current_block``: which block the counts are of, at ``now``.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from hyperplan.api.models import TrainingPlanSpec, TrainingPlanStatus
+from hyperplan.planning import counts as ct
+from hyperplan.planning import naming as nm
 from hyperplan.planning import placement as pl
 from hyperplan.planning.plans import Purchased, block_usage, current_block, decide_plan
 from hyperplan.planning.policy import DEMO
@@ -28,21 +30,21 @@ SPEC = TrainingPlanSpec(ultra_server_type=X72, ultra_server_count=2, target_reso
                         duration="30m")
 
 
-def nodes(active0: int, active1: int, spare0: bool | None, spare1: bool | None) -> list[pl.ObservedNode]:
+def nodes(active0: int, active1: int, spare0: bool | None, spare1: bool | None) -> list[ct.ObservedNode]:
     """Active nodes on each UltraServer (healthy, Ready) and each one's spare (healthy: True,
     unhealthy: False, absent: None)."""
-    out = [pl.ObservedNode(f"a0-{i}", "g", pl.ROLE_ACTIVE, US0, True, True, False) for i in range(active0)]
-    out += [pl.ObservedNode(f"a1-{i}", "g", pl.ROLE_ACTIVE, US1, True, True, False) for i in range(active1)]
+    out = [ct.ObservedNode(f"a0-{i}", "g", nm.ROLE_ACTIVE, US0, True, True, False) for i in range(active0)]
+    out += [ct.ObservedNode(f"a1-{i}", "g", nm.ROLE_ACTIVE, US1, True, True, False) for i in range(active1)]
     for us, spare in ((US0, spare0), (US1, spare1)):
         if spare is not None:
-            out.append(pl.ObservedNode(f"s-{us}", "g", pl.ROLE_SPARE, us, spare, spare, not spare))
+            out.append(ct.ObservedNode(f"s-{us}", "g", nm.ROLE_SPARE, us, spare, spare, not spare))
     return out
 
 
 @dataclass(frozen=True)
 class Case:
     id: str
-    nodes: list[pl.ObservedNode]
+    nodes: list[ct.ObservedNode]
     available: int
     unhealthy: int
     available_spares: int

@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from hyperplan.planning import placement as pl
+from hyperplan.planning import naming as nm
 from hyperplan.planning import trainingjobs as tj
 
 UTC = timezone.utc
@@ -17,7 +17,7 @@ ULTRA = tj.JobBlock("rc-u", "us-west-2b", "ml.p6e-gb200.36xlarge", 36, NOW + tim
 
 
 def node(block: tj.JobBlock, slot: str, workload: str = "", until: datetime | None = None) -> tj.JobNode:
-    return tj.JobNode(pl.node_name("llama", block.id, slot), block.id, slot, workload, until)
+    return tj.JobNode(nm.node_name("llama", block.id, slot), block.id, slot, workload, until)
 
 
 def names(specs) -> list[str]:
@@ -29,12 +29,12 @@ def test_new_workload_gets_nodes_in_the_blocks_az_with_its_label() -> None:
     assert [s.slot for s in d.create] == ["0", "1"]
     for spec in d.create:
         assert spec.availability_zone == "us-east-1b"
-        assert spec.labels[pl.LABEL_ZONE] == "us-east-1b"
+        assert spec.labels[nm.LABEL_ZONE] == "us-east-1b"
         assert spec.labels[tj.LABEL_WORKLOAD] == "team.a"
-        assert spec.labels[pl.LABEL_PLAN] == "llama"
-        assert spec.labels[pl.LABEL_RESERVED_CAPACITY] == "rc-b"
-        assert spec.labels[pl.LABEL_HOSTNAME] == spec.name
-        assert pl.LABEL_GROUP not in spec.labels  # not an instance group's node
+        assert spec.labels[nm.LABEL_PLAN] == "llama"
+        assert spec.labels[nm.LABEL_RESERVED_CAPACITY] == "rc-b"
+        assert spec.labels[nm.LABEL_HOSTNAME] == spec.name
+        assert nm.LABEL_GROUP not in spec.labels  # not an instance group's node
     assert d.wake_at == PLAIN.termination_time
     assert not (d.release or d.drain or d.assign)
 
@@ -110,10 +110,10 @@ def test_short_of_slots_is_reported() -> None:
 def test_ultraserver_jobs_share_one_nvlink_domain_and_skip_spares() -> None:
     d = tj.decide_job_nodes("llama", ULTRA, [tj.Holder("team.a", 4), tj.Holder("team.b", 4)], [], None, NOW)
     us = {s.labels["topology.k8s.aws/ultraserver-id"] for s in d.create}
-    assert us == {pl.ultraserver_id("rc-u", 0)}, "both fit on the first UltraServer"
+    assert us == {nm.ultraserver_id("rc-u", 0)}, "both fit on the first UltraServer"
     assert sorted(s.slot for s in d.create) == [f"0-{j}" for j in range(8)]
     for s in d.create:
-        assert s.labels["topology.k8s.aws/network-node-layer-3"] == pl.network_node_id("layer-3", pl.ultraserver_id("rc-u", 0))
+        assert s.labels["topology.k8s.aws/network-node-layer-3"] == nm.network_node_id("layer-3", nm.ultraserver_id("rc-u", 0))
 
 
 def test_ultraserver_job_takes_the_best_fitting_domain() -> None:
@@ -143,7 +143,7 @@ def test_node_names_are_stable() -> None:
 
 
 def test_job_nodes_from_labels_reads_keep_alive() -> None:
-    labels = {pl.LABEL_RESERVED_CAPACITY: "rc-b", pl.LABEL_SLOT: "2", tj.LABEL_WORKLOAD: ""}
+    labels = {nm.LABEL_RESERVED_CAPACITY: "rc-b", nm.LABEL_SLOT: "2", tj.LABEL_WORKLOAD: ""}
     got = tj.job_nodes_from_labels([("n", labels, {tj.ANNOTATION_KEEP_ALIVE_UNTIL: "2027-01-03T12:05:00Z"}, False, False),
                                     ("m", labels, {tj.ANNOTATION_KEEP_ALIVE_UNTIL: "soon"}, True, True)])
     assert got[0].keep_alive_until == NOW + timedelta(minutes=5) and got[0].slot == "2"

@@ -33,6 +33,7 @@ from hyperplan.actuation.nodes import (
 )
 from hyperplan.planning.memory import GroupMemory, PresentNode, Vanished, generation_of
 from hyperplan.planning import health as hl
+from hyperplan.planning import naming as nm
 from hyperplan.planning import placement as pl
 from hyperplan.planning.groups import (
     ANNOTATION_BLOCK_TERMINATION, CONDITION_BLOCK_TERMINATING, REASON_CHECKPOINT, Checkpoint, GroupDecision,
@@ -60,8 +61,8 @@ def node_ref(node: client.V1Node) -> NodeBody:
 
 def bad_health_label(labels: Mapping[str, str]) -> str | None:
     """The ``Unschedulable*`` value of the hyperplan or SageMaker health label, if either says so."""
-    values = [labels.get(pl.LABEL_HEALTH), labels.get(pl.LABEL_SAGEMAKER_HEALTH)]
-    return next((v for v in values if v and v.startswith(pl.HEALTH_UNSCHEDULABLE)), None)
+    values = [labels.get(nm.LABEL_HEALTH), labels.get(nm.LABEL_SAGEMAKER_HEALTH)]
+    return next((v for v in values if v and v.startswith(nm.HEALTH_UNSCHEDULABLE)), None)
 
 
 def parse_time(text: str | None) -> datetime | None:
@@ -75,7 +76,7 @@ def parse_time(text: str | None) -> datetime | None:
 
 def being_evacuated(node: client.V1Node) -> bool:
     """Whether the node was marked for replacement (its pods leave before it does)."""
-    return ((node.metadata.labels or {}).get(pl.LABEL_HEALTH) == pl.HEALTH_PENDING_REPLACEMENT
+    return ((node.metadata.labels or {}).get(nm.LABEL_HEALTH) == nm.HEALTH_PENDING_REPLACEMENT
             or hl.ANNOTATION_EVICTING_SINCE in (node.metadata.annotations or {}))
 
 
@@ -85,7 +86,7 @@ def count_pods(pods: NodePods, raw: Sequence[client.V1Node]) -> dict[str, int]:
     return {n.metadata.name: pods.count(n.metadata.name) for n in raw if being_evacuated(n)}
 
 
-def observe_node(node: client.V1Node, now: datetime, keys: pl.TopologyKeys,
+def observe_node(node: client.V1Node, now: datetime, keys: nm.TopologyKeys,
                  first_sight: Callable[[str, str], datetime], pods_left: int | None = None) -> ObservedGroupNode:
     """One node as planning judges it. ``first_sight(node_id, value)`` says when this process
     first saw the node's ``Unschedulable*`` health label; the node's own record
@@ -96,7 +97,7 @@ def observe_node(node: client.V1Node, now: datetime, keys: pl.TopologyKeys,
     conditions = tuple(hl.NodeCondition(c.type, c.status, c.last_transition_time or now)
                        for c in (node.status.conditions if node.status and node.status.conditions else []))
     bad = bad_health_label(labels)
-    label = bad or next((v for v in (labels.get(pl.LABEL_HEALTH), labels.get(pl.LABEL_SAGEMAKER_HEALTH)) if v), None)
+    label = bad or next((v for v in (labels.get(nm.LABEL_HEALTH), labels.get(nm.LABEL_SAGEMAKER_HEALTH)) if v), None)
     name = node_id(node)
     since = None
     if bad:
@@ -106,22 +107,22 @@ def observe_node(node: client.V1Node, now: datetime, keys: pl.TopologyKeys,
     return ObservedGroupNode(
         health=hl.NodeObservation(
             name=name, conditions=conditions, health_label=label, health_label_since=since,
-            role=labels.get(pl.LABEL_ROLE, pl.ROLE_ACTIVE), ultraserver_id=labels.get(keys.ultraserver_id),
-            created=node.metadata.creation_timestamp, slot=labels.get(pl.LABEL_SLOT),
-            generation=generation_of(labels), replaces=labels.get(pl.LABEL_REPLACES), pods_left=pods_left,
+            role=labels.get(nm.LABEL_ROLE, nm.ROLE_ACTIVE), ultraserver_id=labels.get(keys.ultraserver_id),
+            created=node.metadata.creation_timestamp, slot=labels.get(nm.LABEL_SLOT),
+            generation=generation_of(labels), replaces=labels.get(nm.LABEL_REPLACES), pods_left=pods_left,
             evicting_since=parse_time(annotations.get(hl.ANNOTATION_EVICTING_SINCE))),
         labels=labels, taints=taints_of(node), unschedulable=bool(node.spec and node.spec.unschedulable),
         ready=ready, deleting=node.metadata.deletion_timestamp is not None)
 
 
-def vanished_observation(v: Vanished, keys: pl.TopologyKeys) -> ObservedGroupNode:
+def vanished_observation(v: Vanished, keys: nm.TopologyKeys) -> ObservedGroupNode:
     """A node deleted from under the group, as an observation of a node that no longer exists."""
     labels = dict(v.labels)
     return ObservedGroupNode(
         health=hl.NodeObservation(name=v.name, exists=False, deleted_since=v.since,
-                                  role=labels.get(pl.LABEL_ROLE, pl.ROLE_ACTIVE),
-                                  ultraserver_id=labels.get(keys.ultraserver_id), slot=labels.get(pl.LABEL_SLOT),
-                                  generation=generation_of(labels), replaces=labels.get(pl.LABEL_REPLACES)),
+                                  role=labels.get(nm.LABEL_ROLE, nm.ROLE_ACTIVE),
+                                  ultraserver_id=labels.get(keys.ultraserver_id), slot=labels.get(nm.LABEL_SLOT),
+                                  generation=generation_of(labels), replaces=labels.get(nm.LABEL_REPLACES)),
         labels=labels, taints=(), unschedulable=True, ready=False)
 
 
@@ -146,7 +147,7 @@ class Observation:
 
 
 def observe_nodes(group: str, raw: Sequence[client.V1Node], memory: GroupMemory, now: datetime,
-                  keys: pl.TopologyKeys, pod_counts: Mapping[str, int] | None = None) -> Observation:
+                  keys: nm.TopologyKeys, pod_counts: Mapping[str, int] | None = None) -> Observation:
     """Read a group's nodes (``group`` is its label value; ``pod_counts`` from :func:`count_pods`),
     and prune the group's memory.
 

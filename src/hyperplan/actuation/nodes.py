@@ -33,6 +33,7 @@ from kubernetes.client.rest import ApiException
 
 from hyperplan.actuation.kube import Kube
 from hyperplan.planning import lending as ln
+from hyperplan.planning import naming as nm
 from hyperplan.planning import placement as pl
 
 log = logging.getLogger(__name__)
@@ -67,15 +68,15 @@ def node_capacity(instance_type: str) -> dict[str, str]:
     return capacity
 
 
-def taints_of(node: client.V1Node) -> tuple[pl.Taint, ...]:
-    return tuple(pl.Taint(t.key, t.value or "", t.effect) for t in (node.spec.taints or []))
+def taints_of(node: client.V1Node) -> tuple[nm.Taint, ...]:
+    return tuple(nm.Taint(t.key, t.value or "", t.effect) for t in (node.spec.taints or []))
 
 
-def _taint_body(taints: list[pl.Taint] | tuple[pl.Taint, ...]) -> list[dict[str, str]]:
+def _taint_body(taints: list[nm.Taint] | tuple[nm.Taint, ...]) -> list[dict[str, str]]:
     return [{"key": t.key, "value": t.value, "effect": t.effect} for t in taints]
 
 
-def merged_taints(node: client.V1Node, want: tuple[pl.Taint, ...], managed_keys: set[str]) -> list[pl.Taint]:
+def merged_taints(node: client.V1Node, want: tuple[nm.Taint, ...], managed_keys: set[str]) -> list[nm.Taint]:
     """The node's taints with the managed keys replaced by ``want``; other taints kept."""
     kept = [t for t in taints_of(node) if t.key not in managed_keys]
     return kept + list(want)
@@ -100,7 +101,7 @@ class NodeProvider(Protocol):
 
     def list(self, group: str) -> list[client.V1Node]: ...
 
-    def mark_unhealthy(self, node: str, health_status: str, taint: pl.Taint) -> None:
+    def mark_unhealthy(self, node: str, health_status: str, taint: nm.Taint) -> None:
         """Label the node's health ``health_status`` and add ``taint`` (other taints kept)."""
         ...
 
@@ -119,14 +120,14 @@ class NodeProvider(Protocol):
         ...
 
 
-def mark_unhealthy_patch(current: client.V1Node, health_status: str, taint: pl.Taint) -> dict:
+def mark_unhealthy_patch(current: client.V1Node, health_status: str, taint: nm.Taint) -> dict:
     taints = merged_taints(current, (taint,), {taint.key})
-    return {"metadata": {"labels": {pl.LABEL_HEALTH: health_status}}, "spec": {"taints": _taint_body(taints)}}
+    return {"metadata": {"labels": {nm.LABEL_HEALTH: health_status}}, "spec": {"taints": _taint_body(taints)}}
 
 
 def promote_spare_patch(current: client.V1Node, replacing: str) -> dict:
-    keep = [t for t in taints_of(current) if t.key != pl.SPARE_TAINT.key]
-    return {"metadata": {"labels": {pl.LABEL_ROLE: pl.ROLE_ACTIVE, pl.LABEL_REPLACES: replacing}},
+    keep = [t for t in taints_of(current) if t.key != nm.SPARE_TAINT.key]
+    return {"metadata": {"labels": {nm.LABEL_ROLE: nm.ROLE_ACTIVE, nm.LABEL_REPLACES: replacing}},
             "spec": {"taints": _taint_body(keep) or None}}
 
 
@@ -160,7 +161,7 @@ class KwokProvider:
 
     def cordon(self, node: str) -> None:
         # The annotation outlives this process: a deletion of a node that carries it is ours.
-        self.kube.core.patch_node(node, {"metadata": {"annotations": {pl.ANNOTATION_CORDONED: "true"}},
+        self.kube.core.patch_node(node, {"metadata": {"annotations": {nm.ANNOTATION_CORDONED: "true"}},
                                          "spec": {"unschedulable": True}})
 
     def release(self, node: str) -> str:
@@ -172,9 +173,9 @@ class KwokProvider:
         return f"{node} deleted"
 
     def list(self, group: str) -> list[client.V1Node]:
-        return self.kube.list_nodes(f"{pl.LABEL_GROUP}={pl.label_value(group)}")
+        return self.kube.list_nodes(f"{nm.LABEL_GROUP}={nm.label_value(group)}")
 
-    def mark_unhealthy(self, node: str, health_status: str, taint: pl.Taint) -> None:
+    def mark_unhealthy(self, node: str, health_status: str, taint: nm.Taint) -> None:
         self.kube.core.patch_node(node, mark_unhealthy_patch(self.kube.core.read_node(node), health_status, taint))
 
     def promote_spare(self, node: str, replacing: str) -> None:
@@ -239,7 +240,7 @@ class StaticProvider:
 
     def free_nodes(self, instance_type: str, zone: str) -> list[ln.PoolNode]:
         return [pool_node(n) for n in self.kube.list_nodes(
-            f"{LABEL_POOL}={POOL_FREE},{pl.LABEL_INSTANCE_TYPE}={instance_type},{pl.LABEL_ZONE}={zone}")]
+            f"{LABEL_POOL}={POOL_FREE},{nm.LABEL_INSTANCE_TYPE}={instance_type},{nm.LABEL_ZONE}={zone}")]
 
     def create(self, spec: pl.NodeSpec) -> str:
         """Adopt a free node for ``spec``; the adopted node's name.
@@ -311,9 +312,9 @@ class StaticProvider:
         return back.message
 
     def list(self, group: str) -> list[client.V1Node]:
-        return self.kube.list_nodes(f"{pl.LABEL_GROUP}={pl.label_value(group)}")
+        return self.kube.list_nodes(f"{nm.LABEL_GROUP}={nm.label_value(group)}")
 
-    def mark_unhealthy(self, node: str, health_status: str, taint: pl.Taint) -> None:
+    def mark_unhealthy(self, node: str, health_status: str, taint: nm.Taint) -> None:
         current = self._by_id(node)
         if current is not None:
             self.kube.core.patch_node(current.metadata.name, mark_unhealthy_patch(current, health_status, taint))
@@ -417,20 +418,20 @@ class FakeProvider:
         return f"{node} deleted"
 
     def list(self, group: str) -> list[client.V1Node]:
-        return [n for n in self.nodes.values() if n.metadata.labels.get(pl.LABEL_GROUP) == pl.label_value(group)]
+        return [n for n in self.nodes.values() if n.metadata.labels.get(nm.LABEL_GROUP) == nm.label_value(group)]
 
-    def mark_unhealthy(self, node: str, health_status: str, taint: pl.Taint) -> None:
+    def mark_unhealthy(self, node: str, health_status: str, taint: nm.Taint) -> None:
         self._maybe_fail("mark_unhealthy", node)
         n = self.nodes[node]
-        n.metadata.labels[pl.LABEL_HEALTH] = health_status
+        n.metadata.labels[nm.LABEL_HEALTH] = health_status
         n.spec.taints = [client.V1Taint(key=t.key, value=t.value, effect=t.effect)
                          for t in merged_taints(n, (taint,), {taint.key})]
 
     def promote_spare(self, node: str, replacing: str) -> None:
         self._maybe_fail("promote_spare", node)
         n = self.nodes[node]
-        n.metadata.labels.update({pl.LABEL_ROLE: pl.ROLE_ACTIVE, pl.LABEL_REPLACES: replacing})
-        n.spec.taints = [t for t in (n.spec.taints or []) if t.key != pl.SPARE_TAINT.key]
+        n.metadata.labels.update({nm.LABEL_ROLE: nm.ROLE_ACTIVE, nm.LABEL_REPLACES: replacing})
+        n.spec.taints = [t for t in (n.spec.taints or []) if t.key != nm.SPARE_TAINT.key]
 
     def annotate(self, node: str, annotations: dict[str, str | None]) -> None:
         self._maybe_fail("annotate", node)

@@ -35,7 +35,7 @@ from kubernetes import client
 from hyperplan.actuation.ledger import LedgerEntry
 from hyperplan.api.models import GROUP, VERSION, Reservation, to_rfc3339
 from hyperplan.planning.offerings import Busy, PoolSnapshot
-from hyperplan.planning.placement import LABEL_GROUP, LABEL_RESERVED_CAPACITY
+from hyperplan.planning.naming import LABEL_GROUP, LABEL_RESERVED_CAPACITY
 
 PLANS, POOLS, GROUPS, NODES = "hp_plans", "hp_pools", "hp_groups", "hp_group_nodes"
 KEEP_ANNOTATION_PREFIXES = ("hyperplan.dev/",)

@@ -23,7 +23,7 @@ from hyperplan.actuation.nodes import KubeNodePods, NodePods, NodeProvider, prov
 from hyperplan.handlers.cache import WatchCache
 from hyperplan.planning.lending import OperatorIdentity
 from hyperplan.planning.memory import GroupMemory
-from hyperplan.planning.placement import TopologyKeys
+from hyperplan.planning.naming import TopologyKeys
 from hyperplan.planning.policy import Policy, get_policy
 from hyperplan.settings import Settings
 

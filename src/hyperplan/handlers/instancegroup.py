@@ -27,7 +27,7 @@ from hyperplan.actuation.groups import (
 from hyperplan.api.models import GROUP, VERSION, InstanceGroup, InstanceGroupStatus, TrainingPlan, VanishedNode
 from hyperplan.api.vocabulary import FINALIZER  # set by kopf (operator.configure_kopf)
 from hyperplan.handlers.context import Runtime, reconcile_forever, status_of
-from hyperplan.planning import placement as pl
+from hyperplan.planning import naming as nm
 from hyperplan.planning.groups import Peer, PlanView, decide_group
 from hyperplan.planning.memory import Vanished
 from hyperplan.planning.plans import Event
@@ -74,14 +74,14 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     plan_obj = rt.cache.plan(group.spec.training_plan_ref)
     groups = rt.cache.groups()
     provider = rt.providers[group.spec.node_provider]
-    if rt.cache.must_list_group_nodes(pl.label_value(name)):
+    if rt.cache.must_list_group_nodes(nm.label_value(name)):
         raw = await asyncio.to_thread(provider.list, name)
     else:
-        raw = rt.cache.group_nodes_v1(pl.label_value(name))
+        raw = rt.cache.group_nodes_v1(nm.label_value(name))
     pod_counts = await asyncio.to_thread(count_pods, rt.pods, raw)  # nodes marked for replacement only
 
     # Decide.
-    now, key = rt.clock(), pl.label_value(name)
+    now, key = rt.clock(), nm.label_value(name)
     plan = plan_view(TrainingPlan.model_validate(plan_obj)) if plan_obj else None
     rt.groups.bind(key, group.spec.training_plan_ref)
     rt.groups.restore_vanished(key, [Vanished(v.name, v.labels, v.since) for v in group.status.vanished_nodes])
@@ -136,14 +136,14 @@ def post_events(group_obj: dict[str, Any], events: list[tuple[dict | None, Event
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10, initial_delay=0)
 async def group_daemon(name: str, stopped: kopf.DaemonStopped, memo: kopf.Memo, **_: Any) -> None:
     rt: Runtime = memo.runtime
-    await reconcile_forever(rt, KIND, pl.label_value(name), "InstanceGroup",
+    await reconcile_forever(rt, KIND, nm.label_value(name), "InstanceGroup",
                             lambda: reconcile_group(rt, name), stopped, log, PLURAL, name)
 
 
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
 async def group_spec_changed(name: str, spec: kopf.Spec, memo: kopf.Memo, **_: Any) -> None:
     """A changed count may move every group that shares the plan."""
-    memo.runtime.wakeups.wake(KIND, pl.label_value(name))
+    memo.runtime.wakeups.wake(KIND, nm.label_value(name))
     memo.runtime.wake_groups_of(spec.get("trainingPlanRef", ""))
 
 
@@ -151,7 +151,7 @@ async def group_spec_changed(name: str, spec: kopf.Spec, memo: kopf.Memo, **_: A
 async def drain_group(name: str, spec: kopf.Spec, memo: kopf.Memo, body: kopf.Body, **_: Any) -> None:
     """Drain and remove every node of the group before it goes away (retried until done)."""
     rt: Runtime = memo.runtime
-    key = pl.label_value(name)
+    key = nm.label_value(name)
     provider = rt.providers[spec.get("nodeProvider", "kwok")]
     nodes = await asyncio.to_thread(provider.list, name)
     rt.groups.note_releasing(key, [node_id(n) for n in nodes])

@@ -60,6 +60,7 @@ from hyperplan.api.models import GROUP, VERSION, TrainingPlan, to_rfc3339
 from hyperplan.handlers.context import Runtime, reconcile_forever
 from hyperplan.planning import admission as ad
 from hyperplan.planning import groups as gr
+from hyperplan.planning import naming as nm
 from hyperplan.planning import placement as pl
 from hyperplan.planning import trainingjobs as tj
 from hyperplan.planning.schedule import plan_block_schedule
@@ -171,13 +172,13 @@ def ready_group_nodes(rt: Runtime, plan: str, block_id: str) -> int:
     """Ready, schedulable, healthy active nodes of the plan's instance groups on the block
     (from the watch cache of group nodes)."""
     count = 0
-    for n in rt.cache.block_nodes(pl.label_value(block_id)):
+    for n in rt.cache.block_nodes(nm.label_value(block_id)):
         meta = n["metadata"]
         labels = meta.get("labels") or {}
         ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in n["status"]["conditions"])
-        healthy = not (labels.get(pl.LABEL_HEALTH) or "").startswith(pl.HEALTH_UNSCHEDULABLE)
-        if ready and healthy and labels.get(pl.LABEL_PLAN) == pl.label_value(plan) \
-                and labels.get(pl.LABEL_ROLE) == pl.ROLE_ACTIVE and not n["spec"]["unschedulable"] \
+        healthy = not (labels.get(nm.LABEL_HEALTH) or "").startswith(nm.HEALTH_UNSCHEDULABLE)
+        if ready and healthy and labels.get(nm.LABEL_PLAN) == nm.label_value(plan) \
+                and labels.get(nm.LABEL_ROLE) == nm.ROLE_ACTIVE and not n["spec"]["unschedulable"] \
                 and not meta.get("deletionTimestamp"):
             count += 1
     return count
@@ -288,7 +289,7 @@ async def reconcile_plan_workloads(rt: Runtime, plan_name: str, stop: Stop) -> d
             if check in names:
                 progress = ad.workload_progress(wl, check)
                 mine.append(ad.CheckedWorkload((wl, check), ad.workload_view(wl), progress,
-                                               ad.admitted_block(_entry(wl, check), pl.LABEL_RESERVED_CAPACITY)))
+                                               ad.admitted_block(_entry(wl, check), nm.LABEL_RESERVED_CAPACITY)))
     mine.sort(key=lambda m: (m.progress.since, m.ref[0]["metadata"].get("creationTimestamp", ""), m.view.key))
 
     target = view.target if view else ad.TRAINING_JOB
@@ -299,14 +300,14 @@ async def reconcile_plan_workloads(rt: Runtime, plan_name: str, stop: Stop) -> d
     if target == ad.HYPERPOD_CLUSTER and usable is not None:
         ready_nodes = ready_group_nodes(rt, plan_name, usable.id)
     busy_retry = min(timedelta(seconds=60), max(timedelta(seconds=5), rt.policy.day / 12))
-    decided = ad.decide_plan_admission(view, mine, pl.label_value(usable.id) if usable is not None else None, now,
+    decided = ad.decide_plan_admission(view, mine, nm.label_value(usable.id) if usable is not None else None, now,
                                        ready_nodes=ready_nodes, busy_retry=busy_retry, plan_name=plan_name)
 
     for w, decision in decided.decisions:
         wl, check = w.ref
         selector = ({tj.LABEL_WORKLOAD: tj.workload_label_value(w.view.namespace, w.view.name)}
-                    if target == ad.TRAINING_JOB else {pl.LABEL_PLAN: pl.label_value(plan_name)})
-        labels = {pl.LABEL_RESERVED_CAPACITY: pl.label_value(decision.block_id)} if decision.block_id else {}
+                    if target == ad.TRAINING_JOB else {nm.LABEL_PLAN: nm.label_value(plan_name)})
+        labels = {nm.LABEL_RESERVED_CAPACITY: nm.label_value(decision.block_id)} if decision.block_id else {}
         prior = _entry(wl, check)
         entry = entry_for(check, decision, prior, w.view.pod_sets, selector, now, labels)
         if differs(prior, entry):
@@ -354,7 +355,7 @@ def reconcile_job_nodes(rt: Runtime, name: str, plan: TrainingPlan | None, sched
         block = tj.JobBlock(b.id, b.availability_zone, b.instance_type, b.instance_count, state.termination_time,
                             b.end_time, b.ultra_server_type, plan.spec.spare_instances_per_ultra_server
                             if b.ultra_server_type else 0)
-    raw = rt.kube.list_nodes(f"{pl.LABEL_PLAN}={pl.label_value(name)},{tj.LABEL_WORKLOAD}")
+    raw = rt.kube.list_nodes(f"{nm.LABEL_PLAN}={nm.label_value(name)},{tj.LABEL_WORKLOAD}")
     raw = [n for n in raw if not n.metadata.deletion_timestamp]
     nodes = tj.job_nodes_from_labels([(n.metadata.name, n.metadata.labels or {}, n.metadata.annotations or {},
                                        bool(n.spec.unschedulable), _signalled(n)) for n in raw])

@@ -9,7 +9,7 @@ import kopf
 from hyperplan.actuation.nodes import LABEL_NODE_ID, LABEL_POOL, POOL_FREE
 from hyperplan.api.vocabulary import GROUP, VERSION
 from hyperplan.planning.health import removed_by_operator
-from hyperplan.planning.placement import LABEL_GROUP, LABEL_PLAN
+from hyperplan.planning.naming import LABEL_GROUP, LABEL_PLAN
 
 
 def node_digest(body: kopf.Body) -> tuple:

@@ -14,7 +14,7 @@ import kopf
 from hyperplan import metrics
 from hyperplan.api.models import GROUP, VERSION
 from hyperplan.handlers.cache import slim_object
-from hyperplan.planning.placement import LABEL_GROUP
+from hyperplan.planning.naming import LABEL_GROUP
 
 KINDS = {"trainingplans": "plans", "instancegroups": "groups", "capacitypools": "pools"}
 

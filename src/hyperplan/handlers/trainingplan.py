@@ -27,7 +27,8 @@ from hyperplan import metrics
 from hyperplan.actuation.ledger import CapacityLedger, PurchaseResult
 from hyperplan.api.models import GROUP, VERSION, TrainingPlan, TrainingPlanSpec, TrainingPlanStatus
 from hyperplan.handlers.context import Runtime, reconcile_forever, status_of
-from hyperplan.planning import placement as pl
+from hyperplan.planning import counts as ct
+from hyperplan.planning import naming as nm
 from hyperplan.planning.offerings import Offering, RuleViolation
 from hyperplan.planning.plans import (
     Event, PlanDecision, PlanUsage, Purchased, block_usage, current_block, decide_plan, failed,
@@ -50,18 +51,18 @@ def purchased_blocks(entries) -> list[Purchased]:
             for e in entries]
 
 
-def plan_observed_node(node: Mapping[str, Any], ultraserver_key: str) -> pl.ObservedNode:
+def plan_observed_node(node: Mapping[str, Any], ultraserver_key: str) -> ct.ObservedNode:
     """A node (as the watch cache holds it) as the plan's counters see it: labels and Ready."""
     meta = node.get("metadata") or {}
     labels = meta.get("labels") or {}
-    health = [labels.get(pl.LABEL_HEALTH) or "", labels.get(pl.LABEL_SAGEMAKER_HEALTH) or ""]
+    health = [labels.get(nm.LABEL_HEALTH) or "", labels.get(nm.LABEL_SAGEMAKER_HEALTH) or ""]
     ready = next((c.get("status") for c in (node.get("status") or {}).get("conditions") or []
                   if c.get("type") == "Ready"), "Unknown")
-    healthy = False if any(h.startswith(pl.HEALTH_UNSCHEDULABLE) for h in health) else (
+    healthy = False if any(h.startswith(nm.HEALTH_UNSCHEDULABLE) for h in health) else (
         None if ready == "Unknown" else True)
-    return pl.ObservedNode(meta.get("name", ""), labels.get(pl.LABEL_GROUP, ""), labels.get(pl.LABEL_ROLE, pl.ROLE_ACTIVE),
+    return ct.ObservedNode(meta.get("name", ""), labels.get(nm.LABEL_GROUP, ""), labels.get(nm.LABEL_ROLE, nm.ROLE_ACTIVE),
                            labels.get(ultraserver_key), healthy, ready == "True",
-                           pl.HEALTH_PENDING_REPLACEMENT in health)
+                           nm.HEALTH_PENDING_REPLACEMENT in health)
 
 
 def node_usage(rt: Runtime, plan: TrainingPlan, purchased: list[Purchased], now: datetime) -> PlanUsage:
@@ -69,7 +70,7 @@ def node_usage(rt: Runtime, plan: TrainingPlan, purchased: list[Purchased], now:
     block = current_block(purchased, plan.spec.target_resource, rt.policy, now)
     if block is None:
         return PlanUsage()
-    nodes = [plan_observed_node(n, rt.keys.ultraserver_id) for n in rt.cache.block_nodes(pl.label_value(block.id))
+    nodes = [plan_observed_node(n, rt.keys.ultraserver_id) for n in rt.cache.block_nodes(nm.label_value(block.id))
              if not n["metadata"].get("deletionTimestamp")]
     return block_usage(block, plan.spec.spare_instances_per_ultra_server, nodes)
 

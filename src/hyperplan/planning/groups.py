@@ -33,6 +33,7 @@ from typing import Mapping, Sequence
 from hyperplan.api.models import Condition, InstanceGroupSpec, InstanceGroupStatus, ReservedCapacity
 from hyperplan.api.vocabulary import HYPERPOD_CLUSTER
 from hyperplan.planning import health as hl
+from hyperplan.planning import naming as nm
 from hyperplan.planning import placement as pl
 from hyperplan.planning.plans import Event, condition
 from hyperplan.planning.policy import Policy
@@ -70,7 +71,7 @@ class ObservedGroupNode:
 
     health: hl.NodeObservation
     labels: Mapping[str, str]
-    taints: tuple[pl.Taint, ...]
+    taints: tuple[nm.Taint, ...]
     unschedulable: bool
     ready: bool
     deleting: bool = False
@@ -81,7 +82,7 @@ class ObservedGroupNode:
 
     @property
     def block(self) -> str | None:
-        return self.labels.get(pl.LABEL_RESERVED_CAPACITY)
+        return self.labels.get(nm.LABEL_RESERVED_CAPACITY)
 
 
 @dataclass(frozen=True)
@@ -193,7 +194,7 @@ def place_on_block(block: ReservedCapacity, plan: PlanView, peers: Sequence[Peer
 
 def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: InstanceGroupStatus,
                  plan: PlanView | None, peers: Sequence[Peer], nodes: Sequence[ObservedGroupNode],
-                 policy: Policy, now: datetime, keys: pl.TopologyKeys = pl.TopologyKeys()) -> GroupDecision:
+                 policy: Policy, now: datetime, keys: nm.TopologyKeys = nm.TopologyKeys()) -> GroupDecision:
     conds = prior.conditions
 
     def status(phase: str, reason: str, message: str, **fields) -> InstanceGroupStatus:
@@ -282,18 +283,18 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
     for action in actions:  # a spare promoted in this pass is active from now on
         promoted = by_name.get(action.spare) if isinstance(action, hl.PromoteSpare) else None
         if promoted is not None and promoted.health.slot in slots:
-            slots[promoted.health.slot] = dataclasses.replace(slots[promoted.health.slot], role=pl.ROLE_ACTIVE)
+            slots[promoted.health.slot] = dataclasses.replace(slots[promoted.health.slot], role=nm.ROLE_ACTIVE)
     desired = pl.desired_nodes(
         name, plan.name, block.id, spec.instance_type, block.availability_zone, mine, ultraservers,
         pl.spare_ultraservers(name, owners), spec.labels,
-        [pl.Taint(t.key, t.value, t.effect) for t in spec.taints], keys, slots)
+        [nm.Taint(t.key, t.value, t.effect) for t in spec.taints], keys, slots)
     wanted = {d.name: d for d in desired}
     existing = {n.name: n for n in on_block if n.health.exists}
     vanished = {n.name for n in on_block if not n.health.exists}  # deleted from under us
     create = [d for d in desired if d.name not in existing and d.name not in vanished]
     # Nodes with a failure signal leave only through remediation (or at the block's end).
     being_remediated = set(verdict.unhealthy) | set(verdict.pending) | vanished | {
-        n.name for n in on_block if (n.health.health_label or "").startswith(pl.HEALTH_UNSCHEDULABLE)}
+        n.name for n in on_block if (n.health.health_label or "").startswith(nm.HEALTH_UNSCHEDULABLE)}
     kept = [d for d in desired if d.name in existing]
     promoting = {a.spare for a in actions if isinstance(a, hl.PromoteSpare)}  # patched by the action
     update = [d for d in kept if d.name not in being_remediated | promoting and _differs(d, existing[d.name])]
@@ -304,8 +305,8 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
     drains += [Drain(n.name, now, "OtherBlock") for n in stray if not n.deleting and n.health.exists]
 
     up = [d for d in kept if existing[d.name].ready and d.name not in being_remediated]
-    ready = sum(1 for d in up if d.role == pl.ROLE_ACTIVE)
-    spares_up = sum(1 for d in up if d.role == pl.ROLE_SPARE)
+    ready = sum(1 for d in up if d.role == nm.ROLE_ACTIVE)
+    spares_up = sum(1 for d in up if d.role == nm.ROLE_SPARE)
     active_wanted = mine.instance_count
     phase = READY if (ready >= active_wanted and not create and not drains) else PROVISIONING
     extra = [condition("RemediationAllowed", remedy.allowed,
@@ -382,7 +383,7 @@ def _with_events(d: GroupDecision, prior: InstanceGroupStatus, warning: bool = F
 
 def managed_taint_keys(want: pl.NodeSpec) -> set[str]:
     """Taint keys the operator owns on a node: its own and the group's; others are left alone."""
-    return {t.key for t in want.taints} | {pl.SPARE_TAINT.key, pl.UNHEALTHY_TAINT.key}
+    return {t.key for t in want.taints} | {nm.SPARE_TAINT.key, nm.UNHEALTHY_TAINT.key}
 
 
 def _differs(want: pl.NodeSpec, have: ObservedGroupNode) -> bool:

@@ -69,7 +69,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
-from hyperplan.planning.placement import (
+from hyperplan.planning.naming import (
     ANNOTATION_CORDONED,
     HEALTH_PENDING_REPLACEMENT,
     HEALTH_UNSCHEDULABLE,
@@ -77,10 +77,9 @@ from hyperplan.planning.placement import (
     ROLE_ACTIVE,
     ROLE_SPARE,
     UNHEALTHY_TAINT,
-    SlotState,
     Taint,
-    UltraServer,
 )
+from hyperplan.planning.placement import SlotState, UltraServer
 
 
 # ---------------------------------------------------------------------------- memory on the node

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from hyperplan.planning import placement as pl
+from hyperplan.planning import naming as nm
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class PresentNode:
 
     @property
     def slot(self) -> str | None:
-        return self.labels.get(pl.LABEL_SLOT)
+        return self.labels.get(nm.LABEL_SLOT)
 
     @property
     def generation(self) -> int:
@@ -56,7 +56,7 @@ class Vanished:
 
 def generation_of(labels: Mapping[str, str]) -> int:
     try:
-        return int(labels.get(pl.LABEL_GENERATION, "0"))
+        return int(labels.get(nm.LABEL_GENERATION, "0"))
     except ValueError:
         return 0
 
@@ -72,7 +72,7 @@ class _Group:
 
 
 class GroupMemory:
-    """The operator's memory of its groups, by group label value (``placement.label_value``)."""
+    """The operator's memory of its groups, by group label value (``naming.label_value``)."""
 
     def __init__(self) -> None:
         self._groups: dict[str, _Group] = {}
@@ -146,7 +146,7 @@ class GroupMemory:
             newest[n.slot] = max(newest.get(n.slot, -1), n.generation)
         out = []
         for node, (labels, since) in list(state.vanished.items()):
-            if node in names or newest.get(labels.get(pl.LABEL_SLOT), -1) > generation_of(labels):
+            if node in names or newest.get(labels.get(nm.LABEL_SLOT), -1) > generation_of(labels):
                 del state.vanished[node]
                 continue
             out.append(Vanished(node, labels, since))

@@ -36,72 +36,45 @@ always finds its UltraServer's spares beside its active nodes, and promotion of 
 never crosses a group boundary. Spares of UltraServers that no group uses are not created
 (they are still reported as configured spares by :func:`plan_counts`).
 
-Node naming (:func:`node_name`): ``hp-<group>-<hash8(reservedCapacityId)>-<slot>`` plus
-``-g<generation>`` for generation > 0. ``<slot>`` is ``<ultraServerIndex>-<n>`` on
-UltraServer blocks and ``<n>`` otherwise; ``<n>`` counts the group's slots on that
-UltraServer. ``<group>`` is the group name when it is a short (<= 30) DNS label, else a
-cleaned, truncated prefix plus a 4-hex hash of the full name. Names are lowercase DNS-1123
-labels of at most 63 characters and depend only on the inputs, so a restarted operator
-computes the same names and never duplicates a node. A replacement after a failure keeps
-the slot and bumps the generation, so it never reuses the failed node's name.
-
-Network topology labels (:func:`topology_labels`) follow AWS EC2 instance topology, which
-``topology.k8s.aws/network-node-layer-N`` mirrors on EKS/HyperPod: the node set is listed
-top-down, so **layer-1 is the top (farthest) layer and layer-3 the one closest to the
-instance**. hyperplan assigns:
-
-* layer-1: one network node per availability zone (the spine);
-* layer-2: one per reserved-capacity block (the UltraServers bought together);
-* layer-3: one per UltraServer, i.e. its NVLink domain (same grouping as
-  ``topology.k8s.aws/ultraserver-id``).
-
-Values look like AWS network-node ids (``nn-`` + 17 hex digits, a hash of the level's
-identity). A Kueue ``Topology`` therefore lists, top to bottom:
-:func:`kueue_topology_levels` = layer-1, layer-2, layer-3, ``kubernetes.io/hostname``.
+Node names, labels and taints live in :mod:`hyperplan.planning.naming`; what a plan's nodes
+count as (in use, unhealthy, spares, UltraServer health) in :mod:`hyperplan.planning.counts`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from hyperplan.api.vocabulary import ULTRASERVER_INSTANCES
+from hyperplan.planning.naming import (
+    HEALTH_SCHEDULABLE,
+    HEALTH_UNSCHEDULABLE,
+    LABEL_GENERATION,
+    LABEL_GROUP,
+    LABEL_HEALTH,
+    LABEL_HOSTNAME,
+    LABEL_INSTANCE_TYPE,
+    LABEL_PLAN,
+    LABEL_RESERVED_CAPACITY,
+    LABEL_ROLE,
+    LABEL_SLOT,
+    LABEL_ZONE,
+    ROLE_ACTIVE,
+    ROLE_SPARE,
+    SPARE_TAINT,
+    Taint,
+    TopologyKeys,
+    UNHEALTHY_TAINT,
+    label_value,
+    network_node_id,
+    node_name,
+    ultraserver_id,
+)
 
 # --------------------------------------------------------------------------- constants
 
 ULTRASERVER_INSTANCE_TYPE = "ml.p6e-gb200.36xlarge"
 DEFAULT_SPARES_PER_ULTRASERVER = 1
-
-LABEL_INSTANCE_TYPE = "node.kubernetes.io/instance-type"
-LABEL_ZONE = "topology.kubernetes.io/zone"
-LABEL_HOSTNAME = "kubernetes.io/hostname"
-LABEL_GROUP = "hyperplan.dev/instance-group"
-LABEL_PLAN = "hyperplan.dev/training-plan"
-LABEL_RESERVED_CAPACITY = "hyperplan.dev/reserved-capacity"
-LABEL_ROLE = "hyperplan.dev/role"
-LABEL_HEALTH = "hyperplan.dev/node-health-status"
-LABEL_SAGEMAKER_HEALTH = "sagemaker.amazonaws.com/node-health-status"
-LABEL_SLOT = "hyperplan.dev/slot"
-LABEL_GENERATION = "hyperplan.dev/generation"
-LABEL_REPLACES = "hyperplan.dev/replaces"
-ANNOTATION_CORDONED = "hyperplan.dev/cordoned"
-"""``"true"`` while a node is cordoned because hyperplan cordoned it (for a drain)."""
-
-ROLE_ACTIVE = "active"
-ROLE_SPARE = "spare"
-
-HEALTH_SCHEDULABLE = "Schedulable"
-HEALTH_UNSCHEDULABLE = "Unschedulable"
-HEALTH_PENDING_REPLACEMENT = "UnschedulablePendingReplacement"
-HEALTH_PENDING_REBOOT = "UnschedulablePendingReboot"
-HEALTH_STATUSES = (HEALTH_SCHEDULABLE, HEALTH_UNSCHEDULABLE, HEALTH_PENDING_REPLACEMENT,
-                   HEALTH_PENDING_REBOOT)
-
-STATUS_OK = "ok"
-STATUS_IMPAIRED = "impaired"
-STATUS_INSUFFICIENT_DATA = "insufficient-data"
 
 # Placement error reasons (condition reasons on the InstanceGroup).
 REASON_INSUFFICIENT_CAPACITY = "InsufficientCapacity"
@@ -109,110 +82,6 @@ REASON_UNKNOWN_ULTRASERVER = "UnknownUltraServer"
 REASON_PLACEMENT_EXCEEDS_CAPACITY = "PlacementExceedsCapacity"
 REASON_PLACEMENT_COUNT_MISMATCH = "PlacementCountMismatch"
 REASON_INVALID_PLACEMENT = "InvalidPlacement"
-
-NODE_NAME_PREFIX = "hp"
-_GROUP_PART_MAX = 30
-_DNS_LABEL_MAX = 63
-
-
-@dataclass(frozen=True)
-class Taint:
-    key: str
-    value: str
-    effect: str
-
-
-SPARE_TAINT = Taint("hyperplan.dev/spare", "true", "NoSchedule")
-UNHEALTHY_TAINT = Taint("hyperplan.dev/unhealthy", "true", "NoSchedule")
-
-
-@dataclass(frozen=True)
-class TopologyKeys:
-    """Label keys for UltraServer topology (configurable; defaults are the EKS/HyperPod keys)."""
-
-    ultraserver_id: str = "topology.k8s.aws/ultraserver-id"
-    layer1: str = "topology.k8s.aws/network-node-layer-1"
-    layer2: str = "topology.k8s.aws/network-node-layer-2"
-    layer3: str = "topology.k8s.aws/network-node-layer-3"
-
-
-def kueue_topology_levels(keys: TopologyKeys = TopologyKeys()) -> list[str]:
-    """Node labels for a Kueue ``Topology``'s ``levels``, top (farthest) to bottom (closest)."""
-    return [keys.layer1, keys.layer2, keys.layer3, LABEL_HOSTNAME]
-
-
-# --------------------------------------------------------------------------- names and values
-
-
-def _hash(text: str, length: int) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:length]
-
-
-_LABEL_VALUE_RE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-_DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-
-
-def is_dns_label(name: str) -> bool:
-    """True for a DNS-1123 label: lowercase alphanumerics and '-', alnum at both ends, <= 63."""
-    return len(name) <= _DNS_LABEL_MAX and bool(_DNS_LABEL_RE.match(name))
-
-
-def label_value(text: str) -> str:
-    """``text`` if it is a valid Kubernetes label value, else a valid, unique stand-in.
-
-    The stand-in is a cleaned prefix plus ``-`` and 8 hex digits of a hash of ``text``, at
-    most 63 characters. Use the same function to build selectors for such labels.
-    """
-    if len(text) <= _DNS_LABEL_MAX and _LABEL_VALUE_RE.match(text):
-        return text
-    cleaned = re.sub(r"[^A-Za-z0-9_.-]", "-", text)[: _DNS_LABEL_MAX - 9]
-    cleaned = re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", cleaned)
-    digest = _hash(text, 8)
-    return f"{cleaned}-{digest}" if cleaned else digest
-
-
-def _group_part(group: str) -> str:
-    if len(group) <= _GROUP_PART_MAX and _DNS_LABEL_RE.match(group):
-        return group
-    cleaned = re.sub(r"[^a-z0-9-]", "-", group.lower())[: _GROUP_PART_MAX - 5].strip("-")
-    digest = _hash(group, 4)
-    return f"{cleaned}-{digest}" if cleaned else digest
-
-
-def node_name(group: str, reserved_capacity_id: str, slot: str, generation: int = 0) -> str:
-    """The deterministic node name of a group's slot on a block (see the module docstring).
-
-    ``slot`` is ``"<ultraServerIndex>-<n>"`` or ``"<n>"``; ``generation`` > 0 appends
-    ``-g<generation>`` so that a replacement never reuses a failed node's name.
-    """
-    if generation < 0:
-        raise ValueError(f"generation must be >= 0, got {generation}")
-    if not re.fullmatch(r"[0-9]+(-[0-9]+)?", slot):
-        raise ValueError(f"slot must be '<n>' or '<ultraServerIndex>-<n>', got {slot!r}")
-    name = f"{NODE_NAME_PREFIX}-{_group_part(group)}-{_hash(reserved_capacity_id, 8)}-{slot}"
-    if generation:
-        name = f"{name}-g{generation}"
-    if not is_dns_label(name):  # only with absurd slot or generation numbers
-        raise ValueError(f"node name {name!r} is not a valid DNS-1123 label")
-    return name
-
-
-def ultraserver_id(reserved_capacity_id: str, index: int) -> str:
-    """``<reservedCapacityId>-us-<index>``, kept a valid label value (hashed when too long)."""
-    suffix = f"-us-{index}"
-    candidate = f"{reserved_capacity_id}{suffix}"
-    if len(candidate) <= _DNS_LABEL_MAX and _LABEL_VALUE_RE.match(candidate):
-        return candidate
-    base = label_value(reserved_capacity_id)
-    if len(base) + len(suffix) > _DNS_LABEL_MAX:
-        keep = _DNS_LABEL_MAX - len(suffix) - 9
-        base = f"{base[:keep].rstrip('-_.')}-{_hash(reserved_capacity_id, 8)}"
-    return f"{base}{suffix}"
-
-
-def network_node_id(level: str, identity: str) -> str:
-    """An AWS-style network-node id (``nn-`` + 17 hex) for a topology level's identity."""
-    return "nn-" + _hash(f"{level}/{identity}", 17)
 
 
 # --------------------------------------------------------------------------- UltraServers
@@ -659,127 +528,4 @@ def desired_nodes(
                                   instance_type, availability_zone, slot, st.generation))
     return nodes
 
-
-# --------------------------------------------------------------------------- counts
-
-
-@dataclass(frozen=True)
-class ObservedNode:
-    """A node as the plan's counters see it.
-
-    ``healthy`` is ``None`` when health is unknown (insufficient data).
-    ``pending_replacement`` is set for nodes labelled ``UnschedulablePendingReplacement``.
-    """
-
-    name: str
-    group: str
-    role: str
-    ultraserver_id: str | None
-    healthy: bool | None
-    ready: bool
-    pending_replacement: bool = False
-
-
-@dataclass(frozen=True)
-class Counts:
-    total: int
-    in_use: int
-    available: int
-    available_spares: int
-    unhealthy: int
-    configured_spares: int = 0
-
-    def as_status(self) -> dict[str, int]:
-        """The TrainingPlan status fields (camelCase)."""
-        return {
-            "totalInstanceCount": self.total,
-            "inUseInstanceCount": self.in_use,
-            "availableInstanceCount": self.available,
-            "availableSpareInstanceCount": self.available_spares,
-            "unhealthyInstanceCount": self.unhealthy,
-        }
-
-
-def plan_counts(total: int, configured_spares: int, nodes: Sequence[ObservedNode]) -> Counts:
-    """Counts of a block, as SageMaker reports them.
-
-    * ``in_use``: active nodes that are not unhealthy (unknown health counts as in use);
-    * ``unhealthy``: nodes judged unhealthy, active or spare;
-    * ``available_spares``: spare nodes that are Ready and healthy;
-    * ``available``: ``total - in_use - unhealthy - configured spares``, at least 0. An
-      unhealthy spare is counted once: it is taken off the configured spares it stands in
-      for, not subtracted twice.
-    """
-    unhealthy = sum(1 for n in nodes if n.healthy is False)
-    unhealthy_spares = sum(1 for n in nodes if n.healthy is False and n.role == ROLE_SPARE)
-    in_use = sum(1 for n in nodes if n.role == ROLE_ACTIVE and n.healthy is not False)
-    available_spares = sum(1 for n in nodes
-                           if n.role == ROLE_SPARE and n.healthy is True and n.ready)
-    available = available_instances(total, in_use, unhealthy, configured_spares, unhealthy_spares)
-    return Counts(total, in_use, available, available_spares, unhealthy, configured_spares)
-
-
-def available_instances(total: int, in_use: int, unhealthy: int, configured_spares: int,
-                        unhealthy_spares: int) -> int:
-    """What is left of a block for a new group: the one formula of ``availableInstanceCount``.
-
-    ``total - in_use - unhealthy - configured spares``, at least 0, where an unhealthy spare is
-    counted once: it is taken off the configured spares it stands in for, not subtracted twice.
-    """
-    return max(total - in_use - unhealthy - max(configured_spares - unhealthy_spares, 0), 0)
-
-
-@dataclass(frozen=True)
-class UltraServerReport:
-    id: str
-    availability_zone: str
-    total: int
-    configured_spares: int
-    available: int
-    in_use: int
-    available_spares: int
-    unhealthy: int
-    health_status: str
-
-    def as_status(self) -> dict[str, object]:
-        """An entry of ``TrainingPlan.status.ultraServers`` (camelCase)."""
-        return {
-            "id": self.id,
-            "availabilityZone": self.availability_zone,
-            "totalInstanceCount": self.total,
-            "configuredSpareInstanceCount": self.configured_spares,
-            "availableInstanceCount": self.available,
-            "inUseInstanceCount": self.in_use,
-            "availableSpareInstanceCount": self.available_spares,
-            "unhealthyInstanceCount": self.unhealthy,
-            "healthStatus": self.health_status,
-        }
-
-
-def ultraserver_reports(
-    ultraservers: Sequence[UltraServer], availability_zone: str, nodes: Sequence[ObservedNode]
-) -> list[UltraServerReport]:
-    """Per-UltraServer counts and health, in index order.
-
-    ``health_status`` is ``impaired`` if any of its nodes is unhealthy or pending
-    replacement, else ``insufficient-data`` if any node's health is unknown, else ``ok``
-    (also for an UltraServer no group uses: nothing on it is known to be wrong).
-    """
-    reports = []
-    by_ultraserver: dict[str | None, list[ObservedNode]] = {}
-    for n in nodes:  # one pass over the nodes, not one per UltraServer: linear in the block's size
-        by_ultraserver.setdefault(n.ultraserver_id, []).append(n)
-    for u in sorted(ultraservers, key=lambda u: u.index):
-        mine = by_ultraserver.get(u.id, [])
-        c = plan_counts(u.instance_count, u.spare_count, mine)
-        if any(n.healthy is False or n.pending_replacement for n in mine):
-            status = STATUS_IMPAIRED
-        elif any(n.healthy is None for n in mine):
-            status = STATUS_INSUFFICIENT_DATA
-        else:
-            status = STATUS_OK
-        reports.append(UltraServerReport(u.id, availability_zone, u.instance_count,
-                                         u.spare_count, c.available, c.in_use,
-                                         c.available_spares, c.unhealthy, status))
-    return reports
 

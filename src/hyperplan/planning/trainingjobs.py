@@ -24,7 +24,7 @@ exist and for whom:
   the nodes drain as an instance group's do: cordon, evict, and remove once empty or at the
   block's end.
 
-Node names are ``hp-<plan>-<hash8(block)>-<slot>`` (:func:`hyperplan.planning.placement.node_name`
+Node names are ``hp-<plan>-<hash8(block)>-<slot>`` (:func:`hyperplan.planning.naming.node_name`
 with the plan in the group's place), so a restart finds the same slots and never duplicates a node.
 
 Pure: plain values and ``now`` in, a :class:`JobNodeDecision` out.
@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Mapping, Sequence
 
+from hyperplan.planning import naming as nm
 from hyperplan.planning import placement as pl
 
 LABEL_WORKLOAD = "hyperplan.dev/workload"
@@ -45,7 +46,7 @@ ANNOTATION_KEEP_ALIVE_UNTIL = "hyperplan.dev/keep-alive-until"
 
 def workload_label_value(namespace: str, name: str) -> str:
     """The ``hyperplan.dev/workload`` label value of a Kueue workload (a valid label value)."""
-    return pl.label_value(f"{namespace}.{name}")
+    return nm.label_value(f"{namespace}.{name}")
 
 
 @dataclass(frozen=True)
@@ -114,30 +115,30 @@ class JobNodeDecision:
 
 
 def node_spec(plan: str, block: JobBlock, server: pl.UltraServer | None, slot: str, workload: str,
-              keys: pl.TopologyKeys = pl.TopologyKeys()) -> pl.NodeSpec:
+              keys: nm.TopologyKeys = nm.TopologyKeys()) -> pl.NodeSpec:
     """A job node of ``workload`` on ``slot`` of ``block``, with hyperplan's labels."""
-    name = pl.node_name(plan, block.id, slot)
+    name = nm.node_name(plan, block.id, slot)
     labels = {
-        pl.LABEL_INSTANCE_TYPE: block.instance_type,
-        pl.LABEL_ZONE: block.availability_zone,
-        pl.LABEL_HOSTNAME: name,
-        pl.LABEL_PLAN: pl.label_value(plan),
-        pl.LABEL_RESERVED_CAPACITY: pl.label_value(block.id),
-        pl.LABEL_ROLE: pl.ROLE_ACTIVE,
-        pl.LABEL_HEALTH: pl.HEALTH_SCHEDULABLE,
-        pl.LABEL_SLOT: slot,
-        pl.LABEL_GENERATION: "0",
+        nm.LABEL_INSTANCE_TYPE: block.instance_type,
+        nm.LABEL_ZONE: block.availability_zone,
+        nm.LABEL_HOSTNAME: name,
+        nm.LABEL_PLAN: nm.label_value(plan),
+        nm.LABEL_RESERVED_CAPACITY: nm.label_value(block.id),
+        nm.LABEL_ROLE: nm.ROLE_ACTIVE,
+        nm.LABEL_HEALTH: nm.HEALTH_SCHEDULABLE,
+        nm.LABEL_SLOT: slot,
+        nm.LABEL_GENERATION: "0",
         LABEL_WORKLOAD: workload,
     }
     if server is not None:
         labels.update(pl.topology_labels(block.availability_zone, block.id, server, keys))
-    return pl.NodeSpec(name, labels, (), pl.ROLE_ACTIVE, server.id if server else None,
+    return pl.NodeSpec(name, labels, (), nm.ROLE_ACTIVE, server.id if server else None,
                        block.instance_type, block.availability_zone, slot)
 
 
 def decide_job_nodes(plan: str, block: JobBlock | None, holders: Sequence[Holder], nodes: Sequence[JobNode],
                      keep_alive: timedelta | None, now: datetime,
-                     keys: pl.TopologyKeys = pl.TopologyKeys(),
+                     keys: nm.TopologyKeys = nm.TopologyKeys(),
                      checkpoint_lead: timedelta | None = None) -> JobNodeDecision:
     """What to do with a training-job plan's nodes (see the module docstring).
 
@@ -149,7 +150,7 @@ def decide_job_nodes(plan: str, block: JobBlock | None, holders: Sequence[Holder
     docs/checkpoint.md); the drain still starts at the termination time.
     """
     d = JobNodeDecision()
-    block_value = pl.label_value(block.id) if block is not None else None
+    block_value = nm.label_value(block.id) if block is not None else None
     usable = block is not None and now < block.termination_time
     wakes: list[datetime] = []
     if block is not None and checkpoint_lead is not None:
@@ -264,6 +265,6 @@ def job_nodes_from_labels(items: Sequence[tuple[str, Mapping[str, str], Mapping[
             when = datetime.fromisoformat(until.replace("Z", "+00:00")) if until else None
         except ValueError:
             when = None
-        out.append(JobNode(name, labels.get(pl.LABEL_RESERVED_CAPACITY, ""), labels.get(pl.LABEL_SLOT, ""),
+        out.append(JobNode(name, labels.get(nm.LABEL_RESERVED_CAPACITY, ""), labels.get(nm.LABEL_SLOT, ""),
                            labels.get(LABEL_WORKLOAD, ""), when, cordoned, signalled))
     return out
