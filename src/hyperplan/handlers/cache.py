@@ -298,6 +298,14 @@ class WatchCache:
         with self._lock:
             self._parsed_pools.pop(name, None)
 
+    def forget(self, kind: str, name: str) -> None:
+        """Drop what the operator remembers of a deleted object (its write-through copy, and a
+        pool's parsed ledger), so that churn leaves nothing behind."""
+        with self._lock:
+            self._written.pop((kind, name), None)
+            if kind == "capacitypools":
+                self._parsed_pools.pop(name, None)
+
 
 def v1_node(node: Mapping[str, Any]) -> client.V1Node:
     """A slim node (:func:`slim_node`) as the Kubernetes client's model, with the fields that

@@ -145,8 +145,10 @@ def plan_view(rt: Runtime, obj: dict[str, Any] | None, now: datetime) -> tuple[a
         return None, None
     try:
         plan = TrainingPlan.model_validate(obj)
-    except ValidationError:
-        return ad.PlanView(obj["metadata"]["name"], ad.TRAINING_JOB, "Failed", (), "its spec is invalid"), None
+    except ValidationError as e:
+        # Not a verdict on the workloads: the plan's own handler reports the bad spec. Failing the
+        # pass (retried with backoff) leaves every check and job node as it is until it is fixed.
+        raise ValueError(f"training plan {obj['metadata']['name']} cannot be read: {e.error_count()} error(s)") from e
     spec, status = plan.spec, plan.status
     spares = spec.spare_instances_per_ultra_server
     blocks = []
@@ -269,9 +271,10 @@ async def reconcile_plan_workloads(rt: Runtime, plan_name: str, stop: Stop) -> d
     plan, schedule = extra if extra else (None, None)
     if not checks:
         wake, left = await state.call(reconcile_job_nodes, rt, plan_name, plan, schedule, [], now)
-        if not left:
+        if not left and not state.checks_of(plan_name):  # a check may have come meanwhile
             stop.set()
-            state.loops.pop(plan_name, None)
+            if state.loops.get(plan_name, (None, None))[1] is stop:
+                state.loops.pop(plan_name, None)
             return None
         return wake
     for check in checks:
@@ -311,7 +314,12 @@ async def reconcile_plan_workloads(rt: Runtime, plan_name: str, stop: Stop) -> d
         prior = _entry(wl, check)
         entry = entry_for(check, decision, prior, w.view.pod_sets, selector, now, labels)
         if differs(prior, entry):
-            await state.call(apply_check_entry, rt, wl, entry)
+            try:
+                await state.call(apply_check_entry, rt, wl, entry)
+            except ApiException as e:  # gone meanwhile (404) or refused: the next pass decides again
+                if e.status != 404:
+                    log.warning("workload %s: writing check %s failed (%s): %s", w.view.key, check, e.status, e.reason)
+                continue
             log.info("workload %s: check %s %s (%s): %s", w.view.key, check, decision.state, decision.reason,
                      decision.message)
             kopf.event(workload_ref(wl), type="Warning" if decision.state == ad.REJECTED else "Normal",
@@ -391,11 +399,14 @@ def reconcile_job_nodes(rt: Runtime, name: str, plan: TrainingPlan | None, sched
                 kopf.event(ref, type=event.type, reason=event.reason, message=event.message)
         if not any(n.signalled for n in nodes):
             events.append((gr.REASON_CHECKPOINT, f"{checkpoint.message}; {len(checkpoint.nodes)} node(s) signalled"))
+    evicting = False
     for node, why in decision.release:
         progress = rt.pods.evict(node)
+        if progress.pods_left:  # its pods stop with their grace period first; look again shortly
+            evicting = True
+            continue
         removed.add(node)
-        events.append(("NodeRemoved", f"{node} removed ({why}): {provider.release(node)}"
-                       + (f"; {progress.pods_left} pod(s) evicted" if progress.pods_left else "")))
+        events.append(("NodeRemoved", f"{node} removed ({why}): {provider.release(node)}"))
     cordoned = {n.name for n in nodes if n.cordoned}
     for drain in decision.drain:
         if drain.node not in cordoned:
@@ -416,7 +427,7 @@ def reconcile_job_nodes(rt: Runtime, name: str, plan: TrainingPlan | None, sched
             warning = reason in ("NoSlotForWorkload", gr.REASON_CHECKPOINT)
             kopf.event(plan_ref, type="Warning" if warning else "Normal", reason=reason, message=message)
     wake = decision.wake_at
-    if decision.drain:  # evictions take a moment: look again shortly until the nodes are gone
+    if decision.drain or evicting:  # evictions take a moment: look again shortly until the nodes are gone
         soon = now + timedelta(seconds=1)
         wake = soon if wake is None else min(wake, soon)
     return wake, len(raw) + len(decision.create) - len(removed)
@@ -446,10 +457,14 @@ async def admission_check_changed(name: str, body: kopf.Body, spec: kopf.Spec, t
                                   memo: kopf.Memo, **_: Any) -> None:
     """A check appeared, changed or went: serve it (or stop serving its plan)."""
     rt: Runtime = memo.runtime
-    if spec.get("controllerName") != ad.CONTROLLER_NAME:
-        return
     state = state_of(rt)
     before = state.checks.get(name)
+    if spec.get("controllerName") != ad.CONTROLLER_NAME:
+        if name in state.checks:  # not ours (any more): stop writing to it and its workloads
+            state.checks.pop(name)
+            if before:
+                rt.wakeups.wake(KIND, before)
+        return
     if type == "DELETED":
         state.checks.pop(name, None)
         if before:

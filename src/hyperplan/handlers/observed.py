@@ -32,13 +32,17 @@ def observe(observed: metrics.ObservedObjects, plural: str, name: str, type_: st
 
 
 @kopf.on.event(GROUP, VERSION, "trainingplans")
-async def plan_seen(name: str, type: str | None, body: kopf.Body, **_: Any) -> None:
+async def plan_seen(name: str, type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     observe(metrics.OBSERVED, "trainingplans", name, type, dict(body))
+    if type == "DELETED":
+        memo.runtime.cache.forget("trainingplans", name)
 
 
 @kopf.on.event(GROUP, VERSION, "instancegroups")
-async def group_seen(name: str, type: str | None, body: kopf.Body, **_: Any) -> None:
+async def group_seen(name: str, type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     observe(metrics.OBSERVED, "instancegroups", name, type, dict(body))
+    if type == "DELETED":
+        memo.runtime.cache.forget("instancegroups", name)
 
 
 @kopf.on.event(GROUP, VERSION, "capacitypools")
@@ -48,6 +52,7 @@ async def pool_seen(name: str, type: str | None, body: kopf.Body, memo: kopf.Mem
     the square of the purchases."""
     if type == "DELETED":
         observe(metrics.OBSERVED, "capacitypools", name, type, {})
+        memo.runtime.cache.forget("capacitypools", name)
         return
     metrics.OBSERVED.put_pool_snapshot(name, memo.runtime.cache.pool_snapshots([slim_object(body)])[0])
 

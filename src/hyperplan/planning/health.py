@@ -426,7 +426,11 @@ def evacuate(node: NodeObservation, reason: str, now: datetime, dead_node_timeou
         return Evacuation(EvictPods(node.name, reason, start=True), False, now + EVICTION_RETRY)
     if node.ready:
         return Evacuation(EvictPods(node.name, reason), False, now + EVICTION_RETRY)
-    deadline = since + dead_node_timeout
+    # Counted from the later of the eviction's start and the node's loss of Ready, so a node that
+    # only just stopped answering (a kubelet restart) gets the whole timeout before its pods are
+    # forced out: their containers may still run there.
+    lost = max((c.last_transition_time for c in node.conditions if c.type == "Ready"), default=since)
+    deadline = max(since, lost) + dead_node_timeout
     if now >= deadline:
         return Evacuation(EvictPods(node.name, reason, force=True), False, now + EVICTION_RETRY)
     return Evacuation(EvictPods(node.name, reason), False, min(deadline, now + EVICTION_RETRY))

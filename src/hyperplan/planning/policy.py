@@ -121,7 +121,9 @@ SAGEMAKER = Policy(
     # a finer grid would only produce starts that the end alignment forbids.
     slot=timedelta(days=1),
     checkpoint_lead=timedelta(minutes=10),
-    dead_node_eviction_timeout=timedelta(seconds=10),
+    # A replaced node's pods are forced out after a minute without Ready: long enough that a
+    # kubelet restart is not mistaken for a dead node, short enough to free the job's slot.
+    dead_node_eviction_timeout=timedelta(seconds=60),
 )
 
 DEMO = Policy(
