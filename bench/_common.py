@@ -534,6 +534,14 @@ def api_requests(text: str) -> Counter:
     return out
 
 
+WRITE_VERBS = frozenset({"POST", "PUT", "PATCH", "DELETE", "APPLY", "DELETECOLLECTION"})
+
+
+def api_writes(text: str) -> Counter:
+    """apiserver_request_total of write verbs, by (group/resource[/subresource], verb)."""
+    return Counter({(res, verb): n for (verb, res), n in api_requests(text).items() if verb in WRITE_VERBS})
+
+
 def increase(after: Counter, before: Counter) -> Counter:
     """What each counter grew by between two scrapes (keys that did not grow are left out)."""
     return Counter({k: after[k] - before.get(k, 0) for k in after if after[k] - before.get(k, 0) > 0})

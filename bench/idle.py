@@ -34,26 +34,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
-    increase,
+    api_writes, increase,
     API, BenchError, Harness, machine, metric_sum, pool, print_figures, proc_cpu_seconds, proc_rss_mib, run,
     scrape, step, ts, utcnow, verdict, wait_for,
 )
 
 ITYPE = "ml.p5.48xlarge"
-WRITE_VERBS = {"POST", "PUT", "PATCH", "DELETE", "APPLY", "DELETECOLLECTION"}
 CPU_TARGET = 1.0  # percent of one core
 RSS_TARGET = 1.0  # MiB
-
-
-def api_writes(text: str) -> Counter:
-    """apiserver_request_total of write verbs, by (group/resource[/subresource], verb)."""
-    out: Counter = Counter()
-    for labels, value in scrape(text, "apiserver_request_total"):
-        if labels.get("verb") in WRITE_VERBS:
-            res = "/".join(x for x in (labels.get("group") or "core", labels.get("resource", "?"),
-                                       labels.get("subresource", "")) if x)
-            out[(res, labels["verb"])] += value
-    return out
 
 
 def show(c: Counter) -> str:

@@ -36,28 +36,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
-    loadavg, increase,
+    api_writes, loadavg, increase,
     API, GROUP, VERSION, BenchError, Harness, machine, metric_sum, node_ready, pool, print_figures,
-    proc_cpu_seconds, proc_rss_mib, run, scrape, step, ts, utcnow, verdict,
+    proc_cpu_seconds, proc_rss_mib, run, step, ts, utcnow, verdict,
 )
 
 ITYPE = "ml.p5.48xlarge"
 GB200, X72 = "ml.p6e-gb200.36xlarge", "ml.u-p6e-gb200x72"
 AZS = [f"us-east-1{c}" for c in "abcdef"] + [f"us-west-2{c}" for c in "abcd"]
-WRITES = {"POST", "PUT", "PATCH", "DELETE", "APPLY", "DELETECOLLECTION"}
 RSS_BUDGET = 200.0  # MiB above the idle operator
 CPU_TARGET = 2.0  # percent of one core
 FLAT = 5.0  # MiB of growth over the idle window read as flat
-
-
-def writes(text: str) -> Counter:
-    out: Counter = Counter()
-    for labels, value in scrape(text, "apiserver_request_total"):
-        if labels.get("verb") in WRITES:
-            res = "/".join(x for x in (labels.get("group") or "core", labels.get("resource", "?"),
-                                       labels.get("subresource", "")) if x)
-            out[(res, labels["verb"])] += value
-    return out
 
 
 def operators(c: Counter) -> Counter:
@@ -180,7 +169,7 @@ def main(h: Harness, args: argparse.Namespace) -> int:
     step(f"all {nodes} nodes Ready in {nodes_ready:.0f} s; RSS {rss_nodes:.1f} MiB")
 
     step(f"idle window: {args.idle} s")
-    m0, a0 = op.metrics(timeout=120), writes(h.api.metrics())  # /metrics took > 5 s at 5,000 plans
+    m0, a0 = op.metrics(timeout=120), api_writes(h.api.metrics())  # /metrics took > 5 s at 5,000 plans
     t2, c2 = time.time(), proc_cpu_seconds(op.pid)
     samples = [(0.0, rss_nodes)]
     while time.time() - t2 < args.idle:
@@ -191,7 +180,7 @@ def main(h: Harness, args: argparse.Namespace) -> int:
              f"load {loadavg()}")
     wall = time.time() - t2
     cpu = proc_cpu_seconds(op.pid) - c2
-    m1, a1 = op.metrics(timeout=120), writes(h.api.metrics())
+    m1, a1 = op.metrics(timeout=120), api_writes(h.api.metrics())
     all_writes = increase(a1, a0)
     ours = operators(all_writes)
     status_writes = metric_sum(m1, "hyperplan_status_writes_total") - metric_sum(m0, "hyperplan_status_writes_total")
