@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
     api_writes, increase,
     API, BenchError, Harness, machine, metric_sum, pool, print_figures, proc_cpu_seconds, proc_rss_mib, run,
-    scrape, step, ts, utcnow, verdict, wait_for,
+    step, ts, utcnow, verdict, wait_for,
 )
 
 ITYPE = "ml.p5.48xlarge"
