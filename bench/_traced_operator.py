@@ -30,10 +30,17 @@ _started = 0.0
 
 
 def _type_counts() -> Counter:
-    return Counter(type(o).__module__ + "." + type(o).__qualname__ for o in gc.get_objects())
+    return Counter(f"{getattr(type(o), '__module__', '?')}.{type(o).__qualname__}" for o in gc.get_objects())
 
 
 def start(_signum=None, _frame=None) -> None:
+    try:
+        _start()
+    except Exception as e:  # noqa: BLE001 - diagnostics must never end the operator
+        print(f"_traced_operator: could not start tracing: {e!r}", file=sys.stderr, flush=True)
+
+
+def _start() -> None:
     global _types_at_start, _started
     if tracemalloc.is_tracing():
         return
@@ -47,6 +54,13 @@ def _short(filename: str) -> str:
 
 
 def report(_signum=None, _frame=None) -> None:
+    try:
+        _report()
+    except Exception as e:  # noqa: BLE001 - diagnostics must never end the operator
+        OUT.write_text(f"the report failed: {e!r}\n")
+
+
+def _report() -> None:
     lines: list[str] = []
     if tracemalloc.is_tracing():
         snap = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
