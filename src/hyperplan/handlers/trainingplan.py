@@ -188,8 +188,7 @@ async def start_plan_passes(memo: kopf.Memo, **_: Any) -> None:
     """One scheduler for every plan's passes, for as long as kopf runs (only on the leader)."""
     rt: Runtime = memo.runtime
     rt.plans = PassScheduler("TrainingPlan", lambda name: reconcile_plan(rt, name), rt.clock, rt=rt, plural=PLURAL)
-    rt.plans.start()
-    rt.wakeups.route(KIND, rt.plans.wake)
+    rt.wakeups.route(KIND, rt.plans.wake)  # wake-ups wait in its queue until the workers start
 
 
 @kopf.on.cleanup()
@@ -207,9 +206,14 @@ async def plan_seen(name: str, type: str | None, memo: kopf.Memo, **_: Any) -> N
     Later events are its own status writes (which need no pass) or spec changes
     (:func:`plan_spec_changed`)."""
     rt: Runtime = memo.runtime
+    if rt.plans is None:
+        return
+    # The workers start inside a kopf handler: their tasks inherit its context, which holds
+    # kopf's queue for posting Events (kopf.event fails outside one). Idempotent.
+    rt.plans.start()
     if type in (None, "ADDED"):
         rt.wakeups.wake(KIND, name)
-    elif type == "DELETED" and rt.plans is not None:
+    elif type == "DELETED":
         rt.plans.forget(name)
 
 
