@@ -27,6 +27,7 @@ import logging
 import os
 import time
 from functools import lru_cache
+from typing import Callable
 
 log = logging.getLogger("hyperplan.allocator")
 M_ARENA_MAX = -8  # mallopt parameter (malloc.h)
@@ -63,19 +64,20 @@ def trim() -> bool:
     return bool(libc.malloc_trim(0)) if libc is not None else False
 
 
-async def trim_after_busy_spells(interval: float = TRIM_INTERVAL, busy_cpu: float = BUSY_CPU) -> None:
+async def trim_after_busy_spells(interval: float = TRIM_INTERVAL, busy_cpu: float = BUSY_CPU,
+                                 cpu: Callable[[], float] = time.process_time) -> None:
     """Trim after every busy interval and after the first quiet one that follows (runs until
-    cancelled)."""
+    cancelled). ``cpu``: the process's CPU seconds so far."""
     if _glibc() is None:
         return
-    last, was_busy = time.process_time(), False
+    last, was_busy = cpu(), False
     while True:
         await asyncio.sleep(interval)
-        now = time.process_time()
+        now = cpu()
         busy = now - last >= busy_cpu
         if busy or was_busy:
             started = time.monotonic()
             await asyncio.to_thread(trim)
             log.debug("malloc_trim after a %s interval took %.3fs", "busy" if busy else "quiet",
                       time.monotonic() - started)
-        last, was_busy = time.process_time(), busy
+        last, was_busy = now, busy
