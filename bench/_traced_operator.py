@@ -47,6 +47,7 @@ def _start() -> None:
     _types_at_start = _type_counts()
     _started = time.monotonic()
     tracemalloc.start(FRAMES)
+    PROBE.start()
 
 
 def _short(filename: str) -> str:
@@ -87,9 +88,41 @@ def _report() -> None:
     tasks = asyncio.all_tasks(loop) if loop is not None else set()
     by_coro = Counter(getattr(t.get_coro(), "__qualname__", "?") for t in tasks)
     lines += ["", f"asyncio tasks: {len(tasks)}"] + [f"  {n:7d}  {c}" for c, n in by_coro.most_common(10)]
+    lines += ["", PROBE.summary()]
     OUT.write_text("\n".join(lines) + "\n")
 
 
+class GilProbe:
+    """How long a thread that wakes every 10 ms waits past its wake time: the wait a thread of
+    the operator (the lease renewal, say) has for the GIL and a core. Runs from start to report."""
+
+    def __init__(self) -> None:
+        self.lags: list[float] = []
+        self.running = False
+
+    def start(self) -> None:
+        import threading
+
+        self.running = True
+        threading.Thread(target=self._run, name="gil-probe", daemon=True).start()
+
+    def _run(self) -> None:
+        while self.running:
+            t = time.monotonic()
+            time.sleep(0.01)
+            self.lags.append(time.monotonic() - t - 0.01)
+
+    def summary(self) -> str:
+        lags = sorted(self.lags)
+        if not lags:
+            return "gil probe: no samples"
+        q = lambda f: lags[min(len(lags) - 1, int(f * len(lags)))]  # noqa: E731
+        over = sum(1 for x in lags if x > 0.5)
+        return (f"gil probe (a thread waking every 10 ms, {len(lags)} wakes): lag p50 {q(0.5) * 1000:.1f} ms, "
+                f"p99 {q(0.99) * 1000:.1f} ms, max {lags[-1] * 1000:.0f} ms, {over} wakes over 0.5 s late")
+
+
+PROBE = GilProbe()
 signal.signal(signal.SIGUSR2, start)
 signal.signal(signal.SIGUSR1, report)
 
