@@ -58,3 +58,14 @@ def test_a_plan_is_kept_packed_and_read_back_slim() -> None:
     assert got["status"]["offerings"][0]["blocks"][0]["count"] == 1
     got["status"]["phase"] = "changed by a reader"  # each read is its own copy
     assert cache.plan("p")["status"]["phase"] == "Scheduled"
+
+
+def test_our_copy_goes_when_the_watch_delivers_its_version_not_only_on_a_read() -> None:
+    """A Scheduled plan is not read again until its block starts: its write-through copy must
+    not wait for that read to go."""
+    cache = cache_with({"p": [plan("p", 1, "Pending")]})
+    cache.wrote("trainingplans", plan("p", 5, "Scheduled"))
+    cache.watched("trainingplans", "p", "4")  # an older event still on its way: keep ours
+    assert set(cache._written) == {("trainingplans", "p")}
+    cache.watched("trainingplans", "p", "5")
+    assert cache._written == {}

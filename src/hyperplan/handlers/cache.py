@@ -230,6 +230,16 @@ class WatchCache:
             if before is None or _rv(slim) > _rv(before):
                 self._written[(kind, slim["metadata"]["name"])] = slim
 
+    def watched(self, kind: str, name: str, resource_version: Any) -> None:
+        """The watch delivered ``name`` at ``resource_version``: our write-through copy of it is
+        no newer, so drop it now. (Dropped only on the next read, a Scheduled plan's copy, a
+        whole slim plan, stayed until its block started: about 9 KiB per plan.)"""
+        key = (kind, name)
+        with self._lock:
+            written = self._written.get(key)
+            if written is not None and _rv({"metadata": {"resourceVersion": resource_version}}) >= _rv(written):
+                del self._written[key]
+
     def plan(self, name: str) -> dict[str, Any] | None:
         """The TrainingPlan ``name`` (slim; None when it does not exist)."""
         return self._one(PLANS, "trainingplans", name)
