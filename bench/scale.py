@@ -55,9 +55,11 @@ def operators(c: Counter) -> Counter:
                     or k[0] in ("core/events", "events.k8s.io/events", "core/nodes")})
 
 
-def settled_rss(pid: int, seconds: float = 10) -> float:
-    """RSS once it has stopped moving by more than 1 MiB for ``seconds`` (at most 60 s)."""
-    last, since, deadline = proc_rss_mib(pid), time.monotonic(), time.monotonic() + 60
+def settled_rss(pid: int, seconds: float = 40) -> float:
+    """RSS once it has stopped moving by more than 1 MiB for ``seconds`` (at most 150 s): longer
+    than the operator's malloc_trim interval (30 s, hyperplan.allocator), so that the figure is
+    the steady state, not the heap of the last burst before it is handed back."""
+    last, since, deadline = proc_rss_mib(pid), time.monotonic(), time.monotonic() + 150
     while time.monotonic() - since < seconds and time.monotonic() < deadline:
         time.sleep(1)
         now = proc_rss_mib(pid)

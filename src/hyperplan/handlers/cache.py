@@ -12,9 +12,9 @@ sees a half-listed world; a bought plan that saw no pools yet would think itself
 What is kept is a slim copy: the fields passes read, without ``managedFields`` and kopf's
 last-handled-configuration annotation (which repeat the object), so memory grows with the
 fleet, not with the size of the API server's bookkeeping. Plans, the many objects, are kept as
-compact JSON text (:class:`PackedObject`) and parsed again on each read: a bought plan's
-status (three offerings, its blocks, conditions) is about 7.6 KiB as Python dicts and 2 KiB
-as text, and a plan is read only by its own passes and its group's (tens of microseconds each).
+deflated compact JSON (:class:`PackedObject`) and parsed again on each read: a bought plan
+(three offerings, its blocks, conditions) is about 9 KiB as Python dicts and 0.8 KiB packed,
+and a plan is read only by its own passes and its group's (tens of microseconds each).
 
 Write-through: the operator's own writes (a pool's ledger, a plan's status) are remembered with
 the resourceVersion the API server returned, and a read prefers whichever copy is newer, so the
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import threading
+import zlib
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
@@ -87,16 +88,17 @@ def slim_node(body: Mapping[str, Any]) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class PackedObject:
-    """A slim object as compact JSON text, parsed again on every read (see the module docstring)."""
+    """A slim object as compact JSON, deflated, parsed again on every read (see the module
+    docstring). A bought plan: 2.3 KiB of JSON, 0.8 KiB deflated; a read costs ~45 us."""
 
-    text: str
+    data: bytes
 
     @classmethod
     def of(cls, obj: Mapping[str, Any]) -> "PackedObject":
-        return cls(json.dumps(obj, separators=(",", ":"), default=_plain))
+        return cls(zlib.compress(json.dumps(obj, separators=(",", ":"), default=_plain).encode(), 1))
 
     def unpack(self) -> dict[str, Any]:
-        return json.loads(self.text)
+        return json.loads(zlib.decompress(self.data))
 
 
 def _plain(value: Any) -> Any:
