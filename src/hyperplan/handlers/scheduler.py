@@ -61,18 +61,21 @@ class PassScheduler:
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._failures: dict[str, int] = {}
         self._workers: list[asyncio.Task] = []
+        self._stopped = False
         self._idle = asyncio.Event()  # set while no pass runs
         self._idle.set()
 
     # ------------------------------------------------------------------ life
 
     def start(self) -> None:
-        if not self._workers:
+        """Start the workers (idempotent; never again once stopped)."""
+        if not self._workers and not self._stopped:
             self._workers = [asyncio.create_task(self._work(), name=f"{self.label}-pass-{i}")
                              for i in range(self._workers_wanted)]
 
     async def stop(self, grace: float = STOP_GRACE) -> None:
         """Take no new passes; give the running ones ``grace`` seconds, then cancel them."""
+        self._stopped = True
         for timer in self._timers.values():
             timer.cancel()
         self._timers.clear()
