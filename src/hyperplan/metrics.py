@@ -24,7 +24,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import NamedTuple
@@ -376,54 +376,78 @@ _PLAN_TEXT_FAMILIES = ("hyperplan_training_plan_phase", "hyperplan_training_plan
                        "hyperplan_ultraserver_health", "hyperplan_ultraserver_instances")
 
 
-def _plan_lines(plans: list[tuple[str, _Plan]], now: datetime) -> dict[str, list[str]]:
-    """The per-plan families as text: the fixed series as each plan's event wrote them, the
-    seconds to the next boundaries now. At 10,000 plans these are about 100,000 lines, which
-    the generic path (:func:`object_samples`, a dict per sample) took seconds to build."""
-    out: dict[str, list[str]] = {name: [] for name in _PLAN_TEXT_FAMILIES}
+_BATCH = 1000  # plans' lines per chunk written to the scrape's socket
+
+
+def _batched(lines: Iterable[str]) -> Iterator[str]:
+    batch: list[str] = []
+    for line in lines:
+        batch.append(line)
+        if len(batch) >= _BATCH:
+            yield "".join(batch)
+            batch = []
+    if batch:
+        yield "".join(batch)
+
+
+def _to_boundaries(plans: list[tuple[str, _Plan]], now: datetime) -> tuple[list[str], list[str]]:
+    """The lines of the seconds to each plan's termination and next block start, at ``now``."""
     to_termination: list[str] = []
     to_start: list[str] = []
-    by_phase = dict.fromkeys(PLAN_PHASES, 0)
     for name, st in plans:
+        if not st.blocks:
+            continue
+        current, upcoming = _current_and_next(st.blocks, now)
+        if current is not None and current[2] is not None:
+            to_termination.append(f'hyperplan_training_plan_seconds_to_termination{{plan="{_escape(name)}"}} '
+                                  f'{(current[2] - now).total_seconds()!r}\n')
+        if upcoming is not None:
+            to_start.append(f'hyperplan_training_plan_seconds_to_next_block_start{{plan="{_escape(name)}"}} '
+                            f'{(upcoming[0] - now).total_seconds()!r}\n')
+    return to_termination, to_start
+
+
+def object_metrics_chunks(observed: ObservedObjects, now: datetime) -> Iterator[str]:
+    """The object metrics in the Prometheus text format (0.0.4), in chunks, every family with
+    its HELP and TYPE even without samples: what ``ObjectMetrics`` yields, written directly.
+
+    A plan's fixed series are the text its last watch event wrote (:class:`_Plan`); only the
+    seconds to its next boundaries are written now. The few pools and groups go through
+    :func:`object_samples`. At 10,000 plans (about 100,000 lines) this takes a few tenths of a
+    second, where the generic path (a dict per sample) took seconds, and chunks of 1,000 plans
+    keep a scrape from holding all of its text at once."""
+    view = observed.copy()
+    plans = sorted(view.plans.items())
+    view.plans = {}
+    others = object_samples(view, now)
+    to_termination, to_start = _to_boundaries(plans, now)
+    by_phase = dict.fromkeys(PLAN_PHASES, 0)
+    for _, st in plans:
         if st.phase in by_phase:
             by_phase[st.phase] += 1
-        for family, text in zip(_PLAN_TEXT_FAMILIES, st.text):
-            if text:
-                out[family].append(text[:-1])
-        if st.blocks:
-            current, upcoming = _current_and_next(st.blocks, now)
-            if current is not None and current[2] is not None:
-                to_termination.append(f'hyperplan_training_plan_seconds_to_termination{{plan="{_escape(name)}"}} '
-                                      f'{(current[2] - now).total_seconds()!r}')
-            if upcoming is not None:
-                to_start.append(f'hyperplan_training_plan_seconds_to_next_block_start{{plan="{_escape(name)}"}} '
-                                f'{(upcoming[0] - now).total_seconds()!r}')
-    out["hyperplan_training_plan_seconds_to_termination"] = to_termination
-    out["hyperplan_training_plan_seconds_to_next_block_start"] = to_start
-    out["hyperplan_training_plans"] = [f'hyperplan_training_plans{{phase="{phase}"}} {float(n)!r}'
-                                       for phase, n in by_phase.items()]
-    return out
+    computed = {
+        "hyperplan_training_plans": [f'hyperplan_training_plans{{phase="{phase}"}} {float(n)!r}\n'
+                                     for phase, n in by_phase.items()],
+        "hyperplan_training_plan_seconds_to_termination": to_termination,
+        "hyperplan_training_plan_seconds_to_next_block_start": to_start,
+    }
+    for name, (help_, label_names) in OBJECT_FAMILIES.items():
+        help_text = help_.replace("\\", "\\\\").replace("\n", "\\n")  # HELP escapes no quotes
+        yield f"# HELP {name} {help_text}\n# TYPE {name} gauge\n"
+        if name in _PLAN_TEXT_FAMILIES:
+            i = _PLAN_TEXT_FAMILIES.index(name)
+            yield from _batched(st.text[i] for _, st in plans if st.text[i])
+        elif name in computed:
+            yield from _batched(computed[name])
+        else:
+            yield from _batched(
+                f"{name}{{{','.join(f'{k}={chr(34)}{_escape(labels[k])}{chr(34)}' for k in label_names)}}} {value!r}\n"
+                for labels, value in others[name])
 
 
 def render_object_metrics(observed: ObservedObjects, now: datetime) -> str:
-    """The object metrics in the Prometheus text format (0.0.4), every family with its HELP and
-    TYPE even without samples: what ``ObjectMetrics`` yields, written directly. The plans'
-    families come from :func:`_plan_lines`, the few pools' and groups' from :func:`object_samples`."""
-    view = observed.copy()
-    plan_lines = _plan_lines(sorted(view.plans.items()), now)
-    view.plans = {}
-    others = object_samples(view, now)
-    lines: list[str] = []
-    for name, (help_, label_names) in OBJECT_FAMILIES.items():
-        help_text = help_.replace("\\", "\\\\").replace("\n", "\\n")  # HELP escapes no quotes
-        lines.append(f"# HELP {name} {help_text}\n# TYPE {name} gauge")
-        if name in plan_lines:
-            lines.extend(plan_lines[name])
-            continue
-        for labels, value in others[name]:
-            inner = ",".join(f'{k}="{_escape(labels[k])}"' for k in label_names)
-            lines.append(f"{name}{{{inner}}} {value!r}")
-    return "\n".join(lines) + "\n"
+    """:func:`object_metrics_chunks` as one text."""
+    return "".join(object_metrics_chunks(observed, now))
 
 
 OBSERVED = ObservedObjects()
@@ -452,12 +476,17 @@ class _MetricsHandler(BaseHTTPRequestHandler):
         if self.path.split("?")[0] not in ("/metrics", "/"):
             self.send_error(404)
             return
-        body = generate_latest(REGISTRY) + render_object_metrics(OBSERVED, _utcnow()).encode()
+        # HTTP/1.0 without a Content-Length: the body is written in chunks as it is rendered and
+        # ends when the connection closes, so a scrape never holds all of its text at once.
         self.send_response(200)
         self.send_header("Content-Type", CONTENT_TYPE_LATEST)
-        self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(body)
+        self.wfile.write(generate_latest(REGISTRY))
+        for chunk in object_metrics_chunks(OBSERVED, _utcnow()):
+            self.wfile.write(chunk.encode())
+        if len(OBSERVED.plans) >= 1000:  # what the scrape freed goes back (hyperplan.allocator)
+            from hyperplan import allocator
+            allocator.trim()
 
     def log_message(self, *_: Any) -> None:  # one line per scrape would drown the operator's log
         pass

@@ -275,3 +275,28 @@ def test_served_text_holds_the_same_series_as_the_collector() -> None:
     assert set(served) == set(metrics.OBJECT_FAMILIES)
     assert ("hyperplan_training_plan_phase", (("phase", "Scheduled"), ("plan", 'odd"name\\x')), 1.0) \
         in served["hyperplan_training_plan_phase"]
+
+
+def test_the_metrics_endpoint_serves_the_registry_and_the_object_metrics() -> None:
+    """What Prometheus scrapes: the event metrics, then the object metrics in chunks, parseable."""
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = metrics.serve(port)
+    metrics.OBSERVED.put_plan("served-plan", plan_body("Active", BLOCKS, totalInstanceCount=3))
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            assert r.headers["Content-Type"].startswith("text/plain")
+            text = r.read().decode()
+    finally:
+        metrics.OBSERVED.drop("plans", "served-plan")
+        server.shutdown()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert "hyperplan_reconciles" in families  # a counter of the registry (its name without _total)
+    assert set(metrics.OBJECT_FAMILIES) <= set(families)
+    phases = {s.labels["phase"]: s.value for s in families["hyperplan_training_plan_phase"].samples
+              if s.labels["plan"] == "served-plan"}
+    assert phases["Active"] == 1.0 and sum(phases.values()) == 1.0
