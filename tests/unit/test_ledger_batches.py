@@ -135,5 +135,5 @@ def test_a_conflict_makes_the_batch_read_again_and_write_once_more():
     result = ledger.purchase("one", "uid-one", offering(count=2), SAGEMAKER, T - timedelta(days=1))
 
     assert result.ok
-    assert [e.reservation.instance_count for e in result.entries] == [2]
+    assert [b.instance_count for b in result.blocks] == [2]
     assert kube.writes == [("pool-a", 1)]

@@ -17,14 +17,15 @@ from hyperplan.api.models import TrainingPlanSpec, TrainingPlanStatus
 from hyperplan.planning import counts as ct
 from hyperplan.planning import naming as nm
 from hyperplan.planning import placement as pl
-from hyperplan.planning.plans import Purchased, block_usage, current_block, decide_plan
+from hyperplan.planning.blocks import Block
+from hyperplan.planning.plans import block_usage, current_block, decide_plan
 from hyperplan.planning.policy import DEMO
 
 UTC = timezone.utc
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 X72 = "ml.u-p6e-gb200x72"
-BLOCK = Purchased(id="rc-abc-0", pool="gb", availability_zone="az1", instance_type=pl.ULTRASERVER_INSTANCE_TYPE,
-                  instance_count=36, start=T0, end=T0 + timedelta(minutes=30), ultra_server_type=X72)
+BLOCK = Block(id="rc-abc-0", pool="gb", availability_zone="az1", instance_type=pl.ULTRASERVER_INSTANCE_TYPE,
+              instance_count=36, start=T0, end=T0 + timedelta(minutes=30), ultra_server_type=X72)
 US0, US1 = (u.id for u in pl.ultraservers_for_block(BLOCK.id, X72, 36, 1))
 SPEC = TrainingPlanSpec(ultra_server_type=X72, ultra_server_count=2, target_resource="hyperpod-cluster",
                         duration="30m")
@@ -72,9 +73,9 @@ def test_the_plan_and_its_ultraservers_count_available_instances_alike(case: Cas
 
 
 def test_current_block_is_the_running_one_else_the_next_else_none():
-    later = Purchased(id="rc-abc-1", pool="gb", availability_zone="az1", instance_type=BLOCK.instance_type,
-                      instance_count=36, start=T0 + timedelta(hours=1), end=T0 + timedelta(hours=2),
-                      ultra_server_type=X72)
+    later = Block(id="rc-abc-1", pool="gb", availability_zone="az1", instance_type=BLOCK.instance_type,
+                  instance_count=36, start=T0 + timedelta(hours=1), end=T0 + timedelta(hours=2),
+                  ultra_server_type=X72)
     blocks = [later, BLOCK]  # in any order
 
     assert current_block(blocks, "hyperpod-cluster", DEMO, T0 - timedelta(minutes=5)) == BLOCK

@@ -14,7 +14,7 @@ import pytest
 from hyperplan.actuation.ledger import (
     CapacityLedger,
     FakeLedger,
-    entries_of,
+    blocks_of,
     pool_snapshot,
     reserved_capacity_id,
 )
@@ -37,10 +37,8 @@ from hyperplan.planning.offerings import (
 from hyperplan.planning.plans import (
     Event,
     PlanUsage,
-    Purchased,
     decide_plan,
     failed,
-    offering_from_status,
 )
 from hyperplan.planning.policy import DEMO, SAGEMAKER
 
@@ -94,7 +92,7 @@ def spec(**kw) -> TrainingPlanSpec:
     return TrainingPlanSpec(**fields)
 
 
-def blocks_of(status_offering) -> list[tuple]:
+def shown_blocks(status_offering) -> list[tuple]:
     return [(b.capacity_pool, b.availability_zone, b.start_time, b.end_time) for b in status_offering.blocks]
 
 
@@ -119,7 +117,7 @@ def test_pending_lists_offerings_best_first():
     d = decide_plan(spec(), 1, TrainingPlanStatus(), [], POOLS, SAGEMAKER, NOW)
 
     assert d.status.phase == "Pending"
-    assert [blocks_of(o) for o in d.status.offerings] == EXPECTED_OFFERINGS
+    assert [shown_blocks(o) for o in d.status.offerings] == EXPECTED_OFFERINGS
     assert [(o.duration_hours, o.duration_minutes) for o in d.status.offerings] == [(48, 0)] * 3
     assert all(o.id.startswith("tpo-") and len(o.id) == 20 for o in d.status.offerings)
     assert len({o.id for o in d.status.offerings}) == 3
@@ -146,7 +144,7 @@ def test_offerings_found_event_is_posted_once():
 
     assert kinds(first.events) == [("Normal", "OfferingsFound")]
     assert again.events == []
-    assert [blocks_of(o) for o in again.status.offerings] == EXPECTED_OFFERINGS
+    assert [shown_blocks(o) for o in again.status.offerings] == EXPECTED_OFFERINGS
     # Neither condition flipped, so neither transition time moved.
     assert [c.last_transition_time for c in again.status.conditions] == [NOW, NOW]
 
@@ -255,7 +253,7 @@ def test_a_new_generation_is_evaluated_again():
 
     assert fixed.status.phase == "Pending"
     assert fixed.status.observed_generation == 2
-    assert [blocks_of(o) for o in fixed.status.offerings] == EXPECTED_OFFERINGS
+    assert [shown_blocks(o) for o in fixed.status.offerings] == EXPECTED_OFFERINGS
     assert summary(fixed.status) == [("OfferingsAvailable", "True", "OfferingsFound"),
                                      ("Purchased", "False", "NotPurchased")]
     assert all(c.observed_generation == 2 for c in fixed.status.conditions)
@@ -319,7 +317,7 @@ def test_offering_id_from_the_prior_status_is_bought_even_when_the_search_no_lon
     chosen = searched.status.offerings[0]
     d = decide_plan(spec(offering_id=chosen.id), 2, searched.status, [], SOLD_OUT, SAGEMAKER, NOW)
 
-    assert d.buy == offering_from_status(chosen)
+    assert d.buy == Offering.from_status(chosen)
     assert d.buy.id == chosen.id
     assert d.status.offerings == searched.status.offerings
 
@@ -364,8 +362,8 @@ def test_auto_purchase(pools, buys, phase_reason):
 # Two blocks with a gap: 01-04 11:30 -> 01-06 11:30 and 01-08 11:30 -> 01-09 11:30.
 # hyperpod-cluster: instances stop 60 min before each block's end.
 BOUGHT = [
-    Purchased("rc-a", "pool-a", "use1-az1", P5, 8, at(4), at(6)),
-    Purchased("rc-b", "pool-a", "use1-az1", P5, 8, at(8), at(9)),
+    Block("pool-a", "use1-az1", P5, 8, at(4), at(6), id="rc-a"),
+    Block("pool-a", "use1-az1", P5, 8, at(8), at(9), id="rc-b"),
 ]
 
 
@@ -435,7 +433,7 @@ def test_blocks_found_out_of_order_are_reported_by_start():
 
 def test_demo_policy_plan_runs_in_minutes_with_a_twenty_second_termination_lead():
     t0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
-    blocks = [Purchased("rc-d", "pool-a", "use1-az1", P5, 4, t0, t0 + timedelta(minutes=3))]
+    blocks = [Block("pool-a", "use1-az1", P5, 4, t0, t0 + timedelta(minutes=3), id="rc-d")]
     d = decide_plan(spec(instance_count=4, duration="3m", offering_id="tpo-x"), 1,
                     TrainingPlanStatus(phase="Scheduled"), blocks, [], DEMO, t0 + timedelta(seconds=30))
     assert d.status.phase == "Active"
@@ -499,8 +497,8 @@ def test_purchased_flips_true_at_the_first_bought_pass():
 
 # --------------------------------------------------------------------------- counts
 
-US_BLOCK = [Purchased("rc-u", "pool-u", "use1-az3", ULTRASERVER_INSTANCE_TYPE, 36, at(4), at(6),
-                      ultra_server_type=X72)]
+US_BLOCK = [Block("pool-u", "use1-az3", ULTRASERVER_INSTANCE_TYPE, 36, at(4), at(6), ultra_server_type=X72,
+                  id="rc-u")]
 US_REPORT = (
     UltraServerStatus(id="rc-u-us-0", availability_zone="use1-az3", total_instance_count=18,
                       configured_spare_instance_count=1, available_instance_count=0,
@@ -603,9 +601,9 @@ def test_purchase_writes_one_reservation_per_block_into_its_pool():
     assert b.status.reservations == [Reservation(
         training_plan="llama", training_plan_uid="1234abcd-5678-90ef", reserved_capacity_id="rc-1234abcd5678-1",
         start_time=T + timedelta(days=3), end_time=T + timedelta(days=4), instance_count=8)]
-    assert [(e.pool, e.availability_zone, e.reservation.reserved_capacity_id) for e in result.entries] == [
+    assert [(b.pool, b.availability_zone, b.id) for b in result.blocks] == [
         ("pool-a", "use1-az1", "rc-1234abcd5678-0"), ("pool-b", "use1-az2", "rc-1234abcd5678-1")]
-    assert result.entries == tuple(entries_of(ledger.pool_objects, "1234abcd-5678-90ef"))
+    assert result.blocks == tuple(blocks_of(ledger.pool_objects, "1234abcd-5678-90ef"))
     assert ledger.calls == [("purchase", ("llama", offering.id))]
     assert reserved_capacity_id("1234abcd-5678-90ef", 1) == "rc-1234abcd5678-1"
 
@@ -622,7 +620,7 @@ def test_the_same_capacity_cannot_be_sold_twice():
     assert second.violation.message == (
         f"block 1 of offering {offering.id} (8 x ml.p5.48xlarge in use1-az1, 2027-02-01T11:30:00Z to "
         "2027-02-03T11:30:00Z) is no longer free in pool 'pool-a': 8 of 8 instances are taken then")
-    assert second.entries == ()
+    assert second.blocks == ()
     assert [r.training_plan for r in ledger.pool_objects[0].status.reservations] == ["one"]
     # What the offering search sees of the pool afterwards: busy for the sold block.
     snap = pool_snapshot(ledger.pool_objects[0])

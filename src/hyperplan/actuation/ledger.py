@@ -33,7 +33,8 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 
 from hyperplan.actuation.kube import Kube, is_conflict
 from hyperplan.api.models import API_VERSION, CapacityPool, Reservation
-from hyperplan.planning.offerings import Block, Busy, Offering, PoolSnapshot, RuleViolation, recheck_offering
+from hyperplan.planning.blocks import Block
+from hyperplan.planning.offerings import Busy, Offering, PoolSnapshot, RuleViolation, recheck_offering
 from hyperplan.planning.policy import Policy
 
 log = logging.getLogger(__name__)
@@ -47,19 +48,8 @@ def reserved_capacity_id(plan_uid: str, index: int) -> str:
 
 
 @dataclass(frozen=True)
-class LedgerEntry:
-    """A reservation as found in a pool's ledger, with the pool it lives in."""
-
-    pool: str
-    availability_zone: str
-    instance_type: str
-    ultra_server_type: str | None
-    reservation: Reservation
-
-
-@dataclass(frozen=True)
 class PurchaseResult:
-    entries: tuple[LedgerEntry, ...] = ()
+    blocks: tuple[Block, ...] = ()  # the plan's blocks in the ledger after the purchase, by start
     violation: RuleViolation | None = None
     # With a violation: the pools the offering was re-checked against (fresh), to search again in.
     pools: tuple[PoolSnapshot, ...] = ()
@@ -80,14 +70,14 @@ def pool_snapshot(pool: CapacityPool, exclude_plan_uid: str | None = None) -> Po
         ultra_server_type=pool.spec.ultra_server_type, busy=tuple(busy))
 
 
-def entries_of(pools: Sequence[CapacityPool], plan_uid: str) -> list[LedgerEntry]:
-    """Every reservation that belongs to the plan with ``plan_uid``, ordered by start."""
+def blocks_of(pools: Sequence[CapacityPool], plan_uid: str) -> list[Block]:
+    """The blocks the plan with ``plan_uid`` holds in the pools' ledgers, ordered by start."""
     found = [
-        LedgerEntry(p.metadata["name"], p.spec.availability_zone, p.spec.instance_type,
-                    p.spec.ultra_server_type, r)
+        Block.from_reservation(r, p.metadata["name"], p.spec.availability_zone, p.spec.instance_type,
+                               p.spec.ultra_server_type)
         for p in pools for r in p.status.reservations if r.training_plan_uid == plan_uid
     ]
-    return sorted(found, key=lambda e: (e.reservation.start_time, e.reservation.reserved_capacity_id))
+    return sorted(found, key=lambda b: (b.start, b.id))
 
 
 class PoolReads(Protocol):
@@ -97,7 +87,7 @@ class PoolReads(Protocol):
 
     def pool_snapshots(self, pools: list[dict[str, Any]]) -> list[PoolSnapshot]: ...
 
-    def entries_of(self, plan_uid: str, pools: list[dict[str, Any]]) -> list[LedgerEntry]: ...
+    def blocks_of(self, plan_uid: str, pools: list[dict[str, Any]]) -> list[Block]: ...
 
     def wrote(self, kind: str, obj: dict[str, Any]) -> None: ...
 
@@ -136,7 +126,7 @@ class KubeLedger:
         """The pools as a re-check sees them: without this plan's own reservations."""
         if self.reads is None:
             return [pool_snapshot(CapacityPool.model_validate(o), exclude_plan_uid=plan_uid) for o in raw.values()]
-        mine = {e.pool for e in self.reads.entries_of(plan_uid, list(raw.values()))}
+        mine = {b.pool for b in self.reads.blocks_of(plan_uid, list(raw.values()))}
         cached = {s.name: s for s in self.reads.pool_snapshots([o for n, o in raw.items() if n not in mine])}
         return [cached[n] if n in cached else pool_snapshot(CapacityPool.model_validate(o), exclude_plan_uid=plan_uid)
                 for n, o in raw.items()]
@@ -213,17 +203,17 @@ class KubeLedger:
                 continue
             after = list({**raw, **written}.values())
             for t in accepted:
-                t.result = PurchaseResult(entries=tuple(self._entries(t.plan_uid, after)))
+                t.result = PurchaseResult(blocks=tuple(self._blocks(t.plan_uid, after)))
             return
         for t in batch:
             self._release(t.plan_uid, now=None)
             t.result = PurchaseResult(violation=RuleViolation(
                 "LedgerContention", f"the capacity ledger changed under {MAX_ATTEMPTS} attempts to buy"))
 
-    def _entries(self, plan_uid: str, pools: list[dict[str, Any]]) -> list[LedgerEntry]:
+    def _blocks(self, plan_uid: str, pools: list[dict[str, Any]]) -> list[Block]:
         if self.reads is not None:
-            return self.reads.entries_of(plan_uid, pools)
-        return entries_of([CapacityPool.model_validate(o) for o in pools], plan_uid)
+            return self.reads.blocks_of(plan_uid, pools)
+        return blocks_of([CapacityPool.model_validate(o) for o in pools], plan_uid)
 
     def _reread(self, names: list[str]) -> None:
         """After a 409: GET the pools written, so the next attempt sees what the other writer wrote."""
@@ -294,16 +284,12 @@ class _Ticket:
 
 
 def _by_pool(plan: str, plan_uid: str, offering: Offering) -> dict[str, list[Reservation]]:
+    """The ledger lines of the offering, by pool: each block with its reserved-capacity id."""
     out: dict[str, list[Reservation]] = {}
     for index, block in enumerate(offering.blocks):
-        out.setdefault(block.pool, []).append(_reservation(plan, plan_uid, index, block))
+        bought = replace(block, id=reserved_capacity_id(plan_uid, index))
+        out.setdefault(block.pool, []).append(bought.to_reservation(plan, plan_uid))
     return dict(sorted(out.items()))
-
-
-def _reservation(plan: str, plan_uid: str, index: int, block: Block) -> Reservation:
-    return Reservation(training_plan=plan, training_plan_uid=plan_uid,
-                       reserved_capacity_id=reserved_capacity_id(plan_uid, index),
-                       start_time=block.start, end_time=block.end, instance_count=block.instance_count)
 
 
 @dataclass
@@ -328,7 +314,7 @@ class FakeLedger:
         for pool_name, wanted in _by_pool(plan, plan_uid, offering).items():
             have = {r.reserved_capacity_id for r in by_name[pool_name].status.reservations}
             by_name[pool_name].status.reservations.extend(r for r in wanted if r.reserved_capacity_id not in have)
-        return PurchaseResult(entries=tuple(entries_of(self.pool_objects, plan_uid)))
+        return PurchaseResult(blocks=tuple(blocks_of(self.pool_objects, plan_uid)))
 
     def release(self, plan_uid: str, now: datetime | None) -> int:
         self.calls.append(("release", plan_uid))

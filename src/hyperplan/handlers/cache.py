@@ -37,8 +37,8 @@ from typing import Any, Iterable, Mapping
 import kopf
 from kubernetes import client
 
-from hyperplan.actuation.ledger import LedgerEntry
 from hyperplan.api.models import GROUP, VERSION, Reservation, to_rfc3339
+from hyperplan.planning.blocks import Block
 from hyperplan.planning.offerings import Busy, PoolSnapshot
 from hyperplan.planning.naming import LABEL_GROUP, LABEL_RESERVED_CAPACITY
 
@@ -160,7 +160,7 @@ def _rv(obj: Mapping[str, Any] | None) -> int:
 class _ParsedPool:
     resource_version: str
     snapshot: PoolSnapshot
-    by_plan_uid: dict[str, list[LedgerEntry]]
+    by_plan_uid: dict[str, list[Block]]
 
 
 @dataclass
@@ -295,12 +295,12 @@ class WatchCache:
         busy = [Busy(_time(w["start"]), _time(w["end"]), int(w["instanceCount"]))
                 for w in spec.get("unavailable") or []]
         busy += [Busy(r.start_time, r.end_time, r.instance_count) for r in reservations]
-        by_uid: dict[str, list[LedgerEntry]] = {}
+        by_uid: dict[str, list[Block]] = {}
         for r in reservations:
             if r.training_plan_uid:
-                by_uid.setdefault(r.training_plan_uid, []).append(LedgerEntry(
-                    name, spec.get("availabilityZone", ""), spec.get("instanceType", ""),
-                    spec.get("ultraServerType"), r))
+                by_uid.setdefault(r.training_plan_uid, []).append(Block.from_reservation(
+                    r, name, spec.get("availabilityZone", ""), spec.get("instanceType", ""),
+                    spec.get("ultraServerType")))
         parsed = _ParsedPool(rv, PoolSnapshot(
             name=name, instance_type=spec.get("instanceType", ""),
             availability_zone=spec.get("availabilityZone", ""), instance_count=int(spec.get("instanceCount", 0)),
@@ -309,8 +309,8 @@ class WatchCache:
             self._parsed_pools[name] = parsed
             held = sum(len(p.snapshot.busy) for p in self._parsed_pools.values())
             if len(self._reservations) > 2 * held + 1000:  # prune lines that left every ledger
-                live = {_line_key(e.reservation) for p in self._parsed_pools.values()
-                        for es in p.by_plan_uid.values() for e in es}
+                live = {_line_key(uid, b) for p in self._parsed_pools.values()
+                        for uid, bs in p.by_plan_uid.items() for b in bs}
                 self._reservations = {k: v for k, v in self._reservations.items() if k in live}
         return parsed
 
@@ -330,11 +330,11 @@ class WatchCache:
         """What planning sees of every pool: its size minus `unavailable` windows and reservations."""
         return [self._parsed(p).snapshot for p in (self.pool_objects() if pools is None else pools)]
 
-    def entries_of(self, plan_uid: str, pools: Iterable[dict[str, Any]] | None = None) -> list[LedgerEntry]:
-        """The reservations of the plan with ``plan_uid`` in every pool's ledger, ordered by start."""
-        found = [e for p in (self.pool_objects() if pools is None else pools)
-                 for e in self._parsed(p).by_plan_uid.get(plan_uid, ())]
-        return sorted(found, key=lambda e: (e.reservation.start_time, e.reservation.reserved_capacity_id))
+    def blocks_of(self, plan_uid: str, pools: Iterable[dict[str, Any]] | None = None) -> list[Block]:
+        """The blocks the plan with ``plan_uid`` holds in every pool's ledger, ordered by start."""
+        found = [b for p in (self.pool_objects() if pools is None else pools)
+                 for b in self._parsed(p).by_plan_uid.get(plan_uid, ())]
+        return sorted(found, key=lambda b: (b.start, b.id))
 
     def forget_pool(self, name: str) -> None:
         with self._lock:
@@ -369,9 +369,9 @@ def v1_node(node: Mapping[str, Any]) -> client.V1Node:
             for c in status.get("conditions") or []] or None))
 
 
-def _line_key(r: Reservation) -> tuple:
-    return (r.reserved_capacity_id, r.training_plan_uid, to_rfc3339(r.start_time), to_rfc3339(r.end_time),
-            r.instance_count)
+def _line_key(plan_uid: str, b: Block) -> tuple:
+    """The key of :meth:`WatchCache._reservation` for the ledger line of the plan's block ``b``."""
+    return (b.id, plan_uid, to_rfc3339(b.start), to_rfc3339(b.end), b.instance_count)
 
 
 def _time(text: Any):

@@ -32,9 +32,10 @@ from hyperplan.handlers.context import Runtime, status_of
 from hyperplan.handlers.scheduler import PassScheduler
 from hyperplan.planning import counts as ct
 from hyperplan.planning import naming as nm
+from hyperplan.planning.blocks import Block
 from hyperplan.planning.offerings import Offering, RuleViolation
 from hyperplan.planning.plans import (
-    Event, PlanDecision, PlanUsage, Purchased, block_usage, current_block, decide_plan, failed,
+    Event, PlanDecision, PlanUsage, block_usage, current_block, decide_plan, failed,
 )
 from hyperplan.planning.policy import Policy
 
@@ -44,14 +45,6 @@ LOST_RACE = "OfferingUnavailable"  # the ledger's re-check: the offered capacity
 PURCHASE_SEARCHES = 8  # purchases (a first one and searches again) per pass before trying next pass
 CONTENDED_RETRY = timedelta(seconds=1)
 log = logging.getLogger("hyperplan.trainingplan")
-
-
-def purchased_blocks(entries) -> list[Purchased]:
-    return [Purchased(id=e.reservation.reserved_capacity_id, pool=e.pool,
-                      availability_zone=e.availability_zone, instance_type=e.instance_type,
-                      instance_count=e.reservation.instance_count, start=e.reservation.start_time,
-                      end=e.reservation.end_time, ultra_server_type=e.ultra_server_type)
-            for e in entries]
 
 
 def plan_observed_node(node: Mapping[str, Any], ultraserver_key: str) -> ct.ObservedNode:
@@ -68,7 +61,7 @@ def plan_observed_node(node: Mapping[str, Any], ultraserver_key: str) -> ct.Obse
                            nm.HEALTH_PENDING_REPLACEMENT in health)
 
 
-def node_usage(rt: Runtime, plan: TrainingPlan, purchased: list[Purchased], now: datetime) -> PlanUsage:
+def node_usage(rt: Runtime, plan: TrainingPlan, purchased: list[Block], now: datetime) -> PlanUsage:
     """What the groups' nodes hold of the plan's current (or next) block, from the watch cache."""
     block = current_block(purchased, plan.spec.target_resource, rt.policy, now)
     if block is None:
@@ -126,7 +119,7 @@ async def reconcile_plan(rt: Runtime, name: str) -> datetime | None:
 
     uid = obj["metadata"]["uid"]
     pools = rt.cache.pool_objects()
-    purchased = purchased_blocks(rt.cache.entries_of(uid, pools))
+    purchased = rt.cache.blocks_of(uid, pools)
     usage = node_usage(rt, plan, purchased, now) if purchased else PlanUsage()
     snapshots = rt.cache.pool_snapshots(pools)
     decision = decide_plan(plan.spec, generation, plan.status, purchased, snapshots, rt.policy, now, usage)
@@ -139,7 +132,7 @@ async def reconcile_plan(rt: Runtime, name: str) -> datetime | None:
         if result.ok:
             metrics.PURCHASES.labels("Purchased").inc()
             bought = decision.status.model_copy(update={"purchased_offering_id": outcome.offering.id})
-            decision = decide_plan(plan.spec, generation, bought, purchased_blocks(result.entries),
+            decision = decide_plan(plan.spec, generation, bought, result.blocks,
                                    snapshots, rt.policy, rt.clock(), usage)
             decision.events.insert(0, Event(
                 "Normal", "Purchased",

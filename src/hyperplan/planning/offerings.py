@@ -30,8 +30,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Iterable, Sequence
 
-from hyperplan.api.models import to_rfc3339
+from hyperplan.api.models import Offering as OfferingStatus, to_rfc3339
 from hyperplan.api.vocabulary import SINGLE_AZ_TARGETS, TARGET_RESOURCES, ULTRASERVER_INSTANCES
+from hyperplan.planning.blocks import Block
 from hyperplan.planning.policy import Policy, format_duration
 
 ULTRASERVER_INSTANCE_TYPE = "ml.p6e-gb200.36xlarge"
@@ -91,22 +92,6 @@ class OfferingRequest:
         return per_server * self.ultra_server_count
 
 
-@dataclass(frozen=True)
-class Block:
-    pool: str
-    availability_zone: str
-    instance_type: str
-    instance_count: int
-    start: datetime
-    end: datetime
-    ultra_server_type: str | None = None
-    ultra_server_count: int | None = None
-
-    @property
-    def duration(self) -> timedelta:
-        return self.end - self.start
-
-
 def offering_id(blocks: Iterable[Block]) -> str:
     """A stable id for a set of blocks: the same blocks always give the same id."""
     canonical = ";".join(
@@ -138,6 +123,17 @@ class Offering:
         if not ordered:
             raise ValueError("an offering needs at least one block")
         return cls(id=offering_id(ordered), blocks=ordered)
+
+    def to_status(self) -> OfferingStatus:
+        """The offering as a plan's ``status.offerings`` shows it."""
+        seconds = int(self.duration.total_seconds())
+        return OfferingStatus(id=self.id, duration_hours=seconds // 3600, duration_minutes=(seconds % 3600) // 60,
+                              blocks=[block.to_offered() for block in self.blocks])
+
+    @classmethod
+    def from_status(cls, shown: OfferingStatus) -> Offering:
+        """An offering shown on a plan's status, to buy it as shown (its id and blocks as they are)."""
+        return cls(id=shown.id, blocks=tuple(Block.from_offered(block) for block in shown.blocks))
 
     @property
     def start(self) -> datetime:
@@ -462,7 +458,6 @@ def search_offerings(
             start=start,
             end=start + length,
             ultra_server_type=request.ultra_server_type,
-            ultra_server_count=request.ultra_server_count,
         )
 
     candidates: list[Offering] = []

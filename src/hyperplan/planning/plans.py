@@ -19,13 +19,12 @@ from datetime import datetime, timedelta
 from typing import Sequence
 
 from hyperplan.api.models import (
-    Condition, OfferedBlock, Offering as OfferingStatus, ReservedCapacity, TrainingPlanSpec,
-    TrainingPlanStatus, UltraServerStatus,
+    Condition, Offering as OfferingStatus, ReservedCapacity, TrainingPlanSpec, TrainingPlanStatus,
+    UltraServerStatus,
 )
-from hyperplan.api.vocabulary import ULTRASERVER_INSTANCES
+from hyperplan.planning.blocks import Block
 from hyperplan.planning.offerings import (
-    Block, Offering, OfferingRequest, PoolSnapshot, RuleViolation,
-    search_offerings, validate_request,
+    Offering, OfferingRequest, PoolSnapshot, RuleViolation, search_offerings, validate_request,
 )
 from hyperplan.planning import counts as ct
 from hyperplan.planning import naming as nm
@@ -34,20 +33,6 @@ from hyperplan.planning.policy import Policy, parse_duration
 from hyperplan.planning.schedule import plan_block_schedule
 
 PENDING, SCHEDULED, ACTIVE, EXPIRED, FAILED = "Pending", "Scheduled", "Active", "Expired", "Failed"
-
-
-@dataclass(frozen=True)
-class Purchased:
-    """One of the plan's reservations, as found in a pool's ledger."""
-
-    id: str
-    pool: str
-    availability_zone: str
-    instance_type: str
-    instance_count: int
-    start: datetime
-    end: datetime
-    ultra_server_type: str | None = None
 
 
 @dataclass(frozen=True)
@@ -76,15 +61,15 @@ class PlanDecision:
     wake_at: datetime | None = None
 
 
-def current_block(purchased: Sequence[Purchased], target: str, policy: Policy,
-                  now: datetime) -> Purchased | None:
+def current_block(purchased: Sequence[Block], target: str, policy: Policy,
+                  now: datetime) -> Block | None:
     """The plan's block that runs at ``now``, else the next one; None after the last."""
     blocks = sorted(purchased, key=lambda p: p.start)
     schedule = plan_block_schedule([(p.start, p.end) for p in blocks], target, policy, now)
     return None if schedule.current_or_next_block is None else blocks[schedule.current_or_next_block]
 
 
-def block_usage(block: Purchased, spares_per_ultraserver: int, nodes: Sequence[ct.ObservedNode]) -> PlanUsage:
+def block_usage(block: Block, spares_per_ultraserver: int, nodes: Sequence[ct.ObservedNode]) -> PlanUsage:
     """What the groups' nodes hold of ``block``: the plan's counts and one report per UltraServer."""
     ultraservers = pl.ultraservers_for_block(block.id, block.ultra_server_type, block.instance_count,
                                              spares_per_ultraserver)
@@ -103,26 +88,6 @@ def request_of(spec: TrainingPlanSpec, duration: timedelta) -> OfferingRequest:
         start_after=spec.start_time_after, end_before=spec.end_time_before)
 
 
-def offering_to_status(offering: Offering) -> OfferingStatus:
-    seconds = int(sum((b.end - b.start for b in offering.blocks), timedelta()).total_seconds())
-    return OfferingStatus(
-        id=offering.id,
-        duration_hours=seconds // 3600, duration_minutes=(seconds % 3600) // 60,
-        blocks=[OfferedBlock(
-            availability_zone=b.availability_zone, instance_type=b.instance_type,
-            instance_count=b.instance_count, start_time=b.start, end_time=b.end,
-            capacity_pool=b.pool, ultra_server_type=b.ultra_server_type,
-            ultra_server_count=b.ultra_server_count) for b in offering.blocks])
-
-
-def offering_from_status(o: OfferingStatus) -> Offering:
-    return Offering(id=o.id, blocks=tuple(Block(
-        pool=b.capacity_pool or "", availability_zone=b.availability_zone,
-        instance_type=b.instance_type, instance_count=b.instance_count, start=b.start_time,
-        end=b.end_time, ultra_server_type=b.ultra_server_type,
-        ultra_server_count=b.ultra_server_count) for b in o.blocks))
-
-
 def condition(type_: str, ok: bool, reason: str, message: str, generation: int,
               prior: Sequence[Condition], now: datetime) -> Condition:
     """A condition whose lastTransitionTime moves only when its status flips."""
@@ -134,7 +99,7 @@ def condition(type_: str, ok: bool, reason: str, message: str, generation: int,
 
 
 def decide_plan(spec: TrainingPlanSpec, generation: int, prior: TrainingPlanStatus,
-                purchased: Sequence[Purchased], pools: Sequence[PoolSnapshot], policy: Policy,
+                purchased: Sequence[Block], pools: Sequence[PoolSnapshot], policy: Policy,
                 now: datetime, usage: PlanUsage = PlanUsage()) -> PlanDecision:
     if purchased:
         return _bought(spec, generation, prior, purchased, policy, now, usage)
@@ -151,10 +116,10 @@ def decide_plan(spec: TrainingPlanSpec, generation: int, prior: TrainingPlanStat
             violations[0].reason, "; ".join(v.message for v in violations)), now)
 
     offerings = search_offerings(request, pools, policy, now)
-    shown = [offering_to_status(o) for o in offerings]
+    shown = [o.to_status() for o in offerings]
     wake = min((o.start - policy.min_purchase_lead for o in offerings), default=None)
     if spec.offering_id:
-        wanted = next((offering_from_status(o) for o in prior.offerings if o.id == spec.offering_id), None)
+        wanted = next((Offering.from_status(o) for o in prior.offerings if o.id == spec.offering_id), None)
         wanted = wanted or next((o for o in offerings if o.id == spec.offering_id), None)
         if wanted is None:
             return failed(prior, generation, RuleViolation(
@@ -207,20 +172,11 @@ def _pending(spec: TrainingPlanSpec, generation: int, prior: TrainingPlanStatus,
 
 
 def _bought(spec: TrainingPlanSpec, generation: int, prior: TrainingPlanStatus,
-            purchased: Sequence[Purchased], policy: Policy, now: datetime,
+            purchased: Sequence[Block], policy: Policy, now: datetime,
             usage: PlanUsage) -> PlanDecision:
     blocks = sorted(purchased, key=lambda p: p.start)
     schedule = plan_block_schedule([(b.start, b.end) for b in blocks], spec.target_resource, policy, now)
-    reserved = [
-        ReservedCapacity(
-            id=b.id, availability_zone=b.availability_zone, instance_type=b.instance_type,
-            instance_count=b.instance_count, start_time=b.start, end_time=b.end,
-            termination_time=state.termination_time, status=state.status, capacity_pool=b.pool,
-            ultra_server_type=b.ultra_server_type,
-            ultra_server_count=(b.instance_count // ULTRASERVER_INSTANCES[b.ultra_server_type]
-                                if b.ultra_server_type else None))
-        for b, state in zip(blocks, schedule.blocks)
-    ]
+    reserved = [b.to_reserved(state.termination_time, state.status) for b, state in zip(blocks, schedule.blocks)]
     current = reserved[schedule.current_or_next_block] if schedule.current_or_next_block is not None else None
     total = current.instance_count if current else 0
     spares = (current.ultra_server_count or 0) * spec.spare_instances_per_ultra_server if current else 0

@@ -19,9 +19,10 @@ EXPIRED = "Expired"
 
 @dataclass(frozen=True)
 class BlockState:
+    """What the clock says of one of the plan's blocks at ``now``; the block itself (its times,
+    pool and counts) is the caller's, at ``index`` in the list it passed in."""
+
     index: int  # position in the plan's block list
-    start: datetime
-    end: datetime
     termination_time: datetime  # end - termination lead of the target; instances stop from then on
     status: str  # Scheduled | Active | Expired
     draining: bool = False  # Active, but past termination_time: no instance may run
@@ -78,8 +79,6 @@ def plan_block_schedule(
         states.append(
             BlockState(
                 index=index,
-                start=start,
-                end=end,
                 termination_time=termination,
                 status=status,
                 draining=status == ACTIVE and now >= termination,
@@ -87,7 +86,7 @@ def plan_block_schedule(
         )
 
     # Blocks of one plan do not overlap; order by time in case the caller's list is not.
-    by_time = sorted(states, key=lambda state: state.start)
+    by_time = sorted(states, key=lambda state: blocks[state.index][0])
     active = next((state.index for state in by_time if state.status == ACTIVE), None)
     upcoming = next((state.index for state in by_time if state.status == SCHEDULED), None)
     if active is not None:
@@ -99,8 +98,8 @@ def plan_block_schedule(
 
     boundaries = [
         moment
-        for state in states
-        for moment in (state.start, state.termination_time, state.end)
+        for (start, end), state in zip(blocks, states)
+        for moment in (start, state.termination_time, end)
         if moment > now
     ]
     return PlanSchedule(
