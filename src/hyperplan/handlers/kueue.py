@@ -247,8 +247,9 @@ def slim_workload(body: Mapping[str, Any]) -> dict[str, Any]:
             {"resources": dict(c.get("resources") or {})} for c in containers]}}})
     return {
         "apiVersion": KUEUE_API, "kind": "Workload",
-        "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp",
-                                          "labels", "deletionTimestamp") if meta.get(k) is not None},
+        "metadata": {**{k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp",
+                                             "deletionTimestamp") if meta.get(k) is not None},
+                     "labels": dict(meta.get("labels") or {})},
         "spec": {"podSets": pod_sets, **({"maximumExecutionTimeSeconds": spec["maximumExecutionTimeSeconds"]}
                                          if spec.get("maximumExecutionTimeSeconds") is not None else {})},
         "status": {"conditions": [{"type": c.get("type"), "status": c.get("status"), "reason": c.get("reason")}
@@ -661,10 +662,14 @@ def plans_to_wake(state: KueueState, namespace: str, name: str, body: Mapping[st
 
 
 @kopf.on.event(KUEUE_GROUP, KUEUE_VERSION, "workloads")
-async def workload_changed(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+async def workload_changed(namespace: str, name: str, body: kopf.Body, type: str | None, memo: kopf.Memo,
+                           **_: Any) -> None:
     """A Workload that carries one of our checks, or runs on a job node, changed: its plan's loop
     looks again."""
-    for plan in plans_to_wake(state_of(memo.runtime), namespace, name, body):
+    state = state_of(memo.runtime)
+    if type == "DELETED":
+        state.written.pop((namespace or "", name), None)  # nothing of it is kept once it is gone
+    for plan in plans_to_wake(state, namespace, name, body):
         memo.runtime.wakeups.wake(KIND, plan)
 
 
