@@ -263,6 +263,6 @@ def test_without_quota_headroom_kueue_restarts_the_whole_workload(late_scenarios
     uses, Kueue cannot fit the replacement and evicts the whole workload; every pod restarts."""
     r = late_scenarios["kueue_tas_failover_without_headroom"].result(timeout=900)
     reasons = {reason for _, reason in r["workload_evicted"] if reason}
-    assert "NodeFailures" in reasons, r["workload_evicted"]  # EvictedDueToNodeFailures
+    assert "NodeFailures" in reasons, (r["workload_evicted"], timeline(r))  # EvictedDueToNodeFailures
     assert not set(r["before"]["pods"]) & set(r["after"]), "some pods survived: the replacement was in place"
     assert max(v for _, v in r["failed"]) == 0  # still no retry spent (the pods carry DisruptionTarget)
