@@ -258,11 +258,21 @@ def test_the_job_is_back_on_one_ultraserver_within_grace_plus_10_s_without_spend
     assert kept <= set(r["after"]), (kept, r["after"])
 
 
-def test_without_quota_headroom_kueue_restarts_the_whole_workload(late_scenarios) -> None:
+def test_without_quota_headroom_the_job_comes_back_whole_without_spending_a_retry(late_scenarios) -> None:
     """Why docs/failover.md sizes the quota with the spares: with quota for exactly what the Job
-    uses, Kueue cannot fit the replacement and evicts the whole workload; every pod restarts."""
+    uses, Kueue usually cannot fit the replacement and evicts the whole workload, so every pod
+    restarts (it replaced the pod in place in 1 of 10 measured runs: its own timing). Either way
+    the Job is back on one UltraServer and no retry is spent (the pods carry DisruptionTarget)."""
     r = late_scenarios["kueue_tas_failover_without_headroom"].result(timeout=900)
     reasons = {reason for _, reason in r["workload_evicted"] if reason}
-    assert "NodeFailures" in reasons, (r["workload_evicted"], timeline(r))  # EvictedDueToNodeFailures
-    assert not set(r["before"]["pods"]) & set(r["after"]), "some pods survived: the replacement was in place"
-    assert max(v for _, v in r["failed"]) == 0  # still no retry spent (the pods carry DisruptionTarget)
+    survivors = set(r["before"]["pods"]) & set(r["after"])
+    print(f"[kueue failover, no headroom] workload evictions: {sorted(reasons)}; pods kept: {sorted(survivors)}; "
+          f"timeline: {timeline(r)}")
+    if "NodeFailures" in reasons:  # EvictedDueToNodeFailures: every pod restarted
+        assert not survivors, "the workload was evicted, yet some pods survived"
+    else:  # in place: only the failed node's pod was replaced
+        assert survivors == {p for p, n in r["before"]["pods"].items() if n != r["victim"]}, timeline(r)
+    placed = [r["nodes_after"][n] for n in r["after"].values()]
+    assert len({labels[US_KEY] for labels in placed}) == 1, placed
+    assert r["victim"] not in r["after"].values()
+    assert max(v for _, v in r["failed"]) == 0
