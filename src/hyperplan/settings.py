@@ -27,6 +27,10 @@ class Settings(BaseSettings):
     """Seconds before a block's termination time that workloads are asked to checkpoint;
     unset: the policy profile's (10 min under sagemaker, 5 s under demo). docs/checkpoint.md."""
 
+    kueue_enabled: bool = True
+    """Serve Kueue AdmissionChecks (docs/admission.md). False: Kueue's kinds are not watched at
+    all, for a cluster where the operator may not read them (the chart's ``kueue.enabled``)."""
+
     watch_server_timeout: int = 300
     """Seconds after which the API server closes a watch and kopf opens a new one."""
 

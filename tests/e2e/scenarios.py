@@ -175,16 +175,32 @@ class PodWatch:
         return self
 
     def _run(self, ready: threading.Event) -> None:
+        """List once, then watch from that resourceVersion, each new stream going on from the last
+        one's: no version of a pod is missed between two streams (a pod evicted and gone within
+        such a gap would leave no trace)."""
         from kubernetes import watch
+        from kubernetes.client.rest import ApiException
+        version = None
         while not self._stop.is_set():
+            if version is None:
+                listed = self.kube.core.list_namespaced_pod(self.namespace, label_selector=self.selector)
+                for pod in listed.items:
+                    self.seen.append((utcnow(), "ADDED", self.kube.api.sanitize_for_serialization(pod)))
+                version = listed.metadata.resource_version
+                ready.set()
             w = watch.Watch()
-            stream = w.stream(self.kube.core.list_namespaced_pod, self.namespace, label_selector=self.selector,
-                              timeout_seconds=5)
-            ready.set()
-            for event in stream:
-                self.seen.append((utcnow(), event["type"], self.kube.api.sanitize_for_serialization(event["object"])))
-                if self._stop.is_set():
-                    w.stop()
+            try:
+                for event in w.stream(self.kube.core.list_namespaced_pod, self.namespace,
+                                      label_selector=self.selector, resource_version=version, timeout_seconds=5):
+                    self.seen.append((utcnow(), event["type"],
+                                      self.kube.api.sanitize_for_serialization(event["object"])))
+                    version = w.resource_version or version
+                    if self._stop.is_set():
+                        w.stop()
+            except ApiException as e:
+                if e.status != 410:
+                    raise
+                version = None  # expired: list again
 
     def stop(self) -> list[tuple[datetime, str, dict]]:
         self._stop.set()

@@ -65,6 +65,10 @@ def job_body(name: str, ns: str, queue: str, pods: int, max_exec: int | None = N
         labels["kueue.x-k8s.io/max-exec-time-seconds"] = str(max_exec)
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": ns, "labels": labels},
             "spec": {"parallelism": pods, "completions": pods, "backoffLimit": 0,
+                     # docs/admission.md: at the termination time the drain's evictions and Kueue's
+                     # suspension come in no set order; a pod evicted first must spend no retry.
+                     "podFailurePolicy": {"rules": [
+                         {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]},
                      "template": {"spec": {"restartPolicy": "Never", "containers": [
                          {"name": "train", "image": "registry.example/train:1",
                           "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}]}}}}
@@ -291,10 +295,16 @@ def kueue_two_azs(ctx: Context) -> dict:
 
     out["three_signal"] = eventually(signalled, timeout=180, interval=0.3, what="job three's pods signalled")
     wait_until(parse_ts(second["startTime"]), "the second block's start")
-    out["three_second_nodes"] = eventually(
-        lambda: (nodes := workload_nodes(k, plan, ns, "three")) and all(
-            labels["hyperplan.dev/reserved-capacity"] == second["id"] for labels in nodes.values()) and nodes,
-        timeout=60, interval=0.5, what="job three running on the second block's nodes")
+    try:
+        out["three_second_nodes"] = eventually(
+            lambda: (nodes := workload_nodes(k, plan, ns, "three")) and all(
+                labels["hyperplan.dev/reserved-capacity"] == second["id"] for labels in nodes.values()) and nodes,
+            timeout=60, interval=0.5, what="job three running on the second block's nodes")
+    except AssertionError as e:
+        wl = (workload_of(k, ns, "three") or {}).get("status") or {}
+        raise AssertionError(f"{e}\nworkload: conditions {[(c['type'], c['status'], c.get('reason')) for c in wl.get('conditions') or []]}"
+                             f" checks {wl.get('admissionChecks')} requeue {wl.get('requeueState')}\n"
+                             f"check states: {states.changes[-6:]}\nplan nodes: {plan_nodes(k, plan)}") from None
     out["three_running_again"] = utcnow()
     out["three_states"] = states.stop()
     out["three_workload"] = workload_of(k, ns, "three")["metadata"]["name"]

@@ -158,11 +158,12 @@ def tas_failover(ctx: Context, quota_nodes: int) -> dict:
            "labelled_at": labelled_at, "promoted_at": promoted_at, "whole_at": whole_at,
            "after": {p.metadata.name: p.spec.node_name for p in after}, "nodes_after": nodes(),
            "failed": failed.stop(), "workload_evicted": workload_evicted.stop(),
-           "pod_gone": pod_gone.stop(), "node_there": node_there.stop(), "conditions": [(when, sorted({(pod["metadata"]["name"], c["type"], c.get("reason"))
-                                          for c in (pod.get("status") or {}).get("conditions") or []
-                                          if c["type"] in ("DisruptionTarget", "TerminatedByKueue")}))
-                           for when, _, pod in pods_seen.stop()],
+           "pod_gone": pod_gone.stop(), "node_there": node_there.stop(), "pod_versions": pods_seen.stop(),
            "job": batch.read_namespaced_job_status("train", ns).status.to_dict()}
+    out["conditions"] = [(when, sorted({(pod["metadata"]["name"], c["type"], c.get("reason"))
+                                        for c in (pod.get("status") or {}).get("conditions") or []
+                                        if c["type"] in ("DisruptionTarget", "TerminatedByKueue")}))
+                         for when, _, pod in out["pod_versions"]]
     k.run("delete", "job", "train", "-n", ns, "--wait=false")
     return out
 
@@ -185,6 +186,27 @@ def diagnose(k, kube, ns: str, group: str) -> str:
         lines.append(f"node {n.metadata.name}: {n.metadata.labels.get('hyperplan.dev/role')} "
                      f"{n.metadata.labels.get(US_KEY)} taints={[t.key for t in n.spec.taints or []]}")
     return "\n".join(lines)
+
+
+def timeline(r: dict) -> str:
+    """Seconds after the health label: each pod's first sight, eviction condition, deletion
+    start, Running, and gone (from the pod watch), for the failure message and the docs."""
+    t0, out = r["labelled_at"], {}
+    for when, kind, pod in r["pod_versions"]:
+        name, st = pod["metadata"]["name"], pod.get("status") or {}
+        marks = out.setdefault(name, {})
+        at = round((when - t0).total_seconds(), 1)
+        marks.setdefault("seen", at)
+        if any(c["type"] in ("DisruptionTarget", "TerminatedByKueue") for c in st.get("conditions") or []):
+            marks.setdefault("condition", at)
+        if pod["metadata"].get("deletionTimestamp"):
+            marks.setdefault("deleting", at)
+        if st.get("phase") == "Running" and pod["spec"].get("nodeName"):
+            marks.setdefault("running", at)
+        if kind == "DELETED":
+            marks.setdefault("gone", at)
+    return "; ".join(f"{n}: " + ", ".join(f"{k} {v}" for k, v in m.items()) for n, m in out.items()
+                     if set(m) != {"seen", "running"} or m["seen"] > 0)
 
 
 def _record(late_scenarios) -> dict:
@@ -216,11 +238,12 @@ def test_the_job_is_back_on_one_ultraserver_within_grace_plus_10_s_without_spend
     print(f"[kueue failover] promoted {(r['promoted_at'] - r['labelled_at']).total_seconds():.1f} s, "
           f"4 Running again {took:.1f} s after the health label; pod conditions: {seen}")
     assert (r["victim_pod"], "DisruptionTarget", "EvictionByEvictionAPI") in seen
-    # Kueue may pin the first replacement pod to the failed node before it has replanned, and then
-    # fail it (TerminatedByKueue; docs/failover.md): that race inside Kueue costs one more pod.
+    # The bound holds whether or not Kueue pinned a first replacement to the failed node before it
+    # had replanned (TerminatedByKueue; docs/failover.md): the evicted pod stays Terminating for a
+    # moment, as with a kubelet, and Kueue moves its place in the assignment meanwhile.
     raced = any(kind == "TerminatedByKueue" for _, kind, _ in seen)
-    bound = GRACE + 10 + (10 if raced else 0)
-    assert took <= bound, f"4 Running again {took:.1f} s after the label (Kueue's race: {raced})"
+    print(f"[kueue failover] timeline: {timeline(r)}")
+    assert took <= GRACE + 10, f"4 Running again {took:.1f} s after the label (Kueue's race: {raced})"
     nodes = r["nodes_after"]
     placed = [nodes[n] for n in r["after"].values()]
     assert len({labels[US_KEY] for labels in placed}) == 1, placed
@@ -235,11 +258,21 @@ def test_the_job_is_back_on_one_ultraserver_within_grace_plus_10_s_without_spend
     assert kept <= set(r["after"]), (kept, r["after"])
 
 
-def test_without_quota_headroom_kueue_restarts_the_whole_workload(late_scenarios) -> None:
+def test_without_quota_headroom_the_job_comes_back_whole_without_spending_a_retry(late_scenarios) -> None:
     """Why docs/failover.md sizes the quota with the spares: with quota for exactly what the Job
-    uses, Kueue cannot fit the replacement and evicts the whole workload; every pod restarts."""
+    uses, Kueue usually cannot fit the replacement and evicts the whole workload, so every pod
+    restarts (it replaced the pod in place in 1 of 10 measured runs: its own timing). Either way
+    the Job is back on one UltraServer and no retry is spent (the pods carry DisruptionTarget)."""
     r = late_scenarios["kueue_tas_failover_without_headroom"].result(timeout=900)
     reasons = {reason for _, reason in r["workload_evicted"] if reason}
-    assert "NodeFailures" in reasons, r["workload_evicted"]  # EvictedDueToNodeFailures
-    assert not set(r["before"]["pods"]) & set(r["after"]), "some pods survived: the replacement was in place"
-    assert max(v for _, v in r["failed"]) == 0  # still no retry spent (the pods carry DisruptionTarget)
+    survivors = set(r["before"]["pods"]) & set(r["after"])
+    print(f"[kueue failover, no headroom] workload evictions: {sorted(reasons)}; pods kept: {sorted(survivors)}; "
+          f"timeline: {timeline(r)}")
+    if "NodeFailures" in reasons:  # EvictedDueToNodeFailures: every pod restarted
+        assert not survivors, "the workload was evicted, yet some pods survived"
+    else:  # in place: only the failed node's pod was replaced
+        assert survivors == {p for p, n in r["before"]["pods"].items() if n != r["victim"]}, timeline(r)
+    placed = [r["nodes_after"][n] for n in r["after"].values()]
+    assert len({labels[US_KEY] for labels in placed}) == 1, placed
+    assert r["victim"] not in r["after"].values()
+    assert max(v for _, v in r["failed"]) == 0

@@ -231,7 +231,31 @@ def test_values_reach_the_operator(helm) -> None:
         objs["Service"]["metadata"]["labels"].items()
 
 
-@pytest.mark.parametrize("bad", ["policy=aws", "metricsPort=0", "image.pullPolicy=Sometimes", "avoidLentNodes=maybe"])
+def _rules_for(role: dict[str, Any], group: str) -> list[tuple[str, tuple[str, ...]]]:
+    return sorted((r, tuple(sorted(rule["verbs"]))) for rule in role["rules"] if group in rule["apiGroups"]
+                  for r in rule["resources"])
+
+
+@pytest.mark.parametrize("flags, enabled", [
+    ((), True), (("--set", "kueue.enabled=true"), True), (("--set", "kueue.enabled=false"), False),
+], ids=["default-on", "on", "off"])
+def test_kueue_rules_and_watches_follow_kueue_enabled(helm, flags: tuple[str, ...], enabled: bool) -> None:
+    """`kueue.enabled` grants the Kueue rules and turns the operator's Kueue watches on; off, neither
+    (a watch the operator may not list would hold every handler back). The pod rights stay either
+    way: instance groups' drains, checkpoints and failover use them (docs/kueue.md, "RBAC")."""
+    objs = by_kind(render(helm, *flags))
+    kueue = _rules_for(objs["ClusterRole"], "kueue.x-k8s.io")
+    assert kueue == ([("admissionchecks", ("list", "watch")), ("admissionchecks/status", ("patch",)),
+                      ("workloads", ("list", "watch")), ("workloads/status", ("patch",))] if enabled else [])
+    assert env_of(container(objs["Deployment"]))["HYPERPLAN_KUEUE_ENABLED"] == ("true" if enabled else "false")
+    pods = dict(_rules_for(objs["ClusterRole"], ""))
+    assert pods["pods/eviction"] == ("create",)
+    assert pods["pods"] == ("delete", "get", "list", "patch", "watch")
+    assert pods["pods/status"] == ("patch",)
+
+
+@pytest.mark.parametrize("bad", ["policy=aws", "metricsPort=0", "image.pullPolicy=Sometimes", "avoidLentNodes=maybe",
+                                 "kueue.enabled=maybe"])
 def test_invalid_values_are_rejected_naming_the_field(helm, bad: str) -> None:
     proc = helm("template", "hp", str(CHART), "--set", bad, check=False)
     assert proc.returncode != 0

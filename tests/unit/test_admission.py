@@ -267,3 +267,26 @@ def test_decide_plan_admission_accounts_room_across_one_pass(workloads, expected
     for w, d in out.decisions:
         if w.ref == "old":
             assert "block gone is no longer part of training plan llama" in d.message
+
+
+@pytest.mark.parametrize("outside, expected", [
+    (0, "Ready"), (4, "Ready"), (5, "Retry"),
+], ids=["nothing-outside", "outside-leaves-room", "outside-takes-the-room"])
+def test_instances_held_outside_the_checks_count_against_the_block(outside: int, expected: str) -> None:
+    """A workload admitted through a check that is gone since still holds its instances."""
+    out = ad.decide_plan_admission(plan(A, B), [checked("a", "Pending")], "a", ts("2027-01-01 12:00"),
+                                   busy_retry=timedelta(seconds=5), held_outside=outside)
+    assert [d.state for _, d in out.decisions] == [expected]
+
+
+@pytest.mark.parametrize("conditions, runs", [
+    ({"QuotaReserved": "True", "Admitted": "True"}, True),
+    ({"QuotaReserved": "True"}, True),  # being admitted: Kueue sets Admitted once every check is Ready
+    ({"QuotaReserved": "False", "Admitted": "False"}, False),
+    ({"Admitted": "True", "Finished": "True"}, False),
+    ({"Admitted": "True", "Evicted": "True"}, False),
+    ({}, False),
+], ids=["admitted", "quota-only", "requeued", "finished", "evicted", "no-status"])
+def test_workload_runs(conditions: dict, runs: bool) -> None:
+    obj = {"status": {"conditions": [{"type": t, "status": s} for t, s in conditions.items()]}}
+    assert ad.workload_runs(obj) is runs

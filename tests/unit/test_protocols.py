@@ -6,6 +6,7 @@ import inspect
 
 import pytest
 
+from hyperplan.actuation.kueue import KubeKueueWrites, KueueWrites, RecordingKueueWrites
 from hyperplan.actuation.leadership import FakeLeaseStore, KubeLeaseStore, LeaseStore
 from hyperplan.actuation.ledger import CapacityLedger, FakeLedger, KubeLedger
 from hyperplan.actuation.nodes import (
@@ -22,6 +23,7 @@ def _methods(proto: type) -> list[str]:
     (KubeNodePods, NodePods), (FakeNodePods, NodePods),
     (KubeLedger, CapacityLedger), (FakeLedger, CapacityLedger),
     (KubeLeaseStore, LeaseStore), (FakeLeaseStore, LeaseStore),
+    (KubeKueueWrites, KueueWrites), (RecordingKueueWrites, KueueWrites),
 ], ids=lambda x: x.__name__)
 def test_implementation_matches_protocol(impl: type, proto: type) -> None:
     assert _methods(proto), f"{proto.__name__} declares no methods"

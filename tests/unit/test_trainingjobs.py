@@ -171,3 +171,14 @@ def test_checkpoint_signal_at_the_lead_before_termination(before_termination, si
         assert not d.drain, "the drain waits for the termination time"
     else:
         assert len(d.drain) == 2
+
+
+@pytest.mark.parametrize("on_nodes, known, running, expected", [
+    (["team.a", "team.a"], set(), {"team.a"}, [("team.a", 2)]),
+    (["team.a", "team.a"], {"team.a"}, {"team.a"}, []),
+    (["team.a", "team.b", ""], set(), {"team.b"}, [("team.b", 1)]),
+    (["team.a"], set(), set(), []),
+], ids=["check-gone-still-running", "decided-by-a-check", "idle-and-finished-skipped", "not-running"])
+def test_still_running_holders_keep_the_nodes_they_have(on_nodes, known, running, expected) -> None:
+    nodes = [tj.JobNode(f"n{i}", "rc-b", str(i), w) for i, w in enumerate(on_nodes)]
+    assert [(h.workload, h.instances) for h in tj.still_running_holders(nodes, known, running)] == expected

@@ -10,8 +10,11 @@ from typing import Any
 import kopf
 
 from hyperplan.handlers import cache, capacitypool, instancegroup, nodes, observed, trainingplan  # noqa: F401  (registration)
-from hyperplan.handlers import kueue  # noqa: F401  (registration: the Kueue AdmissionCheck controller)
 from hyperplan.operator import configure_kopf
+from hyperplan.settings import Settings
+
+if Settings().kueue_enabled:  # off: nothing of Kueue is watched (docs/kueue.md, "Turning it off")
+    from hyperplan.handlers import kueue  # noqa: F401  (registration: the Kueue AdmissionCheck controller)
 
 
 @kopf.on.startup()

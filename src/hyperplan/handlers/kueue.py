@@ -21,8 +21,17 @@ Terminating because hyperplan is not running. Instead the AdmissionCheck watch s
 asyncio loop per plan named by a check (:class:`KueueState`), run by the same
 :func:`~hyperplan.handlers.context.reconcile_forever` as the other daemons: it sleeps until the
 plan's next block boundary, a keep-alive expiry, or a wake-up from a Workload, the plan or a
-check changing. The loop ends when no check names the plan any more. Only ``on.event``
-handlers watch Kueue's kinds, so kopf never patches them (no annotations, no finalizers).
+check changing. The loop ends when no check names the plan any more and none of its job nodes
+is left. Only ``on.event`` handlers and an index watch Kueue's kinds, so kopf never patches them
+(no annotations, no finalizers).
+
+**Reads.** A pass makes no API read: the checks are what their watch events said
+(:class:`KueueState` keeps them), the Workloads come from a kopf index fed by the Workload watch
+(``hp_kueue_workloads``, by check name and by workload), the plan and its groups' nodes from
+the operator's watch cache, the job nodes from a kopf index of the nodes labelled
+``hyperplan.dev/workload``. What the pass wrote is remembered with the resourceVersion the API
+server returned, and preferred over an older watched copy; the job nodes are listed from the API
+once after a pass that wrote to them (as a group's nodes are).
 
 **Writes.** A check's entry on a Workload is written with a server-side apply of that one
 entry on the ``status`` subresource, forcing ownership with the field manager
@@ -35,7 +44,15 @@ condition of a check is applied the same way, when it changes.
 handlers: it logs once "Unresolved resources cannot be served (try creating their CRDs)" and
 watches nothing for them; it keeps observing CRDs (the chart lets it list and watch them) and
 starts these watches when Kueue is installed later. Nothing here runs until then, so the
-operator neither fails nor polls.
+operator neither fails nor polls. kopf holds its handlers back until every indexed kind has
+had its initial listing; a kind that is not installed has none to wait for, and once Kueue is
+installed the wait is one listing of its Workloads. With ``HYPERPLAN_KUEUE_ENABLED=false``
+(the chart's ``kueue.enabled: false``, which also drops the RBAC rules for Kueue's kinds) this
+module is not imported at all: a watch the operator may not list would hold every handler back.
+
+**Seams.** Every write goes through :class:`hyperplan.actuation.kueue.KueueWrites`
+(``KueueState.writes``), so the passes are unit-tested with a recording fake
+(``tests/unit/test_kueue_passes.py``).
 """
 
 from __future__ import annotations
@@ -47,16 +64,19 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Mapping
 
 import kopf
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
-from hyperplan import metrics
 from hyperplan.actuation.groups import signal_checkpoint
-from hyperplan.actuation.nodes import ACCELERATORS, KwokProvider
+from hyperplan.actuation.kueue import (APPLY, FIELD_MANAGER, KUEUE_API, KUEUE_GROUP, KUEUE_VERSION,  # noqa: F401
+                                       KubeKueueWrites, KueueWrites)
+from hyperplan.actuation.nodes import ACCELERATORS, NodeProvider
 from hyperplan.api.models import GROUP, VERSION, TrainingPlan, to_rfc3339
+from hyperplan.handlers.cache import slim_node, v1_node
 from hyperplan.handlers.context import Runtime, reconcile_forever
 from hyperplan.planning import admission as ad
 from hyperplan.planning import groups as gr
@@ -65,12 +85,9 @@ from hyperplan.planning import placement as pl
 from hyperplan.planning import trainingjobs as tj
 from hyperplan.planning.schedule import plan_block_schedule
 
-KUEUE_GROUP = "kueue.x-k8s.io"
-KUEUE_VERSION = "v1beta2"
-KUEUE_API = f"{KUEUE_GROUP}/{KUEUE_VERSION}"
-FIELD_MANAGER = "hyperplan-admission"
-APPLY = "application/apply-patch+yaml"
 KIND = "kueue-plan"
+WORKLOADS_INDEX = "hp_kueue_workloads"
+JOB_NODES_INDEX = "hp_job_nodes"
 log = logging.getLogger("hyperplan.kueue")
 
 
@@ -90,17 +107,51 @@ class Stop:
         return await self._event.wait()
 
 
+def _rv(obj: Mapping[str, Any] | None) -> int:
+    try:
+        return int(((obj or {}).get("metadata") or {}).get("resourceVersion") or -1)
+    except (TypeError, ValueError):
+        return -1
+
+
+def _snapshot(store: Any) -> list[Any]:
+    """The values of one key of a kopf index, read from a worker thread (the event loop may
+    change the store meanwhile: retry the copy)."""
+    for _ in range(5):
+        try:
+            return list(store) if store is not None else []
+        except RuntimeError:
+            continue
+    return list(store) if store is not None else []
+
+
 @dataclass
 class KueueState:
-    """The checks this operator serves (name -> plan, None when the parameters are invalid),
-    the loop running for each plan they name, and the threads their API calls run on.
+    """What the Kueue controller knows and runs.
 
-    The calls run on threads of their own (``executor``), not on asyncio's default executor
-    that the plan and group daemons share: a slow Workload listing or a burst of node creates
-    for jobs must never hold up a block transition or a spare promotion."""
+    * ``checks``: the AdmissionChecks it serves (name -> plan, None when the parameters are
+      invalid), and ``check_bodies``, each as its last watch event (or our last write) showed it;
+    * ``loops``: the loop running for each plan the checks name;
+    * ``workloads`` and ``job_nodes``: the kopf indexes (bound at startup), ``written``: the
+      Workloads as our own writes returned them (preferred while newer than the index's copy),
+      ``nodes_wrote``: plans whose last pass wrote to their job nodes;
+    * ``job_workloads``: which plan's job nodes a workload (label value) runs on, so that a
+      change of that Workload wakes the plan even when no check of it is left;
+    * ``writes``: the side effects (a recording fake in tests);
+    * ``executor``: the threads the passes' calls run on, not asyncio's default executor that
+      the plan and group daemons share: a burst of node creates for jobs must never hold up a
+      block transition or a spare promotion.
+    """
 
     checks: dict[str, str | None] = field(default_factory=dict)
+    check_bodies: dict[str, dict[str, Any]] = field(default_factory=dict)
     loops: dict[str, tuple[asyncio.Task, Stop]] = field(default_factory=dict)
+    workloads: Mapping[Any, Any] | None = None
+    job_nodes: Mapping[Any, Any] | None = None
+    written: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    nodes_wrote: set[str] = field(default_factory=set)
+    job_workloads: dict[str, str] = field(default_factory=dict)
+    writes: KueueWrites | None = None
     executor: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(max_workers=2, thread_name_prefix="kueue-admission"))
 
@@ -129,11 +180,110 @@ class KueueState:
         for _, stop in self.loops.values():
             stop.set()
 
+    # ------------------------------------------------------------------ reads (no API call)
+
+    def _fresh(self, wl: dict[str, Any]) -> dict[str, Any]:
+        meta = wl.get("metadata") or {}
+        key = (meta.get("namespace", ""), meta.get("name", ""))
+        mine = self.written.get(key)
+        if mine is None:
+            return wl
+        if _rv(wl) >= _rv(mine):  # the watch caught up with our write
+            self.written.pop(key, None)
+            return wl
+        return mine
+
+    def workloads_with(self, check: str) -> list[dict[str, Any]]:
+        """The Workloads that carry ``check`` (from the index, or our newer write)."""
+        if self.workloads is None:
+            raise RuntimeError("the Workload index is read before kopf started (not bound)")
+        return [self._fresh(w) for w in _snapshot(self.workloads.get(("check", check)))]
+
+    def workload(self, label_value: str) -> dict[str, Any] | None:
+        """The Workload whose ``hyperplan.dev/workload`` label value is ``label_value``."""
+        if self.workloads is None:
+            raise RuntimeError("the Workload index is read before kopf started (not bound)")
+        found = _snapshot(self.workloads.get(("workload", label_value)))
+        return self._fresh(found[0]) if found else None
+
+    def wrote_workload(self, obj: Mapping[str, Any] | None) -> None:
+        if obj:
+            slim = slim_workload(obj)
+            meta = slim["metadata"]
+            key = (meta.get("namespace", ""), meta.get("name", ""))
+            if _rv(slim) > _rv(self.written.get(key)):
+                self.written[key] = slim
+
+    def plan_job_nodes(self, writes: KueueWrites, plan_label: str) -> list[client.V1Node]:
+        """The plan's job nodes: from the index, or from the API right after a pass that wrote
+        to them (the watch events of those writes may still be on their way)."""
+        if plan_label in self.nodes_wrote or self.job_nodes is None:
+            return writes.list_job_nodes(plan_label)
+        return [v1_node(n) for n in sorted(_snapshot(self.job_nodes.get(plan_label)),
+                                           key=lambda n: n["metadata"]["name"])]
+
+    def note_nodes_wrote(self, plan_label: str, wrote: bool) -> None:
+        if wrote:
+            self.nodes_wrote.add(plan_label)
+        else:
+            self.nodes_wrote.discard(plan_label)
+
 
 def state_of(rt: Runtime) -> KueueState:
     if rt.kueue is None:
-        rt.kueue = KueueState()
+        rt.kueue = KueueState(writes=KubeKueueWrites(rt.kube))
     return rt.kueue
+
+
+def slim_workload(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A Workload as the passes read it: identity, the pod sets' counts and requests, the maximum
+    execution time, and the status' conditions and admission checks (not Kueue's admission
+    details, which can be large on a TAS workload)."""
+    meta, spec, status = body.get("metadata") or {}, body.get("spec") or {}, body.get("status") or {}
+    pod_sets = []
+    for ps in spec.get("podSets") or []:
+        containers = (((ps.get("template") or {}).get("spec")) or {}).get("containers") or []
+        pod_sets.append({"name": ps.get("name"), "count": ps.get("count"), "template": {"spec": {"containers": [
+            {"resources": dict(c.get("resources") or {})} for c in containers]}}})
+    return {
+        "apiVersion": KUEUE_API, "kind": "Workload",
+        "metadata": {**{k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp",
+                                             "deletionTimestamp") if meta.get(k) is not None},
+                     "labels": dict(meta.get("labels") or {})},
+        "spec": {"podSets": pod_sets, **({"maximumExecutionTimeSeconds": spec["maximumExecutionTimeSeconds"]}
+                                         if spec.get("maximumExecutionTimeSeconds") is not None else {})},
+        "status": {"conditions": [{"type": c.get("type"), "status": c.get("status"), "reason": c.get("reason")}
+                                  for c in status.get("conditions") or []],
+                   "admissionChecks": [dict(c) for c in status.get("admissionChecks") or []]},
+    }
+
+
+def slim_check(body: Mapping[str, Any]) -> dict[str, Any]:
+    meta = body.get("metadata") or {}
+    return {"metadata": {k: meta[k] for k in ("name", "generation", "resourceVersion") if meta.get(k) is not None},
+            "spec": dict(body.get("spec") or {}),
+            "status": {"conditions": [dict(c) for c in (body.get("status") or {}).get("conditions") or []]}}
+
+
+# --------------------------------------------------------------------------- indexes
+
+
+@kopf.index(KUEUE_GROUP, KUEUE_VERSION, "workloads")
+def hp_kueue_workloads(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict]:
+    """Workloads by ("check", name) for each admission check they carry, and by ("workload",
+    label value) for the job nodes that carry it."""
+    wl = slim_workload(body)
+    keys = {("workload", tj.workload_label_value(namespace or "", name)): wl}
+    for entry in wl["status"]["admissionChecks"]:
+        if entry.get("name"):
+            keys[("check", entry["name"])] = wl
+    return keys
+
+
+@kopf.index("", "v1", "nodes", labels={tj.LABEL_WORKLOAD: kopf.PRESENT})
+def hp_job_nodes(body: kopf.Body, labels: kopf.Labels, **_: Any) -> dict[str, dict[str, Any]]:
+    """Job nodes of training-job plans, by their plan's label value."""
+    return {labels.get(nm.LABEL_PLAN, ""): slim_node(body)}
 
 
 # --------------------------------------------------------------------------- reading
@@ -186,40 +336,26 @@ def ready_group_nodes(rt: Runtime, plan: str, block_id: str) -> int:
     return count
 
 
-def list_workloads(rt: Runtime) -> list[dict[str, Any]]:
-    return rt.kube.custom.list_cluster_custom_object(KUEUE_GROUP, KUEUE_VERSION, "workloads")["items"]
-
-
 # --------------------------------------------------------------------------- writing
 
 
-def apply_check_entry(rt: Runtime, wl: dict[str, Any], entry: dict[str, Any]) -> None:
-    """Server-side apply of one admission-check entry on the Workload's status (sync)."""
-    meta = wl["metadata"]
-    body = {"apiVersion": KUEUE_API, "kind": "Workload",
-            "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
-            "status": {"admissionChecks": [entry]}}
-    rt.kube.custom.patch_namespaced_custom_object_status(
-        KUEUE_GROUP, KUEUE_VERSION, meta["namespace"], "workloads", meta["name"], body,
-        field_manager=FIELD_MANAGER, force=True, _content_type=APPLY)
-    metrics.STATUS_WRITES.labels("Workload").inc()
-
-
-def apply_check_active(rt: Runtime, check: dict[str, Any], active: ad.CheckActive) -> bool:
+def apply_check_active(state: KueueState, check: dict[str, Any], active: ad.CheckActive, now: datetime) -> bool:
     """Apply the check's ``Active`` condition when it differs from what the check says (sync)."""
     prior = next((c for c in (check.get("status") or {}).get("conditions") or [] if c.get("type") == "Active"), None)
     if prior and (prior.get("status"), prior.get("reason"), prior.get("message")) == \
             (active.status, active.reason, active.message):
         return False
-    since = prior["lastTransitionTime"] if prior and prior.get("status") == active.status else to_rfc3339(rt.clock())
+    since = prior["lastTransitionTime"] if prior and prior.get("status") == active.status else to_rfc3339(now)
     condition = {"type": "Active", "status": active.status, "reason": active.reason, "message": active.message,
                  "lastTransitionTime": since, "observedGeneration": check["metadata"].get("generation", 1)}
-    body = {"apiVersion": KUEUE_API, "kind": "AdmissionCheck", "metadata": {"name": check["metadata"]["name"]},
-            "status": {"conditions": [condition]}}
-    rt.kube.custom.patch_cluster_custom_object_status(
-        KUEUE_GROUP, KUEUE_VERSION, "admissionchecks", check["metadata"]["name"], body,
-        field_manager=FIELD_MANAGER, force=True, _content_type=APPLY)
-    metrics.STATUS_WRITES.labels("AdmissionCheck").inc()
+    out = state.writes.apply_check_active(check, condition)
+    name = check["metadata"]["name"]
+    known = state.check_bodies.get(name)
+    if out is not None and _rv(out) > _rv(known):
+        state.check_bodies[name] = slim_check(out)
+    elif known is not None and out is None:  # what we wrote is what the check says now
+        others = [c for c in known["status"]["conditions"] if c.get("type") != "Active"]
+        state.check_bodies[name] = {**known, "status": {"conditions": [*others, condition]}}
     return True
 
 
@@ -255,11 +391,25 @@ def workload_ref(wl: dict[str, Any]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- the pass
 
 
+def running_outside_checks(state: KueueState, plan_name: str, known: set[str]) -> list[tj.Holder]:
+    """Workloads on the plan's job nodes that no check of the plan decides for any more but that
+    Kueue still runs (:func:`hyperplan.planning.trainingjobs.still_running_holders`)."""
+    label = nm.label_value(plan_name)
+    nodes = [n for n in state.plan_job_nodes(state.writes, label) if not n.metadata.deletion_timestamp]
+    on_nodes = {(n.metadata.labels or {}).get(tj.LABEL_WORKLOAD, "") for n in nodes} - {""}
+    for workload in on_nodes:
+        state.job_workloads[workload] = plan_name
+    running = {w for w in on_nodes - known if (obj := state.workload(w)) is not None and ad.workload_runs(obj)}
+    views = tj.job_nodes_from_labels([(n.metadata.name, n.metadata.labels or {}, {}, False, False) for n in nodes])
+    return tj.still_running_holders(views, known, running)
+
+
 async def reconcile_plan_workloads(rt: Runtime, plan_name: str, stop: Stop) -> datetime | None:
     """One pass over a plan named by AdmissionChecks: the checks, their workloads, the job nodes.
 
-    With no check naming the plan any more, the pass only lets go of the plan's job nodes
-    (released, or kept warm for their keep-alive) and the loop ends once none is left.
+    With no check naming the plan any more, the pass only serves the plan's job nodes: those of
+    workloads that still run stay, the others are released (or kept warm for their keep-alive),
+    and the loop ends once none is left.
     """
     state = state_of(rt)
     checks = state.checks_of(plan_name)
@@ -269,8 +419,11 @@ async def reconcile_plan_workloads(rt: Runtime, plan_name: str, stop: Stop) -> d
         plan_obj = None  # being deleted: its blocks are going back to the pools
     view, extra = plan_view(rt, plan_obj, now)
     plan, schedule = extra if extra else (None, None)
+    target = view.target if view else ad.TRAINING_JOB
     if not checks:
-        wake, left = await state.call(reconcile_job_nodes, rt, plan_name, plan, schedule, [], now)
+        outside = await state.call(running_outside_checks, state, plan_name, set()) \
+            if target == ad.TRAINING_JOB else []
+        wake, left = await state.call(reconcile_job_nodes, rt, plan_name, plan, schedule, outside, now)
         if not left and not state.checks_of(plan_name):  # a check may have come meanwhile
             stop.set()
             if state.loops.get(plan_name, (None, None))[1] is stop:
@@ -278,33 +431,39 @@ async def reconcile_plan_workloads(rt: Runtime, plan_name: str, stop: Stop) -> d
             return None
         return wake
     for check in checks:
-        obj = await state.call(_get_check, rt, check)
+        obj = state.check_bodies.get(check)
         if obj is not None:
             active = ad.check_active((obj.get("spec") or {}).get("parameters"), view)
-            if await state.call(apply_check_active, rt, obj, active):
+            if await state.call(apply_check_active, state, obj, active, now):
                 log.info("admission check %s: Active=%s (%s) %s", check, active.status, active.reason, active.message)
 
-    workloads = await state.call(list_workloads, rt)
     mine: list[ad.CheckedWorkload] = []
-    for wl in workloads:
-        names = {c.get("name") for c in (wl.get("status") or {}).get("admissionChecks") or []}
-        for check in checks:
-            if check in names:
-                progress = ad.workload_progress(wl, check)
-                mine.append(ad.CheckedWorkload((wl, check), ad.workload_view(wl), progress,
-                                               ad.admitted_block(_entry(wl, check), nm.LABEL_RESERVED_CAPACITY)))
+    seen: set[tuple[str, str]] = set()
+    for check in checks:
+        for wl in state.workloads_with(check):
+            meta = wl["metadata"]
+            if (meta.get("namespace"), meta.get("name"), check) in seen:
+                continue
+            seen.add((meta.get("namespace"), meta.get("name"), check))
+            progress = ad.workload_progress(wl, check)
+            mine.append(ad.CheckedWorkload((wl, check), ad.workload_view(wl), progress,
+                                           ad.admitted_block(_entry(wl, check), nm.LABEL_RESERVED_CAPACITY)))
     mine.sort(key=lambda m: (m.progress.since, m.ref[0]["metadata"].get("creationTimestamp", ""), m.view.key))
 
-    target = view.target if view else ad.TRAINING_JOB
     usable = None
     if schedule is not None and schedule.usable_block is not None:
         usable = plan.status.reserved_capacity[schedule.usable_block]
     ready_nodes = None
     if target == ad.HYPERPOD_CLUSTER and usable is not None:
         ready_nodes = ready_group_nodes(rt, plan_name, usable.id)
+    outside: list[tj.Holder] = []
+    if target == ad.TRAINING_JOB:
+        known = {tj.workload_label_value(m.view.namespace, m.view.name) for m in mine}
+        outside = await state.call(running_outside_checks, state, plan_name, known)
     busy_retry = min(timedelta(seconds=60), max(timedelta(seconds=5), rt.policy.day / 12))
     decided = ad.decide_plan_admission(view, mine, nm.label_value(usable.id) if usable is not None else None, now,
-                                       ready_nodes=ready_nodes, busy_retry=busy_retry, plan_name=plan_name)
+                                       ready_nodes=ready_nodes, busy_retry=busy_retry, plan_name=plan_name,
+                                       held_outside=sum(h.instances for h in outside))
 
     for w, decision in decided.decisions:
         wl, check = w.ref
@@ -315,20 +474,21 @@ async def reconcile_plan_workloads(rt: Runtime, plan_name: str, stop: Stop) -> d
         entry = entry_for(check, decision, prior, w.view.pod_sets, selector, now, labels)
         if differs(prior, entry):
             try:
-                await state.call(apply_check_entry, rt, wl, entry)
+                written = await state.call(state.writes.apply_check_entry, wl, entry)
             except ApiException as e:  # gone meanwhile (404) or refused: the next pass decides again
                 if e.status != 404:
                     log.warning("workload %s: writing check %s failed (%s): %s", w.view.key, check, e.status, e.reason)
                 continue
+            state.wrote_workload(written)
             log.info("workload %s: check %s %s (%s): %s", w.view.key, check, decision.state, decision.reason,
                      decision.message)
-            kopf.event(workload_ref(wl), type="Warning" if decision.state == ad.REJECTED else "Normal",
-                       reason=f"AdmissionCheck{decision.state}", message=f"{check}: {decision.message}"[:1000])
-    holders = [(w.view, n) for w, n in decided.holders]
+            state.writes.event(workload_ref(wl), "Warning" if decision.state == ad.REJECTED else "Normal",
+                               f"AdmissionCheck{decision.state}", f"{check}: {decision.message}"[:1000])
+    holders = [tj.Holder(tj.workload_label_value(w.view.namespace, w.view.name), n) for w, n in decided.holders]
 
     wakes = [schedule.next_transition_time] if schedule is not None else []
     if target == ad.TRAINING_JOB:
-        wake, _ = await state.call(reconcile_job_nodes, rt, plan_name, plan, schedule, holders, now)
+        wake, _ = await state.call(reconcile_job_nodes, rt, plan_name, plan, schedule, holders + outside, now)
         wakes.append(wake)
     return min((w for w in wakes if w is not None), default=None)
 
@@ -337,70 +497,73 @@ def _entry(wl: dict[str, Any], check: str) -> dict[str, Any] | None:
     return next((c for c in (wl.get("status") or {}).get("admissionChecks") or [] if c.get("name") == check), None)
 
 
-def _get_check(rt: Runtime, name: str) -> dict[str, Any] | None:
-    try:
-        return rt.kube.custom.get_cluster_custom_object(KUEUE_GROUP, KUEUE_VERSION, "admissionchecks", name)
-    except ApiException as e:
-        if e.status == 404:
-            return None
-        raise
-
-
 # --------------------------------------------------------------------------- training-job nodes
 
 
 def reconcile_job_nodes(rt: Runtime, name: str, plan: TrainingPlan | None, schedule,
-                        holders: list[tuple[ad.WorkloadView, int]], now: datetime) -> tuple[datetime | None, int]:
+                        holders: list[tj.Holder], now: datetime) -> tuple[datetime | None, int]:
     """Create, hand over, keep warm, drain and release a training-job plan's nodes (sync, thread).
 
-    Returns when to look again and how many of the plan's job nodes are left. Without the plan
-    (deleted) every node drains at once.
+    ``holders``: the workloads that hold instances of the plan's usable block, in admission
+    order. Returns when to look again and how many of the plan's job nodes are left. Without
+    the plan (deleted) every node drains at once. A node to release whose pods have not gone
+    yet stays until they have (it is looked at again shortly).
     """
+    state = state_of(rt)
+    writes = state.writes
+    label = nm.label_value(name)
     block = None
     if plan is not None and schedule is not None and schedule.active_block is not None:
         b = plan.status.reserved_capacity[schedule.active_block]
-        state = schedule.blocks[schedule.active_block]
-        block = tj.JobBlock(b.id, b.availability_zone, b.instance_type, b.instance_count, state.termination_time,
+        bs = schedule.blocks[schedule.active_block]
+        block = tj.JobBlock(b.id, b.availability_zone, b.instance_type, b.instance_count, bs.termination_time,
                             b.end_time, b.ultra_server_type, plan.spec.spare_instances_per_ultra_server
                             if b.ultra_server_type else 0)
-    raw = rt.kube.list_nodes(f"{nm.LABEL_PLAN}={nm.label_value(name)},{tj.LABEL_WORKLOAD}")
-    raw = [n for n in raw if not n.metadata.deletion_timestamp]
+    raw = [n for n in state.plan_job_nodes(writes, label) if not n.metadata.deletion_timestamp]
     nodes = tj.job_nodes_from_labels([(n.metadata.name, n.metadata.labels or {}, n.metadata.annotations or {},
-                                       bool(n.spec.unschedulable), _signalled(n)) for n in raw])
+                                       bool(n.spec.unschedulable) if n.spec else False, _signalled(n))
+                                      for n in raw])
+    on_nodes = {n.workload for n in nodes if n.workload}
+    for workload, of_plan in list(state.job_workloads.items()):
+        if of_plan == name and workload not in on_nodes:
+            state.job_workloads.pop(workload, None)
+    for workload in on_nodes:
+        state.job_workloads[workload] = name
     if not raw and not holders:
+        state.note_nodes_wrote(label, False)
         return None, 0
     keep = plan.spec.keep_alive_period_seconds if plan is not None else None
-    decision = tj.decide_job_nodes(
-        name, block, [tj.Holder(tj.workload_label_value(w.namespace, w.name), n) for w, n in holders],
-        nodes, timedelta(seconds=keep) if keep else None, now, rt.keys, rt.policy.checkpoint_lead)
-    provider: KwokProvider = rt.providers["kwok"]
+    decision = tj.decide_job_nodes(name, block, holders, nodes, timedelta(seconds=keep) if keep else None, now,
+                                   rt.keys, rt.policy.checkpoint_lead)
+    provider: NodeProvider = rt.providers["kwok"]
     plan_ref = ({"apiVersion": f"{GROUP}/{VERSION}", "kind": "TrainingPlan", "metadata": plan.metadata}
                 if plan is not None else None)
     events: list[tuple[str, str]] = []
     removed: set[str] = set()
+    wrote = bool(decision.create or decision.assign or decision.keep_warm)
     for spec in decision.create:
         provider.create(spec)
         events.append(("NodeCreated", f"{spec.name} in {spec.availability_zone} for workload "
                                       f"{spec.labels[tj.LABEL_WORKLOAD]}"))
     for node, workload in decision.assign:
-        rt.kube.core.patch_node(node, {"metadata": {"labels": {tj.LABEL_WORKLOAD: workload},
-                                                    "annotations": {tj.ANNOTATION_KEEP_ALIVE_UNTIL: None}}})
+        writes.set_node_workload(node, workload, None)
         events.append(("NodeReused", f"warm node {node} now runs workload {workload}"))
     for node, until, previous in decision.keep_warm:
-        rt.kube.core.patch_node(node, {"metadata": {"labels": {tj.LABEL_WORKLOAD: ""},
-                                                    "annotations": {tj.ANNOTATION_KEEP_ALIVE_UNTIL: to_rfc3339(until)}}})
+        writes.set_node_workload(node, "", to_rfc3339(until))
         events.append(("NodeKeptWarm", f"{node} of workload {previous} kept until {to_rfc3339(until)} "
                                        "(keepAlivePeriodSeconds)"))
     if decision.checkpoint and block is not None:  # before any drain: the workloads are asked first
+        wrote = True
         checkpoint = gr.Checkpoint(block.id, block.termination_time, tuple(decision.checkpoint))
         by_name = {n.metadata.name: n for n in raw}
         for node in decision.checkpoint:
             for ref, event in signal_checkpoint(provider, rt.pods, by_name[node], checkpoint, now):
-                kopf.event(ref, type=event.type, reason=event.reason, message=event.message)
+                writes.event(ref, event.type, event.reason, event.message)
         if not any(n.signalled for n in nodes):
             events.append((gr.REASON_CHECKPOINT, f"{checkpoint.message}; {len(checkpoint.nodes)} node(s) signalled"))
     evicting = False
     for node, why in decision.release:
+        wrote = True
         progress = rt.pods.evict(node)
         if progress.pods_left:  # its pods stop with their grace period first; look again shortly
             evicting = True
@@ -409,6 +572,7 @@ def reconcile_job_nodes(rt: Runtime, name: str, plan: TrainingPlan | None, sched
         events.append(("NodeRemoved", f"{node} removed ({why}): {provider.release(node)}"))
     cordoned = {n.name for n in nodes if n.cordoned}
     for drain in decision.drain:
+        wrote = True
         if drain.node not in cordoned:
             provider.cordon(drain.node)
             events.append(("Draining", f"{drain.node} cordoned ({drain.reason}); evicting pods until "
@@ -425,7 +589,8 @@ def reconcile_job_nodes(rt: Runtime, name: str, plan: TrainingPlan | None, sched
         log.info("plan %s: %s: %s", name, reason, message)
         if plan_ref is not None:
             warning = reason in ("NoSlotForWorkload", gr.REASON_CHECKPOINT)
-            kopf.event(plan_ref, type="Warning" if warning else "Normal", reason=reason, message=message)
+            writes.event(plan_ref, "Warning" if warning else "Normal", reason, message)
+    state.note_nodes_wrote(label, wrote)
     wake = decision.wake_at
     if decision.drain or evicting:  # evictions take a moment: look again shortly until the nodes are gone
         soon = now + timedelta(seconds=1)
@@ -433,7 +598,7 @@ def reconcile_job_nodes(rt: Runtime, name: str, plan: TrainingPlan | None, sched
     return wake, len(raw) + len(decision.create) - len(removed)
 
 
-def _signalled(node) -> bool:
+def _signalled(node: client.V1Node) -> bool:
     """Whether the node carries the checkpoint signal (docs/checkpoint.md)."""
     return any(c.type == gr.CONDITION_BLOCK_TERMINATING and c.status == "True"
                for c in ((node.status.conditions or []) if node.status else []))
@@ -443,8 +608,11 @@ def _signalled(node) -> bool:
 
 
 @kopf.on.startup()
-async def kueue_startup(memo: kopf.Memo, **_: Any) -> None:
-    state_of(memo.runtime)
+async def kueue_startup(memo: kopf.Memo, **kwargs: Any) -> None:
+    """Bind the indexes (kopf hands them to startup handlers, filled before any other handler)."""
+    state = state_of(memo.runtime)
+    state.workloads = kwargs.get(WORKLOADS_INDEX)
+    state.job_nodes = kwargs.get(JOB_NODES_INDEX)
 
 
 @kopf.on.cleanup()
@@ -452,44 +620,68 @@ async def kueue_cleanup(memo: kopf.Memo, **_: Any) -> None:
     state_of(memo.runtime).stop_all()
 
 
-@kopf.on.event(KUEUE_GROUP, KUEUE_VERSION, "admissionchecks")
-async def admission_check_changed(name: str, body: kopf.Body, spec: kopf.Spec, type: str | None,
-                                  memo: kopf.Memo, **_: Any) -> None:
+async def check_changed(rt: Runtime, name: str, body: Mapping[str, Any], type: str | None) -> None:
     """A check appeared, changed or went: serve it (or stop serving its plan)."""
-    rt: Runtime = memo.runtime
     state = state_of(rt)
     before = state.checks.get(name)
-    if spec.get("controllerName") != ad.CONTROLLER_NAME:
-        if name in state.checks:  # not ours (any more): stop writing to it and its workloads
-            state.checks.pop(name)
-            if before:
-                rt.wakeups.wake(KIND, before)
-        return
-    if type == "DELETED":
+    spec = body.get("spec") or {}
+    if spec.get("controllerName") != ad.CONTROLLER_NAME or type == "DELETED":
+        # Not ours (any more), or gone: stop writing to it and its workloads. Its plan's loop
+        # looks again (and ends, once no other check names the plan and no job node is left).
         state.checks.pop(name, None)
+        state.check_bodies.pop(name, None)
         if before:
-            rt.wakeups.wake(KIND, before)  # its loop ends if no other check names the plan
+            rt.wakeups.wake(KIND, before)
         return
     plan, why = ad.check_parameters(spec.get("parameters"))
     state.checks[name] = plan
+    slim = slim_check(body)
+    if _rv(slim) >= _rv(state.check_bodies.get(name)):
+        state.check_bodies[name] = slim
     if before and before != plan:
         rt.wakeups.wake(KIND, before)
     if plan is None:
         active = ad.CheckActive("False", "InvalidParameters", why)
-        if await state.call(apply_check_active, rt, dict(body), active):
+        if await state.call(apply_check_active, state, state.check_bodies[name], active, rt.clock()):
             log.info("admission check %s: Active=False (InvalidParameters) %s", name, why)
         return
     state.ensure_loop(rt, plan)
 
 
+@kopf.on.event(KUEUE_GROUP, KUEUE_VERSION, "admissionchecks")
+async def admission_check_changed(name: str, body: kopf.Body, type: str | None, memo: kopf.Memo, **_: Any) -> None:
+    await check_changed(memo.runtime, name, body, type)
+
+
+def plans_to_wake(state: KueueState, namespace: str, name: str, body: Mapping[str, Any]) -> set[str]:
+    """The plans whose loops a change of this Workload concerns: those of the checks it carries,
+    and the plan whose job nodes it runs on (its check may be gone)."""
+    plans = {state.checks.get(e.get("name")) for e in (body.get("status") or {}).get("admissionChecks") or []}
+    plans.add(state.job_workloads.get(tj.workload_label_value(namespace or "", name)))
+    return {p for p in plans if p}
+
+
 @kopf.on.event(KUEUE_GROUP, KUEUE_VERSION, "workloads")
-async def workload_changed(body: kopf.Body, type: str | None, memo: kopf.Memo, **_: Any) -> None:
-    """A Workload that carries one of our checks changed: its plan's loop looks again."""
+async def workload_changed(namespace: str, name: str, body: kopf.Body, type: str | None, memo: kopf.Memo,
+                           **_: Any) -> None:
+    """A Workload that carries one of our checks, or runs on a job node, changed: its plan's loop
+    looks again."""
     state = state_of(memo.runtime)
-    for entry in (body.get("status") or {}).get("admissionChecks") or []:
-        plan = state.checks.get(entry.get("name"))
-        if plan:
-            memo.runtime.wakeups.wake(KIND, plan)
+    if type == "DELETED":
+        state.written.pop((namespace or "", name), None)  # nothing of it is kept once it is gone
+    for plan in plans_to_wake(state, namespace, name, body):
+        memo.runtime.wakeups.wake(KIND, plan)
+
+
+@kopf.on.event("", "v1", "nodes", labels={tj.LABEL_WORKLOAD: kopf.PRESENT})
+async def job_node_seen(labels: kopf.Labels, type: str | None, memo: kopf.Memo, **_: Any) -> None:
+    """A job node of a plan that has no loop (after a restart, when no check names the plan any
+    more): start one, so that the node is released once no workload runs on it."""
+    rt: Runtime = memo.runtime
+    state = state_of(rt)
+    plan = labels.get(nm.LABEL_PLAN)
+    if plan and type != "DELETED" and plan not in state.loops and rt.cache.plan(plan) is not None:
+        state.ensure_loop(rt, plan)
 
 
 @kopf.on.event(GROUP, VERSION, "trainingplans")

@@ -396,6 +396,14 @@ def workload_progress(obj: Mapping, check: str) -> WorkloadProgress:
         since=(entry or {}).get("lastTransitionTime") or "")
 
 
+def workload_runs(obj: Mapping) -> bool:
+    """Kueue has the Workload admitted (or holds its quota while admitting it) and it has neither
+    finished nor been evicted: its pods run, or are about to, whatever its checks say now."""
+    conditions = {c.get("type"): c.get("status") for c in (obj.get("status") or {}).get("conditions") or []}
+    holds = conditions.get("Admitted") == "True" or conditions.get("QuotaReserved") == "True"
+    return holds and conditions.get("Finished") != "True" and conditions.get("Evicted") != "True"
+
+
 def admitted_block(entry: Mapping | None, label: str) -> str | None:
     """The block (label value) a Ready entry admitted the workload into, from its podSetUpdates."""
     for update in (entry or {}).get("podSetUpdates") or []:
@@ -448,8 +456,13 @@ class PlanAdmission:
 
 def decide_plan_admission(plan: PlanView | None, workloads: Sequence[CheckedWorkload], usable_block: str | None,
                           now: datetime, *, ready_nodes: int | None = None,
-                          busy_retry: timedelta = timedelta(seconds=30), plan_name: str = "") -> PlanAdmission:
+                          busy_retry: timedelta = timedelta(seconds=30), plan_name: str = "",
+                          held_outside: int = 0) -> PlanAdmission:
     """Every check decision of one pass over a plan, in the order given (admission order).
+
+    ``held_outside``: instances of the usable block that workloads hold without one of the
+    plan's checks deciding for them (admitted through a check that is gone since; see
+    :func:`hyperplan.planning.trainingjobs.still_running_holders`).
 
     Workloads admitted into the usable block (``usable_block``, a label value) hold their
     instances; one admitted into another block (it ended) is requeued or rejected
@@ -466,7 +479,7 @@ def decide_plan_admission(plan: PlanView | None, workloads: Sequence[CheckedWork
                                                         plan_name=plan_name)))
         else:
             out.holders.append((w, instances_needed(w.view.pod_sets, plan.accelerators if plan else None)[0]))
-    held = sum(n for _, n in out.holders)
+    held = sum(n for _, n in out.holders) + held_outside
     for w in workloads:
         if not w.progress.to_decide:
             continue

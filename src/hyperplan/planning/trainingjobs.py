@@ -16,6 +16,9 @@ exist and for whom:
   crosses NVLink domains only when it must. The block's configured spares are not materialised
   for jobs (a job is rescheduled by Kueue, not healed in place); only the usable instances are
   slots.
+* A workload that still runs on the plan's nodes after the check that admitted it went (deleted,
+  or handed to another controller) keeps the nodes it has (:func:`still_running_holders`) until
+  it finishes or is evicted, or the block drains.
 * When a workload finishes or is evicted its nodes are released at once, unless the plan sets
   ``spec.keepAlivePeriodSeconds`` (SageMaker's managed warm pools): then they stay, labelled
   ``hyperplan.dev/workload=""`` and annotated with the time they go, and the next workload
@@ -34,7 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Mapping, Sequence
+from typing import Collection, Mapping, Sequence
 
 from hyperplan.planning import naming as nm
 from hyperplan.planning import placement as pl
@@ -216,6 +219,23 @@ def decide_job_nodes(plan: str, block: JobBlock | None, holders: Sequence[Holder
             d.short[h.workload] = short - len(chosen)
     d.wake_at = min((w for w in wakes if w > now), default=None)
     return d
+
+
+def still_running_holders(nodes: Sequence[JobNode], known: Collection[str], running: Collection[str]) -> list[Holder]:
+    """Workloads that run on the plan's nodes without a check of the plan deciding for them.
+
+    A workload admitted through a check that was deleted since (or handed to another controller)
+    is no longer among the admission's holders, but it still runs on its nodes: it keeps the
+    nodes it has (no more) until it finishes or is evicted, or its block drains. ``known``: the
+    workloads (label values) that carry one of the plan's checks, decided by the admission pass;
+    ``running``: the workloads Kueue still has admitted (:func:`hyperplan.planning.admission.workload_runs`).
+    In node-name order, so the result is stable.
+    """
+    held: dict[str, int] = {}
+    for n in sorted(nodes, key=lambda n: n.name):
+        if n.workload and n.workload not in known and n.workload in running:
+            held[n.workload] = held.get(n.workload, 0) + 1
+    return [Holder(w, count) for w, count in held.items()]
 
 
 def _choose(count: int, warm: list[JobNode], free_slots: list[tuple[pl.UltraServer | None, str]],

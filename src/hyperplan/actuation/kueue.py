@@ -1,0 +1,130 @@
+"""What the Kueue AdmissionCheck controller writes, behind one Protocol (a recording fake in tests).
+
+:mod:`hyperplan.handlers.kueue` reads Kueue's objects and the job nodes from the operator's
+watches and decides through :mod:`hyperplan.planning`; every side effect of a pass goes through a
+:class:`KueueWrites`: the check's entry on a Workload's status, an AdmissionCheck's ``Active``
+condition, a job node's workload label, the Events, and the one API read a pass may make (the
+plan's job nodes, listed only right after a pass that wrote to them, so that it never acts on a
+view older than its own writes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Protocol, runtime_checkable
+
+import kopf
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from hyperplan import metrics
+from hyperplan.actuation.kube import Kube
+from hyperplan.planning import naming as nm
+from hyperplan.planning.trainingjobs import ANNOTATION_KEEP_ALIVE_UNTIL, LABEL_WORKLOAD
+
+KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_VERSION = "v1beta2"
+KUEUE_API = f"{KUEUE_GROUP}/{KUEUE_VERSION}"
+FIELD_MANAGER = "hyperplan-admission"
+APPLY = "application/apply-patch+yaml"
+
+
+@runtime_checkable
+class KueueWrites(Protocol):
+    def apply_check_entry(self, workload: Mapping[str, Any], entry: dict[str, Any]) -> dict[str, Any] | None:
+        """Server-side apply of one admission-check entry on the Workload's status; the Workload
+        as the API server returned it (None when not known)."""
+        ...
+
+    def apply_check_active(self, check: Mapping[str, Any], condition: dict[str, Any]) -> dict[str, Any] | None:
+        """Server-side apply of the AdmissionCheck's ``Active`` condition; the check as returned."""
+        ...
+
+    def set_node_workload(self, node: str, workload: str, keep_alive_until: str | None) -> None:
+        """Label a job node with the workload it runs (``""`` when idle, then annotated with the
+        end of its keep-alive; ``None`` removes that annotation)."""
+        ...
+
+    def list_job_nodes(self, plan_label: str) -> list[client.V1Node]:
+        """The plan's job nodes from the API (only after a pass that wrote to them)."""
+        ...
+
+    def event(self, ref: Mapping[str, Any], type: str, reason: str, message: str) -> None:
+        """A Kubernetes Event on ``ref`` (a Workload, a TrainingPlan, a Pod)."""
+        ...
+
+
+@dataclass
+class KubeKueueWrites:
+    """The writes on the API server (kopf posts the Events)."""
+
+    kube: Kube
+
+    def apply_check_entry(self, workload: Mapping[str, Any], entry: dict[str, Any]) -> dict[str, Any] | None:
+        meta = workload["metadata"]
+        body = {"apiVersion": KUEUE_API, "kind": "Workload",
+                "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+                "status": {"admissionChecks": [entry]}}
+        out = self.kube.custom.patch_namespaced_custom_object_status(
+            KUEUE_GROUP, KUEUE_VERSION, meta["namespace"], "workloads", meta["name"], body,
+            field_manager=FIELD_MANAGER, force=True, _content_type=APPLY)
+        metrics.STATUS_WRITES.labels("Workload").inc()
+        return out if isinstance(out, dict) else None
+
+    def apply_check_active(self, check: Mapping[str, Any], condition: dict[str, Any]) -> dict[str, Any] | None:
+        name = check["metadata"]["name"]
+        body = {"apiVersion": KUEUE_API, "kind": "AdmissionCheck", "metadata": {"name": name},
+                "status": {"conditions": [condition]}}
+        out = self.kube.custom.patch_cluster_custom_object_status(
+            KUEUE_GROUP, KUEUE_VERSION, "admissionchecks", name, body,
+            field_manager=FIELD_MANAGER, force=True, _content_type=APPLY)
+        metrics.STATUS_WRITES.labels("AdmissionCheck").inc()
+        return out if isinstance(out, dict) else None
+
+    def set_node_workload(self, node: str, workload: str, keep_alive_until: str | None) -> None:
+        self.kube.core.patch_node(node, {"metadata": {"labels": {LABEL_WORKLOAD: workload},
+                                                      "annotations": {ANNOTATION_KEEP_ALIVE_UNTIL: keep_alive_until}}})
+
+    def list_job_nodes(self, plan_label: str) -> list[client.V1Node]:
+        return self.kube.list_nodes(f"{nm.LABEL_PLAN}={plan_label},{LABEL_WORKLOAD}")
+
+    def event(self, ref: Mapping[str, Any], type: str, reason: str, message: str) -> None:
+        kopf.event(dict(ref), type=type, reason=reason, message=message)
+
+
+@dataclass
+class RecordingKueueWrites:
+    """Records every write; ``refuse`` maps a Workload (``namespace/name``) to the HTTP status its
+    entry write fails with; ``nodes`` is what :meth:`list_job_nodes` returns."""
+
+    refuse: dict[str, int] = field(default_factory=dict)
+    nodes: list[client.V1Node] = field(default_factory=list)
+    entries: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (namespace/name, entry)
+    actives: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (check, condition)
+    node_workloads: list[tuple[str, str, str | None]] = field(default_factory=list)
+    listed: list[str] = field(default_factory=list)
+    events: list[tuple[str, str, str, str]] = field(default_factory=list)  # (object, type, reason, message)
+
+    def apply_check_entry(self, workload: Mapping[str, Any], entry: dict[str, Any]) -> dict[str, Any] | None:
+        meta = workload["metadata"]
+        key = f"{meta['namespace']}/{meta['name']}"
+        if key in self.refuse:
+            raise ApiException(status=self.refuse[key], reason="refused by the test")
+        self.entries.append((key, entry))
+        return None
+
+    def apply_check_active(self, check: Mapping[str, Any], condition: dict[str, Any]) -> dict[str, Any] | None:
+        self.actives.append((check["metadata"]["name"], condition))
+        return None
+
+    def set_node_workload(self, node: str, workload: str, keep_alive_until: str | None) -> None:
+        self.node_workloads.append((node, workload, keep_alive_until))
+
+    def list_job_nodes(self, plan_label: str) -> list[client.V1Node]:
+        self.listed.append(plan_label)
+        return [n for n in self.nodes if (n.metadata.labels or {}).get(nm.LABEL_PLAN) == plan_label]
+
+    def event(self, ref: Mapping[str, Any], type: str, reason: str, message: str) -> None:
+        meta = ref.get("metadata") or {}
+        name = f"{meta['namespace']}/{meta['name']}" if meta.get("namespace") else meta.get("name", "")
+        self.events.append((name, type, reason, message))

@@ -1,0 +1,333 @@
+"""One pass of the Kueue AdmissionCheck controller (handlers/kueue.py), with recording fakes.
+
+The pass reads the plan from a fake watch cache, the Workloads and job nodes from kopf-shaped
+indexes (dicts of lists, filled by the real index functions), and writes through
+:class:`hyperplan.actuation.kueue.RecordingKueueWrites`, a :class:`FakeProvider` and
+:class:`FakeNodePods`. ``rt.kube`` is None: any API call a pass made would fail the test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from hyperplan.actuation.kueue import KueueWrites, RecordingKueueWrites
+from hyperplan.actuation.nodes import FakeNodePods, FakeProvider
+from hyperplan.handlers import kueue as hk
+from hyperplan.handlers.cache import slim_node
+from hyperplan.handlers.context import Wakeups
+from hyperplan.planning import naming as nm
+from hyperplan.planning import trainingjobs as tj
+from hyperplan.planning.naming import TopologyKeys
+from hyperplan.planning.policy import get_policy
+
+NOW = datetime(2027, 1, 1, 12, 0, tzinfo=timezone.utc)
+PLAN, CHECK, NS = "llama", "llama-check", "team"
+ITYPE = "ml.p5.48xlarge"
+BLOCK = "rc-a"
+
+
+def plan_obj(target: str = "training-job", **status: Any) -> dict[str, Any]:
+    return {"apiVersion": "hyperplan.dev/v1alpha1", "kind": "TrainingPlan",
+            "metadata": {"name": PLAN, "uid": "plan-uid"},
+            "spec": {"instanceType": ITYPE, "instanceCount": 8, "targetResource": target, "duration": "1d"},
+            "status": {"phase": "Active", "reservedCapacity": [
+                {"id": BLOCK, "availabilityZone": "us-east-1a", "instanceType": ITYPE, "instanceCount": 8,
+                 "startTime": "2027-01-01T11:00:00Z", "endTime": "2027-01-02T11:00:00Z", "status": "Active"}],
+                       **status}}
+
+
+def workload(name: str, *, state: str = "Pending", admitted: bool = False, finished: bool = False,
+             evicted: bool = False, pods: int = 2, check: str = CHECK, created: str = "2027-01-01T11:30:00Z",
+             rv: str = "10") -> dict[str, Any]:
+    conditions = [{"type": "QuotaReserved", "status": "True"}]
+    if admitted:
+        conditions.append({"type": "Admitted", "status": "True"})
+    if finished:
+        conditions.append({"type": "Finished", "status": "True"})
+    if evicted:
+        conditions.append({"type": "Evicted", "status": "True"})
+    entry: dict[str, Any] = {"name": check, "state": state, "lastTransitionTime": created}
+    if state == "Ready":
+        entry["podSetUpdates"] = [{"name": "main", "labels": {nm.LABEL_RESERVED_CAPACITY: BLOCK},
+                                   "nodeSelector": {tj.LABEL_WORKLOAD: tj.workload_label_value(NS, name)}}]
+    return {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+            "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}", "resourceVersion": rv,
+                         "creationTimestamp": created},
+            "spec": {"podSets": [{"name": "main", "count": pods, "template": {"spec": {"containers": [
+                {"name": "train", "resources": {"requests": {"nvidia.com/gpu": "8"}}}]}}}]},
+            "status": {"conditions": conditions, "admissionChecks": [entry]}}
+
+
+def job_node(slot: str, workload_name: str, *, keep_alive_until: str | None = None) -> dict[str, Any]:
+    name = nm.node_name(PLAN, BLOCK, slot)
+    annotations = {tj.ANNOTATION_KEEP_ALIVE_UNTIL: keep_alive_until} if keep_alive_until else {}
+    return {"metadata": {"name": name, "labels": {
+        nm.LABEL_PLAN: nm.label_value(PLAN), nm.LABEL_RESERVED_CAPACITY: nm.label_value(BLOCK),
+        nm.LABEL_SLOT: slot, tj.LABEL_WORKLOAD: tj.workload_label_value(NS, workload_name) if workload_name else ""},
+        "annotations": annotations}, "spec": {}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def check_body(name: str = CHECK, controller: str = "hyperplan.dev/training-plan", plan: str = PLAN) -> dict:
+    return {"metadata": {"name": name, "generation": 1, "resourceVersion": "5"},
+            "spec": {"controllerName": controller,
+                     "parameters": {"apiGroup": "hyperplan.dev", "kind": "TrainingPlan", "name": plan}},
+            "status": {"conditions": [{"type": "Active", "status": "True", "reason": "PlanFound",
+                                       "message": f"serving training plan {plan} (training-job)",
+                                       "lastTransitionTime": "2027-01-01T10:00:00Z"}]}}
+
+
+@dataclass
+class FakeCache:
+    plans: dict[str, dict] = field(default_factory=dict)
+
+    def plan(self, name: str) -> dict | None:
+        return self.plans.get(name)
+
+    def block_nodes(self, label: str) -> list[dict]:
+        return []
+
+
+def index(workloads: list[dict]) -> dict:
+    """The Workload index as kopf holds it, filled by the real index function."""
+    out: dict = {}
+    for wl in workloads:
+        for key, value in hk.hp_kueue_workloads(namespace=wl["metadata"]["namespace"], name=wl["metadata"]["name"],
+                                                body=wl).items():
+            out.setdefault(key, []).append(value)
+    return out
+
+
+def runtime(plan: dict | None, workloads: list[dict], nodes: list[dict], *, checks: tuple[str, ...] = (CHECK,),
+            pods: dict[str, list[str]] | None = None, guarded: set[str] = frozenset(),
+            writes: KueueWrites | None = None) -> SimpleNamespace:
+    provider = FakeProvider(clock=lambda: NOW)
+    for n in nodes:
+        provider.nodes[n["metadata"]["name"]] = hk.v1_node(n)
+    state = hk.KueueState(writes=writes or RecordingKueueWrites())
+    for c in checks:
+        state.checks[c] = PLAN
+        state.check_bodies[c] = check_body(c)
+    state.workloads = index(workloads)
+    jn: dict = {}
+    for n in nodes:
+        jn.setdefault(n["metadata"]["labels"][nm.LABEL_PLAN], []).append(slim_node(n))
+    state.job_nodes = jn
+    return SimpleNamespace(cache=FakeCache({PLAN: plan} if plan else {}), clock=lambda: NOW,
+                           policy=get_policy("sagemaker"), keys=TopologyKeys(), wakeups=Wakeups(), kueue=state,
+                           providers={"kwok": provider}, pods=FakeNodePods(pods=dict(pods or {}), guarded=set(guarded)),
+                           kube=None)
+
+
+def run_pass(rt: SimpleNamespace, stop: hk.Stop | None = None) -> datetime | None:
+    async def go() -> datetime | None:
+        return await hk.reconcile_plan_workloads(rt, PLAN, stop if stop is not None else hk.Stop())
+    return asyncio.run(go())
+
+
+def writes_of(rt) -> RecordingKueueWrites:
+    return rt.kueue.writes
+
+
+# --------------------------------------------------------------------------- an unreadable plan
+
+
+@pytest.mark.parametrize("broken", [
+    {"targetResource": "cluster-of-dreams"},
+    {"instanceCount": 3},
+    {"keepAlivePeriodSeconds": -1},
+], ids=["unknown-target", "instance-count-not-allowed", "negative-keep-alive"])
+def test_an_unreadable_plan_fails_the_pass_instead_of_rejecting_workloads(broken: dict) -> None:
+    plan = plan_obj()
+    plan["spec"].update(broken)
+    rt = runtime(plan, [workload("train")], [job_node("0", "train")])
+    with pytest.raises(ValueError, match="training plan llama cannot be read"):
+        run_pass(rt)
+    w = writes_of(rt)
+    assert (w.entries, w.actives, w.events, w.node_workloads) == ([], [], [], [])
+    assert rt.providers["kwok"].calls == [] and rt.pods.calls == []  # its job nodes are left alone
+
+
+# --------------------------------------------------------------------------- failed writes
+
+
+@pytest.mark.parametrize("status, logged", [(500, True), (409, True), (404, False)],
+                         ids=["server-error", "conflict", "workload-gone"])
+def test_one_workloads_failed_write_does_not_abort_the_pass(status: int, logged: bool, caplog) -> None:
+    first = workload("first", created="2027-01-01T11:00:00Z")
+    second = workload("second", created="2027-01-01T11:10:00Z")
+    rt = runtime(plan_obj(), [first, second], [], writes=RecordingKueueWrites(refuse={"team/first": status}))
+    run_pass(rt)
+    w = writes_of(rt)
+    assert [(key, e["state"]) for key, e in w.entries] == [("team/second", "Ready")]
+    assert [(obj, reason) for obj, _, reason, _ in w.events if obj.startswith("team/")] == \
+        [("team/second", "AdmissionCheckReady")]
+    assert ("writing check llama-check failed" in caplog.text) is logged
+    # The refused workload's instances are still counted: the second is admitted beside it, and
+    # the job nodes are made for both (the first's write is retried by the next pass).
+    made = sorted(n.metadata.labels[tj.LABEL_WORKLOAD] for n in rt.providers["kwok"].nodes.values())
+    assert made == ["team.first"] * 2 + ["team.second"] * 2
+
+
+# --------------------------------------------------------------------------- released nodes wait for pods
+
+
+@pytest.mark.parametrize("pods, guarded, released", [
+    ({}, set(), True),
+    ({"NODE": ["team/old-0"]}, set(), True),            # evicted now, gone at once
+    ({"NODE": ["team/old-0"]}, {"team/old-0"}, False),  # still stopping (or a budget holds it)
+], ids=["no-pods", "pods-evicted-at-once", "pods-still-stopping"])
+def test_a_released_job_node_waits_for_its_pods(pods: dict, guarded: set, released: bool) -> None:
+    node = job_node("0", "old")
+    name = node["metadata"]["name"]
+    pods = {name if k == "NODE" else k: v for k, v in pods.items()}
+    rt = runtime(plan_obj(), [], [node], pods=pods, guarded=guarded)
+    plan, schedule = hk.plan_view(rt, plan_obj(), NOW)[1]
+    wake, left = hk.reconcile_job_nodes(rt, PLAN, plan, schedule, [], NOW)
+    assert ("evict", name) in rt.pods.calls
+    assert (name not in rt.providers["kwok"].nodes) is released
+    assert left == (0 if released else 1)
+    removed = [m for _, _, reason, m in writes_of(rt).events if reason == "NodeRemoved"]
+    assert bool(removed) is released
+    if not released:
+        assert wake == NOW + timedelta(seconds=1)  # looked at again shortly
+
+
+# --------------------------------------------------------------------------- checks handed over or deleted
+
+
+@pytest.mark.parametrize("event_type, controller", [
+    ("MODIFIED", "example.com/another-controller"),
+    ("DELETED", "hyperplan.dev/training-plan"),
+], ids=["handed-to-another-controller", "deleted"])
+def test_a_check_no_longer_ours_is_no_longer_served(event_type: str, controller: str) -> None:
+    rt = runtime(plan_obj(), [workload("train")], [])
+
+    async def go() -> None:
+        await hk.check_changed(rt, CHECK, check_body(controller=controller), event_type)
+        assert rt.wakeups._event((hk.KIND, PLAN)).is_set()  # its plan's loop looks again
+        await hk.reconcile_plan_workloads(rt, PLAN, hk.Stop())
+    asyncio.run(go())
+    assert CHECK not in rt.kueue.checks and CHECK not in rt.kueue.check_bodies
+    w = writes_of(rt)
+    assert (w.entries, w.actives) == ([], [])  # neither its workloads nor the check itself are written
+
+
+# --------------------------------------------------------------------------- the loop's end
+
+
+@pytest.mark.parametrize("nodes, check_arrives, stops", [
+    ([], False, True),
+    ([], True, False),
+    ([job_node("0", "train")], False, False),
+], ids=["still-unnamed-stops", "named-meanwhile-keeps-running", "running-job-keeps-it"])
+def test_a_plan_loop_stops_only_when_still_unnamed(nodes: list, check_arrives: bool, stops: bool) -> None:
+    running = workload("train", state="Ready", admitted=True)
+    rt = runtime(plan_obj(), [running], nodes, checks=())
+    stop = hk.Stop()
+    state = rt.kueue
+    state.loops[PLAN] = (None, stop)
+    real_call = state.call
+
+    async def call(fn, *args):
+        out = await real_call(fn, *args)
+        if check_arrives and fn is hk.reconcile_job_nodes:  # a check naming the plan comes meanwhile
+            state.checks["late-check"] = PLAN
+        return out
+
+    state.call = call
+    run_pass(rt, stop)
+    assert bool(stop) is stops
+    assert (PLAN in state.loops) is not stops
+
+
+# --------------------------------------------------------------------------- the last check deleted (task 2)
+
+
+@pytest.mark.parametrize("train, kept", [
+    (dict(admitted=True), True),
+    (dict(admitted=True, finished=True), False),
+    (dict(admitted=True, evicted=True), False),
+    (None, False),
+], ids=["still-running-keeps-its-nodes", "finished-releases", "evicted-releases", "workload-gone-releases"])
+def test_deleting_the_last_check_keeps_a_running_workloads_nodes(train: dict | None, kept: bool) -> None:
+    nodes = [job_node("0", "train"), job_node("1", "train")]
+    workloads = [workload("train", state="Ready", **train)] if train is not None else []
+    rt = runtime(plan_obj(), workloads, nodes, checks=())
+    stop = hk.Stop()
+    run_pass(rt, stop)
+    left = set(rt.providers["kwok"].nodes)
+    assert (left == {n["metadata"]["name"] for n in nodes}) is kept
+    assert (left == set()) is not kept
+    assert bool(stop) is not kept  # the loop goes on while the job runs on its nodes
+    if kept:
+        assert rt.pods.calls == []  # nothing evicted
+        assert rt.kueue.job_workloads == {"team.train": PLAN}  # its Workload's changes wake the plan
+        assert hk.plans_to_wake(rt.kueue, NS, "train", {"status": {}}) == {PLAN}
+
+
+def test_a_running_workload_without_a_check_holds_its_room_against_new_ones() -> None:
+    """6 of the block's 8 instances run a workload whose check is gone; a new one needing 4 waits."""
+    nodes = [job_node(str(i), "old") for i in range(6)]
+    old = workload("old", state="Ready", admitted=True, pods=6, check="deleted-check")
+    rt = runtime(plan_obj(), [old, workload("new", pods=4)], nodes)
+    run_pass(rt)
+    w = writes_of(rt)
+    assert [(k, e["state"]) for k, e in w.entries] == [("team/new", "Retry")]
+    assert "other admitted workloads hold 6, 2 free" in w.entries[0][1]["message"]
+    assert len(rt.providers["kwok"].nodes) == 6 and rt.pods.calls == []
+
+
+# --------------------------------------------------------------------------- no API reads on the hot path
+
+
+def test_a_pass_reads_nothing_from_the_api_until_it_has_written_nodes() -> None:
+    """``rt.kube`` is None: a pass reads the checks, Workloads and job nodes from what the watches
+    hold. Only after a pass that wrote to the job nodes does the next list them, once."""
+    rt = runtime(plan_obj(), [workload("train")], [])
+    run_pass(rt)
+    w = writes_of(rt)
+    assert w.listed == []
+    assert [(k, e["state"]) for k, e in w.entries] == [("team/train", "Ready")]
+    assert len(rt.providers["kwok"].nodes) == 2
+    w.nodes = list(rt.providers["kwok"].nodes.values())  # what the API now says
+    run_pass(rt)
+    assert w.listed == [nm.label_value(PLAN)] * 2  # this pass: once for the outside holders, once for the nodes
+    run_pass(rt)  # nothing written by the previous pass: back to the index
+    assert w.listed == [nm.label_value(PLAN)] * 2
+
+
+def test_our_own_write_is_preferred_over_an_older_watched_copy() -> None:
+    rt = runtime(plan_obj(), [workload("train", rv="10")], [])
+    state = rt.kueue
+    ready = workload("train", state="Ready", rv="11")
+    state.wrote_workload(ready)
+    assert [w["status"]["admissionChecks"][0]["state"] for w in state.workloads_with(CHECK)] == ["Ready"]
+    state.workloads = index([workload("train", state="Ready", rv="12")])  # the watch caught up
+    assert state.workloads_with(CHECK)[0]["metadata"]["resourceVersion"] == "12"
+    assert state.written == {}
+
+
+@pytest.mark.parametrize("plan_exists, has_loop, event_type, starts", [
+    (True, False, "ADDED", True),
+    (True, True, "MODIFIED", False),
+    (False, False, "ADDED", False),
+    (True, False, "DELETED", False),
+], ids=["plan-without-loop-starts-one", "loop-running", "unknown-plan", "node-deleted"])
+def test_a_job_node_of_a_plan_without_a_loop_starts_one(plan_exists, has_loop, event_type, starts) -> None:
+    """After a restart with no check naming the plan, its job nodes still get a loop (released
+    once no workload runs on them)."""
+    rt = runtime(plan_obj() if plan_exists else None, [], [job_node("0", "train")], checks=())
+    state = rt.kueue
+    if has_loop:
+        state.loops[PLAN] = (None, hk.Stop())
+    started: list[str] = []
+    state.ensure_loop = lambda _rt, plan: started.append(plan)
+    asyncio.run(hk.job_node_seen(labels=job_node("0", "train")["metadata"]["labels"], type=event_type,
+                                 memo=SimpleNamespace(runtime=rt)))
+    assert started == ([PLAN] if starts else [])
