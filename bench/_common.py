@@ -296,6 +296,14 @@ class Operator:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def start_tracing(self) -> bool:
+        """With BENCH_OPERATOR_TRACEMALLOC=<file>: start tracing allocations now (SIGUSR2, see
+        bench/_traced_operator.py), so the report holds only what is allocated from here on."""
+        if not os.environ.get("BENCH_OPERATOR_TRACEMALLOC"):
+            return False
+        self.proc.send_signal(signal.SIGUSR2)
+        return True
+
     def tracemalloc_report(self, timeout: float = 120) -> str | None:
         """With BENCH_OPERATOR_TRACEMALLOC=<file>: ask the operator for its allocation sites
         (SIGUSR1, see bench/_traced_operator.py) and return the report; None when not traced."""

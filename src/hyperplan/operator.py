@@ -25,7 +25,8 @@ import time
 import kopf
 from aiohttp import web
 
-from hyperplan import metrics
+from hyperplan import allocator, metrics
+from hyperplan.actuation.kube import api_client
 from hyperplan.actuation.leadership import KubeLeaseStore, LeaderElector, Timing
 from hyperplan.api.vocabulary import ANNOTATION_PREFIX, FINALIZER
 from hyperplan.settings import Settings
@@ -82,8 +83,12 @@ async def run_elected(hp: Settings, runtime) -> int:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    elector = build_elector(hp, runtime.kube.api) if hp.leader_election else None
+    # The Lease has a client of its own: its renewals never share a connection pool with the
+    # handlers' many threads (a pool that 64 purchase threads churn costs a renewal a fresh TLS
+    # handshake, under the GIL, at the worst moment).
+    elector = build_elector(hp, api_client(hp.kubeconfig)) if hp.leader_election else None
     liveness = await serve_liveness(hp.liveness_port, elector)
+    trimming = asyncio.create_task(allocator.trim_after_busy_spells())  # before kopf: it would cancel it
     try:
         if elector is not None:
             store = elector.store
@@ -132,11 +137,13 @@ async def run_elected(hp: Settings, runtime) -> int:
             log.info("released the lease for a standby")
         return 0
     finally:
+        trimming.cancel()
         if liveness is not None:
             await liveness.cleanup()
 
 
 def run_operator() -> int:
+    allocator.limit_arenas()  # before any thread exists (see hyperplan.allocator)
     hp = Settings()
     if hp.kubeconfig:
         os.environ["KUBECONFIG"] = hp.kubeconfig

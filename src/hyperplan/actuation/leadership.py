@@ -168,7 +168,13 @@ class LeaderElector:
         """
         last_renewed = self._monotonic()
         while not stop.wait(self.timing.retry_period):
-            if self.try_acquire_or_renew():
+            attempt = self._monotonic()
+            renewed = self.try_acquire_or_renew()
+            took = self._monotonic() - attempt
+            if took > self.timing.renew_deadline / 4:  # what starves a renewal shows in the log
+                log.warning("renewing the lease took %.1fs (%s; renew deadline %gs)", took,
+                            "renewed" if renewed else "not renewed", self.timing.renew_deadline)
+            if renewed:
                 last_renewed = self._monotonic()
             elif self._monotonic() - last_renewed >= self.timing.renew_deadline or (
                     self._observed is not None and self._observed.holder not in ("", self.identity)):

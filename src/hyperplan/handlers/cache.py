@@ -11,7 +11,10 @@ sees a half-listed world; a bought plan that saw no pools yet would think itself
 
 What is kept is a slim copy: the fields passes read, without ``managedFields`` and kopf's
 last-handled-configuration annotation (which repeat the object), so memory grows with the
-fleet, not with the size of the API server's bookkeeping.
+fleet, not with the size of the API server's bookkeeping. Plans, the many objects, are kept as
+deflated compact JSON (:class:`PackedObject`) and parsed again on each read: a bought plan
+(three offerings, its blocks, conditions) is about 9 KiB as Python dicts and 0.8 KiB packed,
+and a plan is read only by its own passes and its group's (tens of microseconds each).
 
 Write-through: the operator's own writes (a pool's ledger, a plan's status) are remembered with
 the resourceVersion the API server returned, and a read prefers whichever copy is newer, so the
@@ -25,7 +28,9 @@ pools are memoised per resourceVersion, and each reservation is parsed once.
 
 from __future__ import annotations
 
+import json
 import threading
+import zlib
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
@@ -81,6 +86,30 @@ def slim_node(body: Mapping[str, Any]) -> dict[str, Any]:
                                       for c in status.get("conditions") or []]}}
 
 
+@dataclass(frozen=True, slots=True)
+class PackedObject:
+    """A slim object as compact JSON, deflated, parsed again on every read (see the module
+    docstring). A bought plan: 2.3 KiB of JSON, 0.8 KiB deflated; a read costs ~45 us."""
+
+    data: bytes
+
+    @classmethod
+    def of(cls, obj: Mapping[str, Any]) -> "PackedObject":
+        return cls(zlib.compress(json.dumps(obj, separators=(",", ":"), default=_plain).encode(), 1))
+
+    def unpack(self) -> dict[str, Any]:
+        return json.loads(zlib.decompress(self.data))
+
+
+def _plain(value: Any) -> Any:
+    """A kopf view (or another mapping or sequence) nested in a body, as plain JSON."""
+    if isinstance(value, Mapping):
+        return dict(value)
+    if isinstance(value, (list, tuple)) or hasattr(value, "__iter__"):
+        return list(value)
+    raise TypeError(f"not JSON: {type(value).__name__}")
+
+
 def _raw(value: Any) -> dict[str, Any]:
     """The plain dict under a kopf view (or the dict itself); a copy only for an odd mapping."""
     if isinstance(value, dict):
@@ -89,8 +118,8 @@ def _raw(value: Any) -> dict[str, Any]:
 
 
 @kopf.index(GROUP, VERSION, "trainingplans")
-def hp_plans(name: str, body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
-    return {name: slim_object(body)}
+def hp_plans(name: str, body: kopf.Body, **_: Any) -> dict[str, PackedObject]:
+    return {name: PackedObject.of(slim_object(body))}
 
 
 @kopf.index(GROUP, VERSION, "capacitypools")
@@ -190,7 +219,10 @@ class WatchCache:
 
     def _one(self, index: str, kind: str, name: str) -> dict[str, Any] | None:
         found = self._values(index, name)
-        return self._fresh(kind, name, found[0] if found else None)
+        watched = found[0] if found else None
+        if isinstance(watched, PackedObject):
+            watched = watched.unpack()
+        return self._fresh(kind, name, watched)
 
     def wrote(self, kind: str, obj: Mapping[str, Any]) -> None:
         """Remember an object as the API server returned it after our write (write-through)."""
@@ -199,6 +231,16 @@ class WatchCache:
             before = self._written.get((kind, slim["metadata"]["name"]))
             if before is None or _rv(slim) > _rv(before):
                 self._written[(kind, slim["metadata"]["name"])] = slim
+
+    def watched(self, kind: str, name: str, resource_version: Any) -> None:
+        """The watch delivered ``name`` at ``resource_version``: our write-through copy of it is
+        no newer, so drop it now. (Dropped only on the next read, a Scheduled plan's copy, a
+        whole slim plan, stayed until its block started: about 9 KiB per plan.)"""
+        key = (kind, name)
+        with self._lock:
+            written = self._written.get(key)
+            if written is not None and _rv({"metadata": {"resourceVersion": resource_version}}) >= _rv(written):
+                del self._written[key]
 
     def plan(self, name: str) -> dict[str, Any] | None:
         """The TrainingPlan ``name`` (slim; None when it does not exist)."""

@@ -43,11 +43,25 @@ class Wakeups:
 
     def __init__(self) -> None:
         self._events: dict[tuple[str, str], asyncio.Event] = {}
+        # Kinds whose objects are not woken through an Event each but by one scheduler
+        # (plans: handlers.scheduler.PassScheduler): kind -> its wake function.
+        self._routes: dict[str, Callable[[str], None]] = {}
 
     def _event(self, key: tuple[str, str]) -> asyncio.Event:
         return self._events.setdefault(key, asyncio.Event())
 
+    def route(self, kind: str, wake: Callable[[str], None] | None) -> None:
+        """Send the wake-ups of ``kind`` to ``wake`` (None: back to per-object Events)."""
+        if wake is None:
+            self._routes.pop(kind, None)
+        else:
+            self._routes[kind] = wake
+
     def wake(self, kind: str, name: str) -> None:
+        routed = self._routes.get(kind)
+        if routed is not None:
+            routed(name)
+            return
         self._event((kind, name)).set()
 
     def forget(self, kind: str, name: str) -> None:
@@ -96,6 +110,9 @@ class Runtime:
     # The Kueue admission controller's state (handlers.kueue.KueueState): the AdmissionChecks it
     # serves and the per-plan loops it runs. Set when its handlers start.
     kueue: Any = None
+    # The one scheduler of every plan's passes (handlers.scheduler.PassScheduler), set while
+    # kopf runs.
+    plans: Any = None
 
     def __post_init__(self) -> None:
         if self.pods is None:

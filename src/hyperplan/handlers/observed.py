@@ -34,15 +34,21 @@ def observe(observed: metrics.ObservedObjects, plural: str, name: str, type_: st
 @kopf.on.event(GROUP, VERSION, "trainingplans")
 async def plan_seen(name: str, type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     observe(metrics.OBSERVED, "trainingplans", name, type, dict(body))
-    if type == "DELETED":
-        memo.runtime.cache.forget("trainingplans", name)
+    _caught_up(memo, "trainingplans", name, type, body)
 
 
 @kopf.on.event(GROUP, VERSION, "instancegroups")
 async def group_seen(name: str, type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     observe(metrics.OBSERVED, "instancegroups", name, type, dict(body))
-    if type == "DELETED":
-        memo.runtime.cache.forget("instancegroups", name)
+    _caught_up(memo, "instancegroups", name, type, body)
+
+
+def _caught_up(memo: kopf.Memo, plural: str, name: str, type_: str | None, body: kopf.Body) -> None:
+    """The watch cache drops its write-through copy once the watch delivers that version."""
+    if type_ == "DELETED":
+        memo.runtime.cache.forget(plural, name)
+    else:
+        memo.runtime.cache.watched(plural, name, body.get("metadata", {}).get("resourceVersion"))
 
 
 @kopf.on.event(GROUP, VERSION, "capacitypools")
@@ -54,6 +60,7 @@ async def pool_seen(name: str, type: str | None, body: kopf.Body, memo: kopf.Mem
         observe(metrics.OBSERVED, "capacitypools", name, type, {})
         memo.runtime.cache.forget("capacitypools", name)
         return
+    memo.runtime.cache.watched("capacitypools", name, body.get("metadata", {}).get("resourceVersion"))
     metrics.OBSERVED.put_pool_snapshot(name, memo.runtime.cache.pool_snapshots([slim_object(body)])[0])
 
 

@@ -1,10 +1,12 @@
-"""TrainingPlan handlers: one daemon per plan that reconciles, then sleeps to its next boundary.
+"""TrainingPlan handlers: a pass per plan when it is seen, changed, woken or falls due.
 
 Each pass reads the plan, the pools and the block's nodes from the watch cache
 (``handlers.cache``, no API read), asks ``planning.plans.decide_plan`` what the status should
 be, buys through the ledger when the decision says so, and writes one status patch when
-anything changed. Between passes the daemon sleeps until the plan's next block boundary, a pool
-change, or a change to the plan itself: no polling.
+anything changed. Between passes a plan costs one timer for its next block boundary, held by
+the one scheduler of all plans (``handlers.scheduler.PassScheduler``, started with kopf); a
+pool change, a change to the plan's spec or nodes, or its groups wake it: no polling. (Until
+issue 10's memory work each plan had a kopf daemon of its own; see docs/benchmarks.md 5.4.)
 
 An auto-purchase that loses a race for its offering (another plan bought the capacity between
 the search and the ledger write) searches again against the ledger as the purchase just read
@@ -26,7 +28,8 @@ from pydantic import ValidationError
 from hyperplan import metrics
 from hyperplan.actuation.ledger import CapacityLedger, PurchaseResult
 from hyperplan.api.models import GROUP, VERSION, TrainingPlan, TrainingPlanSpec, TrainingPlanStatus
-from hyperplan.handlers.context import Runtime, reconcile_forever, status_of
+from hyperplan.handlers.context import Runtime, status_of
+from hyperplan.handlers.scheduler import PassScheduler
 from hyperplan.planning import counts as ct
 from hyperplan.planning import naming as nm
 from hyperplan.planning.blocks import Block
@@ -173,11 +176,38 @@ async def _write(rt: Runtime, obj: dict[str, Any], decision: PlanDecision) -> No
         kopf.event(obj, type=ev.type, reason=ev.reason, message=ev.message)
 
 
-@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10, initial_delay=0)
-async def plan_daemon(name: str, stopped: kopf.DaemonStopped, memo: kopf.Memo, **_: Any) -> None:
+@kopf.on.startup()
+async def start_plan_passes(memo: kopf.Memo, **_: Any) -> None:
+    """One scheduler for every plan's passes, for as long as kopf runs (only on the leader)."""
     rt: Runtime = memo.runtime
-    await reconcile_forever(rt, KIND, name, "TrainingPlan", lambda: reconcile_plan(rt, name), stopped, log,
-                            PLURAL, name)
+    rt.plans = PassScheduler("TrainingPlan", lambda name: reconcile_plan(rt, name), rt.clock, rt=rt, plural=PLURAL)
+    rt.wakeups.route(KIND, rt.plans.wake)  # wake-ups wait in its queue until the workers start
+
+
+@kopf.on.cleanup()
+async def stop_plan_passes(memo: kopf.Memo, **_: Any) -> None:
+    rt: Runtime = memo.runtime
+    if rt.plans is not None:
+        rt.wakeups.route(KIND, None)
+        await rt.plans.stop()
+        rt.plans = None
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def plan_seen(name: str, type: str | None, memo: kopf.Memo, **_: Any) -> None:
+    """A plan the operator has not passed over yet: listed at start (resume) or just created.
+    Later events are its own status writes (which need no pass) or spec changes
+    (:func:`plan_spec_changed`)."""
+    rt: Runtime = memo.runtime
+    if rt.plans is None:
+        return
+    # The workers start inside a kopf handler: their tasks inherit its context, which holds
+    # kopf's queue for posting Events (kopf.event fails outside one). Idempotent.
+    rt.plans.start()
+    if type in (None, "ADDED"):
+        rt.wakeups.wake(KIND, name)
+    elif type == "DELETED":
+        rt.plans.forget(name)
 
 
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
@@ -189,6 +219,8 @@ async def plan_spec_changed(name: str, memo: kopf.Memo, **_: Any) -> None:
 async def release_plan(name: str, uid: str, memo: kopf.Memo, body: kopf.Body, **_: Any) -> None:
     """Give the plan's remaining reservations back to their pools before it goes away."""
     rt: Runtime = memo.runtime
+    if rt.plans is not None:  # a pass that is buying now finishes first, so nothing is bought after
+        await rt.plans.settled(name)
     released = await asyncio.to_thread(rt.ledger.release, uid, rt.clock())
     if released:
         kopf.info(body, reason="Released", message=f"released {released} reservation(s) back to their pools")
