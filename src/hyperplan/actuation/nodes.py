@@ -131,6 +131,19 @@ def promote_spare_patch(current: client.V1Node, replacing: str) -> dict:
             "spec": {"taints": _taint_body(keep) or None}}
 
 
+def kwok_node_body(spec: pl.NodeSpec) -> dict[str, Any]:
+    """The Node object :class:`KwokProvider` creates for ``spec`` (also what bench/provisioning.py's
+    bare client creates, so that its floor makes exactly the operator's objects)."""
+    return {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": spec.name, "labels": {**spec.labels, LABEL_NODE_ID: spec.name},
+                     "annotations": {KWOK_ANNOTATION: "fake"}},
+        "spec": {"taints": _taint_body(spec.taints)},
+        "status": {"capacity": node_capacity(spec.instance_type),
+                   "allocatable": node_capacity(spec.instance_type)},
+    }
+
+
 class KwokProvider:
     """Fake nodes that KWOK keeps alive on the local control plane (or any cluster with KWOK)."""
 
@@ -138,16 +151,8 @@ class KwokProvider:
         self.kube = kube
 
     def create(self, spec: pl.NodeSpec) -> str:
-        body = {
-            "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": spec.name, "labels": {**spec.labels, LABEL_NODE_ID: spec.name},
-                         "annotations": {KWOK_ANNOTATION: "fake"}},
-            "spec": {"taints": _taint_body(spec.taints)},
-            "status": {"capacity": node_capacity(spec.instance_type),
-                       "allocatable": node_capacity(spec.instance_type)},
-        }
         try:
-            self.kube.core.create_node(body)
+            self.kube.core.create_node(kwok_node_body(spec))
         except ApiException as e:
             if e.status != 409:  # already there: a previous pass (or life) created it
                 raise
