@@ -12,7 +12,8 @@
   returns what it did (:class:`Applied`): the events to post, the nodes it released, whether
   a create lost a race for a free static node. It never touches the operator's memory; the
   handler applies the result on the event loop.
-* :func:`drain_node` is the one drain step, used by a pass and by the group's deletion.
+* :func:`drain_node` is the one drain step, :func:`drain_nodes` runs it for many nodes at once;
+  a pass and the group's deletion both drain through it.
 
 Sync: the handler runs :func:`apply_decision` in a worker thread.
 """
@@ -318,12 +319,28 @@ def apply_decision(provider: NodeProvider, pods: NodePods, d: GroupDecision, raw
         with ThreadPoolExecutor(max_workers=max(1, min(CREATE_WORKERS, len(signal)))) as pool:
             for pod_events in pool.map(lambda n: signal_checkpoint(provider, pods, n, d.checkpoint, now), signal):
                 out.pod_events.extend(pod_events)
-    for drain in d.drain:
-        node = raw.get(drain.node)
-        if node is None:
-            continue
-        outcome = drain_node(provider, pods, node, drain.reason, drain.deadline, now)
+    todo = [(raw[x.node], x.reason, x.deadline) for x in d.drain if x.node in raw]
+    for nid, outcome in drain_nodes(provider, pods, todo, now):
         out.events.extend(outcome.events)
         if outcome.released is not None:
-            out.released.append(drain.node)
+            out.released.append(nid)
     return out
+
+
+def drain_nodes(provider: NodeProvider, pods: NodePods,
+                todo: Sequence[tuple[client.V1Node, str, datetime | None]],
+                now: datetime) -> list[tuple[str, DrainOutcome]]:
+    """:func:`drain_node` for each (node, reason, deadline), from up to :data:`CREATE_WORKERS`
+    threads (the nodes are independent; one after the other, the 288 nodes of a group of 16 x72
+    UltraServers took about 3 minutes to leave); (node id, outcome) in the order given. Sync."""
+    if not todo:
+        return []
+
+    def one(item: tuple[client.V1Node, str, datetime | None]) -> tuple[str, DrainOutcome]:
+        node, reason, deadline = item
+        return node_id(node), drain_node(provider, pods, node, reason, deadline, now)
+
+    if len(todo) == 1:
+        return [one(todo[0])]
+    with ThreadPoolExecutor(max_workers=min(CREATE_WORKERS, len(todo))) as pool:
+        return list(pool.map(one, todo))

@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from hyperplan import metrics
 from hyperplan.actuation.groups import (
-    apply_decision, count_pods, drain_node, node_id, observe_nodes, releases_of,
+    apply_decision, count_pods, drain_nodes, node_id, observe_nodes, releases_of,
 )
 from hyperplan.api.models import GROUP, VERSION, InstanceGroup, InstanceGroupStatus, TrainingPlan, VanishedNode
 from hyperplan.api.vocabulary import FINALIZER  # set by kopf (operator.configure_kopf)
@@ -155,8 +155,9 @@ async def drain_group(name: str, spec: kopf.Spec, memo: kopf.Memo, body: kopf.Bo
     provider = rt.providers[spec.get("nodeProvider", "kwok")]
     nodes = await asyncio.to_thread(provider.list, name)
     rt.groups.note_releasing(key, [node_id(n) for n in nodes])
-    for node in nodes:
-        outcome = await asyncio.to_thread(drain_node, provider, rt.pods, node, "GroupDeleted", None, rt.clock())
+    drained = await asyncio.to_thread(drain_nodes, provider, rt.pods, [(n, "GroupDeleted", None) for n in nodes],
+                                      rt.clock())
+    for _, outcome in drained:
         post_events(dict(body), list(outcome.events))
     left = await asyncio.to_thread(provider.list, name)
     if left:
