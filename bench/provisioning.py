@@ -74,6 +74,7 @@ def floor_run(h: Harness, label: str, group: str, ultraservers: int) -> dict:
     tracker = NodeTracker()
     w = h.watch("/api/v1/nodes", tracker.on_event, labelSelector=f"{GROUP_LABEL}={group}")
     load = loadavg()
+    a0 = h.api.metrics()
     procs0 = plane_cpu(h)
     t0 = time.time()
     def create(body: dict) -> None:  # as KwokProvider.create calls it: the answer is not parsed
@@ -87,12 +88,19 @@ def floor_run(h: Harness, label: str, group: str, ultraservers: int) -> dict:
     wait_for(lambda: tracker.ready_count() >= n, timeout=180, what=f"{n} floor nodes Ready ({group})", interval=0.05)
     total = tracker.last_ready() - t0
     procs = cpu_delta(procs0, plane_cpu(h))
+    patches = node_patches(a0, h.api.metrics())
     step(f"{label}: {n} creates from {CREATE_WORKERS} threads took {t_calls:.2f} s; all Ready after {total:.2f} s "
-         f"(load {load}); CPU s meanwhile: {show_cpu(procs)}")
+         f"(load {load}); CPU s meanwhile: {show_cpu(procs)}; node PATCHes (by anyone; kube-controller-manager's "
+         f"not-ready taint) {patches:.0f}")
     h.core.delete_collection_node(label_selector=f"{GROUP_LABEL}={group}")
     wait_for(lambda: not tracker.present, timeout=120, what=f"floor nodes of {group} deleted", interval=0.1)
     w.stop()
-    return {"calls": t_calls, "ready": total, "load": load, "procs": procs}
+    return {"calls": t_calls, "ready": total, "load": load, "procs": procs, "patches": patches}
+
+
+def node_patches(before: str, after: str) -> float:
+    where = lambda l: l.get("resource") == "nodes" and l.get("verb") == "PATCH" and not l.get("subresource")  # noqa: E731
+    return metric_sum(after, "apiserver_request_total", where) - metric_sum(before, "apiserver_request_total", where)
 
 
 def operator_run(h: Harness, i: int, ultraservers: int, lead: int) -> dict:
@@ -192,6 +200,8 @@ def main(h: Harness, args: argparse.Namespace) -> int:
         ("operator per run: CPU s / reconciles / status writes / node POSTs / LISTs / PATCHes",
          "; ".join(f"{r['cpu']:.2f}/{r['reconciles']:.0f}/{r['status_writes']:.0f}/{r['node_posts']:.0f}/"
                    f"{r['node_lists']:.0f}/{r['node_patches']:.0f}" for r in runs), "", ""),
+        ("node PATCHes per floor run (kube-controller-manager's not-ready taint, added and removed)",
+         ", ".join(f"{f['patches']:.0f}" for f in floors), "", ""),
         *[(f"floor run {i + 1}: CPU s of the plane meanwhile", show_cpu(f["procs"]), "", "")
           for i, f in enumerate(floors)],
         *[(f"operator run {i + 1}: CPU s from 1 s before the start to all Ready", show_cpu(r["procs"]), "", "")
@@ -213,4 +223,4 @@ if __name__ == "__main__":
     ap.add_argument("--runs", type=int, default=3, help="operator runs (each a new plan and group)")
     ap.add_argument("--lead", type=int, default=25, help="seconds from now to the plan's startTimeAfter")
     args = ap.parse_args()
-    run(lambda h: main(h, args), "provisioning", budget=120 + args.floor_runs * 60 + args.runs * (args.lead + 150))
+    run(lambda h: main(h, args), "provisioning", budget=300 + args.floor_runs * 2 * 120 + args.runs * (args.lead + 300))

@@ -64,6 +64,7 @@ class Fleet:
         self.serving_at: dict[str, float] = {}
         self.ready_at: dict[str, float] = {}
         self.deleted_at: dict[str, float] = {}
+        self.since_record: dict[str, str] = {}  # the operator's record of first sight, by node
 
     def on_event(self, kind: str, obj: dict, t: float) -> None:
         name = obj["metadata"]["name"]
@@ -73,6 +74,9 @@ class Fleet:
                 self.deleted_at.setdefault(name, t)
                 return
             self.objs[name] = obj
+            record = (obj["metadata"].get("annotations") or {}).get(SINCE_ANNOTATION)
+            if record:
+                self.since_record.setdefault(name, record)
             if labels(obj).get("hyperplan.dev/role") == "active" and not has_taint(obj, SPARE_TAINT):
                 self.serving_at.setdefault(name, t)
             if node_ready(obj):
@@ -189,9 +193,8 @@ def main(h: Harness, args: argparse.Namespace) -> int:
         v["due"] = v["stored"] + args.grace
         v["spare_lag"] = v["served"] - v["due"]
         v["backfill_lag"] = v["ready"] - v["due"]
-        obj = next((o for o in fleet.snapshot() if o["metadata"]["name"] == v["node"]), None)
-        record = (obj or {}).get("metadata", {}).get("annotations", {}).get(SINCE_ANNOTATION, "")
-        v["record"] = record.rpartition("@")[2]
+        with fleet.lock:
+            v["record"] = fleet.since_record.get(v["node"], "not seen").rpartition("@")[2]
     worst = max(victims, key=lambda v: v["spare_lag"])
     for v in sorted(victims, key=lambda v: v["node"]):
         step(f"{v['node']}: spare {v['spare']} serving {v['spare_lag']:+.3f} s, backfill {v['backfill']} Ready "

@@ -1181,6 +1181,29 @@ def test_a_deleted_group_leaves_nothing_in_the_memory():
 
 
 @pytest.mark.parametrize(
+    "reads, moved",
+    [
+        pytest.param([(("a", "1"),)], [True], id="first-pass-wakes-the-plan"),
+        pytest.param([(("a", "1"),), (("a", "1"),)], [True, False], id="same-nodes-no-wake"),
+        pytest.param([(("a", "1"),), (("a", "2"),)], [True, True], id="a-node-written"),
+        pytest.param([(("a", "1"),), (("a", "1"), ("b", "1"))], [True, True], id="a-node-added"),
+        pytest.param([(("a", "1"), ("b", "1")), (("a", "1"),)], [True, True], id="a-node-gone"),
+    ],
+)
+def test_a_plan_is_woken_when_its_groups_nodes_moved(reads, moved):
+    """The group pass wakes its plan only when the nodes it read changed since its last pass
+    (handlers.nodes no longer wakes the plan on every node event)."""
+    from hyperplan.handlers.instancegroup import node_fingerprint
+
+    m = GroupMemory()
+    raw = lambda pairs: [client.V1Node(metadata=client.V1ObjectMeta(name=n, resource_version=rv))  # noqa: E731
+                         for n, rv in pairs]
+    assert [m.note_nodes_read("w", node_fingerprint(raw(r))) for r in reads] == moved
+    m.forget_group("w")
+    assert m.size() == 0
+
+
+@pytest.mark.parametrize(
     "releasing, by_operator, vanished",
     [
         pytest.param(False, False, True, id="deleted-from-under-the-group"),

@@ -90,6 +90,7 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     now, key = rt.clock(), nm.label_value(name)
     plan = plan_view(TrainingPlan.model_validate(plan_obj)) if plan_obj else None
     rt.groups.bind(key, group.spec.training_plan_ref)
+    nodes_moved = rt.groups.note_nodes_read(key, node_fingerprint(raw))
     rt.groups.restore_vanished(key, [Vanished(v.name, v.labels, v.since) for v in group.status.vanished_nodes])
     seen = observe_nodes(key, raw, rt.groups, now, rt.keys, pod_counts)
     decision = decide_group(name, obj["metadata"].get("generation", 1), group.spec, group.status, plan,
@@ -122,12 +123,18 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
         kopf.event(pod, type=ev.type, reason=ev.reason, message=ev.message)
     metrics.observe_group_pass(name, group.status, decision.status,
                                decision.block.start_time if decision.block else None, rt.clock())
-    if plan is not None and (decision.create or decision.drain or decision.remediation or decision.update):
-        rt.wakeups.wake("plan", plan.name)
+    if plan is not None and (nodes_moved or decision.create or decision.drain or decision.remediation
+                             or decision.update):
+        rt.wakeups.wake("plan", plan.name)  # its counts follow the nodes (see handlers.nodes)
     if applied.lost_race:  # another writer adopted the free node first: choose again shortly
         retry = now + ADOPTION_RETRY
         return retry if decision.wake_at is None else min(decision.wake_at, retry)
     return decision.wake_at
+
+
+def node_fingerprint(raw: list) -> int:
+    """What changes whenever one of the nodes does (a node added, gone or written)."""
+    return hash(tuple(sorted((n.metadata.name, n.metadata.resource_version or "") for n in raw)))
 
 
 def post_events(group_obj: dict[str, Any], events: list[tuple[dict | None, Event]]) -> None:
