@@ -83,6 +83,10 @@ class Runtime:
     # default executor (6 threads on 2 cores) they would cap a batch at 6 and starve other passes.
     purchase_threads: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(max_workers=64, thread_name_prefix="purchase"))
+    # Threads for the groups' API calls (list, apply, status): on the default executor, 20 groups
+    # failing at once queued their marks, promotions and backfills behind each other (bench/storm.py).
+    group_threads: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(max_workers=32, thread_name_prefix="group"))
     # What the operator remembers of its groups between passes (first sights of health labels,
     # vanished and releasing nodes, the plan of each group): one owner, changed on the event loop.
     groups: GroupMemory = field(default_factory=GroupMemory)
