@@ -9,9 +9,9 @@ every group get the health label the operator reads (``hyperplan.dev/node-health
 UnschedulablePendingReboot``, as a health agent sets it), all 40 patches sent together from 40
 threads. A raw watch on the nodes stamps, per failed node:
 
-* the grace end: the moment its label patch returned (the label is stored by then) plus the
-  grace; the operator's own record of first sight (``hyperplan.dev/health-signal-since``) is
-  read back and printed beside it;
+* the grace end: the moment the watch delivered the label (the same stream the operator
+  reads; both stamps below are taken the same way) plus the grace; the operator's own record of
+  its first sight (``hyperplan.dev/health-signal-since``, whole seconds) is printed beside it;
 * spare serving: the spare that carries ``hyperplan.dev/replaces=<failed node>`` has lost the
   ``hyperplan.dev/spare`` taint and has role ``active`` (what a user sees on the Node);
 * backfill Ready: the node in the failed node's slot with the next generation is Ready.
@@ -65,6 +65,7 @@ class Fleet:
         self.ready_at: dict[str, float] = {}
         self.deleted_at: dict[str, float] = {}
         self.since_record: dict[str, str] = {}  # the operator's record of first sight, by node
+        self.labelled_at: dict[str, float] = {}  # when the watch first saw the node's failure label
 
     def on_event(self, kind: str, obj: dict, t: float) -> None:
         name = obj["metadata"]["name"]
@@ -74,6 +75,8 @@ class Fleet:
                 self.deleted_at.setdefault(name, t)
                 return
             self.objs[name] = obj
+            if labels(obj).get(HEALTH) == SIGNAL:
+                self.labelled_at.setdefault(name, t)
             record = (obj["metadata"].get("annotations") or {}).get(SINCE_ANNOTATION)
             if record:
                 self.since_record.setdefault(name, record)
@@ -190,7 +193,9 @@ def main(h: Harness, args: argparse.Namespace) -> int:
     op_cpu = proc_cpu_seconds(op.pid) - op_cpu0
     m1 = op.metrics()
     for v in victims:
-        v["due"] = v["stored"] + args.grace
+        with fleet.lock:
+            v["seen"] = fleet.labelled_at[v["node"]]
+        v["due"] = v["seen"] + args.grace
         v["spare_lag"] = v["served"] - v["due"]
         v["backfill_lag"] = v["ready"] - v["due"]
         with fleet.lock:
@@ -212,6 +217,8 @@ def main(h: Harness, args: argparse.Namespace) -> int:
     rows = [
         ("machine", machine(), "", ""),
         ("load average when the nodes failed / at the end", f"{load} / {loadavg()}", "", ""),
+        ("label patch sent to label seen by the watch: max",
+         f"{max(v['seen'] - v['sent'] for v in victims):.3f} s", "", ""),
         ("failures (groups x per group), grace", f"{len(victims)} ({args.groups} x {args.per_group}), {args.grace} s",
          "", ""),
         ("grace end to spare serving: p50 / p95 / max",
