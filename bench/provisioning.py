@@ -6,7 +6,9 @@ floor of the same creates from a bare client with the same parallelism (issue 10
    operator's own ``decide_group`` and ``kwok_node_body`` - created by a bare Python client (the
    operator's client library, called as ``KwokProvider.create`` calls it) from as many threads as
    the operator uses for a pass's creates (``actuation.groups.CREATE_WORKERS``). Timed from the first call until a raw node watch has
-   seen all of them Ready (KWOK makes them Ready). ``--floor-runs`` runs before the operator
+   seen all of them Ready (KWOK makes them Ready). Before each run (floor or operator) the
+   previous run's node Leases must be gone, and a floor run waits ``--settle`` s more, as an
+   operator run waits its lead time. ``--floor-runs`` runs before the operator
    starts and as many again after it stopped, because the machine's load drifts; the floor is the
    median of all of them (each half is printed too). One node is created and deleted first.
 2. The operator (demo profile, its own process): a plan of 16 x ml.u-p6e-gb200x72
@@ -68,7 +70,20 @@ def floor_bodies(group: str, ultraservers: int) -> list[dict]:
     return [kwok_node_body(s) for s in d.create]
 
 
-def floor_run(h: Harness, label: str, group: str, ultraservers: int) -> dict:
+def node_leases(h: Harness) -> int:
+    return len(h.api.get("/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases")["items"])
+
+
+def settle(h: Harness, seconds: float) -> None:
+    """Let the plane finish the last run's aftermath before the next is timed, as an operator run
+    does in its lead time: the deleted nodes' Leases (kube-controller-manager's garbage collector)
+    gone, and ``seconds`` without a timed run."""
+    wait_for(lambda: node_leases(h) == 0, timeout=120, what="the deleted nodes' Leases gone", interval=0.5)
+    time.sleep(seconds)
+
+
+def floor_run(h: Harness, label: str, group: str, ultraservers: int, settle_s: float) -> dict:
+    settle(h, settle_s)
     bodies = floor_bodies(group, ultraservers)
     n = len(bodies)
     tracker = NodeTracker()
@@ -104,6 +119,7 @@ def node_patches(before: str, after: str) -> float:
 
 
 def operator_run(h: Harness, i: int, ultraservers: int, lead: int) -> dict:
+    settle(h, 0)
     n = PER_ULTRASERVER * ultraservers
     name = f"prov-{i}"
     tracker = NodeTracker()
@@ -175,14 +191,16 @@ def main(h: Harness, args: argparse.Namespace) -> int:
     warm = floor_bodies("warmup", 1)[0]
     h.core.create_node(warm)
     h.core.delete_node(warm["metadata"]["name"])
-    before = [floor_run(h, f"floor run {r + 1} (before)", f"floor-a{r}", us) for r in range(args.floor_runs)]
+    before = [floor_run(h, f"floor run {r + 1} (before)", f"floor-a{r}", us, args.settle)
+              for r in range(args.floor_runs)]
 
     h.start_operator("demo")
     h.create("capacitypools", pool("prov-gb200", GB200, n * args.runs, AZ, ultra=X72))
     runs = [operator_run(h, i, us, args.lead) for i in range(args.runs)]
     h.stop_operator()
 
-    after = [floor_run(h, f"floor run {r + 1} (after)", f"floor-b{r}", us) for r in range(args.floor_runs)]
+    after = [floor_run(h, f"floor run {r + 1} (after)", f"floor-b{r}", us, args.settle)
+             for r in range(args.floor_runs)]
     floors = before + after
     floor = statistics.median(f["ready"] for f in floors)
     op_time = statistics.median(r["ready"] for r in runs)
@@ -222,5 +240,7 @@ if __name__ == "__main__":
     ap.add_argument("--floor-runs", type=int, default=3, help="floor runs before the operator, and again after")
     ap.add_argument("--runs", type=int, default=3, help="operator runs (each a new plan and group)")
     ap.add_argument("--lead", type=int, default=25, help="seconds from now to the plan's startTimeAfter")
+    ap.add_argument("--settle", type=float, default=20,
+                    help="seconds of quiet before each floor run (an operator run has its --lead)")
     args = ap.parse_args()
-    run(lambda h: main(h, args), "provisioning", budget=300 + args.floor_runs * 2 * 120 + args.runs * (args.lead + 300))
+    run(lambda h: main(h, args), "provisioning", budget=300 + args.floor_runs * 2 * (120 + args.settle) + args.runs * (args.lead + 300))
