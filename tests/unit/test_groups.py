@@ -1400,3 +1400,44 @@ def test_without_spares_the_pods_leave_once_the_backfill_is_ready():
     t += timedelta(seconds=1)
     d = decide(observed(cluster, t), s=s, plan=PLAIN_PLAN, now=t, prior=d.status)
     assert d.remediation == (hl.RemoveNode(failed, "Ready=False"),)
+
+
+class _NodeApi:
+    """A recording stand-in for the client's CoreV1Api: one node whose resourceVersion moves."""
+
+    def __init__(self, rv: str):
+        self.rv, self.calls = rv, []
+
+    def read_node(self, name):
+        self.calls.append(("read", name))
+        return client.V1Node(metadata=client.V1ObjectMeta(name=name, resource_version=self.rv),
+                             spec=client.V1NodeSpec(taints=[client.V1Taint(key=nm.SPARE_TAINT.key,
+                                                                           effect="NoSchedule")]))
+
+    def patch_node(self, name, body):
+        from kubernetes.client.rest import ApiException
+
+        sent = (body.get("metadata") or {}).get("resourceVersion")
+        self.calls.append(("patch", name, sent))
+        if sent is not None and sent != self.rv:
+            raise ApiException(status=409, reason="Conflict")
+
+
+@pytest.mark.parametrize(
+    "last_seen_rv, calls",
+    [
+        pytest.param(None, [("read", "n"), ("patch", "n", None)], id="nothing-seen-reads-first"),
+        pytest.param("7", [("patch", "n", "7")], id="seen-current-patches-at-once"),
+        pytest.param("6", [("patch", "n", "6"), ("read", "n"), ("patch", "n", None)], id="seen-stale-409-reads-again"),
+    ],
+)
+def test_kwok_promotion_patches_from_the_node_last_seen_with_its_resource_version(last_seen_rv, calls):
+    from hyperplan.actuation.nodes import KwokProvider
+
+    api = _NodeApi(rv="7")
+    provider = KwokProvider(kube=type("K", (), {"core": api})())
+    seen = None if last_seen_rv is None else client.V1Node(
+        metadata=client.V1ObjectMeta(name="n", resource_version=last_seen_rv),
+        spec=client.V1NodeSpec(taints=[client.V1Taint(key=nm.SPARE_TAINT.key, effect="NoSchedule")]))
+    provider.promote_spare("n", "failed", seen)
+    assert api.calls == calls

@@ -272,13 +272,13 @@ def apply_decision(provider: NodeProvider, pods: NodePods, d: GroupDecision, raw
         return []
 
     def mark(action: hl.MarkUnhealthy) -> list[tuple[NodeBody | None, Event]]:
-        provider.mark_unhealthy(action.node, action.health_status, action.taint)
+        provider.mark_unhealthy(action.node, action.health_status, action.taint, raw[action.node])
         metrics.REMEDIATIONS.labels("mark").inc()
         return [(node_ref(raw[action.node]), Event(
             "Warning", "NodeUnhealthy", f"{action.node}: {action.reason}; marked {action.health_status}"))]
 
     def promote(action: hl.PromoteSpare) -> list[tuple[NodeBody | None, Event]]:
-        provider.promote_spare(action.spare, action.replacing)
+        provider.promote_spare(action.spare, action.replacing, raw[action.spare])
         metrics.REMEDIATIONS.labels("promote").inc()
         metrics.observe_spare_promotion(action.grace_ended, clock())
         where = "same UltraServer" if action.same_ultraserver else f"UltraServer {action.ultraserver_id}"
