@@ -11,7 +11,7 @@ threads. A raw watch on the nodes stamps, per failed node:
 
 * the grace end: the moment the watch delivered the label (the same stream the operator
   reads; both stamps below are taken the same way) plus the grace; the operator's own record of
-  its first sight (``hyperplan.dev/health-signal-since``, whole seconds) is printed beside it;
+  its first sight (``hyperplan.dev/health-signal-since``) is printed beside it;
 * spare serving: the spare that carries ``hyperplan.dev/replaces=<failed node>`` has lost the
   ``hyperplan.dev/spare`` taint and has role ``active`` (what a user sees on the Node);
 * backfill Ready: the node in the failed node's slot with the next generation is Ready.

@@ -1077,7 +1077,7 @@ def test_the_health_signal_record_is_written_with_the_pass_and_removed_with_the_
     cluster.provider.calls.clear()
     apply(d, cluster, NOW)
     assert cluster.provider.calls == [("annotate", node)]
-    assert cluster[node].node.metadata.annotations[hl.ANNOTATION_HEALTH_SINCE] == "Unschedulable@2026-12-01T12:00:10Z"
+    assert cluster[node].node.metadata.annotations[hl.ANNOTATION_HEALTH_SINCE] == "Unschedulable@2026-12-01T12:00:10.000000Z"
 
     # The same value later: nothing to write.
     later = NOW + timedelta(seconds=2)

@@ -90,7 +90,9 @@ kept on the node, a restarted operator neither judges the node early nor starts 
 
 
 def health_signal_record(value: str, since: datetime) -> str:
-    return f"{value}@{since.astimezone(timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')}"
+    """To the microsecond: the grace counts from the earlier of this record and the first sight,
+    so a record cut to the whole second ended the grace up to a second early (bench/storm.py)."""
+    return f"{value}@{since.astimezone(timezone.utc).strftime('%Y-%m-%dT%H:%M:%S.%fZ')}"
 
 
 def parse_health_signal_record(text: str | None) -> tuple[str, datetime] | None:
