@@ -122,3 +122,5 @@ bench-scale: venv
 	$(BIN)/python bench/reads.py
 	$(BIN)/python bench/purchases.py
 	$(BIN)/python bench/scale.py
+	$(BIN)/python bench/provisioning.py
+	$(BIN)/python bench/storm.py

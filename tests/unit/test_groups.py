@@ -991,9 +991,12 @@ def test_a_remediation_pass_marks_promotes_and_backfills_through_the_provider():
     cluster.provider.calls.clear()
     applied = apply(d, cluster, P1, new_ready=None)
 
-    # The spare serves: the failed node's pods are evicted, the start of it noted on the node.
-    assert cluster.provider.calls == [("mark_unhealthy", name("0-1")), ("promote_spare", name("0-17")),
-                                      ("annotate", name("0-1")), ("create", name("0-1") + "-g1")]
+    # Mark, promotion and backfill write different nodes and go out together (in any order);
+    # then, the spare serving, the failed node's pods are evicted, the start of it noted on the node.
+    calls = cluster.provider.calls
+    assert sorted(calls[:3]) == [("create", name("0-1") + "-g1"), ("mark_unhealthy", name("0-1")),
+                                 ("promote_spare", name("0-17"))]
+    assert calls[3:] == [("annotate", name("0-1"))]
     assert cluster.pods.calls == [("evict", name("0-1"))]
     assert cluster[name("0-1")].node.metadata.annotations[hl.ANNOTATION_EVICTING_SINCE] == \
         "2026-12-01T12:00:20.000000Z"
@@ -1004,7 +1007,7 @@ def test_a_remediation_pass_marks_promotes_and_backfills_through_the_provider():
     assert nm.SPARE_TAINT not in spare.taints
     assert [(body["metadata"]["name"] if body else None, ev.type, ev.reason) for body, ev in applied.events] == [
         (name("0-1"), "Warning", "NodeUnhealthy"), (name("0-17"), "Normal", "SparePromoted"),
-        (name("0-1"), "Normal", "PodsEvicted"), (None, "Normal", "NodeCreated")]
+        (None, "Normal", "NodeCreated"), (name("0-1"), "Normal", "PodsEvicted")]
     assert applied.events[1][1].message == f"spare {name('0-17')} (same UltraServer) replaces {name('0-1')}"
     assert (applied.released, applied.lost_race, applied.short_of_free_nodes) == ([], False, False)
 
@@ -1074,7 +1077,7 @@ def test_the_health_signal_record_is_written_with_the_pass_and_removed_with_the_
     cluster.provider.calls.clear()
     apply(d, cluster, NOW)
     assert cluster.provider.calls == [("annotate", node)]
-    assert cluster[node].node.metadata.annotations[hl.ANNOTATION_HEALTH_SINCE] == "Unschedulable@2026-12-01T12:00:10Z"
+    assert cluster[node].node.metadata.annotations[hl.ANNOTATION_HEALTH_SINCE] == "Unschedulable@2026-12-01T12:00:10.000000Z"
 
     # The same value later: nothing to write.
     later = NOW + timedelta(seconds=2)
@@ -1178,6 +1181,29 @@ def test_a_deleted_group_leaves_nothing_in_the_memory():
     # A late deletion event of one of its nodes does not bring it back.
     cluster.memory.note_deleted("w", name("0-4"), {}, P1)
     assert cluster.memory.size() == 0
+
+
+@pytest.mark.parametrize(
+    "reads, moved",
+    [
+        pytest.param([(("a", "1"),)], [True], id="first-pass-wakes-the-plan"),
+        pytest.param([(("a", "1"),), (("a", "1"),)], [True, False], id="same-nodes-no-wake"),
+        pytest.param([(("a", "1"),), (("a", "2"),)], [True, True], id="a-node-written"),
+        pytest.param([(("a", "1"),), (("a", "1"), ("b", "1"))], [True, True], id="a-node-added"),
+        pytest.param([(("a", "1"), ("b", "1")), (("a", "1"),)], [True, True], id="a-node-gone"),
+    ],
+)
+def test_a_plan_is_woken_when_its_groups_nodes_moved(reads, moved):
+    """The group pass wakes its plan only when the nodes it read changed since its last pass
+    (handlers.nodes no longer wakes the plan on every node event)."""
+    from hyperplan.handlers.instancegroup import node_fingerprint
+
+    m = GroupMemory()
+    raw = lambda pairs: [client.V1Node(metadata=client.V1ObjectMeta(name=n, resource_version=rv))  # noqa: E731
+                         for n, rv in pairs]
+    assert [m.note_nodes_read("w", node_fingerprint(raw(r))) for r in reads] == moved
+    m.forget_group("w")
+    assert m.size() == 0
 
 
 @pytest.mark.parametrize(
@@ -1374,3 +1400,44 @@ def test_without_spares_the_pods_leave_once_the_backfill_is_ready():
     t += timedelta(seconds=1)
     d = decide(observed(cluster, t), s=s, plan=PLAIN_PLAN, now=t, prior=d.status)
     assert d.remediation == (hl.RemoveNode(failed, "Ready=False"),)
+
+
+class _NodeApi:
+    """A recording stand-in for the client's CoreV1Api: one node whose resourceVersion moves."""
+
+    def __init__(self, rv: str):
+        self.rv, self.calls = rv, []
+
+    def read_node(self, name):
+        self.calls.append(("read", name))
+        return client.V1Node(metadata=client.V1ObjectMeta(name=name, resource_version=self.rv),
+                             spec=client.V1NodeSpec(taints=[client.V1Taint(key=nm.SPARE_TAINT.key,
+                                                                           effect="NoSchedule")]))
+
+    def patch_node(self, name, body):
+        from kubernetes.client.rest import ApiException
+
+        sent = (body.get("metadata") or {}).get("resourceVersion")
+        self.calls.append(("patch", name, sent))
+        if sent is not None and sent != self.rv:
+            raise ApiException(status=409, reason="Conflict")
+
+
+@pytest.mark.parametrize(
+    "last_seen_rv, calls",
+    [
+        pytest.param(None, [("read", "n"), ("patch", "n", None)], id="nothing-seen-reads-first"),
+        pytest.param("7", [("patch", "n", "7")], id="seen-current-patches-at-once"),
+        pytest.param("6", [("patch", "n", "6"), ("read", "n"), ("patch", "n", None)], id="seen-stale-409-reads-again"),
+    ],
+)
+def test_kwok_promotion_patches_from_the_node_last_seen_with_its_resource_version(last_seen_rv, calls):
+    from hyperplan.actuation.nodes import KwokProvider
+
+    api = _NodeApi(rv="7")
+    provider = KwokProvider(kube=type("K", (), {"core": api})())
+    seen = None if last_seen_rv is None else client.V1Node(
+        metadata=client.V1ObjectMeta(name="n", resource_version=last_seen_rv),
+        spec=client.V1NodeSpec(taints=[client.V1Taint(key=nm.SPARE_TAINT.key, effect="NoSchedule")]))
+    provider.promote_spare("n", "failed", seen)
+    assert api.calls == calls

@@ -194,25 +194,6 @@ def test_node_that_never_reports_ready(created_ago, expected_unhealthy, expected
     assert verdict.next_check == expected_next
 
 
-@pytest.mark.parametrize(
-    ("lease_age", "conds", "expected"),
-    [
-        pytest.param(10, (ready(),), ("healthy", None), id="fresh-lease"),
-        pytest.param(30, (ready(),), ("healthy", None), id="lease-at-grace"),
-        pytest.param(31, (ready(),), ("unknown", "NodeLeaseExpired"), id="stale-lease-unknown"),
-        pytest.param(300, (cond("Ready", "Unknown", 60),), ("unhealthy", "Ready=Unknown"),
-                     id="stale-lease-but-unhealthy"),
-    ],
-)
-def test_lease_staleness_is_insufficient_data(lease_age, conds, expected):
-    n = NodeObservation("n", conditions=conds, lease_renewed=ago(lease_age))
-    verdict = evaluate_health([n], CHECK, NOW)
-    state, reason = expected
-    assert ("n" in verdict.healthy) == (state == "healthy")
-    assert verdict.unknown == ({"n": reason} if state == "unknown" else {})
-    assert verdict.unhealthy == ({"n": reason} if state == "unhealthy" else {})
-
-
 def test_health_check_from_spec():
     check = HealthCheck.from_spec(10, 2, ["NetworkReady=False", "Ready=Unknown"])
     assert check == HealthCheck(timedelta(seconds=10),
@@ -344,12 +325,11 @@ def remediate(nodes, *, time_left=True, spares=True, max_unhealthy=5):
              Backfill("0-0", "0-0", 1, "spare", US0), RemoveNode("0-0", "Ready=False")),
             id="same-ultraserver-beats-healthier-elsewhere"),
         pytest.param(
-            group(failing("0-0"), member("0-1"),
-                  member("0-2", "spare", lease_renewed=ago(120))),
+            group(failing("0-0"), member("0-1")),
             {},
             (MarkUnhealthy("0-0", "Ready=False"), Backfill("0-0", "0-0", 1, "active", US0),
              RemoveNode("0-0", "Ready=False")),
-            id="no-usable-spare-backfill-active"),
+            id="no-spare-backfill-active"),
         pytest.param(
             group(member("0-0"), failing("0-1", "spare")),
             {},

@@ -97,6 +97,10 @@ class Runtime:
     # default executor (6 threads on 2 cores) they would cap a batch at 6 and starve other passes.
     purchase_threads: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(max_workers=64, thread_name_prefix="purchase"))
+    # Threads for the groups' API calls (list, apply, status): on the default executor, 20 groups
+    # failing at once queued their marks, promotions and backfills behind each other (bench/storm.py).
+    group_threads: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(max_workers=32, thread_name_prefix="group"))
     # What the operator remembers of its groups between passes (first sights of health labels,
     # vanished and releasing nodes, the plan of each group): one owner, changed on the event loop.
     groups: GroupMemory = field(default_factory=GroupMemory)
@@ -208,13 +212,17 @@ def report_failure(rt: Runtime, plural: str, name: str, reason: str, message: st
 
 async def reconcile_forever(rt: Runtime, kind: str, key: str, label: str,
                             reconcile: Callable[[], Awaitable[datetime | None]], stopped: Any,
-                            log: logging.Logger, plural: str = "", name: str = "") -> None:
+                            log: logging.Logger, plural: str = "", name: str = "",
+                            pace: Callable[[float], float] | None = None) -> None:
     """A daemon's life: reconcile, then sleep until the pass's wake time or a wake-up; repeat.
 
     A failing pass never ends the daemon. It is retried with exponential backoff
     (:func:`failure_backoff`), logged as one line (the traceback at debug level), and put on
     the object as ``Reconciled=False`` with the API server's message and a Warning Event. The
     next successful pass writes the status that planning decides, without that condition.
+
+    ``pace(seconds the pass took)``: how long to wait before a pass that a wake-up asks for (the
+    wake-ups meanwhile are coalesced); never past the pass's own wake time.
     """
     failures = 0
     while not stopped:
@@ -234,6 +242,12 @@ async def reconcile_forever(rt: Runtime, kind: str, key: str, label: str,
             if plural and name:
                 await asyncio.to_thread(report_failure, rt, plural, name, reason, message, failures, backoff)
             wake_at = rt.clock() + backoff
-        metrics.RECONCILE_DURATION.labels(label).observe(time.monotonic() - started)
+        elapsed = time.monotonic() - started
+        metrics.RECONCILE_DURATION.labels(label).observe(elapsed)
+        rest = pace(elapsed) if pace is not None else 0.0
+        if rest > 0 and wake_at is not None:
+            rest = min(rest, max(0.0, (wake_at - rt.clock()).total_seconds()))
+        if rest > 0:
+            await asyncio.sleep(rest)
         await rt.wakeups.sleep(kind, key, wake_at, rt.clock, stopped)
     rt.wakeups.forget(kind, key)

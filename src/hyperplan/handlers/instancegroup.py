@@ -13,16 +13,18 @@ deadline or drain retry, or until a node, the plan or the group changes.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import kopf
 from pydantic import ValidationError
 
 from hyperplan import metrics
 from hyperplan.actuation.groups import (
-    apply_decision, count_pods, drain_node, node_id, observe_nodes, releases_of,
+    Applied, apply_decision, being_evacuated, count_pods, drain_nodes, node_id, observe_nodes, releases_of,
 )
 from hyperplan.api.models import GROUP, VERSION, InstanceGroup, InstanceGroupStatus, TrainingPlan, VanishedNode
 from hyperplan.api.vocabulary import FINALIZER  # set by kopf (operator.configure_kopf)
@@ -33,8 +35,15 @@ from hyperplan.planning.memory import Vanished
 from hyperplan.planning.plans import Event
 
 PLURAL = "instancegroups"
+# A pass over a large group costs the event loop (and the GIL its create threads and the client
+# share) tens to hundreds of milliseconds; while a group's nodes come up, every node event would
+# start the next one at once. A pass that took longer than PACE_FROM waits as long as it took (at
+# most PACE_MAX) before the next one that an event asks for, so a group keeps at most half of the
+# loop. Its own deadlines (grace ends, block boundaries) are never delayed (reconcile_forever).
+PACE_FROM, PACE_MAX = 0.05, 0.5
 ADOPTION_RETRY = timedelta(seconds=1)  # after a lost race for a free static node
 KIND = "group"
+T = TypeVar("T")
 log = logging.getLogger("hyperplan.instancegroup")
 
 
@@ -75,15 +84,17 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     groups = rt.cache.groups()
     provider = rt.providers[group.spec.node_provider]
     if rt.cache.must_list_group_nodes(nm.label_value(name)):
-        raw = await asyncio.to_thread(provider.list, name)
+        raw = await in_thread(rt, provider.list, name)
     else:
         raw = rt.cache.group_nodes_v1(nm.label_value(name))
-    pod_counts = await asyncio.to_thread(count_pods, rt.pods, raw)  # nodes marked for replacement only
+    pod_counts = (await in_thread(rt, count_pods, rt.pods, raw)  # nodes marked for replacement only
+                  if any(being_evacuated(n) for n in raw) else {})
 
     # Decide.
     now, key = rt.clock(), nm.label_value(name)
     plan = plan_view(TrainingPlan.model_validate(plan_obj)) if plan_obj else None
     rt.groups.bind(key, group.spec.training_plan_ref)
+    nodes_moved = rt.groups.note_nodes_read(key, node_fingerprint(raw))
     rt.groups.restore_vanished(key, [Vanished(v.name, v.labels, v.since) for v in group.status.vanished_nodes])
     seen = observe_nodes(key, raw, rt.groups, now, rt.keys, pod_counts)
     decision = decide_group(name, obj["metadata"].get("generation", 1), group.spec, group.status, plan,
@@ -96,10 +107,11 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
 
     # Apply, then remember what was done (on the event loop).
     rt.groups.note_releasing(key, releases_of(decision))
-    applied = await asyncio.to_thread(apply_decision, provider, rt.pods, decision, seen.raw, seen.health_notes,
-                                      now, rt.clock, name)
-    rt.cache.note_group_wrote(key, bool(decision.create or decision.update or decision.drain
-                                        or decision.remediation or decision.checkpoint or seen.health_notes))
+    writes = bool(decision.create or decision.update or decision.drain or decision.remediation
+                  or decision.checkpoint or seen.health_notes)
+    applied = (await in_thread(rt, apply_decision, provider, rt.pods, decision, seen.raw, seen.health_notes,
+                               now, rt.clock, name) if writes else Applied())
+    rt.cache.note_group_wrote(key, writes)
     rt.groups.note_short_of_free_nodes(key, applied.short_of_free_nodes)  # see handlers.nodes
 
     # One status patch, then the events.
@@ -107,7 +119,7 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
                                       for v in rt.groups.vanished(key)]
     desired = decision.status.wire()
     if desired != status_of(InstanceGroupStatus, obj).wire():
-        written = await asyncio.to_thread(rt.kube.patch_status, PLURAL, name, desired)
+        written = await in_thread(rt, rt.kube.patch_status, PLURAL, name, desired)
         if written:
             rt.cache.wrote(PLURAL, written)
         metrics.STATUS_WRITES.labels("InstanceGroup").inc()
@@ -116,12 +128,23 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
         kopf.event(pod, type=ev.type, reason=ev.reason, message=ev.message)
     metrics.observe_group_pass(name, group.status, decision.status,
                                decision.block.start_time if decision.block else None, rt.clock())
-    if plan is not None and (decision.create or decision.drain or decision.remediation or decision.update):
-        rt.wakeups.wake("plan", plan.name)
+    if plan is not None and (nodes_moved or decision.create or decision.drain or decision.remediation
+                             or decision.update):
+        rt.wakeups.wake("plan", plan.name)  # its counts follow the nodes (see handlers.nodes)
     if applied.lost_race:  # another writer adopted the free node first: choose again shortly
         retry = now + ADOPTION_RETRY
         return retry if decision.wake_at is None else min(decision.wake_at, retry)
     return decision.wake_at
+
+
+async def in_thread(rt: Runtime, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` on the groups' own threads (``Runtime.group_threads``), off the event loop."""
+    return await asyncio.get_running_loop().run_in_executor(rt.group_threads, functools.partial(fn, *args))
+
+
+def node_fingerprint(raw: list) -> int:
+    """What changes whenever one of the nodes does (a node added, gone or written)."""
+    return hash(tuple(sorted((n.metadata.name, n.metadata.resource_version or "") for n in raw)))
 
 
 def post_events(group_obj: dict[str, Any], events: list[tuple[dict | None, Event]]) -> None:
@@ -137,7 +160,12 @@ def post_events(group_obj: dict[str, Any], events: list[tuple[dict | None, Event
 async def group_daemon(name: str, stopped: kopf.DaemonStopped, memo: kopf.Memo, **_: Any) -> None:
     rt: Runtime = memo.runtime
     await reconcile_forever(rt, KIND, nm.label_value(name), "InstanceGroup",
-                            lambda: reconcile_group(rt, name), stopped, log, PLURAL, name)
+                            lambda: reconcile_group(rt, name), stopped, log, PLURAL, name, pace=pass_pace)
+
+
+def pass_pace(seconds: float) -> float:
+    """How long to wait after a pass that took ``seconds`` before one that an event asks for."""
+    return 0.0 if seconds < PACE_FROM else min(seconds, PACE_MAX)
 
 
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
@@ -153,12 +181,13 @@ async def drain_group(name: str, spec: kopf.Spec, memo: kopf.Memo, body: kopf.Bo
     rt: Runtime = memo.runtime
     key = nm.label_value(name)
     provider = rt.providers[spec.get("nodeProvider", "kwok")]
-    nodes = await asyncio.to_thread(provider.list, name)
+    nodes = await in_thread(rt, provider.list, name)
     rt.groups.note_releasing(key, [node_id(n) for n in nodes])
-    for node in nodes:
-        outcome = await asyncio.to_thread(drain_node, provider, rt.pods, node, "GroupDeleted", None, rt.clock())
+    drained = await in_thread(rt, drain_nodes, provider, rt.pods, [(n, "GroupDeleted", None) for n in nodes],
+                                      rt.clock())
+    for _, outcome in drained:
         post_events(dict(body), list(outcome.events))
-    left = await asyncio.to_thread(provider.list, name)
+    left = await in_thread(rt, provider.list, name)
     if left:
         raise kopf.TemporaryError(f"{len(left)} node(s) still draining", delay=1)
     kopf.info(body, reason="Drained", message=f"all nodes of {name} drained and removed")

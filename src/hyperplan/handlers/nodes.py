@@ -1,4 +1,6 @@
-"""Node events: a change to a group's node wakes that group and its plan (no polling)."""
+"""Node events: a change to a group's node wakes that group (no polling); the group's pass wakes
+its plan when the nodes it read changed, so that a plan's passes follow its groups' (paced)
+passes rather than every node event (288 nodes coming up: a few events each)."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ from typing import Any
 
 import kopf
 
+from hyperplan.actuation.groups import bad_health_label
 from hyperplan.actuation.nodes import LABEL_NODE_ID, LABEL_POOL, POOL_FREE
 from hyperplan.api.vocabulary import GROUP, VERSION
 from hyperplan.planning.health import removed_by_operator
@@ -43,8 +46,13 @@ async def group_node_changed(name: str, labels: kopf.Labels, body: kopf.Body, ty
         # signal, judged after the grace.
         rt.groups.note_deleted(labels[LABEL_GROUP], node_id, labels, rt.clock(),
                                by_operator=removed_by_operator(labels, annotations))
+    bad = bad_health_label(labels)
+    if bad and type != "DELETED" and rt.groups.holds(labels[LABEL_GROUP]):
+        # The grace of a health label counts from its first sight: the event, not the group's
+        # next pass (which may be busy carrying out the last one when a storm of labels comes).
+        rt.groups.first_sight(labels[LABEL_GROUP], labels.get(LABEL_NODE_ID, name), bad, rt.clock())
     rt.wakeups.wake("group", labels[LABEL_GROUP])
-    if labels.get(LABEL_PLAN):
+    if type == "DELETED" and labels.get(LABEL_PLAN):  # its group may be gone, with no pass to wake the plan
         rt.wakeups.wake("plan", labels[LABEL_PLAN])
 
 

@@ -297,7 +297,8 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
         n.name for n in on_block if (n.health.health_label or "").startswith(nm.HEALTH_UNSCHEDULABLE)}
     kept = [d for d in desired if d.name in existing]
     promoting = {a.spare for a in actions if isinstance(a, hl.PromoteSpare)}  # patched by the action
-    update = [d for d in kept if d.name not in being_remediated | promoting and _differs(d, existing[d.name])]
+    hands_off = being_remediated | promoting
+    update = [d for d in kept if d.name not in hands_off and _differs(d, existing[d.name])]
     removals = {a.node for a in actions if isinstance(a, hl.RemoveNode)}
     drains = [Drain(n.name, block.end_time, "NotDesired") for n in existing.values()
               if n.name not in wanted and n.name not in removals and n.name not in being_remediated
@@ -387,7 +388,7 @@ def managed_taint_keys(want: pl.NodeSpec) -> set[str]:
 
 
 def _differs(want: pl.NodeSpec, have: ObservedGroupNode) -> bool:
-    if any(have.labels.get(k) != v for k, v in want.labels.items()):
+    if not want.labels.items() <= have.labels.items():  # a label missing or with another value
         return True
     keys = managed_taint_keys(want)
     return {t for t in have.taints if t.key in keys} != set(want.taints)

@@ -22,11 +22,10 @@ operator does not reset the clock):
 
 A label or deletion whose start time the caller does not know (``None``) counts as having
 started long ago: it is judged at once rather than never. A node whose signals clear
-before their grace ends is simply healthy. A node whose lease was last renewed more than
-``grace`` ago and that is not unhealthy is **unknown** (insufficient data): it is neither
-remediated nor counted healthy. ``next_check`` is the earliest moment a pending signal
-passes its grace; lease staleness is not scheduled (lease renewals and the Ready
-condition that the node lifecycle controller flips arrive as watch events).
+before their grace ends is simply healthy. ``next_check`` is the earliest moment a pending
+signal passes its grace. A dead kubelet shows as ``Ready=Unknown``: the node lifecycle
+controller sets it once the node's Lease is stale, so the operator does not watch Leases
+itself (docs/design-decisions.md, "Node Leases").
 
 Remediation
 -----------
@@ -91,7 +90,9 @@ kept on the node, a restarted operator neither judges the node early nor starts 
 
 
 def health_signal_record(value: str, since: datetime) -> str:
-    return f"{value}@{since.astimezone(timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')}"
+    """To the microsecond: the grace counts from the earlier of this record and the first sight,
+    so a record cut to the whole second ended the grace up to a second early (bench/storm.py)."""
+    return f"{value}@{since.astimezone(timezone.utc).strftime('%Y-%m-%dT%H:%M:%S.%fZ')}"
 
 
 def parse_health_signal_record(text: str | None) -> tuple[str, datetime] | None:
@@ -137,7 +138,6 @@ REASON_TOO_MANY_UNHEALTHY = "TooManyUnhealthy"
 REASON_INVALID_MAX_UNHEALTHY = "InvalidMaxUnhealthy"
 SIGNAL_DELETED = "NodeDeleted"
 SIGNAL_STARTUP_TIMEOUT = "NodeStartupTimeout"
-SIGNAL_LEASE_EXPIRED = "NodeLeaseExpired"
 
 DEFAULT_BAD_CONDITIONS: tuple[tuple[str, str], ...] = (
     ("AcceleratedHardwareReady", "False"),
@@ -170,7 +170,6 @@ class NodeObservation:
     health_label_since: datetime | None = None
     role: str = ROLE_ACTIVE
     ultraserver_id: str | None = None
-    lease_renewed: datetime | None = None
     deleted_since: datetime | None = None
     created: datetime | None = None
     slot: str | None = None
@@ -217,14 +216,13 @@ def parse_condition_spec(text: str) -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class HealthVerdict:
-    """``unhealthy``, ``unknown`` and ``healthy`` partition the nodes; ``pending`` lists the
-    nodes (healthy or unknown) with a signal still inside its grace, ``next_check`` the
+    """``unhealthy`` and ``healthy`` partition the nodes; ``pending`` lists the healthy
+    nodes with a signal still inside its grace, ``next_check`` the
     earliest moment one of those passes its grace (``None``: nothing pending);
     ``grace_ended`` when the grace of each unhealthy node's signal ended (when known)."""
 
     unhealthy: Mapping[str, str]
     healthy: tuple[str, ...]
-    unknown: Mapping[str, str]
     pending: Mapping[str, str]
     next_check: datetime | None
     grace_ended: Mapping[str, datetime] = field(default_factory=dict)
@@ -260,7 +258,6 @@ def evaluate_health(nodes: Sequence[NodeObservation], check: HealthCheck,
     """Judge every node at ``now`` (see the module docstring)."""
     unhealthy: dict[str, str] = {}
     grace_ended: dict[str, datetime] = {}
-    unknown: dict[str, str] = {}
     pending: dict[str, str] = {}
     healthy: list[str] = []
     next_check: datetime | None = None
@@ -285,11 +282,8 @@ def evaluate_health(nodes: Sequence[NodeObservation], check: HealthCheck,
             pending[node.name] = waiting[0][2]
             if next_check is None or waiting[0][0] < next_check:
                 next_check = waiting[0][0]
-        if node.lease_renewed is not None and now - node.lease_renewed > check.grace:
-            unknown[node.name] = SIGNAL_LEASE_EXPIRED
-        else:
-            healthy.append(node.name)
-    return HealthVerdict(unhealthy, tuple(healthy), unknown, pending, next_check, grace_ended)
+        healthy.append(node.name)
+    return HealthVerdict(unhealthy, tuple(healthy), pending, next_check, grace_ended)
 
 
 # --------------------------------------------------------------------------- circuit breaker
@@ -455,7 +449,7 @@ def _pick_spare(failed: NodeObservation, nodes: Sequence[NodeObservation],
     candidates = [
         n for n in nodes
         if n.role == ROLE_SPARE and n.exists and n.name not in taken
-        and n.name not in verdict.unhealthy and n.name not in verdict.unknown
+        and n.name not in verdict.unhealthy
     ]
     if not candidates:
         return None

@@ -9,8 +9,8 @@ A group's pass reads its nodes from the API; a few facts cannot be read there an
 * those vanished nodes, until their slot holds a replacement (also written to the group's
   ``status.vanishedNodes`` for restarts);
 * the nodes the operator is removing itself, so that their absence is no failure;
-* the plan each group is bound to and whether its last pass found no free static node, so
-  that a change wakes only the daemons it concerns.
+* the plan each group is bound to, whether its last pass found no free static node, and what
+  nodes it read, so that a change wakes only the daemons it concerns.
 
 Pure like the rest of planning (no I/O, ``now`` passed in), but the one object that keeps
 state: the handlers hold one instance (``Runtime.groups``). Every operation runs on the event
@@ -69,6 +69,7 @@ class _Group:
     vanished: dict[str, tuple[dict[str, str], datetime]] = field(default_factory=dict)
     releasing: set[str] = field(default_factory=set)
     short_of_free_nodes: bool = False
+    nodes_read: int | None = None  # fingerprint of the nodes the last pass read
 
 
 class GroupMemory:
@@ -97,6 +98,15 @@ class GroupMemory:
     def short_of_free_nodes(self) -> list[str]:
         """Groups a change to a free static node should wake."""
         return [g for g, state in self._groups.items() if state.short_of_free_nodes]
+
+    def note_nodes_read(self, group: str, fingerprint: int) -> bool:
+        """A pass read nodes with ``fingerprint`` (their names and resourceVersions): whether they
+        differ from what the group's last pass read, so that its plan's counts may have moved
+        (the plan is woken through its groups' passes, not by every node event)."""
+        state = self._group(group)
+        changed = state.nodes_read != fingerprint
+        state.nodes_read = fingerprint
+        return changed
 
     # ------------------------------------------------------------------ health signals
 
