@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
     api_writes, increase,
-    API, BenchError, Harness, machine, metric_sum, pool, print_figures, proc_cpu_seconds, proc_rss_mib, run,
+    API, BenchError, Harness, machine, metric_sum, scrape, pool, print_figures, proc_cpu_seconds, proc_rss_mib, run,
     step, ts, utcnow, verdict, wait_for,
 )
 
@@ -160,6 +160,9 @@ def main(h: Harness, args: argparse.Namespace) -> int:
 
     op_writes = metric_sum(m1, "hyperplan_status_writes_total") - metric_sum(m0, "hyperplan_status_writes_total")
     op_reconciles = metric_sum(m1, "hyperplan_reconciles_total") - metric_sum(m0, "hyperplan_reconciles_total")
+    by_kind = {kind: metric_sum(m1, "hyperplan_reconciles_total", lambda lb, k=kind: lb.get("kind") == k)
+               - metric_sum(m0, "hyperplan_reconciles_total", lambda lb, k=kind: lb.get("kind") == k)
+               for kind in sorted({lb.get("kind", "") for lb, _ in scrape(m1, "hyperplan_reconciles_total")})}
     writes = increase(a1, a0)
     ours = Counter({k: v for k, v in writes.items() if k[0].startswith("hyperplan.dev/")})
     events = sum(v for k, v in writes.items() if k[0] in ("core/events", "events.k8s.io/events"))
@@ -180,6 +183,7 @@ def main(h: Harness, args: argparse.Namespace) -> int:
         ("idle window", f"{wall:.0f} s", "", ""),
         ("operator status writes (hyperplan_status_writes_total)", f"{op_writes:.0f}", "0", verdict(op_writes == 0)),
         ("operator reconciles (hyperplan_reconciles_total)", f"{op_reconciles:.0f}", "", ""),
+        ("  by kind", ", ".join(f"{k} {v:.0f}" for k, v in by_kind.items() if v) or "none", "", ""),
         ("apiserver writes to hyperplan.dev objects", f"{sum(ours.values()):.0f}", "0", verdict(not ours)),
         ("apiserver writes to events", f"{events:.0f}", "0", verdict(events == 0)),
         ("apiserver writes, all (any client)", f"{total:.0f}", "", ""),

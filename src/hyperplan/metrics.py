@@ -470,23 +470,38 @@ def declared_families(registry: CollectorRegistry = REGISTRY) -> dict[str, tuple
 
 
 class _MetricsHandler(BaseHTTPRequestHandler):
-    """``/metrics``: the registry's metrics, then the object metrics of :data:`OBSERVED`."""
+    """``/metrics``: the registry's metrics, then the object metrics of :data:`OBSERVED`.
+
+    The body is sent with HTTP/1.1 chunked transfer encoding, written as it is rendered, so a
+    scrape never holds all of its text at once, and yet it ends by itself: the scraper does not
+    depend on the connection's close to know the body is complete. That matters behind
+    ``kubectl port-forward``, where the pod side's close does not reliably reach the local client
+    (kubernetes/kubectl#1169): a close-delimited HTTP/1.0 body made Prometheus time out there.
+    The connection stays open for the next scrape (keep-alive), as with any HTTP/1.1 server.
+    """
+
+    protocol_version = "HTTP/1.1"
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
         if self.path.split("?")[0] not in ("/metrics", "/"):
             self.send_error(404)
             return
-        # HTTP/1.0 without a Content-Length: the body is written in chunks as it is rendered and
-        # ends when the connection closes, so a scrape never holds all of its text at once.
         self.send_response(200)
         self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+        self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        self.wfile.write(generate_latest(REGISTRY))
+        self._chunk(generate_latest(REGISTRY))
         for chunk in object_metrics_chunks(OBSERVED, _utcnow()):
-            self.wfile.write(chunk.encode())
+            self._chunk(chunk.encode())
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
         if len(OBSERVED.plans) >= 1000:  # what the scrape freed goes back (hyperplan.allocator)
             from hyperplan import allocator
             allocator.trim()
+
+    def _chunk(self, data: bytes) -> None:
+        if data:  # an empty chunk would end the body
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
 
     def log_message(self, *_: Any) -> None:  # one line per scrape would drown the operator's log
         pass

@@ -300,3 +300,30 @@ def test_the_metrics_endpoint_serves_the_registry_and_the_object_metrics() -> No
     phases = {s.labels["phase"]: s.value for s in families["hyperplan_training_plan_phase"].samples
               if s.labels["plan"] == "served-plan"}
     assert phases["Active"] == 1.0 and sum(phases.values()) == 1.0
+
+
+def test_the_metrics_endpoint_ends_each_body_by_itself_and_keeps_the_connection() -> None:
+    """Chunked HTTP/1.1: the body's end is in the stream, not the connection's close (which does
+    not reliably cross ``kubectl port-forward``), and two scrapes share one connection."""
+    import http.client
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = metrics.serve(port)
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        bodies = []
+        for _ in range(2):
+            conn.request("GET", "/metrics")
+            r = conn.getresponse()
+            assert r.version == 11 and r.getheader("Transfer-Encoding") == "chunked"
+            bodies.append(r.read().decode())
+            assert not r.will_close
+        conn.close()
+    finally:
+        server.shutdown()
+    for text in bodies:
+        assert "hyperplan_reconciles_total" in text
+        assert {f.name for f in text_string_to_metric_families(text)} >= set(metrics.OBJECT_FAMILIES)
