@@ -28,12 +28,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
     API, GROUP, VERSION, BenchError, Harness, epoch, fmt, machine, metric_sum, node_ready, parse_ts, pool,
-    print_figures, proc_cpu_seconds, run, step, ts, utcnow, verdict, wait_for,
+    loadavg, print_figures, proc_cpu_seconds, run, step, ts, utcnow, verdict, wait_for,
 )
 
 ITYPE = "ml.p5.48xlarge"
@@ -157,32 +158,40 @@ def warm_up(h: Harness) -> None:
     h.core.delete_node(body["metadata"]["name"])
 
 
-def operator_run(h: Harness, i: int, n: int, lead: int) -> dict:
+def group_to_ready(h: Harness, i: int, name: str, plan_spec: dict, group_spec: dict, n: int, lead: int,
+                   buy_timeout: float = 60, ready_timeout: float = 90) -> tuple[dict, NodeTracker, Any]:
+    """One operator run: a plan (``plan_spec`` plus its start ``lead`` seconds from now) and a group
+    named ``name``, timed from the block's start until all ``n`` nodes of the group are Ready.
+
+    Returns the figures (first and last node seen and all Ready, seconds after the block start;
+    nodes seen before it; the operator's reconciles, status writes and CPU; the apiserver's node
+    LISTs, POSTs and PATCHes; CPU by plane process; the load average), the tracker and its watch
+    (the caller cleans up with :func:`remove_group`)."""
     tracker = NodeTracker()
-    plan, group = f"bench-{n}-{i}", f"bench-{n}-{i}"
-    w = h.watch("/api/v1/nodes", tracker.on_event, labelSelector=f"{GROUP_LABEL}={group}")
+    w = h.watch("/api/v1/nodes", tracker.on_event, labelSelector=f"{GROUP_LABEL}={name}")
     start_after = utcnow().replace(microsecond=0) + timedelta(seconds=lead)
     h.create("trainingplans", {
-        "apiVersion": API, "kind": "TrainingPlan", "metadata": {"name": plan},
-        "spec": {"instanceType": ITYPE, "instanceCount": n, "targetResource": "hyperpod-cluster",
-                 "duration": "3m", "autoPurchase": True, "startTimeAfter": ts(start_after)}})
+        "apiVersion": API, "kind": "TrainingPlan", "metadata": {"name": name},
+        "spec": {**plan_spec, "targetResource": "hyperpod-cluster", "duration": "3m", "autoPurchase": True,
+                 "startTimeAfter": ts(start_after)}})
     h.create("instancegroups", {
-        "apiVersion": API, "kind": "InstanceGroup", "metadata": {"name": group},
-        "spec": {"trainingPlanRef": plan, "instanceType": ITYPE, "instanceCount": n}})
+        "apiVersion": API, "kind": "InstanceGroup", "metadata": {"name": name},
+        "spec": {"trainingPlanRef": name, **group_spec}})
 
     def bought():
         h.tick()
-        st = h.status("trainingplans", plan)
+        st = h.status("trainingplans", name)
         if st.get("phase") == "Failed":
-            raise BenchError(f"plan {plan} failed: {st.get('conditions')}")
+            raise BenchError(f"plan {name} failed: {st.get('conditions')}")
         return st.get("phase") == "Scheduled" and st.get("reservedCapacity") and st
 
-    st = wait_for(bought, timeout=60, what=f"plan {plan} bought", interval=0.2)
+    st = wait_for(bought, timeout=buy_timeout, what=f"plan {name} bought", interval=0.2)
     start = epoch(parse_ts(st["reservedCapacity"][0]["startTime"]))
     step(f"operator run {i + 1}: plan bought; block starts at {st['reservedCapacity'][0]['startTime']} "
          f"({start - time.time():.1f} s from now)")
     wait_for(lambda: time.time() > start - 1, timeout=max(0, start - time.time()) + 5, what="block start",
              interval=0.1)
+    load = loadavg()
     op = h.operator
     m0, a0, cpu0, procs0 = op.metrics(), h.api.metrics(), proc_cpu_seconds(op.pid), plane_cpu(h)
 
@@ -190,47 +199,55 @@ def operator_run(h: Harness, i: int, n: int, lead: int) -> dict:
         h.tick()
         return tracker.ready_count() >= n
 
-    wait_for(all_ready, timeout=90, what=f"{n} nodes of group {group} Ready", interval=0.05)
+    wait_for(all_ready, timeout=ready_timeout, what=f"{n} nodes of group {name} Ready", interval=0.05)
     m1, a1, cpu1, procs1 = op.metrics(), h.api.metrics(), proc_cpu_seconds(op.pid), plane_cpu(h)
     with tracker.lock:
         first_added = min(tracker.added.values()) - start
         last_added = max(tracker.added.values()) - start
-        early = [name for name, t in tracker.added.items() if t < start]
-    total = tracker.last_ready() - start
-    delta = lambda text0, text1, name, where=lambda _: True: (  # noqa: E731
-        metric_sum(text1, name, where) - metric_sum(text0, name, where))
-    r = {"first": first_added, "last": last_added, "ready": total, "early": len(early),
-         "reconciles": delta(m0, m1, "hyperplan_reconciles_total"),
+        early = [x for x, t in tracker.added.items() if t < start]
+    delta = lambda text0, text1, metric, where=lambda _: True: (  # noqa: E731
+        metric_sum(text1, metric, where) - metric_sum(text0, metric, where))
+    node_verb = lambda verb: delta(a0, a1, "apiserver_request_total",  # noqa: E731
+                                   lambda l: l.get("resource") == "nodes" and l.get("verb") == verb
+                                   and not l.get("subresource"))
+    r = {"first": first_added, "last": last_added, "ready": tracker.last_ready() - start, "early": len(early),
+         "load": load, "reconciles": delta(m0, m1, "hyperplan_reconciles_total"),
          "status_writes": delta(m0, m1, "hyperplan_status_writes_total"),
-         "node_lists": delta(a0, a1, "apiserver_request_total",
-                             lambda l: l.get("resource") == "nodes" and l.get("verb") == "LIST"),
-         "node_posts": delta(a0, a1, "apiserver_request_total",
-                             lambda l: l.get("resource") == "nodes" and l.get("verb") == "POST"),
-         "node_patches": delta(a0, a1, "apiserver_request_total",
-                               lambda l: l.get("resource") == "nodes" and l.get("verb") == "PATCH"
-                               and not l.get("subresource")),
+         "node_lists": node_verb("LIST"), "node_posts": node_verb("POST"), "node_patches": node_verb("PATCH"),
          "cpu": cpu1 - cpu0, "procs": cpu_delta(procs0, procs1)}
     step(f"operator run {i + 1}: first node seen {first_added:+.2f} s after the block start, last node "
-         f"{last_added:+.2f} s, all {n} Ready {total:.2f} s; meanwhile the operator used {r['cpu']:.2f} s CPU, "
-         f"ran {r['reconciles']:.0f} reconciles, wrote {r['status_writes']:.0f} statuses, "
-         f"listed nodes {r['node_lists']:.0f} times and patched nodes {r['node_patches']:.0f} times (apiserver "
-         f"counts); CPU s from 1 s before the start: {show_cpu(r['procs'])}")
+         f"{last_added:+.2f} s, all {n} Ready {r['ready']:.2f} s (load {load}); meanwhile the operator used "
+         f"{r['cpu']:.2f} s CPU, ran {r['reconciles']:.0f} reconciles, wrote {r['status_writes']:.0f} statuses, "
+         f"created {r['node_posts']:.0f} nodes, listed nodes {r['node_lists']:.0f} times and patched nodes "
+         f"{r['node_patches']:.0f} times (apiserver counts); CPU s from 1 s before the start: {show_cpu(r['procs'])}")
     if early:
         step(f"WARNING: {len(early)} nodes appeared before the block started")
-    r["managers"] = field_managers(h, group)
+    return r, tracker, w
+
+
+def remove_group(h: Harness, name: str, tracker: NodeTracker, w: Any, timeout: float) -> None:
+    """Delete the run's group, wait until its nodes are gone, then delete its plan."""
+    h.custom.delete_cluster_custom_object(GROUP, VERSION, "instancegroups", name)
+    wait_for(lambda: not tracker.present, timeout=timeout, what=f"nodes of {name} removed", interval=0.2)
+    h.custom.delete_cluster_custom_object(GROUP, VERSION, "trainingplans", name)
+    w.stop()
+
+
+def operator_run(h: Harness, i: int, n: int, lead: int) -> dict:
+    name = f"bench-{n}-{i}"
+    r, tracker, w = group_to_ready(h, i, name, {"instanceType": ITYPE, "instanceCount": n},
+                                   {"instanceType": ITYPE, "instanceCount": n}, n, lead)
+    r["managers"] = field_managers(h, name)
     step(f"operator run {i + 1}: field managers of the group's nodes: {r['managers']}")
     # Diagnostic: what one LIST of these nodes costs a Python client (the operator lists them on each pass).
     costs = []
     for _ in range(3):
         t0 = time.perf_counter()
-        h.core.list_node(label_selector=f"{GROUP_LABEL}={group}")
+        h.core.list_node(label_selector=f"{GROUP_LABEL}={name}")
         costs.append(time.perf_counter() - t0)
     r["list_cost"] = statistics.median(costs)
     # Clean up before the next run, so that it starts with as few nodes as the first.
-    h.custom.delete_cluster_custom_object(GROUP, VERSION, "instancegroups", group)
-    wait_for(lambda: not tracker.present, timeout=60, what=f"nodes of {group} removed", interval=0.2)
-    h.custom.delete_cluster_custom_object(GROUP, VERSION, "trainingplans", plan)
-    w.stop()
+    remove_group(h, name, tracker, w, timeout=60)
     return r
 
 

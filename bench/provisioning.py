@@ -34,10 +34,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
-    API, GROUP, VERSION, BenchError, Harness, epoch, fmt, loadavg, machine, metric_sum, parse_ts, pool,
-    print_figures, proc_cpu_seconds, run, step, ts, utcnow, verdict, wait_for,
+    BenchError, Harness, fmt, loadavg, machine, metric_sum, pool, print_figures, run, step, utcnow, verdict,
+    wait_for,
 )
-from nodes_ready import NodeTracker, cpu_delta, plane_cpu, show_cpu  # noqa: E402
+from nodes_ready import NodeTracker, cpu_delta, group_to_ready, plane_cpu, remove_group, show_cpu  # noqa: E402
 
 from hyperplan.actuation.groups import CREATE_WORKERS  # noqa: E402
 from hyperplan.actuation.nodes import kwok_node_body  # noqa: E402
@@ -120,68 +120,12 @@ def node_patches(before: str, after: str) -> float:
 
 def operator_run(h: Harness, i: int, ultraservers: int, lead: int) -> dict:
     settle(h, 0)
-    n = PER_ULTRASERVER * ultraservers
     name = f"prov-{i}"
-    tracker = NodeTracker()
-    w = h.watch("/api/v1/nodes", tracker.on_event, labelSelector=f"{GROUP_LABEL}={name}")
-    start_after = utcnow().replace(microsecond=0) + timedelta(seconds=lead)
-    h.create("trainingplans", {
-        "apiVersion": API, "kind": "TrainingPlan", "metadata": {"name": name},
-        "spec": {"ultraServerType": X72, "ultraServerCount": ultraservers, "targetResource": "hyperpod-cluster",
-                 "duration": "3m", "autoPurchase": True, "startTimeAfter": ts(start_after)}})
-    h.create("instancegroups", {
-        "apiVersion": API, "kind": "InstanceGroup", "metadata": {"name": name},
-        "spec": {"trainingPlanRef": name, "instanceType": GB200, "instanceCount": 17 * ultraservers}})
-
-    def bought():
-        h.tick()
-        st = h.status("trainingplans", name)
-        if st.get("phase") == "Failed":
-            raise BenchError(f"plan {name} failed: {st.get('conditions')}")
-        return st.get("phase") == "Scheduled" and st.get("reservedCapacity") and st
-
-    st = wait_for(bought, timeout=90, what=f"plan {name} bought", interval=0.2)
-    start = epoch(parse_ts(st["reservedCapacity"][0]["startTime"]))
-    step(f"operator run {i + 1}: plan bought; block starts at {st['reservedCapacity'][0]['startTime']} "
-         f"({start - time.time():.1f} s from now)")
-    wait_for(lambda: time.time() > start - 1, timeout=max(0, start - time.time()) + 5, what="block start",
-             interval=0.1)
-    load = loadavg()
-    op = h.operator
-    m0, a0, cpu0, procs0 = op.metrics(), h.api.metrics(), proc_cpu_seconds(op.pid), plane_cpu(h)
-
-    def all_ready():
-        h.tick()
-        return tracker.ready_count() >= n
-
-    wait_for(all_ready, timeout=180, what=f"{n} nodes of group {name} Ready", interval=0.05)
-    m1, a1, cpu1, procs1 = op.metrics(), h.api.metrics(), proc_cpu_seconds(op.pid), plane_cpu(h)
-    with tracker.lock:
-        first_added = min(tracker.added.values()) - start
-        last_added = max(tracker.added.values()) - start
-        early = [x for x, t in tracker.added.items() if t < start]
-    total = tracker.last_ready() - start
-    delta = lambda text0, text1, metric, where=lambda _: True: (  # noqa: E731
-        metric_sum(text1, metric, where) - metric_sum(text0, metric, where))
-    node_verb = lambda verb: delta(a0, a1, "apiserver_request_total",  # noqa: E731
-                                   lambda l: l.get("resource") == "nodes" and l.get("verb") == verb
-                                   and not l.get("subresource"))
-    r = {"first": first_added, "last": last_added, "ready": total, "early": len(early), "load": load,
-         "reconciles": delta(m0, m1, "hyperplan_reconciles_total"),
-         "status_writes": delta(m0, m1, "hyperplan_status_writes_total"),
-         "node_lists": node_verb("LIST"), "node_posts": node_verb("POST"), "node_patches": node_verb("PATCH"),
-         "cpu": cpu1 - cpu0, "procs": cpu_delta(procs0, procs1)}
-    step(f"operator run {i + 1}: first node seen {first_added:+.2f} s after the block start, last node "
-         f"{last_added:+.2f} s, all {n} Ready {total:.2f} s (load {load}); meanwhile the operator used "
-         f"{r['cpu']:.2f} s CPU, ran {r['reconciles']:.0f} reconciles, wrote {r['status_writes']:.0f} statuses, "
-         f"created {r['node_posts']:.0f} nodes, listed nodes {r['node_lists']:.0f} times and patched nodes "
-         f"{r['node_patches']:.0f} times; CPU s from 1 s before the start: {show_cpu(r['procs'])}")
-    if early:
-        step(f"WARNING: {len(early)} nodes appeared before the block started")
-    h.custom.delete_cluster_custom_object(GROUP, VERSION, "instancegroups", name)
-    wait_for(lambda: not tracker.present, timeout=240, what=f"nodes of {name} removed", interval=0.2)
-    h.custom.delete_cluster_custom_object(GROUP, VERSION, "trainingplans", name)
-    w.stop()
+    r, tracker, w = group_to_ready(
+        h, i, name, {"ultraServerType": X72, "ultraServerCount": ultraservers},
+        {"instanceType": GB200, "instanceCount": 17 * ultraservers}, PER_ULTRASERVER * ultraservers, lead,
+        buy_timeout=90, ready_timeout=180)
+    remove_group(h, name, tracker, w, timeout=240)
     return r
 
 
