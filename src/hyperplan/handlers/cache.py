@@ -336,10 +336,6 @@ class WatchCache:
                  for b in self._parsed(p).by_plan_uid.get(plan_uid, ())]
         return sorted(found, key=lambda b: (b.start, b.id))
 
-    def forget_pool(self, name: str) -> None:
-        with self._lock:
-            self._parsed_pools.pop(name, None)
-
     def forget(self, kind: str, name: str) -> None:
         """Drop what the operator remembers of a deleted object (its write-through copy, and a
         pool's parsed ledger), so that churn leaves nothing behind."""

@@ -72,8 +72,7 @@ from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
 from hyperplan.actuation.groups import signal_checkpoint
-from hyperplan.actuation.kueue import (APPLY, FIELD_MANAGER, KUEUE_API, KUEUE_GROUP, KUEUE_VERSION,  # noqa: F401
-                                       KubeKueueWrites, KueueWrites)
+from hyperplan.actuation.kueue import KUEUE_API, KUEUE_GROUP, KUEUE_VERSION, KubeKueueWrites, KueueWrites
 from hyperplan.actuation.nodes import ACCELERATORS, NodeProvider
 from hyperplan.api.models import GROUP, VERSION, TrainingPlan, to_rfc3339
 from hyperplan.handlers.cache import slim_node, v1_node

@@ -279,8 +279,8 @@ def job_nodes_from_labels(items: Sequence[tuple[str, Mapping[str, str], Mapping[
                           ) -> list[JobNode]:
     """JobNodes from (name, labels, annotations, cordoned, signalled) of the plan's nodes."""
     out = []
-    for name, labels, annotations, cordoned, signalled in items:
-        until = annotations.get(ANNOTATION_KEEP_ALIVE_UNTIL)
+    for name, labels, node_annotations, cordoned, signalled in items:
+        until = node_annotations.get(ANNOTATION_KEEP_ALIVE_UNTIL)
         try:
             when = datetime.fromisoformat(until.replace("Z", "+00:00")) if until else None
         except ValueError:
