@@ -1188,19 +1188,27 @@ def test_a_deleted_group_leaves_nothing_in_the_memory():
     [
         pytest.param([(("a", "1"),)], [True], id="first-pass-wakes-the-plan"),
         pytest.param([(("a", "1"),), (("a", "1"),)], [True, False], id="same-nodes-no-wake"),
-        pytest.param([(("a", "1"),), (("a", "2"),)], [True, True], id="a-node-written"),
+        pytest.param([(("a", "1"),), (("a", "2"),)], [True, True], id="a-node-relabelled"),
+        pytest.param([(("a", "1"),), (("a", "1", "False"),)], [True, True], id="a-node-not-ready"),
+        pytest.param([(("a", "1"),), (("a", "1", "True", "rv-2"),)], [True, False], id="a-heartbeat-no-wake"),
+        pytest.param([(("a", "1"),), (("a", "1", "True", "rv-1", True),)], [True, True], id="a-node-deleting"),
         pytest.param([(("a", "1"),), (("a", "1"), ("b", "1"))], [True, True], id="a-node-added"),
         pytest.param([(("a", "1"), ("b", "1")), (("a", "1"),)], [True, True], id="a-node-gone"),
     ],
 )
 def test_a_plan_is_woken_when_its_groups_nodes_moved(reads, moved):
-    """The group pass wakes its plan only when the nodes it read changed since its last pass
-    (handlers.nodes no longer wakes the plan on every node event)."""
+    """The group pass wakes its plan only when what the plan counts of its nodes changed since its
+    last pass (handlers.nodes no longer wakes the plan on every node event): a heartbeat does not."""
     from hyperplan.handlers.instancegroup import node_fingerprint
 
     m = GroupMemory()
-    raw = lambda pairs: [client.V1Node(metadata=client.V1ObjectMeta(name=n, resource_version=rv))  # noqa: E731
-                         for n, rv in pairs]
+    def node(name: str, label: str, ready: str = "True", rv: str = "rv-1", deleting: bool = False) -> client.V1Node:
+        return client.V1Node(
+            metadata=client.V1ObjectMeta(name=name, labels={"hyperplan.dev/role": label}, resource_version=rv,
+                                         deletion_timestamp=NOW if deleting else None),
+            status=client.V1NodeStatus(conditions=[client.V1NodeCondition(type="Ready", status=ready)]))
+
+    raw = lambda reads: [node(*r) for r in reads]  # noqa: E731
     assert [m.note_nodes_read("w", node_fingerprint(raw(r))) for r in reads] == moved
     m.forget_group("w")
     assert m.size() == 0

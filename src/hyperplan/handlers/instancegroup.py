@@ -143,8 +143,16 @@ async def in_thread(rt: Runtime, fn: Callable[..., T], *args: Any) -> T:
 
 
 def node_fingerprint(raw: list) -> int:
-    """What changes whenever one of the nodes does (a node added, gone or written)."""
-    return hash(tuple(sorted((n.metadata.name, n.metadata.resource_version or "") for n in raw)))
+    """What the plan's counts read of the nodes (``trainingplan.plan_observed_node``): each node's
+    name, labels, Ready status and whether it is being deleted. A node added, gone, relabelled or
+    changing Ready moves it; a heartbeat (a new resourceVersion, nothing else) does not, so a
+    group's pass wakes its plan only when the plan has something new to count."""
+    def seen(n: Any) -> tuple:
+        ready = next((c.status for c in (n.status.conditions or []) if c.type == "Ready"), "Unknown") \
+            if n.status is not None else "Unknown"
+        return (n.metadata.name, tuple(sorted((n.metadata.labels or {}).items())), ready,
+                n.metadata.deletion_timestamp is not None)
+    return hash(tuple(sorted(seen(n) for n in raw)))
 
 
 def post_events(group_obj: dict[str, Any], events: list[tuple[dict | None, Event]]) -> None:
