@@ -334,10 +334,11 @@ class Operator:
 class Harness:
     """Plane + CRDs (+ operator) for one benchmark; everything it starts is stopped on exit."""
 
-    def __init__(self, name: str, budget: float = 360):
+    def __init__(self, name: str, budget: float = 360, **plane_options: Any):
+        """``plane_options`` go to the ``Plane`` (for example ``node_status_seconds``)."""
         self.name = name
         self.budget = budget
-        self.plane = Plane(root=STATE, log=lambda line: step(f"plane: {line}"))
+        self.plane = Plane(root=STATE, log=lambda line: step(f"plane: {line}"), **plane_options)
         self.operator: Operator | None = None
         self.api: RawApi | None = None
         self._watches: list[Watch] = []
@@ -508,7 +509,7 @@ def fmt(seconds: float, digits: int = 3) -> str:
     return f"{seconds:.{digits}f} s"
 
 
-def run(main: Callable[[Harness], int], name: str, budget: float) -> None:
+def run(main: Callable[[Harness], int], name: str, budget: float, **plane_options: Any) -> None:
     """Run ``main`` (which returns 0 when every target is met, 1 when one is missed) in a Harness.
 
     Exit status: 2 on an error or timeout (with a message on stderr), 130 on Ctrl-C/SIGTERM,
@@ -517,7 +518,7 @@ def run(main: Callable[[Harness], int], name: str, budget: float) -> None:
     """
     budget = float(os.environ.get("BENCH_BUDGET") or budget)
     step(f"{name}: overall time budget {budget:.0f} s; {machine()}; code {CODE_AT_START}; {utcnow():%Y-%m-%d %H:%M} UTC")
-    with Harness(name, budget) as h:
+    with Harness(name, budget, **plane_options) as h:
         rc = main(h)
     if rc:
         print(f"{name}: at least one target was MISSED (see the table)", flush=True)

@@ -247,6 +247,9 @@ if __name__ == "__main__":
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--settle-timeout", type=int, default=1500)
     ap.add_argument("--nodes-timeout", type=int, default=600)
+    ap.add_argument("--node-status-seconds", type=int, default=300,
+                    help="how often KWOK reports an unchanged node status (a kubelet: 300; tests: 20 to 25)")
     args = ap.parse_args()
     run(lambda h: main(h, args), "scale",
-        budget=120 + args.warmup + args.settle_timeout + args.nodes_timeout + args.idle + 300)
+        budget=120 + args.warmup + args.settle_timeout + args.nodes_timeout + args.idle + 300,
+        node_status_seconds=args.node_status_seconds)

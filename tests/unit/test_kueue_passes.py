@@ -97,8 +97,8 @@ def index(workloads: list[dict]) -> dict:
     """The Workload index as kopf holds it, filled by the real index function."""
     out: dict = {}
     for wl in workloads:
-        for key, value in hk.hp_kueue_workloads(namespace=wl["metadata"]["namespace"], name=wl["metadata"]["name"],
-                                                body=wl).items():
+        for key, value in asyncio.run(hk.hp_kueue_workloads(namespace=wl["metadata"]["namespace"],
+                                                            name=wl["metadata"]["name"], body=wl)).items():
             out.setdefault(key, []).append(value)
     return out
 

@@ -3,6 +3,8 @@ deleted object leaves nothing behind (handlers.cache.WatchCache)."""
 
 from __future__ import annotations
 
+import asyncio
+
 from hyperplan.handlers.cache import GROUPS, NODES, PLANS, POOLS, WatchCache
 
 
@@ -48,7 +50,7 @@ def test_a_plan_is_kept_packed_and_read_back_slim() -> None:
         "annotations": {"hyperplan.dev/last-handled-configuration": "{...}", "hyperplan.dev/keep": "yes",
                         "other.io/drop": "x"}})
     body["status"]["offerings"] = [{"id": "o-1", "blocks": [{"start": "2027-01-01T00:00:00Z", "count": 1}]}]
-    packed = hp_plans(name="p", body=body)["p"]
+    packed = asyncio.run(hp_plans(name="p", body=body))["p"]
     assert isinstance(packed, PackedObject)
     cache = cache_with({"p": [packed]})
     got = cache.plan("p")

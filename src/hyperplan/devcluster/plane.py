@@ -77,11 +77,21 @@ class PlaneState:
 
 
 class Plane:
-    def __init__(self, root: Path | None = None, log: Log = print, with_kueue: bool = True):
-        """``with_kueue=False``: a plane without Kueue (for benchmarks that measure the rest)."""
+    def __init__(self, root: Path | None = None, log: Log = print, with_kueue: bool = True,
+                 node_status_seconds: int | None = None):
+        """``with_kueue=False``: a plane without Kueue (for benchmarks that measure the rest).
+
+        ``node_status_seconds``: how often KWOK's fake kubelets report an unchanged node status.
+        By default every 20 to 45 s, so that tests see a node that stops reporting soon. A fleet
+        benchmark sets what a kubelet does when nothing changes (``nodeStatusReportFrequency``,
+        300 s): thousands of fake kubelets on two cores can then report at a kubelet's own rate,
+        with their Leases renewed every ``node_status_seconds / 4`` and the node lifecycle
+        controller's grace period raised to match (both only matter to the plane: the operator
+        watches neither Leases nor heartbeat times)."""
         self.dir = root or state_dir()
         self.log = log
         self.with_kueue = with_kueue
+        self.node_status_seconds = node_status_seconds
         self._children: dict[str, subprocess.Popen] = {}
 
     @property
@@ -276,18 +286,19 @@ class Plane:
                     f"--root-ca-file={pki.ca_cert}",
                     f"--service-account-private-key-file={pki.sa_key}",
                     "--use-service-account-credentials=false",
-                    "--controllers=*,-bootstrapsigner,-tokencleaner"]
+                    "--controllers=*,-bootstrapsigner,-tokencleaner",
+                    *([f"--node-monitor-grace-period={2 * self.node_status_seconds}s"]
+                      if self.node_status_seconds else [])]
         if name == "kube-scheduler":
             return [str(build.binary("kube-scheduler")), *common, f"--secure-port={p['scheduler']}"]
         if name == "kwok":
             stages = self.dir / "kwok-stages.yaml"
-            stages.write_text(resources.files("hyperplan.devcluster").joinpath(
-                "kwok-stages.yaml").read_text())
+            stages.write_text(kwok_stages(self.node_status_seconds))
             return [str(build.binary("kwok")), f"--kubeconfig={self.kubeconfig}",
                     "--manage-all-nodes=false",
                     f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
                     "--cidr=10.0.0.0/16", "--node-ip=10.0.0.1",
-                    "--node-lease-duration-seconds=40",
+                    f"--node-lease-duration-seconds={lease_seconds(self.node_status_seconds)}",
                     f"--server-address=127.0.0.1:{p['kwok']}", f"--config={stages}"]
         if name == "kueue":
             d = self.kueue_dir
@@ -510,6 +521,25 @@ class Plane:
         }
         self.kubeconfig.write_text(yaml.safe_dump(config))
         self.kubeconfig.chmod(0o600)
+
+
+def kwok_stages(node_status_seconds: int | None = None) -> str:
+    """The plane's KWOK stages (``kwok-stages.yaml``), with the node heartbeat's interval set to
+    ``node_status_seconds`` (up to a fifth more, at random) when given."""
+    text = resources.files("hyperplan.devcluster").joinpath("kwok-stages.yaml").read_text()
+    if node_status_seconds is None:
+        return text
+    default = "    durationMilliseconds: 20000\n    jitterDurationMilliseconds: 25000\n"
+    if text.count(default) != 1:
+        raise RuntimeError("kwok-stages.yaml: the node heartbeat's delay is not where it was expected")
+    ms = node_status_seconds * 1000
+    return text.replace(default, f"    durationMilliseconds: {ms}\n    jitterDurationMilliseconds: {ms * 6 // 5}\n")
+
+
+def lease_seconds(node_status_seconds: int | None = None) -> int:
+    """KWOK's node Lease duration: a kubelet's 40 s, or four heartbeat intervals for a fleet
+    (a Lease is renewed every quarter of its duration)."""
+    return 40 if node_status_seconds is None else 4 * node_status_seconds
 
 
 def stop_process_group(pid: int, timeout: float = 10) -> None:

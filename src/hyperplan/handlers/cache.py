@@ -118,22 +118,22 @@ def _raw(value: Any) -> dict[str, Any]:
 
 
 @kopf.index(GROUP, VERSION, "trainingplans")
-def hp_plans(name: str, body: kopf.Body, **_: Any) -> dict[str, PackedObject]:
+async def hp_plans(name: str, body: kopf.Body, **_: Any) -> dict[str, PackedObject]:
     return {name: PackedObject.of(slim_object(body))}
 
 
 @kopf.index(GROUP, VERSION, "capacitypools")
-def hp_pools(name: str, body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
+async def hp_pools(name: str, body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
     return {name: slim_object(body)}
 
 
 @kopf.index(GROUP, VERSION, "instancegroups")
-def hp_groups(name: str, body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
+async def hp_groups(name: str, body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
     return {name: slim_object(body)}
 
 
 @kopf.index("", "v1", "nodes", labels={LABEL_GROUP: kopf.PRESENT})
-def hp_group_nodes(body: kopf.Body, labels: kopf.Labels, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
+async def hp_group_nodes(body: kopf.Body, labels: kopf.Labels, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
     """Group nodes, by ("group", label value) and by ("block", reserved-capacity label value)."""
     node = slim_node(body)
     keys = {("group", labels[LABEL_GROUP]): node}

@@ -268,7 +268,7 @@ def slim_check(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 @kopf.index(KUEUE_GROUP, KUEUE_VERSION, "workloads")
-def hp_kueue_workloads(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict]:
+async def hp_kueue_workloads(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict]:
     """Workloads by ("check", name) for each admission check they carry, and by ("workload",
     label value) for the job nodes that carry it."""
     wl = slim_workload(body)
@@ -280,7 +280,7 @@ def hp_kueue_workloads(namespace: str, name: str, body: kopf.Body, **_: Any) -> 
 
 
 @kopf.index("", "v1", "nodes", labels={tj.LABEL_WORKLOAD: kopf.PRESENT})
-def hp_job_nodes(body: kopf.Body, labels: kopf.Labels, **_: Any) -> dict[str, dict[str, Any]]:
+async def hp_job_nodes(body: kopf.Body, labels: kopf.Labels, **_: Any) -> dict[str, dict[str, Any]]:
     """Job nodes of training-job plans, by their plan's label value."""
     return {labels.get(nm.LABEL_PLAN, ""): slim_node(body)}
 

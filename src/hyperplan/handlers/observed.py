@@ -14,7 +14,6 @@ import kopf
 from hyperplan import metrics
 from hyperplan.api.models import GROUP, VERSION
 from hyperplan.handlers.cache import slim_object
-from hyperplan.planning.naming import LABEL_GROUP
 
 KINDS = {"trainingplans": "plans", "instancegroups": "groups", "capacitypools": "pools"}
 
@@ -62,10 +61,3 @@ async def pool_seen(name: str, type: str | None, body: kopf.Body, memo: kopf.Mem
         return
     memo.runtime.cache.watched("capacitypools", name, body.get("metadata", {}).get("resourceVersion"))
     metrics.OBSERVED.put_pool_snapshot(name, memo.runtime.cache.pool_snapshots([slim_object(body)])[0])
-
-
-@kopf.on.event("", "v1", "nodes")
-async def node_seen(name: str, type: str | None, labels: kopf.Labels, **_: Any) -> None:
-    """Which group a node belongs to. Unfiltered (kopf filters labels on our side of one watch
-    anyway) so that a node handed back without the group label leaves the group's count."""
-    metrics.OBSERVED.put_node(name, None if type == "DELETED" else labels.get(LABEL_GROUP))
