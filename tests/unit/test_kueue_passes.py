@@ -19,8 +19,8 @@ import pytest
 from hyperplan.actuation.kueue import KueueWrites, RecordingKueueWrites
 from hyperplan.actuation.nodes import FakeNodePods, FakeProvider
 from hyperplan.handlers import kueue as hk
-from hyperplan.handlers.cache import slim_node
 from hyperplan.handlers.context import Wakeups
+from hyperplan.handlers.nodewatch import NodeChange, NodeStore
 from hyperplan.planning import naming as nm
 from hyperplan.planning import trainingjobs as tj
 from hyperplan.planning.naming import TopologyKeys
@@ -114,10 +114,10 @@ def runtime(plan: dict | None, workloads: list[dict], nodes: list[dict], *, chec
         state.checks[c] = PLAN
         state.check_bodies[c] = check_body(c)
     state.workloads = index(workloads)
-    jn: dict = {}
+    store = NodeStore()
     for n in nodes:
-        jn.setdefault(n["metadata"]["labels"][nm.LABEL_PLAN], []).append(slim_node(n))
-    state.job_nodes = jn
+        store.apply("ADDED", n)
+    state.job_nodes = store.view("job")
     return SimpleNamespace(cache=FakeCache({PLAN: plan} if plan else {}), clock=lambda: NOW,
                            policy=get_policy("sagemaker"), keys=TopologyKeys(), wakeups=Wakeups(), kueue=state,
                            providers={"kwok": provider}, pods=FakeNodePods(pods=dict(pods or {}), guarded=set(guarded)),
@@ -328,6 +328,25 @@ def test_a_job_node_of_a_plan_without_a_loop_starts_one(plan_exists, has_loop, e
         state.loops[PLAN] = (None, hk.Stop())
     started: list[str] = []
     state.ensure_loop = lambda _rt, plan: started.append(plan)
-    asyncio.run(hk.job_node_seen(labels=job_node("0", "train")["metadata"]["labels"], type=event_type,
-                                 memo=SimpleNamespace(runtime=rt)))
+    node = job_node("0", "train")
+    hk.job_node_changed(rt, NodeChange(event_type, node["metadata"]["name"], node["metadata"]["labels"], node))
+    assert started == ([PLAN] if starts else [])
+
+
+@pytest.mark.parametrize("event_type, has_loop, has_job_nodes, starts", [
+    (None, False, True, True),
+    (None, False, False, False),
+    (None, True, True, False),
+    ("MODIFIED", False, True, False),
+], ids=["first-seen-with-job-nodes-starts-one", "first-seen-no-job-nodes", "loop-running", "later-event"])
+def test_a_plan_first_seen_with_job_nodes_gets_a_loop(event_type, has_loop, has_job_nodes, starts) -> None:
+    """After a restart the node store is listed before kopf lists the plans: the plan's first
+    event starts the loop of a plan whose job nodes no check names any more."""
+    rt = runtime(plan_obj(), [], [job_node("0", "train")] if has_job_nodes else [], checks=())
+    state = rt.kueue
+    if has_loop:
+        state.loops[PLAN] = (None, hk.Stop())
+    started: list[str] = []
+    state.ensure_loop = lambda _rt, plan: started.append(plan)
+    asyncio.run(hk.plan_changed_for_admission(name=PLAN, type=event_type, memo=SimpleNamespace(runtime=rt)))
     assert started == ([PLAN] if starts else [])

@@ -33,7 +33,8 @@ def test_kueue_handlers_follow_the_setting(value: str | None, served: bool) -> N
     out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     plurals = set(json.loads(out.stdout.strip().splitlines()[-1]))
-    assert {"trainingplans", "nodes"} <= plurals  # the rest of the operator is there either way
+    assert {"trainingplans", "instancegroups"} <= plurals  # the rest of the operator is there either way
+    assert "nodes" not in plurals  # the operator's own node watch (handlers.nodewatch), not kopf's
     assert ({"workloads", "admissionchecks"} <= plurals) is served
     assert not ({"workloads", "admissionchecks"} & plurals) or served
 

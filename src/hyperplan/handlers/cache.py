@@ -1,8 +1,9 @@
 """The operator's read side: what its watches already hold, read by every pass instead of the API.
 
-kopf keeps one watch stream per kind. Each kind a pass reads (plans, pools, groups, and the
-nodes of groups) is also registered here as a kopf *index*, fed by that same stream, so a pass
-reads its object, the pools and its nodes from memory: no GET or LIST per pass. API reads stay
+kopf keeps one watch stream per kind. Each kind a pass reads (plans, pools, groups) is also
+registered here as a kopf *index*, fed by that same stream; the nodes come from the operator's
+own node watch (handlers.nodewatch, which kopf's per-event cost made necessary at fleet size).
+So a pass reads its object, the pools and its nodes from memory: no GET or LIST per pass. API reads stay
 where optimistic concurrency needs them (the ledger re-reads a pool after a 409).
 
 Why kopf indexes and not a dict filled by ``@kopf.on.event``: kopf fills every index from the
@@ -40,9 +41,8 @@ from kubernetes import client
 from hyperplan.api.models import GROUP, VERSION, Reservation, to_rfc3339
 from hyperplan.planning.blocks import Block
 from hyperplan.planning.offerings import Busy, PoolSnapshot
-from hyperplan.planning.naming import LABEL_GROUP, LABEL_RESERVED_CAPACITY
 
-PLANS, POOLS, GROUPS, NODES = "hp_plans", "hp_pools", "hp_groups", "hp_group_nodes"
+PLANS, POOLS, GROUPS, NODES = "hp_plans", "hp_pools", "hp_groups", "nodes"  # NODES: the node store
 KEEP_ANNOTATION_PREFIXES = ("hyperplan.dev/",)
 DROP_ANNOTATIONS = ("hyperplan.dev/last-handled-configuration",)
 
@@ -132,21 +132,11 @@ async def hp_groups(name: str, body: kopf.Body, **_: Any) -> dict[str, dict[str,
     return {name: slim_object(body)}
 
 
-@kopf.index("", "v1", "nodes", labels={LABEL_GROUP: kopf.PRESENT})
-async def hp_group_nodes(body: kopf.Body, labels: kopf.Labels, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
-    """Group nodes, by ("group", label value) and by ("block", reserved-capacity label value)."""
-    node = slim_node(body)
-    keys = {("group", labels[LABEL_GROUP]): node}
-    if labels.get(LABEL_RESERVED_CAPACITY):
-        keys[("block", labels[LABEL_RESERVED_CAPACITY])] = node
-    return keys
-
-
 @kopf.on.startup()
 async def bind_watch_cache(memo: kopf.Memo, **kwargs: Any) -> None:
-    """Hand kopf's indexes (available to startup handlers, filled before any other handler) to
-    the runtime's cache."""
-    memo.runtime.cache.bind(kwargs)
+    """Hand kopf's indexes (available to startup handlers, filled before any other handler) and
+    the node store (handlers.nodewatch, listed by its own startup handler) to the runtime's cache."""
+    memo.runtime.cache.bind({**kwargs, NODES: memo.runtime.node_store})
 
 
 def _rv(obj: Mapping[str, Any] | None) -> int:

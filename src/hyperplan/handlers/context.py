@@ -21,6 +21,7 @@ from hyperplan.actuation.kube import Kube, api_client
 from hyperplan.actuation.ledger import CapacityLedger, KubeLedger
 from hyperplan.actuation.nodes import KubeNodePods, NodePods, NodeProvider, providers
 from hyperplan.handlers.cache import WatchCache
+from hyperplan.handlers.nodewatch import NodeStore
 from hyperplan.planning.lending import OperatorIdentity
 from hyperplan.planning.memory import GroupMemory
 from hyperplan.planning.naming import TopologyKeys
@@ -109,8 +110,10 @@ class Runtime:
     # Who needs waking when something changes, so a change wakes only the daemons it concerns:
     # plans not bought yet (their offerings depend on the pools).
     unbought_plans: set[str] = field(default_factory=set)
-    node_digests: dict[str, tuple] = field(default_factory=dict)  # see handlers.nodes.node_digest
-    free_node_digests: dict[str, tuple] = field(default_factory=dict)
+    # The nodes of groups, jobs and the free pool, from the operator's own node watch
+    # (handlers.nodewatch; started by handlers.nodes.start_node_watch, which sets node_watch).
+    node_store: NodeStore = field(default_factory=NodeStore)
+    node_watch: Any = None
     # The Kueue admission controller's state (handlers.kueue.KueueState): the AdmissionChecks it
     # serves and the per-plan loops it runs. Set when its handlers start.
     kueue: Any = None

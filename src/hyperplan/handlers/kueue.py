@@ -28,8 +28,8 @@ is left. Only ``on.event`` handlers and an index watch Kueue's kinds, so kopf ne
 **Reads.** A pass makes no API read: the checks are what their watch events said
 (:class:`KueueState` keeps them), the Workloads come from a kopf index fed by the Workload watch
 (``hp_kueue_workloads``, by check name and by workload), the plan and its groups' nodes from
-the operator's watch cache, the job nodes from a kopf index of the nodes labelled
-``hyperplan.dev/workload``. What the pass wrote is remembered with the resourceVersion the API
+the operator's watch cache, the job nodes (labelled ``hyperplan.dev/workload``) from the node
+store of handlers.nodewatch, by plan. What the pass wrote is remembered with the resourceVersion the API
 server returned, and preferred over an older watched copy; the job nodes are listed from the API
 once after a pass that wrote to them (as a group's nodes are).
 
@@ -75,8 +75,9 @@ from hyperplan.actuation.groups import signal_checkpoint
 from hyperplan.actuation.kueue import KUEUE_API, KUEUE_GROUP, KUEUE_VERSION, KubeKueueWrites, KueueWrites
 from hyperplan.actuation.nodes import ACCELERATORS, NodeProvider
 from hyperplan.api.models import GROUP, VERSION, TrainingPlan, to_rfc3339
-from hyperplan.handlers.cache import slim_node, v1_node
+from hyperplan.handlers.cache import v1_node
 from hyperplan.handlers.context import Runtime, reconcile_forever
+from hyperplan.handlers.nodewatch import DELETED, NodeChange
 from hyperplan.planning import admission as ad
 from hyperplan.planning import groups as gr
 from hyperplan.planning import naming as nm
@@ -86,7 +87,6 @@ from hyperplan.planning.schedule import plan_block_schedule
 
 KIND = "kueue-plan"
 WORKLOADS_INDEX = "hp_kueue_workloads"
-JOB_NODES_INDEX = "hp_job_nodes"
 log = logging.getLogger("hyperplan.kueue")
 
 
@@ -277,12 +277,6 @@ async def hp_kueue_workloads(namespace: str, name: str, body: kopf.Body, **_: An
         if entry.get("name"):
             keys[("check", entry["name"])] = wl
     return keys
-
-
-@kopf.index("", "v1", "nodes", labels={tj.LABEL_WORKLOAD: kopf.PRESENT})
-async def hp_job_nodes(body: kopf.Body, labels: kopf.Labels, **_: Any) -> dict[str, dict[str, Any]]:
-    """Job nodes of training-job plans, by their plan's label value."""
-    return {labels.get(nm.LABEL_PLAN, ""): slim_node(body)}
 
 
 # --------------------------------------------------------------------------- reading
@@ -608,10 +602,13 @@ def _signalled(node: client.V1Node) -> bool:
 
 @kopf.on.startup()
 async def kueue_startup(memo: kopf.Memo, **kwargs: Any) -> None:
-    """Bind the indexes (kopf hands them to startup handlers, filled before any other handler)."""
-    state = state_of(memo.runtime)
+    """Bind the Workload index (kopf hands it to startup handlers, filled before any other
+    handler) and the job nodes (the node store, by plan), and listen to job node changes."""
+    rt: Runtime = memo.runtime
+    state = state_of(rt)
     state.workloads = kwargs.get(WORKLOADS_INDEX)
-    state.job_nodes = kwargs.get(JOB_NODES_INDEX)
+    state.job_nodes = rt.node_store.view("job")
+    rt.node_store.listeners.append(lambda change: job_node_changed(rt, change))
 
 
 @kopf.on.cleanup()
@@ -672,20 +669,26 @@ async def workload_changed(namespace: str, name: str, body: kopf.Body, type: str
         memo.runtime.wakeups.wake(KIND, plan)
 
 
-@kopf.on.event("", "v1", "nodes", labels={tj.LABEL_WORKLOAD: kopf.PRESENT})
-async def job_node_seen(labels: kopf.Labels, type: str | None, memo: kopf.Memo, **_: Any) -> None:
-    """A job node of a plan that has no loop (after a restart, when no check names the plan any
-    more): start one, so that the node is released once no workload runs on it."""
-    rt: Runtime = memo.runtime
+def job_node_changed(rt: Runtime, change: NodeChange) -> None:
+    """A job node of a plan that has no loop changed (a node listener, handlers.nodes): start
+    one, so that the node is released once no workload runs on it."""
+    plan = change.labels.get(nm.LABEL_PLAN)
+    if tj.LABEL_WORKLOAD not in change.labels or not plan or change.type == DELETED:
+        return
     state = state_of(rt)
-    plan = labels.get(nm.LABEL_PLAN)
-    if plan and type != "DELETED" and plan not in state.loops and rt.cache.plan(plan) is not None:
+    if plan not in state.loops and rt.cache.plan(plan) is not None:
         state.ensure_loop(rt, plan)
 
 
 @kopf.on.event(GROUP, VERSION, "trainingplans")
 async def plan_changed_for_admission(name: str, type: str | None, memo: kopf.Memo, **_: Any) -> None:
-    """A plan's phase or blocks changed (or it appeared or went): the checks naming it look again."""
+    """A plan's phase or blocks changed (or it appeared or went): the checks naming it look again.
+    A plan first seen (kopf's initial listing, after a restart) that still has job nodes but no
+    check naming it gets a loop, so that its nodes are released once no workload runs on them."""
     state = state_of(memo.runtime)
+    if type is None and name not in state.loops and state.job_nodes is not None \
+            and state.job_nodes.get(nm.label_value(name)):
+        state.ensure_loop(memo.runtime, name)
+        return
     if type is not None and name in state.loops:
         memo.runtime.wakeups.wake(KIND, name)

@@ -4,93 +4,87 @@ passes rather than every node event (288 nodes coming up: a few events each)."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
+from kubernetes import client
 
 from hyperplan import metrics
+from hyperplan.actuation.kube import api_client
 from hyperplan.actuation.groups import bad_health_label
 from hyperplan.actuation.nodes import LABEL_NODE_ID, LABEL_POOL, POOL_FREE
 from hyperplan.api.vocabulary import GROUP, VERSION
+from hyperplan.handlers.nodewatch import DELETED, NodeChange, NodeWatch
 from hyperplan.planning.health import removed_by_operator
 from hyperplan.planning.naming import LABEL_GROUP, LABEL_PLAN
 
-
-def node_digest(body: kopf.Body) -> tuple:
-    """What the operator reads of a node. Heartbeats (KWOK or a kubelet refreshing
-    lastHeartbeatTime every few seconds) leave it unchanged, so they wake nothing. A condition's
-    lastTransitionTime is left out too: it matters only with a new status, which is in the
-    digest, and KWOK's heartbeats re-render it in two alternating forms (docs/benchmarks.md 5.2),
-    which woke every group on every heartbeat."""
-    spec, status = body.get("spec", {}), body.get("status", {})
-    return (
-        tuple(sorted((body.get("metadata", {}).get("labels") or {}).items())),
-        tuple(sorted((t.get("key"), t.get("value"), t.get("effect")) for t in spec.get("taints") or [])),
-        bool(spec.get("unschedulable")),
-        bool(body.get("metadata", {}).get("deletionTimestamp")),
-        tuple(sorted((c.get("type"), c.get("status")) for c in status.get("conditions") or [])),
-    )
+log = logging.getLogger("hyperplan.nodes")
 
 
-@kopf.on.event("", "v1", "nodes")
-async def node_changed(name: str, labels: kopf.Labels, body: kopf.Body, type: str | None,
-                       memo: kopf.Memo, **_: Any) -> None:
-    """Every node event, in one handler: kopf's cost per handler call (its context, outcome and
-    logging per invocation) was most of an idle operator's CPU with thousands of heartbeating
-    nodes, and three handlers ran for each heartbeat. Unfiltered, so that a node handed back
-    without the group label leaves the group's count in the metrics."""
+@kopf.on.startup()
+async def start_node_watch(memo: kopf.Memo, **_: Any) -> None:
+    """List the nodes into the runtime's node store, then watch them on a thread of their own
+    (handlers.nodewatch). kopf runs no other handler or daemon before its startup handlers are
+    done, so no pass ever reads a half-listed store."""
     rt = memo.runtime
-    group = labels.get(LABEL_GROUP)
-    metrics.OBSERVED.put_node(name, None if type == "DELETED" else group)
+    loop = asyncio.get_running_loop()
+    core = client.CoreV1Api(api_client(rt.settings.kubeconfig))  # its own connection for the stream
+    watch = NodeWatch(core, rt.node_store, lambda change: loop.call_soon_threadsafe(node_changed, rt, change))
+    started = time.monotonic()
+    for change in await asyncio.to_thread(watch.list, True):
+        node_changed(rt, change)
+    log.info("node watch: %d node(s) of groups, jobs and the free pool listed in %.1fs",
+             len(rt.node_store), time.monotonic() - started)
+    watch.start()
+    rt.node_watch = watch
+
+
+@kopf.on.cleanup()
+async def stop_node_watch(memo: kopf.Memo, **_: Any) -> None:
+    watch = getattr(memo.runtime, "node_watch", None)
+    if watch is not None:
+        await asyncio.to_thread(watch.close)
+
+
+def node_changed(rt: Any, change: NodeChange) -> None:
+    """A node event that changed what the operator reads (on the event loop): the node metrics'
+    group, then the wake-ups of its group, of the groups waiting for a free node, and of the
+    other listeners (the Kueue controller's job nodes)."""
+    group = change.labels.get(LABEL_GROUP)
+    metrics.OBSERVED.put_node(change.name, None if change.type == DELETED else group)
     if group:
-        group_node_changed(rt, name, group, labels, body, type)
-    else:
-        rt.node_digests.pop(name, None)
-    if labels.get(LABEL_POOL) == POOL_FREE:
-        free_node_changed(rt, name, body, type)
-    else:
-        rt.free_node_digests.pop(name, None)
+        group_node_changed(rt, change.name, group, change.labels, change.node, change.type)
+    if change.labels.get(LABEL_POOL) == POOL_FREE and change.type not in (None, DELETED):
+        for waiting in rt.groups.short_of_free_nodes():
+            rt.wakeups.wake("group", waiting)
+    for listener in rt.node_store.listeners:
+        listener(change)
 
 
-def group_node_changed(rt: Any, name: str, group: str, labels: kopf.Labels, body: kopf.Body,
+def group_node_changed(rt: Any, name: str, group: str, labels: Mapping[str, str], node: Mapping[str, Any],
                        type: str | None) -> None:
-    """A change to a group's node wakes that group; a heartbeat wakes nobody."""
-    digest = node_digest(body)
-    unchanged = rt.node_digests.get(name) == digest
-    rt.node_digests[name] = digest
-    if type is None or (type == "MODIFIED" and unchanged):
-        return  # the initial listing (daemons reconcile on start anyway), or only a heartbeat
-    if type == "DELETED":
-        rt.node_digests.pop(name, None)
+    """A change to a group's node wakes that group (heartbeats never get here)."""
+    if type is None:
+        return  # the first listing: daemons reconcile on start anyway
+    if type == DELETED:
         node_id = labels.get(LABEL_NODE_ID, name)
-        annotations = body.get("metadata", {}).get("annotations") or {}
+        annotations = node.get("metadata", {}).get("annotations") or {}
         # Unless the operator removed it, the node was deleted from under the group: a failure
         # signal, judged after the grace.
         rt.groups.note_deleted(group, node_id, labels, rt.clock(),
                                by_operator=removed_by_operator(labels, annotations))
     bad = bad_health_label(labels)
-    if bad and type != "DELETED" and rt.groups.holds(group):
+    if bad and type != DELETED and rt.groups.holds(group):
         # The grace of a health label counts from its first sight: the event, not the group's
         # next pass (which may be busy carrying out the last one when a storm of labels comes).
         rt.groups.first_sight(group, labels.get(LABEL_NODE_ID, name), bad, rt.clock())
     rt.wakeups.wake("group", group)
-    if type == "DELETED" and labels.get(LABEL_PLAN):  # its group may be gone, with no pass to wake the plan
+    if type == DELETED and labels.get(LABEL_PLAN):  # its group may be gone, with no pass to wake the plan
         rt.wakeups.wake("plan", labels[LABEL_PLAN])
-
-
-def free_node_changed(rt: Any, name: str, body: kopf.Body, type: str | None) -> None:
-    """A node of the free static pool appeared or changed (handed back, uncordoned, Ready again):
-    the groups that last found no lendable node look again. Heartbeats wake nothing."""
-    digest = node_digest(body)
-    unchanged = rt.free_node_digests.get(name) == digest
-    rt.free_node_digests[name] = digest
-    if type == "DELETED":
-        rt.free_node_digests.pop(name, None)
-        return
-    if type is None or unchanged:
-        return
-    for group in rt.groups.short_of_free_nodes():
-        rt.wakeups.wake("group", group)
 
 
 @kopf.on.event(GROUP, VERSION, "trainingplans")
