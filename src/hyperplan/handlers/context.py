@@ -111,6 +111,7 @@ class Runtime:
     unbought_plans: set[str] = field(default_factory=set)
     node_digests: dict[str, tuple] = field(default_factory=dict)  # see handlers.nodes.node_digest
     free_node_digests: dict[str, tuple] = field(default_factory=dict)
+    plan_digests: dict[str, str] = field(default_factory=dict)  # see handlers.nodes.plan_digest
     # The Kueue admission controller's state (handlers.kueue.KueueState): the AdmissionChecks it
     # serves and the per-plan loops it runs. Set when its handlers start.
     kueue: Any = None
