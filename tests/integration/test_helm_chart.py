@@ -128,6 +128,16 @@ def test_default_render_runs_the_operator_locked_down(helm) -> None:
         ("true", "8000", "/metrics")
 
 
+def test_leases_are_granted_in_the_release_namespace_only(helm) -> None:
+    """The leader Lease is the only Lease the operator touches: the namespaced Role grants it,
+    the ClusterRole grants no Lease anywhere (node heartbeats are not read)."""
+    objs = by_kind(render(helm, namespace="hyperplan-system"))
+    assert _rules_for(objs["ClusterRole"], "coordination.k8s.io") == []
+    assert objs["Role"]["metadata"]["namespace"] == "hyperplan-system"
+    assert _rules_for(objs["Role"], "coordination.k8s.io") == [
+        ("leases", ("create", "get", "list", "update", "watch"))]
+
+
 def test_two_replicas_elect_a_leader_and_survive_a_drain(helm) -> None:
     """Two replicas by default: a leader Lease, a PodDisruptionBudget, spread over nodes, and a
     rolling update that starts the new pod before it stops the old one."""
@@ -383,6 +393,9 @@ def test_cluster_role_grants_what_the_operator_needs_and_no_more(release, crds: 
     for verb in ("get", "watch", "create", "update"):
         assert can_i(crds, user, verb, "leases.coordination.k8s.io", None, "-n", ns), verb
     assert not can_i(crds, user, "delete", "leases.coordination.k8s.io", None, "-n", ns)
+    # No Lease elsewhere: node heartbeats in kube-node-lease are not read.
+    for verb in ("get", "list", "watch"):
+        assert not can_i(crds, user, verb, "leases.coordination.k8s.io", None, "-n", "kube-node-lease"), verb
     # The grants come from the chart's binding, not from something every account has.
     other = f"system:serviceaccount:{release['namespace']}:default"
     assert not can_i(crds, other, "create", "nodes")
