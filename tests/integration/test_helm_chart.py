@@ -23,32 +23,12 @@ from typing import Any
 import pytest
 import yaml
 
-from hyperplan.devcluster import build
 from hyperplan.devcluster.plane import Plane, free_port
 from tests.kube import Kubectl, eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "hyperplan"
 API = "hyperplan.dev/v1alpha1"
-
-
-@pytest.fixture(scope="module")
-def helm(tmp_path_factory: pytest.TempPathFactory):
-    """``helm(*args)``: the built Helm with its cache, config and data in a temporary folder."""
-    home = tmp_path_factory.mktemp("helm")
-    env = {**os.environ, "HELM_CACHE_HOME": str(home / "cache"),
-           "HELM_CONFIG_HOME": str(home / "config"), "HELM_DATA_HOME": str(home / "data")}
-    env.pop("KUBECONFIG", None)
-
-    def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-        proc = subprocess.run([str(build.binary("helm")), *args], env=env, capture_output=True,
-                              text=True, timeout=180)
-        if check and proc.returncode != 0:
-            raise AssertionError(f"helm {' '.join(args)} failed ({proc.returncode}):\n"
-                                 f"{proc.stdout}\n{proc.stderr}")
-        return proc
-
-    return run
 
 
 def render(helm, *args: str, namespace: str = "default") -> list[dict[str, Any]]:
