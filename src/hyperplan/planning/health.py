@@ -22,9 +22,9 @@ operator does not reset the clock):
 
 A label or deletion whose start time the caller does not know (``None``) counts as having
 started long ago: it is judged at once rather than never. A node whose signals clear
-before their grace ends is simply healthy. A dead kubelet shows as ``Ready=Unknown``: the node lifecycle
-controller sets it once the node's Lease is stale, so the operator does not watch Leases
-itself (docs/design-decisions.md, "Node Leases").
+before their grace ends is simply healthy. A dead kubelet shows as ``Ready=Unknown``: the
+node lifecycle controller sets it once the node's Lease is stale, so the operator does not
+watch Leases itself (docs/design-decisions.md, "Node Leases").
 
 Batching close deadlines
 ------------------------
