@@ -23,32 +23,12 @@ from typing import Any
 import pytest
 import yaml
 
-from hyperplan.devcluster import build
 from hyperplan.devcluster.plane import Plane, free_port
 from tests.kube import Kubectl, eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "hyperplan"
 API = "hyperplan.dev/v1alpha1"
-
-
-@pytest.fixture(scope="module")
-def helm(tmp_path_factory: pytest.TempPathFactory):
-    """``helm(*args)``: the built Helm with its cache, config and data in a temporary folder."""
-    home = tmp_path_factory.mktemp("helm")
-    env = {**os.environ, "HELM_CACHE_HOME": str(home / "cache"),
-           "HELM_CONFIG_HOME": str(home / "config"), "HELM_DATA_HOME": str(home / "data")}
-    env.pop("KUBECONFIG", None)
-
-    def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-        proc = subprocess.run([str(build.binary("helm")), *args], env=env, capture_output=True,
-                              text=True, timeout=180)
-        if check and proc.returncode != 0:
-            raise AssertionError(f"helm {' '.join(args)} failed ({proc.returncode}):\n"
-                                 f"{proc.stdout}\n{proc.stderr}")
-        return proc
-
-    return run
 
 
 def render(helm, *args: str, namespace: str = "default") -> list[dict[str, Any]]:
@@ -126,6 +106,16 @@ def test_default_render_runs_the_operator_locked_down(helm) -> None:
     ann = svc["metadata"]["annotations"]
     assert (ann["prometheus.io/scrape"], ann["prometheus.io/port"], ann["prometheus.io/path"]) == \
         ("true", "8000", "/metrics")
+
+
+def test_leases_are_granted_in_the_release_namespace_only(helm) -> None:
+    """The leader Lease is the only Lease the operator touches: the namespaced Role grants it,
+    the ClusterRole grants no Lease anywhere (node heartbeats are not read)."""
+    objs = by_kind(render(helm, namespace="hyperplan-system"))
+    assert _rules_for(objs["ClusterRole"], "coordination.k8s.io") == []
+    assert objs["Role"]["metadata"]["namespace"] == "hyperplan-system"
+    assert _rules_for(objs["Role"], "coordination.k8s.io") == [
+        ("leases", ("create", "get", "list", "update", "watch"))]
 
 
 def test_two_replicas_elect_a_leader_and_survive_a_drain(helm) -> None:
@@ -383,6 +373,9 @@ def test_cluster_role_grants_what_the_operator_needs_and_no_more(release, crds: 
     for verb in ("get", "watch", "create", "update"):
         assert can_i(crds, user, verb, "leases.coordination.k8s.io", None, "-n", ns), verb
     assert not can_i(crds, user, "delete", "leases.coordination.k8s.io", None, "-n", ns)
+    # No Lease elsewhere: node heartbeats in kube-node-lease are not read.
+    for verb in ("get", "list", "watch"):
+        assert not can_i(crds, user, verb, "leases.coordination.k8s.io", None, "-n", "kube-node-lease"), verb
     # The grants come from the chart's binding, not from something every account has.
     other = f"system:serviceaccount:{release['namespace']}:default"
     assert not can_i(crds, other, "create", "nodes")

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from hyperplan.devcluster.plane import Plane
-from tests.integration.test_helm_chart import CHART, helm, render  # noqa: F401  (helm is a fixture)
+from tests.integration.test_helm_chart import CHART, render  # the helm fixture: tests/integration/conftest.py
 from tests.kube import Kubectl
 
 ROOT = Path(__file__).resolve().parents[2]

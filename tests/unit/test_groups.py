@@ -700,6 +700,48 @@ def test_a_failure_inside_its_grace_only_schedules_a_check():
     assert d.wake_at == P1 + timedelta(seconds=3)  # when the grace ends
 
 
+GRACE_END = FAIL_AT + timedelta(seconds=5)  # of a node failing at FAIL_AT
+
+
+def marked(d: GroupDecision) -> list[str]:
+    return [a.node for a in d.remediation if isinstance(a, hl.MarkUnhealthy)]
+
+
+@pytest.mark.parametrize(
+    ("gap", "expected_wake", "expected_marked"),
+    [
+        pytest.param(timedelta(milliseconds=30), GRACE_END + timedelta(milliseconds=30), ["0-1", "0-10"],
+                     id="30ms-apart-one-wake-at-the-later-acts-on-both"),
+        pytest.param(timedelta(seconds=2), GRACE_END, ["0-1"], id="2s-apart-wake-at-the-first-acts-on-it"),
+    ],
+)
+def test_close_health_deadlines_are_judged_in_one_pass(gap, expected_wake, expected_marked):
+    cluster = failing("0-1")
+    cluster = failing("0-10", cluster=cluster, since=FAIL_AT + gap)
+    before = decide(observed(cluster), now=FAIL_AT + timedelta(seconds=1), prior=READY_STATUS)
+    assert before.remediation == ()
+    assert before.wake_at == expected_wake
+
+    at_wake = decide(observed(cluster), now=before.wake_at, prior=READY_STATUS)
+    assert marked(at_wake) == [name(s) for s in expected_marked]
+    assert at_wake.status.unhealthy_count == len(expected_marked)
+
+
+def test_a_pass_between_two_close_deadlines_holds_the_first_failure_for_the_second():
+    """An event wakes the group 10 ms after the first grace ended, 20 ms before the second ends:
+    nothing is acted on yet (neither is judged early, the first at most 0.5 s late), and the
+    pass wakes at the second deadline, which acts on both."""
+    cluster = failing("0-1")
+    cluster = failing("0-10", cluster=cluster, since=FAIL_AT + timedelta(milliseconds=30))
+    between = decide(observed(cluster), now=GRACE_END + timedelta(milliseconds=10), prior=READY_STATUS)
+    assert (between.remediation, between.create, between.update, between.drain) == ((), [], [], [])
+    assert between.status.unhealthy_count == 0
+    assert between.wake_at == GRACE_END + timedelta(milliseconds=30)
+
+    both = decide(observed(cluster), now=between.wake_at, prior=between.status)
+    assert marked(both) == [name("0-1"), name("0-10")]
+
+
 def test_a_failed_node_is_marked_and_replaced_by_the_spare_on_its_ultraserver():
     d = decide(observed(failing("0-1")), now=P1, prior=READY_STATUS)
 

@@ -9,6 +9,7 @@ import pytest
 
 from hyperplan.planning.health import (
     EVICTION_RETRY,
+    HEALTH_BATCH_WINDOW,
     Backfill,
     Evacuation,
     EvictPods,
@@ -204,6 +205,143 @@ def test_health_check_from_spec():
         parse_condition_spec("GpuHealthy")
     with pytest.raises(ValueError):
         parse_condition_spec("GpuHealthy=Maybe")
+
+
+# --------------------------------------------------------------------------- batching close deadlines
+
+MS = timedelta(milliseconds=1)
+
+
+def failing_until(name: str, deadline: datetime, **kw) -> NodeObservation:
+    """A node whose Ready=False grace ends at ``deadline``."""
+    return NodeObservation(name, conditions=(NodeCondition("Ready", "False", deadline - GRACE),), **kw)
+
+
+def test_the_batch_window_is_half_a_second():
+    assert HEALTH_BATCH_WINDOW == timedelta(milliseconds=500)
+
+
+@pytest.mark.parametrize(
+    ("deadlines_ms", "expected_ms"),
+    [
+        pytest.param([2000], 2000, id="one-deadline"),
+        pytest.param([2000, 2030], 2030, id="two-30ms-apart-one-wake-at-the-later"),
+        pytest.param([2030, 2000], 2030, id="two-30ms-apart-in-either-order"),
+        pytest.param([2000, 4000], 2000, id="two-2s-apart-wake-at-the-first"),
+        pytest.param([2000, 2500], 2500, id="exactly-the-window-apart"),
+        pytest.param([2000, 2501], 2000, id="just-over-the-window-apart"),
+        pytest.param([2000, 2300, 2600, 2900], 2300, id="chain-cut-at-the-window"),
+        pytest.param([2000, 2100, 2200, 2400], 2400, id="three-close-ones-all-in-one-wake"),
+    ],
+)
+def test_next_check_extends_to_the_last_deadline_within_the_window(deadlines_ms, expected_ms):
+    nodes = [failing_until(f"n{i}", NOW + ms * MS) for i, ms in enumerate(deadlines_ms)]
+    verdict = evaluate_health(nodes, CHECK, NOW)
+    assert verdict.unhealthy == {}
+    assert verdict.next_check == NOW + expected_ms * MS
+    # No window: the earliest deadline, as before.
+    assert evaluate_health(nodes, CHECK, NOW, batch_window=timedelta(0)).next_check == NOW + min(deadlines_ms) * MS
+
+
+@pytest.mark.parametrize(
+    ("a", "b_ms", "expected_unhealthy", "expected_held", "expected_next_ms"),
+    [
+        pytest.param(failing_until("a", NOW - 10 * MS), 20, {}, {"a": NOW - 10 * MS}, 20,
+                     id="grace-ended-10ms-ago-held-for-a-deadline-20ms-ahead"),
+        pytest.param(failing_until("a", NOW - 10 * MS), 2000, {"a": "Ready=False"}, {}, 2000,
+                     id="next-deadline-2s-ahead-acts-now"),
+        pytest.param(failing_until("a", NOW - 300 * MS), 300, {"a": "Ready=False"}, {}, 300,
+                     id="held-at-most-the-window-after-its-own-grace-end"),
+        pytest.param(failing_until("a", NOW - 600 * MS), 20, {"a": "Ready=False"}, {}, 20,
+                     id="grace-ended-longer-than-the-window-ago"),
+        pytest.param(failing_until("a", NOW - 10 * MS, health_label="UnschedulablePendingReplacement",
+                                   health_label_since=ago(60)), 20,
+                     {"a": "NodeHealthStatus=UnschedulablePendingReplacement"}, {}, 20,
+                     id="remediation-already-started-not-held"),
+        pytest.param(node("a", health_label="Unschedulable"), 20, {"a": "NodeHealthStatus=Unschedulable"}, {}, 20,
+                     id="unknown-start-not-held"),
+    ],
+)
+def test_a_fresh_failure_is_held_for_a_close_pending_deadline(a, b_ms, expected_unhealthy, expected_held,
+                                                              expected_next_ms):
+    verdict = evaluate_health([a, failing_until("b", NOW + b_ms * MS)], CHECK, NOW)
+    assert verdict.unhealthy == expected_unhealthy
+    assert verdict.held == expected_held
+    assert verdict.next_check == NOW + expected_next_ms * MS
+    if expected_held:  # pending, with its reason, to be judged with b
+        assert verdict.pending == {"a": "Ready=False", "b": "Ready=False"}
+        assert verdict.healthy == ("a", "b")
+        at_b = evaluate_health([a, failing_until("b", NOW + b_ms * MS)], CHECK, verdict.next_check)
+        assert at_b.unhealthy == {"a": "Ready=False", "b": "Ready=False"}
+        assert at_b.held == {}
+
+
+def test_a_held_spare_is_not_promoted():
+    failed = node("f", cond("Ready", "False", 60), role="active", ultraserver_id="us-0", slot="0-0")
+    held = failing_until("s1", NOW - 10 * MS, role="spare", ultraserver_id="us-0", slot="0-8")
+    healthy = node("s2", role="spare", ultraserver_id="us-1", slot="1-8")
+    soon = failing_until("x", NOW + 20 * MS, ultraserver_id="us-1", slot="1-0")
+    nodes = [failed, held, healthy, soon]
+    verdict = evaluate_health(nodes, CHECK, NOW)
+    assert verdict.held == {"s1": NOW - 10 * MS}
+    plan = plan_remediation(verdict, nodes, block_has_time_left=True, uses_spares=True, max_unhealthy=4)
+    assert [a.spare for a in plan.actions if isinstance(a, PromoteSpare)] == ["s2"]
+
+
+STORMS = [
+    pytest.param([0, 30], id="two-30ms-apart"),
+    pytest.param([0, 2000], id="two-2s-apart"),
+    pytest.param([0, 300, 600, 900, 1200], id="a-chain-300ms-apart"),
+    pytest.param([0, 1, 2, 499, 500, 501, 1000], id="a-dense-burst"),
+    pytest.param([0, 0, 250, 250], id="equal-deadlines"),
+]
+
+
+def _first_unhealthy(deadlines_ms, pass_times):
+    """Judge the nodes at each pass time (plus each pass's own next_check); when each first turns
+    unhealthy. Asserts at every pass that no node is unhealthy before its own grace ends."""
+    nodes = [failing_until(f"n{i}", NOW + ms * MS) for i, ms in enumerate(deadlines_ms)]
+    deadline = {n.name: NOW + ms * MS for n, ms in zip(nodes, deadlines_ms)}
+    first: dict[str, datetime] = {}
+    passes = sorted(pass_times)
+    while passes:
+        now = passes.pop(0)
+        verdict = evaluate_health(nodes, CHECK, now)
+        for name in verdict.unhealthy:
+            assert deadline[name] <= now, f"{name} judged unhealthy {deadline[name] - now} before its grace ends"
+            first.setdefault(name, now)
+        for name, ended in verdict.held.items():
+            assert ended == deadline[name] and ended <= now
+        if verdict.next_check is not None:
+            assert verdict.next_check > now
+            passes = sorted(set(passes) | {verdict.next_check})
+    return deadline, first
+
+
+@pytest.mark.parametrize("deadlines_ms", STORMS)
+def test_no_node_is_judged_unhealthy_before_its_grace_ends_nor_more_than_the_window_after(deadlines_ms):
+    # Passes at the wakes the verdicts ask for only, and also at an event every 7 ms.
+    for events in ([NOW - 100 * MS], [NOW - 100 * MS + i * 7 * MS for i in range(400)]):
+        deadline, first = _first_unhealthy(deadlines_ms, events)
+        assert set(first) == set(deadline)
+        for name, when in first.items():
+            assert deadline[name] <= when <= deadline[name] + HEALTH_BATCH_WINDOW
+
+
+@pytest.mark.parametrize(
+    ("deadlines_ms", "expected_passes_that_act"),
+    [
+        pytest.param([0, 30], [[0, 30]], id="two-30ms-apart-one-pass"),
+        pytest.param([0, 2000], [[0], [2000]], id="two-2s-apart-two-passes"),
+        pytest.param([0, 300, 600, 900, 1200], [[0, 300], [600, 900], [1200]], id="a-chain-cut-at-the-window"),
+    ],
+)
+def test_close_failures_turn_unhealthy_in_one_pass(deadlines_ms, expected_passes_that_act):
+    deadline, first = _first_unhealthy(deadlines_ms, [NOW - 100 * MS])
+    by_pass: dict[datetime, list[int]] = {}
+    for name, when in first.items():
+        by_pass.setdefault(when, []).append(int((deadline[name] - NOW) / MS))
+    assert [sorted(v) for _, v in sorted(by_pass.items())] == expected_passes_that_act
 
 
 # --------------------------------------------------------------------------- circuit breaker

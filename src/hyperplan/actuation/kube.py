@@ -38,10 +38,6 @@ def is_conflict(e: Exception) -> bool:
     return isinstance(e, ApiException) and e.status == 409
 
 
-def is_not_found(e: Exception) -> bool:
-    return isinstance(e, ApiException) and e.status == 404
-
-
 @dataclass
 class Kube:
     """The calls the operator makes, grouped so that providers and the ledger share one client."""

@@ -114,6 +114,7 @@ class Runtime:
     # (handlers.nodewatch; started by handlers.nodes.start_node_watch, which sets node_watch).
     node_store: NodeStore = field(default_factory=NodeStore)
     node_watch: Any = None
+    plan_digests: dict[str, str] = field(default_factory=dict)  # see handlers.nodes.plan_digest
     # The Kueue admission controller's state (handlers.kueue.KueueState): the AdmissionChecks it
     # serves and the per-plan loops it runs. Set when its handlers start.
     kueue: Any = None

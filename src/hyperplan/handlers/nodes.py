@@ -5,6 +5,7 @@ passes rather than every node event (288 nodes coming up: a few events each)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Mapping
@@ -87,8 +88,36 @@ def group_node_changed(rt: Any, name: str, group: str, labels: Mapping[str, str]
         rt.wakeups.wake("plan", labels[LABEL_PLAN])
 
 
+def plan_digest(body: Mapping[str, Any]) -> str:
+    """What a group reads of its plan (``instancegroup.plan_view``): the spec fields it binds and
+    places by, the reserved capacity blocks, and whether the plan is being deleted. The plan's
+    own status writes (phase, counts, conditions, UltraServer health) leave it unchanged, so they
+    wake no group: each group pass that changes the nodes wakes the plan, and a plan write that
+    woke every group again made a loop that only pacing bounded."""
+    spec, status = body.get("spec") or {}, body.get("status") or {}
+    return json.dumps([
+        [spec.get(k) for k in ("targetResource", "instanceType", "ultraServerType", "spareInstancesPerUltraServer")],
+        status.get("reservedCapacity") or [],
+        bool((body.get("metadata") or {}).get("deletionTimestamp")),
+    ], sort_keys=True, default=str)
+
+
+def plan_wakes_groups(digests: dict[str, str], name: str, type: str | None, body: Mapping[str, Any]) -> bool:
+    """Whether a plan's watch event (``type`` None: the initial listing) concerns its groups,
+    keeping ``digests`` (by plan name) up to date and pruned on deletion."""
+    if type == "DELETED":
+        digests.pop(name, None)
+        return True
+    digest = plan_digest(body)
+    unchanged = digests.get(name) == digest
+    digests[name] = digest
+    return type is not None and (type == "ADDED" or not unchanged)
+
+
 @kopf.on.event(GROUP, VERSION, "trainingplans")
-async def plan_changed(name: str, type: str | None, memo: kopf.Memo, **_: Any) -> None:
-    """A plan's blocks or phase changed: its groups look again (they compute block times themselves)."""
-    if type is not None:
-        memo.runtime.wake_groups_of(name)
+async def plan_changed(name: str, type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """A plan's blocks or what its groups bind by changed, or it went: its groups look again
+    (they compute block times themselves). Its status writes alone wake nothing."""
+    rt = memo.runtime
+    if plan_wakes_groups(rt.plan_digests, name, type, body):
+        rt.wake_groups_of(name)

@@ -325,6 +325,7 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
         checkpoint=plan_checkpoint(block.id, termination, policy.checkpoint_lead, on_block, now))
     decision.events += checkpoint_events(decision.checkpoint, on_block)
     signal_at = checkpoint_time(termination, policy.checkpoint_lead)
+    # verdict.next_check batches grace ends that fall close together (health.HEALTH_BATCH_WINDOW).
     decision.wake_at = _min_time(schedule.next_transition_time, verdict.next_check, evacuation_check,
                                  now + DRAIN_RETRY if drains else None, signal_at if now < signal_at else None)
     if not remedy.allowed and _reason(prior.conditions, "RemediationAllowed") != remedy.reason:
