@@ -50,6 +50,9 @@ def test_an_event_is_handed_on_only_when_it_changes_what_the_operator_reads(even
     assert store.apply(ADDED, node()) == NodeChange(ADDED, "n1", {GROUP: "g1", RC: "rc-1"}, store.get(("group", "g1"))[0])
     change = store.apply(*copy.deepcopy(event))
     assert (change.type if change else None) == expect_type
+    labels_after = event[1]["metadata"]["labels"]
+    if change is not None and change.type == MODIFIED:  # the group it left looks again too
+        assert change.left_group == (None if labels_after.get(GROUP) == "g1" else "g1")
     assert sorted(n["metadata"]["name"] for n in store.get(("group", "g1")) or []) == group_nodes
     if expect_type is None and event[0] == MODIFIED:  # the heartbeat's copy is kept all the same
         assert store.get(("group", "g1"))[0]["metadata"]["resourceVersion"] == "2"
@@ -141,3 +144,33 @@ def test_the_watch_resumes_from_its_last_version_and_lists_again_when_it_expired
     watch._watch_once()
     assert [(c.type, c.name) for c in handed] == [(DELETED, "b"), (MODIFIED, "a")]
     assert core.calls == [("list", None), ("watch", "100"), ("watch", "6"), ("list", None), ("watch", "100")]
+
+
+def test_a_node_moved_to_another_group_names_the_group_it_left() -> None:
+    store = NodeStore()
+    store.apply(ADDED, node("b", **{GROUP: "g1"}))
+    change = store.apply(MODIFIED, node("b", rv="2", **{GROUP: "g2"}))
+    assert (change.type, change.labels[GROUP], change.left_group) == (MODIFIED, "g2", "g1")
+
+
+def test_an_expiry_answered_as_an_http_status_lists_again() -> None:
+    """The API server may refuse an expired resourceVersion with HTTP 410 instead of an ERROR
+    event; resuming from the same version would then fail forever."""
+    from kubernetes.client.rest import ApiException
+
+    class Refusing(FakeCore):
+        def list_node(self, watch: bool = False, **kw: Any) -> FakeResponse:
+            if watch and not self.calls:
+                self.calls.append(("watch", kw.get("resource_version")))
+                raise ApiException(status=410, reason="Gone")
+            if not watch:
+                watch_.stop.set()  # the relist is the last step of this test
+            return super().list_node(watch=watch, **kw)
+
+    handed: list[NodeChange] = []
+    core = Refusing(listings=[[node("a")]], streams=[[]])
+    watch_ = NodeWatch(core, NodeStore(), handed.append)
+    watch_.resource_version = "42"
+    watch_.run()
+    assert core.calls == [("watch", "42"), ("list", None), ("watch", "100")]  # resumed from the listing
+    assert [(c.type, c.name) for c in handed] == [(ADDED, "a")]

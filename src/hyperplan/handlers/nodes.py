@@ -59,6 +59,8 @@ def node_changed(rt: Any, change: NodeChange) -> None:
     metrics.OBSERVED.put_node(change.name, None if change.type == DELETED else group)
     if group:
         group_node_changed(rt, change.name, group, change.labels, change.node, change.type)
+    if change.left_group:  # relabelled or handed back: the group it left counts without it
+        rt.wakeups.wake("group", change.left_group)
     if change.labels.get(LABEL_POOL) == POOL_FREE and change.type not in (None, DELETED):
         for waiting in rt.groups.short_of_free_nodes():
             rt.wakeups.wake("group", waiting)

@@ -84,12 +84,15 @@ def tracked(labels: Mapping[str, str]) -> bool:
 class NodeChange:
     """A node event worth handing on: ``type`` is ADDED, MODIFIED or DELETED, or None for a node
     found by the first listing (as kopf reports the initial listing). ``node`` is the slim node
-    (for DELETED, the last one held, with the deletion's labels when the event carried them)."""
+    (for DELETED, the last one held, with the deletion's labels when the event carried them).
+    ``left_group``: the group whose node it was until this event (relabelled, handed back), which
+    must look again too."""
 
     type: str | None
     name: str
     labels: Mapping[str, str]
     node: Mapping[str, Any]
+    left_group: str | None = None  # the group it was in, when it is no longer that group's node
 
 
 @dataclass
@@ -141,14 +144,14 @@ class NodeStore:
                     return NodeChange(DELETED, name, dict(slim["metadata"].get("labels") or {}), slim)
                 # it lost the labels that made it ours (handed back, relabelled): a change for the
                 # last group it was in, and the end of it here
-                return NodeChange(MODIFIED, name, labels, slim_node(obj))
+                return NodeChange(MODIFIED, name, labels, slim_node(obj), _left_group(before, labels))
             slim, digest = slim_node(obj), node_digest(obj)
             self._put(name, _Held(slim, digest, node_keys(labels)), before)
         if before is None:  # new to the store: created, or newly labelled as ours
             return NodeChange(ADDED, name, labels, slim)
         if before.digest == digest:
             return None
-        return NodeChange(MODIFIED, name, labels, slim)
+        return NodeChange(MODIFIED, name, labels, slim, _left_group(before, labels))
 
     def replace(self, items: Iterable[Mapping[str, Any]], first: bool) -> list[NodeChange]:
         """A new listing: what changed against the store (all of it, as type None, on the first
@@ -159,8 +162,9 @@ class NodeStore:
             name = (obj.get("metadata") or {}).get("name", "")
             listed.add(name)
             change = self.apply(MODIFIED, obj)
-            if first and name in self._held:
-                held = self._held[name]
+            with self._lock:
+                held = self._held.get(name)
+            if first and held is not None:
                 changes.append(NodeChange(None, name, dict(held.node["metadata"].get("labels") or {}), held.node))
             elif change is not None:
                 changes.append(change)
@@ -189,6 +193,11 @@ class NodeStore:
                 bucket.pop(name, None)
                 if not bucket:
                     del self._by_key[key]
+
+
+def _left_group(before: _Held, labels: Mapping[str, str]) -> str | None:
+    was = next((value for kind, value in before.keys if kind == "group"), None)
+    return was if was is not None and labels.get(LABEL_GROUP) != was else None
 
 
 @dataclass(frozen=True)
@@ -249,6 +258,10 @@ class NodeWatch:
         resp = self._response
         if resp is not None:
             try:
+                # close() alone waits for the blocked read to return (the next event, a bookmark,
+                # or the read timeout: minutes on a quiet fleet); shutdown() interrupts it.
+                if hasattr(resp, "shutdown"):
+                    resp.shutdown()
                 resp.close()
             except Exception:  # noqa: BLE001 - closing a stream that broke anyway
                 pass
@@ -259,6 +272,7 @@ class NodeWatch:
         """The watch thread: watch, resume, list again when the resourceVersion expired."""
         relist = False
         while not self.stop.is_set():
+            started = time.monotonic()
             try:
                 if relist:
                     for change in self.list():
@@ -271,8 +285,15 @@ class NodeWatch:
             except Exception as e:  # noqa: BLE001 - the watch must outlive any one failure
                 if self.stop.is_set():
                     return
+                if getattr(e, "status", None) == 410:  # the expiry as an HTTP status, not an event
+                    log.info("node watch: resourceVersion %s expired (410); listing again", self.resource_version)
+                    relist = True
+                    continue
                 log.warning("node watch failed (%s: %s); resuming in %.0fs", type(e).__name__, e, RETRY_SECONDS)
                 time.sleep(RETRY_SECONDS)
+                continue
+            if time.monotonic() - started < RETRY_SECONDS:  # a stream that ends at once: no busy loop
+                self.stop.wait(RETRY_SECONDS)
 
     def _watch_once(self) -> None:
         resp = self.core.list_node(watch=True, resource_version=self.resource_version,
