@@ -131,8 +131,8 @@ class KueueState:
     * ``checks``: the AdmissionChecks it serves (name -> plan, None when the parameters are
       invalid), and ``check_bodies``, each as its last watch event (or our last write) showed it;
     * ``loops``: the loop running for each plan the checks name;
-    * ``workloads`` and ``job_nodes``: the kopf indexes (bound at startup), ``written``: the
-      Workloads as our own writes returned them (preferred while newer than the index's copy),
+    * ``workloads``: the kopf index, ``job_nodes``: the node store's view by plan (both bound at
+      startup), ``written``: the Workloads as our own writes returned them (preferred while newer than the index's copy),
       ``nodes_wrote``: plans whose last pass wrote to their job nodes;
     * ``job_workloads``: which plan's job nodes a workload (label value) runs on, so that a
       change of that Workload wakes the plan even when no check of it is left;
