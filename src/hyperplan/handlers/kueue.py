@@ -132,8 +132,8 @@ class KueueState:
       invalid), and ``check_bodies``, each as its last watch event (or our last write) showed it;
     * ``loops``: the loop running for each plan the checks name;
     * ``workloads``: the kopf index, ``job_nodes``: the node store's view by plan (both bound at
-      startup), ``written``: the Workloads as our own writes returned them (preferred while newer than the index's copy),
-      ``nodes_wrote``: plans whose last pass wrote to their job nodes;
+      startup), ``written``: the Workloads as our own writes returned them (preferred while
+      newer than the index's copy), ``nodes_wrote``: plans whose last pass wrote to their job nodes;
     * ``job_workloads``: which plan's job nodes a workload (label value) runs on, so that a
       change of that Workload wakes the plan even when no check of it is left;
     * ``writes``: the side effects (a recording fake in tests);
