@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import urllib.parse
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -87,8 +88,31 @@ def create_plans(h: Harness, n: int) -> float:
     return time.monotonic() - t0
 
 
+def list_all(h: Harness, path: str, what: str) -> list[dict]:
+    """Every item of a LIST, in pages of 1,000 (one LIST of 10,000 plans timed out after 60 s
+    while the API server was busy with the purchases); a page that times out is asked again, up
+    to 5 times."""
+    items: list[dict] = []
+    cont = ""
+    sep = "&" if "?" in path else "?"
+    while True:
+        paged = f"{path}{sep}limit=1000" + (f"&continue={urllib.parse.quote(cont)}" if cont else "")
+        for attempt in range(5):
+            try:
+                page = h.api.get(paged, timeout=120)
+                break
+            except (TimeoutError, OSError) as e:
+                step(f"  listing {what}: {type(e).__name__}: {e}; asking again ({attempt + 1}/5)")
+        else:
+            raise BenchError(f"could not list {what} 5 times in a row")
+        items += page["items"]
+        cont = (page.get("metadata") or {}).get("continue") or ""
+        if not cont:
+            return items
+
+
 def phases(h: Harness, prefix: str) -> Counter:
-    items = h.api.get(f"/apis/{GROUP}/{VERSION}/trainingplans", timeout=60)["items"]
+    items = list_all(h, f"/apis/{GROUP}/{VERSION}/trainingplans", "the plans")
     return Counter((p.get("status") or {}).get("phase") or "none" for p in items
                    if p["metadata"]["name"].startswith(prefix))
 
@@ -157,7 +181,7 @@ def main(h: Harness, args: argparse.Namespace) -> int:
     names = [f"nodes-{j:03d}" for j in range(args.groups)] + (["nodes-x72"] if args.ultraserver else [])
     while True:
         h.tick()
-        items = h.api.get("/api/v1/nodes?labelSelector=hyperplan.dev%2Finstance-group", timeout=60)["items"]
+        items = list_all(h, "/api/v1/nodes?labelSelector=hyperplan.dev%2Finstance-group", "the group nodes")
         ready = sum(1 for i in items if node_ready(i))
         groups_ready = sum(1 for g in names if h.status("instancegroups", g).get("phase") == "Ready")
         step(f"  nodes Ready {ready}/{nodes}, groups Ready {groups_ready}/{len(names)} "
