@@ -32,7 +32,9 @@ def changed(edit) -> dict:
     (changed(lambda n: n["metadata"].update(deletionTimestamp="2026-01-01T00:01:00Z")), False),
     (changed(lambda n: n["status"]["conditions"][0].update(lastTransitionTime="2026-01-01T00:00:00.000000Z",
                                                            lastHeartbeatTime="2026-01-01T00:00:40Z")), True),
+    (changed(lambda n: n["spec"]["taints"].append(
+        {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"})), True),
 ], ids=["heartbeat", "ready-false", "gpu-condition", "health-label", "taint-removed", "cordoned", "deleting",
-        "heartbeat-rerenders-transition-time"])
+        "heartbeat-rerenders-transition-time", "lifecycle-controller-taint"])
 def test_only_what_the_operator_reads_counts(node: dict, same: bool) -> None:
     assert (node_digest(node) == node_digest(NODE)) is same

@@ -85,9 +85,11 @@ class Plane:
         By default every 20 to 45 s, so that tests see a node that stops reporting soon. A fleet
         benchmark sets what a kubelet does when nothing changes (``nodeStatusReportFrequency``,
         300 s): thousands of fake kubelets on two cores can then report at a kubelet's own rate,
-        with their Leases renewed every ``node_status_seconds / 4`` and the node lifecycle
-        controller's grace period raised to match (both only matter to the plane: the operator
-        watches neither Leases nor heartbeat times)."""
+        with their Leases renewed every ``node_status_seconds`` and the node lifecycle
+        controller's grace periods raised to match (both only matter to the plane: the operator
+        watches neither Leases nor heartbeat times). The startup grace too: KWOK on two cores
+        took more than the default minute to bring up some of 5,000 new nodes, and the
+        controller then set them Ready=Unknown, which the groups rightly replaced."""
         self.dir = root or state_dir()
         self.log = log
         self.with_kueue = with_kueue
@@ -287,7 +289,8 @@ class Plane:
                     f"--service-account-private-key-file={pki.sa_key}",
                     "--use-service-account-credentials=false",
                     "--controllers=*,-bootstrapsigner,-tokencleaner",
-                    *([f"--node-monitor-grace-period={2 * self.node_status_seconds}s"]
+                    *([f"--node-monitor-grace-period={2 * self.node_status_seconds}s",
+                       f"--node-startup-grace-period={2 * self.node_status_seconds}s"]
                       if self.node_status_seconds else [])]
         if name == "kube-scheduler":
             return [str(build.binary("kube-scheduler")), *common, f"--secure-port={p['scheduler']}"]

@@ -47,16 +47,26 @@ WATCH_SECONDS = 300  # the API server ends a watch after this long; it is resume
 RETRY_SECONDS = 1.0  # after a failed listing or a broken stream
 
 
+# Taints the node lifecycle controller sets from a node's conditions and cordon
+# (node.kubernetes.io/not-ready, unreachable, unschedulable, memory-pressure, ...): the condition
+# or the cordon itself is in the digest, and the operator's decisions read only its own taint keys.
+CONDITION_TAINTS = "node.kubernetes.io/"
+
+
 def node_digest(body: Mapping[str, Any]) -> tuple:
     """What the operator reads of a node. Heartbeats (KWOK or a kubelet refreshing
     lastHeartbeatTime) leave it unchanged, so they wake nothing. A condition's
     lastTransitionTime is left out too: it matters only with a new status, which is in the
     digest, and KWOK's heartbeats re-render it in two alternating forms (docs/benchmarks.md 5.2),
-    which woke every group on every heartbeat."""
+    which woke every group on every heartbeat. So are the taints of :data:`CONDITION_TAINTS`:
+    they follow a condition the digest holds already, a controller-manager's minutes behind the
+    condition when 5,000 nodes come up at once (docs/benchmarks.md 5.7), and each of their
+    comings and goings woke a group for nothing."""
     meta, spec, status = body.get("metadata") or {}, body.get("spec") or {}, body.get("status") or {}
     return (
         tuple(sorted((meta.get("labels") or {}).items())),
-        tuple(sorted((t.get("key"), t.get("value"), t.get("effect")) for t in spec.get("taints") or [])),
+        tuple(sorted((t.get("key"), t.get("value"), t.get("effect")) for t in spec.get("taints") or []
+                     if not str(t.get("key", "")).startswith(CONDITION_TAINTS))),
         bool(spec.get("unschedulable")),
         bool(meta.get("deletionTimestamp")),
         tuple(sorted((c.get("type"), c.get("status")) for c in status.get("conditions") or [])),
