@@ -442,7 +442,7 @@ class Chaos:
     def snapshot_check(self, label: str, final: bool = False) -> int:
         """Every invariant against fresh lists from the API server; returns violations found."""
         before = len(self.cluster.violations)
-        g = f"/apis/hyperplan.dev/v1alpha1"
+        g = "/apis/hyperplan.dev/v1alpha1"
         nodes = self.retry(lambda: self.api_list("/api/v1/nodes"), "listing nodes")
         groups = self.retry(lambda: self.api_list(f"{g}/instancegroups"), "listing groups")
         pools = self.retry(lambda: self.api_list(f"{g}/capacitypools"), "listing pools")
