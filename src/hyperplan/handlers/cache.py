@@ -3,8 +3,8 @@
 kopf keeps one watch stream per kind. Each kind a pass reads (plans, pools, groups) is also
 registered here as a kopf *index*, fed by that same stream; the nodes come from the operator's
 own node watch (handlers.nodewatch, which kopf's per-event cost made necessary at fleet size).
-So a pass reads its object, the pools and its nodes from memory: no GET or LIST per pass. API reads stay
-where optimistic concurrency needs them (the ledger re-reads a pool after a 409).
+So a pass reads its object, the pools and its nodes from memory: no GET or LIST per pass. API
+reads stay where optimistic concurrency needs them (the ledger re-reads a pool after a 409).
 
 Why kopf indexes and not a dict filled by ``@kopf.on.event``: kopf fills every index from the
 initial listing of *every* indexed kind before it runs any other handler. A pass therefore never
