@@ -86,10 +86,6 @@ def node_keys(labels: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
     return tuple(keys)
 
 
-def tracked(labels: Mapping[str, str]) -> bool:
-    return bool(node_keys(labels)) or labels.get(LABEL_POOL) == POOL_FREE
-
-
 @dataclass(frozen=True)
 class NodeChange:
     """A node event worth handing on: ``type`` is ADDED, MODIFIED or DELETED, or None for a node
@@ -143,9 +139,11 @@ class NodeStore:
         """Take one watch event; the change to hand on, or None (a heartbeat, an untracked node)."""
         meta = obj.get("metadata") or {}
         name, labels = meta.get("name", ""), dict(meta.get("labels") or {})
+        keys = node_keys(labels)
+        tracked = bool(keys) or labels.get(LABEL_POOL) == POOL_FREE  # the free pool's nodes have no key
         with self._lock:
             before = self._held.get(name)
-            if type_ == DELETED or not tracked(labels):
+            if type_ == DELETED or not tracked:
                 if before is None:
                     return None
                 self._drop(name, before)
@@ -156,7 +154,7 @@ class NodeStore:
                 # last group it was in, and the end of it here
                 return NodeChange(MODIFIED, name, labels, slim_node(obj), _left_group(before, labels))
             slim, digest = slim_node(obj), node_digest(obj)
-            self._put(name, _Held(slim, digest, node_keys(labels)), before)
+            self._put(name, _Held(slim, digest, keys), before)
         if before is None:  # new to the store: created, or newly labelled as ours
             return NodeChange(ADDED, name, labels, slim)
         if before.digest == digest:
