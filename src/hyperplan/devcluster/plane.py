@@ -82,7 +82,7 @@ class Plane:
         """``with_kueue=False``: a plane without Kueue (for benchmarks that measure the rest).
 
         ``node_status_seconds``: how often KWOK's fake kubelets report an unchanged node status.
-        By default every 20 to 45 s, so that tests see a node that stops reporting soon. A fleet
+        By default every 20 to 25 s, so that tests see a node that stops reporting soon. A fleet
         benchmark sets what a kubelet does when nothing changes (``nodeStatusReportFrequency``,
         300 s): thousands of fake kubelets on two cores can then report at a kubelet's own rate,
         with their Leases renewed every ``node_status_seconds`` and the node lifecycle
