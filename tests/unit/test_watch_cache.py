@@ -71,3 +71,59 @@ def test_our_copy_goes_when_the_watch_delivers_its_version_not_only_on_a_read() 
     assert set(cache._written) == {("trainingplans", "p")}
     cache.watched("trainingplans", "p", "5")
     assert cache._written == {}
+
+
+def pool(rv: int, lines: list[tuple[str, str, int]], zone: str = "us-east-1a") -> dict:
+    """A CapacityPool at ``rv`` whose ledger holds ``(reservedCapacityId, plan uid, count)``."""
+    return {"apiVersion": "hyperplan.dev/v1alpha1", "kind": "CapacityPool",
+            "metadata": {"name": "pool-a", "resourceVersion": str(rv)},
+            "spec": {"instanceType": "ml.p5.48xlarge", "availabilityZone": zone, "instanceCount": 64},
+            "status": {"reservations": [
+                {"trainingPlan": f"plan-{uid}", "trainingPlanUid": uid, "reservedCapacityId": rc,
+                 "startTime": "2027-01-01T00:00:00Z", "endTime": "2027-01-01T01:00:00Z", "instanceCount": n}
+                for rc, uid, n in lines]}}
+
+
+def test_every_version_of_a_pool_shares_the_ledger_lines_it_has_in_common() -> None:
+    """Each pool event brings the whole ledger parsed afresh; the cache keeps one dict, one
+    Busy and one Block per line, not one per line per version (docs/benchmarks.md 5.9)."""
+    cache = cache_with({})
+    v1 = cache.share_ledger(pool(1, [("rc-1", "u1", 2)]))
+    v2 = cache.share_ledger(pool(2, [("rc-1", "u1", 2), ("rc-2", "u2", 3)]))
+    assert v2["status"]["reservations"][0] is v1["status"]["reservations"][0]
+    assert v2["status"]["reservations"][1] == pool(2, [("rc-2", "u2", 3)])["status"]["reservations"][0]
+    first, second = cache.pool_snapshots([v1]), cache.pool_snapshots([v2])
+    assert second[0].busy[0] is first[0].busy[0]
+    assert [b.instance_count for b in second[0].busy] == [2, 3]
+    assert cache.blocks_of("u1", [v2])[0] is cache.blocks_of("u1", [v1])[0]
+    assert [(b.id, b.instance_count, b.availability_zone) for b in cache.blocks_of("u2", [v2])] == [
+        ("rc-2", 3, "us-east-1a")]
+
+
+def test_a_changed_ledger_line_or_pool_is_parsed_again_not_shared() -> None:
+    cache = cache_with({})
+    v1 = cache.share_ledger(pool(1, [("rc-1", "u1", 2)]))
+    edited = cache.share_ledger(pool(2, [("rc-1", "u1", 5)]))  # someone rewrote the line
+    assert edited["status"]["reservations"][0] is not v1["status"]["reservations"][0]
+    assert [b.instance_count for b in cache.blocks_of("u1", [edited])] == [5]
+    moved = cache.share_ledger(pool(3, [("rc-1", "u1", 5)], zone="us-east-1b"))
+    assert [b.availability_zone for b in cache.blocks_of("u1", [moved])] == ["us-east-1b"]
+
+
+def test_our_ledger_write_shares_the_lines_the_watch_brought() -> None:
+    watched = {"pool-a": [pool(1, [("rc-1", "u1", 2)])]}
+    cache = WatchCache()
+    cache.bind({PLANS: {}, POOLS: watched, GROUPS: {}, NODES: {}})
+    watched["pool-a"] = [cache.share_ledger(watched["pool-a"][0])]
+    cache.wrote("capacitypools", pool(2, [("rc-1", "u1", 2), ("rc-2", "u2", 1)]))
+    [read] = cache.pool_objects()
+    assert read["metadata"]["resourceVersion"] == "2"
+    assert read["status"]["reservations"][0] is watched["pool-a"][0]["status"]["reservations"][0]
+
+
+def test_a_deleted_pool_leaves_no_ledger_lines_behind() -> None:
+    cache = cache_with({})
+    cache.pool_snapshots([cache.share_ledger(pool(1, [("rc-1", "u1", 2), ("rc-2", "u2", 1)]))])
+    assert len(cache._lines) == 2
+    cache.forget("capacitypools", "pool-a")
+    assert cache._lines == {} and cache._parsed_pools == {}

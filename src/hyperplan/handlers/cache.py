@@ -24,7 +24,8 @@ resourceVersion comparison is only a freshness hint (both are etcd revisions); c
 not depend on it: a stale pool makes the ledger's write fail with 409, and it re-reads.
 
 The named read operations are on :class:`WatchCache` (``rt.cache``); its parsed views of the
-pools are memoised per resourceVersion, and each reservation is parsed once.
+pools are memoised per resourceVersion, and each ledger line is parsed once and shared by every
+version of its pool that holds it (:meth:`WatchCache.share_ledger`).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from typing import Any, Iterable, Mapping
 import kopf
 from kubernetes import client
 
-from hyperplan.api.models import GROUP, VERSION, Reservation, to_rfc3339
+from hyperplan.api.models import GROUP, VERSION, Reservation
 from hyperplan.planning.blocks import Block
 from hyperplan.planning.offerings import Busy, PoolSnapshot
 
@@ -123,8 +124,8 @@ async def hp_plans(name: str, body: kopf.Body, **_: Any) -> dict[str, PackedObje
 
 
 @kopf.index(GROUP, VERSION, "capacitypools")
-async def hp_pools(name: str, body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
-    return {name: slim_object(body)}
+async def hp_pools(name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict[str, dict[str, Any]]:
+    return {name: memo.runtime.cache.share_ledger(slim_object(body))}
 
 
 @kopf.index(GROUP, VERSION, "instancegroups")
@@ -151,6 +152,19 @@ class _ParsedPool:
     resource_version: str
     snapshot: PoolSnapshot
     by_plan_uid: dict[str, list[Block]]
+    line_keys: frozenset[tuple]
+
+
+@dataclass(frozen=True, slots=True)
+class _Line:
+    """One line of a pool's ledger, parsed once and shared by every version of the pool that
+    holds it: its dict as the watch delivered it first, what it takes from the pool (``busy``)
+    and, when a plan bought it, the plan's block."""
+
+    raw: dict[str, Any]
+    busy: Busy
+    plan_uid: str
+    block: Block | None
 
 
 @dataclass
@@ -160,7 +174,7 @@ class WatchCache:
     _indexes: Mapping[str, Any] | None = None
     _written: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     _parsed_pools: dict[str, _ParsedPool] = field(default_factory=dict)
-    _reservations: dict[str, Reservation] = field(default_factory=dict)
+    _lines: dict[tuple, _Line] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     # Groups (label values) whose last pass wrote to their nodes: their next pass lists the nodes
     # from the API once, so that it never acts on a view older than its own writes (the watch
@@ -217,6 +231,8 @@ class WatchCache:
     def wrote(self, kind: str, obj: Mapping[str, Any]) -> None:
         """Remember an object as the API server returned it after our write (write-through)."""
         slim = slim_object(obj)
+        if kind == "capacitypools":
+            slim = self.share_ledger(slim)
         with self._lock:
             before = self._written.get((kind, slim["metadata"]["name"]))
             if before is None or _rv(slim) > _rv(before):
@@ -274,6 +290,38 @@ class WatchCache:
 
     # ------------------------------------------------------------------ the ledger, parsed
 
+    def share_ledger(self, pool: dict[str, Any]) -> dict[str, Any]:
+        """``pool`` with each ledger line replaced by the equal line already held, if any.
+
+        Every watch event and every ledger write brings a pool's whole ledger, parsed afresh: at
+        1,000 lines a pool, ten pools and hundreds of writes a minute, the purchases of a fleet
+        allocated gigabytes of dicts that lived exactly one pool version. Kept, they scattered
+        the plans' long-lived objects over the heap (docs/benchmarks.md 5.9). Shared, a line's
+        dict is allocated once, and a new version's copies die with the event that brought them."""
+        status = pool.get("status") or {}
+        lines = status.get("reservations")
+        if not lines:
+            return pool
+        where = _pool_key(pool)
+        shared = [self._line(where, r).raw for r in lines]
+        return {**pool, "status": {**status, "reservations": shared}}
+
+    def _line(self, where: tuple, raw: Mapping[str, Any]) -> _Line:
+        """The ledger line ``raw`` of the pool ``where`` (:func:`_pool_key`), parsed once: a
+        reservation never changes after it is written (one that did is parsed again)."""
+        key = (*where, raw.get("reservedCapacityId"))
+        with self._lock:
+            found = self._lines.get(key)
+        if found is not None and (found.raw is raw or found.raw == raw):
+            return found
+        r = Reservation.model_validate(raw)
+        pool, zone, itype, ultra = where
+        line = _Line(raw if isinstance(raw, dict) else dict(raw), Busy(r.start_time, r.end_time, r.instance_count), r.training_plan_uid or "",
+                     Block.from_reservation(r, pool, zone, itype, ultra) if r.training_plan_uid else None)
+        with self._lock:
+            self._lines[key] = line
+        return line
+
     def _parsed(self, obj: dict[str, Any]) -> _ParsedPool:
         name, rv = obj["metadata"]["name"], obj["metadata"].get("resourceVersion", "")
         with self._lock:
@@ -281,40 +329,27 @@ class WatchCache:
         if cached is not None and cached.resource_version == rv and rv:
             return cached
         spec, status = obj.get("spec") or {}, obj.get("status") or {}
-        reservations = [self._reservation(r) for r in status.get("reservations") or []]
+        where = _pool_key(obj)
+        lines = [self._line(where, r) for r in status.get("reservations") or []]
         busy = [Busy(_time(w["start"]), _time(w["end"]), int(w["instanceCount"]))
                 for w in spec.get("unavailable") or []]
-        busy += [Busy(r.start_time, r.end_time, r.instance_count) for r in reservations]
+        busy += [line.busy for line in lines]
         by_uid: dict[str, list[Block]] = {}
-        for r in reservations:
-            if r.training_plan_uid:
-                by_uid.setdefault(r.training_plan_uid, []).append(Block.from_reservation(
-                    r, name, spec.get("availabilityZone", ""), spec.get("instanceType", ""),
-                    spec.get("ultraServerType")))
+        for line in lines:
+            if line.block is not None:
+                by_uid.setdefault(line.plan_uid, []).append(line.block)
         parsed = _ParsedPool(rv, PoolSnapshot(
             name=name, instance_type=spec.get("instanceType", ""),
             availability_zone=spec.get("availabilityZone", ""), instance_count=int(spec.get("instanceCount", 0)),
-            ultra_server_type=spec.get("ultraServerType"), busy=tuple(busy)), by_uid)
+            ultra_server_type=spec.get("ultraServerType"), busy=tuple(busy)), by_uid,
+            frozenset((*where, r.get("reservedCapacityId")) for r in status.get("reservations") or []))
         with self._lock:
             self._parsed_pools[name] = parsed
-            held = sum(len(p.snapshot.busy) for p in self._parsed_pools.values())
-            if len(self._reservations) > 2 * held + 1000:  # prune lines that left every ledger
-                live = {_line_key(uid, b) for p in self._parsed_pools.values()
-                        for uid, bs in p.by_plan_uid.items() for b in bs}
-                self._reservations = {k: v for k, v in self._reservations.items() if k in live}
+            held = sum(len(p.line_keys) for p in self._parsed_pools.values())
+            if len(self._lines) > 2 * held + 1000:  # prune lines that left every ledger
+                live = frozenset().union(*(p.line_keys for p in self._parsed_pools.values()))
+                self._lines = {k: v for k, v in self._lines.items() if k in live}
         return parsed
-
-    def _reservation(self, raw: Mapping[str, Any]) -> Reservation:
-        """A ledger line, parsed once: a reservation never changes after it is written."""
-        key = (raw.get("reservedCapacityId"), raw.get("trainingPlanUid"), raw.get("startTime"),
-               raw.get("endTime"), raw.get("instanceCount"))
-        with self._lock:
-            found = self._reservations.get(key)
-        if found is None:
-            found = Reservation.model_validate(raw)
-            with self._lock:
-                self._reservations[key] = found
-        return found
 
     def pool_snapshots(self, pools: Iterable[dict[str, Any]] | None = None) -> list[PoolSnapshot]:
         """What planning sees of every pool: its size minus `unavailable` windows and reservations."""
@@ -333,6 +368,7 @@ class WatchCache:
             self._written.pop((kind, name), None)
             if kind == "capacitypools":
                 self._parsed_pools.pop(name, None)
+                self._lines = {k: v for k, v in self._lines.items() if k[0] != name}
 
 
 def v1_node(node: Mapping[str, Any]) -> client.V1Node:
@@ -355,9 +391,11 @@ def v1_node(node: Mapping[str, Any]) -> client.V1Node:
             for c in status.get("conditions") or []] or None))
 
 
-def _line_key(plan_uid: str, b: Block) -> tuple:
-    """The key of :meth:`WatchCache._reservation` for the ledger line of the plan's block ``b``."""
-    return (b.id, plan_uid, to_rfc3339(b.start), to_rfc3339(b.end), b.instance_count)
+def _pool_key(pool: Mapping[str, Any]) -> tuple[str, str, str, str | None]:
+    """What a ledger line's block takes from its pool: the pool's name, AZ and types."""
+    spec = pool.get("spec") or {}
+    return (pool["metadata"]["name"], spec.get("availabilityZone", ""), spec.get("instanceType", ""),
+            spec.get("ultraServerType"))
 
 
 def _time(text: Any):
