@@ -25,3 +25,33 @@ def test_the_heartbeat_and_lease_follow_the_node_status_interval(seconds, delay,
     # only the heartbeat changes: the pod-delete stage keeps its 2 s
     stages = {s["metadata"]["name"]: s for s in yaml.safe_load_all(text)}
     assert stages["hyperplan-pod-delete"]["spec"]["delay"] == {"durationMilliseconds": 2000}
+
+
+def test_a_plane_that_audits_writes_logs_them_with_their_client(tmp_path) -> None:
+    """Plane(audit_writes=True): the API server logs writes only (Metadata level: who and what, no
+    bodies) as JSON lines, so that a benchmark can count the operator's writes by User-Agent."""
+    from hyperplan.devcluster.plane import Plane
+
+    plane = Plane(root=tmp_path, audit_writes=True)
+    flags = plane._audit_flags()
+    assert f"--audit-log-path={plane.audit_log}" in flags and "--audit-log-format=json" in flags
+    policy = yaml.safe_load((tmp_path / "audit-policy.yaml").read_text())
+    assert policy["rules"][0] == {"level": "Metadata",
+                                  "verbs": ["create", "update", "patch", "delete", "deletecollection"]}
+    assert policy["rules"][-1] == {"level": "None"}
+    assert Plane(root=tmp_path)._audit_flags() == []
+
+
+def test_the_operator_names_itself_to_the_api_server(tmp_path) -> None:
+    """Every request of the operator's API client says User-Agent hyperplan/<version>."""
+    from hyperplan import __version__
+    from hyperplan.actuation.kube import api_client
+
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "k", "cluster": {"server": "https://127.0.0.1:1"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}]}))
+    api = api_client(str(kubeconfig))
+    assert api.default_headers["User-Agent"] == f"hyperplan/{__version__}"

@@ -12,6 +12,7 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
+from hyperplan import __version__
 from hyperplan.api.models import GROUP, VERSION
 
 
@@ -20,10 +21,14 @@ from hyperplan.api.models import GROUP, VERSION
 # actions, purchases): every call beyond it opened a new TLS connection and threw it away after
 # ("Connection pool is full"), a handshake each for the operator and the API server.
 CONNECTIONS = 64
+# What the API server's audit log and request logs name as the client (kopf's own requests say
+# "kopf/<version>"), so that a write can be told from a controller's or a user's.
+USER_AGENT = f"hyperplan/{__version__}"
 
 
 def api_client(kubeconfig: str | None = None) -> client.ApiClient:
-    """An API client from the given kubeconfig, $KUBECONFIG, or the in-cluster service account."""
+    """An API client from the given kubeconfig, $KUBECONFIG, or the in-cluster service account;
+    it says ``hyperplan/<version>`` as its User-Agent."""
     path = kubeconfig or os.environ.get("KUBECONFIG")
     configuration = client.Configuration()
     if path:
@@ -31,7 +36,9 @@ def api_client(kubeconfig: str | None = None) -> client.ApiClient:
     else:
         config.load_incluster_config(client_configuration=configuration)
     configuration.connection_pool_maxsize = CONNECTIONS
-    return client.ApiClient(configuration)
+    api = client.ApiClient(configuration)
+    api.user_agent = USER_AGENT
+    return api
 
 
 def is_conflict(e: Exception) -> bool:

@@ -33,6 +33,16 @@ from hyperplan.devcluster import build, certs, kueue
 Log = Callable[[str], None]
 
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
+# Writes only, at Metadata level (who, what, the response code; no bodies): what a benchmark
+# needs to attribute writes to their client.
+AUDIT_WRITES_POLICY = """apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+- level: Metadata
+  verbs: ["create", "update", "patch", "delete", "deletecollection"]
+- level: None
+"""
 PROCESS_ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "kueue")
 
 
@@ -78,7 +88,7 @@ class PlaneState:
 
 class Plane:
     def __init__(self, root: Path | None = None, log: Log = print, with_kueue: bool = True,
-                 node_status_seconds: int | None = None):
+                 node_status_seconds: int | None = None, audit_writes: bool = False):
         """``with_kueue=False``: a plane without Kueue (for benchmarks that measure the rest).
 
         ``node_status_seconds``: how often KWOK's fake kubelets report an unchanged node status.
@@ -89,11 +99,17 @@ class Plane:
         controller's grace periods raised to match (both only matter to the plane: the operator
         watches neither Leases nor heartbeat times). The startup grace too: KWOK on two cores
         took more than the default minute to bring up some of 5,000 new nodes, and the
-        controller then set them Ready=Unknown, which the groups rightly replaced."""
+        controller then set them Ready=Unknown, which the groups rightly replaced.
+
+        ``audit_writes``: the API server logs every write (create, update, patch, delete) at the
+        audit level ``Metadata`` to :attr:`audit_log`, one JSON line each with its User-Agent, so
+        that a benchmark can tell the operator's writes from the controllers' and KWOK's
+        (``apiserver_request_total`` has no label for the client)."""
         self.dir = root or state_dir()
         self.log = log
         self.with_kueue = with_kueue
         self.node_status_seconds = node_status_seconds
+        self.audit_writes = audit_writes
         self._children: dict[str, subprocess.Popen] = {}
 
     @property
@@ -109,6 +125,8 @@ class Plane:
     def kubeconfig(self) -> Path: return self.dir / "kubeconfig"
     @property
     def logs(self) -> Path: return self.dir / "logs"
+    @property
+    def audit_log(self) -> Path: return self.logs / "audit.log"
     @property
     def pki(self) -> certs.Pki: return certs.Pki(self.dir / "pki")
     @property
@@ -180,7 +198,7 @@ class Plane:
                 stop_process_group(pid)
         for sub in ("etcd", "pki", "logs", "kueue"):
             _rmtree(self.dir / sub)
-        for f in (self.state_file, self.kubeconfig, self.dir / "kwok-stages.yaml"):
+        for f in (self.state_file, self.kubeconfig, self.dir / "kwok-stages.yaml", self.dir / "audit-policy.yaml"):
             f.unlink(missing_ok=True)
         if not quiet:
             self.log("control plane stopped and its state removed")
@@ -256,6 +274,14 @@ class Plane:
 
     # ----------------------------------------------------------------- internals
 
+    def _audit_flags(self) -> list[str]:
+        if not self.audit_writes:
+            return []
+        policy = self.dir / "audit-policy.yaml"
+        policy.write_text(AUDIT_WRITES_POLICY)
+        return [f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}",
+                "--audit-log-format=json", "--audit-log-mode=batch", "--audit-log-maxsize=0"]
+
     def _command(self, name: str, st: PlaneState, pki: certs.Pki) -> list[str]:
         p = st.ports
         if name == "etcd":
@@ -278,7 +304,7 @@ class Plane:
                     "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                     "--authorization-mode=Node,RBAC", "--allow-privileged=true",
                     "--service-cluster-ip-range=10.0.0.0/24", "--profiling=false",
-                    "--v=1"]
+                    *self._audit_flags(), "--v=1"]
         common = [f"--kubeconfig={self.kubeconfig}", f"--authentication-kubeconfig={self.kubeconfig}",
                   f"--authorization-kubeconfig={self.kubeconfig}", "--bind-address=127.0.0.1",
                   "--leader-elect=false", "--v=1"]
