@@ -781,3 +781,42 @@ def test_recheck_after_another_plan_bought_the_same_offering():
     assert [describe(o) for o in search_offerings(request("48h"), after, SAGEMAKER, NOW)] == [
         "a:12-03 11:30→12-05 11:30"
     ]
+
+
+def _free_by_minute(pool, count: int, since: datetime, horizon: datetime) -> list[tuple[datetime, datetime | None]]:
+    """free_intervals the slow way: busy instances counted at every minute from ``since`` to ``horizon``."""
+    from hyperplan.planning.offerings import busy_at
+
+    out: list[list] = []
+    t = since
+    while t < horizon:
+        fits = pool.instance_count - busy_at(pool, t) >= count
+        if fits and (not out or out[-1][1] is not None):
+            out.append([t, None])
+        elif not fits and out and out[-1][1] is None:
+            out[-1][1] = t
+        t += timedelta(minutes=1)
+    return [(a, b) for a, b in out]
+
+
+@pytest.mark.parametrize("seed", range(12), ids=lambda s: f"random-ledger-{s}")
+def test_free_intervals_match_counting_every_minute(seed: int) -> None:
+    """The step function kept per snapshot (PoolSnapshot.usage) gives what counting the busy
+    instances at every minute gives, for overlapping, touching, ended and empty windows."""
+    import random
+
+    from hyperplan.planning.offerings import Busy, PoolSnapshot, free_intervals
+
+    rnd = random.Random(seed)
+    t0 = datetime(2027, 1, 1, tzinfo=timezone.utc)
+    busy = []
+    for _ in range(rnd.randint(0, 40)):
+        start = t0 + timedelta(minutes=rnd.randint(-30, 200))
+        busy.append(Busy(start, start + timedelta(minutes=rnd.randint(0, 60)), rnd.randint(1, 4)))
+    pool = PoolSnapshot("p", "ml.x", "az", 8, busy=tuple(busy))
+    for since in (t0 - timedelta(minutes=40), t0, t0 + timedelta(minutes=rnd.randint(1, 150))):
+        for count in (1, 3, 8, 9):
+            got = free_intervals(pool, count, since)
+            horizon = t0 + timedelta(minutes=300)  # after every window: the last interval is open
+            want = _free_by_minute(pool, count, since, horizon)
+            assert got == want, (seed, since, count)
