@@ -88,6 +88,7 @@ def plan_release_and_rules(ctx: Context) -> dict:
     eventually(lambda: (k.get("trainingplan", f"release-{tag}").get("status") or {}).get("phase") == "Scheduled",
                timeout=60, what="plan Scheduled")
     booked = len(k.get("capacitypool", f"rel-{tag}")["status"]["reservations"])
+    bought_meta = k.get("trainingplan", f"release-{tag}")["metadata"]
     k.delete("trainingplan", f"release-{tag}", "--timeout=60s")
     released = eventually(lambda: not k.get("capacitypool", f"rel-{tag}").get("status", {}).get("reservations")
                           and "released", timeout=30, what="reservations released")
@@ -98,14 +99,32 @@ def plan_release_and_rules(ctx: Context) -> dict:
                         .get("phase") == "Failed" and s, timeout=30, what="rule violation reported")
     nocap = eventually(lambda: (s := k.get("trainingplan", f"nocap-{tag}").get("status") or {})
                        .get("phase") == "Pending" and s, timeout=30, what="no capacity reported")
+    nocap_meta = k.get("trainingplan", f"nocap-{tag}")["metadata"]
+    k.delete("trainingplan", f"nocap-{tag}", "--timeout=20s")  # nothing bought: no finalizer to wait for
+    # A spec change gets a pass (its generation is ahead of the status' observedGeneration).
+    k.run("patch", "trainingplan", f"toolong-{tag}", "--type=merge", "-p", '{"spec":{"duration":"2m"}}')
+    fixed = eventually(lambda: (s := k.get("trainingplan", f"toolong-{tag}").get("status") or {})
+                       .get("observedGeneration") == 2 and s, timeout=30, what="the fixed spec passed over")
     return {"booked": booked, "released": released, "failed": failed, "nocap": nocap,
-            "failed_events": events_for(k, f"toolong-{tag}")}
+            "failed_events": events_for(k, f"toolong-{tag}"), "bought_meta": bought_meta,
+            "nocap_meta": nocap_meta, "fixed": fixed}
 
 
 def test_deleting_a_plan_releases_its_reservations(scenarios) -> None:
     record = scenarios["plan_release_and_rules"].result(timeout=300)
     assert record["booked"] == 1
     assert record["released"] == "released"
+    # The finalizer is the operator's own, put on before the purchase; kopf keeps no
+    # last-handled-configuration on plans (it has no change handlers for them).
+    assert record["bought_meta"]["finalizers"] == ["hyperplan.dev/release-reservations"]
+    assert not any(a.startswith("hyperplan.dev/last-handled") for a in record["bought_meta"].get("annotations") or {})
+    assert not record["nocap_meta"].get("finalizers")
+
+
+def test_a_spec_change_gets_a_pass(scenarios) -> None:
+    record = scenarios["plan_release_and_rules"].result(timeout=300)
+    assert record["failed"]["phase"] == "Failed"
+    assert record["fixed"]["phase"] != "Failed", record["fixed"]
 
 
 def test_rule_violations_and_no_capacity_are_reported(scenarios) -> None:

@@ -86,6 +86,19 @@ class Kube:
         return self.custom.patch_cluster_custom_object_status(
             GROUP, VERSION, plural, name, {"status": status})
 
+    def set_finalizers(self, plural: str, name: str, finalizers: list[str], resource_version: str) -> dict[str, Any] | None:
+        """Replace the object's finalizers, refused with 409 when it changed since
+        ``resource_version`` (so that nobody else's finalizer is lost); the object as written,
+        None when it is gone."""
+        try:
+            return self.custom.patch_cluster_custom_object(
+                GROUP, VERSION, plural, name,
+                {"metadata": {"finalizers": finalizers, "resourceVersion": resource_version}})
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
     # ---------------------------------------------------------------- nodes and pods
 
     def list_nodes(self, label_selector: str) -> list[client.V1Node]:

@@ -10,6 +10,9 @@ VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 # kopf's finalizer and its annotations on our objects (operator.configure_kopf).
 FINALIZER = f"{GROUP}/finalizer"
+# The operator's own finalizer on a TrainingPlan that may hold reservations (handlers.trainingplan).
+# Not kopf's: kopf removes its finalizer from objects of a kind it has no deletion handler for.
+PLAN_FINALIZER = f"{GROUP}/release-reservations"
 ANNOTATION_PREFIX = GROUP
 
 # What a training plan's capacity serves (DESIGN.md section 1): a plan serves one, not both.

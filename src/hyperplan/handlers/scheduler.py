@@ -121,11 +121,6 @@ class PassScheduler:
         self._timers.pop(name, None)
         self.wake(name)
 
-    async def settled(self, name: str) -> None:
-        """Return once no pass over ``name`` runs (one that is running finishes first)."""
-        while name in self._running:
-            await asyncio.sleep(0.05)
-
     # ------------------------------------------------------------------ what it holds (tests, diagnostics)
 
     def holds(self) -> dict[str, int]:

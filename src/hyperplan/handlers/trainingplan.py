@@ -8,6 +8,15 @@ the one scheduler of all plans (``handlers.scheduler.PassScheduler``, started wi
 pool change, a change to the plan's spec or nodes, or its groups wake it: no polling. (Until
 issue 10's memory work each plan had a kopf daemon of its own; see docs/benchmarks.md 5.4.)
 
+A plan's lifecycle is the operator's own, not kopf's change handlers (which cost every plan two
+PATCHes, its last-handled-configuration annotation and kopf's finalizer, and every plan event a
+diff of that annotation: docs/benchmarks.md 5.9). A spec change is a ``metadata.generation``
+ahead of the ``status.observedGeneration`` of the last pass. The finalizer
+(``hyperplan.dev/release-reservations``) goes on before the first purchase and stays while the
+plan may hold reservations (a plan that never bought has nothing to release and is deleted at
+once); a plan being deleted gets one more pass, which releases its reservations and then removes
+the finalizer: a pass that was buying finishes first, since one plan's passes never overlap.
+
 An auto-purchase that loses a race for its offering (another plan bought the capacity between
 the search and the ledger write) searches again against the ledger as the purchase just read
 it and buys the next best offering (:func:`purchase`); only a plan whose window has no room
@@ -28,6 +37,7 @@ from pydantic import ValidationError
 from hyperplan import metrics
 from hyperplan.actuation.ledger import CapacityLedger, PurchaseResult
 from hyperplan.api.models import GROUP, VERSION, TrainingPlan, TrainingPlanSpec, TrainingPlanStatus
+from hyperplan.api.vocabulary import FINALIZER, PLAN_FINALIZER
 from hyperplan.handlers.context import Runtime, status_of
 from hyperplan.handlers.scheduler import PassScheduler
 from hyperplan.planning import counts as ct
@@ -104,8 +114,11 @@ def purchase(ledger: CapacityLedger, name: str, uid: str, spec: TrainingPlanSpec
 async def reconcile_plan(rt: Runtime, name: str) -> datetime | None:
     """One pass over one plan. Returns when to look again (None: only when woken)."""
     obj = rt.cache.plan(name)
-    if obj is None or obj["metadata"].get("deletionTimestamp"):
+    if obj is None:
         rt.unbought_plans.discard(name)
+        return None
+    if obj["metadata"].get("deletionTimestamp"):
+        await release_plan(rt, obj)
         return None
     now = rt.clock()
     generation = obj["metadata"].get("generation", 1)
@@ -124,6 +137,8 @@ async def reconcile_plan(rt: Runtime, name: str) -> datetime | None:
     snapshots = rt.cache.pool_snapshots(pools)
     decision = decide_plan(plan.spec, generation, plan.status, purchased, snapshots, rt.policy, now, usage)
 
+    if (decision.buy is not None or purchased) and not await _hold_finalizer(rt, obj):
+        return None  # deleted meanwhile: nothing was bought
     if decision.buy is not None:
         outcome = await asyncio.get_running_loop().run_in_executor(
             rt.purchase_threads, purchase, rt.ledger, name, uid, plan.spec, generation, plan.status,
@@ -153,6 +168,38 @@ async def reconcile_plan(rt: Runtime, name: str) -> datetime | None:
     else:
         rt.unbought_plans.discard(name)
     return decision.wake_at
+
+
+async def _hold_finalizer(rt: Runtime, obj: dict[str, Any]) -> bool:
+    """Put the finalizer on a plan that buys or holds reservations, so that its deletion waits
+    for the release (a plan bought before this finalizer existed carries kopf's, which kopf now
+    removes: it gets this one on its next pass); False when the plan is gone. A 409 (the plan
+    changed since the cache's copy) fails the pass, which is retried."""
+    finalizers = [f for f in obj["metadata"].get("finalizers") or [] if f != FINALIZER]
+    if PLAN_FINALIZER in finalizers:
+        return True
+    written = await asyncio.to_thread(rt.kube.set_finalizers, PLURAL, obj["metadata"]["name"],
+                                      [*finalizers, PLAN_FINALIZER], obj["metadata"]["resourceVersion"])
+    if written is None:
+        return False
+    rt.cache.wrote(PLURAL, written)
+    return True
+
+
+async def release_plan(rt: Runtime, obj: dict[str, Any]) -> None:
+    """A plan being deleted: give its remaining reservations back to their pools, then let it go
+    (remove the finalizer). Idempotent; a failure fails the pass, which is retried."""
+    name, meta = obj["metadata"]["name"], obj["metadata"]
+    rt.unbought_plans.discard(name)
+    finalizers = meta.get("finalizers") or []
+    if PLAN_FINALIZER not in finalizers and FINALIZER not in finalizers:
+        return
+    released = await asyncio.to_thread(rt.ledger.release, meta["uid"], rt.clock())
+    if released:
+        kopf.info(obj, reason="Released", message=f"released {released} reservation(s) back to their pools")
+    rt.wake_groups_of(name)
+    await asyncio.to_thread(rt.kube.set_finalizers, PLURAL, name,
+                            [f for f in finalizers if f not in (PLAN_FINALIZER, FINALIZER)], meta["resourceVersion"])
 
 
 def _short(e: ValidationError) -> str:
@@ -194,35 +241,20 @@ async def stop_plan_passes(memo: kopf.Memo, **_: Any) -> None:
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-async def plan_seen(name: str, type: str | None, memo: kopf.Memo, **_: Any) -> None:
-    """A plan the operator has not passed over yet: listed at start (resume) or just created.
-    Later events are its own status writes (which need no pass) or spec changes
-    (:func:`plan_spec_changed`)."""
+async def plan_seen(name: str, type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """A plan needs a pass when it is listed at start (resume) or created, when its spec changed
+    (its generation is ahead of the last pass's ``observedGeneration``), and when it is being
+    deleted. Its other events are its own status writes, which need none."""
     rt: Runtime = memo.runtime
     if rt.plans is None:
         return
     # The workers start inside a kopf handler: their tasks inherit its context, which holds
     # kopf's queue for posting Events (kopf.event fails outside one). Idempotent.
     rt.plans.start()
-    if type in (None, "ADDED"):
-        rt.wakeups.wake(KIND, name)
-    elif type == "DELETED":
+    if type == "DELETED":
         rt.plans.forget(name)
-
-
-@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
-async def plan_spec_changed(name: str, memo: kopf.Memo, **_: Any) -> None:
-    memo.runtime.wakeups.wake(KIND, name)
-
-
-@kopf.on.delete(GROUP, VERSION, PLURAL)
-async def release_plan(name: str, uid: str, memo: kopf.Memo, body: kopf.Body, **_: Any) -> None:
-    """Give the plan's remaining reservations back to their pools before it goes away."""
-    rt: Runtime = memo.runtime
-    if rt.plans is not None:  # a pass that is buying now finishes first, so nothing is bought after
-        await rt.plans.settled(name)
-    released = await asyncio.to_thread(rt.ledger.release, uid, rt.clock())
-    if released:
-        kopf.info(body, reason="Released", message=f"released {released} reservation(s) back to their pools")
-    rt.unbought_plans.discard(name)
-    rt.wake_groups_of(name)
+        return
+    meta, status = body.get("metadata") or {}, body.get("status") or {}
+    if type in (None, "ADDED") or meta.get("deletionTimestamp") \
+            or meta.get("generation") != status.get("observedGeneration"):
+        rt.wakeups.wake(KIND, name)
