@@ -388,6 +388,7 @@ class Harness:
         from kubernetes import client
 
         self.client = api_client(str(self.plane.kubeconfig))
+        self.client.user_agent = "hyperplan-bench"  # not the operator's hyperplan/ (AuditWrites)
         self.core = client.CoreV1Api(self.client)
         self.custom = client.CustomObjectsApi(self.client)
 
