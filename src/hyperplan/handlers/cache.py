@@ -294,10 +294,11 @@ class WatchCache:
         """``pool`` with each ledger line replaced by the equal line already held, if any.
 
         Every watch event and every ledger write brings a pool's whole ledger, parsed afresh: at
-        1,000 lines a pool, ten pools and hundreds of writes a minute, the purchases of a fleet
-        allocated gigabytes of dicts that lived exactly one pool version. Kept, they scattered
-        the plans' long-lived objects over the heap (docs/benchmarks.md 5.9). Shared, a line's
-        dict is allocated once, and a new version's copies die with the event that brought them."""
+        1,000 lines a pool, ten pools and hundreds of writes a minute, a fleet's purchases made
+        dicts (and their parsed Busy and Block) that each lived for exactly one pool version,
+        interleaved on the heap with the plans' long-lived objects. Shared, a line's dict is
+        allocated once, and a new version's copies die with the event that brought them
+        (docs/benchmarks.md 5.9)."""
         status = pool.get("status") or {}
         lines = status.get("reservations")
         if not lines:
