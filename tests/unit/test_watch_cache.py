@@ -127,3 +127,18 @@ def test_a_deleted_pool_leaves_no_ledger_lines_behind() -> None:
     assert len(cache._lines) == 2
     cache.forget("capacitypools", "pool-a")
     assert cache._lines == {} and cache._parsed_pools == {}
+
+
+def test_a_ledger_line_that_does_not_parse_is_kept_as_it_is_and_fails_only_the_read() -> None:
+    """The pool index must not fail on a bad line (the pool would vanish from the cache); the pass
+    that reads the pool reports it instead."""
+    import pytest
+    from pydantic import ValidationError
+
+    cache = cache_with({})
+    bad = pool(1, [("rc-1", "u1", 2)])
+    bad["status"]["reservations"].append({"reservedCapacityId": "rc-x", "instanceCount": "many"})
+    shared = cache.share_ledger(bad)
+    assert shared["status"]["reservations"][1] == {"reservedCapacityId": "rc-x", "instanceCount": "many"}
+    with pytest.raises(ValidationError):
+        cache.pool_snapshots([shared])

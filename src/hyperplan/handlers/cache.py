@@ -304,8 +304,15 @@ class WatchCache:
         if not lines:
             return pool
         where = _pool_key(pool)
-        shared = [self._line(where, r).raw for r in lines]
-        return {**pool, "status": {**status, "reservations": shared}}
+        return {**pool, "status": {**status, "reservations": [self._shared(where, r) for r in lines]}}
+
+    def _shared(self, where: tuple, raw: Any) -> Any:
+        """The held dict equal to the ledger line ``raw``; ``raw`` itself when it does not parse
+        (a pass that reads the pool then reports it: an index handler must not fail on it)."""
+        try:
+            return self._line(where, raw).raw
+        except (ValueError, TypeError, AttributeError):
+            return raw
 
     def _line(self, where: tuple, raw: Mapping[str, Any]) -> _Line:
         """The ledger line ``raw`` of the pool ``where`` (:func:`_pool_key`), parsed once: a
@@ -317,7 +324,8 @@ class WatchCache:
             return found
         r = Reservation.model_validate(raw)
         pool, zone, itype, ultra = where
-        line = _Line(raw if isinstance(raw, dict) else dict(raw), Busy(r.start_time, r.end_time, r.instance_count), r.training_plan_uid or "",
+        line = _Line(raw if isinstance(raw, dict) else dict(raw), Busy(r.start_time, r.end_time, r.instance_count),
+                     r.training_plan_uid or "",
                      Block.from_reservation(r, pool, zone, itype, ultra) if r.training_plan_uid else None)
         with self._lock:
             self._lines[key] = line
