@@ -35,6 +35,7 @@ def test_a_plane_that_audits_writes_logs_them_with_their_client(tmp_path) -> Non
     plane = Plane(root=tmp_path, audit_writes=True)
     flags = plane._audit_flags()
     assert f"--audit-log-path={plane.audit_log}" in flags and "--audit-log-format=json" in flags
+    assert "--audit-log-mode=blocking" in flags  # no batch in flight when a window is read
     policy = yaml.safe_load((tmp_path / "audit-policy.yaml").read_text())
     assert policy["rules"][0] == {"level": "Metadata",
                                   "verbs": ["create", "update", "patch", "delete", "deletecollection"]}

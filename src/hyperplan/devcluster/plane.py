@@ -34,7 +34,8 @@ Log = Callable[[str], None]
 
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 # Writes only, at Metadata level (who, what, the response code; no bodies): what a benchmark
-# needs to attribute writes to their client.
+# needs to attribute writes to their client. Logged as each write is answered (mode blocking),
+# not in batches, so that a window read from the log has exact edges.
 AUDIT_WRITES_POLICY = """apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: ["RequestReceived"]
@@ -280,7 +281,7 @@ class Plane:
         policy = self.dir / "audit-policy.yaml"
         policy.write_text(AUDIT_WRITES_POLICY)
         return [f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}",
-                "--audit-log-format=json", "--audit-log-mode=batch", "--audit-log-maxsize=0"]
+                "--audit-log-format=json", "--audit-log-mode=blocking", "--audit-log-maxsize=0"]
 
     def _command(self, name: str, st: PlaneState, pki: certs.Pki) -> list[str]:
         p = st.ports
