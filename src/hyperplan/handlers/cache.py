@@ -158,9 +158,10 @@ class _ParsedPool:
 @dataclass(frozen=True, slots=True)
 class _Line:
     """One line of a pool's ledger, parsed once and shared by every version of the pool that
-    holds it: its dict as the watch delivered it first, what it takes from the pool (``busy``)
-    and, when a plan bought it, the plan's block."""
+    holds it: its key in :attr:`WatchCache._lines`, its dict as the watch delivered it first,
+    what it takes from the pool (``busy``) and, when a plan bought it, the plan's block."""
 
+    key: tuple
     raw: dict[str, Any]
     busy: Busy
     plan_uid: str
@@ -324,7 +325,7 @@ class WatchCache:
             return found
         r = Reservation.model_validate(raw)
         pool, zone, itype, ultra = where
-        line = _Line(raw if isinstance(raw, dict) else dict(raw), Busy(r.start_time, r.end_time, r.instance_count),
+        line = _Line(key, raw if isinstance(raw, dict) else dict(raw), Busy(r.start_time, r.end_time, r.instance_count),
                      r.training_plan_uid or "",
                      Block.from_reservation(r, pool, zone, itype, ultra) if r.training_plan_uid else None)
         with self._lock:
@@ -351,7 +352,7 @@ class WatchCache:
             name=name, instance_type=spec.get("instanceType", ""),
             availability_zone=spec.get("availabilityZone", ""), instance_count=int(spec.get("instanceCount", 0)),
             ultra_server_type=spec.get("ultraServerType"), busy=tuple(busy)), by_uid,
-            frozenset((*where, r.get("reservedCapacityId")) for r in status.get("reservations") or []))
+            frozenset(line.key for line in lines))
         with self._lock:
             self._parsed_pools[name] = parsed
             held = sum(len(p.line_keys) for p in self._parsed_pools.values())
