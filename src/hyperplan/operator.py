@@ -28,25 +28,7 @@ from aiohttp import web
 from hyperplan import allocator, metrics
 from hyperplan.actuation.kube import api_client
 from hyperplan.actuation.leadership import KubeLeaseStore, LeaderElector, Timing
-from hyperplan.api.vocabulary import ANNOTATION_PREFIX, FINALIZER
 from hyperplan.settings import Settings
-
-def configure_kopf(settings: kopf.OperatorSettings, hp: Settings) -> None:
-    """kopf's behaviour for this operator.
-
-    Progress and the last-handled spec go into annotations, because our status schemas
-    are structural (the API server would prune kopf's own ``status.kopf`` fields).
-    """
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=ANNOTATION_PREFIX, key="last-handled-configuration")
-    settings.persistence.finalizer = FINALIZER
-    settings.posting.level = logging.INFO
-    settings.watching.server_timeout = hp.watch_server_timeout
-    settings.watching.client_timeout = hp.watch_server_timeout + 30
-    settings.execution.max_workers = 8
-    settings.batching.error_delays = [1, 2, 5, 10, 20, 30]
-    settings.networking.error_backoffs = [1, 2, 5, 10]
 
 
 async def serve_liveness(port: int, elector: LeaderElector | None) -> web.AppRunner | None:

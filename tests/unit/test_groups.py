@@ -1051,7 +1051,8 @@ def test_a_remediation_pass_marks_promotes_and_backfills_through_the_provider():
         (name("0-1"), "Warning", "NodeUnhealthy"), (name("0-17"), "Normal", "SparePromoted"),
         (None, "Normal", "NodeCreated"), (name("0-1"), "Normal", "PodsEvicted")]
     assert applied.events[1][1].message == f"spare {name('0-17')} (same UltraServer) replaces {name('0-1')}"
-    assert (applied.released, applied.lost_race, applied.short_of_free_nodes) == ([], False, False)
+    assert ("release", name("0-1")) not in calls and name("0-1") in cluster
+    assert (applied.lost_race, applied.short_of_free_nodes) == (False, False)
 
     # Once the backfill is Ready, the failed node goes through the provider; its absence is no failure.
     cluster[name("0-1") + "-g1"].ready = "True"
@@ -1061,7 +1062,7 @@ def test_a_remediation_pass_marks_promotes_and_backfills_through_the_provider():
     applied = apply(d2, cluster, later)
     # (its health label, set by the mark, is recorded first, as for any Unschedulable* label)
     assert cluster.provider.calls == [("annotate", name("0-1")), ("release", name("0-1"))]
-    assert applied.released == [name("0-1")]
+    assert name("0-1") not in cluster
     assert [(ev.reason, ev.message) for _, ev in applied.events] == [
         ("NodeRemoved", f"{name('0-1')} removed: Ready=False; {name('0-1')} deleted")]
     again = observed(cluster, later + timedelta(seconds=1))
@@ -1080,7 +1081,7 @@ def test_a_drain_held_by_a_pdb_waits_until_its_deadline_then_removes_the_node():
 
     assert ("cordon", node) in cluster.provider.calls
     assert ("release", node) not in cluster.provider.calls
-    assert node not in first.released and node in cluster
+    assert node in cluster
     assert cluster[node].node.spec.unschedulable is True
     assert cluster.pods.pods[node] == ["default/guarded"]
     assert any(ev.reason == "Draining" and body["metadata"]["name"] == node for body, ev in first.events)
@@ -1091,7 +1092,7 @@ def test_a_drain_held_by_a_pdb_waits_until_its_deadline_then_removes_the_node():
     cluster.provider.calls.clear()
     at_deadline = apply(d2.__class__(status=d2.status, drain=[dataclasses.replace(drain, deadline=END)]), cluster, END)
     assert cluster.provider.calls == [("release", node)]
-    assert at_deadline.released == [node]
+    assert node not in cluster
     assert [ev.reason for _, ev in at_deadline.events] == ["NodeRemoved"]
 
 

@@ -9,8 +9,8 @@
   :class:`~hyperplan.actuation.nodes.NodePods`: first, together (each writes a node no other
   one writes), the health-signal notes, marks, spare promotions and creates; then evictions and
   removals, the updates, the checkpoint signal (pods annotated, node condition set), the drains. It
-  returns what it did (:class:`Applied`): the events to post, the nodes it released, whether
-  a create lost a race for a free static node. It never touches the operator's memory; the
+  returns what it did (:class:`Applied`): the events to post, whether a create lost a race
+  for a free static node or found none to lend. It never touches the operator's memory; the
   handler applies the result on the event loop.
 * :func:`drain_node` is the one drain step, :func:`drain_nodes` runs it for many nodes at once;
   a pass and the group's deletion both drain through it.
@@ -176,7 +176,6 @@ class Applied:
 
     events: list[tuple[NodeBody | None, Event]] = field(default_factory=list)
     pod_events: list[tuple[dict, Event]] = field(default_factory=list)  # posted on the pod only
-    released: list[str] = field(default_factory=list)
     lost_race: bool = False  # a create lost a race for a free static node: look again soon
     short_of_free_nodes: bool = False  # a create found no lendable free static node
 
@@ -323,7 +322,6 @@ def apply_decision(provider: NodeProvider, pods: NodePods, d: GroupDecision, raw
             out.events.extend(evacuate_node(provider, pods, raw[action.node], action, clock()))
         elif isinstance(action, hl.RemoveNode):
             what = provider.release(action.node)
-            out.released.append(action.node)
             out.events.append((None, Event("Normal", "NodeRemoved", f"{action.node} removed: {action.reason}; {what}")))
             metrics.REMEDIATIONS.labels("remove").inc()
     out.short_of_free_nodes = any(ev.reason == "NoFreeNode" for _, ev in out.events)
@@ -338,10 +336,8 @@ def apply_decision(provider: NodeProvider, pods: NodePods, d: GroupDecision, raw
             for pod_events in pool.map(lambda n: signal_checkpoint(provider, pods, n, d.checkpoint, now), signal):
                 out.pod_events.extend(pod_events)
     todo = [(raw[x.node], x.reason, x.deadline) for x in d.drain if x.node in raw]
-    for nid, outcome in drain_nodes(provider, pods, todo, now):
+    for _, outcome in drain_nodes(provider, pods, todo, now):
         out.events.extend(outcome.events)
-        if outcome.released is not None:
-            out.released.append(nid)
     return out
 
 
