@@ -41,7 +41,7 @@ from rich.text import Text
 
 from hyperplan import demo_report, status
 from hyperplan.actuation.kube import Kube, api_client
-from hyperplan.api.models import to_rfc3339
+from hyperplan.api.vocabulary import LABEL_GROUP, LABEL_ROLE, ROLE_ACTIVE, to_rfc3339
 from hyperplan.devcluster import build, prometheus
 from hyperplan.devcluster.plane import Plane, free_port, project_root
 
@@ -292,7 +292,7 @@ class Demo:
                 say(f"could not report {pod['metadata']['name']} finished: {e}")
 
     def inject_failure(self) -> None:
-        nodes = self.get("nodes", "-l", f"hyperplan.dev/instance-group={GROUP},hyperplan.dev/role=active")
+        nodes = self.get("nodes", "-l", f"{LABEL_GROUP}={GROUP},{LABEL_ROLE}={ROLE_ACTIVE}")
         self.victim = sorted(n["metadata"]["name"] for n in nodes["items"])[-1]
         self.failed_at = datetime.now(timezone.utc)
         self.report_failure()

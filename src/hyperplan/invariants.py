@@ -31,15 +31,16 @@ from typing import Any
 
 from hyperplan.api.models import from_rfc3339
 
-LABEL_GROUP = "hyperplan.dev/instance-group"
-LABEL_RESERVED_CAPACITY = "hyperplan.dev/reserved-capacity"
-LABEL_SLOT = "hyperplan.dev/slot"
-LABEL_GENERATION = "hyperplan.dev/generation"
-LABEL_ROLE = "hyperplan.dev/role"
-LABEL_HEALTH = "hyperplan.dev/node-health-status"
-LABEL_REPLACES = "hyperplan.dev/replaces"
-SPARE_TAINT = "hyperplan.dev/spare"
-UNHEALTHY_PREFIX = "Unschedulable"
+from hyperplan.api.vocabulary import (
+    HEALTH_UNSCHEDULABLE as UNHEALTHY_PREFIX,
+    LABEL_GROUP,
+    LABEL_HEALTH,
+    LABEL_REPLACES,
+    LABEL_RESERVED_CAPACITY,
+    LABEL_ROLE,
+    LABEL_SLOT,
+    TAINT_SPARE as SPARE_TAINT,
+)
 
 Obj = Mapping[str, Any]
 

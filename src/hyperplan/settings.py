@@ -7,6 +7,8 @@ from typing import Literal
 from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from hyperplan.api.vocabulary import TOPOLOGY_LAYERS, TOPOLOGY_ULTRASERVER_ID
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="HYPERPLAN_", extra="ignore")
@@ -34,12 +36,8 @@ class Settings(BaseSettings):
     watch_server_timeout: int = 300
     """Seconds after which the API server closes a watch and kopf opens a new one."""
 
-    ultraserver_id_label: str = "topology.k8s.aws/ultraserver-id"
-    network_layer_labels: tuple[str, str, str] = (
-        "topology.k8s.aws/network-node-layer-1",
-        "topology.k8s.aws/network-node-layer-2",
-        "topology.k8s.aws/network-node-layer-3",
-    )
+    ultraserver_id_label: str = TOPOLOGY_ULTRASERVER_ID
+    network_layer_labels: tuple[str, str, str] = TOPOLOGY_LAYERS
 
     # Who the operator is, so that it never lends or drains the node it runs on. The chart sets
     # POD_NAME, POD_NAMESPACE and NODE_NAME from the downward API, and HYPERPLAN_OPERATOR_POD_LABELS

@@ -25,12 +25,13 @@ import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import TypeVar
 
 from kubernetes import client
 
 from hyperplan import metrics
+from hyperplan.api.vocabulary import to_rfc3339
 from hyperplan.actuation.nodes import (
     LABEL_NODE_ID, AdoptionConflict, DrainProgress, NodePods, NodeProvider, NoFreeNode, taints_of,
 )
@@ -218,10 +219,6 @@ def drain_node(provider: NodeProvider, pods: NodePods, node: client.V1Node, reas
     return DrainOutcome(what, progress, tuple(events))
 
 
-def rfc3339(when: datetime) -> str:
-    return when.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def signal_checkpoint(provider: NodeProvider, pods: NodePods, node: client.V1Node, checkpoint: Checkpoint,
                       now: datetime) -> list[tuple[dict, Event]]:
     """Ask the workloads on one node to checkpoint: annotate its pods (those a drain would
@@ -230,7 +227,7 @@ def signal_checkpoint(provider: NodeProvider, pods: NodePods, node: client.V1Nod
     annotated = pods.annotate(node.metadata.name, {ANNOTATION_BLOCK_TERMINATION: checkpoint.annotation})
     provider.set_condition(node_id(node), {
         "type": CONDITION_BLOCK_TERMINATING, "status": "True", "reason": REASON_CHECKPOINT,
-        "message": checkpoint.message, "lastTransitionTime": rfc3339(now), "lastHeartbeatTime": rfc3339(now)})
+        "message": checkpoint.message, "lastTransitionTime": to_rfc3339(now), "lastHeartbeatTime": to_rfc3339(now)})
     return [(ref, Event("Warning", REASON_CHECKPOINT, checkpoint.message)) for ref in annotated]
 
 
@@ -239,14 +236,14 @@ def evacuate_node(provider: NodeProvider, pods: NodePods, node: client.V1Node, a
     """Move the pods off a failed node whose replacement serves: through the Eviction API, or
     on a dead node past its deadline, marked Failed with ``DisruptionTarget`` and deleted."""
     if action.start:  # the eviction deadline of a dead node counts from here, across restarts
-        started = now.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")  # to the microsecond
+        started = to_rfc3339(now, micro=True)  # to the microsecond
         provider.annotate(action.node, {hl.ANNOTATION_EVICTING_SINCE: started})
     if action.force:
         message = (f"hyperplan: node {action.node} failed ({action.reason}) and its replacement serves; "
                    "the node does not answer, so its pods are deleted")
         gone = pods.force_delete(node.metadata.name, {
             "type": "DisruptionTarget", "status": "True", "reason": hl.REASON_DELETED_BY_HYPERPLAN,
-            "message": message, "lastTransitionTime": rfc3339(now)})
+            "message": message, "lastTransitionTime": to_rfc3339(now)})
         if not gone:
             return []
         return [(node_ref(node), Event("Warning", "PodsDeleted",

@@ -32,6 +32,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from hyperplan.actuation.kube import Kube
+from hyperplan.api.vocabulary import OWN_PREFIX
 from hyperplan.planning import lending as ln
 from hyperplan.planning import naming as nm
 from hyperplan.planning import placement as pl
@@ -371,7 +372,7 @@ class StaticProvider:
             set_node_condition(self.kube, current.metadata.name, condition)
 
 
-OWN_CONDITION_PREFIX = "hyperplan.dev/"  # node conditions hyperplan sets (planning.groups)
+OWN_CONDITION_PREFIX = OWN_PREFIX  # node conditions hyperplan sets (planning.groups)
 
 
 def set_node_conditions_removed(kube: Kube, node_name: str, types: list[str]) -> None:

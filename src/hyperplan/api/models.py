@@ -11,13 +11,16 @@ by the planners instead.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from hyperplan.api.vocabulary import API_VERSION, GROUP, TARGET_RESOURCES, ULTRASERVER_TYPES, VERSION  # noqa: F401
+from hyperplan.api.vocabulary import (  # noqa: F401  (re-exported: the models' callers use them with the models)
+    API_VERSION, GROUP, LABEL_HOSTNAME, LABEL_INSTANCE_TYPE, LABEL_SAGEMAKER_HEALTH, LABEL_ZONE, OWN_PREFIX,
+    TARGET_RESOURCES, TOPOLOGY_PREFIX, ULTRASERVER_TYPES, VERSION, from_rfc3339, to_rfc3339,
+)
 
 ALLOWED_INSTANCE_COUNTS = (1, 2, 4, 8, 16, 32, 64)
 DURATION_PATTERN = r"^([0-9]+[dhms])+$"
@@ -30,21 +33,10 @@ QUALIFIED_NAME_PATTERN = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9
                           r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 # Keys the operator owns on its nodes. A group may not set them through `labels` or `taints`:
 # they would fight with (or forge) what the operator writes and what schedulers read.
-RESERVED_KEY_PREFIXES = ("hyperplan.dev/", "topology.k8s.aws/")
-RESERVED_KEYS = ("node.kubernetes.io/instance-type", "topology.kubernetes.io/zone",
-                 "kubernetes.io/hostname", "sagemaker.amazonaws.com/node-health-status")
+RESERVED_KEY_PREFIXES = (OWN_PREFIX, TOPOLOGY_PREFIX)
+RESERVED_KEYS = (LABEL_INSTANCE_TYPE, LABEL_ZONE, LABEL_HOSTNAME, LABEL_SAGEMAKER_HEALTH)
 MAX_GROUP_LABELS = 64
 MAX_GROUP_TAINTS = 32
-
-
-def to_rfc3339(moment: datetime) -> str:
-    """A time as the API's date-time fields carry it: UTC, whole seconds, ``Z``."""
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def from_rfc3339(text: str) -> datetime:
-    """The inverse of :func:`to_rfc3339` (also reads fractional seconds)."""
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 def cel(rule: str, message: str, **extra: Any) -> dict[str, Any]:

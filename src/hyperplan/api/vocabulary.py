@@ -1,19 +1,118 @@
-"""The domain's words, defined once: the API group, the finalizer, the plan targets and the
-UltraServer sizes. Everything else (the models, planning, the handlers, the Kueue controller)
-imports them from here, so a new UltraServer type or target is one edit.
+"""The domain's words, defined once: the API group and finalizers, every label, annotation, taint
+and node condition key the operator reads or writes, the values they take, the condition types
+and reasons that more than one module uses, the plan targets, the UltraServer sizes, and the
+wire's time format.
+
+Everything else (the models, planning, actuation, the handlers, the Kueue controller, the
+invariant checks) imports them from here, so a key is one edit and a reader can find every
+word the operator puts on a node in one file. Words that only one concern uses (the admission
+check's reasons in ``planning.admission``, the placement reasons in ``planning.placement``) stay
+with that concern, which says so.
+
+Pure: stdlib only, so that planning may import it.
 """
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 GROUP = "hyperplan.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
-# kopf's finalizer and its annotations on our objects (operator.configure_kopf).
+# kopf's finalizer and its annotations on our objects (handlers.configure_kopf).
 FINALIZER = f"{GROUP}/finalizer"
 # The operator's own finalizer on a TrainingPlan that may hold reservations (handlers.trainingplan).
 # Not kopf's: kopf removes its finalizer from objects of a kind it has no deletion handler for.
 PLAN_FINALIZER = f"{GROUP}/release-reservations"
 ANNOTATION_PREFIX = GROUP
+OWN_PREFIX = f"{GROUP}/"  # every key below that starts with it is the operator's own
+
+# --------------------------------------------------------------------------- node labels
+
+# Well-known Kubernetes keys the operator sets on its nodes.
+LABEL_INSTANCE_TYPE = "node.kubernetes.io/instance-type"
+LABEL_ZONE = "topology.kubernetes.io/zone"
+LABEL_HOSTNAME = "kubernetes.io/hostname"
+
+LABEL_GROUP = f"{GROUP}/instance-group"
+LABEL_PLAN = f"{GROUP}/training-plan"
+LABEL_RESERVED_CAPACITY = f"{GROUP}/reserved-capacity"
+LABEL_ROLE = f"{GROUP}/role"
+LABEL_HEALTH = f"{GROUP}/node-health-status"
+# HyperPod's own health key: read beside hyperplan's (planning.nodefacts decides from both).
+LABEL_SAGEMAKER_HEALTH = "sagemaker.amazonaws.com/node-health-status"
+LABEL_SLOT = f"{GROUP}/slot"
+LABEL_GENERATION = f"{GROUP}/generation"
+LABEL_REPLACES = f"{GROUP}/replaces"
+# The UltraServer topology keys that HyperPod and Kueue users already write (the defaults of
+# settings.ultraserver_id_label and settings.network_layer_labels; planning.naming.TopologyKeys).
+TOPOLOGY_PREFIX = "topology.k8s.aws/"
+TOPOLOGY_ULTRASERVER_ID = f"{TOPOLOGY_PREFIX}ultraserver-id"
+TOPOLOGY_LAYERS = tuple(f"{TOPOLOGY_PREFIX}network-node-layer-{n}" for n in (1, 2, 3))
+# Static nodes (planning.lending): the node's stable id in a group, and the free pool.
+LABEL_NODE_ID = f"{GROUP}/node-id"
+LABEL_POOL = f"{GROUP}/pool"
+POOL_FREE = "free"
+POOL_HELD = "held"
+# Training-job plans (planning.trainingjobs): the workload a node serves.
+LABEL_WORKLOAD = f"{GROUP}/workload"
+
+ROLE_ACTIVE = "active"
+ROLE_SPARE = "spare"
+
+# The HyperPod health values (DESIGN.md section 1).
+HEALTH_SCHEDULABLE = "Schedulable"
+HEALTH_UNSCHEDULABLE = "Unschedulable"
+HEALTH_PENDING_REPLACEMENT = "UnschedulablePendingReplacement"
+HEALTH_PENDING_REBOOT = "UnschedulablePendingReboot"
+
+# An UltraServer's health status (a plan's status.ultraServers[].healthStatus).
+STATUS_OK = "ok"
+STATUS_IMPAIRED = "impaired"
+STATUS_INSUFFICIENT_DATA = "insufficient-data"
+
+# --------------------------------------------------------------------------- node annotations
+
+ANNOTATION_CORDONED = f"{GROUP}/cordoned"
+"""``"true"`` while a node is cordoned because hyperplan cordoned it (for a drain)."""
+ANNOTATION_HEALTH_SINCE = f"{GROUP}/health-signal-since"
+"""``<health label value>@<RFC 3339>``: when the operator first saw a node's ``Unschedulable*``
+health label. Labels carry no time, and the grace of that signal counts from the first sight:
+kept on the node, a restarted operator neither judges the node early nor starts its grace anew."""
+ANNOTATION_EVICTING_SINCE = f"{GROUP}/evicting-since"
+"""RFC 3339: when the operator started to evict a failed node's pods (the deadline of a dead
+node's eviction counts from it, across restarts)."""
+ANNOTATION_LENT = f"{GROUP}/lent"
+"""JSON: ``{"labels": {key: value before adoption or null}, "taintKeys": [...], "taints": [...]}``."""
+ANNOTATION_KEEP_ALIVE_UNTIL = f"{GROUP}/keep-alive-until"
+"""RFC 3339: when an idle warm node of a training-job plan is released, unless a workload takes it."""
+ANNOTATION_BLOCK_TERMINATION = f"{GROUP}/block-termination-time"
+"""On a workload's pods: when the block its node belongs to reaches its termination time (RFC 3339).
+From then on the node drains; readable in the pod through the downward API (docs/checkpoint.md)."""
+ANNOTATION_LAST_HANDLED = f"{GROUP}/last-handled-configuration"  # kopf's diff base on groups
+
+# --------------------------------------------------------------------------- taints and node conditions
+
+TAINT_SPARE = f"{GROUP}/spare"  # value "true", NoSchedule (planning.naming.SPARE_TAINT)
+TAINT_UNHEALTHY = f"{GROUP}/unhealthy"  # value "true", NoSchedule (planning.naming.UNHEALTHY_TAINT)
+CONDITION_BLOCK_TERMINATING = f"{GROUP}/BlockTerminating"
+"""Node condition, ``True`` from the checkpoint signal on: the node's block is about to terminate."""
+# Taints the node lifecycle controller sets (they follow a condition or the cordon).
+KUBE_NODE_TAINT_PREFIX = "node.kubernetes.io/"
+
+# --------------------------------------------------------------------------- conditions and reasons shared by modules
+
+CONDITION_READY = "Ready"
+CONDITION_RECONCILED = "Reconciled"  # False while an object's passes fail (handlers.workqueue)
+REASON_OFFERING_UNAVAILABLE = "OfferingUnavailable"
+"""The ledger's re-check refused an offering: its capacity was sold meanwhile, or its pool changed
+(made by planning.offerings, matched by the purchase's search-again in handlers.trainingplan)."""
+REASON_CHECKPOINT = "CheckpointRequested"
+REASON_DELETED_BY_HYPERPLAN = "DeletionByHyperplan"
+"""Reason of the ``DisruptionTarget`` pod condition hyperplan sets on a pod it deletes from a dead
+node (the Eviction API sets ``EvictionByEvictionAPI`` itself)."""
+
+# --------------------------------------------------------------------------- plans
 
 # What a training plan's capacity serves (DESIGN.md section 1): a plan serves one, not both.
 TRAINING_JOB = "training-job"
@@ -22,9 +121,29 @@ TARGET_RESOURCES = (TRAINING_JOB, HYPERPOD_CLUSTER)
 # A hyperpod-cluster plan's blocks all lie in one AZ; a training-job plan's blocks may not.
 SINGLE_AZ_TARGETS = frozenset({HYPERPOD_CLUSTER})
 
-# Instances per UltraServer, by UltraServer type.
+# Instances per UltraServer, by UltraServer type, and the instance type UltraServers are made of.
 ULTRASERVER_INSTANCES = {"ml.u-p6e-gb200x72": 18, "ml.u-p6e-gb200x36": 9}
 ULTRASERVER_TYPES = tuple(ULTRASERVER_INSTANCES)
+ULTRASERVER_INSTANCE_TYPE = "ml.p6e-gb200.36xlarge"
 
 # The Kueue AdmissionCheck controller's name (docs/admission.md).
 ADMISSION_CONTROLLER_NAME = f"{GROUP}/training-plan"
+
+# --------------------------------------------------------------------------- the wire's time format
+
+
+def to_rfc3339(moment: datetime, *, micro: bool = False) -> str:
+    """A time as the API's date-time fields and the operator's annotations carry it: UTC, ``Z``,
+    whole seconds (``micro``: to the microsecond, for records a grace is counted from)."""
+    fmt = "%Y-%m-%dT%H:%M:%S.%fZ" if micro else "%Y-%m-%dT%H:%M:%SZ"
+    return moment.astimezone(timezone.utc).strftime(fmt)
+
+
+def from_rfc3339(text: str) -> datetime:
+    """The inverse of :func:`to_rfc3339` (fractional seconds too). Strict: a time without a
+    timezone raises ValueError, as unreadable text does, since comparing it with the operator's
+    aware times would fail later, far from the value that caused it."""
+    moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if moment.tzinfo is None:
+        raise ValueError(f"{text!r} has no timezone")
+    return moment

@@ -40,12 +40,13 @@ import kopf
 from kubernetes import client
 
 from hyperplan.api.models import GROUP, VERSION, Reservation
+from hyperplan.api.vocabulary import ANNOTATION_LAST_HANDLED, OWN_PREFIX, from_rfc3339
 from hyperplan.planning.blocks import Block
 from hyperplan.planning.offerings import Busy, PoolSnapshot
 
 PLANS, POOLS, GROUPS, NODES = "hp_plans", "hp_pools", "hp_groups", "nodes"  # NODES: the node store
-KEEP_ANNOTATION_PREFIXES = ("hyperplan.dev/",)
-DROP_ANNOTATIONS = ("hyperplan.dev/last-handled-configuration",)
+KEEP_ANNOTATION_PREFIXES = (OWN_PREFIX,)
+DROP_ANNOTATIONS = (ANNOTATION_LAST_HANDLED,)
 
 
 def _metadata(meta: Mapping[str, Any], *, with_annotations: bool) -> dict[str, Any]:
@@ -409,6 +410,5 @@ def _pool_key(pool: Mapping[str, Any]) -> tuple[str, str, str, str | None]:
 
 
 def _time(text: Any):
-    from hyperplan.api.models import from_rfc3339
 
     return text if not isinstance(text, str) else from_rfc3339(text)

@@ -37,7 +37,7 @@ from pydantic import ValidationError
 from hyperplan import metrics
 from hyperplan.actuation.ledger import CapacityLedger, PurchaseResult
 from hyperplan.api.models import GROUP, VERSION, TrainingPlan, TrainingPlanSpec, TrainingPlanStatus
-from hyperplan.api.vocabulary import FINALIZER, PLAN_FINALIZER
+from hyperplan.api.vocabulary import FINALIZER, PLAN_FINALIZER, REASON_OFFERING_UNAVAILABLE
 from hyperplan.handlers.context import Runtime, status_of
 from hyperplan.handlers.scheduler import PassScheduler
 from hyperplan.planning import counts as ct
@@ -51,7 +51,7 @@ from hyperplan.planning.policy import Policy
 
 PLURAL = "trainingplans"
 KIND = "plan"
-LOST_RACE = "OfferingUnavailable"  # the ledger's re-check: the offered capacity was sold meanwhile
+LOST_RACE = REASON_OFFERING_UNAVAILABLE  # the ledger's re-check: the offered capacity was sold meanwhile
 PURCHASE_SEARCHES = 8  # purchases (a first one and searches again) per pass before trying next pass
 CONTENDED_RETRY = timedelta(seconds=1)
 log = logging.getLogger("hyperplan.trainingplan")

@@ -42,7 +42,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal, Mapping, Sequence
 
-from hyperplan.api.vocabulary import ADMISSION_CONTROLLER_NAME, GROUP, HYPERPOD_CLUSTER, TRAINING_JOB  # noqa: F401
+from hyperplan.api.vocabulary import (  # noqa: F401
+    ADMISSION_CONTROLLER_NAME, GROUP, HYPERPOD_CLUSTER, TRAINING_JOB, to_rfc3339,
+)
 
 from hyperplan.planning.policy import format_duration
 
@@ -65,11 +67,6 @@ REASON_PLAN_ENDED = "PlanEnded"
 REASON_PLAN_FAILED = "PlanFailed"
 REASON_NO_BLOCK_FITS = "NoBlockFits"
 REASON_POD_TOO_BIG = "PodFitsNoInstance"
-
-
-def stamp(moment: datetime) -> str:
-    """A time as messages show it: UTC, whole seconds, ``Z``."""
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _span(delta: timedelta) -> str:
@@ -248,13 +245,13 @@ def decide_admission(plan: PlanView | None, workload: WorkloadView, now: datetim
         if need > current.instance_count:
             why_not_now = f"the running block {current.id} has {current.instance_count} instance(s); "
         elif limit is not None:
-            why_not_now = (f"the running block {current.id} terminates at {stamp(current.termination_time)}, "
+            why_not_now = (f"the running block {current.id} terminates at {to_rfc3339(current.termination_time)}, "
                            f"{_span(current.time_left(now))} left, less than the maximum execution time "
                            f"{_span(limit)}; ")
     return AdmissionDecision(
         RETRY, REASON_WAITING_FOR_BLOCK,
         f"{why_not_now}next block that can hold it ({block.id}, {need} instance(s) in "
-        f"{block.availability_zone}) starts {stamp(block.start)}",
+        f"{block.availability_zone}) starts {to_rfc3339(block.start)}",
         instances=need, requeue_after=block.start - now)
 
 
@@ -263,9 +260,9 @@ def _admitted(plan: PlanView, block: BlockView, need: int, limit: timedelta | No
             f"{block.availability_zone})")
     if limit is None:
         return (f"{head}; no maximum execution time declared: it will be drained at the block's "
-                f"termination time {stamp(block.termination_time)}")
+                f"termination time {to_rfc3339(block.termination_time)}")
     return (f"{head}; its maximum execution time {_span(limit)} fits in the {_span(block.time_left(now))} "
-            f"left before the termination time {stamp(block.termination_time)}")
+            f"left before the termination time {to_rfc3339(block.termination_time)}")
 
 
 def _why_none_fits(plan: PlanView, remaining: Sequence[BlockView], need: int, limit: timedelta | None,
@@ -423,7 +420,7 @@ def decide_after_block(plan: PlanView | None, workload: WorkloadView, block_id: 
     to ``Rejected`` when no block can ever hold it.
     """
     ended = next((b for b in (plan.blocks if plan else ()) if b.id == block_id), None)
-    head = (f"block {block_id} reached its termination time {stamp(ended.termination_time)}" if ended
+    head = (f"block {block_id} reached its termination time {to_rfc3339(ended.termination_time)}" if ended
             else f"block {block_id} is no longer part of training plan {plan.name if plan else plan_name}")
     later = decide_admission(plan, workload, now, busy_retry=busy_retry, plan_name=plan_name)
     if later.state == REJECTED:

@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Mapping, Sequence
 
 from hyperplan.api.models import Condition, InstanceGroupSpec, InstanceGroupStatus, ReservedCapacity
-from hyperplan.api.vocabulary import HYPERPOD_CLUSTER
+from hyperplan.api.vocabulary import (  # noqa: F401  (the checkpoint words re-exported)
+    ANNOTATION_BLOCK_TERMINATION, CONDITION_BLOCK_TERMINATING, HYPERPOD_CLUSTER, REASON_CHECKPOINT, to_rfc3339,
+)
 from hyperplan.planning import health as hl
 from hyperplan.planning import naming as nm
 from hyperplan.planning import placement as pl
@@ -92,12 +94,6 @@ class Drain:
     reason: str
 
 
-ANNOTATION_BLOCK_TERMINATION = "hyperplan.dev/block-termination-time"
-"""On a workload's pods: when the block its node belongs to reaches its termination time (RFC 3339).
-From then on the node drains; readable in the pod through the downward API (docs/checkpoint.md)."""
-CONDITION_BLOCK_TERMINATING = "hyperplan.dev/BlockTerminating"
-"""Node condition, ``True`` from the checkpoint signal on: the node's block is about to terminate."""
-REASON_CHECKPOINT = "CheckpointRequested"
 
 
 @dataclass(frozen=True)
@@ -111,7 +107,7 @@ class Checkpoint:
 
     @property
     def annotation(self) -> str:
-        return self.termination.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return to_rfc3339(self.termination)
 
     @property
     def message(self) -> str:

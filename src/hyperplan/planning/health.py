@@ -79,8 +79,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 
+from hyperplan.api.vocabulary import (  # noqa: F401  (the node memory's keys re-exported)
+    ANNOTATION_EVICTING_SINCE, ANNOTATION_HEALTH_SINCE, REASON_DELETED_BY_HYPERPLAN, from_rfc3339, to_rfc3339,
+)
 from hyperplan.planning.naming import (
     ANNOTATION_CORDONED,
     HEALTH_PENDING_REPLACEMENT,
@@ -96,16 +99,11 @@ from hyperplan.planning.placement import SlotState, UltraServer
 
 # ---------------------------------------------------------------------------- memory on the node
 
-ANNOTATION_HEALTH_SINCE = "hyperplan.dev/health-signal-since"
-"""``<health label value>@<RFC 3339>``: when the operator first saw a node's ``Unschedulable*``
-health label. Labels carry no time, and the grace of that signal counts from the first sight:
-kept on the node, a restarted operator neither judges the node early nor starts its grace anew."""
-
 
 def health_signal_record(value: str, since: datetime) -> str:
     """To the microsecond: the grace counts from the earlier of this record and the first sight,
     so a record cut to the whole second ended the grace up to a second early (bench/storm.py)."""
-    return f"{value}@{since.astimezone(timezone.utc).strftime('%Y-%m-%dT%H:%M:%S.%fZ')}"
+    return f"{value}@{to_rfc3339(since, micro=True)}"
 
 
 def parse_health_signal_record(text: str | None) -> tuple[str, datetime] | None:
@@ -114,7 +112,7 @@ def parse_health_signal_record(text: str | None) -> tuple[str, datetime] | None:
         return None
     value, _, when = text.rpartition("@")
     try:
-        return value, datetime.fromisoformat(when.replace("Z", "+00:00"))
+        return value, from_rfc3339(when)
     except ValueError:
         return None
 
@@ -130,13 +128,6 @@ def health_label_since(value: str | None, recorded: str | None, first_seen: date
     return first_seen
 
 
-ANNOTATION_EVICTING_SINCE = "hyperplan.dev/evicting-since"
-"""RFC 3339: when the operator started to evict a failed node's pods (the deadline of a dead
-node's eviction counts from it, across restarts)."""
-
-REASON_DELETED_BY_HYPERPLAN = "DeletionByHyperplan"
-"""Reason of the ``DisruptionTarget`` pod condition hyperplan sets on a pod it deletes from a dead
-node (the Eviction API sets ``EvictionByEvictionAPI`` itself)."""
 
 
 def removed_by_operator(labels: Mapping[str, str], annotations: Mapping[str, str]) -> bool:

@@ -52,12 +52,7 @@ from hyperplan.planning.naming import (
     Taint,
 )
 
-LABEL_NODE_ID = "hyperplan.dev/node-id"
-LABEL_POOL = "hyperplan.dev/pool"
-POOL_FREE = "free"
-POOL_HELD = "held"
-ANNOTATION_LENT = "hyperplan.dev/lent"
-"""JSON: ``{"labels": {key: value before adoption or null}, "taintKeys": [...], "taints": [...]}``."""
+from hyperplan.api.vocabulary import ANNOTATION_LENT, LABEL_NODE_ID, LABEL_POOL, OWN_PREFIX, POOL_FREE, POOL_HELD  # noqa: F401
 
 
 OWNED_LABELS = (LABEL_GROUP, LABEL_PLAN, LABEL_RESERVED_CAPACITY, LABEL_ROLE, LABEL_HEALTH, LABEL_SLOT,
@@ -305,7 +300,7 @@ def hand_back(node: PoolNode) -> HandBack:
     labels[LABEL_POOL] = POOL_FREE
     drop = set(record.taint_keys) | ALWAYS_MANAGED_TAINT_KEYS
     no_record = ANNOTATION_LENT not in node.annotations
-    kept = [t for t in node.taints if t.key not in drop and not (no_record and t.key.startswith("hyperplan.dev/"))]
+    kept = [t for t in node.taints if t.key not in drop and not (no_record and t.key.startswith(OWN_PREFIX))]
     restored = kept + [t for t in record.taints if t not in kept]
     spec: dict = {"taints": _taint_body(restored)}
     ours = node.annotations.get(ANNOTATION_CORDONED) == "true"

@@ -32,35 +32,38 @@ import hashlib
 import re
 from dataclasses import dataclass
 
+# The keys and values themselves are defined in api.vocabulary; planning reads them through this
+# module, beside the names and taints built from them.
+from hyperplan.api.vocabulary import (  # noqa: F401  (re-exported)
+    ANNOTATION_CORDONED,
+    HEALTH_PENDING_REBOOT,
+    HEALTH_PENDING_REPLACEMENT,
+    HEALTH_SCHEDULABLE,
+    HEALTH_UNSCHEDULABLE,
+    LABEL_GENERATION,
+    LABEL_GROUP,
+    LABEL_HEALTH,
+    LABEL_HOSTNAME,
+    LABEL_INSTANCE_TYPE,
+    LABEL_PLAN,
+    LABEL_REPLACES,
+    LABEL_RESERVED_CAPACITY,
+    LABEL_ROLE,
+    LABEL_SAGEMAKER_HEALTH,
+    LABEL_SLOT,
+    LABEL_ZONE,
+    ROLE_ACTIVE,
+    ROLE_SPARE,
+    STATUS_IMPAIRED,
+    STATUS_INSUFFICIENT_DATA,
+    STATUS_OK,
+    TAINT_SPARE,
+    TAINT_UNHEALTHY,
+    TOPOLOGY_LAYERS,
+    TOPOLOGY_ULTRASERVER_ID,
+)
+
 # --------------------------------------------------------------------------- constants
-
-
-LABEL_INSTANCE_TYPE = "node.kubernetes.io/instance-type"
-LABEL_ZONE = "topology.kubernetes.io/zone"
-LABEL_HOSTNAME = "kubernetes.io/hostname"
-LABEL_GROUP = "hyperplan.dev/instance-group"
-LABEL_PLAN = "hyperplan.dev/training-plan"
-LABEL_RESERVED_CAPACITY = "hyperplan.dev/reserved-capacity"
-LABEL_ROLE = "hyperplan.dev/role"
-LABEL_HEALTH = "hyperplan.dev/node-health-status"
-LABEL_SAGEMAKER_HEALTH = "sagemaker.amazonaws.com/node-health-status"
-LABEL_SLOT = "hyperplan.dev/slot"
-LABEL_GENERATION = "hyperplan.dev/generation"
-LABEL_REPLACES = "hyperplan.dev/replaces"
-ANNOTATION_CORDONED = "hyperplan.dev/cordoned"
-"""``"true"`` while a node is cordoned because hyperplan cordoned it (for a drain)."""
-
-ROLE_ACTIVE = "active"
-ROLE_SPARE = "spare"
-
-HEALTH_SCHEDULABLE = "Schedulable"
-HEALTH_UNSCHEDULABLE = "Unschedulable"
-HEALTH_PENDING_REPLACEMENT = "UnschedulablePendingReplacement"
-HEALTH_PENDING_REBOOT = "UnschedulablePendingReboot"
-
-STATUS_OK = "ok"
-STATUS_IMPAIRED = "impaired"
-STATUS_INSUFFICIENT_DATA = "insufficient-data"
 
 NODE_NAME_PREFIX = "hp"
 _GROUP_PART_MAX = 30
@@ -74,18 +77,18 @@ class Taint:
     effect: str
 
 
-SPARE_TAINT = Taint("hyperplan.dev/spare", "true", "NoSchedule")
-UNHEALTHY_TAINT = Taint("hyperplan.dev/unhealthy", "true", "NoSchedule")
+SPARE_TAINT = Taint(TAINT_SPARE, "true", "NoSchedule")
+UNHEALTHY_TAINT = Taint(TAINT_UNHEALTHY, "true", "NoSchedule")
 
 
 @dataclass(frozen=True)
 class TopologyKeys:
     """Label keys for UltraServer topology (configurable; defaults are the EKS/HyperPod keys)."""
 
-    ultraserver_id: str = "topology.k8s.aws/ultraserver-id"
-    layer1: str = "topology.k8s.aws/network-node-layer-1"
-    layer2: str = "topology.k8s.aws/network-node-layer-2"
-    layer3: str = "topology.k8s.aws/network-node-layer-3"
+    ultraserver_id: str = TOPOLOGY_ULTRASERVER_ID
+    layer1: str = TOPOLOGY_LAYERS[0]
+    layer2: str = TOPOLOGY_LAYERS[1]
+    layer3: str = TOPOLOGY_LAYERS[2]
 
 
 def kueue_topology_levels(keys: TopologyKeys = TopologyKeys()) -> list[str]:

@@ -33,11 +33,12 @@ from datetime import datetime, timedelta, timezone
 from typing import Iterable, Sequence
 
 from hyperplan.api.models import Offering as OfferingStatus, to_rfc3339
-from hyperplan.api.vocabulary import SINGLE_AZ_TARGETS, TARGET_RESOURCES, ULTRASERVER_INSTANCES
+from hyperplan.api.vocabulary import (  # noqa: F401  (ULTRASERVER_INSTANCE_TYPE re-exported)
+    REASON_OFFERING_UNAVAILABLE, SINGLE_AZ_TARGETS, TARGET_RESOURCES, ULTRASERVER_INSTANCE_TYPE, ULTRASERVER_INSTANCES,
+)
 from hyperplan.planning.blocks import Block
 from hyperplan.planning.policy import Policy, format_duration
 
-ULTRASERVER_INSTANCE_TYPE = "ml.p6e-gb200.36xlarge"
 MAX_OFFERINGS = 3
 
 
@@ -570,14 +571,14 @@ def recheck_offering(
             or pool.availability_zone != block.availability_zone
         ):
             return RuleViolation(
-                "OfferingUnavailable",
+                REASON_OFFERING_UNAVAILABLE,
                 f"block {number} of offering {offering.id}: capacity pool {block.pool!r} no longer "
                 f"offers {block.instance_type} in {block.availability_zone}",
             )
         used = _peak_usage(pool.busy, block.start, block.end)
         if used + block.instance_count > pool.instance_count:
             return RuleViolation(
-                "OfferingUnavailable",
+                REASON_OFFERING_UNAVAILABLE,
                 f"block {number} of offering {offering.id} ({block.instance_count} x "
                 f"{block.instance_type} in {block.availability_zone}, {_fmt_time(block.start)} to "
                 f"{_fmt_time(block.end)}) is no longer free in pool {pool.name!r}: "

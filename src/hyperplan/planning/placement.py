@@ -45,7 +45,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from hyperplan.api.vocabulary import ULTRASERVER_INSTANCES
+from hyperplan.api.vocabulary import ULTRASERVER_INSTANCE_TYPE, ULTRASERVER_INSTANCES  # noqa: F401
 from hyperplan.planning.naming import (
     HEALTH_SCHEDULABLE,
     HEALTH_UNSCHEDULABLE,
@@ -73,7 +73,6 @@ from hyperplan.planning.naming import (
 
 # --------------------------------------------------------------------------- constants
 
-ULTRASERVER_INSTANCE_TYPE = "ml.p6e-gb200.36xlarge"
 DEFAULT_SPARES_PER_ULTRASERVER = 1
 
 # Placement error reasons (condition reasons on the InstanceGroup).

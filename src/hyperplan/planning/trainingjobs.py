@@ -42,9 +42,9 @@ from typing import Collection, Mapping, Sequence
 from hyperplan.planning import naming as nm
 from hyperplan.planning import placement as pl
 
-LABEL_WORKLOAD = "hyperplan.dev/workload"
-ANNOTATION_KEEP_ALIVE_UNTIL = "hyperplan.dev/keep-alive-until"
-"""RFC 3339: when an idle warm node of a training-job plan is released, unless a workload takes it."""
+from hyperplan.api.vocabulary import (  # noqa: F401  (the keys re-exported)
+    ANNOTATION_KEEP_ALIVE_UNTIL, LABEL_WORKLOAD, from_rfc3339, to_rfc3339,
+)
 
 
 def workload_label_value(namespace: str, name: str) -> str:
@@ -170,7 +170,7 @@ def decide_job_nodes(plan: str, block: JobBlock | None, holders: Sequence[Holder
     if block is not None and not usable:
         for n in mine:
             d.drain.append(Drain(n.name, block.end,
-                                 f"block {block.id} reached its termination time {pl_stamp(block.termination_time)}"))
+                                 f"block {block.id} reached its termination time {to_rfc3339(block.termination_time)}"))
         if mine:
             wakes.append(block.end)
         d.wake_at = min(wakes, default=None)
@@ -271,10 +271,6 @@ def _choose(count: int, warm: list[JobNode], free_slots: list[tuple[pl.UltraServ
     return picks
 
 
-def pl_stamp(moment: datetime) -> str:
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def job_nodes_from_labels(items: Sequence[tuple[str, Mapping[str, str], Mapping[str, str], bool, bool]]
                           ) -> list[JobNode]:
     """JobNodes from (name, labels, annotations, cordoned, signalled) of the plan's nodes."""
@@ -282,7 +278,7 @@ def job_nodes_from_labels(items: Sequence[tuple[str, Mapping[str, str], Mapping[
     for name, labels, node_annotations, cordoned, signalled in items:
         until = node_annotations.get(ANNOTATION_KEEP_ALIVE_UNTIL)
         try:
-            when = datetime.fromisoformat(until.replace("Z", "+00:00")) if until else None
+            when = from_rfc3339(until) if until else None
         except ValueError:
             when = None
         out.append(JobNode(name, labels.get(nm.LABEL_RESERVED_CAPACITY, ""), labels.get(nm.LABEL_SLOT, ""),
