@@ -23,7 +23,8 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TypeVar
@@ -46,6 +47,7 @@ from hyperplan.planning.groups import (
 from hyperplan.planning.plans import Event
 
 CREATE_WORKERS = 8
+NODE_WRITE_THREADS = 64  # all groups' node writes at once (run_together)
 T = TypeVar("T")
 log = logging.getLogger("hyperplan.groups")
 
@@ -329,22 +331,47 @@ def apply_decision(provider: NodeProvider, pods: NodePods, d: GroupDecision, raw
         provider.update(spec.name, spec, managed_taint_keys(spec))
     if d.checkpoint is not None:  # before the drains: every pod is asked before it is evicted
         signal = [raw[n] for n in d.checkpoint.nodes if n in raw]
-        with ThreadPoolExecutor(max_workers=max(1, min(CREATE_WORKERS, len(signal)))) as pool:
-            for pod_events in pool.map(lambda n: signal_checkpoint(provider, pods, n, d.checkpoint, now), signal):
-                out.pod_events.extend(pod_events)
+        for pod_events in run_together([functools.partial(signal_checkpoint, provider, pods, n, d.checkpoint, now)
+                                        for n in signal]):
+            out.pod_events.extend(pod_events)
     todo = [(raw[x.node], x.reason, x.deadline) for x in d.drain if x.node in raw]
     for _, outcome in drain_nodes(provider, pods, todo, now):
         out.events.extend(outcome.events)
     return out
 
 
-def run_together(calls: Sequence[Callable[[], T]]) -> list[T]:
-    """Each call from up to :data:`CREATE_WORKERS` threads; the results in the order given. Every
-    call runs even when one raises; then the first exception (in that order) is raised."""
+_NODE_WRITES: ThreadPoolExecutor | None = None
+_NODE_WRITES_LOCK = threading.Lock()
+
+
+def node_writes() -> ThreadPoolExecutor:
+    """The threads that every group's pass fans its node writes out to: one pool for the process,
+    made on first use. A pool opened per call paid a thread start for every write of every pass,
+    and nothing bounded them across groups. Only group threads submit to it, and its calls never
+    submit again, so a full pool makes a pass wait, never deadlock."""
+    global _NODE_WRITES
+    with _NODE_WRITES_LOCK:
+        if _NODE_WRITES is None:
+            _NODE_WRITES = ThreadPoolExecutor(max_workers=NODE_WRITE_THREADS, thread_name_prefix="node-write")
+        return _NODE_WRITES
+
+
+def run_together(calls: Sequence[Callable[[], T]], width: int = CREATE_WORKERS) -> list[T]:
+    """Each call on :func:`node_writes`, at most ``width`` of this pass's at once (one group never
+    takes the whole pool); the results in the order given. Every call runs even when one raises;
+    then the first exception (in that order) is raised."""
     if len(calls) <= 1:
         return [c() for c in calls]
-    with ThreadPoolExecutor(max_workers=min(CREATE_WORKERS, len(calls))) as pool:
-        futures = [pool.submit(c) for c in calls]
+    pool = node_writes()
+    futures: list[Future] = []
+    running: set[Future] = set()
+    for call in calls:
+        if len(running) >= width:
+            _, running = wait(running, return_when=FIRST_COMPLETED)
+        future = pool.submit(call)
+        futures.append(future)
+        running.add(future)
+    wait(running)
     return [f.result() for f in futures]
 
 
@@ -361,7 +388,4 @@ def drain_nodes(provider: NodeProvider, pods: NodePods,
         node, reason, deadline = item
         return node_id(node), drain_node(provider, pods, node, reason, deadline, now)
 
-    if len(todo) == 1:
-        return [one(todo[0])]
-    with ThreadPoolExecutor(max_workers=min(CREATE_WORKERS, len(todo))) as pool:
-        return list(pool.map(one, todo))
+    return run_together([functools.partial(one, item) for item in todo])
