@@ -5,7 +5,8 @@ a watch event): no I/O, no clock. ``bench/chaos.py`` runs them after every fault
 and on watch events; each check returns violations as readable sentences (empty: it holds).
 
 * :func:`slot_conflicts` - no two live nodes in one slot of a group's block. A failed node
-  marked ``UnschedulablePendingReplacement`` (or any ``Unschedulable*`` value) legitimately
+  marked ``UnschedulablePendingReplacement`` (or any ``Unschedulable*`` value, under hyperplan's
+  or SageMaker's health label) legitimately
   shares its slot with the replacement of the next generation until it is removed (make
   before break, ``planning.health``), so it does not count as live; neither does a node
   being deleted.
@@ -30,6 +31,7 @@ from datetime import datetime
 from typing import Any
 
 from hyperplan.api.models import from_rfc3339
+from hyperplan.planning.nodefacts import facts_of_dict
 
 from hyperplan.api.vocabulary import (
     HEALTH_UNSCHEDULABLE as UNHEALTHY_PREFIX,
@@ -62,8 +64,7 @@ def is_hyperplan_node(node: Obj) -> bool:
 
 
 def node_ready(node: Obj) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in (node.get("status") or {}).get("conditions") or [])
+    return facts_of_dict(node).is_ready
 
 
 def has_taint(node: Obj, key: str) -> bool:
@@ -71,7 +72,9 @@ def has_taint(node: Obj, key: str) -> bool:
 
 
 def marked_unhealthy(node: Obj) -> bool:
-    return (_labels(node).get(LABEL_HEALTH) or "").startswith(UNHEALTHY_PREFIX)
+    """Whether a health label, hyperplan's or SageMaker's, says the node must take no work (as every
+    reader of node health judges it: ``planning.nodefacts``)."""
+    return facts_of_dict(node).is_unhealthy
 
 
 def live(node: Obj) -> bool:

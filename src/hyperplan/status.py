@@ -30,6 +30,7 @@ from rich.text import Text
 from hyperplan.api.models import (CapacityPoolSpec, CapacityPoolStatus, InstanceGroupStatus,
                                   TrainingPlanStatus, from_rfc3339, to_rfc3339)
 from hyperplan.planning import naming as nm
+from hyperplan.planning.nodefacts import NodeFacts, facts_of_v1
 
 # ----------------------------------------------------------------------------- the snapshot
 
@@ -200,28 +201,26 @@ def _message(conditions: Iterable[Any]) -> str:
     return ""
 
 
-def node_state(labels: dict[str, str], ready: str | None, unschedulable: bool) -> str:
-    """One node's state in its group's view (see :data:`NODE_STATES`)."""
-    if labels.get(nm.LABEL_HEALTH, "").startswith(nm.HEALTH_UNSCHEDULABLE) or ready in ("False", "Unknown"):
+def node_state(facts: NodeFacts) -> str:
+    """One node's state in its group's view (see :data:`NODE_STATES`): ``active`` exactly when the
+    node serves (``NodeFacts.is_serving``), so that the view agrees with what Kueue admits onto."""
+    if facts.is_unhealthy or facts.ready in ("False", "Unknown"):
         return UNHEALTHY
-    if unschedulable:
+    if facts.cordoned or facts.deleting:
         return DRAINING
-    if ready is None:
+    if facts.ready is None:
         return PROVISIONING
-    if labels.get(nm.LABEL_ROLE) == nm.ROLE_SPARE:
+    if facts.is_spare:
         return SPARE
     return SERVING
 
 
 def node_from_api(node: Any, ultraserver_label: str) -> tuple[str, Node]:
     """(the node's group label value, the node) from a ``V1Node``."""
-    labels = dict(node.metadata.labels or {})
-    conditions = (node.status.conditions if node.status else None) or []
-    ready = next((c.status for c in conditions if c.type == "Ready"), None)
-    unschedulable = bool(node.spec and node.spec.unschedulable)
-    return labels.get(nm.LABEL_GROUP, ""), Node(
-        name=node.metadata.name, role=labels.get(nm.LABEL_ROLE, ""),
-        state=node_state(labels, ready, unschedulable), ultra_server=labels.get(ultraserver_label))
+    facts = facts_of_v1(node, nm.TopologyKeys(ultraserver_id=ultraserver_label))
+    return facts.group or "", Node(
+        name=facts.name, role=facts.labels.get(nm.LABEL_ROLE, ""), state=node_state(facts),
+        ultra_server=facts.ultraserver_id)
 
 
 def sold_now(status: CapacityPoolStatus, spec: CapacityPoolSpec, now: datetime) -> tuple[int, int]:

@@ -18,7 +18,7 @@ import pytest
 from kubernetes import client
 
 from hyperplan.actuation.groups import (
-    Applied, Observation, apply_decision, bad_health_label, count_pods, drain_node, observe_node, observe_nodes,
+    Applied, Observation, apply_decision, count_pods, drain_node, observe_node, observe_nodes,
     releases_of,
 )
 from hyperplan.actuation.nodes import LABEL_NODE_ID, FakeNodePods, FakeProvider, NodeProvider, taints_of
@@ -37,6 +37,7 @@ from hyperplan.planning.groups import (
     plan_checkpoint,
 )
 from hyperplan.planning.memory import GroupMemory, PresentNode
+from hyperplan.planning.nodefacts import unschedulable_health
 from hyperplan.planning.plans import Event
 from hyperplan.planning.policy import DEMO
 
@@ -1165,7 +1166,7 @@ def test_observe_node_reads_the_health_label_and_its_start(labels, recorded, fir
 
 
 def present(cluster: Cluster) -> list[PresentNode]:
-    return [PresentNode(n, cluster[n].labels, bad_health_label(cluster[n].labels)) for n in cluster]
+    return [PresentNode(n, cluster[n].labels, unschedulable_health(cluster[n].labels)) for n in cluster]
 
 
 def test_memory_drops_a_vanished_node_once_its_slot_is_replaced():

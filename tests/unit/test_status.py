@@ -6,6 +6,7 @@ import json
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from kubernetes import client
 from rich.console import Console
 
 from hyperplan import status as st
@@ -132,19 +133,37 @@ def test_block_when_is_read_from_its_times(start: int, end: int, expected: str) 
     assert b.when(NOW) == expected
 
 
-@pytest.mark.parametrize("labels, ready, unschedulable, expected", [
-    pytest.param({"hyperplan.dev/role": "active"}, "True", False, "active", id="serving"),
-    pytest.param({"hyperplan.dev/role": "spare"}, "True", False, "spare", id="spare"),
-    pytest.param({"hyperplan.dev/role": "active"}, None, False, "provisioning", id="no-ready-condition-yet"),
-    pytest.param({"hyperplan.dev/role": "active"}, "False", False, "unhealthy", id="not-ready"),
-    pytest.param({"hyperplan.dev/role": "spare"}, "Unknown", False, "unhealthy", id="spare-lost-contact"),
-    pytest.param({"hyperplan.dev/role": "active",
-                  "hyperplan.dev/node-health-status": "UnschedulablePendingReplacement"}, "True", True,
-                 "unhealthy", id="marked-for-replacement"),
-    pytest.param({"hyperplan.dev/role": "active"}, "True", True, "draining", id="cordoned"),
+ACTIVE, SPARE = {"hyperplan.dev/role": "active"}, {"hyperplan.dev/role": "spare"}
+SAGEMAKER_HEALTH = "sagemaker.amazonaws.com/node-health-status"
+
+
+@pytest.mark.parametrize("labels, ready, unschedulable, deleting, expected", [
+    pytest.param(ACTIVE, "True", False, False, "active", id="serving"),
+    pytest.param(SPARE, "True", False, False, "spare", id="spare"),
+    pytest.param(ACTIVE, None, False, False, "provisioning", id="no-ready-condition-yet"),
+    pytest.param(ACTIVE, "False", False, False, "unhealthy", id="not-ready"),
+    pytest.param(SPARE, "Unknown", False, False, "unhealthy", id="spare-lost-contact"),
+    pytest.param({**ACTIVE, "hyperplan.dev/node-health-status": "UnschedulablePendingReplacement"}, "True", True,
+                 False, "unhealthy", id="marked-for-replacement"),
+    pytest.param(ACTIVE, "True", True, False, "draining", id="cordoned"),
+    pytest.param({**ACTIVE, SAGEMAKER_HEALTH: "Unschedulable"}, "True", False, False, "unhealthy",
+                 id="only-sagemaker-says-unschedulable"),
+    pytest.param({**SPARE, SAGEMAKER_HEALTH: "UnschedulablePendingReboot"}, "True", False, False, "unhealthy",
+                 id="spare-only-sagemaker-says-pending-reboot"),
+    pytest.param({**ACTIVE, "hyperplan.dev/node-health-status": "Schedulable", SAGEMAKER_HEALTH: "Schedulable"},
+                 "True", False, False, "active", id="both-labels-schedulable"),
+    pytest.param(ACTIVE, "True", False, True, "draining", id="being-deleted"),
 ])
-def test_node_state(labels: dict, ready: str | None, unschedulable: bool, expected: str) -> None:
-    assert st.node_state(labels, ready, unschedulable) == expected
+def test_node_state(labels: dict, ready: str | None, unschedulable: bool, deleting: bool, expected: str) -> None:
+    """A node's state in ``hyperplan status``, read from the ``V1Node`` the API returns."""
+    node = client.V1Node(
+        metadata=client.V1ObjectMeta(name="n", labels={"hyperplan.dev/instance-group": "g", **labels},
+                                     deletion_timestamp=NOW if deleting else None),
+        spec=client.V1NodeSpec(unschedulable=unschedulable or None),
+        status=client.V1NodeStatus(conditions=None if ready is None else [
+            client.V1NodeCondition(type="Ready", status=ready)]))
+    group, seen = st.node_from_api(node, "topology.k8s.aws/ultraserver-id")
+    assert (group, seen.state) == ("g", expected)
 
 
 def test_objects_that_do_not_parse_are_shown_not_fatal() -> None:

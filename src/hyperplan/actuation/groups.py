@@ -39,6 +39,7 @@ from hyperplan.actuation.nodes import (
 from hyperplan.planning.memory import GroupMemory, PresentNode, Vanished, generation_of
 from hyperplan.planning import health as hl
 from hyperplan.planning import naming as nm
+from hyperplan.planning import nodefacts
 from hyperplan.planning import placement as pl
 from hyperplan.planning.groups import (
     ANNOTATION_BLOCK_TERMINATION, CONDITION_BLOCK_TERMINATING, REASON_CHECKPOINT, Checkpoint, GroupDecision,
@@ -66,12 +67,6 @@ def node_ref(node: client.V1Node) -> NodeBody:
 # --------------------------------------------------------------------------- reading
 
 
-def bad_health_label(labels: Mapping[str, str]) -> str | None:
-    """The ``Unschedulable*`` value of the hyperplan or SageMaker health label, if either says so."""
-    values = [labels.get(nm.LABEL_HEALTH), labels.get(nm.LABEL_SAGEMAKER_HEALTH)]
-    return next((v for v in values if v and v.startswith(nm.HEALTH_UNSCHEDULABLE)), None)
-
-
 def parse_time(text: str | None) -> datetime | None:
     if not text:
         return None
@@ -83,7 +78,7 @@ def parse_time(text: str | None) -> datetime | None:
 
 def being_evacuated(node: client.V1Node) -> bool:
     """Whether the node was marked for replacement (its pods leave before it does)."""
-    return ((node.metadata.labels or {}).get(nm.LABEL_HEALTH) == nm.HEALTH_PENDING_REPLACEMENT
+    return (nodefacts.marked_for_replacement(node.metadata.labels or {})
             or hl.ANNOTATION_EVICTING_SINCE in (node.metadata.annotations or {}))
 
 
@@ -99,27 +94,22 @@ def observe_node(node: client.V1Node, now: datetime, keys: nm.TopologyKeys,
     first saw the node's ``Unschedulable*`` health label; the node's own record
     (:data:`~hyperplan.planning.health.ANNOTATION_HEALTH_SINCE`) wins when it is earlier.
     ``pods_left``: the pods on it (counted for nodes marked for replacement only)."""
-    labels = node.metadata.labels or {}
+    facts = nodefacts.facts_of_v1(node, keys, now)
     annotations = node.metadata.annotations or {}
-    conditions = tuple(hl.NodeCondition(c.type, c.status, c.last_transition_time or now)
-                       for c in (node.status.conditions if node.status and node.status.conditions else []))
-    bad = bad_health_label(labels)
-    label = bad or next((v for v in (labels.get(nm.LABEL_HEALTH), labels.get(nm.LABEL_SAGEMAKER_HEALTH)) if v), None)
+    bad = facts.unschedulable_health
     name = node_id(node)
     since = None
     if bad:
         recorded = annotations.get(hl.ANNOTATION_HEALTH_SINCE)
         since = hl.health_label_since(bad, recorded, first_sight(name, bad))
-    ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
     return ObservedGroupNode(
         health=hl.NodeObservation(
-            name=name, conditions=conditions, health_label=label, health_label_since=since,
-            role=labels.get(nm.LABEL_ROLE, nm.ROLE_ACTIVE), ultraserver_id=labels.get(keys.ultraserver_id),
-            created=node.metadata.creation_timestamp, slot=labels.get(nm.LABEL_SLOT),
-            generation=generation_of(labels), replaces=labels.get(nm.LABEL_REPLACES), pods_left=pods_left,
+            name=name, conditions=facts.conditions, health_label=facts.health, health_label_since=since,
+            role=facts.role, ultraserver_id=facts.ultraserver_id, created=facts.created, slot=facts.slot,
+            generation=facts.generation, replaces=facts.replaces, pods_left=pods_left,
             evicting_since=parse_time(annotations.get(hl.ANNOTATION_EVICTING_SINCE))),
-        labels=labels, taints=taints_of(node), unschedulable=bool(node.spec and node.spec.unschedulable),
-        ready=ready, deleting=node.metadata.deletion_timestamp is not None)
+        labels=facts.labels, taints=taints_of(node), unschedulable=facts.cordoned,
+        ready=facts.is_ready, deleting=facts.deleting)
 
 
 def vanished_observation(v: Vanished, keys: nm.TopologyKeys) -> ObservedGroupNode:
@@ -163,7 +153,7 @@ def observe_nodes(group: str, raw: Sequence[client.V1Node], memory: GroupMemory,
     seen = [observe_node(n, now, keys, lambda node, value: memory.first_sight(group, node, value, now),
                          counts.get(n.metadata.name)) for n in raw]
     notes = [note for n, s in zip(raw, seen) if (note := health_signal_note(n, s)) is not None]
-    present = [PresentNode(s.name, s.labels, bad_health_label(s.labels)) for s in seen]
+    present = [PresentNode(s.name, s.labels, nodefacts.unschedulable_health(s.labels)) for s in seen]
     vanished = memory.observe(group, present, now)
     memory.prune(group, present)
     return Observation(nodes=seen + [vanished_observation(v, keys) for v in vanished],

@@ -32,6 +32,7 @@ from hyperplan.handlers.context import Runtime, reconcile_forever, status_of
 from hyperplan.planning import naming as nm
 from hyperplan.planning.groups import Peer, PlanView, decide_group
 from hyperplan.planning.memory import Vanished
+from hyperplan.planning.nodefacts import NodeFacts, facts_of_v1
 from hyperplan.planning.plans import Event
 
 PLURAL = "instancegroups"
@@ -147,12 +148,9 @@ def node_fingerprint(raw: list) -> int:
     name, labels, Ready status and whether it is being deleted. A node added, gone, relabelled or
     changing Ready moves it; a heartbeat (a new resourceVersion, nothing else) does not, so a
     group's pass wakes its plan only when the plan has something new to count."""
-    def seen(n: Any) -> tuple:
-        ready = next((c.status for c in (n.status.conditions or []) if c.type == "Ready"), "Unknown") \
-            if n.status is not None else "Unknown"
-        return (n.metadata.name, tuple(sorted((n.metadata.labels or {}).items())), ready,
-                n.metadata.deletion_timestamp is not None)
-    return hash(tuple(sorted(seen(n) for n in raw)))
+    def seen(facts: NodeFacts) -> tuple:
+        return (facts.name, tuple(sorted(facts.labels.items())), facts.ready_status, facts.deleting)
+    return hash(tuple(sorted(seen(facts_of_v1(n)) for n in raw)))
 
 
 def post_events(group_obj: dict[str, Any], events: list[tuple[dict | None, Event]]) -> None:

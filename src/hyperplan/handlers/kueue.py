@@ -81,6 +81,7 @@ from hyperplan.handlers.nodewatch import DELETED, NodeChange
 from hyperplan.planning import admission as ad
 from hyperplan.planning import groups as gr
 from hyperplan.planning import naming as nm
+from hyperplan.planning import nodefacts
 from hyperplan.planning import placement as pl
 from hyperplan.planning import trainingjobs as tj
 from hyperplan.planning.schedule import plan_block_schedule
@@ -314,19 +315,11 @@ def plan_view(rt: Runtime, obj: dict[str, Any] | None, now: datetime) -> tuple[a
 
 
 def ready_group_nodes(rt: Runtime, plan: str, block_id: str) -> int:
-    """Ready, schedulable, healthy active nodes of the plan's instance groups on the block
-    (from the watch cache of group nodes)."""
-    count = 0
-    for n in rt.cache.block_nodes(nm.label_value(block_id)):
-        meta = n["metadata"]
-        labels = meta.get("labels") or {}
-        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in n["status"]["conditions"])
-        healthy = not (labels.get(nm.LABEL_HEALTH) or "").startswith(nm.HEALTH_UNSCHEDULABLE)
-        if ready and healthy and labels.get(nm.LABEL_PLAN) == nm.label_value(plan) \
-                and labels.get(nm.LABEL_ROLE) == nm.ROLE_ACTIVE and not n["spec"]["unschedulable"] \
-                and not meta.get("deletionTimestamp"):
-            count += 1
-    return count
+    """The nodes of the plan's instance groups on the block that Kueue may admit work onto: those
+    that serve (``NodeFacts.is_serving``: active, Ready, neither cordoned nor being deleted, and
+    healthy by both health labels), from the watch cache of group nodes."""
+    facts = (nodefacts.facts_of_dict(n, rt.keys) for n in rt.cache.block_nodes(nm.label_value(block_id)))
+    return sum(1 for f in facts if f.is_serving and f.plan == nm.label_value(plan))
 
 
 # --------------------------------------------------------------------------- writing

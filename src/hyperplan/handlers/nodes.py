@@ -16,12 +16,12 @@ from kubernetes import client
 
 from hyperplan import metrics
 from hyperplan.actuation.kube import api_client
-from hyperplan.actuation.groups import bad_health_label
 from hyperplan.actuation.nodes import LABEL_NODE_ID, LABEL_POOL, POOL_FREE
 from hyperplan.api.vocabulary import GROUP, VERSION
 from hyperplan.handlers.nodewatch import DELETED, NodeChange, NodeWatch
 from hyperplan.planning.health import removed_by_operator
 from hyperplan.planning.naming import LABEL_GROUP, LABEL_PLAN
+from hyperplan.planning.nodefacts import unschedulable_health
 
 log = logging.getLogger("hyperplan.nodes")
 
@@ -80,7 +80,7 @@ def group_node_changed(rt: Any, name: str, group: str, labels: Mapping[str, str]
         # signal, judged after the grace.
         rt.groups.note_deleted(group, node_id, labels, rt.clock(),
                                by_operator=removed_by_operator(labels, annotations))
-    bad = bad_health_label(labels)
+    bad = unschedulable_health(labels)
     if bad and type != DELETED and rt.groups.holds(group):
         # The grace of a health label counts from its first sight: the event, not the group's
         # next pass (which may be busy carrying out the last one when a storm of labels comes).

@@ -43,6 +43,7 @@ from hyperplan.handlers.scheduler import PassScheduler
 from hyperplan.planning import counts as ct
 from hyperplan.planning import naming as nm
 from hyperplan.planning.blocks import Block
+from hyperplan.planning.nodefacts import facts_of_dict
 from hyperplan.planning.offerings import Offering, RuleViolation
 from hyperplan.planning.plans import (
     Event, PlanDecision, PlanUsage, block_usage, current_block, decide_plan, failed,
@@ -57,18 +58,13 @@ CONTENDED_RETRY = timedelta(seconds=1)
 log = logging.getLogger("hyperplan.trainingplan")
 
 
-def plan_observed_node(node: Mapping[str, Any], ultraserver_key: str) -> ct.ObservedNode:
-    """A node (as the watch cache holds it) as the plan's counters see it: labels and Ready."""
-    meta = node.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    health = [labels.get(nm.LABEL_HEALTH) or "", labels.get(nm.LABEL_SAGEMAKER_HEALTH) or ""]
-    ready = next((c.get("status") for c in (node.get("status") or {}).get("conditions") or []
-                  if c.get("type") == "Ready"), "Unknown")
-    healthy = False if any(h.startswith(nm.HEALTH_UNSCHEDULABLE) for h in health) else (
-        None if ready == "Unknown" else True)
-    return ct.ObservedNode(meta.get("name", ""), labels.get(nm.LABEL_GROUP, ""), labels.get(nm.LABEL_ROLE, nm.ROLE_ACTIVE),
-                           labels.get(ultraserver_key), healthy, ready == "True",
-                           nm.HEALTH_PENDING_REPLACEMENT in health)
+def plan_observed_node(node: Mapping[str, Any], keys: nm.TopologyKeys) -> ct.ObservedNode:
+    """A node (as the watch cache holds it) as the plan's counters see it: unhealthy when either
+    health label says so (``NodeFacts.is_unhealthy``), of unknown health while its Ready is unknown."""
+    facts = facts_of_dict(node, keys)
+    healthy = False if facts.is_unhealthy else (None if facts.ready_status == "Unknown" else True)
+    return ct.ObservedNode(facts.name, facts.group or "", facts.role, facts.ultraserver_id, healthy, facts.is_ready,
+                           facts.pending_replacement)
 
 
 def node_usage(rt: Runtime, plan: TrainingPlan, purchased: list[Block], now: datetime) -> PlanUsage:
@@ -76,7 +72,7 @@ def node_usage(rt: Runtime, plan: TrainingPlan, purchased: list[Block], now: dat
     block = current_block(purchased, plan.spec.target_resource, rt.policy, now)
     if block is None:
         return PlanUsage()
-    nodes = [plan_observed_node(n, rt.keys.ultraserver_id) for n in rt.cache.block_nodes(nm.label_value(block.id))
+    nodes = [plan_observed_node(n, rt.keys) for n in rt.cache.block_nodes(nm.label_value(block.id))
              if not n["metadata"].get("deletionTimestamp")]
     return block_usage(block, plan.spec.spare_instances_per_ultra_server, nodes)
 

@@ -37,6 +37,7 @@ from hyperplan.api.vocabulary import (  # noqa: F401  (the checkpoint words re-e
 from hyperplan.planning import health as hl
 from hyperplan.planning import naming as nm
 from hyperplan.planning import placement as pl
+from hyperplan.planning.nodefacts import is_unschedulable
 from hyperplan.planning.plans import Event, condition
 from hyperplan.planning.policy import Policy
 from hyperplan.planning.schedule import plan_block_schedule
@@ -290,7 +291,7 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
     create = [d for d in desired if d.name not in existing and d.name not in vanished]
     # Nodes with a failure signal leave only through remediation (or at the block's end).
     being_remediated = set(verdict.unhealthy) | set(verdict.pending) | vanished | {
-        n.name for n in on_block if (n.health.health_label or "").startswith(nm.HEALTH_UNSCHEDULABLE)}
+        n.name for n in on_block if is_unschedulable(n.health.health_label)}
     kept = [d for d in desired if d.name in existing]
     promoting = {a.spare for a in actions if isinstance(a, hl.PromoteSpare)}  # patched by the action
     hands_off = being_remediated | promoting

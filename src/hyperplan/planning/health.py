@@ -87,13 +87,12 @@ from hyperplan.api.vocabulary import (  # noqa: F401  (the node memory's keys re
 from hyperplan.planning.naming import (
     ANNOTATION_CORDONED,
     HEALTH_PENDING_REPLACEMENT,
-    HEALTH_UNSCHEDULABLE,
-    LABEL_HEALTH,
     ROLE_ACTIVE,
     ROLE_SPARE,
     UNHEALTHY_TAINT,
     Taint,
 )
+from hyperplan.planning.nodefacts import READY, NodeCondition, is_unschedulable, marked_for_replacement
 from hyperplan.planning.placement import SlotState, UltraServer
 
 
@@ -134,10 +133,8 @@ def removed_by_operator(labels: Mapping[str, str], annotations: Mapping[str, str
     """Whether a node that was deleted had been put on its way out by the operator: cordoned by
     a drain (:data:`ANNOTATION_CORDONED`) or marked for replacement. Read from the node's last
     state, so it holds after a restart; anything else deleted from under a group is a failure."""
-    return (annotations.get(ANNOTATION_CORDONED) == "true"
-            or labels.get(LABEL_HEALTH) == HEALTH_PENDING_REPLACEMENT)
+    return annotations.get(ANNOTATION_CORDONED) == "true" or marked_for_replacement(labels)
 
-READY = "Ready"
 REASON_TOO_MANY_UNHEALTHY = "TooManyUnhealthy"
 REASON_INVALID_MAX_UNHEALTHY = "InvalidMaxUnhealthy"
 SIGNAL_DELETED = "NodeDeleted"
@@ -154,13 +151,6 @@ DEFAULT_BAD_CONDITIONS: tuple[tuple[str, str], ...] = (
     ("AcceleratedHardwareReady", "False"),
     ("GpuHealthy", "False"),
 )
-
-
-@dataclass(frozen=True)
-class NodeCondition:
-    type: str
-    status: str
-    last_transition_time: datetime
 
 
 @dataclass(frozen=True)
@@ -258,7 +248,7 @@ def _signals(node: NodeObservation, check: HealthCheck) -> list[_Signal]:
         c = node.condition(type_)
         if c is not None and c.status == bad_status:
             out.append((f"{type_}={bad_status}", c.last_transition_time, check.grace))
-    if node.health_label and node.health_label.startswith(HEALTH_UNSCHEDULABLE):
+    if is_unschedulable(node.health_label):
         out.append((f"NodeHealthStatus={node.health_label}", node.health_label_since,
                     check.grace))
     if ready is None and check.startup_timeout is not None and node.created is not None:

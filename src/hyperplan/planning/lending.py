@@ -36,7 +36,6 @@ from dataclasses import dataclass, field
 from hyperplan.planning.health import ANNOTATION_EVICTING_SINCE, ANNOTATION_HEALTH_SINCE, DEFAULT_BAD_CONDITIONS
 from hyperplan.planning.naming import (
     ANNOTATION_CORDONED,
-    HEALTH_UNSCHEDULABLE,
     LABEL_GENERATION,
     LABEL_GROUP,
     LABEL_HEALTH,
@@ -45,12 +44,12 @@ from hyperplan.planning.naming import (
     LABEL_REPLACES,
     LABEL_RESERVED_CAPACITY,
     LABEL_ROLE,
-    LABEL_SAGEMAKER_HEALTH,
     LABEL_SLOT,
     SPARE_TAINT,
     UNHEALTHY_TAINT,
     Taint,
 )
+from hyperplan.planning.nodefacts import HEALTH_KEYS, is_unschedulable
 
 from hyperplan.api.vocabulary import ANNOTATION_LENT, LABEL_NODE_ID, LABEL_POOL, OWN_PREFIX, POOL_FREE, POOL_HELD  # noqa: F401
 
@@ -139,10 +138,9 @@ def why_not_lendable(node: PoolNode, operator_nodes: Iterable[str] = ()) -> str 
     for type_, bad in DEFAULT_BAD_CONDITIONS:
         if node.conditions.get(type_) == bad:
             return f"has {type_}={bad}"
-    for key in (LABEL_HEALTH, LABEL_SAGEMAKER_HEALTH):
-        value = node.labels.get(key, "")
-        if value.startswith(HEALTH_UNSCHEDULABLE):
-            return f"is labelled {key}={value}"
+    for key in HEALTH_KEYS:
+        if is_unschedulable(node.labels.get(key)):
+            return f"is labelled {key}={node.labels[key]}"
     return None
 
 
@@ -294,7 +292,7 @@ def hand_back(node: PoolNode) -> HandBack:
     labels: dict[str, str | None] = {k: None for k in OWNED_LABELS if k in node.labels}
     labels.update({k: v for k, v in record.labels.items() if node.labels.get(k) != v})
     health = node.labels.get(LABEL_HEALTH, "")
-    kept_health = health.startswith(HEALTH_UNSCHEDULABLE)
+    kept_health = is_unschedulable(health)
     if kept_health:
         labels.pop(LABEL_HEALTH, None)
     labels[LABEL_POOL] = POOL_FREE

@@ -1,0 +1,233 @@
+"""What a node is, as every part of hyperplan reads it: one set of facts and the answers built on them.
+
+The group's pass, the plan's counts, Kueue's count of the nodes that can take work, ``hyperplan
+status`` and the chaos invariants each used to read the labels and conditions of a node
+themselves, and they disagreed on the health labels. They now turn a node into
+:class:`NodeFacts` (:func:`facts_of_dict` for the plain dicts of the watch cache and of API
+JSON, :func:`facts_of_v1` for the Kubernetes client's ``V1Node``) and ask it.
+
+Health
+------
+A node carries two health labels: hyperplan's own (:data:`~hyperplan.planning.naming.LABEL_HEALTH`,
+which the operator writes when it marks a failed node) and SageMaker HyperPod's
+(:data:`~hyperplan.planning.naming.LABEL_SAGEMAKER_HEALTH`, which HyperPod's health agent
+writes). Either may say the node is unfit, so the **effective health** is the worse of the two:
+an ``Unschedulable*`` value under either key makes the node unhealthy. When both say
+``Unschedulable*``, hyperplan's value is the one kept: it is the operator's own verdict
+(``UnschedulablePendingReplacement``), and the remediation and the health-signal record read
+that exact value. When neither does, hyperplan's value is kept if set, else SageMaker's. The
+values themselves (``UnschedulablePendingReplacement``, ``UnschedulablePendingReboot``) pass
+through unchanged.
+
+A node **serves** (:attr:`NodeFacts.is_serving`) when it is active, ``Ready=True``, not being
+deleted, not cordoned and healthy by both labels: the nodes Kueue may admit work onto, the ones
+``hyperplan status`` shows serving.
+
+Pure: stdlib only, no I/O, no clock; ``now`` is passed in where a time is needed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from hyperplan.planning.memory import generation_of
+from hyperplan.planning.naming import (
+    HEALTH_PENDING_REPLACEMENT,
+    HEALTH_UNSCHEDULABLE,
+    LABEL_GROUP,
+    LABEL_HEALTH,
+    LABEL_PLAN,
+    LABEL_REPLACES,
+    LABEL_RESERVED_CAPACITY,
+    LABEL_ROLE,
+    LABEL_SAGEMAKER_HEALTH,
+    LABEL_SLOT,
+    ROLE_ACTIVE,
+    ROLE_SPARE,
+    TopologyKeys,
+)
+
+READY = "Ready"
+HEALTH_KEYS = (LABEL_HEALTH, LABEL_SAGEMAKER_HEALTH)
+"""The health labels, hyperplan's first: the order in which a bad value is looked for."""
+
+
+@dataclass(frozen=True)
+class NodeCondition:
+    """A node condition as the health planning judges it: its status and since when."""
+
+    type: str
+    status: str
+    last_transition_time: datetime
+
+
+# --------------------------------------------------------------------------- health labels
+
+
+def is_unschedulable(value: str | None) -> bool:
+    """Whether a health label value says the node must take no work (any ``Unschedulable*``)."""
+    return bool(value) and value.startswith(HEALTH_UNSCHEDULABLE)
+
+
+def unschedulable_health(labels: Mapping[str, str]) -> str | None:
+    """The ``Unschedulable*`` value of the hyperplan or SageMaker health label (hyperplan's first),
+    or None when neither says so."""
+    return next((v for v in (labels.get(k) for k in HEALTH_KEYS) if is_unschedulable(v)), None)
+
+
+def effective_health(labels: Mapping[str, str]) -> str | None:
+    """The node's one health value (see "Health" in the module docstring): the ``Unschedulable*``
+    value of either label, else hyperplan's value, else SageMaker's; None when neither is set."""
+    return unschedulable_health(labels) or next((v for v in (labels.get(k) for k in HEALTH_KEYS) if v), None)
+
+
+def marked_for_replacement(labels: Mapping[str, str]) -> bool:
+    """Whether the operator marked the node for replacement (hyperplan's own label only: the mark
+    is the operator's action, and it decides that the node's pods and the node may go)."""
+    return labels.get(LABEL_HEALTH) == HEALTH_PENDING_REPLACEMENT
+
+
+# --------------------------------------------------------------------------- the facts
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """One node, read once (see the module docstring).
+
+    ``role`` is :data:`~hyperplan.planning.naming.ROLE_SPARE` when the role label says spare, else
+    active (a node of a group without a role label is one of its active nodes). ``ready`` is the
+    status of the ``Ready`` condition (``True``, ``False``, ``Unknown``), None while the node has
+    reported none. ``conditions`` hold every condition with its transition time (the time passed
+    as ``now`` to the constructor for a condition without one). ``cordoned`` is
+    ``spec.unschedulable``; ``deleting`` is set once the node has a ``deletionTimestamp``.
+    ``labels`` are the node's own mapping, not a copy (a group's pass reads thousands of nodes).
+    """
+
+    name: str
+    uid: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    group: str | None = None
+    plan: str | None = None
+    block: str | None = None
+    role: str = ROLE_ACTIVE
+    ultraserver_id: str | None = None
+    slot: str | None = None
+    generation: int = 0
+    replaces: str | None = None
+    ready: str | None = None
+    hyperplan_health: str | None = None
+    sagemaker_health: str | None = None
+    conditions: tuple[NodeCondition, ...] = ()
+    created: datetime | None = None
+    deleting: bool = False
+    cordoned: bool = False
+
+    @property
+    def health(self) -> str | None:
+        """The effective health value (:func:`effective_health`)."""
+        return effective_health(self.labels)
+
+    @property
+    def unschedulable_health(self) -> str | None:
+        """The ``Unschedulable*`` value of either health label (None: both let the node work)."""
+        return unschedulable_health(self.labels)
+
+    @property
+    def is_unhealthy(self) -> bool:
+        """Whether a health label (either) says the node must take no work."""
+        return self.unschedulable_health is not None
+
+    @property
+    def pending_replacement(self) -> bool:
+        """Whether either health label says ``UnschedulablePendingReplacement``."""
+        return HEALTH_PENDING_REPLACEMENT in (self.hyperplan_health, self.sagemaker_health)
+
+    @property
+    def marked_for_replacement(self) -> bool:
+        """Whether the operator marked it for replacement (:func:`marked_for_replacement`)."""
+        return marked_for_replacement(self.labels)
+
+    @property
+    def ready_status(self) -> str:
+        """The ``Ready`` status, ``Unknown`` while the node has reported none."""
+        return self.ready or "Unknown"
+
+    @property
+    def is_ready(self) -> bool:
+        return self.ready == "True"
+
+    @property
+    def is_active(self) -> bool:
+        return self.role == ROLE_ACTIVE
+
+    @property
+    def is_spare(self) -> bool:
+        return self.role == ROLE_SPARE
+
+    @property
+    def can_work(self) -> bool:
+        """Ready, not being deleted, not cordoned and healthy by both labels, whatever its role."""
+        return self.is_ready and not self.deleting and not self.cordoned and not self.is_unhealthy
+
+    @property
+    def is_serving(self) -> bool:
+        """An active node that can take work (see the module docstring)."""
+        return self.is_active and self.can_work
+
+    @property
+    def is_available_spare(self) -> bool:
+        """A spare that could take over from a failed active node now."""
+        return self.is_spare and self.can_work
+
+    def condition(self, type_: str) -> NodeCondition | None:
+        return next((c for c in self.conditions if c.type == type_), None)
+
+
+def _facts(name: str, uid: str | None, labels: Mapping[str, str], keys: TopologyKeys,
+           conditions: tuple[NodeCondition, ...], created: datetime | None, deleting: bool,
+           cordoned: bool) -> NodeFacts:
+    return NodeFacts(
+        name=name, uid=uid, labels=labels, group=labels.get(LABEL_GROUP), plan=labels.get(LABEL_PLAN),
+        block=labels.get(LABEL_RESERVED_CAPACITY),
+        role=ROLE_SPARE if labels.get(LABEL_ROLE) == ROLE_SPARE else ROLE_ACTIVE,
+        ultraserver_id=labels.get(keys.ultraserver_id), slot=labels.get(LABEL_SLOT),
+        generation=generation_of(labels), replaces=labels.get(LABEL_REPLACES),
+        ready=next((c.status for c in conditions if c.type == READY), None),
+        hyperplan_health=labels.get(LABEL_HEALTH), sagemaker_health=labels.get(LABEL_SAGEMAKER_HEALTH),
+        conditions=conditions, created=created, deleting=deleting, cordoned=cordoned)
+
+
+def _time(value: Any) -> datetime | None:
+    """A time of a node's JSON (RFC 3339 text) or of the client's model (a datetime)."""
+    if value is None or isinstance(value, datetime):
+        return value
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def facts_of_dict(node: Mapping[str, Any], keys: TopologyKeys = TopologyKeys(),
+                  now: datetime | None = None) -> NodeFacts:
+    """The facts of a node as a plain dict: the watch cache's slim node
+    (:func:`hyperplan.handlers.cache.slim_node`) or the API server's JSON. ``now``: the transition
+    time of a condition that has none (give it when the times are read)."""
+    meta, spec, status = node.get("metadata") or {}, node.get("spec") or {}, node.get("status") or {}
+    conditions = tuple(NodeCondition(c.get("type"), c.get("status"), _time(c.get("lastTransitionTime")) or now)
+                       for c in status.get("conditions") or [])
+    return _facts(meta.get("name", ""), meta.get("uid"), meta.get("labels") or {}, keys, conditions,
+                  _time(meta.get("creationTimestamp")), bool(meta.get("deletionTimestamp")),
+                  bool(spec.get("unschedulable")))
+
+
+def facts_of_v1(node: Any, keys: TopologyKeys = TopologyKeys(), now: datetime | None = None) -> NodeFacts:
+    """The facts of a ``kubernetes.client.V1Node`` (read by its attributes: planning imports no
+    client). ``now`` as for :func:`facts_of_dict`."""
+    meta, spec, status = node.metadata, node.spec, node.status
+    conditions = tuple(NodeCondition(c.type, c.status, c.last_transition_time or now)
+                       for c in (status.conditions if status is not None and status.conditions else ()))
+    return _facts(meta.name or "", meta.uid, meta.labels or {}, keys, conditions, meta.creation_timestamp,
+                  meta.deletion_timestamp is not None, bool(spec is not None and spec.unschedulable))
