@@ -34,9 +34,7 @@ from hyperplan.api.models import from_rfc3339
 from hyperplan.planning.nodefacts import facts_of_dict
 
 from hyperplan.api.vocabulary import (
-    HEALTH_UNSCHEDULABLE as UNHEALTHY_PREFIX,
     LABEL_GROUP,
-    LABEL_HEALTH,
     LABEL_REPLACES,
     LABEL_RESERVED_CAPACITY,
     LABEL_ROLE,

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from hyperplan.api.vocabulary import CONDITION_READY as READY, from_rfc3339
 from hyperplan.planning.memory import generation_of
 from hyperplan.planning.naming import (
     HEALTH_PENDING_REPLACEMENT,
@@ -50,7 +51,6 @@ from hyperplan.planning.naming import (
     TopologyKeys,
 )
 
-READY = "Ready"
 HEALTH_KEYS = (LABEL_HEALTH, LABEL_SAGEMAKER_HEALTH)
 """The health labels, hyperplan's first: the order in which a bad value is looked for."""
 
@@ -205,7 +205,7 @@ def _time(value: Any) -> datetime | None:
     if value is None or isinstance(value, datetime):
         return value
     try:
-        return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+        return from_rfc3339(str(value))
     except ValueError:
         return None
 
