@@ -21,12 +21,12 @@ venv: $(STAMP)
 # Re-pin requirements.lock to the venv after changing pyproject's dependencies
 # (`pip install -e .` without the lock first if a new version is wanted).
 lock:
-	$(BIN)/python -m hyperplan.devcluster.lock requirements.lock
+	$(BIN)/python -m hyperplan_dev.lock requirements.lock
 
 # System packages the tests use: Prometheus (promtool) and a Docker engine (the kind tier).
 # As root, installs what is missing with apt and starts dockerd; otherwise says what to install.
 system-deps: venv
-	$(BIN)/python -m hyperplan.devcluster.hostsetup
+	$(BIN)/python -m hyperplan_dev.hostsetup
 
 # Builds the control-plane binaries on first use (cached in ~/.cache/hyperplan), then starts them.
 plane: venv
@@ -45,7 +45,7 @@ crds-check: venv
 # The main job: the local control plane, the CRDs, example objects, and the operator in the
 # foreground under the `demo` policy profile. Ctrl-C stops the operator; `make plane-down` the plane.
 demo: venv
-	$(BIN)/python -m hyperplan.demo
+	$(BIN)/python -m hyperplan_dev.demo
 
 # The whole suite: unit, integration (real API server), e2e (operator as its own process) and the
 # kind tier (the operator's image and chart on a real kind cluster). One control plane and one
@@ -55,7 +55,7 @@ test: venv system-deps binaries kind-images
 
 # The control-plane binaries, built from their Go modules once per machine (~/.cache/hyperplan).
 binaries: venv
-	$(BIN)/python -m hyperplan.devcluster.build
+	$(BIN)/python -m hyperplan_dev.build
 
 # Prometheus and promtool come from Debian's package (`make system-deps` installs it as root).
 tools:

@@ -44,8 +44,8 @@ GROUP, VERSION = "hyperplan.dev", "v1alpha1"
 if str(ROOT / "src") not in sys.path:  # the venv has hyperplan installed editable; this is a fallback
     sys.path.insert(0, str(ROOT / "src"))
 
-from hyperplan.devcluster import build  # noqa: E402
-from hyperplan.devcluster.plane import Plane, free_port, stop_process_group  # noqa: E402
+from hyperplan_dev import build  # noqa: E402
+from hyperplan_dev.plane import Plane, free_port, stop_process_group  # noqa: E402
 from hyperplan.api.models import from_rfc3339, to_rfc3339  # noqa: E402
 
 _T0 = time.monotonic()

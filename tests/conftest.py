@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hyperplan.devcluster.plane import Plane
+from hyperplan_dev.plane import Plane
 from tests.kube import Kubectl
 
 ROOT = Path(__file__).resolve().parent.parent

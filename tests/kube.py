@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 
-from hyperplan.devcluster import build
+from hyperplan_dev import build
 
 T = TypeVar("T")
 

@@ -1,10 +1,17 @@
-"""The ``hyperplan`` command: run the operator, show its status, manage the local control plane, write the CRDs."""
+"""The ``hyperplan`` command: run the operator, show its status, manage the local control plane, write the CRDs.
+
+``hyperplan dev ...`` runs the checkout's dev tools (:mod:`hyperplan_dev`), which the wheel and the
+operator's image do not hold; it imports them only when asked, and says where to get them.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from pathlib import Path
+
+DEV_TOOLS_MISSING = "hyperplan dev needs the checkout's dev tools: pip install -e . from the repository"
 
 
 def _say(line: str) -> None:
@@ -25,8 +32,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_kind(action: str | None) -> int:
-    from hyperplan.devcluster.hostsetup import HostSetupError
-    from hyperplan.devcluster.kind import KindCluster
+    from hyperplan_dev.hostsetup import HostSetupError
+    from hyperplan_dev.kind import KindCluster
 
     cluster = KindCluster(log=_say)
     try:
@@ -52,9 +59,12 @@ def cmd_kind(action: str | None) -> int:
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
+    if importlib.util.find_spec("hyperplan_dev") is None:
+        print(f"error: {DEV_TOOLS_MISSING}", file=sys.stderr)
+        return 1
     if args.action == "kind":
         return cmd_kind(args.kind_action)
-    from hyperplan.devcluster.plane import Plane
+    from hyperplan_dev.plane import Plane
 
     plane = Plane(log=_say)
     try:
@@ -116,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     run = sub.add_parser("run", help="run the operator (settings from HYPERPLAN_* variables)")
     run.set_defaults(func=cmd_run)
     dev = sub.add_parser("dev", help="the local control plane (etcd, kube-apiserver, KWOK, ...), "
-                                     "or `dev kind up|down|status`: a kind cluster with the chart")
+                                     "or `dev kind up|down|status`: a kind cluster with the chart "
+                                     "(from the checkout: pip install -e .)")
     dev.add_argument("action", choices=["up", "down", "status", "env", "kind"])
     dev.add_argument("kind_action", nargs="?", choices=["up", "down", "status", "build"],
                      help="with `kind`: create, delete or describe the kind cluster, or only "

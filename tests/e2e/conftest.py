@@ -15,8 +15,8 @@ import pytest
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from hyperplan.actuation.kube import Kube, api_client
-from hyperplan.devcluster import prometheus
-from hyperplan.devcluster.plane import Plane, free_port
+from hyperplan_dev import prometheus
+from hyperplan_dev.plane import Plane, free_port
 from tests.e2e.scenarios import LATE_REGISTRY, REGISTRY, Context
 from tests.kube import Kubectl, eventually
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hyperplan.devcluster.prometheus import Prometheus
+from hyperplan_dev.prometheus import Prometheus
 from hyperplan.monitoring.dashboards import targets
 from tests.e2e.scenarios import (
     API, Context, group_body, plan_body, pool_body, scenario, ts, utcnow, wait_phase,

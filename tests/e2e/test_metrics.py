@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hyperplan.devcluster import prometheus
+from hyperplan_dev import prometheus
 from tests.e2e.conftest import Operator
 from tests.e2e.scenarios import ts, utcnow
 from tests.kube import Kubectl, eventually

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from hyperplan.devcluster import build
+from hyperplan_dev import build
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from hyperplan import demo_report as dr
-from hyperplan.devcluster import prometheus
-from hyperplan.devcluster.plane import free_port
+from hyperplan_dev import demo_report as dr
+from hyperplan_dev import prometheus
+from hyperplan_dev.plane import free_port
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-from hyperplan.devcluster.plane import Plane, free_port
+from hyperplan_dev.plane import Plane, free_port
 from tests.kube import Kubectl, eventually
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from hyperplan.devcluster.plane import Plane
+from hyperplan_dev.plane import Plane
 from tests.integration.test_helm_chart import CHART, render  # the helm fixture: tests/integration/conftest.py
 from tests.kube import Kubectl
 

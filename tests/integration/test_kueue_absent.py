@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from hyperplan.devcluster import kueue
-from hyperplan.devcluster.plane import Plane
+from hyperplan_dev import kueue
+from hyperplan_dev.plane import Plane
 from tests.kube import Kubectl, eventually
 
 ROOT = Path(__file__).resolve().parents[2]

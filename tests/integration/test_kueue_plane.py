@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hyperplan.devcluster import build, kueue
-from hyperplan.devcluster.plane import Plane
+from hyperplan_dev import build, kueue
+from hyperplan_dev.plane import Plane
 from tests.kube import Kubectl, eventually
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,8 +8,8 @@ import subprocess
 import sys
 import uuid
 
-from hyperplan.devcluster import build
-from hyperplan.devcluster.plane import Plane
+from hyperplan_dev import build
+from hyperplan_dev.plane import Plane
 from tests.kube import Kubectl, eventually
 
 

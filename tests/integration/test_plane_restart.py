@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hyperplan.devcluster.plane import Plane
+from hyperplan_dev.plane import Plane
 from tests.kube import Kubectl
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from hyperplan.devcluster.kind import CLUSTER_NAME, NAMESPACE, OPERATOR_IMAGE, RELEASE, KindCluster
+from hyperplan_dev.kind import CLUSTER_NAME, NAMESPACE, OPERATOR_IMAGE, RELEASE, KindCluster
 from tests.kube import Kubectl
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,14 +6,14 @@ import json
 import subprocess
 from pathlib import Path
 
-from hyperplan.devcluster import lock
+from hyperplan_dev import lock
 from tests.kind.conftest import KindEnv
 
 ROOT = Path(__file__).resolve().parents[2]
 
 INSPECT = r"""
 import json, os, shutil, sys
-from importlib import metadata
+from importlib import metadata, util
 dist = metadata.distribution("hyperplan")
 direct = dist.read_text("direct_url.json")
 print(json.dumps({
@@ -23,6 +23,7 @@ print(json.dumps({
     "hyperplan_location": str(dist.locate_file("hyperplan")),
     "editable": bool(direct and '"editable": true' in direct),
     "source_trees": [p for p in ("/src", "/build", "/wheels") if os.path.exists(p)],
+    "dev_tools": [m for m in ("hyperplan_dev", "hyperplan.devcluster") if util.find_spec(m)],
     "versions": {d.metadata["Name"]: d.version for d in metadata.distributions()},
 }))
 """
@@ -45,6 +46,7 @@ def test_the_image_runs_as_uid_10001_with_the_wheel_installed_and_no_toolchain(k
     assert not seen["venv_pip"], "the operator's venv still has pip"
     assert seen["hyperplan_location"].startswith("/opt/hyperplan/lib/"), seen["hyperplan_location"]
     assert not seen["editable"] and not seen["source_trees"], seen
+    assert not seen["dev_tools"], f"the checkout's dev tools are in the image: {seen['dev_tools']}"
 
 
 def test_the_image_has_exactly_the_versions_of_requirements_lock(kind: KindEnv) -> None:

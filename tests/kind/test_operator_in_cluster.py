@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hyperplan.devcluster import build, prometheus
+from hyperplan_dev import build, prometheus
 from tests.kind.conftest import KindEnv
 from tests.kube import eventually
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from hyperplan.devcluster.kind import EXAMPLES
+from hyperplan_dev.kind import EXAMPLES
 from tests.kind.conftest import KindEnv
 from tests.kube import eventually
 

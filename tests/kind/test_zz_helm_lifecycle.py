@@ -1,6 +1,6 @@
 """The Helm lifecycle on the kind cluster: `helm upgrade` with a changed value rolls the operator's
 Deployment and a group created before carries on; then the README's removal steps
-(hyperplan.devcluster.kind.REMOVAL_STEPS) leave nothing of hyperplan behind.
+(hyperplan_dev.kind.REMOVAL_STEPS) leave nothing of hyperplan behind.
 
 This file runs last in the session (its name sorts last in tests/kind/): it uninstalls the
 operator. The session's `hyperplan dev kind down` deletes the cluster afterwards; a reused
@@ -13,7 +13,7 @@ import subprocess
 import time
 import uuid
 
-from hyperplan.devcluster.kind import REMOVAL_STEPS
+from hyperplan_dev.kind import REMOVAL_STEPS
 from tests.kind import lending as L
 from tests.kind.conftest import ROOT, KindEnv
 from tests.kube import eventually

@@ -8,7 +8,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from hyperplan.actuation.ledger import FakeLedger, blocks_of
+from hyperplan.actuation.fakes import FakeLedger
+from hyperplan.actuation.ledger import blocks_of
 from hyperplan.api.models import CapacityPool, Offering as OfferingStatus, Reservation, ReservedCapacity
 from hyperplan.handlers.cache import GROUPS, NODES, PLANS, POOLS, WatchCache
 from hyperplan.planning.blocks import Block

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hyperplan.demo import describe_job
+from hyperplan_dev.demo import describe_job
 
 
 def wl(*conditions: tuple[str, str, str], checks: list[dict] | None = None) -> dict:

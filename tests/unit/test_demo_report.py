@@ -9,7 +9,7 @@ import matplotlib.colors as mcolors
 import matplotlib.dates as mdates
 import pytest
 
-from hyperplan import demo_report as dr
+from hyperplan_dev import demo_report as dr
 
 T0 = datetime(2027, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
 END = T0 + timedelta(seconds=300)

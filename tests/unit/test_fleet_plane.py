@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from hyperplan.devcluster.plane import kwok_stages, lease_seconds
+from hyperplan_dev.plane import kwok_stages, lease_seconds
 
 
 def heartbeat_delay(text: str) -> dict:
@@ -30,7 +30,7 @@ def test_the_heartbeat_and_lease_follow_the_node_status_interval(seconds, delay,
 def test_a_plane_that_audits_writes_logs_them_with_their_client(tmp_path) -> None:
     """Plane(audit_writes=True): the API server logs writes only (Metadata level: who and what, no
     bodies) as JSON lines, so that a benchmark can count the operator's writes by User-Agent."""
-    from hyperplan.devcluster.plane import Plane
+    from hyperplan_dev.plane import Plane
 
     plane = Plane(root=tmp_path, audit_writes=True)
     flags = plane._audit_flags()

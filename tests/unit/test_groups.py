@@ -21,7 +21,8 @@ from hyperplan.actuation.groups import (
     Applied, Observation, apply_decision, count_pods, drain_node, observe_node, observe_nodes,
     releases_of,
 )
-from hyperplan.actuation.nodes import LABEL_NODE_ID, FakeNodePods, FakeProvider, NodeProvider, taints_of
+from hyperplan.actuation.fakes import FakeNodePods, FakeProvider
+from hyperplan.actuation.nodes import LABEL_NODE_ID, NodeProvider, taints_of
 from hyperplan.api.models import InstanceGroupSpec, InstanceGroupStatus, ReservedCapacity
 from hyperplan.planning import health as hl
 from hyperplan.planning import naming as nm

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hyperplan.devcluster import hostsetup, images
+from hyperplan_dev import hostsetup, images
 
 
 @pytest.fixture(autouse=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hyperplan.devcluster.kind import KindCluster
+from hyperplan_dev.kind import KindCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOYED = yaml.safe_load((ROOT / "deploy" / "kind-config.yaml").read_text())

@@ -1,5 +1,5 @@
 """The README's kind section and docs/install-on-kind.md show exactly the commands that
-`hyperplan dev kind up` and the kind tier run (hyperplan.devcluster.kind.README_STEPS)."""
+`hyperplan dev kind up` and the kind tier run (hyperplan_dev.kind.README_STEPS)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hyperplan.devcluster.kind import README_STEPS, REMOVAL_STEPS
+from hyperplan_dev.kind import README_STEPS, REMOVAL_STEPS
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -2,7 +2,7 @@
 
 The pass reads the plan from a fake watch cache, the Workloads and job nodes from kopf-shaped
 indexes (dicts of lists, filled by the real index functions), and writes through
-:class:`hyperplan.actuation.kueue.RecordingKueueWrites`, a :class:`FakeProvider` and
+:class:`hyperplan.actuation.fakes.RecordingKueueWrites`, a :class:`FakeProvider` and
 :class:`FakeNodePods`. ``rt.kube`` is None: any API call a pass made would fail the test.
 """
 
@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from hyperplan.actuation.kueue import KueueWrites, RecordingKueueWrites
-from hyperplan.actuation.nodes import FakeNodePods, FakeProvider
+from hyperplan.actuation.fakes import FakeNodePods, FakeProvider, RecordingKueueWrites
+from hyperplan.actuation.kueue import KueueWrites
 from hyperplan.handlers import kueue as hk
 from hyperplan.handlers.context import Wakeups
 from hyperplan.handlers.nodewatch import NodeChange, NodeStore

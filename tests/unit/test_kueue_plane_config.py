@@ -7,7 +7,7 @@ import base64
 import pytest
 import yaml
 
-from hyperplan.devcluster import kueue
+from hyperplan_dev import kueue
 
 
 def _hook(name: str, path: str, rules: list[tuple[list[str], list[str]]]) -> dict:

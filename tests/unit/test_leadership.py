@@ -10,9 +10,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from hyperplan.actuation.leadership import (
-    FakeLeaseStore, LeaderElector, LeaseRecord, Timing, may_take,
-)
+from hyperplan.actuation.fakes import FakeLeaseStore
+from hyperplan.actuation.leadership import LeaderElector, LeaseRecord, Timing, may_take
 
 T0 = datetime(2027, 1, 1, tzinfo=timezone.utc)
 TIMING = Timing(lease_duration=15, renew_deadline=10, retry_period=2)

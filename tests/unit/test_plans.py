@@ -11,9 +11,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from hyperplan.actuation.fakes import FakeLedger
 from hyperplan.actuation.ledger import (
     CapacityLedger,
-    FakeLedger,
     blocks_of,
     pool_snapshot,
     reserved_capacity_id,

@@ -6,12 +6,11 @@ import inspect
 
 import pytest
 
-from hyperplan.actuation.kueue import KubeKueueWrites, KueueWrites, RecordingKueueWrites
-from hyperplan.actuation.leadership import FakeLeaseStore, KubeLeaseStore, LeaseStore
-from hyperplan.actuation.ledger import CapacityLedger, FakeLedger, KubeLedger
-from hyperplan.actuation.nodes import (
-    FakeNodePods, FakeProvider, KubeNodePods, KwokProvider, NodePods, NodeProvider, StaticProvider,
-)
+from hyperplan.actuation.fakes import FakeLedger, FakeLeaseStore, FakeNodePods, FakeProvider, RecordingKueueWrites
+from hyperplan.actuation.kueue import KubeKueueWrites, KueueWrites
+from hyperplan.actuation.leadership import KubeLeaseStore, LeaseStore
+from hyperplan.actuation.ledger import CapacityLedger, KubeLedger
+from hyperplan.actuation.nodes import KubeNodePods, KwokProvider, NodePods, NodeProvider, StaticProvider
 
 
 def _methods(proto: type) -> list[str]:

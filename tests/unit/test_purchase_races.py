@@ -14,7 +14,8 @@ from datetime import datetime, timezone
 
 import pytest
 
-from hyperplan.actuation.ledger import FakeLedger, PurchaseResult, pool_snapshot
+from hyperplan.actuation.fakes import FakeLedger
+from hyperplan.actuation.ledger import PurchaseResult, pool_snapshot
 from hyperplan.api.models import CapacityPool, CapacityPoolSpec, Reservation, TrainingPlanSpec, TrainingPlanStatus
 from hyperplan.handlers.trainingplan import purchase
 from hyperplan.planning.offerings import Offering

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from hyperplan.devcluster import lock
+from hyperplan_dev import lock
 
 ROOT = Path(__file__).resolve().parents[2]
 PINS = lock.parse((ROOT / "requirements.lock").read_text())

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hyperplan.devcluster import runc_wrapper as w
+from hyperplan_dev import runc_wrapper as w
 
 ALL = ["CAP_CHOWN", "CAP_SYS_ADMIN", "CAP_SYS_RESOURCE", "CAP_NET_ADMIN"]
 

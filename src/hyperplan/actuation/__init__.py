@@ -1,1 +1,2 @@
-"""Side effects: Kubernetes calls, the capacity ledger, node providers. Each behind a Protocol with a recording fake."""
+"""Side effects: Kubernetes calls, the capacity ledger, node providers. Each behind a Protocol;
+the recording fakes that tests use in their place are in :mod:`hyperplan.actuation.fakes`."""

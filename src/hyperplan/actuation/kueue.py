@@ -1,4 +1,5 @@
-"""What the Kueue AdmissionCheck controller writes, behind one Protocol (a recording fake in tests).
+"""What the Kueue AdmissionCheck controller writes, behind one Protocol (tests record them with
+:class:`hyperplan.actuation.fakes.RecordingKueueWrites`).
 
 :mod:`hyperplan.handlers.kueue` reads Kueue's objects and the job nodes from the operator's
 watches and decides through :mod:`hyperplan.planning`; every side effect of a pass goes through a
@@ -10,12 +11,11 @@ view older than its own writes).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping, Protocol, runtime_checkable
 
 import kopf
 from kubernetes import client
-from kubernetes.client.rest import ApiException
 
 from hyperplan import metrics
 from hyperplan.actuation.kube import Kube
@@ -92,39 +92,4 @@ class KubeKueueWrites:
         kopf.event(dict(ref), type=type, reason=reason, message=message)
 
 
-@dataclass
-class RecordingKueueWrites:
-    """Records every write; ``refuse`` maps a Workload (``namespace/name``) to the HTTP status its
-    entry write fails with; ``nodes`` is what :meth:`list_job_nodes` returns."""
-
-    refuse: dict[str, int] = field(default_factory=dict)
-    nodes: list[client.V1Node] = field(default_factory=list)
-    entries: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (namespace/name, entry)
-    actives: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (check, condition)
-    node_workloads: list[tuple[str, str, str | None]] = field(default_factory=list)
-    listed: list[str] = field(default_factory=list)
-    events: list[tuple[str, str, str, str]] = field(default_factory=list)  # (object, type, reason, message)
-
-    def apply_check_entry(self, workload: Mapping[str, Any], entry: dict[str, Any]) -> dict[str, Any] | None:
-        meta = workload["metadata"]
-        key = f"{meta['namespace']}/{meta['name']}"
-        if key in self.refuse:
-            raise ApiException(status=self.refuse[key], reason="refused by the test")
-        self.entries.append((key, entry))
-        return None
-
-    def apply_check_active(self, check: Mapping[str, Any], condition: dict[str, Any]) -> dict[str, Any] | None:
-        self.actives.append((check["metadata"]["name"], condition))
-        return None
-
-    def set_node_workload(self, node: str, workload: str, keep_alive_until: str | None) -> None:
-        self.node_workloads.append((node, workload, keep_alive_until))
-
-    def list_job_nodes(self, plan_label: str) -> list[client.V1Node]:
-        self.listed.append(plan_label)
-        return [n for n in self.nodes if (n.metadata.labels or {}).get(nm.LABEL_PLAN) == plan_label]
-
-    def event(self, ref: Mapping[str, Any], type: str, reason: str, message: str) -> None:
-        meta = ref.get("metadata") or {}
-        name = f"{meta['namespace']}/{meta['name']}" if meta.get("namespace") else meta.get("name", "")
-        self.events.append((name, type, reason, message))
+_kube: type[KueueWrites] = KubeKueueWrites

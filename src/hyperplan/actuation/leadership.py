@@ -10,7 +10,7 @@ that cannot be cancelled, never releases the Lease (a rolling upgrade would then
 lease duration), and writes times from the local naive clock. kopf's peering is not a Lease at
 all (its own KopfPeering resource), and a frozen kopf still runs its watchers. The API calls
 go through the kubernetes client's ``CoordinationV1Api``; the decisions are small and tested
-against :class:`FakeLeaseStore`.
+against :class:`hyperplan.actuation.fakes.FakeLeaseStore`.
 
 Like client-go, expiry is judged on the local monotonic clock from the moment this replica
 last saw the record change, not from the record's ``renewTime``: two machines' clocks may
@@ -278,46 +278,4 @@ class KubeLeaseStore:
             raise
 
 
-@dataclass
-class FakeLeaseStore:
-    """An in-memory Lease with the API server's optimistic concurrency; records every write."""
-
-    record: LeaseRecord | None = None
-    writes: list[tuple[str, LeaseRecord]] | None = None
-    fail_reads: bool = False
-
-    def __post_init__(self) -> None:
-        self.writes = []
-        self._version = 0
-        self._changed = threading.Condition()
-
-    def wait_for_change(self, since: LeaseRecord | None, timeout: float) -> None:
-        with self._changed:
-            self._changed.wait_for(lambda: self.record != since, timeout=timeout)
-
-    def get(self) -> LeaseRecord | None:
-        if self.fail_reads:
-            raise ConnectionError("API server unreachable")
-        return self.record
-
-    def create(self, record: LeaseRecord) -> LeaseRecord | None:
-        if self.record is not None:
-            return None
-        return self._store("create", record)
-
-    def replace(self, record: LeaseRecord) -> LeaseRecord | None:
-        if self.record is None or record.resource_version != self.record.resource_version:
-            return None
-        return self._store("replace", record)
-
-    def _store(self, verb: str, record: LeaseRecord) -> LeaseRecord:
-        self._version += 1
-        self.record = replace(record, resource_version=str(self._version))
-        self.writes.append((verb, self.record))
-        with self._changed:
-            self._changed.notify_all()
-        return self.record
-
-
 _kube: type[LeaseStore] = KubeLeaseStore
-_fake: type[LeaseStore] = FakeLeaseStore

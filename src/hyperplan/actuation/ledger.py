@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Protocol, Sequence, runtime_checkable
 
@@ -182,7 +182,7 @@ class KubeLedger:
                         self._release(t.plan_uid, now=None)  # a purchase interrupted between two pools
                     t.result = PurchaseResult(violation=violation, pools=tuple(snapshots))
                     continue
-                for pool_name, wanted in _by_pool(t.plan, t.plan_uid, t.offering).items():
+                for pool_name, wanted in reservations_by_pool(t.plan, t.plan_uid, t.offering).items():
                     have = {r.get("reservedCapacityId") for r in
                             (raw[pool_name].get("status") or {}).get("reservations") or []}
                     new = [r for r in wanted if r.reserved_capacity_id not in have]
@@ -283,7 +283,7 @@ class _Ticket:
         return self.result is not None or self.error is not None
 
 
-def _by_pool(plan: str, plan_uid: str, offering: Offering) -> dict[str, list[Reservation]]:
+def reservations_by_pool(plan: str, plan_uid: str, offering: Offering) -> dict[str, list[Reservation]]:
     """The ledger lines of the offering, by pool: each block with its reserved-capacity id."""
     out: dict[str, list[Reservation]] = {}
     for index, block in enumerate(offering.blocks):
@@ -292,40 +292,4 @@ def _by_pool(plan: str, plan_uid: str, offering: Offering) -> dict[str, list[Res
     return dict(sorted(out.items()))
 
 
-@dataclass
-class FakeLedger:
-    """In-memory ledger for unit tests: records every call, can be told to fail a purchase."""
-
-    pool_objects: list[CapacityPool] = field(default_factory=list)
-    fail_with: RuleViolation | None = None
-    calls: list[tuple[str, Any]] = field(default_factory=list)
-
-    def pools(self) -> list[CapacityPool]:
-        return list(self.pool_objects)
-
-    def purchase(self, plan: str, plan_uid: str, offering: Offering, policy: Policy,
-                 now: datetime) -> PurchaseResult:
-        self.calls.append(("purchase", (plan, offering.id)))
-        snapshots = [pool_snapshot(p, plan_uid) for p in self.pool_objects]
-        violation = self.fail_with or recheck_offering(offering, snapshots, policy, now)
-        if violation:
-            return PurchaseResult(violation=violation, pools=tuple(snapshots))
-        by_name = {p.metadata["name"]: p for p in self.pool_objects}
-        for pool_name, wanted in _by_pool(plan, plan_uid, offering).items():
-            have = {r.reserved_capacity_id for r in by_name[pool_name].status.reservations}
-            by_name[pool_name].status.reservations.extend(r for r in wanted if r.reserved_capacity_id not in have)
-        return PurchaseResult(blocks=tuple(blocks_of(self.pool_objects, plan_uid)))
-
-    def release(self, plan_uid: str, now: datetime | None) -> int:
-        self.calls.append(("release", plan_uid))
-        released = 0
-        for p in self.pool_objects:
-            before = len(p.status.reservations)
-            p.status.reservations = [r for r in p.status.reservations if r.training_plan_uid != plan_uid
-                                     or (now is not None and r.end_time <= now)]
-            released += before - len(p.status.reservations)
-        return released
-
-
-_: type[CapacityLedger] = KubeLedger  # both satisfy the Protocol (checked by mypy-style assignment)
-__: type[CapacityLedger] = FakeLedger
+_: type[CapacityLedger] = KubeLedger  # satisfies the Protocol (checked by mypy-style assignment)

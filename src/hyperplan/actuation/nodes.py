@@ -6,7 +6,7 @@
   right instance type and zone (kind's workers, say) and labels and taints them while the
   group holds them; when it lets go it hands them back as it found them (see
   :mod:`hyperplan.planning.lending`). It never creates or deletes a node.
-* :class:`FakeProvider` keeps nodes in memory and records every call, for unit tests.
+* :class:`hyperplan.actuation.fakes.FakeProvider` keeps nodes in memory and records every call, for unit tests.
 
 Besides creating, changing and releasing nodes, a provider carries out the health actions
 of remediation on them (:meth:`NodeProvider.mark_unhealthy`, :meth:`NodeProvider.promote_spare`)
@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any, Callable, Protocol, runtime_checkable
 
 from kubernetes import client
@@ -404,97 +403,6 @@ class NoFreeNode(RuntimeError):
     """The static pool has no node left for a group."""
 
 
-def _utcnow() -> datetime:
-    return datetime.now(timezone.utc)
-
-
-@dataclass
-class FakeProvider:
-    """Nodes in memory; records calls; ``fail_on`` makes a named operation raise.
-
-    ``clock`` stamps the creation time of new nodes (tests pass a fixed one)."""
-
-    nodes: dict[str, client.V1Node] = field(default_factory=dict)
-    calls: list[tuple[str, str]] = field(default_factory=list)
-    fail_on: set[str] = field(default_factory=set)
-    clock: Callable[[], datetime] = _utcnow
-
-    def _maybe_fail(self, op: str, name: str) -> None:
-        self.calls.append((op, name))
-        if op in self.fail_on:
-            raise RuntimeError(f"injected failure in {op}({name})")
-
-    def create(self, spec: pl.NodeSpec) -> str:
-        self._maybe_fail("create", spec.name)
-        self.nodes.setdefault(spec.name, client.V1Node(
-            metadata=client.V1ObjectMeta(name=spec.name, labels={**spec.labels, LABEL_NODE_ID: spec.name},
-                                         creation_timestamp=self.clock()),
-            spec=client.V1NodeSpec(taints=[client.V1Taint(key=t.key, value=t.value, effect=t.effect)
-                                           for t in spec.taints])))
-        return spec.name
-
-    def update(self, node: str, spec: pl.NodeSpec, managed_keys: set[str]) -> None:
-        self._maybe_fail("update", node)
-        n = self.nodes[node]
-        n.metadata.labels.update(spec.labels)
-        n.spec.taints = [client.V1Taint(key=t.key, value=t.value, effect=t.effect)
-                         for t in merged_taints(n, spec.taints, managed_keys)]
-
-    def cordon(self, node: str) -> None:
-        self._maybe_fail("cordon", node)
-        self.nodes[node].spec.unschedulable = True
-
-    def release(self, node: str) -> str:
-        self._maybe_fail("release", node)
-        self.nodes.pop(node, None)
-        return f"{node} deleted"
-
-    def list(self, group: str) -> list[client.V1Node]:
-        return [n for n in self.nodes.values() if n.metadata.labels.get(nm.LABEL_GROUP) == nm.label_value(group)]
-
-    def mark_unhealthy(self, node: str, health_status: str, taint: nm.Taint,
-                       last_seen: client.V1Node | None = None) -> None:
-        self._maybe_fail("mark_unhealthy", node)
-        n = self.nodes[node]
-        n.metadata.labels[nm.LABEL_HEALTH] = health_status
-        n.spec.taints = [client.V1Taint(key=t.key, value=t.value, effect=t.effect)
-                         for t in merged_taints(n, (taint,), {taint.key})]
-
-    def promote_spare(self, node: str, replacing: str, last_seen: client.V1Node | None = None) -> None:
-        self._maybe_fail("promote_spare", node)
-        n = self.nodes[node]
-        n.metadata.labels.update({nm.LABEL_ROLE: nm.ROLE_ACTIVE, nm.LABEL_REPLACES: replacing})
-        n.spec.taints = [t for t in (n.spec.taints or []) if t.key != nm.SPARE_TAINT.key]
-
-    def annotate(self, node: str, annotations: dict[str, str | None]) -> None:
-        self._maybe_fail("annotate", node)
-        n = self.nodes.get(node)
-        if n is None:
-            return
-        current = dict(n.metadata.annotations or {})
-        for key, value in annotations.items():
-            if value is None:
-                current.pop(key, None)
-            else:
-                current[key] = value
-        n.metadata.annotations = current
-
-    def set_condition(self, node: str, condition: dict[str, str]) -> None:
-        self._maybe_fail("set_condition", node)
-        n = self.nodes.get(node)
-        if n is None:
-            return
-        when = condition.get("lastTransitionTime")
-        made = client.V1NodeCondition(
-            type=condition["type"], status=condition["status"], reason=condition.get("reason"),
-            message=condition.get("message"),
-            last_transition_time=datetime.fromisoformat(when.replace("Z", "+00:00")) if when else self.clock())
-        others = [c for c in ((n.status.conditions if n.status else None) or []) if c.type != made.type]
-        if n.status is None:
-            n.status = client.V1NodeStatus()
-        n.status.conditions = others + [made]
-
-
 def providers(kube: Kube, me: ln.OperatorIdentity | None = None) -> dict[str, NodeProvider]:
     return {"kwok": KwokProvider(kube), "static": StaticProvider(kube, me)}
 
@@ -503,7 +411,6 @@ def providers(kube: Kube, me: ln.OperatorIdentity | None = None) -> dict[str, No
 # a type checker rejects these lines if a method goes missing or changes its signature.
 _kwok: type[NodeProvider] = KwokProvider
 _static: type[NodeProvider] = StaticProvider
-_fake: type[NodeProvider] = FakeProvider
 
 
 # --------------------------------------------------------------------------- drain
@@ -647,49 +554,4 @@ class KubeNodePods:
         return force_delete_pods(self.kube, node_name, condition, self.me)
 
 
-@dataclass
-class FakeNodePods:
-    """Pods in memory, by node name, as ``namespace/name``; records calls.
-
-    ``guarded`` pods refuse eviction (a PodDisruptionBudget); other evicted pods go at once.
-    """
-
-    pods: dict[str, list[str]] = field(default_factory=dict)
-    guarded: set[str] = field(default_factory=set)
-    calls: list[tuple[str, str]] = field(default_factory=list)
-
-    annotations: dict[str, dict[str, str]] = field(default_factory=dict)  # by pod
-    conditions: dict[str, list[dict[str, str]]] = field(default_factory=dict)  # by pod, set before a force delete
-
-    def evict(self, node_name: str) -> DrainProgress:
-        self.calls.append(("evict", node_name))
-        left = [p for p in self.pods.get(node_name, []) if p in self.guarded]
-        self.pods[node_name] = left
-        return DrainProgress(pods_left=len(left), blocked=len(left))
-
-    def annotate(self, node_name: str, annotations: dict[str, str]) -> list[dict[str, Any]]:
-        self.calls.append(("annotate", node_name))
-        done = []
-        for pod in self.pods.get(node_name, []):
-            have = self.annotations.setdefault(pod, {})
-            if any(have.get(k) != v for k, v in annotations.items()):
-                have.update(annotations)
-                namespace, _, name = pod.partition("/")
-                done.append({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace}})
-        return done
-
-    def count(self, node_name: str) -> int:
-        self.calls.append(("count", node_name))
-        return len(self.pods.get(node_name, []))
-
-    def force_delete(self, node_name: str, condition: dict[str, str]) -> list[str]:
-        self.calls.append(("force_delete", node_name))
-        gone = list(self.pods.get(node_name, []))
-        for pod in gone:
-            self.conditions.setdefault(pod, []).append(dict(condition))
-        self.pods[node_name] = []
-        return gone
-
-
 _kube_pods: type[NodePods] = KubeNodePods
-_fake_pods: type[NodePods] = FakeNodePods

@@ -211,7 +211,7 @@ def _build_pause(c: Component, work: Path, out: Path, log: Log) -> None:
     """The sandbox ("pause") binary from our own tiny program (``kindimages/pause.go``)."""
     from importlib import resources
 
-    src = resources.files("hyperplan.devcluster").joinpath("kindimages", "pause.go").read_text()
+    src = resources.files("hyperplan_dev").joinpath("kindimages", "pause.go").read_text()
     (work / "go.mod").write_text("module hyperplan.dev/build/pause\n\ngo 1.24\n")
     (work / "main.go").write_text(src)
     _run(["go", "build", "-ldflags", "-s -w", "-o", str(out / "pause"), "."], work, log, "go build pause")

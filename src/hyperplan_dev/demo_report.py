@@ -73,7 +73,7 @@ class Moment:
 def collect(prom: Any, start: datetime, end: datetime, step: float = 1.0) -> RunData:
     """``query_range`` of every :data:`QUERIES` entry over ``[start, end]`` from ``prom``.
 
-    ``prom``: a :class:`hyperplan.devcluster.prometheus.Prometheus` (anything with ``api``).
+    ``prom``: a :class:`hyperplan_dev.prometheus.Prometheus` (anything with ``api``).
     """
     data = RunData(start, end, step)
     for key, expr in QUERIES.items():

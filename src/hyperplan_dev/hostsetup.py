@@ -30,7 +30,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Callable
 
-from hyperplan.devcluster import build
+from hyperplan_dev import build
 
 Log = Callable[[str], None]
 
@@ -196,7 +196,7 @@ def install_runtime_wrapper(state: HostState, log: Log) -> None:
         raise HostSetupError("runc not found; install Debian's runc (docker.io depends on it)")
     python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else os.path.realpath(
         shutil.which("python3") or "python3")
-    source = resources.files("hyperplan.devcluster").joinpath("runc_wrapper.py").read_text()
+    source = resources.files("hyperplan_dev").joinpath("runc_wrapper.py").read_text()
     WRAPPER_PATH.parent.mkdir(parents=True, exist_ok=True)
     WRAPPER_PATH.write_text(f"#!{python} -I\n" + source.replace("@REAL_RUNC@", runc))
     WRAPPER_PATH.chmod(0o755)

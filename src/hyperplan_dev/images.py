@@ -7,7 +7,7 @@ packages and Go modules (``docs/kind.md`` says what and why):
 - ``hyperplan-local/debian``: ``debootstrap --variant=minbase bookworm`` and ``docker import``;
 - ``hyperplan-local/python``: a stand-in for ``python:3.11-slim`` (Debian's python3 3.11);
 - the images ``kubeadm`` wants under ``registry.k8s.io`` (``FROM scratch`` with the static
-  binaries of :mod:`hyperplan.devcluster.build`; kube-proxy on Debian with iptables);
+  binaries of :mod:`hyperplan_dev.build`; kube-proxy on Debian with iptables);
 - ``hyperplan-local/podnet``: the small CNI of ``podnet.sh`` (kindnetd is not on the Go proxy);
 - ``hyperplan-local/kind-node``: Debian with systemd, containerd, runc and the CNI plugins,
   kind's entrypoint and ``images/base/files`` read from kind's Go module, kubelet/kubeadm/kubectl,
@@ -35,7 +35,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Callable
 
-from hyperplan.devcluster import build
+from hyperplan_dev import build
 
 Log = Callable[[str], None]
 
@@ -126,7 +126,7 @@ def _tree_digest(root: Path) -> str:
 
 
 def _data(name: str) -> str:
-    return resources.files("hyperplan.devcluster").joinpath("kindimages", name).read_text()
+    return resources.files("hyperplan_dev").joinpath("kindimages", name).read_text()
 
 
 def _workdir(prefix: str) -> Path:
@@ -212,7 +212,7 @@ def debian_base(log: Log) -> str:
     if image_exists(tag):
         return tag
     if shutil.which("debootstrap") is None:
-        from hyperplan.devcluster import hostsetup
+        from hyperplan_dev import hostsetup
         hostsetup.apt_install(["debootstrap"], log)
     work = _workdir("debian-")
     root = work / "rootfs"
@@ -327,7 +327,7 @@ def control_plane_images(debian: str, log: Log) -> list[str]:
         raise ImageBuildError(
             f"kubeadm {build.KUBERNETES_VERSION} wants {sorted(wanted - ours)}, which this build does "
             f"not make (it makes {sorted(ours - wanted)} instead): update the versions in "
-            "devcluster/build.py (COREDNS_VERSION, PAUSE_VERSION, ETCD_VERSION)")
+            "hyperplan_dev/build.py (COREDNS_VERSION, PAUSE_VERSION, ETCD_VERSION)")
     refs = []
     for img in scratch_images():
         src = build.binary(img.binary)

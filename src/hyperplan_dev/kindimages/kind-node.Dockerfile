@@ -1,7 +1,7 @@
 # hyperplan-local/kind-node: what kind expects of a node image (kind's images/base and
 # pkg/build/nodeimage, read from its Go module), made from Debian packages: systemd as init,
 # Debian's containerd/runc/CNI plugins, kind's entrypoint and base files, kubelet/kubeadm/kubectl.
-# The build context is prepared by hyperplan.devcluster.images.node_image.
+# The build context is prepared by hyperplan_dev.images.node_image.
 ARG BASE
 FROM ${BASE}
 ARG KUBERNETES_VERSION

@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 import yaml
 
-from hyperplan.devcluster.plane import free_port, stop_process_group
+from hyperplan_dev.plane import free_port, stop_process_group
 
 DEFAULT_BINARY = "/usr/bin/prometheus"
 

@@ -3,10 +3,10 @@
 ``up`` runs the README's "Install on a cluster (kind, with Docker)" steps, with the substitutions
 a machine without a container registry needs (``docs/kind.md``):
 
-1. machine set-up where needed (:mod:`hyperplan.devcluster.hostsetup`): a Docker engine, and the
+1. machine set-up where needed (:mod:`hyperplan_dev.hostsetup`): a Docker engine, and the
    runtime wrapper on hosts whose capability set lacks CAP_SYS_RESOURCE;
 2. kind, kubectl and Helm from the binary cache; the node image and a Python base image pulled,
-   or built locally (:mod:`hyperplan.devcluster.images`);
+   or built locally (:mod:`hyperplan_dev.images`);
 3. ``kind create cluster --config deploy/kind-config.yaml`` (named ``hyperplan``; with a locally
    built node image also ``--image`` and ``networking.disableDefaultCNI``, and our CNI applied);
 4. ``docker build -t hyperplan:0.1.0 .`` and ``kind load docker-image hyperplan:0.1.0 --name hyperplan``;
@@ -32,8 +32,8 @@ from typing import Callable
 
 import yaml
 
-from hyperplan.devcluster import build, hostsetup, images
-from hyperplan.devcluster.plane import project_root
+from hyperplan_dev import build, hostsetup, images
+from hyperplan_dev.plane import project_root
 
 Log = Callable[[str], None]
 

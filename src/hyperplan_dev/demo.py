@@ -16,7 +16,7 @@
 6. once the GB200 group is Ready, fails one of its nodes (Ready=False, as an agent would) so
    that a spare takes over;
 7. stops when both plans have expired (Ctrl-C stops earlier), then writes a picture of the run
-   from Prometheus's data (``.state/demo/overview-<time>.png``, see :mod:`hyperplan.demo_report`)
+   from Prometheus's data (``.state/demo/overview-<time>.png``, see :mod:`hyperplan_dev.demo_report`)
    and prints its path. Everything it started (the operator, Prometheus, and the plane if it was
    not already running) is stopped again, by pid.
 """
@@ -39,11 +39,11 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from hyperplan import demo_report, status
+from hyperplan import status
 from hyperplan.actuation.kube import Kube, api_client
 from hyperplan.api.vocabulary import LABEL_GROUP, LABEL_ROLE, ROLE_ACTIVE, to_rfc3339
-from hyperplan.devcluster import build, prometheus
-from hyperplan.devcluster.plane import Plane, free_port, project_root
+from hyperplan_dev import build, demo_report, prometheus
+from hyperplan_dev.plane import Plane, free_port, project_root
 
 EXAMPLES = Path("deploy") / "examples" / "demo"
 ALERTS = Path("deploy") / "prometheus" / "alerts.yml"

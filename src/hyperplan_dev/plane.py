@@ -28,7 +28,7 @@ from typing import Callable
 
 import yaml
 
-from hyperplan.devcluster import build, certs, kueue
+from hyperplan_dev import build, certs, kueue
 
 Log = Callable[[str], None]
 
@@ -556,7 +556,7 @@ class Plane:
 def kwok_stages(node_status_seconds: int | None = None) -> str:
     """The plane's KWOK stages (``kwok-stages.yaml``), with the node heartbeat's interval set to
     ``node_status_seconds`` (up to a fifth more, at random) when given."""
-    text = resources.files("hyperplan.devcluster").joinpath("kwok-stages.yaml").read_text()
+    text = resources.files("hyperplan_dev").joinpath("kwok-stages.yaml").read_text()
     if node_status_seconds is None:
         return text
     default = "    durationMilliseconds: 20000\n    jitterDurationMilliseconds: 25000\n"

@@ -32,7 +32,7 @@ from typing import Any, Iterable
 
 import yaml
 
-from hyperplan.devcluster import build
+from hyperplan_dev import build
 
 NAMESPACE = "kueue-system"
 GROUP = "kueue.x-k8s.io"

@@ -1,0 +1,303 @@
+"""The recording fakes that unit tests and benchmarks put in place of the operator's side effects.
+
+One module for all of them, like Karpenter's ``cloudprovider/fake``: the production modules never
+import it, so a fake cannot reach the operator by accident
+(``tests/unit/test_fakes_apart.py`` checks that). Each fake implements the Protocol of the real
+thing and is checked against it at the bottom of this module and, parameter by parameter, in
+``tests/unit/test_protocols.py``.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from typing import Any, Callable, Mapping
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from hyperplan.actuation.kueue import KueueWrites
+from hyperplan.actuation.leadership import LeaseRecord, LeaseStore
+from hyperplan.actuation.ledger import (
+    CapacityLedger, PurchaseResult, blocks_of, pool_snapshot, reservations_by_pool,
+)
+from hyperplan.actuation.nodes import LABEL_NODE_ID, DrainProgress, NodePods, NodeProvider, merged_taints
+from hyperplan.api.models import CapacityPool
+from hyperplan.planning import naming as nm
+from hyperplan.planning import placement as pl
+from hyperplan.planning.offerings import Offering, RuleViolation, recheck_offering
+from hyperplan.planning.policy import Policy
+
+
+# --------------------------------------------------------------------------- capacity ledger
+
+
+@dataclass
+class FakeLedger:
+    """In-memory ledger for unit tests: records every call, can be told to fail a purchase."""
+
+    pool_objects: list[CapacityPool] = field(default_factory=list)
+    fail_with: RuleViolation | None = None
+    calls: list[tuple[str, Any]] = field(default_factory=list)
+
+    def pools(self) -> list[CapacityPool]:
+        return list(self.pool_objects)
+
+    def purchase(self, plan: str, plan_uid: str, offering: Offering, policy: Policy,
+                 now: datetime) -> PurchaseResult:
+        self.calls.append(("purchase", (plan, offering.id)))
+        snapshots = [pool_snapshot(p, plan_uid) for p in self.pool_objects]
+        violation = self.fail_with or recheck_offering(offering, snapshots, policy, now)
+        if violation:
+            return PurchaseResult(violation=violation, pools=tuple(snapshots))
+        by_name = {p.metadata["name"]: p for p in self.pool_objects}
+        for pool_name, wanted in reservations_by_pool(plan, plan_uid, offering).items():
+            have = {r.reserved_capacity_id for r in by_name[pool_name].status.reservations}
+            by_name[pool_name].status.reservations.extend(r for r in wanted if r.reserved_capacity_id not in have)
+        return PurchaseResult(blocks=tuple(blocks_of(self.pool_objects, plan_uid)))
+
+    def release(self, plan_uid: str, now: datetime | None) -> int:
+        self.calls.append(("release", plan_uid))
+        released = 0
+        for p in self.pool_objects:
+            before = len(p.status.reservations)
+            p.status.reservations = [r for r in p.status.reservations if r.training_plan_uid != plan_uid
+                                     or (now is not None and r.end_time <= now)]
+            released += before - len(p.status.reservations)
+        return released
+
+
+# --------------------------------------------------------------------------- node providers
+
+
+def _utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+@dataclass
+class FakeProvider:
+    """Nodes in memory; records calls; ``fail_on`` makes a named operation raise.
+
+    ``clock`` stamps the creation time of new nodes (tests pass a fixed one)."""
+
+    nodes: dict[str, client.V1Node] = field(default_factory=dict)
+    calls: list[tuple[str, str]] = field(default_factory=list)
+    fail_on: set[str] = field(default_factory=set)
+    clock: Callable[[], datetime] = _utcnow
+
+    def _maybe_fail(self, op: str, name: str) -> None:
+        self.calls.append((op, name))
+        if op in self.fail_on:
+            raise RuntimeError(f"injected failure in {op}({name})")
+
+    def create(self, spec: pl.NodeSpec) -> str:
+        self._maybe_fail("create", spec.name)
+        self.nodes.setdefault(spec.name, client.V1Node(
+            metadata=client.V1ObjectMeta(name=spec.name, labels={**spec.labels, LABEL_NODE_ID: spec.name},
+                                         creation_timestamp=self.clock()),
+            spec=client.V1NodeSpec(taints=[client.V1Taint(key=t.key, value=t.value, effect=t.effect)
+                                           for t in spec.taints])))
+        return spec.name
+
+    def update(self, node: str, spec: pl.NodeSpec, managed_keys: set[str]) -> None:
+        self._maybe_fail("update", node)
+        n = self.nodes[node]
+        n.metadata.labels.update(spec.labels)
+        n.spec.taints = [client.V1Taint(key=t.key, value=t.value, effect=t.effect)
+                         for t in merged_taints(n, spec.taints, managed_keys)]
+
+    def cordon(self, node: str) -> None:
+        self._maybe_fail("cordon", node)
+        self.nodes[node].spec.unschedulable = True
+
+    def release(self, node: str) -> str:
+        self._maybe_fail("release", node)
+        self.nodes.pop(node, None)
+        return f"{node} deleted"
+
+    def list(self, group: str) -> list[client.V1Node]:
+        return [n for n in self.nodes.values() if n.metadata.labels.get(nm.LABEL_GROUP) == nm.label_value(group)]
+
+    def mark_unhealthy(self, node: str, health_status: str, taint: nm.Taint,
+                       last_seen: client.V1Node | None = None) -> None:
+        self._maybe_fail("mark_unhealthy", node)
+        n = self.nodes[node]
+        n.metadata.labels[nm.LABEL_HEALTH] = health_status
+        n.spec.taints = [client.V1Taint(key=t.key, value=t.value, effect=t.effect)
+                         for t in merged_taints(n, (taint,), {taint.key})]
+
+    def promote_spare(self, node: str, replacing: str, last_seen: client.V1Node | None = None) -> None:
+        self._maybe_fail("promote_spare", node)
+        n = self.nodes[node]
+        n.metadata.labels.update({nm.LABEL_ROLE: nm.ROLE_ACTIVE, nm.LABEL_REPLACES: replacing})
+        n.spec.taints = [t for t in (n.spec.taints or []) if t.key != nm.SPARE_TAINT.key]
+
+    def annotate(self, node: str, annotations: dict[str, str | None]) -> None:
+        self._maybe_fail("annotate", node)
+        n = self.nodes.get(node)
+        if n is None:
+            return
+        current = dict(n.metadata.annotations or {})
+        for key, value in annotations.items():
+            if value is None:
+                current.pop(key, None)
+            else:
+                current[key] = value
+        n.metadata.annotations = current
+
+    def set_condition(self, node: str, condition: dict[str, str]) -> None:
+        self._maybe_fail("set_condition", node)
+        n = self.nodes.get(node)
+        if n is None:
+            return
+        when = condition.get("lastTransitionTime")
+        made = client.V1NodeCondition(
+            type=condition["type"], status=condition["status"], reason=condition.get("reason"),
+            message=condition.get("message"),
+            last_transition_time=datetime.fromisoformat(when.replace("Z", "+00:00")) if when else self.clock())
+        others = [c for c in ((n.status.conditions if n.status else None) or []) if c.type != made.type]
+        if n.status is None:
+            n.status = client.V1NodeStatus()
+        n.status.conditions = others + [made]
+
+
+# --------------------------------------------------------------------------- pods on nodes
+
+
+@dataclass
+class FakeNodePods:
+    """Pods in memory, by node name, as ``namespace/name``; records calls.
+
+    ``guarded`` pods refuse eviction (a PodDisruptionBudget); other evicted pods go at once.
+    """
+
+    pods: dict[str, list[str]] = field(default_factory=dict)
+    guarded: set[str] = field(default_factory=set)
+    calls: list[tuple[str, str]] = field(default_factory=list)
+
+    annotations: dict[str, dict[str, str]] = field(default_factory=dict)  # by pod
+    conditions: dict[str, list[dict[str, str]]] = field(default_factory=dict)  # by pod, set before a force delete
+
+    def evict(self, node_name: str) -> DrainProgress:
+        self.calls.append(("evict", node_name))
+        left = [p for p in self.pods.get(node_name, []) if p in self.guarded]
+        self.pods[node_name] = left
+        return DrainProgress(pods_left=len(left), blocked=len(left))
+
+    def annotate(self, node_name: str, annotations: dict[str, str]) -> list[dict[str, Any]]:
+        self.calls.append(("annotate", node_name))
+        done = []
+        for pod in self.pods.get(node_name, []):
+            have = self.annotations.setdefault(pod, {})
+            if any(have.get(k) != v for k, v in annotations.items()):
+                have.update(annotations)
+                namespace, _, name = pod.partition("/")
+                done.append({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace}})
+        return done
+
+    def count(self, node_name: str) -> int:
+        self.calls.append(("count", node_name))
+        return len(self.pods.get(node_name, []))
+
+    def force_delete(self, node_name: str, condition: dict[str, str]) -> list[str]:
+        self.calls.append(("force_delete", node_name))
+        gone = list(self.pods.get(node_name, []))
+        for pod in gone:
+            self.conditions.setdefault(pod, []).append(dict(condition))
+        self.pods[node_name] = []
+        return gone
+
+
+# --------------------------------------------------------------------------- leases
+
+
+@dataclass
+class FakeLeaseStore:
+    """An in-memory Lease with the API server's optimistic concurrency; records every write."""
+
+    record: LeaseRecord | None = None
+    writes: list[tuple[str, LeaseRecord]] | None = None
+    fail_reads: bool = False
+
+    def __post_init__(self) -> None:
+        self.writes = []
+        self._version = 0
+        self._changed = threading.Condition()
+
+    def wait_for_change(self, since: LeaseRecord | None, timeout: float) -> None:
+        with self._changed:
+            self._changed.wait_for(lambda: self.record != since, timeout=timeout)
+
+    def get(self) -> LeaseRecord | None:
+        if self.fail_reads:
+            raise ConnectionError("API server unreachable")
+        return self.record
+
+    def create(self, record: LeaseRecord) -> LeaseRecord | None:
+        if self.record is not None:
+            return None
+        return self._store("create", record)
+
+    def replace(self, record: LeaseRecord) -> LeaseRecord | None:
+        if self.record is None or record.resource_version != self.record.resource_version:
+            return None
+        return self._store("replace", record)
+
+    def _store(self, verb: str, record: LeaseRecord) -> LeaseRecord:
+        self._version += 1
+        self.record = replace(record, resource_version=str(self._version))
+        self.writes.append((verb, self.record))
+        with self._changed:
+            self._changed.notify_all()
+        return self.record
+
+
+# --------------------------------------------------------------------------- Kueue writes
+
+
+@dataclass
+class RecordingKueueWrites:
+    """Records every write; ``refuse`` maps a Workload (``namespace/name``) to the HTTP status its
+    entry write fails with; ``nodes`` is what :meth:`list_job_nodes` returns."""
+
+    refuse: dict[str, int] = field(default_factory=dict)
+    nodes: list[client.V1Node] = field(default_factory=list)
+    entries: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (namespace/name, entry)
+    actives: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (check, condition)
+    node_workloads: list[tuple[str, str, str | None]] = field(default_factory=list)
+    listed: list[str] = field(default_factory=list)
+    events: list[tuple[str, str, str, str]] = field(default_factory=list)  # (object, type, reason, message)
+
+    def apply_check_entry(self, workload: Mapping[str, Any], entry: dict[str, Any]) -> dict[str, Any] | None:
+        meta = workload["metadata"]
+        key = f"{meta['namespace']}/{meta['name']}"
+        if key in self.refuse:
+            raise ApiException(status=self.refuse[key], reason="refused by the test")
+        self.entries.append((key, entry))
+        return None
+
+    def apply_check_active(self, check: Mapping[str, Any], condition: dict[str, Any]) -> dict[str, Any] | None:
+        self.actives.append((check["metadata"]["name"], condition))
+        return None
+
+    def set_node_workload(self, node: str, workload: str, keep_alive_until: str | None) -> None:
+        self.node_workloads.append((node, workload, keep_alive_until))
+
+    def list_job_nodes(self, plan_label: str) -> list[client.V1Node]:
+        self.listed.append(plan_label)
+        return [n for n in self.nodes if (n.metadata.labels or {}).get(nm.LABEL_PLAN) == plan_label]
+
+    def event(self, ref: Mapping[str, Any], type: str, reason: str, message: str) -> None:
+        meta = ref.get("metadata") or {}
+        name = f"{meta['namespace']}/{meta['name']}" if meta.get("namespace") else meta.get("name", "")
+        self.events.append((name, type, reason, message))
+
+
+# Each fake satisfies its Protocol, stated the way Go's `var _ NodeProvider = FakeProvider{}` is:
+# a type checker rejects these lines if a method goes missing or changes its signature.
+_ledger: type[CapacityLedger] = FakeLedger
+_provider: type[NodeProvider] = FakeProvider
+_pods: type[NodePods] = FakeNodePods
+_lease: type[LeaseStore] = FakeLeaseStore
+_kueue: type[KueueWrites] = RecordingKueueWrites
