@@ -16,12 +16,18 @@ Two kinds of metric live here:
 ``serve`` answers ``/metrics`` with the registry's event metrics followed by the object
 metrics written straight to the text format (:func:`render_object_metrics`), not through
 ``prometheus_client`` sample objects: at 10,000 plans that is about 120,000 series, which the
-client's collector path took seconds to build on every scrape.
+client's collector path took seconds to build on every scrape. One render serves every scrape
+of the next HYPERPLAN_METRICS_CACHE_SECONDS (1 s), and the server bounds each request's time
+and the connections it takes (:class:`MetricsServer`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterable, Iterator
@@ -469,49 +475,161 @@ def declared_families(registry: CollectorRegistry = REGISTRY) -> dict[str, tuple
     return out
 
 
+class RenderCache:
+    """One render of the metrics shared by every scrape within ``seconds`` of its start, and by
+    every scrape that waited for it (so N scrapers at once cost one render, even at 0 seconds).
+
+    The render runs under the lock: a scrape that arrives during a render waits for that render
+    rather than starting its own. The render is a list of byte chunks, not one joined text, so a
+    cached render costs its text once, not twice.
+    """
+
+    def __init__(self, render: Callable[[], list[bytes]], seconds: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._render = render
+        self.seconds = seconds
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._chunks: list[bytes] | None = None
+        self._started = self._finished = float("-inf")
+
+    def get(self) -> list[bytes]:
+        asked = self._clock()
+        with self._lock:
+            now = self._clock()
+            fresh = now - self._started < self.seconds or self._finished >= asked
+            if self._chunks is None or not fresh:
+                self._chunks = self._render()
+                self._started, self._finished = now, self._clock()
+            return self._chunks
+
+
+def render_metrics() -> list[bytes]:
+    """The registry's event metrics, then the object metrics of :data:`OBSERVED`, in chunks."""
+    chunks = [generate_latest(REGISTRY)]
+    chunks.extend(chunk.encode() for chunk in object_metrics_chunks(OBSERVED, _utcnow()))
+    if len(OBSERVED.plans) >= 1000:  # what the render freed goes back (hyperplan.allocator)
+        from hyperplan import allocator
+        allocator.trim()
+    return chunks
+
+
+# What a connection past the cap gets, written without waiting, before the server closes it.
+BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n"
+        b"Connection: close\r\nRetry-After: 1\r\n\r\nbusy\n")
+
+
+class MetricsServer(ThreadingHTTPServer):
+    """The ``/metrics`` server, bounded so that no client can make it cost the operator much.
+
+    - **A deadline per request** (``timeout_seconds``): from the wait for a request's first byte
+      to its response's last, whether the client is silent, trickles its request or does not read
+      the body; past it the connection is shut down, and its thread is free. An idle keep-alive
+      connection is closed after the same time (a scraper opens a new one).
+    - **A cap on connections** (``max_connections``): a connection past it gets a 503 at once and
+      is closed by the accepting thread, without a thread of its own.
+    - **One render per** ``cache_seconds`` (:class:`RenderCache`), however many scrapers: a flood
+      of scrapes must not compete for the interpreter with the Lease renewal thread, whose miss
+      makes the process exit.
+    """
+
+    daemon_threads = True
+    request_queue_size = 64  # socketserver's 5 drops the SYNs of scrapers that come together
+
+    def __init__(self, address: tuple[str, int], *, timeout_seconds: float, max_connections: int,
+                 cache_seconds: float, render: Callable[[], list[bytes]] = render_metrics) -> None:
+        super().__init__(address, _MetricsHandler)
+        self.request_timeout = timeout_seconds
+        self.renders = RenderCache(render, cache_seconds)
+        self._slots = threading.BoundedSemaphore(max_connections)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self._refuse(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def _refuse(self, request: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            request.setblocking(False)
+            request.send(BUSY)
+        self.shutdown_request(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client cut at its deadline or gone in the middle of a body is not the server's error."""
+        if isinstance(sys.exc_info()[1], OSError):
+            return
+        super().handle_error(request, client_address)
+
+
 class _MetricsHandler(BaseHTTPRequestHandler):
     """``/metrics``: the registry's metrics, then the object metrics of :data:`OBSERVED`.
 
-    The body is sent with HTTP/1.1 chunked transfer encoding, written as it is rendered, so a
-    scrape never holds all of its text at once, and yet it ends by itself: the scraper does not
-    depend on the connection's close to know the body is complete. That matters behind
-    ``kubectl port-forward``, where the pod side's close does not reliably reach the local client
-    (kubernetes/kubectl#1169): a close-delimited HTTP/1.0 body made Prometheus time out there.
-    The connection stays open for the next scrape (keep-alive), as with any HTTP/1.1 server.
+    The body is sent with HTTP/1.1 chunked transfer encoding, so that it ends by itself: the
+    scraper does not depend on the connection's close to know the body is complete. That matters
+    behind ``kubectl port-forward``, where the pod side's close does not reliably reach the local
+    client (kubernetes/kubectl#1169): a close-delimited HTTP/1.0 body made Prometheus time out
+    there. The connection stays open for the next scrape (keep-alive) within the server's deadline.
     """
 
     protocol_version = "HTTP/1.1"
+    server: MetricsServer
+
+    def setup(self) -> None:
+        self.timeout = self.server.request_timeout  # no single read or write waits longer
+        super().setup()
+
+    def handle_one_request(self) -> None:
+        deadline = threading.Timer(self.server.request_timeout, self._cut)
+        deadline.daemon = True
+        deadline.start()
+        try:
+            super().handle_one_request()
+        finally:
+            deadline.cancel()
+
+    def _cut(self) -> None:
+        """The request's deadline passed: wake the blocked read or write and end the connection."""
+        self.close_connection = True
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
         if self.path.split("?")[0] not in ("/metrics", "/"):
             self.send_error(404)
             return
+        chunks = self.server.renders.get()
         self.send_response(200)
         self.send_header("Content-Type", CONTENT_TYPE_LATEST)
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        self._chunk(generate_latest(REGISTRY))
-        for chunk in object_metrics_chunks(OBSERVED, _utcnow()):
-            self._chunk(chunk.encode())
+        for data in chunks:
+            if data:  # an empty chunk would end the body
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
-        if len(OBSERVED.plans) >= 1000:  # what the scrape freed goes back (hyperplan.allocator)
-            from hyperplan import allocator
-            allocator.trim()
-
-    def _chunk(self, data: bytes) -> None:
-        if data:  # an empty chunk would end the body
-            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
 
     def log_message(self, *_: Any) -> None:  # one line per scrape would drown the operator's log
         pass
 
 
-def serve(port: int) -> ThreadingHTTPServer | None:
-    """Serve ``/metrics`` on ``port`` from a daemon thread (0: not at all)."""
+def serve(port: int, address: str = "0.0.0.0", *, timeout_seconds: float = 10.0, max_connections: int = 8,
+          cache_seconds: float = 1.0, render: Callable[[], list[bytes]] = render_metrics) -> MetricsServer | None:
+    """Serve ``/metrics`` on ``address``:``port`` from a daemon thread (port 0: not at all);
+    :class:`MetricsServer` says what the limits bound."""
     if not port:
         return None
-    server = ThreadingHTTPServer(("0.0.0.0", port), _MetricsHandler)
-    server.daemon_threads = True
+    server = MetricsServer((address, port), timeout_seconds=timeout_seconds, max_connections=max_connections,
+                           cache_seconds=cache_seconds, render=render)
     threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     return server

@@ -31,7 +31,8 @@ from hyperplan.actuation.leadership import KubeLeaseStore, LeaderElector, Timing
 from hyperplan.settings import Settings
 
 
-async def serve_liveness(port: int, elector: LeaderElector | None) -> web.AppRunner | None:
+async def serve_liveness(port: int, elector: LeaderElector | None,
+                         address: str = "0.0.0.0") -> web.AppRunner | None:
     """``/healthz`` for both roles: 200 while the event loop answers (leader or standby)."""
     if not port:
         return None
@@ -44,7 +45,7 @@ async def serve_liveness(port: int, elector: LeaderElector | None) -> web.AppRun
     app.router.add_get("/healthz", healthz)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, "0.0.0.0", port).start()
+    await web.TCPSite(runner, address, port).start()
     return runner
 
 
@@ -69,7 +70,7 @@ async def run_elected(hp: Settings, runtime) -> int:
     # handlers' many threads (a pool that 64 purchase threads churn costs a renewal a fresh TLS
     # handshake, under the GIL, at the worst moment).
     elector = build_elector(hp, api_client(hp.kubeconfig)) if hp.leader_election else None
-    liveness = await serve_liveness(hp.liveness_port, elector)
+    liveness = await serve_liveness(hp.liveness_port, elector, hp.liveness_address)
     trimming = asyncio.create_task(allocator.trim_after_busy_spells())  # before kopf: it would cancel it
     try:
         if elector is not None:
@@ -142,9 +143,10 @@ def run_operator() -> int:
     from hyperplan.handlers.context import build_runtime
 
     runtime = build_runtime(hp)
-    liveness = f"http://0.0.0.0:{hp.liveness_port}/healthz" if hp.liveness_port else None
+    liveness = f"http://{hp.liveness_address}:{hp.liveness_port}/healthz" if hp.liveness_port else None
+    served = f"http://{hp.metrics_address}:{hp.metrics_port}/metrics" if hp.metrics_port else "off"
     logging.getLogger("hyperplan").info(
-        "hyperplan starting: policy=%s, liveness=%s, metrics port=%s",
-        hp.policy, liveness, hp.metrics_port or "off")
-    metrics.serve(hp.metrics_port)
+        "hyperplan starting: policy=%s, liveness=%s, metrics=%s", hp.policy, liveness, served)
+    metrics.serve(hp.metrics_port, hp.metrics_address, timeout_seconds=hp.metrics_timeout_seconds,
+                  max_connections=hp.metrics_max_connections, cache_seconds=hp.metrics_cache_seconds)
     return asyncio.run(run_elected(hp, runtime))

@@ -20,10 +20,26 @@ class Settings(BaseSettings):
     """Kubeconfig to use; unset means $KUBECONFIG, then in-cluster configuration."""
 
     liveness_port: int = 8081
-    """Port of the liveness endpoint (/healthz) on 0.0.0.0; 0 disables it."""
+    """Port of the liveness endpoint (/healthz); 0 disables it."""
+    liveness_address: str = "0.0.0.0"
+    """Address the liveness endpoint binds (0.0.0.0: every interface, as the kubelet's probe needs)."""
 
     metrics_port: int = 8000
     """Port of the Prometheus endpoint (/metrics); 0 disables it."""
+    metrics_address: str = "0.0.0.0"
+    """Address the Prometheus endpoint binds (127.0.0.1 keeps it to the pod, for a sidecar)."""
+    metrics_timeout_seconds: float = Field(10.0, gt=0)
+    """Longest a metrics request may take, from the wait for its first byte to its response's
+    last; a slower client (or an idle keep-alive connection) is cut there."""
+    metrics_max_connections: int = Field(8, ge=1)
+    """Metrics connections served at once; one more gets a 503 at once and is closed."""
+    metrics_cache_seconds: float = Field(1.0, ge=0)
+    """Seconds one render of the metrics serves every scrape (0: a render per scrape, yet still
+    one for scrapes that arrive together)."""
+
+    api_timeout_seconds: float = Field(30.0, gt=0)
+    """Default timeout of each Kubernetes API call of the operator's client that sets none of its
+    own (watch streams excepted: they set theirs)."""
 
     checkpoint_lead_seconds: float | None = Field(None, ge=0)
     """Seconds before a block's termination time that workloads are asked to checkpoint;

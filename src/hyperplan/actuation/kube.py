@@ -8,12 +8,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from hyperplan import __version__
 from hyperplan.api.models import GROUP, VERSION
+from hyperplan.settings import Settings
 
 
 # Connections kept open to the API server. The client's default (5 per CPU: 10 on 2 cores) is
@@ -26,9 +28,37 @@ CONNECTIONS = 64
 USER_AGENT = f"hyperplan/{__version__}"
 
 
-def api_client(kubeconfig: str | None = None) -> client.ApiClient:
+class TimedApiClient(client.ApiClient):
+    """An API client whose calls that set no ``_request_timeout`` of their own get
+    ``default_timeout`` (seconds), so that an API server that accepts and never answers cannot
+    hold a handler's thread for ever. Watch streams (``watch=true``) are left without one: they
+    are meant to stay open, and the operator's set their own (handlers.nodewatch, the Lease's).
+
+    Every generated API method ends in :meth:`call_api`, so this is the one place that sees them
+    all. A number bounds each wait of the call (connect, then each read), as urllib3 takes it;
+    urllib3 retries an idempotent call (GET, PUT, DELETE) after a read timeout up to 3 times.
+    """
+
+    def __init__(self, configuration: client.Configuration, default_timeout: float) -> None:
+        super().__init__(configuration)
+        self.default_timeout = default_timeout
+
+    def call_api(self, method, url, header_params=None, body=None, post_params=None,  # noqa: ANN001
+                 _request_timeout=None):  # the generated client's names
+        if _request_timeout is None and not is_watch(url):
+            _request_timeout = self.default_timeout
+        return super().call_api(method, url, header_params, body, post_params, _request_timeout)
+
+
+def is_watch(url: str) -> bool:
+    """Whether the request opens a watch stream."""
+    return "true" in parse_qs(urlsplit(url).query).get("watch", ())
+
+
+def api_client(kubeconfig: str | None = None, request_timeout: float | None = None) -> client.ApiClient:
     """An API client from the given kubeconfig, $KUBECONFIG, or the in-cluster service account;
-    it says ``hyperplan/<version>`` as its User-Agent."""
+    it says ``hyperplan/<version>`` as its User-Agent, and a call that sets no timeout of its own
+    gets ``request_timeout`` (unset: HYPERPLAN_API_TIMEOUT_SECONDS, 30 s) (:class:`TimedApiClient`)."""
     path = kubeconfig or os.environ.get("KUBECONFIG")
     configuration = client.Configuration()
     if path:
@@ -36,7 +66,9 @@ def api_client(kubeconfig: str | None = None) -> client.ApiClient:
     else:
         config.load_incluster_config(client_configuration=configuration)
     configuration.connection_pool_maxsize = CONNECTIONS
-    api = client.ApiClient(configuration)
+    if request_timeout is None:
+        request_timeout = Settings().api_timeout_seconds
+    api = TimedApiClient(configuration, request_timeout)
     api.user_agent = USER_AGENT
     return api
 
