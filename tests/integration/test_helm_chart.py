@@ -108,14 +108,90 @@ def test_default_render_runs_the_operator_locked_down(helm) -> None:
         ("true", "8000", "/metrics")
 
 
-def test_leases_are_granted_in_the_release_namespace_only(helm) -> None:
-    """The leader Lease is the only Lease the operator touches: the namespaced Role grants it,
-    the ClusterRole grants no Lease anywhere (node heartbeats are not read)."""
-    objs = by_kind(render(helm, namespace="hyperplan-system"))
+@pytest.mark.parametrize("flags, lease", [
+    ((), "hyperplan-leader"),
+    (("--set", "leaderElection.leaseName=ops-leader"), "ops-leader"),
+], ids=["default-name", "named"])
+def test_leases_are_granted_in_the_release_namespace_only(helm, flags, lease) -> None:
+    """The leader Lease is the only Lease the operator touches: the namespaced Role grants it by
+    name (create cannot be limited by name, so it stands apart), the operator is told that name,
+    and the ClusterRole grants no Lease anywhere (node heartbeats are not read)."""
+    objs = by_kind(render(helm, *flags, namespace="hyperplan-system"))
     assert _rules_for(objs["ClusterRole"], "coordination.k8s.io") == []
     assert objs["Role"]["metadata"]["namespace"] == "hyperplan-system"
-    assert _rules_for(objs["Role"], "coordination.k8s.io") == [
-        ("leases", ("create", "get", "list", "update", "watch"))]
+    rules = sorted((tuple(r.get("resourceNames", ())), tuple(sorted(r["verbs"]))) for r in objs["Role"]["rules"])
+    assert rules == [((), ("create",)), ((lease,), ("get", "list", "update", "watch"))]
+    assert env_of(container(objs["Deployment"]))["HYPERPLAN_LEADER_ELECTION_LEASE_NAME"] == lease
+
+
+# Every Kubernetes API call of src/hyperplan and of kopf as the operator runs it, as
+# (apiGroup, resource, verb, where). The chart's ClusterRole and Role must grant exactly these:
+# a call missing here would be refused in a cluster, a grant missing here is a right nobody uses.
+OPERATOR_CALLS = [
+    # hyperplan's kinds: kopf lists and watches all three (kopf.index, kopf.on.event, the daemons).
+    ("hyperplan.dev", "capacitypools", "list", "kopf; ledger.KubeLedger.pools without the cache"),
+    ("hyperplan.dev", "capacitypools", "watch", "kopf"),
+    ("hyperplan.dev", "capacitypools", "get", "ledger.KubeLedger: the pool read again after a 409"),
+    ("hyperplan.dev", "capacitypools/status", "update", "ledger.KubeLedger: replace_status"),
+    ("hyperplan.dev", "trainingplans", "list", "kopf"),
+    ("hyperplan.dev", "trainingplans", "watch", "kopf"),
+    ("hyperplan.dev", "trainingplans", "get", "context.report_failure (a plan's pass failed)"),
+    ("hyperplan.dev", "trainingplans", "patch", "Kube.set_finalizers; kopf drops its old finalizer"),
+    ("hyperplan.dev", "trainingplans/status", "patch", "Kube.patch_status"),
+    ("hyperplan.dev", "instancegroups", "list", "kopf"),
+    ("hyperplan.dev", "instancegroups", "watch", "kopf"),
+    ("hyperplan.dev", "instancegroups", "get", "context.report_failure (a group's pass failed)"),
+    ("hyperplan.dev", "instancegroups", "patch", "kopf: its finalizer and progress annotations (daemon, on.delete)"),
+    ("hyperplan.dev", "instancegroups/status", "patch", "Kube.patch_status"),
+    # Nodes.
+    ("", "nodes", "list", "Kube.list_nodes; nodewatch.NodeWatch.list"),
+    ("", "nodes", "watch", "nodewatch.NodeWatch (its own stream)"),
+    ("", "nodes", "get", "nodes.KwokProvider/StaticProvider: read_node before a label change"),
+    ("", "nodes", "create", "nodes.KwokProvider.create"),
+    ("", "nodes", "patch", "labels, taints, annotations: marks, promotions, adoption, hand-back"),
+    ("", "nodes", "delete", "nodes.KwokProvider.release"),
+    ("", "nodes/status", "patch", "nodes.set_node_condition(s_removed): hyperplan.dev/* conditions"),
+    # Pods, for drains.
+    ("", "pods", "list", "nodes.pods_on_node; the operator's own pods (OperatorIdentity)"),
+    ("", "pods", "patch", "nodes.KubeNodePods: the checkpoint annotation"),
+    ("", "pods", "delete", "nodes.KubeNodePods: a dead node's pods after their eviction's deadline"),
+    ("", "pods/status", "patch", "nodes.KubeNodePods: marked Failed (DisruptionTarget) first"),
+    ("", "pods/eviction", "create", "nodes.KubeNodePods: the Eviction API"),
+    # Events: kopf posts them (kopf.event, kopf.info); it never patches one.
+    ("", "events", "create", "kopf.event"),
+    # kopf watches the CRDs so that a kind installed later (Kueue's) is served; cluster-wide,
+    # it neither lists nor watches namespaces.
+    ("apiextensions.k8s.io", "customresourcedefinitions", "list", "kopf's resource observer"),
+    ("apiextensions.k8s.io", "customresourcedefinitions", "watch", "kopf's resource observer"),
+    # Kueue (kueue.enabled, the default).
+    ("kueue.x-k8s.io", "admissionchecks", "list", "kopf.on.event"),
+    ("kueue.x-k8s.io", "admissionchecks", "watch", "kopf.on.event"),
+    ("kueue.x-k8s.io", "admissionchecks/status", "patch", "kueue.KubeKueueWrites.apply_check_active"),
+    ("kueue.x-k8s.io", "workloads", "list", "kopf.index"),
+    ("kueue.x-k8s.io", "workloads", "watch", "kopf.index"),
+    ("kueue.x-k8s.io", "workloads/status", "patch", "kueue.KubeKueueWrites.apply_check_entry"),
+    # The leader Lease (the Role, in the release's namespace).
+    ("coordination.k8s.io", "leases", "get", "leadership.KubeLeaseStore.get"),
+    ("coordination.k8s.io", "leases", "create", "leadership.KubeLeaseStore.create"),
+    ("coordination.k8s.io", "leases", "update", "leadership.KubeLeaseStore.replace: renew, release"),
+    ("coordination.k8s.io", "leases", "list", "leadership.KubeLeaseStore.wait_for_change (metadata.name=)"),
+    ("coordination.k8s.io", "leases", "watch", "leadership.KubeLeaseStore.wait_for_change"),
+]
+
+
+def _grants(*roles: dict[str, Any]) -> set[tuple[str, str, str]]:
+    return {(group, resource, verb) for role in roles for rule in role["rules"]
+            for group in rule["apiGroups"] for resource in rule["resources"] for verb in rule["verbs"]}
+
+
+def test_rbac_grants_exactly_what_the_operator_calls(helm) -> None:
+    objs = by_kind(render(helm, namespace="hyperplan-system"))
+    calls = {(group, resource, verb) for group, resource, verb, _ in OPERATOR_CALLS}
+    assert len(calls) == len(OPERATOR_CALLS)
+    granted = _grants(objs["ClusterRole"], objs["Role"])
+    assert sorted(granted - calls) == [], "granted but never called"
+    assert sorted(calls - granted) == [], "called but not granted"
+    assert not any("*" in part for grant in granted for part in grant)
 
 
 def test_two_replicas_elect_a_leader_and_survive_a_drain(helm) -> None:
@@ -240,7 +316,7 @@ def test_kueue_rules_and_watches_follow_kueue_enabled(helm, flags: tuple[str, ..
     assert env_of(container(objs["Deployment"]))["HYPERPLAN_KUEUE_ENABLED"] == ("true" if enabled else "false")
     pods = dict(_rules_for(objs["ClusterRole"], ""))
     assert pods["pods/eviction"] == ("create",)
-    assert pods["pods"] == ("delete", "get", "list", "patch", "watch")
+    assert pods["pods"] == ("delete", "list", "patch")
     assert pods["pods/status"] == ("patch",)
 
 
@@ -250,6 +326,51 @@ def test_invalid_values_are_rejected_naming_the_field(helm, bad: str) -> None:
     proc = helm("template", "hp", str(CHART), "--set", bad, check=False)
     assert proc.returncode != 0
     assert bad.split("=")[0].split(".")[-1] in proc.stderr, proc.stderr
+
+
+def test_a_service_account_not_created_must_be_named(helm) -> None:
+    """Without a name the chart would bind its roles to the namespace's `default` account, which
+    every pod of the namespace runs as: it refuses instead, saying what to set."""
+    proc = helm("template", "hp", str(CHART), "--set", "serviceAccount.create=false", check=False)
+    assert proc.returncode != 0
+    assert "serviceAccount.name is required with serviceAccount.create=false" in proc.stderr, proc.stderr
+
+
+def test_readiness_is_the_liveness_endpoint_for_both_roles(helm) -> None:
+    c = container(by_kind(render(helm))["Deployment"])
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    probe = c["readinessProbe"]
+    assert probe["httpGet"]["path"] == "/healthz" and ports[probe["httpGet"]["port"]] == 8081
+    assert probe["periodSeconds"] == 5
+
+
+def _namespace(name: str) -> dict[str, Any]:
+    return {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": name}}}
+
+
+PROMETHEUS_PODS = {"podSelector": {"matchLabels": {"app": "prometheus"}}}
+
+
+@pytest.mark.parametrize("flags, ingress", [
+    (("--set", "networkPolicy.enabled=true"), []),
+    (("--set", "networkPolicy.enabled=true", "--set", "networkPolicy.metrics.namespaces={monitoring}"),
+     [{"from": [_namespace("monitoring")], "ports": [{"port": "metrics", "protocol": "TCP"}]}]),
+    (("--set", "networkPolicy.enabled=true", "--set", "networkPolicy.metrics.namespaces={monitoring,sre}",
+      "--set", "networkPolicy.metrics.from[0].podSelector.matchLabels.app=prometheus",
+      "--set", "networkPolicy.liveness.namespaces={probes}"),
+     [{"from": [_namespace("monitoring"), _namespace("sre"), PROMETHEUS_PODS],
+       "ports": [{"port": "metrics", "protocol": "TCP"}]},
+      {"from": [_namespace("probes")], "ports": [{"port": "liveness", "protocol": "TCP"}]}]),
+], ids=["nobody", "metrics-from-a-namespace", "both-ports-from-namespaces-and-pods"])
+def test_network_policy_lets_in_only_the_chosen_peers(helm, flags, ingress) -> None:
+    objs = by_kind(render(helm, *flags, namespace="hyperplan-system"))
+    policy = objs["NetworkPolicy"]
+    assert policy["metadata"]["namespace"] == "hyperplan-system"
+    labels = objs["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert policy["spec"]["ingress"] == ingress
+    assert "NetworkPolicy" not in by_kind(render(helm))  # off by default
 
 
 def test_service_account_can_be_brought_by_the_user(helm) -> None:
@@ -263,8 +384,12 @@ def test_service_account_can_be_brought_by_the_user(helm) -> None:
 # --------------------------------------------------------------------------- against the API server
 
 
-def test_rendered_manifests_pass_server_side_dry_run(helm, crds: Kubectl) -> None:
-    manifests = helm("template", "hp-dry", str(CHART), "--namespace", "default").stdout
+@pytest.mark.parametrize("flags", [
+    (), ("--set", "networkPolicy.enabled=true", "--set", "networkPolicy.metrics.namespaces={monitoring}",
+         "--set", "networkPolicy.liveness.from[0].podSelector.matchLabels.app=probe"),
+], ids=["defaults", "with-network-policy"])
+def test_rendered_manifests_pass_server_side_dry_run(helm, crds: Kubectl, flags) -> None:
+    manifests = helm("template", "hp-dry", str(CHART), "--namespace", "default", *flags).stdout
     proc = crds.run("apply", "--dry-run=server", "-f", "-", input=manifests)
     lines = proc.stdout.splitlines()
     rendered = [d for d in yaml.safe_load_all(manifests) if d]
@@ -330,12 +455,11 @@ CAN = [
     ("patch", "trainingplans.hyperplan.dev", "status"),
     ("update", "capacitypools.hyperplan.dev", "status"),
     ("patch", "instancegroups.hyperplan.dev", "status"),
-    ("update", "instancegroups.hyperplan.dev", "finalizers"),
     ("list", "pods"), ("create", "pods", "eviction"), ("patch", "pods"),  # the checkpoint annotation
     # The pods of a dead failed node after their eviction's deadline: marked Failed, then deleted.
     ("patch", "pods", "status"), ("delete", "pods"),
-    ("create", "events"), ("patch", "events.events.k8s.io"),
-    ("list", "customresourcedefinitions.apiextensions.k8s.io"), ("watch", "namespaces"),
+    ("create", "events"),
+    ("list", "customresourcedefinitions.apiextensions.k8s.io"),
     ("watch", "workloads.kueue.x-k8s.io"), ("patch", "workloads.kueue.x-k8s.io", "status"),
     ("watch", "admissionchecks.kueue.x-k8s.io"), ("patch", "admissionchecks.kueue.x-k8s.io", "status"),
 ]
@@ -349,6 +473,11 @@ CANNOT = [
     ("delete", "customresourcedefinitions.apiextensions.k8s.io"),
     ("create", "clusterrolebindings.rbac.authorization.k8s.io"),
     ("create", "leases.coordination.k8s.io"),  # the leader Lease lives in the release's namespace only
+    # Granted once, never called (the code and kopf were read for each):
+    ("update", "nodes"), ("update", "trainingplans.hyperplan.dev"), ("update", "instancegroups.hyperplan.dev"),
+    ("update", "instancegroups.hyperplan.dev", "finalizers"), ("get", "pods"), ("watch", "pods"),
+    ("patch", "events"), ("create", "events.events.k8s.io"), ("watch", "namespaces"),
+    ("get", "customresourcedefinitions.apiextensions.k8s.io"),
 ]
 
 
@@ -370,9 +499,11 @@ def test_cluster_role_grants_what_the_operator_needs_and_no_more(release, crds: 
     assert allowed == [], f"{user} may also: {allowed}"
     # Leader election: the Lease in the release's namespace, written with optimistic concurrency.
     ns = release["namespace"]
-    for verb in ("get", "watch", "create", "update"):
-        assert can_i(crds, user, verb, "leases.coordination.k8s.io", None, "-n", ns), verb
-    assert not can_i(crds, user, "delete", "leases.coordination.k8s.io", None, "-n", ns)
+    for verb in ("get", "list", "watch", "update"):  # that Lease, by name, and no other
+        assert can_i(crds, user, verb, "leases.coordination.k8s.io/hyperplan-leader", None, "-n", ns), verb
+        assert not can_i(crds, user, verb, "leases.coordination.k8s.io/another", None, "-n", ns), verb
+    assert can_i(crds, user, "create", "leases.coordination.k8s.io", None, "-n", ns)
+    assert not can_i(crds, user, "delete", "leases.coordination.k8s.io/hyperplan-leader", None, "-n", ns)
     # No Lease elsewhere: node heartbeats in kube-node-lease are not read.
     for verb in ("get", "list", "watch"):
         assert not can_i(crds, user, verb, "leases.coordination.k8s.io", None, "-n", "kube-node-lease"), verb

@@ -38,7 +38,7 @@ app.kubernetes.io/component: operator
 {{- if .Values.serviceAccount.create }}
 {{- default (include "hyperplan.fullname" .) .Values.serviceAccount.name }}
 {{- else }}
-{{- default "default" .Values.serviceAccount.name }}
+{{- required "serviceAccount.name is required with serviceAccount.create=false: name the ServiceAccount the operator runs as, which the chart binds its roles to (the namespace's default account is never used)" .Values.serviceAccount.name }}
 {{- end }}
 {{- end }}
 
