@@ -53,8 +53,16 @@ def group(**spec) -> dict:
           taints=[{"key": "gpu", "value": "true", "effect": "NoSchedule"}],
           healthCheck={"graceSeconds": 10, "maxUnhealthy": 2},
           placement={"placementSpecifications": [{"ultraServerId": "us-0", "instanceCount": 3}]}),
+    # Keys outside the Kubernetes domains, however close: only the whole prefix (or its tail after a
+    # dot) counts, and a key without a prefix has no domain.
+    group(labels={"example.com/role": "a", "kubernetes.io.example.com/x": "a", "notkubernetes.io/x": "a",
+                  "k8s.io-tools.example/y": "a", "kubernetes.io": "a"},
+          taints=[{"key": "kubernetes.io.example.com/gpu", "value": "", "effect": "NoSchedule"},
+                  {"key": "notk8s.io/gpu", "value": "", "effect": "NoSchedule"}]),
+    # NoExecute is refused for static groups only: a kwok group's nodes are new and empty.
+    group(taints=[{"key": "example.com/dedicated", "value": "training", "effect": "NoExecute"}]),
 ], ids=["pool", "pool-ultraserver", "plan", "plan-ultraserver", "plan-training-job", "group",
-        "group-full"])
+        "group-full", "group-keys-near-kubernetes-domains", "group-kwok-no-execute"])
 def test_valid_objects_are_accepted(crds: Kubectl, obj: dict) -> None:
     crds.create(obj)
     stored = crds.get(obj["kind"].lower(), obj["metadata"]["name"])
@@ -120,6 +128,34 @@ def test_valid_objects_are_accepted(crds: Kubectl, obj: dict) -> None:
     (group(taints=[{"key": "gpu", "effect": "NoExecuteNow"}]), 'spec.taints[0].effect: Unsupported value: "NoExecuteNow"'),
     (group(taints=[{"key": "gpu", "value": "a", "effect": "NoSchedule"}, {"key": "gpu", "value": "b", "effect": "NoSchedule"}]),
      "spec.taints: Invalid value: taints must be unique by key and effect"),
+    # The domains that belong to Kubernetes, and their subdomains (as Karpenter refuses them).
+    (group(labels={"kubernetes.io/role": "gpu"}),
+     "spec.labels: Invalid value: label kubernetes.io/role is in a domain that belongs to Kubernetes "
+     "(kubernetes.io, k8s.io, node-restriction.kubernetes.io or a subdomain of one): a group may not put it "
+     "on nodes (Karpenter refuses these domains in NodePool templates too)"),
+    (group(labels={"node-role.kubernetes.io/control-plane": ""}),
+     "label node-role.kubernetes.io/control-plane is in a domain that belongs to Kubernetes"),
+    (group(labels={"node-restriction.kubernetes.io/tier": "trusted"}),
+     "label node-restriction.kubernetes.io/tier is in a domain that belongs to Kubernetes"),
+    (group(labels={"k8s.io/team": "a"}), "label k8s.io/team is in a domain that belongs to Kubernetes"),
+    (group(labels={"foo.k8s.io/team": "a"}), "label foo.k8s.io/team is in a domain that belongs to Kubernetes"),
+    (group(labels={"kubernetes.io/hostname": "other-node"}),
+     "label kubernetes.io/hostname is in a domain that belongs to Kubernetes"),
+    (group(taints=[{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}]),
+     "spec.taints[0].key: Invalid value: \"node-role.kubernetes.io/control-plane\": taint key is in a domain "
+     "that belongs to Kubernetes"),
+    (group(taints=[{"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}]),
+     "spec.taints[0].key: Invalid value: \"node.kubernetes.io/unschedulable\": taint key is in a domain "
+     "that belongs to Kubernetes"),
+    (group(taints=[{"key": "gpu", "effect": "NoSchedule"}, {"key": "foo.k8s.io/y", "effect": "NoSchedule"}]),
+     "spec.taints[1].key: Invalid value: \"foo.k8s.io/y\": taint key is in a domain that belongs to Kubernetes"),
+    (group(taints=[{"key": "node-restriction.kubernetes.io/tier", "effect": "NoSchedule"}]),
+     "taint key is in a domain that belongs to Kubernetes"),
+    # A static group adopts nodes that run pods: NoExecute would evict them past their PDBs.
+    (group(nodeProvider="static", taints=[{"key": "gpu", "effect": "NoSchedule"},
+                                          {"key": "dedicated", "value": "training", "effect": "NoExecute"}]),
+     "spec.taints: Invalid value: a static group may not set NoExecute taints: adopting a node "
+     "would evict the pods already on it without regard to their PodDisruptionBudgets (use NoSchedule)"),
 ], ids=["plan-count-3", "plan-count-128", "plan-target", "plan-duration-word", "plan-duration-zero",
         "plan-duration-negative", "plan-window-reversed", "plan-window-empty", "plan-count-and-ultraserver",
         "plan-no-type", "plan-negative-spares", "plan-spares-fill-ultraserver", "group-no-plan", "group-empty-plan", "group-negative-count",
@@ -129,7 +165,11 @@ def test_valid_objects_are_accepted(crds: Kubectl, obj: dict) -> None:
         "group-label-value-space", "group-label-value-too-long", "group-label-hyperplan-key",
         "group-label-zone-key", "group-label-instance-type-key", "group-label-ultraserver-key",
         "group-label-health-key", "group-too-many-labels", "group-taint-key-space", "group-taint-spare-key",
-        "group-taint-value-space", "group-taint-effect", "group-taint-duplicate"])
+        "group-taint-value-space", "group-taint-effect", "group-taint-duplicate",
+        "group-label-kubernetes-io", "group-label-node-role", "group-label-node-restriction", "group-label-k8s-io",
+        "group-label-k8s-io-subdomain", "group-label-hostname-domain", "group-taint-node-role",
+        "group-taint-node-kubernetes-io", "group-taint-k8s-io-subdomain", "group-taint-node-restriction",
+        "group-static-no-execute"])
 def test_bad_objects_are_rejected_with_a_message(crds: Kubectl, obj: dict, message: str) -> None:
     proc = crds.create(obj, check=False)
     assert proc.returncode != 0

@@ -35,6 +35,12 @@ QUALIFIED_NAME_PATTERN = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9
 # they would fight with (or forge) what the operator writes and what schedulers read.
 RESERVED_KEY_PREFIXES = (OWN_PREFIX, TOPOLOGY_PREFIX)
 RESERVED_KEYS = (LABEL_INSTANCE_TYPE, LABEL_ZONE, LABEL_HOSTNAME, LABEL_SAGEMAKER_HEALTH)
+# Domains that belong to Kubernetes: a key whose prefix is one of them or a subdomain of one
+# (node-role.kubernetes.io/worker, foo.k8s.io/x) steers the kubelet, the scheduler or admission, so a
+# group may not put it on nodes through `labels` or `taints`, as Karpenter refuses these domains in
+# NodePool templates. Only the whole prefix counts: kubernetes.io.example.com/x is example.com's.
+KUBERNETES_DOMAINS = ("kubernetes.io", "k8s.io", "node-restriction.kubernetes.io")
+KUBERNETES_DOMAINS_TEXT = "kubernetes.io, k8s.io, node-restriction.kubernetes.io or a subdomain of one"
 MAX_GROUP_LABELS = 64
 MAX_GROUP_TAINTS = 32
 
@@ -47,6 +53,11 @@ def _cel_is_reserved(var: str) -> str:
     prefixes = " || ".join(f"{var}.startsWith('{p}')" for p in RESERVED_KEY_PREFIXES)
     keys = ", ".join(f"'{k}'" for k in RESERVED_KEYS)
     return f"({prefixes} || {var} in [{keys}])"
+
+
+def _cel_in_kubernetes_domain(var: str) -> str:
+    domains = "|".join(d.replace(".", "\\\\.") for d in KUBERNETES_DOMAINS)
+    return f"{var}.matches('^([^/]*\\\\.)?({domains})/')"
 
 
 def _cel_is_qualified_name(var: str) -> str:
@@ -255,6 +266,9 @@ class Taint(Model):
             "taint key must be a qualified name such as gpu or example.com/gpu"),
         cel(f"!{_cel_is_reserved('self')}",
             "taint key is owned by hyperplan (hyperplan.dev/* and the topology keys)"),
+        cel(f"!{_cel_in_kubernetes_domain('self')}",
+            f"taint key is in a domain that belongs to Kubernetes ({KUBERNETES_DOMAINS_TEXT}): a group may "
+            "not put it on nodes (Karpenter refuses these domains in NodePool templates too)"),
     ]})
     value: str = Field(default="", max_length=63, json_schema_extra={"x-kubernetes-validations": [
         cel(f"self.matches('{LABEL_VALUE_PATTERN}')",
@@ -316,6 +330,12 @@ class InstanceGroupSpec(Model):
                     "the zone, instance-type, hostname and health labels)",
                     messageExpression=f"'label ' + self.filter(k, {_cel_is_reserved('k')})[0] + "
                                       "' is owned by hyperplan: it sets it on every node it manages'"),
+                cel(f"self.all(k, !{_cel_in_kubernetes_domain('k')})",
+                    f"label keys may not be in a domain that belongs to Kubernetes ({KUBERNETES_DOMAINS_TEXT})",
+                    messageExpression=f"'label ' + self.filter(k, {_cel_in_kubernetes_domain('k')})[0] + "
+                                      f"' is in a domain that belongs to Kubernetes ({KUBERNETES_DOMAINS_TEXT}): "
+                                      "a group may not put it on nodes (Karpenter refuses these domains in "
+                                      "NodePool templates too)'"),
             ],
         })
     taints: list[Taint] = Field(default_factory=list, max_length=MAX_GROUP_TAINTS, json_schema_extra={
@@ -324,6 +344,14 @@ class InstanceGroupSpec(Model):
             "taints must be unique by key and effect (a node refuses two taints with the same pair)")]})
     health_check: HealthCheckSpec = Field(default_factory=HealthCheckSpec)
     placement: PlacementSpec = Field(default_factory=PlacementSpec)
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        # A static group adopts nodes that already run pods: a NoExecute taint would evict them at
+        # once, without regard to their PodDisruptionBudgets (a drain honours them; a taint does not).
+        cel("!has(self.nodeProvider) || self.nodeProvider != 'static' || !has(self.taints) || self.taints.all(t, t.effect != 'NoExecute')",
+            "a static group may not set NoExecute taints: adopting a node would evict the pods already on "
+            "it without regard to their PodDisruptionBudgets (use NoSchedule)", fieldPath=".taints"),
+    ]})
 
 
 class VanishedNode(Model):
