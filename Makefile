@@ -9,17 +9,26 @@ STAMP := $(VENV)/.installed
 
 all: venv
 
-# The runtime dependencies are installed at the versions of requirements.lock (what the image ships).
-$(STAMP): pyproject.toml requirements.lock
+# The runtime dependencies are installed at the versions of requirements.lock (what the image ships),
+# through a copy without its hashes: hashes in a constraints file put pip in hash-checking mode for
+# the whole install, which the editable project (and the test tools, not in the lock) cannot pass.
+CONSTRAINTS := $(VENV)/constraints.txt
+
+$(CONSTRAINTS): requirements.lock
+	@mkdir -p $(dir $@)
+	sed -e '/^[[:space:]]*--hash=/d' -e 's/[[:space:]]*\\$$//' requirements.lock > $@
+
+$(STAMP): pyproject.toml requirements.lock $(CONSTRAINTS)
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,demo]' -c requirements.lock
+	$(BIN)/pip install --quiet -e '.[test,demo]' -c $(CONSTRAINTS)
 	@touch $(STAMP)
 
 venv: $(STAMP)
 
 # Re-pin requirements.lock to the venv after changing pyproject's dependencies
-# (`pip install -e .` without the lock first if a new version is wanted).
+# (`pip install -e .` without the lock first if a new version is wanted); asks the package index
+# for the sha256 of each pinned version's wheels.
 lock:
 	$(BIN)/python -m hyperplan_dev.lock requirements.lock
 

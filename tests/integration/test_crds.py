@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import pytest
@@ -53,8 +54,26 @@ def group(**spec) -> dict:
           taints=[{"key": "gpu", "value": "true", "effect": "NoSchedule"}],
           healthCheck={"graceSeconds": 10, "maxUnhealthy": 2},
           placement={"placementSpecifications": [{"ultraServerId": "us-0", "instanceCount": 3}]}),
+    # Keys outside the Kubernetes domains, however close: only the whole prefix (or its tail after a
+    # dot) counts, and a key without a prefix has no domain.
+    group(labels={"example.com/role": "a", "kubernetes.io.example.com/x": "a", "notkubernetes.io/x": "a",
+                  "k8s.io-tools.example/y": "a", "kubernetes.io": "a"},
+          taints=[{"key": "kubernetes.io.example.com/gpu", "value": "", "effect": "NoSchedule"},
+                  {"key": "notk8s.io/gpu", "value": "", "effect": "NoSchedule"}]),
+    # NoExecute is refused for static groups only: a kwok group's nodes are new and empty.
+    group(taints=[{"key": "example.com/dedicated", "value": "training", "effect": "NoExecute"}]),
+    # Every field at its bound.
+    group(trainingPlanRef="p" * 253,
+          taints=[{"key": f"t{i}", "value": "", "effect": "NoSchedule"} for i in range(32)],
+          healthCheck={"unhealthyConditions": ["GpuHealthy=False", "Ready=Unknown", "KernelDeadlock=True",
+                                               "example.com/Gpu_Healthy.v2=False"] + [f"C{i}=True" for i in range(28)],
+                       "maxUnhealthy": "1" * 15 + "%"},
+          placement={"placementSpecifications": [{"ultraServerId": "u" * 63, "instanceCount": 1}]}),
+    plan(duration="1h" * 32, offeringId="tpo-" + "a" * 249),
+    pool(unavailable=[{"start": "2027-01-01T00:00:00Z", "end": "2027-01-02T00:00:00Z", "instanceCount": 1}] * 1024),
 ], ids=["pool", "pool-ultraserver", "plan", "plan-ultraserver", "plan-training-job", "group",
-        "group-full"])
+        "group-full", "group-keys-near-kubernetes-domains", "group-kwok-no-execute", "group-at-bounds",
+        "plan-at-bounds", "pool-at-bounds"])
 def test_valid_objects_are_accepted(crds: Kubectl, obj: dict) -> None:
     crds.create(obj)
     stored = crds.get(obj["kind"].lower(), obj["metadata"]["name"])
@@ -120,6 +139,64 @@ def test_valid_objects_are_accepted(crds: Kubectl, obj: dict) -> None:
     (group(taints=[{"key": "gpu", "effect": "NoExecuteNow"}]), 'spec.taints[0].effect: Unsupported value: "NoExecuteNow"'),
     (group(taints=[{"key": "gpu", "value": "a", "effect": "NoSchedule"}, {"key": "gpu", "value": "b", "effect": "NoSchedule"}]),
      "spec.taints: Invalid value: taints must be unique by key and effect"),
+    # The domains that belong to Kubernetes, and their subdomains (as Karpenter refuses them).
+    (group(labels={"kubernetes.io/role": "gpu"}),
+     "spec.labels: Invalid value: label kubernetes.io/role is in a domain that belongs to Kubernetes "
+     "(kubernetes.io, k8s.io, node-restriction.kubernetes.io or a subdomain of one): a group may not put it "
+     "on nodes (Karpenter refuses these domains in NodePool templates too)"),
+    (group(labels={"node-role.kubernetes.io/control-plane": ""}),
+     "label node-role.kubernetes.io/control-plane is in a domain that belongs to Kubernetes"),
+    (group(labels={"node-restriction.kubernetes.io/tier": "trusted"}),
+     "label node-restriction.kubernetes.io/tier is in a domain that belongs to Kubernetes"),
+    (group(labels={"k8s.io/team": "a"}), "label k8s.io/team is in a domain that belongs to Kubernetes"),
+    (group(labels={"foo.k8s.io/team": "a"}), "label foo.k8s.io/team is in a domain that belongs to Kubernetes"),
+    (group(labels={"kubernetes.io/hostname": "other-node"}),
+     "label kubernetes.io/hostname is in a domain that belongs to Kubernetes"),
+    (group(taints=[{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}]),
+     "spec.taints[0].key: Invalid value: \"node-role.kubernetes.io/control-plane\": taint key is in a domain "
+     "that belongs to Kubernetes"),
+    (group(taints=[{"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}]),
+     "spec.taints[0].key: Invalid value: \"node.kubernetes.io/unschedulable\": taint key is in a domain "
+     "that belongs to Kubernetes"),
+    (group(taints=[{"key": "gpu", "effect": "NoSchedule"}, {"key": "foo.k8s.io/y", "effect": "NoSchedule"}]),
+     "spec.taints[1].key: Invalid value: \"foo.k8s.io/y\": taint key is in a domain that belongs to Kubernetes"),
+    (group(taints=[{"key": "node-restriction.kubernetes.io/tier", "effect": "NoSchedule"}]),
+     "taint key is in a domain that belongs to Kubernetes"),
+    # A static group adopts nodes that run pods: NoExecute would evict them past their PDBs.
+    (group(nodeProvider="static", taints=[{"key": "gpu", "effect": "NoSchedule"},
+                                          {"key": "dedicated", "value": "training", "effect": "NoExecute"}]),
+     "spec.taints: Invalid value: a static group may not set NoExecute taints: adopting a node "
+     "would evict the pods already on it without regard to their PodDisruptionBudgets (use NoSchedule)"),
+    # Node conditions as Type=Status, the way the health check reads them.
+    (group(healthCheck={"unhealthyConditions": ["GpuHealthy=False", "GpuHealthy"]}),
+     "spec.healthCheck.unhealthyConditions: Invalid value: unhealthy condition GpuHealthy is not Type=True, "
+     "Type=False or Type=Unknown (a node condition type such as GpuHealthy or example.com/GpuHealthy, then = "
+     "and the status)"),
+    (group(healthCheck={"unhealthyConditions": ["GpuHealthy=Maybe"]}),
+     "unhealthy condition GpuHealthy=Maybe is not Type=True, Type=False or Type=Unknown"),
+    (group(healthCheck={"unhealthyConditions": ["=False"]}), "unhealthy condition =False is not Type=True"),
+    (group(healthCheck={"unhealthyConditions": ["GpuHealthy = False"]}),
+     "unhealthy condition GpuHealthy = False is not Type=True"),
+    (group(healthCheck={"unhealthyConditions": ["GpuHealthy=false"]}),
+     "unhealthy condition GpuHealthy=false is not Type=True"),
+    (group(healthCheck={"unhealthyConditions": [f"C{i}=True" for i in range(33)]}),
+     "spec.healthCheck.unhealthyConditions: Too many: 33: must have at most 32 items"),
+    (group(healthCheck={"unhealthyConditions": ["G" * 319 + "=False"]}),
+     "spec.healthCheck.unhealthyConditions[0]: Too long: may not be more than 324"),
+    # Bounds.
+    (group(trainingPlanRef="p" * 254), "spec.trainingPlanRef: Too long: may not be more than 253"),
+    (group(taints=[{"key": f"t{i}", "effect": "NoSchedule"} for i in range(33)]),
+     "spec.taints: Too many: 33: must have at most 32 items"),
+    (group(healthCheck={"maxUnhealthy": "1" * 16 + "%"}), "spec.healthCheck.maxUnhealthy: Too long: may not be more than 16"),
+    (group(placement={"placementSpecifications": [{"ultraServerId": "u" * 64, "instanceCount": 1}]}),
+     "spec.placement.placementSpecifications[0].ultraServerId: Too long: may not be more than 63"),
+    (group(placement={"placementSpecifications": [{"ultraServerId": f"u{i}", "instanceCount": 1}
+                                                  for i in range(1025)]}),
+     "spec.placement.placementSpecifications: Too many: 1025: must have at most 1024 items"),
+    (plan(duration="1h" * 33), "spec.duration: Too long: may not be more than 64"),
+    (plan(offeringId="tpo-" + "a" * 250), "spec.offeringId: Too long: may not be more than 253"),
+    (pool(unavailable=[{"start": "2027-01-01T00:00:00Z", "end": "2027-01-02T00:00:00Z", "instanceCount": 1}] * 1025),
+     "spec.unavailable: Too many: 1025: must have at most 1024 items"),
 ], ids=["plan-count-3", "plan-count-128", "plan-target", "plan-duration-word", "plan-duration-zero",
         "plan-duration-negative", "plan-window-reversed", "plan-window-empty", "plan-count-and-ultraserver",
         "plan-no-type", "plan-negative-spares", "plan-spares-fill-ultraserver", "group-no-plan", "group-empty-plan", "group-negative-count",
@@ -129,12 +206,49 @@ def test_valid_objects_are_accepted(crds: Kubectl, obj: dict) -> None:
         "group-label-value-space", "group-label-value-too-long", "group-label-hyperplan-key",
         "group-label-zone-key", "group-label-instance-type-key", "group-label-ultraserver-key",
         "group-label-health-key", "group-too-many-labels", "group-taint-key-space", "group-taint-spare-key",
-        "group-taint-value-space", "group-taint-effect", "group-taint-duplicate"])
+        "group-taint-value-space", "group-taint-effect", "group-taint-duplicate",
+        "group-label-kubernetes-io", "group-label-node-role", "group-label-node-restriction", "group-label-k8s-io",
+        "group-label-k8s-io-subdomain", "group-label-hostname-domain", "group-taint-node-role",
+        "group-taint-node-kubernetes-io", "group-taint-k8s-io-subdomain", "group-taint-node-restriction",
+        "group-static-no-execute", "group-unhealthy-condition-no-status", "group-unhealthy-condition-bad-status",
+        "group-unhealthy-condition-no-type", "group-unhealthy-condition-spaces", "group-unhealthy-condition-lowercase",
+        "group-too-many-unhealthy-conditions", "group-unhealthy-condition-too-long", "group-plan-ref-too-long",
+        "group-too-many-taints", "group-max-unhealthy-too-long", "group-ultraserver-id-too-long",
+        "group-too-many-placements", "plan-duration-too-long", "plan-offering-id-too-long",
+        "pool-too-many-windows"])
 def test_bad_objects_are_rejected_with_a_message(crds: Kubectl, obj: dict, message: str) -> None:
     proc = crds.create(obj, check=False)
     assert proc.returncode != 0
     assert message in proc.stderr, proc.stderr
     assert crds.get_or_none(obj["kind"].lower(), obj["metadata"]["name"]) is None
+
+
+def _conditions(count: int, message: str = "") -> list[dict]:
+    return [{"type": f"T{i}", "status": "True", "reason": "R", "message": message,
+             "lastTransitionTime": "2027-01-01T00:00:00Z"} for i in range(count)]
+
+
+@pytest.mark.parametrize("status, refusal", [
+    ({"conditions": _conditions(63) + [{**_conditions(1, "m" * 32768)[0], "type": "Long"}]}, None),
+    ({"conditions": _conditions(65)}, "status.conditions: Too many: 65: must have at most 64 items"),
+    ({"conditions": _conditions(1, "m" * 32769)}, "status.conditions[0].message: Too long: may not be more than 32768"),
+    ({"vanishedNodes": [{"name": "n" * 254, "since": "2027-01-01T00:00:00Z"}]},
+     "status.vanishedNodes[0].name: Too long: may not be more than 253"),
+], ids=["at-bounds", "too-many-conditions", "message-too-long", "vanished-name-too-long"])
+def test_status_writes_are_bounded(crds: Kubectl, status: dict, refusal: str | None) -> None:
+    """The status subresource holds the same bounds (the operator's own writes stay under them:
+    tests/unit/test_crd_bounds.py)."""
+    obj = group()
+    crds.create(obj)
+    name = obj["metadata"]["name"]
+    proc = crds.run("patch", "instancegroup", name, "--subresource=status", "--type=merge",
+                    "-p", json.dumps({"status": status}), check=False)
+    if refusal is None:
+        assert proc.returncode == 0, proc.stderr
+        assert len(crds.get("instancegroup", name)["status"]["conditions"]) == 64
+    else:
+        assert proc.returncode != 0 and refusal in proc.stderr, proc.stderr
+    crds.delete("instancegroup", name, "--wait=false")
 
 
 def test_a_purchased_plan_cannot_be_modified(crds: Kubectl) -> None:

@@ -297,6 +297,22 @@ def test_values_reach_the_operator(helm) -> None:
         objs["Service"]["metadata"]["labels"].items()
 
 
+DIGEST = "sha256:" + "0123456789abcdef" * 4
+
+
+@pytest.mark.parametrize("flags, image", [
+    ((), "hyperplan:0.1.0"),
+    (("--set", "image.repository=registry.example/hyperplan", "--set", "image.tag=dev"),
+     "registry.example/hyperplan:dev"),
+    (("--set", "image.repository=registry.example/hyperplan", "--set", f"image.digest={DIGEST}"),
+     f"registry.example/hyperplan@{DIGEST}"),
+    (("--set", "image.tag=dev", "--set", f"image.digest={DIGEST}"), f"hyperplan@{DIGEST}"),
+], ids=["app-version", "tag", "digest", "digest-wins-over-tag"])
+def test_the_image_is_referenced_by_digest_when_one_is_given(helm, flags: tuple[str, ...], image: str) -> None:
+    """A digest pins the pod to the image's content: a re-pushed tag cannot change what runs."""
+    assert container(by_kind(render(helm, *flags))["Deployment"])["image"] == image
+
+
 def _rules_for(role: dict[str, Any], group: str) -> list[tuple[str, tuple[str, ...]]]:
     return sorted((r, tuple(sorted(rule["verbs"]))) for rule in role["rules"] if group in rule["apiGroups"]
                   for r in rule["resources"])
@@ -321,7 +337,7 @@ def test_kueue_rules_and_watches_follow_kueue_enabled(helm, flags: tuple[str, ..
 
 
 @pytest.mark.parametrize("bad", ["policy=aws", "metricsPort=0", "image.pullPolicy=Sometimes", "avoidLentNodes=maybe",
-                                 "kueue.enabled=maybe"])
+                                 "kueue.enabled=maybe", "image.digest=latest"])
 def test_invalid_values_are_rejected_naming_the_field(helm, bad: str) -> None:
     proc = helm("template", "hp", str(CHART), "--set", bad, check=False)
     assert proc.returncode != 0

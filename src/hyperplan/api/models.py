@@ -12,9 +12,9 @@ by the planners instead.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
 from hyperplan.api.vocabulary import (  # noqa: F401  (re-exported: the models' callers use them with the models)
@@ -35,8 +35,53 @@ QUALIFIED_NAME_PATTERN = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9
 # they would fight with (or forge) what the operator writes and what schedulers read.
 RESERVED_KEY_PREFIXES = (OWN_PREFIX, TOPOLOGY_PREFIX)
 RESERVED_KEYS = (LABEL_INSTANCE_TYPE, LABEL_ZONE, LABEL_HOSTNAME, LABEL_SAGEMAKER_HEALTH)
+# Domains that belong to Kubernetes: a key whose prefix is one of them or a subdomain of one
+# (node-role.kubernetes.io/worker, foo.k8s.io/x) steers the kubelet, the scheduler or admission, so a
+# group may not put it on nodes through `labels` or `taints`, as Karpenter refuses these domains in
+# NodePool templates. Only the whole prefix counts: kubernetes.io.example.com/x is example.com's.
+KUBERNETES_DOMAINS = ("kubernetes.io", "k8s.io", "node-restriction.kubernetes.io")
+KUBERNETES_DOMAINS_TEXT = "kubernetes.io, k8s.io, node-restriction.kubernetes.io or a subdomain of one"
 MAX_GROUP_LABELS = 64
 MAX_GROUP_TAINTS = 32
+
+# Bounds of every list and string in the CRDs (maxItems, maxLength): the API server refuses a bigger
+# object at apply time, and a CEL rule over a bounded field has a cost the API server can estimate.
+# pydantic holds the same bounds when a handler parses a body. Strings the operator makes are short
+# by construction except condition messages, which Condition cuts to MAX_MESSAGE.
+MAX_NAME = 253  # an object name: a DNS subdomain
+MAX_UID = 128  # a metadata.uid (the API server's are 36-character UUIDs)
+MAX_ID = 253  # an id the operator makes: an offering, a reserved capacity block
+MAX_LABEL_VALUE = 63
+MAX_TIME = 64  # an RFC 3339 date-time
+MAX_DURATION = 64  # a duration string such as 48h
+MAX_INT_OR_PERCENT = 16  # maxUnhealthy as text: 20%
+MAX_CONDITION_TYPE = 316  # metav1.Condition's bounds
+MAX_REASON = 1024
+MAX_MESSAGE = 32768
+MAX_CONDITIONS = 64  # the operator writes one per type, a handful of types
+MAX_OFFERINGS = 16  # planning.offerings lists at most 3, each of at most 2 blocks
+MAX_BLOCKS = 16
+MAX_RESERVED_CAPACITY = 64  # the blocks of the offering bought
+MAX_UNAVAILABLE_WINDOWS = 1024
+MAX_PLACEMENTS = 1024  # one per UltraServer of a block
+MAX_UNHEALTHY_CONDITIONS = 32
+# Lists the operator writes that grow with the fleet (a pool's ledger, a plan's UltraServers, a
+# group's vanished nodes): bounded above what one object can hold under etcd's default request
+# limit of 1.5 MiB, for the smallest entry the operator writes, so the bound never refuses a
+# write that storage would take (tests/unit/test_crd_bounds.py checks the arithmetic).
+ETCD_MAX_OBJECT_BYTES = 1536 * 1024
+MAX_FLEET_ENTRIES = 20_000
+
+# A node condition as Type=Status (spec.healthCheck.unhealthyConditions): the type as metav1.Condition
+# allows it (CamelCase, optionally prefixed by a DNS subdomain and /), the status one of the three.
+CONDITION_TYPE_PATTERN = (r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                          r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+UNHEALTHY_CONDITION_PATTERN = f"^{CONDITION_TYPE_PATTERN}=(True|False|Unknown)$"
+
+Name = Annotated[str, Field(max_length=MAX_NAME)]
+Identifier = Annotated[str, Field(max_length=MAX_ID)]
+LabelValue = Annotated[str, Field(max_length=MAX_LABEL_VALUE)]
+Time = Annotated[datetime, Field(json_schema_extra={"maxLength": MAX_TIME})]
 
 
 def cel(rule: str, message: str, **extra: Any) -> dict[str, Any]:
@@ -47,6 +92,11 @@ def _cel_is_reserved(var: str) -> str:
     prefixes = " || ".join(f"{var}.startsWith('{p}')" for p in RESERVED_KEY_PREFIXES)
     keys = ", ".join(f"'{k}'" for k in RESERVED_KEYS)
     return f"({prefixes} || {var} in [{keys}])"
+
+
+def _cel_in_kubernetes_domain(var: str) -> str:
+    domains = "|".join(d.replace(".", "\\\\.") for d in KUBERNETES_DOMAINS)
+    return f"{var}.matches('^([^/]*\\\\.)?({domains})/')"
 
 
 def _cel_is_qualified_name(var: str) -> str:
@@ -65,6 +115,13 @@ def label_value_field(description: str, **default: Any) -> Any:
     })
 
 
+def truncate(text: Any, limit: int, mark: str = " ... (truncated)") -> Any:
+    """``text`` if it has at most ``limit`` characters, else its start and ``mark`` in ``limit``."""
+    if not isinstance(text, str) or len(text) <= limit:
+        return text
+    return text[:limit - len(mark)] + mark
+
+
 class Model(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
 
@@ -74,14 +131,21 @@ class Model(BaseModel):
 
 
 class Condition(Model):
-    """A Kubernetes API convention condition."""
+    """A Kubernetes API convention condition, in metav1.Condition's bounds. A longer message is cut
+    to the bound (marked so) rather than refused: a status write the API server refused would
+    stall the object's every pass."""
 
-    type: str
+    type: str = Field(max_length=MAX_CONDITION_TYPE)
     status: Literal["True", "False", "Unknown"]
-    reason: str = ""
-    message: str = ""
-    last_transition_time: datetime | None = None
+    reason: str = Field(default="", max_length=MAX_REASON)
+    message: str = Field(default="", max_length=MAX_MESSAGE)
+    last_transition_time: Time | None = None
     observed_generation: int | None = None
+
+    @field_validator("message", mode="before")
+    @classmethod
+    def _cut_to_bound(cls, value: Any) -> Any:
+        return truncate(value, MAX_MESSAGE)
 
 
 # --------------------------------------------------------------------------- CapacityPool
@@ -90,8 +154,8 @@ class Condition(Model):
 class UnavailableWindow(Model):
     """Capacity already sold to someone else during a window."""
 
-    start: datetime
-    end: datetime
+    start: Time
+    end: Time
     instance_count: int = Field(ge=1)
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
@@ -102,11 +166,11 @@ class UnavailableWindow(Model):
 class Reservation(Model):
     """One block sold from a pool: a line of the pool's ledger."""
 
-    training_plan: str
-    training_plan_uid: str | None = None
-    reserved_capacity_id: str
-    start_time: datetime
-    end_time: datetime
+    training_plan: Name
+    training_plan_uid: str | None = Field(default=None, max_length=MAX_UID)
+    reserved_capacity_id: Identifier
+    start_time: Time
+    end_time: Time
     instance_count: int = Field(ge=1)
 
 
@@ -115,11 +179,11 @@ class CapacityPoolSpec(Model):
     availability_zone: str = label_value_field("AZ; becomes topology.kubernetes.io/zone on nodes.")
     instance_count: int = Field(ge=1)
     ultra_server_type: Literal[*ULTRASERVER_TYPES] | None = None
-    unavailable: list[UnavailableWindow] = Field(default_factory=list)
+    unavailable: list[UnavailableWindow] = Field(default_factory=list, max_length=MAX_UNAVAILABLE_WINDOWS)
 
 
 class CapacityPoolStatus(Model):
-    reservations: list[Reservation] = Field(default_factory=list)
+    reservations: list[Reservation] = Field(default_factory=list, max_length=MAX_FLEET_ENTRIES)
     observed_generation: int | None = None
 
 
@@ -135,40 +199,40 @@ class CapacityPool(Model):
 
 
 class OfferedBlock(Model):
-    availability_zone: str
-    instance_type: str
+    availability_zone: LabelValue
+    instance_type: LabelValue
     instance_count: int
-    start_time: datetime
-    end_time: datetime
-    capacity_pool: str | None = None
-    ultra_server_type: str | None = None
+    start_time: Time
+    end_time: Time
+    capacity_pool: Name | None = None
+    ultra_server_type: LabelValue | None = None
     ultra_server_count: int | None = None
 
 
 class Offering(Model):
-    id: str
-    blocks: list[OfferedBlock] = Field(default_factory=list)
+    id: Identifier
+    blocks: list[OfferedBlock] = Field(default_factory=list, max_length=MAX_BLOCKS)
     duration_hours: int | None = None
     duration_minutes: int | None = None
 
 
 class ReservedCapacity(Model):
-    id: str
-    availability_zone: str
-    instance_type: str
+    id: Identifier
+    availability_zone: LabelValue
+    instance_type: LabelValue
     instance_count: int
-    start_time: datetime
-    end_time: datetime
-    termination_time: datetime | None = None
+    start_time: Time
+    end_time: Time
+    termination_time: Time | None = None
     status: Literal["Scheduled", "Active", "Expired", "Failed"] = "Scheduled"
-    capacity_pool: str | None = None
-    ultra_server_type: str | None = None
+    capacity_pool: Name | None = None
+    ultra_server_type: LabelValue | None = None
     ultra_server_count: int | None = None
 
 
 class UltraServerStatus(Model):
-    id: str
-    availability_zone: str
+    id: LabelValue  # the UltraServer id label of its nodes
+    availability_zone: LabelValue
     total_instance_count: int = 0
     configured_spare_instance_count: int = 0
     available_instance_count: int = 0
@@ -186,14 +250,14 @@ class TrainingPlanSpec(Model):
     ultra_server_type: Literal[*ULTRASERVER_TYPES] | None = None
     ultra_server_count: int | None = Field(default=None, ge=1)
     target_resource: Literal[*TARGET_RESOURCES]
-    duration: str = Field(json_schema_extra={"x-kubernetes-validations": [
+    duration: str = Field(max_length=MAX_DURATION, json_schema_extra={"x-kubernetes-validations": [
         cel(f"self.matches('{DURATION_PATTERN}') && self.matches('[1-9]')",
             "duration must be a positive duration string such as 48h, 2d or 90m"),
     ]})
-    start_time_after: datetime | None = None
-    end_time_before: datetime | None = None
+    start_time_after: Time | None = None
+    end_time_before: Time | None = None
     spare_instances_per_ultra_server: int = Field(default=1, ge=0)
-    offering_id: str = ""
+    offering_id: str = Field(default="", max_length=MAX_ID)
     auto_purchase: bool = False
     keep_alive_period_seconds: int | None = Field(
         default=None, ge=0, le=3600 * 24 * 7,
@@ -222,19 +286,19 @@ class TrainingPlanSpec(Model):
 
 class TrainingPlanStatus(Model):
     phase: Literal["Pending", "Scheduled", "Active", "Expired", "Failed"] | None = None
-    offerings: list[Offering] = Field(default_factory=list)
-    purchased_offering_id: str | None = None
-    reserved_capacity: list[ReservedCapacity] = Field(default_factory=list)
-    availability_zone: str | None = None
+    offerings: list[Offering] = Field(default_factory=list, max_length=MAX_OFFERINGS)
+    purchased_offering_id: Identifier | None = None
+    reserved_capacity: list[ReservedCapacity] = Field(default_factory=list, max_length=MAX_RESERVED_CAPACITY)
+    availability_zone: LabelValue | None = None
     total_instance_count: int = 0
     available_instance_count: int = 0
     in_use_instance_count: int = 0
     unhealthy_instance_count: int = 0
     available_spare_instance_count: int = 0
     total_ultra_server_count: int | None = None
-    ultra_servers: list[UltraServerStatus] = Field(default_factory=list)
-    next_transition_time: datetime | None = None
-    conditions: list[Condition] = Field(default_factory=list)
+    ultra_servers: list[UltraServerStatus] = Field(default_factory=list, max_length=MAX_FLEET_ENTRIES)
+    next_transition_time: Time | None = None
+    conditions: list[Condition] = Field(default_factory=list, max_length=MAX_CONDITIONS)
     observed_generation: int | None = None
 
 
@@ -255,6 +319,9 @@ class Taint(Model):
             "taint key must be a qualified name such as gpu or example.com/gpu"),
         cel(f"!{_cel_is_reserved('self')}",
             "taint key is owned by hyperplan (hyperplan.dev/* and the topology keys)"),
+        cel(f"!{_cel_in_kubernetes_domain('self')}",
+            f"taint key is in a domain that belongs to Kubernetes ({KUBERNETES_DOMAINS_TEXT}): a group may "
+            "not put it on nodes (Karpenter refuses these domains in NodePool templates too)"),
     ]})
     value: str = Field(default="", max_length=63, json_schema_extra={"x-kubernetes-validations": [
         cel(f"self.matches('{LABEL_VALUE_PATTERN}')",
@@ -267,29 +334,37 @@ class HealthCheckSpec(Model):
     grace_seconds: int = Field(default=30, ge=0)
     max_unhealthy: int | str = Field(default="20%", json_schema_extra={
         "x-kubernetes-int-or-string": True,
+        "maxLength": MAX_INT_OR_PERCENT,
         "x-kubernetes-validations": [
             cel("type(self) == int ? self >= 0 : self.matches('^[0-9]+%$')",
                 "maxUnhealthy must be a count (>= 0) or a percentage such as 20%"),
         ],
     })
-    unhealthy_conditions: list[str] = Field(
+    unhealthy_conditions: list[Annotated[str, Field(max_length=MAX_CONDITION_TYPE + len("=Unknown"))]] = Field(
         default_factory=lambda: ["AcceleratedHardwareReady=False", "GpuHealthy=False"],
+        max_length=MAX_UNHEALTHY_CONDITIONS,
         description="Node conditions, as Type=Status, that make a node unhealthy after the grace.",
+        json_schema_extra={"x-kubernetes-validations": [cel(
+            f"self.all(c, c.matches('{UNHEALTHY_CONDITION_PATTERN}'))",
+            "unhealthyConditions entries must be Type=True, Type=False or Type=Unknown, such as GpuHealthy=False",
+            messageExpression=f"'unhealthy condition ' + self.filter(c, !c.matches('{UNHEALTHY_CONDITION_PATTERN}'))[0]"
+                              " + ' is not Type=True, Type=False or Type=Unknown (a node condition type such as "
+                              "GpuHealthy or example.com/GpuHealthy, then = and the status)'")]},
     )
 
 
 class PlacementSpecification(Model):
-    ultra_server_id: str = Field(min_length=1)
+    ultra_server_id: str = Field(min_length=1, max_length=MAX_LABEL_VALUE)  # an UltraServer id label value
     instance_count: int = Field(ge=1)
 
 
 class PlacementSpec(Model):
     strategy: Literal["FillFirst"] = "FillFirst"
-    placement_specifications: list[PlacementSpecification] = Field(default_factory=list)
+    placement_specifications: list[PlacementSpecification] = Field(default_factory=list, max_length=MAX_PLACEMENTS)
 
 
 class InstanceGroupSpec(Model):
-    training_plan_ref: str = Field(min_length=1)
+    training_plan_ref: str = Field(min_length=1, max_length=MAX_NAME)
     instance_type: str = label_value_field("Instance type of the group's nodes (the plan's type).")
     instance_count: int = Field(ge=0)
     node_provider: Literal["kwok", "static"] = "kwok"
@@ -297,7 +372,7 @@ class InstanceGroupSpec(Model):
         default_factory=dict, max_length=MAX_GROUP_LABELS,
         description="Labels the operator puts on the group's nodes (and removes when it hands them back).",
         json_schema_extra={
-            "additionalProperties": {"type": "string", "maxLength": 63},
+            "additionalProperties": {"type": "string", "maxLength": MAX_LABEL_VALUE},
             "x-kubernetes-validations": [
                 cel(f"self.all(k, {_cel_is_qualified_name('k')})",
                     "label keys must be qualified names such as team or example.com/team",
@@ -316,6 +391,12 @@ class InstanceGroupSpec(Model):
                     "the zone, instance-type, hostname and health labels)",
                     messageExpression=f"'label ' + self.filter(k, {_cel_is_reserved('k')})[0] + "
                                       "' is owned by hyperplan: it sets it on every node it manages'"),
+                cel(f"self.all(k, !{_cel_in_kubernetes_domain('k')})",
+                    f"label keys may not be in a domain that belongs to Kubernetes ({KUBERNETES_DOMAINS_TEXT})",
+                    messageExpression=f"'label ' + self.filter(k, {_cel_in_kubernetes_domain('k')})[0] + "
+                                      f"' is in a domain that belongs to Kubernetes ({KUBERNETES_DOMAINS_TEXT}): "
+                                      "a group may not put it on nodes (Karpenter refuses these domains in "
+                                      "NodePool templates too)'"),
             ],
         })
     taints: list[Taint] = Field(default_factory=list, max_length=MAX_GROUP_TAINTS, json_schema_extra={
@@ -325,28 +406,38 @@ class InstanceGroupSpec(Model):
     health_check: HealthCheckSpec = Field(default_factory=HealthCheckSpec)
     placement: PlacementSpec = Field(default_factory=PlacementSpec)
 
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        # A static group adopts nodes that already run pods: a NoExecute taint would evict them at
+        # once, without regard to their PodDisruptionBudgets (a drain honours them; a taint does not).
+        cel("!has(self.nodeProvider) || self.nodeProvider != 'static' || !has(self.taints) || self.taints.all(t, t.effect != 'NoExecute')",
+            "a static group may not set NoExecute taints: adopting a node would evict the pods already on "
+            "it without regard to their PodDisruptionBudgets (use NoSchedule)", fieldPath=".taints"),
+    ]})
+
 
 class VanishedNode(Model):
     """A node of the group deleted from under it (not by the operator), kept in the status until
     its slot is replaced, so that a restarted operator still counts the grace from ``since``."""
 
-    name: str
-    since: datetime
-    labels: dict[str, str] = Field(default_factory=dict)
+    name: Name
+    since: Time
+    # The node's labels as it last was: each key and value already bounded by the API server; their
+    # number is the node's (NodeFeatureDiscovery puts hundreds on a node), so it is not bounded here.
+    labels: dict[str, LabelValue] = Field(default_factory=dict)
 
 
 class InstanceGroupStatus(Model):
     phase: Literal["Waiting", "Provisioning", "Ready", "Draining", "Failed"] | None = None
-    availability_zone: str | None = None
-    reserved_capacity_id: str | None = None
+    availability_zone: LabelValue | None = None
+    reserved_capacity_id: Identifier | None = None
     desired_count: int = 0
     ready_count: int = 0
     spare_count: int = 0
     unhealthy_count: int = 0
-    next_transition_time: datetime | None = None
-    conditions: list[Condition] = Field(default_factory=list)
+    next_transition_time: Time | None = None
+    conditions: list[Condition] = Field(default_factory=list, max_length=MAX_CONDITIONS)
     observed_generation: int | None = None
-    vanished_nodes: list[VanishedNode] = Field(default_factory=list)
+    vanished_nodes: list[VanishedNode] = Field(default_factory=list, max_length=MAX_FLEET_ENTRIES)
 
 
 class InstanceGroup(Model):
