@@ -11,13 +11,16 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from types import SimpleNamespace
 from typing import Callable
 
 import pytest
 from prometheus_client import REGISTRY
 
-from hyperplan.handlers import workqueue as wq
+from hyperplan.handlers import instancegroup
+from hyperplan.handlers import workqueue
 from hyperplan.handlers.workqueue import Pace, WorkQueue
+from hyperplan.planning import naming
 
 START = datetime(2027, 1, 1, 12, tzinfo=timezone.utc)
 KIND = "thing"
@@ -261,7 +264,7 @@ def test_the_wake_time_a_pass_returns_replaces_the_timer(first: float, second: f
         queue.start()
         queue.wake(KIND, "a")
         await settle()
-        assert queue.due_in(KIND, "a") == pytest.approx(first + wq.WAKE_SLACK)
+        assert queue.due_in(KIND, "a") == pytest.approx(first + workqueue.WAKE_SLACK)
         rec.wake["a"] = second
         queue.wake(KIND, "a")  # a change: one more pass now, whose result replaces the timer
         await settle()
@@ -270,7 +273,7 @@ def test_the_wake_time_a_pass_returns_replaces_the_timer(first: float, second: f
         return due_in, timers
 
     due_in, timers = run(go())
-    assert due_in == (None if due is None else pytest.approx(due + wq.WAKE_SLACK))
+    assert due_in == (None if due is None else pytest.approx(due + workqueue.WAKE_SLACK))
     assert timers == (0 if due is None else 1)
 
 
@@ -291,7 +294,7 @@ def test_a_key_falls_due_at_its_wake_time_and_not_before() -> None:
 
     before, times, held = run(go())
     assert before == ["a"]
-    assert times == [0.0, pytest.approx(30.0 + wq.WAKE_SLACK)]
+    assert times == [0.0, pytest.approx(30.0 + workqueue.WAKE_SLACK)]
     assert held == {"timers": 0, "queued": 0, "running": 0, "again": 0, "resting": 0, "failing": 0}
 
 
@@ -308,7 +311,7 @@ def test_wake_at_from_outside_a_pass_replaces_the_timer() -> None:
         return after_five, rec.times("a")
 
     after_five, later = run(go())
-    assert after_five == [pytest.approx(5 + wq.WAKE_SLACK)]
+    assert after_five == [pytest.approx(5 + workqueue.WAKE_SLACK)]
     assert later == after_five  # the minute-long timer was replaced, not kept beside it
 
 
@@ -349,7 +352,7 @@ def test_a_long_pass_rests_before_a_woken_one(pace: Pace | None, took: float, ow
 
     first, *rest = run(go())
     assert first == 0.0
-    assert rest == [pytest.approx(second_at, abs=wq.WAKE_SLACK + 1e-6)]
+    assert rest == [pytest.approx(second_at, abs=workqueue.WAKE_SLACK + 1e-6)]
 
 
 def test_wakes_during_a_rest_collapse_into_one_pass_when_it_ends() -> None:
@@ -410,9 +413,9 @@ def test_failures_back_off_report_on_the_object_and_a_success_resets_the_count()
     rec, failing, delays, after_success, again = run(go())
     assert rec.names().count("bad") == 5 and rec.names().count("good") == 1
     assert failing == 1
-    assert [None if d is None else round(d - wq.WAKE_SLACK) for d in delays] == [5, 10, 20, None]
+    assert [None if d is None else round(d - workqueue.WAKE_SLACK) for d in delays] == [5, 10, 20, None]
     assert after_success == 0
-    assert round(again - wq.WAKE_SLACK) == 5  # the count started again from one
+    assert round(again - workqueue.WAKE_SLACK) == 5  # the count started again from one
     assert [(plural, name, reason, failures, backoff.total_seconds())
             for plural, name, reason, _, failures, backoff in reports] == [
         ("things", "object-bad", "ReconcileError", 1, 5), ("things", "object-bad", "ReconcileError", 2, 10),
@@ -435,7 +438,7 @@ def test_a_kind_without_a_plural_logs_its_failures_only() -> None:
         await queue.stop()
         return due
 
-    assert round(run(go()) - wq.WAKE_SLACK) == 5
+    assert round(run(go()) - workqueue.WAKE_SLACK) == 5
     assert reports == []
 
 
@@ -514,3 +517,45 @@ def test_quiet_returns_once_the_running_pass_ends() -> None:
         return blocked, done
 
     assert run(go()) == (True, True)
+
+
+# --------------------------------------------------------------------------- the kinds on the queue
+
+
+LONG = "a-group-whose-name-is-longer-than-a-label-value-may-be.team-with-a-long-name.example"
+
+
+@pytest.mark.parametrize("event_type, woken, known", [
+    (None, True, True),
+    ("ADDED", True, True),
+    ("MODIFIED", False, True),
+    ("DELETED", False, False),
+], ids=["listed-at-start-gets-a-pass", "created-gets-a-pass", "own-status-write-none", "deleted-forgotten"])
+def test_a_group_seen_at_start_or_created_gets_a_pass_under_its_label_value(event_type, woken, known,
+                                                                            monkeypatch) -> None:
+    """A group's key is the label value of its name (what its nodes carry, and every wake of a
+    group names); its pass finds the object's name again."""
+    key = naming.label_value(LONG)
+    assert key != LONG  # the case where the mapping matters
+    reached: list[str] = []
+
+    async def reconcile_group(_rt, name):
+        reached.append(name)
+
+    monkeypatch.setattr(instancegroup, "reconcile_group", reconcile_group)
+
+    async def go():
+        rt = SimpleNamespace(queue=WorkQueue(), group_names={})
+        if event_type in ("MODIFIED", "DELETED"):
+            await instancegroup.group_seen(name=LONG, type="ADDED", memo=SimpleNamespace(runtime=rt))
+            rt.queue = WorkQueue()  # a fresh queue: only the event under test counts
+        await instancegroup.group_seen(name=LONG, type=event_type, memo=SimpleNamespace(runtime=rt))
+        was_woken = rt.queue.woken(instancegroup.KIND, key)
+        await instancegroup.group_pass(rt, key)
+        await rt.queue.stop()
+        return was_woken, rt.group_names
+
+    was_woken, names = run(go())
+    assert was_woken is woken
+    assert names == ({key: LONG} if known else {})
+    assert reached == ([LONG] if known else [])  # an unknown key's pass does nothing
