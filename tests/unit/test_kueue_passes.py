@@ -19,8 +19,8 @@ import pytest
 from hyperplan.actuation.fakes import FakeNodePods, FakeProvider, RecordingKueueWrites
 from hyperplan.actuation.kueue import KueueWrites
 from hyperplan.handlers import kueue as hk
-from hyperplan.handlers.context import Wakeups
 from hyperplan.handlers.nodewatch import NodeChange, NodeStore
+from hyperplan.handlers.workqueue import WorkQueue
 from hyperplan.planning import naming as nm
 from hyperplan.planning import trainingjobs as tj
 from hyperplan.planning.naming import TopologyKeys
@@ -113,20 +113,21 @@ def runtime(plan: dict | None, workloads: list[dict], nodes: list[dict], *, chec
     for c in checks:
         state.checks[c] = PLAN
         state.check_bodies[c] = check_body(c)
+        state.loops.add(PLAN)  # as check_changed leaves it
     state.workloads = index(workloads)
     store = NodeStore()
     for n in nodes:
         store.apply("ADDED", n)
     state.job_nodes = store.view("job")
     return SimpleNamespace(cache=FakeCache({PLAN: plan} if plan else {}), clock=lambda: NOW,
-                           policy=get_policy("sagemaker"), keys=TopologyKeys(), wakeups=Wakeups(), kueue=state,
+                           policy=get_policy("sagemaker"), keys=TopologyKeys(), queue=WorkQueue(), kueue=state,
                            providers={"kwok": provider}, pods=FakeNodePods(pods=dict(pods or {}), guarded=set(guarded)),
                            kube=None)
 
 
-def run_pass(rt: SimpleNamespace, stop: hk.Stop | None = None) -> datetime | None:
+def run_pass(rt: SimpleNamespace) -> datetime | None:
     async def go() -> datetime | None:
-        return await hk.reconcile_plan_workloads(rt, PLAN, stop if stop is not None else hk.Stop())
+        return await hk.reconcile_plan_workloads(rt, PLAN)
     return asyncio.run(go())
 
 
@@ -210,8 +211,8 @@ def test_a_check_no_longer_ours_is_no_longer_served(event_type: str, controller:
 
     async def go() -> None:
         await hk.check_changed(rt, CHECK, check_body(controller=controller), event_type)
-        assert rt.wakeups._event((hk.KIND, PLAN)).is_set()  # its plan's loop looks again
-        await hk.reconcile_plan_workloads(rt, PLAN, hk.Stop())
+        assert rt.queue.woken(hk.KIND, PLAN)  # its plan's loop looks again
+        await hk.reconcile_plan_workloads(rt, PLAN)
     asyncio.run(go())
     assert CHECK not in rt.kueue.checks and CHECK not in rt.kueue.check_bodies
     w = writes_of(rt)
@@ -229,9 +230,8 @@ def test_a_check_no_longer_ours_is_no_longer_served(event_type: str, controller:
 def test_a_plan_loop_stops_only_when_still_unnamed(nodes: list, check_arrives: bool, stops: bool) -> None:
     running = workload("train", state="Ready", admitted=True)
     rt = runtime(plan_obj(), [running], nodes, checks=())
-    stop = hk.Stop()
     state = rt.kueue
-    state.loops[PLAN] = (None, stop)
+    state.loops.add(PLAN)
     real_call = state.call
 
     async def call(fn, *args):
@@ -241,9 +241,10 @@ def test_a_plan_loop_stops_only_when_still_unnamed(nodes: list, check_arrives: b
         return out
 
     state.call = call
-    run_pass(rt, stop)
-    assert bool(stop) is stops
+    wake = run_pass(rt)
     assert (PLAN in state.loops) is not stops
+    if stops:
+        assert wake is None  # no timer is left for it either
 
 
 # --------------------------------------------------------------------------- the last check deleted (task 2)
@@ -259,12 +260,12 @@ def test_deleting_the_last_check_keeps_a_running_workloads_nodes(train: dict | N
     nodes = [job_node("0", "train"), job_node("1", "train")]
     workloads = [workload("train", state="Ready", **train)] if train is not None else []
     rt = runtime(plan_obj(), workloads, nodes, checks=())
-    stop = hk.Stop()
-    run_pass(rt, stop)
+    rt.kueue.loops.add(PLAN)
+    run_pass(rt)
     left = set(rt.providers["kwok"].nodes)
     assert (left == {n["metadata"]["name"] for n in nodes}) is kept
     assert (left == set()) is not kept
-    assert bool(stop) is not kept  # the loop goes on while the job runs on its nodes
+    assert (PLAN in rt.kueue.loops) is kept  # the loop goes on while the job runs on its nodes
     if kept:
         assert rt.pods.calls == []  # nothing evicted
         assert rt.kueue.job_workloads == {"team.train": PLAN}  # its Workload's changes wake the plan
@@ -325,7 +326,7 @@ def test_a_job_node_of_a_plan_without_a_loop_starts_one(plan_exists, has_loop, e
     rt = runtime(plan_obj() if plan_exists else None, [], [job_node("0", "train")], checks=())
     state = rt.kueue
     if has_loop:
-        state.loops[PLAN] = (None, hk.Stop())
+        state.loops.add(PLAN)
     started: list[str] = []
     state.ensure_loop = lambda _rt, plan: started.append(plan)
     node = job_node("0", "train")
@@ -345,7 +346,7 @@ def test_a_plan_first_seen_with_job_nodes_gets_a_loop(event_type, has_loop, has_
     rt = runtime(plan_obj(), [], [job_node("0", "train")] if has_job_nodes else [], checks=())
     state = rt.kueue
     if has_loop:
-        state.loops[PLAN] = (None, hk.Stop())
+        state.loops.add(PLAN)
     started: list[str] = []
     state.ensure_loop = lambda _rt, plan: started.append(plan)
     asyncio.run(hk.plan_changed_for_admission(name=PLAN, type=event_type, memo=SimpleNamespace(runtime=rt)))

@@ -42,3 +42,10 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any,
     configure_kopf(settings, rt.settings)
     logger.info("policy profile %s; watching capacitypools, trainingplans, instancegroups, nodes",
                 rt.policy.name)
+
+
+@kopf.on.cleanup()
+async def stop_passes(memo: kopf.Memo, **_: Any) -> None:
+    """Stop the work queue of every kind's passes (handlers.workqueue), giving running passes
+    their grace."""
+    await memo.runtime.queue.stop()

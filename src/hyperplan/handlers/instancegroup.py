@@ -1,4 +1,4 @@
-"""InstanceGroup handlers: one daemon per group that holds nodes only while a block is usable.
+"""InstanceGroup handlers: passes over each group that hold nodes only while a block is usable.
 
 Each pass (:func:`reconcile_group`) reads the group, its plan, the groups sharing the plan
 and the group's nodes; ``actuation.groups.observe_nodes`` turns the nodes into observations
@@ -6,8 +6,11 @@ and the group's nodes; ``actuation.groups.observe_nodes`` turns the nodes into o
 should exist; ``actuation.groups.apply_decision`` carries it out through the group's node
 provider (health notes, marks and spare promotions, new nodes, label and taint updates,
 drains and removals) and returns what it did, which the handler notes in the memory; then
-one status patch and the events. The daemon sleeps until the next block boundary, health
-deadline or drain retry, or until a node, the plan or the group changes.
+one status patch and the events. The passes run on the operator's work queue
+(``handlers.workqueue``), keyed by the label value of the group's name (which its nodes carry);
+the group is looked at again at its next block boundary, health deadline or drain retry, or
+when a node, the plan or the group changes. kopf's finalizer stays on the group (its deletion
+handler :func:`drain_group` needs it), and no node is created before it is there.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from hyperplan.actuation.groups import (
 )
 from hyperplan.api.models import GROUP, VERSION, InstanceGroup, InstanceGroupStatus, TrainingPlan, VanishedNode
 from hyperplan.api.vocabulary import FINALIZER  # set by kopf (operator.configure_kopf)
-from hyperplan.handlers.context import Runtime, reconcile_forever, status_of
+from hyperplan.handlers.context import Runtime, status_of
+from hyperplan.handlers.workqueue import Pace
 from hyperplan.planning import naming as nm
 from hyperplan.planning.groups import Peer, PlanView, decide_group
 from hyperplan.planning.memory import Vanished
@@ -38,10 +42,10 @@ from hyperplan.planning.plans import Event
 PLURAL = "instancegroups"
 # A pass over a large group costs the event loop (and the GIL its create threads and the client
 # share) tens to hundreds of milliseconds; while a group's nodes come up, every node event would
-# start the next one at once. A pass that took longer than PACE_FROM waits as long as it took (at
-# most PACE_MAX) before the next one that an event asks for, so a group keeps at most half of the
-# loop. Its own deadlines (grace ends, block boundaries) are never delayed (reconcile_forever).
-PACE_FROM, PACE_MAX = 0.05, 0.5
+# start the next one at once. A pass that took longer than PACE.start waits as long as it took
+# (at most PACE.most) before the next one that an event asks for, so a group keeps at most half of the
+# loop. Its own deadlines (grace ends, block boundaries) are never delayed (handlers.workqueue).
+PACE = Pace(start=0.05, most=0.5)
 ADOPTION_RETRY = timedelta(seconds=1)  # after a lost race for a free static node
 KIND = "group"
 T = TypeVar("T")
@@ -131,7 +135,7 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
                                decision.block.start_time if decision.block else None, rt.clock())
     if plan is not None and (nodes_moved or decision.create or decision.drain or decision.remediation
                              or decision.update):
-        rt.wakeups.wake("plan", plan.name)  # its counts follow the nodes (see handlers.nodes)
+        rt.queue.wake("plan", plan.name)  # its counts follow the nodes (see handlers.nodes)
     if applied.lost_race:  # another writer adopted the free node first: choose again shortly
         retry = now + ADOPTION_RETRY
         return retry if decision.wake_at is None else min(decision.wake_at, retry)
@@ -162,22 +166,40 @@ def post_events(group_obj: dict[str, Any], events: list[tuple[dict | None, Event
             kopf.event(group_obj, type=ev.type, reason=ev.reason, message=ev.message)
 
 
-@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10, initial_delay=0)
-async def group_daemon(name: str, stopped: kopf.DaemonStopped, memo: kopf.Memo, **_: Any) -> None:
+@kopf.on.startup()
+async def start_group_passes(memo: kopf.Memo, **_: Any) -> None:
+    """Every group's passes run on the work queue, for as long as kopf runs (only on the leader)."""
     rt: Runtime = memo.runtime
-    await reconcile_forever(rt, KIND, nm.label_value(name), "InstanceGroup",
-                            lambda: reconcile_group(rt, name), stopped, log, PLURAL, name, pace=pass_pace)
+    rt.queue.register(KIND, lambda key: group_pass(rt, key), label="InstanceGroup", plural=PLURAL,
+                      name_of=rt.group_names.get, pace=PACE)
 
 
-def pass_pace(seconds: float) -> float:
-    """How long to wait after a pass that took ``seconds`` before one that an event asks for."""
-    return 0.0 if seconds < PACE_FROM else min(seconds, PACE_MAX)
+async def group_pass(rt: Runtime, key: str) -> datetime | None:
+    """The pass of the group whose key (the label value of its name) is ``key``."""
+    name = rt.group_names.get(key)
+    return None if name is None else await reconcile_group(rt, name)
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def group_seen(name: str, type: str | None, memo: kopf.Memo, **_: Any) -> None:
+    """A group gets a pass when it is listed at start (resume) or created; its spec changes
+    (:func:`group_spec_changed`), its nodes and its plan wake it after that."""
+    rt: Runtime = memo.runtime
+    rt.queue.start()  # inside a kopf handler, for kopf.event (see trainingplan.plan_seen)
+    key = nm.label_value(name)
+    if type == "DELETED":
+        rt.group_names.pop(key, None)
+        rt.queue.forget(KIND, key)
+        return
+    rt.group_names[key] = name
+    if type in (None, "ADDED"):
+        rt.queue.wake(KIND, key)
 
 
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
 async def group_spec_changed(name: str, spec: kopf.Spec, memo: kopf.Memo, **_: Any) -> None:
     """A changed count may move every group that shares the plan."""
-    memo.runtime.wakeups.wake(KIND, nm.label_value(name))
+    memo.runtime.queue.wake(KIND, nm.label_value(name))
     memo.runtime.wake_groups_of(spec.get("trainingPlanRef", ""))
 
 
@@ -186,6 +208,7 @@ async def drain_group(name: str, spec: kopf.Spec, memo: kopf.Memo, body: kopf.Bo
     """Drain and remove every node of the group before it goes away (retried until done)."""
     rt: Runtime = memo.runtime
     key = nm.label_value(name)
+    await rt.queue.quiet(KIND, key)  # a pass in flight ends first: its nodes are drained too
     provider = rt.providers[spec.get("nodeProvider", "kwok")]
     nodes = await in_thread(rt, provider.list, name)
     rt.groups.note_releasing(key, [node_id(n) for n in nodes])

@@ -17,13 +17,12 @@ TrainingPlan (``apiGroup: hyperplan.dev, kind: TrainingPlan, name: <plan>``):
 
 **One loop per plan that checks name.** Kueue's objects get no kopf daemon: a kopf daemon
 puts a finalizer on the object it serves, and a Kueue AdmissionCheck must not hang in
-Terminating because hyperplan is not running. Instead the AdmissionCheck watch starts one
-asyncio loop per plan named by a check (:class:`KueueState`), run by the same
-:func:`~hyperplan.handlers.context.reconcile_forever` as the other daemons: it sleeps until the
-plan's next block boundary, a keep-alive expiry, or a wake-up from a Workload, the plan or a
-check changing. The loop ends when no check names the plan any more and none of its job nodes
-is left. Only ``on.event`` handlers and an index watch Kueue's kinds, so kopf never patches them
-(no annotations, no finalizers).
+Terminating because hyperplan is not running. Instead each plan named by a check is a key of
+the operator's work queue (``handlers.workqueue``, kind ``kueue-plan``), as plans and groups
+are: it is passed over at the plan's next block boundary, a keep-alive expiry, or a wake from a
+Workload, the plan or a check changing. Its loop (:attr:`KueueState.loops`) ends when no check
+names the plan any more and none of its job nodes is left. Only ``on.event`` handlers and an
+index watch Kueue's kinds, so kopf never patches them (no annotations, no finalizers).
 
 **Reads.** A pass makes no API read: the checks are what their watch events said
 (:class:`KueueState` keeps them), the Workloads come from a kopf index fed by the Workload watch
@@ -76,7 +75,7 @@ from hyperplan.actuation.kueue import KUEUE_API, KUEUE_GROUP, KUEUE_VERSION, Kub
 from hyperplan.actuation.nodes import ACCELERATORS, NodeProvider
 from hyperplan.api.models import GROUP, VERSION, TrainingPlan, to_rfc3339
 from hyperplan.handlers.cache import v1_node
-from hyperplan.handlers.context import Runtime, reconcile_forever
+from hyperplan.handlers.context import Runtime
 from hyperplan.handlers.nodewatch import DELETED, NodeChange
 from hyperplan.planning import admission as ad
 from hyperplan.planning import groups as gr
@@ -87,24 +86,9 @@ from hyperplan.planning import trainingjobs as tj
 from hyperplan.planning.schedule import plan_block_schedule
 
 KIND = "kueue-plan"
+KUEUE_WORKERS = 16  # plans passed over at once (their calls share the controller's 2 threads)
 WORKLOADS_INDEX = "hp_kueue_workloads"
 log = logging.getLogger("hyperplan.kueue")
-
-
-class Stop:
-    """A stop flag for a loop of our own, shaped like kopf's DaemonStopped (truthy once set)."""
-
-    def __init__(self) -> None:
-        self._event = asyncio.Event()
-
-    def set(self) -> None:
-        self._event.set()
-
-    def __bool__(self) -> bool:
-        return self._event.is_set()
-
-    async def wait(self) -> bool:
-        return await self._event.wait()
 
 
 def _rv(obj: Mapping[str, Any] | None) -> int:
@@ -131,7 +115,8 @@ class KueueState:
 
     * ``checks``: the AdmissionChecks it serves (name -> plan, None when the parameters are
       invalid), and ``check_bodies``, each as its last watch event (or our last write) showed it;
-    * ``loops``: the loop running for each plan the checks name;
+    * ``loops``: the plans it passes over (keys of the work queue): those the checks name, and
+      those with job nodes left;
     * ``workloads``: the kopf index, ``job_nodes``: the node store's view by plan (both bound at
       startup), ``written``: the Workloads as our own writes returned them (preferred while
       newer than the index's copy), ``nodes_wrote``: plans whose last pass wrote to their job nodes;
@@ -145,7 +130,7 @@ class KueueState:
 
     checks: dict[str, str | None] = field(default_factory=dict)
     check_bodies: dict[str, dict[str, Any]] = field(default_factory=dict)
-    loops: dict[str, tuple[asyncio.Task, Stop]] = field(default_factory=dict)
+    loops: set[str] = field(default_factory=set)
     workloads: Mapping[Any, Any] | None = None
     job_nodes: Mapping[Any, Any] | None = None
     written: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
@@ -166,19 +151,14 @@ class KueueState:
         return sorted(c for c, p in self.checks.items() if p == plan)
 
     def ensure_loop(self, rt: Runtime, plan: str) -> None:
-        running = self.loops.get(plan)
-        if running is not None and not running[0].done() and not running[1]:
-            rt.wakeups.wake(KIND, plan)
-            return
-        stop = Stop()
-        task = asyncio.get_running_loop().create_task(
-            reconcile_forever(rt, KIND, plan, "KueueAdmission", lambda: reconcile_plan_workloads(rt, plan, stop),
-                              stop, log), name=f"kueue-admission-{plan}")
-        self.loops[plan] = (task, stop)
+        """Pass over ``plan`` now, and from now on whenever it is woken or falls due."""
+        self.loops.add(plan)
+        rt.queue.wake(KIND, plan)
 
-    def stop_all(self) -> None:
-        for _, stop in self.loops.values():
-            stop.set()
+    def wake(self, rt: Runtime, plan: str) -> None:
+        """Pass over ``plan`` again if its loop runs."""
+        if plan in self.loops:
+            rt.queue.wake(KIND, plan)
 
     # ------------------------------------------------------------------ reads (no API call)
 
@@ -390,7 +370,7 @@ def running_outside_checks(state: KueueState, plan_name: str, known: set[str]) -
     return tj.still_running_holders(views, known, running)
 
 
-async def reconcile_plan_workloads(rt: Runtime, plan_name: str, stop: Stop) -> datetime | None:
+async def reconcile_plan_workloads(rt: Runtime, plan_name: str) -> datetime | None:
     """One pass over a plan named by AdmissionChecks: the checks, their workloads, the job nodes.
 
     With no check naming the plan any more, the pass only serves the plan's job nodes: those of
@@ -411,9 +391,7 @@ async def reconcile_plan_workloads(rt: Runtime, plan_name: str, stop: Stop) -> d
             if target == ad.TRAINING_JOB else []
         wake, left = await state.call(reconcile_job_nodes, rt, plan_name, plan, schedule, outside, now)
         if not left and not state.checks_of(plan_name):  # a check may have come meanwhile
-            stop.set()
-            if state.loops.get(plan_name, (None, None))[1] is stop:
-                state.loops.pop(plan_name, None)
+            state.loops.discard(plan_name)
             return None
         return wake
     for check in checks:
@@ -596,17 +574,15 @@ def _signalled(node: client.V1Node) -> bool:
 @kopf.on.startup()
 async def kueue_startup(memo: kopf.Memo, **kwargs: Any) -> None:
     """Bind the Workload index (kopf hands it to startup handlers, filled before any other
-    handler) and the job nodes (the node store, by plan), and listen to job node changes."""
+    handler) and the job nodes (the node store, by plan), listen to job node changes, and run the
+    plans' passes on the work queue."""
     rt: Runtime = memo.runtime
     state = state_of(rt)
     state.workloads = kwargs.get(WORKLOADS_INDEX)
     state.job_nodes = rt.node_store.view("job")
     rt.node_store.listeners.append(lambda change: job_node_changed(rt, change))
-
-
-@kopf.on.cleanup()
-async def kueue_cleanup(memo: kopf.Memo, **_: Any) -> None:
-    state_of(memo.runtime).stop_all()
+    rt.queue.register(KIND, lambda plan: reconcile_plan_workloads(rt, plan), label="KueueAdmission",
+                      workers=KUEUE_WORKERS)
 
 
 async def check_changed(rt: Runtime, name: str, body: Mapping[str, Any], type: str | None) -> None:
@@ -620,7 +596,7 @@ async def check_changed(rt: Runtime, name: str, body: Mapping[str, Any], type: s
         state.checks.pop(name, None)
         state.check_bodies.pop(name, None)
         if before:
-            rt.wakeups.wake(KIND, before)
+            state.wake(rt, before)
         return
     plan, why = ad.check_parameters(spec.get("parameters"))
     state.checks[name] = plan
@@ -628,7 +604,7 @@ async def check_changed(rt: Runtime, name: str, body: Mapping[str, Any], type: s
     if _rv(slim) >= _rv(state.check_bodies.get(name)):
         state.check_bodies[name] = slim
     if before and before != plan:
-        rt.wakeups.wake(KIND, before)
+        state.wake(rt, before)
     if plan is None:
         active = ad.CheckActive("False", "InvalidParameters", why)
         if await state.call(apply_check_active, state, state.check_bodies[name], active, rt.clock()):
@@ -639,6 +615,7 @@ async def check_changed(rt: Runtime, name: str, body: Mapping[str, Any], type: s
 
 @kopf.on.event(KUEUE_GROUP, KUEUE_VERSION, "admissionchecks")
 async def admission_check_changed(name: str, body: kopf.Body, type: str | None, memo: kopf.Memo, **_: Any) -> None:
+    memo.runtime.queue.start()  # inside a kopf handler, for kopf.event (see trainingplan.plan_seen)
     await check_changed(memo.runtime, name, body, type)
 
 
@@ -656,10 +633,11 @@ async def workload_changed(namespace: str, name: str, body: kopf.Body, type: str
     """A Workload that carries one of our checks, or runs on a job node, changed: its plan's loop
     looks again."""
     state = state_of(memo.runtime)
+    memo.runtime.queue.start()
     if type == "DELETED":
         state.written.pop((namespace or "", name), None)  # nothing of it is kept once it is gone
     for plan in plans_to_wake(state, namespace, name, body):
-        memo.runtime.wakeups.wake(KIND, plan)
+        state.wake(memo.runtime, plan)
 
 
 def job_node_changed(rt: Runtime, change: NodeChange) -> None:
@@ -679,9 +657,10 @@ async def plan_changed_for_admission(name: str, type: str | None, memo: kopf.Mem
     A plan first seen (kopf's initial listing, after a restart) that still has job nodes but no
     check naming it gets a loop, so that its nodes are released once no workload runs on them."""
     state = state_of(memo.runtime)
+    memo.runtime.queue.start()
     if type is None and name not in state.loops and state.job_nodes is not None \
             and state.job_nodes.get(nm.label_value(name)):
         state.ensure_loop(memo.runtime, name)
         return
-    if type is not None and name in state.loops:
-        memo.runtime.wakeups.wake(KIND, name)
+    if type is not None:
+        state.wake(memo.runtime, name)

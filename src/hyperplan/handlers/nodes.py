@@ -60,10 +60,10 @@ def node_changed(rt: Any, change: NodeChange) -> None:
     if group:
         group_node_changed(rt, change.name, group, change.labels, change.node, change.type)
     if change.left_group:  # relabelled or handed back: the group it left counts without it
-        rt.wakeups.wake("group", change.left_group)
+        rt.queue.wake("group", change.left_group)
     if change.labels.get(LABEL_POOL) == POOL_FREE and change.type not in (None, DELETED):
         for waiting in rt.groups.short_of_free_nodes():
-            rt.wakeups.wake("group", waiting)
+            rt.queue.wake("group", waiting)
     for listener in rt.node_store.listeners:
         listener(change)
 
@@ -72,7 +72,7 @@ def group_node_changed(rt: Any, name: str, group: str, labels: Mapping[str, str]
                        type: str | None) -> None:
     """A change to a group's node wakes that group (heartbeats never get here)."""
     if type is None:
-        return  # the first listing: daemons reconcile on start anyway
+        return  # the first listing: every group gets a pass on start anyway
     if type == DELETED:
         node_id = labels.get(LABEL_NODE_ID, name)
         annotations = node.get("metadata", {}).get("annotations") or {}
@@ -85,9 +85,9 @@ def group_node_changed(rt: Any, name: str, group: str, labels: Mapping[str, str]
         # The grace of a health label counts from its first sight: the event, not the group's
         # next pass (which may be busy carrying out the last one when a storm of labels comes).
         rt.groups.first_sight(group, labels.get(LABEL_NODE_ID, name), bad, rt.clock())
-    rt.wakeups.wake("group", group)
+    rt.queue.wake("group", group)
     if type == DELETED and labels.get(LABEL_PLAN):  # its group may be gone, with no pass to wake the plan
-        rt.wakeups.wake("plan", labels[LABEL_PLAN])
+        rt.queue.wake("plan", labels[LABEL_PLAN])
 
 
 def plan_digest(body: Mapping[str, Any]) -> str:

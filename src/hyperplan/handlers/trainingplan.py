@@ -4,7 +4,7 @@ Each pass reads the plan, the pools and the block's nodes from the watch cache
 (``handlers.cache``, no API read), asks ``planning.plans.decide_plan`` what the status should
 be, buys through the ledger when the decision says so, and writes one status patch when
 anything changed. Between passes a plan costs one timer for its next block boundary, held by
-the one scheduler of all plans (``handlers.scheduler.PassScheduler``, started with kopf); a
+the operator's one work queue (``handlers.workqueue.WorkQueue``, started with kopf); a
 pool change, a change to the plan's spec or nodes, or its groups wake it: no polling. (Until
 issue 10's memory work each plan had a kopf daemon of its own; see docs/benchmarks.md 5.4.)
 
@@ -39,7 +39,6 @@ from hyperplan.actuation.ledger import CapacityLedger, PurchaseResult
 from hyperplan.api.models import GROUP, VERSION, TrainingPlan, TrainingPlanSpec, TrainingPlanStatus
 from hyperplan.api.vocabulary import FINALIZER, PLAN_FINALIZER, REASON_OFFERING_UNAVAILABLE
 from hyperplan.handlers.context import Runtime, status_of
-from hyperplan.handlers.scheduler import PassScheduler
 from hyperplan.planning import counts as ct
 from hyperplan.planning import naming as nm
 from hyperplan.planning.blocks import Block
@@ -221,19 +220,9 @@ async def _write(rt: Runtime, obj: dict[str, Any], decision: PlanDecision) -> No
 
 @kopf.on.startup()
 async def start_plan_passes(memo: kopf.Memo, **_: Any) -> None:
-    """One scheduler for every plan's passes, for as long as kopf runs (only on the leader)."""
+    """Every plan's passes run on the work queue, for as long as kopf runs (only on the leader)."""
     rt: Runtime = memo.runtime
-    rt.plans = PassScheduler("TrainingPlan", lambda name: reconcile_plan(rt, name), rt.clock, rt=rt, plural=PLURAL)
-    rt.wakeups.route(KIND, rt.plans.wake)  # wake-ups wait in its queue until the workers start
-
-
-@kopf.on.cleanup()
-async def stop_plan_passes(memo: kopf.Memo, **_: Any) -> None:
-    rt: Runtime = memo.runtime
-    if rt.plans is not None:
-        rt.wakeups.route(KIND, None)
-        await rt.plans.stop()
-        rt.plans = None
+    rt.queue.register(KIND, lambda name: reconcile_plan(rt, name), label="TrainingPlan", plural=PLURAL)
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
@@ -242,15 +231,13 @@ async def plan_seen(name: str, type: str | None, body: kopf.Body, memo: kopf.Mem
     (its generation is ahead of the last pass's ``observedGeneration``), and when it is being
     deleted. Its other events are its own status writes, which need none."""
     rt: Runtime = memo.runtime
-    if rt.plans is None:
-        return
     # The workers start inside a kopf handler: their tasks inherit its context, which holds
     # kopf's queue for posting Events (kopf.event fails outside one). Idempotent.
-    rt.plans.start()
+    rt.queue.start()
     if type == "DELETED":
-        rt.plans.forget(name)
+        rt.queue.forget(KIND, name)
         return
     meta, status = body.get("metadata") or {}, body.get("status") or {}
     if type in (None, "ADDED") or meta.get("deletionTimestamp") \
             or meta.get("generation") != status.get("observedGeneration"):
-        rt.wakeups.wake(KIND, name)
+        rt.queue.wake(KIND, name)
