@@ -37,10 +37,10 @@ from kubernetes import client  # noqa: E402
 from hyperplan.actuation.groups import observe_nodes  # noqa: E402
 from hyperplan.actuation.fakes import FakeProvider  # noqa: E402
 from hyperplan.api.models import InstanceGroupSpec, InstanceGroupStatus, ReservedCapacity  # noqa: E402
-from hyperplan.planning import counts as ct  # noqa: E402
-from hyperplan.planning import naming as nm  # noqa: E402
-from hyperplan.planning import placement as pl  # noqa: E402
-from hyperplan.planning.groups import Peer, PlanView, decide_group  # noqa: E402
+from hyperplan.planning import counts  # noqa: E402
+from hyperplan.planning import naming  # noqa: E402
+from hyperplan.planning import placement  # noqa: E402
+from hyperplan.planning.groups import Peer, BoundPlan, decide_group  # noqa: E402
 from hyperplan.planning.memory import GroupMemory  # noqa: E402
 from hyperplan.planning.policy import DEMO  # noqa: E402
 
@@ -72,11 +72,11 @@ def set_ready(node: client.V1Node, status: str, since: datetime) -> None:
 
 def measure(ultraservers: int, repeat: int, loops: int) -> dict[str, float]:
     count = 18 * ultraservers
-    block = ReservedCapacity(id="rc-bench-0", availability_zone="az1", instance_type=pl.ULTRASERVER_INSTANCE_TYPE,
+    block = ReservedCapacity(id="rc-bench-0", availability_zone="az1", instance_type=placement.ULTRASERVER_INSTANCE_TYPE,
                              instance_count=count, start_time=T0, end_time=T0 + timedelta(hours=3),
                              ultra_server_type=X72, ultra_server_count=ultraservers)
-    plan = PlanView("p", "hyperpod-cluster", None, X72, 1, (block,))
-    spec = InstanceGroupSpec(training_plan_ref="p", instance_type=pl.ULTRASERVER_INSTANCE_TYPE,
+    plan = BoundPlan("p", "hyperpod-cluster", None, X72, 1, (block,))
+    spec = InstanceGroupSpec(training_plan_ref="p", instance_type=placement.ULTRASERVER_INSTANCE_TYPE,
                              instance_count=17 * ultraservers,
                              health_check={"graceSeconds": 5, "maxUnhealthy": "20%"})
     peers = [Peer("w", spec.instance_count)]
@@ -87,27 +87,27 @@ def measure(ultraservers: int, repeat: int, loops: int) -> dict[str, float]:
         provider.create(s)
         set_ready(provider.nodes[s.name], "True", T0 + timedelta(seconds=2))
     memory = GroupMemory()
-    keys = nm.TopologyKeys()
+    keys = naming.TopologyKeys()
     raw = provider.list("w")
     assert len(raw) == count, (len(raw), count)
     seen = observe_nodes("w", raw, memory, now, keys)
     steady = decide_group("w", 1, spec, first.status, plan, peers, seen.nodes, DEMO, now, keys)
     assert not (steady.create or steady.drain or steady.remediation), "the steady group must have nothing to do"
 
-    victim = next(n for n in raw if (n.metadata.labels or {}).get(nm.LABEL_ROLE) == nm.ROLE_ACTIVE)
+    victim = next(n for n in raw if (n.metadata.labels or {}).get(naming.LABEL_ROLE) == naming.ROLE_ACTIVE)
     set_ready(victim, "False", now - timedelta(seconds=30))
     failing = observe_nodes("w", provider.list("w"), GroupMemory(), now, keys)
     failed = decide_group("w", 1, spec, steady.status, plan, peers, failing.nodes, DEMO, now, keys)
     assert failed.remediation, "one node past its grace must be remediated"
     set_ready(victim, "True", T0 + timedelta(seconds=2))
 
-    plan_nodes = [ct.ObservedNode(n.metadata.name, "w", (n.metadata.labels or {}).get(nm.LABEL_ROLE, nm.ROLE_ACTIVE),
+    plan_nodes = [counts.ObservedNode(n.metadata.name, "w", (n.metadata.labels or {}).get(naming.LABEL_ROLE, naming.ROLE_ACTIVE),
                                   (n.metadata.labels or {}).get(keys.ultraserver_id), True, True, False) for n in raw]
-    ultras = pl.ultraservers_for_block(block.id, X72, count, 1)
+    ultras = placement.ultraservers_for_block(block.id, X72, count, 1)
 
-    def placement() -> None:
-        ct.plan_counts(count, ultraservers, plan_nodes)
-        ct.ultraserver_reports(ultras, "az1", plan_nodes)
+    def placement_cost() -> None:
+        counts.plan_counts(count, ultraservers, plan_nodes)
+        counts.ultraserver_reports(ultras, "az1", plan_nodes)
 
     return {
         "nodes": count,
@@ -115,7 +115,7 @@ def measure(ultraservers: int, repeat: int, loops: int) -> dict[str, float]:
                                                    keys), repeat, loops),
         "decide_failure": best(lambda: decide_group("w", 1, spec, steady.status, plan, peers, failing.nodes, DEMO,
                                                     now, keys), repeat, loops),
-        "placement": best(placement, repeat, loops),
+        "placement": best(placement_cost, repeat, loops),
         "observe": best(lambda: observe_nodes("w", raw, GroupMemory(), now, keys), repeat, max(1, loops // 4)),
     }
 

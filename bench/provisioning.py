@@ -42,8 +42,8 @@ from nodes_ready import NodeTracker, cpu_delta, group_to_ready, plane_cpu, remov
 from hyperplan.actuation.groups import CREATE_WORKERS  # noqa: E402
 from hyperplan.actuation.nodes import kwok_node_body  # noqa: E402
 from hyperplan.api.models import InstanceGroupSpec, InstanceGroupStatus, ReservedCapacity  # noqa: E402
-from hyperplan.planning import placement as pl  # noqa: E402
-from hyperplan.planning.groups import Peer, PlanView, decide_group  # noqa: E402
+from hyperplan.planning import placement  # noqa: E402
+from hyperplan.planning.groups import Peer, BoundPlan, decide_group  # noqa: E402
 from hyperplan.planning.policy import DEMO  # noqa: E402
 
 GB200, X72 = "ml.p6e-gb200.36xlarge", "ml.u-p6e-gb200x72"
@@ -58,11 +58,11 @@ def floor_bodies(group: str, ultraservers: int) -> list[dict]:
     on a fresh block of ``ultraservers`` x72 UltraServers (planning decides them, as in a pass)."""
     now = utcnow()
     count = PER_ULTRASERVER * ultraservers
-    block = ReservedCapacity(id=f"rc-{group}", availability_zone=AZ, instance_type=pl.ULTRASERVER_INSTANCE_TYPE,
+    block = ReservedCapacity(id=f"rc-{group}", availability_zone=AZ, instance_type=placement.ULTRASERVER_INSTANCE_TYPE,
                              instance_count=count, start_time=now - timedelta(seconds=1),
                              end_time=now + timedelta(minutes=3), ultra_server_type=X72,
                              ultra_server_count=ultraservers)
-    plan = PlanView(group, "hyperpod-cluster", None, X72, 1, (block,))
+    plan = BoundPlan(group, "hyperpod-cluster", None, X72, 1, (block,))
     spec = InstanceGroupSpec(training_plan_ref=group, instance_type=GB200, instance_count=17 * ultraservers)
     d = decide_group(group, 1, spec, InstanceGroupStatus(), plan, [Peer(group, spec.instance_count)], [], DEMO, now)
     if len(d.create) != count:

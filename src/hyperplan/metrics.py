@@ -46,7 +46,7 @@ from hyperplan.api.models import (
     CapacityPool, InstanceGroupStatus, TrainingPlanStatus,
 )
 from hyperplan.api import vocabulary
-from hyperplan.planning import offerings as of
+from hyperplan.planning import offerings
 from hyperplan.planning.naming import label_value
 
 # --------------------------------------------------------------------------- event metrics
@@ -234,7 +234,7 @@ class ObservedObjects:
 
     plans: dict[str, _Plan] = field(default_factory=dict)
     groups: dict[str, _Group] = field(default_factory=dict)
-    pools: dict[str, of.PoolSnapshot] = field(default_factory=dict)
+    pools: dict[str, offerings.PoolSnapshot] = field(default_factory=dict)
     nodes: dict[str, str] = field(default_factory=dict)  # node name -> its instance group
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -265,7 +265,7 @@ class ObservedObjects:
         with self._lock:
             self.pools[name] = snapshot
 
-    def put_pool_snapshot(self, name: str, snapshot: of.PoolSnapshot) -> None:
+    def put_pool_snapshot(self, name: str, snapshot: offerings.PoolSnapshot) -> None:
         """A pool as already parsed (by the watch cache, once per resourceVersion)."""
         with self._lock:
             self.pools[name] = snapshot
@@ -328,11 +328,11 @@ def object_samples(view: ObservedObjects, now: datetime) -> dict[str, list[tuple
 
     for name, pool in sorted(view.pools.items()):
         where = {"pool": name, "instance_type": pool.instance_type, "availability_zone": pool.availability_zone}
-        sold = min(pool.instance_count, of.busy_at(pool, now))
+        sold = min(pool.instance_count, offerings.busy_at(pool, now))
         add("hyperplan_capacity_pool_instances", sold, state="sold", **where)
         add("hyperplan_capacity_pool_instances", pool.instance_count - sold, state="free", **where)
         unit = vocabulary.ULTRASERVER_INSTANCES.get(pool.ultra_server_type or "", 1)
-        free = of.free_intervals(pool, unit, now)
+        free = offerings.free_intervals(pool, unit, now)
         if free:
             add("hyperplan_capacity_pool_seconds_until_free",
                 max(0.0, (free[0][0] - now).total_seconds()), **where)

@@ -29,7 +29,7 @@ from rich.text import Text
 
 from hyperplan.api.models import (CapacityPoolSpec, CapacityPoolStatus, InstanceGroupStatus,
                                   TrainingPlanStatus, from_rfc3339, to_rfc3339)
-from hyperplan.planning import naming as nm
+from hyperplan.planning import naming
 from hyperplan.planning.nodefacts import NodeFacts, facts_of_v1
 
 # ----------------------------------------------------------------------------- the snapshot
@@ -217,9 +217,9 @@ def node_state(facts: NodeFacts) -> str:
 
 def node_from_api(node: Any, ultraserver_label: str) -> tuple[str, Node]:
     """(the node's group label value, the node) from a ``V1Node``."""
-    facts = facts_of_v1(node, nm.TopologyKeys(ultraserver_id=ultraserver_label))
+    facts = facts_of_v1(node, naming.TopologyKeys(ultraserver_id=ultraserver_label))
     return facts.group or "", Node(
-        name=facts.name, role=facts.labels.get(nm.LABEL_ROLE, ""), state=node_state(facts),
+        name=facts.name, role=facts.labels.get(naming.LABEL_ROLE, ""), state=node_state(facts),
         ultra_server=facts.ultraserver_id)
 
 
@@ -279,7 +279,7 @@ def snapshot_from_objects(pools: list[dict], plans: list[dict], groups: list[dic
             name=name, training_plan=spec.get("trainingPlanRef", ""), phase=st.phase or "",
             availability_zone=st.availability_zone or "", desired_count=st.desired_count,
             ready_count=st.ready_count, spare_count=st.spare_count, unhealthy_count=st.unhealthy_count,
-            nodes=sorted(by_group.get(nm.label_value(name), []), key=lambda n: n.name),
+            nodes=sorted(by_group.get(naming.label_value(name), []), key=lambda n: n.name),
             message=_message(st.conditions)))
     return snap
 
@@ -295,7 +295,7 @@ def gather(kube: Any, now: datetime | None = None, ultraserver_label: str | None
     pools = kube.list_objects("capacitypools")
     plans = kube.list_objects("trainingplans")
     groups = kube.list_objects("instancegroups")
-    nodes = [node_from_api(n, ultraserver_label) for n in kube.list_nodes(nm.LABEL_GROUP)]
+    nodes = [node_from_api(n, ultraserver_label) for n in kube.list_nodes(naming.LABEL_GROUP)]
     return snapshot_from_objects(pools, plans, groups, nodes, now or utcnow())
 
 
@@ -307,8 +307,8 @@ NOW_MARK, EMPTY_MARK = "│", "·"
 PHASE_STYLE = {"Active": "bold green", "Ready": "bold green", "Scheduled": "cyan", "Waiting": "cyan",
                "Pending": "yellow", "Provisioning": "yellow", "Draining": "magenta",
                "Expired": "grey50", "Failed": "bold red"}
-HEALTH_STYLE = {nm.STATUS_OK: "bold green", nm.STATUS_IMPAIRED: "bold red",
-                nm.STATUS_INSUFFICIENT_DATA: "yellow"}
+HEALTH_STYLE = {naming.STATUS_OK: "bold green", naming.STATUS_IMPAIRED: "bold red",
+                naming.STATUS_INSUFFICIENT_DATA: "yellow"}
 STATE_STYLE = {SERVING: "green", SPARE: "cyan", PROVISIONING: "yellow", DRAINING: "magenta",
                UNHEALTHY: "bold red"}
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from hyperplan_dev import demo_report as dr
+from hyperplan_dev import demo_report
 from hyperplan_dev import prometheus
 from hyperplan_dev.plane import free_port
 
@@ -52,7 +52,7 @@ def test_collect_reads_the_run_back_from_prometheus(exporter, tmp_path: Path) ->
         prom.wait_for('hyperplan_training_plan_phase{phase="Active"} == 1', timeout=30)
         prom.wait_for("hyperplan_spare_promotion_seconds_count > 0", timeout=30)
         time.sleep(1.5)
-        data = dr.collect(prom, start, datetime.now(timezone.utc) + timedelta(seconds=1), step=1)
+        data = demo_report.collect(prom, start, datetime.now(timezone.utc) + timedelta(seconds=1), step=1)
 
     phases = {s["metric"]["phase"]: s["values"] for s in data.series["plan_phase"]}
     assert set(phases) == {"Scheduled", "Active"}  # only the current phase's samples (== 1)
@@ -61,10 +61,10 @@ def test_collect_reads_the_run_back_from_prometheus(exporter, tmp_path: Path) ->
     assert float(data.series["group_nodes"][0]["values"][-1][1]) == 20
     (promote,) = [s for s in data.series["remediations"] if s["metric"]["action"] == "promote"]
     assert float(promote["values"][0][1]) == 0 and float(promote["values"][-1][1]) == 1
-    assert [rise for _, rise in dr.increments(promote["values"])] == [1]
-    assert dr.promotion_summary(data) == "1 spare promotion, mean 1.5 s from grace end to spare serving"
+    assert [rise for _, rise in demo_report.increments(promote["values"])] == [1]
+    assert demo_report.promotion_summary(data) == "1 spare promotion, mean 1.5 s from grace end to spare serving"
 
-    fig = dr.draw_overview(data)
+    fig = demo_report.draw_overview(data)
     assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["p1"]
-    path = dr.write_overview(data, tmp_path / "overview.png")
+    path = demo_report.write_overview(data, tmp_path / "overview.png")
     assert path.stat().st_size > 20_000

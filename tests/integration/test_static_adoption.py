@@ -13,15 +13,15 @@ from kubernetes.client.rest import ApiException
 
 from hyperplan.actuation.kube import Kube, api_client
 from hyperplan.actuation.nodes import AdoptionConflict, NoFreeNode, StaticProvider
-from hyperplan.planning import lending as ln
-from hyperplan.planning import naming as nm
-from hyperplan.planning import placement as pl
+from hyperplan.planning import lending
+from hyperplan.planning import naming
+from hyperplan.planning import placement
 from tests.kube import Kubectl, eventually
 
 
-def spec(name: str, itype: str, zone: str) -> pl.NodeSpec:
-    return pl.NodeSpec(name, {nm.LABEL_GROUP: "g", nm.LABEL_ROLE: "active", nm.LABEL_INSTANCE_TYPE: itype,
-                              nm.LABEL_ZONE: zone}, (), "active", None, itype, zone)
+def spec(name: str, itype: str, zone: str) -> placement.NodeSpec:
+    return placement.NodeSpec(name, {naming.LABEL_GROUP: "g", naming.LABEL_ROLE: "active", naming.LABEL_INSTANCE_TYPE: itype,
+                              naming.LABEL_ZONE: zone}, (), "active", None, itype, zone)
 
 
 @pytest.fixture
@@ -35,12 +35,12 @@ def pool(crds: Kubectl, plane):
         names = [f"adopt-{tag}-{i}" for i in range(count)]
         crds.apply([{"apiVersion": "v1", "kind": "Node",
                      "metadata": {"name": n, "annotations": {"kwok.x-k8s.io/node": "fake"},
-                                  "labels": {ln.LABEL_POOL: ln.POOL_FREE, nm.LABEL_INSTANCE_TYPE: itype,
-                                             nm.LABEL_ZONE: zone}}} for n in names])
+                                  "labels": {lending.LABEL_POOL: lending.POOL_FREE, naming.LABEL_INSTANCE_TYPE: itype,
+                                             naming.LABEL_ZONE: zone}}} for n in names])
         made.extend(names)
         kube = Kube(api_client(str(plane.kubeconfig)))
         eventually(lambda: len([n for n in StaticProvider(kube).free_nodes(itype, zone)
-                                if ln.why_not_lendable(n) is None]) == count, timeout=60, what="free nodes Ready")
+                                if lending.why_not_lendable(n) is None]) == count, timeout=60, what="free nodes Ready")
         return names
 
     yield make, itype, zone
@@ -57,10 +57,10 @@ def test_a_stale_adoption_is_refused_and_the_next_choice_succeeds(pool, plane) -
     taken = b.create(spec("hp-b-0", itype, zone))
     # A writes on what it read before B adopted the node: the API server refuses, nothing is written.
     with pytest.raises(ApiException) as refused:
-        kube.core.patch_node(taken, ln.adoption_patch(stale[taken], "hp-a-0", spec("hp-a-0", itype, zone).labels,
+        kube.core.patch_node(taken, lending.adoption_patch(stale[taken], "hp-a-0", spec("hp-a-0", itype, zone).labels,
                                                       (), ()))
     assert refused.value.status == 409
-    assert kube.core.read_node(taken).metadata.labels[ln.LABEL_NODE_ID] == "hp-b-0"
+    assert kube.core.read_node(taken).metadata.labels[lending.LABEL_NODE_ID] == "hp-b-0"
     # A's own create reads again and takes the other node.
     other = a.create(spec("hp-a-0", itype, zone))
     assert other != taken and set(stale) == {taken, other}
@@ -92,7 +92,7 @@ def test_eight_adopters_racing_for_three_nodes(pool, plane, caplog) -> None:
     won = [o for o in outcomes if o in names]
     assert sorted(won) == sorted(names), outcomes
     assert set(outcomes) - set(names) <= {"NoFreeNode", "AdoptionConflict"}
-    holders = {n: kube.core.read_node(n).metadata.labels[ln.LABEL_NODE_ID] for n in names}
+    holders = {n: kube.core.read_node(n).metadata.labels[lending.LABEL_NODE_ID] for n in names}
     assert len(set(holders.values())) == 3
     assert all(outcomes[int(node_id.rsplit("-", 1)[1])] == n for n, node_id in holders.items())
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
@@ -115,7 +115,7 @@ def test_one_provider_never_reaches_for_a_node_twice(pool, plane) -> None:
     with ThreadPoolExecutor(4) as pool_:
         got = list(pool_.map(adopt, range(4)))
     assert sorted(got) == sorted(names)
-    assert {kube.core.read_node(n).metadata.labels[ln.LABEL_NODE_ID] for n in names} == {f"hp-p-{i}" for i in range(4)}
+    assert {kube.core.read_node(n).metadata.labels[lending.LABEL_NODE_ID] for n in names} == {f"hp-p-{i}" for i in range(4)}
     assert provider._claims == set()  # every claim released
 
 
@@ -129,16 +129,16 @@ def test_a_node_running_the_operator_is_not_adopted(pool, plane, crds: Kubectl) 
                 "spec": {"nodeName": names[0], "containers": [{"name": "c", "image": "operator"}]}})
     kube = Kube(api_client(str(plane.kubeconfig)))
     try:
-        me = ln.OperatorIdentity(namespace=ns, pod_labels=labels)
+        me = lending.OperatorIdentity(namespace=ns, pod_labels=labels)
         with pytest.raises(NoFreeNode, match=f"{names[0]} runs the operator"):
             StaticProvider(kube, me).create(spec("hp-o-0", itype, zone))
         # Another namespace's lookalike is not the operator: the node is lent.
-        other = ln.OperatorIdentity(namespace="hyperplan-system", pod_labels=labels)
+        other = lending.OperatorIdentity(namespace="hyperplan-system", pod_labels=labels)
         assert StaticProvider(kube, other).create(spec("hp-o-0", itype, zone)) == names[0]
         # NODE_NAME alone (no labels) protects the node the operator runs on.
         back = StaticProvider(kube).release("hp-o-0")
         assert back.startswith(f"{names[0]} handed back to the free pool")
         with pytest.raises(NoFreeNode, match="runs the operator"):
-            StaticProvider(kube, ln.OperatorIdentity(node_name=names[0])).create(spec("hp-o-1", itype, zone))
+            StaticProvider(kube, lending.OperatorIdentity(node_name=names[0])).create(spec("hp-o-1", itype, zone))
     finally:
         crds.run("delete", "namespace", ns, "--wait=false")

@@ -9,7 +9,7 @@ import matplotlib.colors as mcolors
 import matplotlib.dates as mdates
 import pytest
 
-from hyperplan_dev import demo_report as dr
+from hyperplan_dev import demo_report
 
 T0 = datetime(2027, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
 END = T0 + timedelta(seconds=300)
@@ -24,9 +24,9 @@ def every(a: int, b: int, value: float = 1) -> list[tuple[int, float]]:
     return [(t, value) for t in range(a, b)]
 
 
-def run() -> dr.RunData:
+def run() -> demo_report.RunData:
     phase = "hyperplan_training_plan_phase"
-    return dr.RunData(T0, END, 1.0, {
+    return demo_report.RunData(T0, END, 1.0, {
         "plan_phase": [
             series({"__name__": phase, "plan": "demo-split", "phase": "Scheduled"}, every(0, 60) + every(120, 150)),
             series({"__name__": phase, "plan": "demo-split", "phase": "Active"}, every(60, 120) + every(150, 210)),
@@ -59,7 +59,7 @@ def texts(fig) -> list[str]:
 
 
 def test_the_overview_has_the_four_panels_with_their_lanes_and_legends() -> None:
-    fig = dr.draw_overview(run(), [dr.Moment(T0 + timedelta(seconds=100), "failure injected")])
+    fig = demo_report.draw_overview(run(), [demo_report.Moment(T0 + timedelta(seconds=100), "failure injected")])
     phase, health, nodes, rem = fig.axes
     assert [ax.get_title() for ax in fig.axes] == [
         "Plan phase over time", "UltraServer health", "Group nodes by state",
@@ -75,7 +75,7 @@ def test_the_overview_has_the_four_panels_with_their_lanes_and_legends() -> None
 
 
 def test_the_phase_timeline_draws_each_run_of_a_phase_as_a_bar_in_its_colour() -> None:
-    fig = dr.draw_overview(run())
+    fig = demo_report.draw_overview(run())
     phase = fig.axes[0]
     bars = {}
     for coll in phase.collections:
@@ -83,15 +83,15 @@ def test_the_phase_timeline_draws_each_run_of_a_phase_as_a_bar_in_its_colour() -
         bars.setdefault(colour, 0)
         bars[colour] += len(coll.get_paths())
     # demo-split: Scheduled twice (before each block), Active twice (the two blocks), Expired once.
-    assert bars[dr.PHASE_COLORS["Scheduled"].lower()] == 2
-    assert bars[dr.PHASE_COLORS["Active"].lower()] == 3  # two of demo-split, one of demo-gb200
-    assert bars[dr.PHASE_COLORS["Expired"].lower()] == 1
+    assert bars[demo_report.PHASE_COLORS["Scheduled"].lower()] == 2
+    assert bars[demo_report.PHASE_COLORS["Active"].lower()] == 3  # two of demo-split, one of demo-gb200
+    assert bars[demo_report.PHASE_COLORS["Expired"].lower()] == 1
 
 
 def test_remediations_are_markers_where_their_counters_rose() -> None:
     data = run()
     data.series["remediations"].append(series({"action": "backfill"}, every(100, 120, 3) + every(120, 300, 5)))
-    rem = dr.draw_overview(data).axes[3]
+    rem = demo_report.draw_overview(data).axes[3]
     assert [t.get_text() for t in rem.get_yticklabels()] == ["mark", "promote", "backfill"]
     points = {c.get_label(): [(mdates.num2date(x), y) for x, y in c.get_offsets()] for c in rem.collections}
     assert points["mark"] == [(T0 + timedelta(seconds=110), 0)]
@@ -109,13 +109,13 @@ def test_remediations_are_markers_where_their_counters_rose() -> None:
 def test_a_metric_without_data_gets_a_note_not_an_error(missing: str, note: str) -> None:
     data = run()
     data.series[missing] = []
-    assert note in texts(dr.draw_overview(data))
+    assert note in texts(demo_report.draw_overview(data))
 
 
 def test_no_promotion_is_said_in_the_title() -> None:
     data = run()
     data.series["promotion_count"] = [series({}, every(0, 300, 0))]
-    assert dr.draw_overview(data).axes[3].get_title() == "Remediations (no spare promotion recorded)"
+    assert demo_report.draw_overview(data).axes[3].get_title() == "Remediations (no spare promotion recorded)"
 
 
 @pytest.mark.parametrize("points, expected", [
@@ -125,7 +125,7 @@ def test_no_promotion_is_said_in_the_title() -> None:
     pytest.param([], [], id="empty"),
 ])
 def test_segments(points: list[int], expected: list[tuple[int, int]]) -> None:
-    assert dr.segments([[p, "1"] for p in points], 1.0) == expected
+    assert demo_report.segments([[p, "1"] for p in points], 1.0) == expected
 
 
 @pytest.mark.parametrize("values, expected", [
@@ -135,12 +135,12 @@ def test_segments(points: list[int], expected: list[tuple[int, int]]) -> None:
     pytest.param(["0", "3"], [(1, 3)], id="several-at-once"),
 ])
 def test_increments(values: list[str], expected: list[tuple[int, float]]) -> None:
-    got = dr.increments([[T0.timestamp() + i, v] for i, v in enumerate(values)])
+    got = demo_report.increments([[T0.timestamp() + i, v] for i, v in enumerate(values)])
     assert got == [(T0 + timedelta(seconds=i), rise) for i, rise in expected]
 
 
 def test_write_overview_saves_a_png(tmp_path: Path) -> None:
-    path = dr.write_overview(run(), tmp_path / "out" / "overview.png")
+    path = demo_report.write_overview(run(), tmp_path / "out" / "overview.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 20_000
 
 
@@ -157,8 +157,8 @@ class FakePrometheus:
 
 def test_collect_asks_query_range_over_the_run_for_every_query() -> None:
     prom = FakePrometheus()
-    data = dr.collect(prom, T0, END, step=2)
-    assert [c[0] for c in prom.calls] == ["query_range"] * len(dr.QUERIES)
-    assert {c[1]["query"] for c in prom.calls} == set(dr.QUERIES.values())
+    data = demo_report.collect(prom, T0, END, step=2)
+    assert [c[0] for c in prom.calls] == ["query_range"] * len(demo_report.QUERIES)
+    assert {c[1]["query"] for c in prom.calls} == set(demo_report.QUERIES.values())
     assert prom.calls[0][1]["start"] == f"{T0.timestamp():.3f}" and prom.calls[0][1]["step"] == "2"
-    assert data.series["plan_phase"][0]["metric"] == {"q": dr.QUERIES["plan_phase"]}
+    assert data.series["plan_phase"][0]["metric"] == {"q": demo_report.QUERIES["plan_phase"]}

@@ -24,15 +24,15 @@ from hyperplan.actuation.groups import (
 from hyperplan.actuation.fakes import FakeNodePods, FakeProvider
 from hyperplan.actuation.nodes import LABEL_NODE_ID, NodeProvider, taints_of
 from hyperplan.api.models import InstanceGroupSpec, InstanceGroupStatus, ReservedCapacity
-from hyperplan.planning import health as hl
-from hyperplan.planning import naming as nm
-from hyperplan.planning import placement as pl
+from hyperplan.planning import health
+from hyperplan.planning import naming
+from hyperplan.planning import placement
 from hyperplan.planning.groups import (
     CONDITION_BLOCK_TERMINATING,
     GroupDecision,
     ObservedGroupNode,
     Peer,
-    PlanView,
+    BoundPlan,
     checkpoint_time,
     decide_group,
     plan_checkpoint,
@@ -43,7 +43,7 @@ from hyperplan.planning.plans import Event
 from hyperplan.planning.policy import DEMO
 
 UTC = timezone.utc
-US_TYPE = pl.ULTRASERVER_INSTANCE_TYPE
+US_TYPE = placement.ULTRASERVER_INSTANCE_TYPE
 X72 = "ml.u-p6e-gb200x72"
 AZ = "use1-az3"
 US_KEY = "topology.k8s.aws/ultraserver-id"
@@ -61,8 +61,8 @@ BLOCK = ReservedCapacity(id="rc-abc-0", availability_zone=AZ, instance_type=US_T
 BLOCK2 = ReservedCapacity(id="rc-abc-1", availability_zone=AZ, instance_type=US_TYPE, instance_count=36,
                           start_time=T0 + timedelta(minutes=5), end_time=T0 + timedelta(minutes=8),
                           ultra_server_type=X72, ultra_server_count=2)
-PLAN = PlanView("p", "hyperpod-cluster", None, X72, 1, (BLOCK,))
-TWO_BLOCKS = PlanView("p", "hyperpod-cluster", None, X72, 1, (BLOCK, BLOCK2))
+PLAN = BoundPlan("p", "hyperpod-cluster", None, X72, 1, (BLOCK,))
+TWO_BLOCKS = BoundPlan("p", "hyperpod-cluster", None, X72, 1, (BLOCK, BLOCK2))
 US0, US1 = "rc-abc-0-us-0", "rc-abc-0-us-1"
 H = "c64f9691"  # 8 hex of sha256("rc-abc-0"): the block part of node names
 H2 = "1deffe37"  # ... of "rc-abc-1"
@@ -94,7 +94,7 @@ class NodeHandle:
         return self.node.metadata.labels
 
     @property
-    def taints(self) -> tuple[nm.Taint, ...]:
+    def taints(self) -> tuple[naming.Taint, ...]:
         return taints_of(self.node)
 
     def _ready(self) -> client.V1NodeCondition | None:
@@ -130,9 +130,9 @@ class NodeHandle:
     @health_since.setter
     def health_since(self, when: datetime) -> None:
         """When the node's health label was first seen, as the node's own record keeps it."""
-        value = self.labels[nm.LABEL_HEALTH]
+        value = self.labels[naming.LABEL_HEALTH]
         annotations = dict(self.node.metadata.annotations or {})
-        annotations[hl.ANNOTATION_HEALTH_SINCE] = hl.health_signal_record(value, when)
+        annotations[health.ANNOTATION_HEALTH_SINCE] = health.health_signal_record(value, when)
         self.node.metadata.annotations = annotations
 
     @property
@@ -196,7 +196,7 @@ class Cluster:
         return applied
 
 
-KEYS = nm.TopologyKeys()
+KEYS = naming.TopologyKeys()
 
 
 def observed(cluster: Cluster, now: datetime | None = None) -> list[ObservedGroupNode]:
@@ -204,7 +204,7 @@ def observed(cluster: Cluster, now: datetime | None = None) -> list[ObservedGrou
     return cluster.observe(now).nodes
 
 
-def cluster_of(specs: list[pl.NodeSpec], since: datetime = T0) -> Cluster:
+def cluster_of(specs: list[placement.NodeSpec], since: datetime = T0) -> Cluster:
     return Cluster(specs, since)
 
 
@@ -213,7 +213,7 @@ def apply(d: GroupDecision, cluster: Cluster, now: datetime, new_ready: str | No
     return cluster.apply(d, now, new_ready)
 
 
-def decide(nodes=(), *, now: datetime = NOW, s: InstanceGroupSpec = SPEC, plan: PlanView | None = PLAN,
+def decide(nodes=(), *, now: datetime = NOW, s: InstanceGroupSpec = SPEC, plan: BoundPlan | None = PLAN,
            peers=None, prior: InstanceGroupStatus | None = None, group: str = "w",
            generation: int = 1) -> GroupDecision:
     peers = peers if peers is not None else [Peer(group, s.instance_count)]
@@ -266,8 +266,8 @@ def test_plan_missing_drains_existing_nodes_at_once():
     assert d.wake_at == NOW + timedelta(seconds=1)
 
 
-TRAINING_JOB_PLAN = PlanView("p", "training-job", None, X72, 1, (BLOCK,))
-P5_PLAN = PlanView("p", "hyperpod-cluster", "ml.p5.48xlarge", None, 1, (BLOCK,))
+TRAINING_JOB_PLAN = BoundPlan("p", "training-job", None, X72, 1, (BLOCK,))
+P5_PLAN = BoundPlan("p", "hyperpod-cluster", "ml.p5.48xlarge", None, 1, (BLOCK,))
 
 
 def assert_failed_without_nodes(d, reason: str, message: str) -> None:
@@ -314,7 +314,7 @@ def test_binding_rule_broken_drains_existing_nodes():
 
 
 def test_plan_not_bought_yet():
-    d = decide(plan=PlanView("p", "hyperpod-cluster", None, X72, 1, ()))
+    d = decide(plan=BoundPlan("p", "hyperpod-cluster", None, X72, 1, ()))
 
     assert d.status.phase == "Waiting"
     assert conds(d) == [("Ready", "False", "PlanNotPurchased")]
@@ -354,11 +354,11 @@ def test_block_start_creates_active_nodes_fill_first_plus_one_spare_per_ultraser
     us1 = [name(f"1-{j}") for j in range(4)]
     assert [c.name for c in d.create] == us0 + us1
     roles = {c.name: c.role for c in d.create}
-    assert [n for n in us0 + us1 if roles[n] == nm.ROLE_SPARE] == [name("0-17"), name("1-3")]
+    assert [n for n in us0 + us1 if roles[n] == naming.ROLE_SPARE] == [name("0-17"), name("1-3")]
     assert Counter((c.ultraserver_id, c.role) for c in d.create) == {
         (US0, "active"): 17, (US0, "spare"): 1, (US1, "active"): 3, (US1, "spare"): 1}
     assert {c.name: c.taints for c in d.create if c.taints} == {
-        name("0-17"): (nm.SPARE_TAINT,), name("1-3"): (nm.SPARE_TAINT,)}
+        name("0-17"): (naming.SPARE_TAINT,), name("1-3"): (naming.SPARE_TAINT,)}
     assert (d.update, d.drain, d.remediation) == ([], [], ())
     assert d.block == BLOCK
 
@@ -396,13 +396,13 @@ def test_node_labels():
 def test_group_labels_and_taints_go_on_every_node():
     gpu = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
     d = decide(s=spec(labels={"team": "llm", "hyperplan.dev/role": "mine"}, taints=[gpu]))
-    taint = nm.Taint("nvidia.com/gpu", "present", "NoSchedule")
+    taint = naming.Taint("nvidia.com/gpu", "present", "NoSchedule")
 
     assert len(d.create) == 22
     assert all(c.labels["team"] == "llm" for c in d.create)
     # The operator's own labels win over the group's.
     assert Counter(c.labels["hyperplan.dev/role"] for c in d.create) == {"active": 20, "spare": 2}
-    assert Counter(c.taints for c in d.create) == {(taint,): 20, (taint, nm.SPARE_TAINT): 2}
+    assert Counter(c.taints for c in d.create) == {(taint,): 20, (taint, naming.SPARE_TAINT): 2}
 
 
 def test_block_start_status():
@@ -501,10 +501,10 @@ def test_two_groups_sharing_a_plan(b_count, a_layout, b_layout):
     assert all(n.startswith(f"hp-b-{H}-") for n in b_names)
     assert {c.labels["hyperplan.dev/instance-group"] for c in b.create} == {"b"}
     # Together they never hold more active nodes on an UltraServer than it has usable.
-    active = Counter(c.ultraserver_id for c in a.create + b.create if c.role == nm.ROLE_ACTIVE)
+    active = Counter(c.ultraserver_id for c in a.create + b.create if c.role == naming.ROLE_ACTIVE)
     assert all(v <= 17 for v in active.values())
     # Each UltraServer's spare exists once, with the first group that uses it.
-    spares = Counter(c.ultraserver_id for c in a.create + b.create if c.role == nm.ROLE_SPARE)
+    spares = Counter(c.ultraserver_id for c in a.create + b.create if c.role == naming.ROLE_SPARE)
     assert all(v == 1 for v in spares.values())
 
 
@@ -580,7 +580,7 @@ def test_group_shrunk_to_one_ultraserver_keeps_fourteen_active_nodes_and_its_spa
         d = decide(observed(cluster), s=spec(14), now=now, prior=d.status)
 
     assert (d.create, d.update, d.drain) == ([], [], [])
-    assert Counter((n.labels[US_KEY], n.labels[nm.LABEL_ROLE]) for n in cluster.values()) == {
+    assert Counter((n.labels[US_KEY], n.labels[naming.LABEL_ROLE]) for n in cluster.values()) == {
         (US0, "active"): 14, (US0, "spare"): 1}
     assert (d.status.ready_count, d.status.spare_count, d.status.desired_count) == (14, 1, 14)
 
@@ -589,7 +589,7 @@ def test_group_shrunk_to_one_ultraserver_keeps_fourteen_active_nodes_and_its_spa
                                    "UnschedulablePendingReplacement"])
 def test_a_node_with_an_unschedulable_health_label_is_never_drained_as_not_desired(label):
     cluster = running()
-    cluster[name("1-1")].labels[nm.LABEL_HEALTH] = label
+    cluster[name("1-1")].labels[naming.LABEL_HEALTH] = label
     cluster[name("1-1")].health_since = NOW  # within the grace: not yet judged
     d = decide(observed(cluster), s=spec(17))
 
@@ -706,7 +706,7 @@ GRACE_END = FAIL_AT + timedelta(seconds=5)  # of a node failing at FAIL_AT
 
 
 def marked(d: GroupDecision) -> list[str]:
-    return [a.node for a in d.remediation if isinstance(a, hl.MarkUnhealthy)]
+    return [a.node for a in d.remediation if isinstance(a, health.MarkUnhealthy)]
 
 
 @pytest.mark.parametrize(
@@ -748,15 +748,15 @@ def test_a_failed_node_is_marked_and_replaced_by_the_spare_on_its_ultraserver():
     d = decide(observed(failing("0-1")), now=P1, prior=READY_STATUS)
 
     assert d.remediation == (
-        hl.MarkUnhealthy(name("0-1"), "Ready=False"),
-        hl.PromoteSpare(name("0-17"), name("0-1"), US0, True),
-        hl.Backfill(name("0-1"), "0-1", 1, nm.ROLE_SPARE, US0),
+        health.MarkUnhealthy(name("0-1"), "Ready=False"),
+        health.PromoteSpare(name("0-17"), name("0-1"), US0, True),
+        health.Backfill(name("0-1"), "0-1", 1, naming.ROLE_SPARE, US0),
         # The spare serves from this pass on: the failed node's pods are evicted at once.
-        hl.EvictPods(name("0-1"), "Ready=False", start=True),
+        health.EvictPods(name("0-1"), "Ready=False", start=True),
     )
     # The backfill gets a new name (generation 1) in the failed node's slot, as the new spare.
     assert [(c.name, c.role, c.slot, c.generation, c.taints) for c in d.create] == [
-        (name("0-1") + "-g1", "spare", "0-1", 1, (nm.SPARE_TAINT,))]
+        (name("0-1") + "-g1", "spare", "0-1", 1, (naming.SPARE_TAINT,))]
     assert d.create[0].labels["hyperplan.dev/generation"] == "1"
     assert d.create[0].labels[US_KEY] == US0
     # Nothing is removed before its replacement is Ready (make before break).
@@ -781,13 +781,13 @@ def test_remediation_makes_before_it_breaks():
     assert (p2.create, p2.update, p2.drain) == ([], [], [])
     assert name("0-1") in {o for o in cluster}
     # The promoted spare now serves in the failed node's stead.
-    assert cluster[name("0-17")].labels[nm.LABEL_ROLE] == "active"
+    assert cluster[name("0-17")].labels[naming.LABEL_ROLE] == "active"
     assert (p2.status.ready_count, p2.status.spare_count, p2.status.unhealthy_count) == (20, 1, 1)
 
     cluster[name("0-1") + "-g1"].ready = "True"
     p3_at = p2_at + timedelta(seconds=1)
     p3 = decide(observed(cluster), now=p3_at, prior=p2.status)
-    assert p3.remediation == (hl.RemoveNode(name("0-1"), "Ready=False"),)
+    assert p3.remediation == (health.RemoveNode(name("0-1"), "Ready=False"),)
     assert (p3.create, p3.update, p3.drain) == ([], [], [])
 
     apply(p3, cluster, p3_at)
@@ -795,7 +795,7 @@ def test_remediation_makes_before_it_breaks():
     assert (p4.create, p4.update, p4.drain, p4.remediation) == ([], [], [], ())
     assert (p4.status.phase, p4.status.ready_count, p4.status.spare_count, p4.status.unhealthy_count) == (
         "Ready", 20, 2, 0)
-    assert Counter((n.labels[US_KEY], n.labels[nm.LABEL_ROLE]) for n in cluster.values()) == {
+    assert Counter((n.labels[US_KEY], n.labels[naming.LABEL_ROLE]) for n in cluster.values()) == {
         (US0, "active"): 17, (US0, "spare"): 1, (US1, "active"): 3, (US1, "spare"): 1}
     assert sorted(cluster) == sorted((set(RUNNING) - {name("0-1")}) | {name("0-1") + "-g1"})
 
@@ -822,9 +822,9 @@ def test_a_promoted_spare_keeps_its_active_role(failures, promoted):
             assert name(spare) not in {x.node for x in d.drain}
     for spare, failed_slot in promoted.items():
         n = cluster[name(spare)]
-        assert n.labels[nm.LABEL_ROLE] == "active"
-        assert n.labels[nm.LABEL_REPLACES] == name(failed_slot)
-        assert nm.SPARE_TAINT not in n.taints
+        assert n.labels[naming.LABEL_ROLE] == "active"
+        assert n.labels[naming.LABEL_REPLACES] == name(failed_slot)
+        assert naming.SPARE_TAINT not in n.taints
     assert not {name(f) for f in failures} & set(cluster)  # the failed nodes are gone
 
 
@@ -837,14 +837,14 @@ def test_a_spare_promoted_across_ultraservers_stays_active_and_the_group_keeps_i
     cluster = failing("0-1", "0-10")
     p1 = decide(observed(cluster), now=P1, prior=READY_STATUS)
     assert p1.remediation == (
-        hl.MarkUnhealthy(name("0-1"), "Ready=False"),
-        hl.MarkUnhealthy(name("0-10"), "Ready=False"),
-        hl.PromoteSpare(name("0-17"), name("0-1"), US0, True),
-        hl.PromoteSpare(name("1-3"), name("0-10"), US1, False),
-        hl.Backfill(name("0-1"), "0-1", 1, nm.ROLE_SPARE, US0),
-        hl.Backfill(name("0-10"), "0-10", 1, nm.ROLE_SPARE, US0),
-        hl.EvictPods(name("0-1"), "Ready=False", start=True),
-        hl.EvictPods(name("0-10"), "Ready=False", start=True),
+        health.MarkUnhealthy(name("0-1"), "Ready=False"),
+        health.MarkUnhealthy(name("0-10"), "Ready=False"),
+        health.PromoteSpare(name("0-17"), name("0-1"), US0, True),
+        health.PromoteSpare(name("1-3"), name("0-10"), US1, False),
+        health.Backfill(name("0-1"), "0-1", 1, naming.ROLE_SPARE, US0),
+        health.Backfill(name("0-10"), "0-10", 1, naming.ROLE_SPARE, US0),
+        health.EvictPods(name("0-1"), "Ready=False", start=True),
+        health.EvictPods(name("0-10"), "Ready=False", start=True),
     )
     now = P1
     for _ in range(4):
@@ -852,9 +852,9 @@ def test_a_spare_promoted_across_ultraservers_stays_active_and_the_group_keeps_i
         now += timedelta(seconds=1)
         p1 = decide(observed(cluster), now=now, prior=p1.status)
 
-    assert cluster[name("1-3")].labels[nm.LABEL_ROLE] == "active"
+    assert cluster[name("1-3")].labels[naming.LABEL_ROLE] == "active"
     assert (p1.create, p1.update, p1.drain, p1.remediation) == ([], [], [], ())
-    roles = Counter(n.labels[nm.LABEL_ROLE] for n in cluster.values())
+    roles = Counter(n.labels[naming.LABEL_ROLE] for n in cluster.values())
     assert roles == {"active": 20, "spare": 2}
     assert (p1.status.ready_count, p1.status.spare_count) == (20, 2)
 
@@ -865,7 +865,7 @@ def test_each_backfill_is_created_with_the_role_its_backfill_action_names():
     cluster = failing("0-1", "0-10")
     p1 = decide(observed(cluster), now=P1, prior=READY_STATUS)
     backfills = {name(a.slot) + f"-g{a.generation}": a.role
-                 for a in p1.remediation if isinstance(a, hl.Backfill)}
+                 for a in p1.remediation if isinstance(a, health.Backfill)}
     assert backfills == {name("0-1") + "-g1": "spare", name("0-10") + "-g1": "spare"}
     assert {c.name: c.role for c in p1.create} == backfills
 
@@ -874,13 +874,13 @@ def test_each_backfill_is_created_with_the_role_its_backfill_action_names():
     "max_unhealthy, failures, condition, first_action",
     [
         pytest.param(2, ["0-1", "0-10"], ("RemediationAllowed", "True", "WithinBounds"),
-                     hl.MarkUnhealthy(name("0-1"), "Ready=False"), id="two-of-max-two"),
+                     health.MarkUnhealthy(name("0-1"), "Ready=False"), id="two-of-max-two"),
         pytest.param(2, ["0-1", "0-10", "1-0"], ("RemediationAllowed", "False", "TooManyUnhealthy"),
                      None, id="three-of-max-two"),
         pytest.param("10%", ["0-1", "0-10", "1-0"], ("RemediationAllowed", "False", "TooManyUnhealthy"),
                      None, id="three-of-10-percent-of-22"),
         pytest.param("20%", ["0-1", "0-10", "1-0"], ("RemediationAllowed", "True", "WithinBounds"),
-                     hl.MarkUnhealthy(name("0-1"), "Ready=False"), id="three-of-20-percent-of-22"),
+                     health.MarkUnhealthy(name("0-1"), "Ready=False"), id="three-of-20-percent-of-22"),
         pytest.param(0, ["0-1"], ("RemediationAllowed", "False", "TooManyUnhealthy"), None,
                      id="one-of-max-zero"),
     ],
@@ -941,7 +941,7 @@ def test_no_remediation_past_the_termination_time():
 
 PLAIN_BLOCK = ReservedCapacity(id="rc-p5-0", availability_zone="use1-az1", instance_type="ml.p5.48xlarge",
                                instance_count=8, start_time=T0, end_time=END)
-PLAIN_PLAN = PlanView("p", "hyperpod-cluster", "ml.p5.48xlarge", None, 1, (PLAIN_BLOCK,))
+PLAIN_PLAN = BoundPlan("p", "hyperpod-cluster", "ml.p5.48xlarge", None, 1, (PLAIN_BLOCK,))
 
 
 def test_plain_block_has_no_spares_and_backfills_an_active_node():
@@ -956,8 +956,8 @@ def test_plain_block_has_no_spares_and_backfills_an_active_node():
     cluster[names[2]].ready = "False"
     cluster[names[2]].ready_since = FAIL_AT
     d = decide(observed(cluster), s=s, plan=PLAIN_PLAN, now=P1)
-    assert d.remediation == (hl.MarkUnhealthy(names[2], "Ready=False"),
-                             hl.Backfill(names[2], "2", 1, nm.ROLE_ACTIVE, None))
+    assert d.remediation == (health.MarkUnhealthy(names[2], "Ready=False"),
+                             health.Backfill(names[2], "2", 1, naming.ROLE_ACTIVE, None))
     assert [(c.name, c.role) for c in d.create] == [(names[2] + "-g1", "active")]
 
 
@@ -971,8 +971,8 @@ def test_plain_block_group_larger_than_the_block():
 # =========================================================================== FakeProvider
 
 
-def node_spec(n: str = "hp-w-x-0", group: str = "w", taints=(nm.SPARE_TAINT,), role: str = "spare") -> pl.NodeSpec:
-    return pl.NodeSpec(n, {nm.LABEL_GROUP: group, nm.LABEL_ROLE: role}, tuple(taints), role, None,
+def node_spec(n: str = "hp-w-x-0", group: str = "w", taints=(naming.SPARE_TAINT,), role: str = "spare") -> placement.NodeSpec:
+    return placement.NodeSpec(n, {naming.LABEL_GROUP: group, naming.LABEL_ROLE: role}, tuple(taints), role, None,
                        "ml.p5.48xlarge", "use1-az1")
 
 
@@ -985,14 +985,14 @@ def test_fake_provider_records_calls_and_keeps_nodes():
     p.create(node_spec("n1"))
     p.create(node_spec("n1"))  # idempotent: the node is not replaced
     p.create(node_spec("n2", group="other", taints=()))
-    custom = nm.Taint("team", "x", "NoSchedule")
+    custom = naming.Taint("team", "x", "NoSchedule")
     p.nodes["n1"].spec.taints.append(client.V1Taint(key="team", value="x", effect="NoSchedule"))
-    p.update("n1", node_spec("n1", taints=(), role="active"), {nm.SPARE_TAINT.key})
+    p.update("n1", node_spec("n1", taints=(), role="active"), {naming.SPARE_TAINT.key})
     p.cordon("n1")
 
     assert p.calls == [("create", "n1"), ("create", "n1"), ("create", "n2"), ("update", "n1"), ("cordon", "n1")]
     n1 = p.nodes["n1"]
-    assert n1.metadata.labels == {nm.LABEL_GROUP: "w", nm.LABEL_ROLE: "active", LABEL_NODE_ID: "n1"}
+    assert n1.metadata.labels == {naming.LABEL_GROUP: "w", naming.LABEL_ROLE: "active", LABEL_NODE_ID: "n1"}
     assert [(t.key, t.value, t.effect) for t in n1.spec.taints] == [(custom.key, custom.value, custom.effect)]
     assert n1.spec.unschedulable is True
     assert [n.metadata.name for n in p.list("w")] == ["n1"]
@@ -1022,7 +1022,7 @@ def test_fake_provider_fail_on_raises_and_still_records(op):
     assert p.calls[-1] == (op, target)
     # The failed operation changed nothing.
     assert sorted(p.nodes) == ["n1"]
-    assert p.nodes["n1"].metadata.labels[nm.LABEL_ROLE] == "spare"
+    assert p.nodes["n1"].metadata.labels[naming.LABEL_ROLE] == "spare"
     assert p.nodes["n1"].spec.unschedulable is None
 
 
@@ -1042,13 +1042,13 @@ def test_a_remediation_pass_marks_promotes_and_backfills_through_the_provider():
                                  ("promote_spare", name("0-17"))]
     assert calls[3:] == [("annotate", name("0-1"))]
     assert cluster.pods.calls == [("evict", name("0-1"))]
-    assert cluster[name("0-1")].node.metadata.annotations[hl.ANNOTATION_EVICTING_SINCE] == \
+    assert cluster[name("0-1")].node.metadata.annotations[health.ANNOTATION_EVICTING_SINCE] == \
         "2026-12-01T12:00:20.000000Z"
     failed, spare = cluster[name("0-1")], cluster[name("0-17")]
-    assert failed.labels[nm.LABEL_HEALTH] == "UnschedulablePendingReplacement"
-    assert nm.UNHEALTHY_TAINT in failed.taints
-    assert (spare.labels[nm.LABEL_ROLE], spare.labels[nm.LABEL_REPLACES]) == ("active", name("0-1"))
-    assert nm.SPARE_TAINT not in spare.taints
+    assert failed.labels[naming.LABEL_HEALTH] == "UnschedulablePendingReplacement"
+    assert naming.UNHEALTHY_TAINT in failed.taints
+    assert (spare.labels[naming.LABEL_ROLE], spare.labels[naming.LABEL_REPLACES]) == ("active", name("0-1"))
+    assert naming.SPARE_TAINT not in spare.taints
     assert [(body["metadata"]["name"] if body else None, ev.type, ev.reason) for body, ev in applied.events] == [
         (name("0-1"), "Warning", "NodeUnhealthy"), (name("0-17"), "Normal", "SparePromoted"),
         (None, "Normal", "NodeCreated"), (name("0-1"), "Normal", "PodsEvicted")]
@@ -1117,12 +1117,12 @@ def test_drain_node_without_a_deadline_waits_for_every_pod():
 def test_the_health_signal_record_is_written_with_the_pass_and_removed_with_the_label():
     cluster = running()
     node = name("0-2")
-    cluster[node].labels[nm.LABEL_SAGEMAKER_HEALTH] = "Unschedulable"
+    cluster[node].labels[naming.LABEL_SAGEMAKER_HEALTH] = "Unschedulable"
     d = decide(observed(cluster, NOW), now=NOW, prior=READY_STATUS)
     cluster.provider.calls.clear()
     apply(d, cluster, NOW)
     assert cluster.provider.calls == [("annotate", node)]
-    assert cluster[node].node.metadata.annotations[hl.ANNOTATION_HEALTH_SINCE] == "Unschedulable@2026-12-01T12:00:10.000000Z"
+    assert cluster[node].node.metadata.annotations[health.ANNOTATION_HEALTH_SINCE] == "Unschedulable@2026-12-01T12:00:10.000000Z"
 
     # The same value later: nothing to write.
     later = NOW + timedelta(seconds=2)
@@ -1132,32 +1132,32 @@ def test_the_health_signal_record_is_written_with_the_pass_and_removed_with_the_
     assert cluster.provider.calls == []
 
     # The label goes: so does the record (and the memory of its first sight).
-    del cluster[node].labels[nm.LABEL_SAGEMAKER_HEALTH]
+    del cluster[node].labels[naming.LABEL_SAGEMAKER_HEALTH]
     d = decide(observed(cluster, later), now=later, prior=d.status)
     cluster.provider.calls.clear()
     apply(d, cluster, later)
     assert cluster.provider.calls == [("annotate", node)]
-    assert hl.ANNOTATION_HEALTH_SINCE not in cluster[node].node.metadata.annotations
+    assert health.ANNOTATION_HEALTH_SINCE not in cluster[node].node.metadata.annotations
 
 
 @pytest.mark.parametrize(
     "labels, recorded, first_seen, label, since",
     [
-        pytest.param({nm.LABEL_SAGEMAKER_HEALTH: "Unschedulable"}, None, NOW, "Unschedulable", NOW,
+        pytest.param({naming.LABEL_SAGEMAKER_HEALTH: "Unschedulable"}, None, NOW, "Unschedulable", NOW,
                      id="sagemaker-label-first-seen-now"),
-        pytest.param({nm.LABEL_HEALTH: "Schedulable", nm.LABEL_SAGEMAKER_HEALTH: "UnschedulablePendingReboot"},
+        pytest.param({naming.LABEL_HEALTH: "Schedulable", naming.LABEL_SAGEMAKER_HEALTH: "UnschedulablePendingReboot"},
                      None, NOW, "UnschedulablePendingReboot", NOW, id="the-bad-label-wins"),
-        pytest.param({nm.LABEL_SAGEMAKER_HEALTH: "Unschedulable"}, "Unschedulable@2026-12-01T12:00:02Z", NOW,
+        pytest.param({naming.LABEL_SAGEMAKER_HEALTH: "Unschedulable"}, "Unschedulable@2026-12-01T12:00:02Z", NOW,
                      "Unschedulable", T0 + timedelta(seconds=2), id="the-nodes-earlier-record-wins-after-a-restart"),
-        pytest.param({nm.LABEL_SAGEMAKER_HEALTH: "Unschedulable"}, "UnschedulablePendingReboot@2026-12-01T12:00:02Z",
+        pytest.param({naming.LABEL_SAGEMAKER_HEALTH: "Unschedulable"}, "UnschedulablePendingReboot@2026-12-01T12:00:02Z",
                      NOW, "Unschedulable", NOW, id="a-record-of-another-value-is-ignored"),
-        pytest.param({nm.LABEL_HEALTH: "Schedulable"}, None, NOW, "Schedulable", None, id="healthy"),
+        pytest.param({naming.LABEL_HEALTH: "Schedulable"}, None, NOW, "Schedulable", None, id="healthy"),
     ],
 )
 def test_observe_node_reads_the_health_label_and_its_start(labels, recorded, first_seen, label, since):
     node = client.V1Node(metadata=client.V1ObjectMeta(
-        name="n", labels={LABEL_NODE_ID: "hp-n", nm.LABEL_SLOT: "0-1", nm.LABEL_GENERATION: "x", **labels},
-        annotations={hl.ANNOTATION_HEALTH_SINCE: recorded} if recorded else None), spec=client.V1NodeSpec())
+        name="n", labels={LABEL_NODE_ID: "hp-n", naming.LABEL_SLOT: "0-1", naming.LABEL_GENERATION: "x", **labels},
+        annotations={health.ANNOTATION_HEALTH_SINCE: recorded} if recorded else None), spec=client.V1NodeSpec())
     seen = observe_node(node, NOW + timedelta(seconds=30), KEYS, lambda n, v: first_seen)
     assert (seen.name, seen.health.health_label, seen.health.health_label_since) == ("hp-n", label, since)
     assert (seen.health.slot, seen.health.generation, seen.ready) == ("0-1", 0, False)  # bad generation: 0
@@ -1184,7 +1184,7 @@ def test_memory_drops_a_vanished_node_once_its_slot_is_replaced():
     # Its slot gets a newer generation: the entry goes, from the status too.
     cluster.provider.create(dataclasses.replace(
         next(s for s in FIRST.create if s.name == gone), name=gone + "-g1",
-        labels={**next(s for s in FIRST.create if s.name == gone).labels, nm.LABEL_GENERATION: "1"}))
+        labels={**next(s for s in FIRST.create if s.name == gone).labels, naming.LABEL_GENERATION: "1"}))
     nodes = observed(cluster, later + timedelta(seconds=1))
     assert all(n.health.exists for n in nodes)
     assert cluster.memory.vanished("w") == []
@@ -1270,10 +1270,10 @@ def test_a_plan_is_woken_when_its_groups_nodes_moved(reads, moved):
 def test_a_deletion_event_is_a_failure_only_when_the_operator_did_not_remove_the_node(releasing, by_operator,
                                                                                       vanished):
     m = GroupMemory()
-    m.observe("g", [PresentNode("a", {nm.LABEL_SLOT: "0"})], NOW)
+    m.observe("g", [PresentNode("a", {naming.LABEL_SLOT: "0"})], NOW)
     if releasing:
         m.note_releasing("g", ["a"])
-    m.note_deleted("g", "a", {nm.LABEL_SLOT: "0"}, NOW, by_operator=by_operator)
+    m.note_deleted("g", "a", {naming.LABEL_SLOT: "0"}, NOW, by_operator=by_operator)
     assert [v.name for v in m.vanished("g")] == (["a"] if vanished else [])
 
 
@@ -1281,8 +1281,8 @@ def test_a_deletion_event_is_a_failure_only_when_the_operator_did_not_remove_the
 
 
 def obs(node: str, *, signalled: bool = False, exists: bool = True, deleting: bool = False) -> ObservedGroupNode:
-    conditions = (hl.NodeCondition(CONDITION_BLOCK_TERMINATING, "True", T0),) if signalled else ()
-    return ObservedGroupNode(health=hl.NodeObservation(name=node, exists=exists, conditions=conditions),
+    conditions = (health.NodeCondition(CONDITION_BLOCK_TERMINATING, "True", T0),) if signalled else ()
+    return ObservedGroupNode(health=health.NodeObservation(name=node, exists=exists, conditions=conditions),
                              labels={}, taints=(), unschedulable=False, ready=True, deleting=deleting)
 
 
@@ -1379,7 +1379,7 @@ def test_a_dead_nodes_pods_are_evicted_then_forced_out_and_only_then_is_the_node
     p2 = decide(observed(cluster, t), now=t, prior=p1.status)
     # The backfill is Ready, but a pod is still on the failed node: no removal yet.
     assert [type(a).__name__ for a in p2.remediation] == ["EvictPods"]
-    assert p2.remediation[0] == hl.EvictPods(failed, "Ready=False")
+    assert p2.remediation[0] == health.EvictPods(failed, "Ready=False")
     assert p2.wake_at == t + timedelta(seconds=1)
     apply(p2, cluster, t)
     assert failed in cluster
@@ -1387,7 +1387,7 @@ def test_a_dead_nodes_pods_are_evicted_then_forced_out_and_only_then_is_the_node
     # 3 s (demo) after the eviction started, the dead node's pods are marked Failed and deleted.
     t = P1 + DEMO.dead_node_eviction_timeout
     p3 = decide(observed(cluster, t), now=t, prior=p2.status)
-    assert p3.remediation == (hl.EvictPods(failed, "Ready=False", force=True),)
+    assert p3.remediation == (health.EvictPods(failed, "Ready=False", force=True),)
     cluster.pods.calls.clear()
     applied = apply(p3, cluster, t)
     assert cluster.pods.calls == [("force_delete", failed)]
@@ -1401,7 +1401,7 @@ def test_a_dead_nodes_pods_are_evicted_then_forced_out_and_only_then_is_the_node
 
     t += timedelta(seconds=1)
     p4 = decide(observed(cluster, t), now=t, prior=p3.status)
-    assert p4.remediation == (hl.RemoveNode(failed, "Ready=False"),)
+    assert p4.remediation == (health.RemoveNode(failed, "Ready=False"),)
     apply(p4, cluster, t)
     assert failed not in cluster
 
@@ -1409,19 +1409,19 @@ def test_a_dead_nodes_pods_are_evicted_then_forced_out_and_only_then_is_the_node
 def test_a_live_failed_nodes_pods_are_evicted_never_forced_and_hold_its_removal():
     cluster = running()
     failed = name("0-1")
-    cluster[failed].labels[nm.LABEL_HEALTH] = "Unschedulable"  # a health agent says so; the kubelet answers
+    cluster[failed].labels[naming.LABEL_HEALTH] = "Unschedulable"  # a health agent says so; the kubelet answers
     cluster[failed].health_since = FAIL_AT
     cluster.pods.pods[failed] = ["default/guarded"]
     cluster.pods.guarded = {"default/guarded"}
     d = decide(observed(cluster, P1), now=P1, prior=READY_STATUS)
-    assert hl.EvictPods(failed, "NodeHealthStatus=Unschedulable", start=True) in d.remediation
+    assert health.EvictPods(failed, "NodeHealthStatus=Unschedulable", start=True) in d.remediation
     now = P1
     for _ in range(5):
         apply(d, cluster, now)
         now += timedelta(seconds=10)
         d = decide(observed(cluster, now), now=now, prior=d.status)
     # (marked, its label now says UnschedulablePendingReplacement)
-    assert d.remediation == (hl.EvictPods(failed, "NodeHealthStatus=UnschedulablePendingReplacement"),)
+    assert d.remediation == (health.EvictPods(failed, "NodeHealthStatus=UnschedulablePendingReplacement"),)
     assert ("force_delete", failed) not in cluster.pods.calls
     assert failed in cluster and cluster.pods.pods[failed] == ["default/guarded"]
 
@@ -1429,7 +1429,7 @@ def test_a_live_failed_nodes_pods_are_evicted_never_forced_and_hold_its_removal(
     apply(d, cluster, now)
     now += timedelta(seconds=1)
     d = decide(observed(cluster, now), now=now, prior=d.status)
-    assert d.remediation == (hl.RemoveNode(failed, "NodeHealthStatus=UnschedulablePendingReplacement"),)
+    assert d.remediation == (health.RemoveNode(failed, "NodeHealthStatus=UnschedulablePendingReplacement"),)
 
 
 def test_without_spares_the_pods_leave_once_the_backfill_is_ready():
@@ -1441,18 +1441,18 @@ def test_without_spares_the_pods_leave_once_the_backfill_is_ready():
     cluster[failed].ready_since = FAIL_AT
     cluster.pods.pods[failed] = ["default/trainer-2"]
     d = decide(observed(cluster, P1), s=s, plan=PLAIN_PLAN, now=P1)
-    assert not any(isinstance(a, hl.EvictPods) for a in d.remediation)  # nothing serves in its stead yet
+    assert not any(isinstance(a, health.EvictPods) for a in d.remediation)  # nothing serves in its stead yet
     apply(d, cluster, P1, new_ready=None)
     t = P1 + timedelta(seconds=1)
     d = decide(observed(cluster, t), s=s, plan=PLAIN_PLAN, now=t, prior=d.status)
     assert d.remediation == ()
     cluster[failed + "-g1"].ready = "True"
     d = decide(observed(cluster, t), s=s, plan=PLAIN_PLAN, now=t, prior=d.status)
-    assert d.remediation == (hl.EvictPods(failed, "Ready=False", start=True),)
+    assert d.remediation == (health.EvictPods(failed, "Ready=False", start=True),)
     apply(d, cluster, t)
     t += timedelta(seconds=1)
     d = decide(observed(cluster, t), s=s, plan=PLAIN_PLAN, now=t, prior=d.status)
-    assert d.remediation == (hl.RemoveNode(failed, "Ready=False"),)
+    assert d.remediation == (health.RemoveNode(failed, "Ready=False"),)
 
 
 class _NodeApi:
@@ -1464,7 +1464,7 @@ class _NodeApi:
     def read_node(self, name):
         self.calls.append(("read", name))
         return client.V1Node(metadata=client.V1ObjectMeta(name=name, resource_version=self.rv),
-                             spec=client.V1NodeSpec(taints=[client.V1Taint(key=nm.SPARE_TAINT.key,
+                             spec=client.V1NodeSpec(taints=[client.V1Taint(key=naming.SPARE_TAINT.key,
                                                                            effect="NoSchedule")]))
 
     def patch_node(self, name, body):
@@ -1491,6 +1491,6 @@ def test_kwok_promotion_patches_from_the_node_last_seen_with_its_resource_versio
     provider = KwokProvider(kube=type("K", (), {"core": api})())
     seen = None if last_seen_rv is None else client.V1Node(
         metadata=client.V1ObjectMeta(name="n", resource_version=last_seen_rv),
-        spec=client.V1NodeSpec(taints=[client.V1Taint(key=nm.SPARE_TAINT.key, effect="NoSchedule")]))
+        spec=client.V1NodeSpec(taints=[client.V1Taint(key=naming.SPARE_TAINT.key, effect="NoSchedule")]))
     provider.promote_spare("n", "failed", seen)
     assert api.calls == calls

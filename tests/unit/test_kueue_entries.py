@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from hyperplan.handlers import kueue as hk
-from hyperplan.planning import admission as ad
+from hyperplan.handlers import kueue
+from hyperplan.planning import admission
 
 NOW = datetime(2027, 1, 1, 12, 0, tzinfo=timezone.utc)
-SETS = (ad.PodSetView("main", 2), ad.PodSetView("workers", 4))
+SETS = (admission.PodSetView("main", 2), admission.PodSetView("workers", 4))
 SELECTOR = {"hyperplan.dev/workload": "team.job-train"}
 
 
 def test_ready_entry_pins_every_pod_set_to_the_workload_nodes() -> None:
-    d = ad.AdmissionDecision("Ready", ad.REASON_ADMITTED, "admitted", 6, "rc-1")
-    entry = hk.entry_for("plan-check", d, {"name": "plan-check", "state": "Pending", "lastTransitionTime": "x"},
+    d = admission.AdmissionDecision("Ready", admission.REASON_ADMITTED, "admitted", 6, "rc-1")
+    entry = kueue.entry_for("plan-check", d, {"name": "plan-check", "state": "Pending", "lastTransitionTime": "x"},
                          SETS, SELECTOR, NOW)
     assert entry == {"name": "plan-check", "state": "Ready", "message": "admitted",
                      "lastTransitionTime": "2027-01-01T12:00:00Z",
@@ -23,17 +23,17 @@ def test_ready_entry_pins_every_pod_set_to_the_workload_nodes() -> None:
 
 
 def test_retry_entry_carries_requeue_and_no_pod_set_updates() -> None:
-    d = ad.AdmissionDecision("Retry", ad.REASON_WAITING_FOR_BLOCK, "next block", requeue_after=timedelta(seconds=7.2))
-    entry = hk.entry_for("plan-check", d, None, SETS, SELECTOR, NOW)
+    d = admission.AdmissionDecision("Retry", admission.REASON_WAITING_FOR_BLOCK, "next block", requeue_after=timedelta(seconds=7.2))
+    entry = kueue.entry_for("plan-check", d, None, SETS, SELECTOR, NOW)
     assert entry["requeueAfterSeconds"] == 8 and "podSetUpdates" not in entry
 
 
 def test_same_state_keeps_its_transition_time_and_is_not_rewritten() -> None:
-    d = ad.AdmissionDecision("Retry", ad.REASON_WAITING_FOR_BLOCK, "next block", requeue_after=timedelta(seconds=5))
+    d = admission.AdmissionDecision("Retry", admission.REASON_WAITING_FOR_BLOCK, "next block", requeue_after=timedelta(seconds=5))
     prior = {"name": "plan-check", "state": "Retry", "message": "next block", "requeueAfterSeconds": 5,
              "lastTransitionTime": "2027-01-01T11:00:00Z", "retryCount": 2}
-    entry = hk.entry_for("plan-check", d, prior, SETS, SELECTOR, NOW)
+    entry = kueue.entry_for("plan-check", d, prior, SETS, SELECTOR, NOW)
     assert entry["lastTransitionTime"] == "2027-01-01T11:00:00Z"
-    assert not hk.differs(prior, entry)
-    assert hk.differs({**prior, "state": "Pending"}, entry)
-    assert hk.differs({**prior, "message": "other"}, entry)
+    assert not kueue.differs(prior, entry)
+    assert kueue.differs({**prior, "state": "Pending"}, entry)
+    assert kueue.differs({**prior, "message": "other"}, entry)

@@ -18,11 +18,11 @@ import pytest
 
 from hyperplan.actuation.fakes import FakeNodePods, FakeProvider, RecordingKueueWrites
 from hyperplan.actuation.kueue import KueueWrites
-from hyperplan.handlers import kueue as hk
+from hyperplan.handlers import kueue
 from hyperplan.handlers.nodewatch import NodeChange, NodeStore
 from hyperplan.handlers.workqueue import WorkQueue
-from hyperplan.planning import naming as nm
-from hyperplan.planning import trainingjobs as tj
+from hyperplan.planning import naming
+from hyperplan.planning import trainingjobs
 from hyperplan.planning.naming import TopologyKeys
 from hyperplan.planning.policy import get_policy
 
@@ -54,8 +54,8 @@ def workload(name: str, *, state: str = "Pending", admitted: bool = False, finis
         conditions.append({"type": "Evicted", "status": "True"})
     entry: dict[str, Any] = {"name": check, "state": state, "lastTransitionTime": created}
     if state == "Ready":
-        entry["podSetUpdates"] = [{"name": "main", "labels": {nm.LABEL_RESERVED_CAPACITY: BLOCK},
-                                   "nodeSelector": {tj.LABEL_WORKLOAD: tj.workload_label_value(NS, name)}}]
+        entry["podSetUpdates"] = [{"name": "main", "labels": {naming.LABEL_RESERVED_CAPACITY: BLOCK},
+                                   "nodeSelector": {trainingjobs.LABEL_WORKLOAD: trainingjobs.workload_label_value(NS, name)}}]
     return {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
             "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}", "resourceVersion": rv,
                          "creationTimestamp": created},
@@ -65,11 +65,11 @@ def workload(name: str, *, state: str = "Pending", admitted: bool = False, finis
 
 
 def job_node(slot: str, workload_name: str, *, keep_alive_until: str | None = None) -> dict[str, Any]:
-    name = nm.node_name(PLAN, BLOCK, slot)
-    annotations = {tj.ANNOTATION_KEEP_ALIVE_UNTIL: keep_alive_until} if keep_alive_until else {}
+    name = naming.node_name(PLAN, BLOCK, slot)
+    annotations = {trainingjobs.ANNOTATION_KEEP_ALIVE_UNTIL: keep_alive_until} if keep_alive_until else {}
     return {"metadata": {"name": name, "labels": {
-        nm.LABEL_PLAN: nm.label_value(PLAN), nm.LABEL_RESERVED_CAPACITY: nm.label_value(BLOCK),
-        nm.LABEL_SLOT: slot, tj.LABEL_WORKLOAD: tj.workload_label_value(NS, workload_name) if workload_name else ""},
+        naming.LABEL_PLAN: naming.label_value(PLAN), naming.LABEL_RESERVED_CAPACITY: naming.label_value(BLOCK),
+        naming.LABEL_SLOT: slot, trainingjobs.LABEL_WORKLOAD: trainingjobs.workload_label_value(NS, workload_name) if workload_name else ""},
         "annotations": annotations}, "spec": {}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
 
 
@@ -97,7 +97,7 @@ def index(workloads: list[dict]) -> dict:
     """The Workload index as kopf holds it, filled by the real index function."""
     out: dict = {}
     for wl in workloads:
-        for key, value in asyncio.run(hk.hp_kueue_workloads(namespace=wl["metadata"]["namespace"],
+        for key, value in asyncio.run(kueue.hp_kueue_workloads(namespace=wl["metadata"]["namespace"],
                                                             name=wl["metadata"]["name"], body=wl)).items():
             out.setdefault(key, []).append(value)
     return out
@@ -108,8 +108,8 @@ def runtime(plan: dict | None, workloads: list[dict], nodes: list[dict], *, chec
             writes: KueueWrites | None = None) -> SimpleNamespace:
     provider = FakeProvider(clock=lambda: NOW)
     for n in nodes:
-        provider.nodes[n["metadata"]["name"]] = hk.v1_node(n)
-    state = hk.KueueState(writes=writes or RecordingKueueWrites())
+        provider.nodes[n["metadata"]["name"]] = kueue.v1_node(n)
+    state = kueue.KueueState(writes=writes or RecordingKueueWrites())
     for c in checks:
         state.checks[c] = PLAN
         state.check_bodies[c] = check_body(c)
@@ -127,7 +127,7 @@ def runtime(plan: dict | None, workloads: list[dict], nodes: list[dict], *, chec
 
 def run_pass(rt: SimpleNamespace) -> datetime | None:
     async def go() -> datetime | None:
-        return await hk.reconcile_plan_workloads(rt, PLAN)
+        return await kueue.reconcile_plan_workloads(rt, PLAN)
     return asyncio.run(go())
 
 
@@ -171,7 +171,7 @@ def test_one_workloads_failed_write_does_not_abort_the_pass(status: int, logged:
     assert ("writing check llama-check failed" in caplog.text) is logged
     # The refused workload's instances are still counted: the second is admitted beside it, and
     # the job nodes are made for both (the first's write is retried by the next pass).
-    made = sorted(n.metadata.labels[tj.LABEL_WORKLOAD] for n in rt.providers["kwok"].nodes.values())
+    made = sorted(n.metadata.labels[trainingjobs.LABEL_WORKLOAD] for n in rt.providers["kwok"].nodes.values())
     assert made == ["team.first"] * 2 + ["team.second"] * 2
 
 
@@ -188,8 +188,8 @@ def test_a_released_job_node_waits_for_its_pods(pods: dict, guarded: set, releas
     name = node["metadata"]["name"]
     pods = {name if k == "NODE" else k: v for k, v in pods.items()}
     rt = runtime(plan_obj(), [], [node], pods=pods, guarded=guarded)
-    plan, schedule = hk.plan_view(rt, plan_obj(), NOW)[1]
-    wake, left = hk.reconcile_job_nodes(rt, PLAN, plan, schedule, [], NOW)
+    plan, schedule = kueue.admission_plan(rt, plan_obj(), NOW)[1]
+    wake, left = kueue.reconcile_job_nodes(rt, PLAN, plan, schedule, [], NOW)
     assert ("evict", name) in rt.pods.calls
     assert (name not in rt.providers["kwok"].nodes) is released
     assert left == (0 if released else 1)
@@ -210,9 +210,9 @@ def test_a_check_no_longer_ours_is_no_longer_served(event_type: str, controller:
     rt = runtime(plan_obj(), [workload("train")], [])
 
     async def go() -> None:
-        await hk.check_changed(rt, CHECK, check_body(controller=controller), event_type)
-        assert rt.queue.woken(hk.KIND, PLAN)  # its plan's loop looks again
-        await hk.reconcile_plan_workloads(rt, PLAN)
+        await kueue.check_changed(rt, CHECK, check_body(controller=controller), event_type)
+        assert rt.queue.woken(kueue.KIND, PLAN)  # its plan's loop looks again
+        await kueue.reconcile_plan_workloads(rt, PLAN)
     asyncio.run(go())
     assert CHECK not in rt.kueue.checks and CHECK not in rt.kueue.check_bodies
     w = writes_of(rt)
@@ -236,7 +236,7 @@ def test_a_plan_loop_stops_only_when_still_unnamed(nodes: list, check_arrives: b
 
     async def call(fn, *args):
         out = await real_call(fn, *args)
-        if check_arrives and fn is hk.reconcile_job_nodes:  # a check naming the plan comes meanwhile
+        if check_arrives and fn is kueue.reconcile_job_nodes:  # a check naming the plan comes meanwhile
             state.checks["late-check"] = PLAN
         return out
 
@@ -269,7 +269,7 @@ def test_deleting_the_last_check_keeps_a_running_workloads_nodes(train: dict | N
     if kept:
         assert rt.pods.calls == []  # nothing evicted
         assert rt.kueue.job_workloads == {"team.train": PLAN}  # its Workload's changes wake the plan
-        assert hk.plans_to_wake(rt.kueue, NS, "train", {"status": {}}) == {PLAN}
+        assert kueue.plans_to_wake(rt.kueue, NS, "train", {"status": {}}) == {PLAN}
 
 
 def test_a_running_workload_without_a_check_holds_its_room_against_new_ones() -> None:
@@ -298,9 +298,9 @@ def test_a_pass_reads_nothing_from_the_api_until_it_has_written_nodes() -> None:
     assert len(rt.providers["kwok"].nodes) == 2
     w.nodes = list(rt.providers["kwok"].nodes.values())  # what the API now says
     run_pass(rt)
-    assert w.listed == [nm.label_value(PLAN)] * 2  # this pass: once for the outside holders, once for the nodes
+    assert w.listed == [naming.label_value(PLAN)] * 2  # this pass: once for the outside holders, once for the nodes
     run_pass(rt)  # nothing written by the previous pass: back to the index
-    assert w.listed == [nm.label_value(PLAN)] * 2
+    assert w.listed == [naming.label_value(PLAN)] * 2
 
 
 def test_our_own_write_is_preferred_over_an_older_watched_copy() -> None:
@@ -330,7 +330,7 @@ def test_a_job_node_of_a_plan_without_a_loop_starts_one(plan_exists, has_loop, e
     started: list[str] = []
     state.ensure_loop = lambda _rt, plan: started.append(plan)
     node = job_node("0", "train")
-    hk.job_node_changed(rt, NodeChange(event_type, node["metadata"]["name"], node["metadata"]["labels"], node))
+    kueue.job_node_changed(rt, NodeChange(event_type, node["metadata"]["name"], node["metadata"]["labels"], node))
     assert started == ([PLAN] if starts else [])
 
 
@@ -349,5 +349,5 @@ def test_a_plan_first_seen_with_job_nodes_gets_a_loop(event_type, has_loop, has_
         state.loops.add(PLAN)
     started: list[str] = []
     state.ensure_loop = lambda _rt, plan: started.append(plan)
-    asyncio.run(hk.plan_changed_for_admission(name=PLAN, type=event_type, memo=SimpleNamespace(runtime=rt)))
+    asyncio.run(kueue.plan_changed_for_admission(name=PLAN, type=event_type, memo=SimpleNamespace(runtime=rt)))
     assert started == ([PLAN] if starts else [])

@@ -7,21 +7,21 @@ import json
 
 import pytest
 
-from hyperplan.planning import lending as ln
-from hyperplan.planning import naming as nm
+from hyperplan.planning import lending
+from hyperplan.planning import naming
 
 READY = {"Ready": "True"}
-ME = ln.OperatorIdentity(pod_name="hyperplan-7d9-abc", namespace="hyperplan-system", node_name="worker-op",
+ME = lending.OperatorIdentity(pod_name="hyperplan-7d9-abc", namespace="hyperplan-system", node_name="worker-op",
                          pod_labels={"app.kubernetes.io/name": "hyperplan", "app.kubernetes.io/instance": "hp"})
-GROUP_TAINT = nm.Taint("example.com/dedicated", "frontier", "NoSchedule")
-ADMIN_TAINT = nm.Taint("example.com/maintenance-window", "sunday", "PreferNoSchedule")
+GROUP_TAINT = naming.Taint("example.com/dedicated", "frontier", "NoSchedule")
+ADMIN_TAINT = naming.Taint("example.com/maintenance-window", "sunday", "PreferNoSchedule")
 
 
-def free(name: str, **kw) -> ln.PoolNode:
+def free(name: str, **kw) -> lending.PoolNode:
     kw.setdefault("conditions", READY)
-    kw.setdefault("labels", {ln.LABEL_POOL: ln.POOL_FREE, nm.LABEL_INSTANCE_TYPE: "ml.p5.48xlarge",
-                             nm.LABEL_ZONE: "us-east-1a"})
-    return ln.PoolNode(name=name, resource_version="41", **kw)
+    kw.setdefault("labels", {lending.LABEL_POOL: lending.POOL_FREE, naming.LABEL_INSTANCE_TYPE: "ml.p5.48xlarge",
+                             naming.LABEL_ZONE: "us-east-1a"})
+    return lending.PoolNode(name=name, resource_version="41", **kw)
 
 
 # --------------------------------------------------------------------------- which free nodes may be lent
@@ -34,11 +34,11 @@ def free(name: str, **kw) -> ln.PoolNode:
     (free("w1", conditions={}), (), "is not Ready (no Ready condition)"),
     (free("w1", conditions={"Ready": "True", "AcceleratedHardwareReady": "False"}), (),
      "has AcceleratedHardwareReady=False"),
-    (free("w1", labels={nm.LABEL_HEALTH: "UnschedulablePendingReplacement"}), (),
+    (free("w1", labels={naming.LABEL_HEALTH: "UnschedulablePendingReplacement"}), (),
      "is labelled hyperplan.dev/node-health-status=UnschedulablePendingReplacement"),
-    (free("w1", labels={nm.LABEL_SAGEMAKER_HEALTH: "Unschedulable"}), (),
+    (free("w1", labels={naming.LABEL_SAGEMAKER_HEALTH: "Unschedulable"}), (),
      "is labelled sagemaker.amazonaws.com/node-health-status=Unschedulable"),
-    (free("w1", labels={nm.LABEL_HEALTH: "Schedulable"}), (), None),
+    (free("w1", labels={naming.LABEL_HEALTH: "Schedulable"}), (), None),
     (free("w1"), ("w1",), "runs the operator"),
     (free("w1", unschedulable=True), ("w1",), "runs the operator"),
     (free("w1", deleting=True), (), "is being deleted"),
@@ -46,18 +46,18 @@ def free(name: str, **kw) -> ln.PoolNode:
         "hyperplan-health-label", "sagemaker-health-label", "schedulable-health-label", "runs-the-operator",
         "operator-reason-first", "being-deleted"])
 def test_why_not_lendable(node, operator_nodes, why):
-    assert ln.why_not_lendable(node, operator_nodes) == why
+    assert lending.why_not_lendable(node, operator_nodes) == why
 
 
 def test_choice_skips_the_operators_node_and_says_why():
     nodes = [free("worker-op"), free("worker-a"), free("worker-b", unschedulable=True)]
-    choice = ln.choose_free_node("hp-g-x-0", nodes, operator_nodes={"worker-op"})
+    choice = lending.choose_free_node("hp-g-x-0", nodes, operator_nodes={"worker-op"})
     assert choice.node.name == "worker-a"
     assert choice.explain() == "worker-b is cordoned; worker-op runs the operator"
 
 
 def test_choice_is_none_when_every_node_is_skipped():
-    choice = ln.choose_free_node("hp-g-x-0", [free("worker-op")], operator_nodes={"worker-op"})
+    choice = lending.choose_free_node("hp-g-x-0", [free("worker-op")], operator_nodes={"worker-op"})
     assert choice.node is None and choice.skipped == {"worker-op": "runs the operator"}
 
 
@@ -66,32 +66,32 @@ def test_parallel_adoptions_of_one_process_never_share_a_node():
     nodes = [free(f"w{i}") for i in range(4)]
     claimed: set[str] = set()
     for node_id in (f"hp-g-x-{i}" for i in range(4)):
-        choice = ln.choose_free_node(node_id, nodes, claimed=claimed)
+        choice = lending.choose_free_node(node_id, nodes, claimed=claimed)
         claimed.add(choice.node.name)
     assert claimed == {"w0", "w1", "w2", "w3"}
-    assert ln.choose_free_node("hp-g-x-4", nodes, claimed=claimed).node is None
+    assert lending.choose_free_node("hp-g-x-4", nodes, claimed=claimed).node is None
 
 
 def test_each_node_id_has_its_own_reproducible_preference():
     """Rendezvous order: the same inputs give the same node; different node ids spread out, so two
     operators reading the same free list rarely reach for the same node."""
     nodes = [free(f"w{i}") for i in range(8)]
-    first = {ln.choose_free_node(f"hp-g-x-{i}", nodes).node.name for i in range(8)}
+    first = {lending.choose_free_node(f"hp-g-x-{i}", nodes).node.name for i in range(8)}
     assert len(first) > 1
-    assert ln.choose_free_node("hp-g-x-0", nodes).node == ln.choose_free_node("hp-g-x-0", list(reversed(nodes))).node
+    assert lending.choose_free_node("hp-g-x-0", nodes).node == lending.choose_free_node("hp-g-x-0", list(reversed(nodes))).node
 
 
 # --------------------------------------------------------------------------- adoption, update, hand-back
 
 
 def group_labels(**extra: str) -> dict[str, str]:
-    return {"team": "frontier", nm.LABEL_INSTANCE_TYPE: "ml.p5.48xlarge", nm.LABEL_ZONE: "us-east-1a",
-            nm.LABEL_HOSTNAME: "hp-g-x-0", nm.LABEL_GROUP: "g", nm.LABEL_PLAN: "p",
-            nm.LABEL_RESERVED_CAPACITY: "rc-1", nm.LABEL_ROLE: "spare", nm.LABEL_HEALTH: "Schedulable",
-            nm.LABEL_SLOT: "0", nm.LABEL_GENERATION: "0", **extra}
+    return {"team": "frontier", naming.LABEL_INSTANCE_TYPE: "ml.p5.48xlarge", naming.LABEL_ZONE: "us-east-1a",
+            naming.LABEL_HOSTNAME: "hp-g-x-0", naming.LABEL_GROUP: "g", naming.LABEL_PLAN: "p",
+            naming.LABEL_RESERVED_CAPACITY: "rc-1", naming.LABEL_ROLE: "spare", naming.LABEL_HEALTH: "Schedulable",
+            naming.LABEL_SLOT: "0", naming.LABEL_GENERATION: "0", **extra}
 
 
-def applied(node: ln.PoolNode, patch: dict) -> ln.PoolNode:
+def applied(node: lending.PoolNode, patch: dict) -> lending.PoolNode:
     """``node`` after a JSON merge patch, as the API server would store it."""
     meta, spec = patch.get("metadata", {}), patch.get("spec", {})
 
@@ -106,11 +106,11 @@ def applied(node: ln.PoolNode, patch: dict) -> ln.PoolNode:
 
     taints = node.taints
     if "taints" in spec:
-        taints = tuple(nm.Taint(t["key"], t["value"], t["effect"]) for t in spec["taints"] or [])
+        taints = tuple(naming.Taint(t["key"], t["value"], t["effect"]) for t in spec["taints"] or [])
     unschedulable = node.unschedulable
     if "unschedulable" in spec:
         unschedulable = bool(spec["unschedulable"])
-    return ln.PoolNode(name=node.name, resource_version=str(int(node.resource_version) + 1),
+    return lending.PoolNode(name=node.name, resource_version=str(int(node.resource_version) + 1),
                        labels=merge(node.labels, meta.get("labels")),
                        annotations=merge(node.annotations, meta.get("annotations")), taints=taints,
                        unschedulable=unschedulable, conditions=node.conditions)
@@ -118,26 +118,26 @@ def applied(node: ln.PoolNode, patch: dict) -> ln.PoolNode:
 
 def test_adoption_labels_taints_and_records_what_it_found():
     before = free("w1", labels={**free("w1").labels, "team": "infra"}, taints=(ADMIN_TAINT,))
-    patch = ln.adoption_patch(before, "hp-g-x-0", group_labels(), (nm.SPARE_TAINT, GROUP_TAINT), {GROUP_TAINT.key})
+    patch = lending.adoption_patch(before, "hp-g-x-0", group_labels(), (naming.SPARE_TAINT, GROUP_TAINT), {GROUP_TAINT.key})
     assert patch["metadata"]["resourceVersion"] == "41"  # a concurrent change makes the API server answer 409
     labels = patch["metadata"]["labels"]
-    assert nm.LABEL_HOSTNAME not in labels  # a real node keeps its own hostname
-    assert labels[ln.LABEL_POOL] == ln.POOL_HELD and labels[ln.LABEL_NODE_ID] == "hp-g-x-0"
+    assert naming.LABEL_HOSTNAME not in labels  # a real node keeps its own hostname
+    assert labels[lending.LABEL_POOL] == lending.POOL_HELD and labels[lending.LABEL_NODE_ID] == "hp-g-x-0"
     assert labels["team"] == "frontier"
     assert patch["spec"] == {"taints": [
         {"key": ADMIN_TAINT.key, "value": "sunday", "effect": "PreferNoSchedule"},
         {"key": "hyperplan.dev/spare", "value": "true", "effect": "NoSchedule"},
         {"key": GROUP_TAINT.key, "value": "frontier", "effect": "NoSchedule"}]}
     assert "unschedulable" not in patch["spec"]  # cordoned nodes are never adopted; nothing to undo
-    record = json.loads(patch["metadata"]["annotations"][ln.ANNOTATION_LENT])
-    assert record["labels"] == {"team": "infra", nm.LABEL_INSTANCE_TYPE: "ml.p5.48xlarge",
-                                nm.LABEL_ZONE: "us-east-1a"}
-    assert record["taintKeys"] == sorted([GROUP_TAINT.key, nm.SPARE_TAINT.key, nm.UNHEALTHY_TAINT.key])
+    record = json.loads(patch["metadata"]["annotations"][lending.ANNOTATION_LENT])
+    assert record["labels"] == {"team": "infra", naming.LABEL_INSTANCE_TYPE: "ml.p5.48xlarge",
+                                naming.LABEL_ZONE: "us-east-1a"}
+    assert record["taintKeys"] == sorted([GROUP_TAINT.key, naming.SPARE_TAINT.key, naming.UNHEALTHY_TAINT.key])
 
 
 # Each case: the free node, what happens while the group holds it, and what it must look like after.
-def _held(node: ln.PoolNode, *steps) -> ln.PoolNode:
-    node = applied(node, ln.adoption_patch(node, "hp-g-x-0", group_labels(), (nm.SPARE_TAINT, GROUP_TAINT),
+def _held(node: lending.PoolNode, *steps) -> lending.PoolNode:
+    node = applied(node, lending.adoption_patch(node, "hp-g-x-0", group_labels(), (naming.SPARE_TAINT, GROUP_TAINT),
                                            {GROUP_TAINT.key}))
     for step in steps:
         node = step(node)
@@ -145,7 +145,7 @@ def _held(node: ln.PoolNode, *steps) -> ln.PoolNode:
 
 
 def drained_by_hyperplan(node):
-    patch = ln.cordon_patch(node)  # None when the node is cordoned already
+    patch = lending.cordon_patch(node)  # None when the node is cordoned already
     return node if patch is None else applied(node, patch)
 
 
@@ -155,19 +155,19 @@ def cordoned_by_admin(node):
 
 def promoted_and_relabelled(node):
     """A spare promoted (hyperplan.dev/replaces set directly), then the group's labels changed."""
-    keep = [{"key": t.key, "value": t.value, "effect": t.effect} for t in node.taints if t != nm.SPARE_TAINT]
-    node = applied(node, {"metadata": {"labels": {nm.LABEL_ROLE: "active", nm.LABEL_REPLACES: "hp-g-x-1"}},
+    keep = [{"key": t.key, "value": t.value, "effect": t.effect} for t in node.taints if t != naming.SPARE_TAINT]
+    node = applied(node, {"metadata": {"labels": {naming.LABEL_ROLE: "active", naming.LABEL_REPLACES: "hp-g-x-1"}},
                           "spec": {"taints": keep}})
-    labels = group_labels(**{"cost-center": "42", nm.LABEL_ROLE: "active"})
-    extra = nm.Taint("example.com/gpu-class", "h100", "NoExecute")
-    return applied(node, ln.held_update_patch(node, "hp-g-x-0", labels, (GROUP_TAINT, extra),
+    labels = group_labels(**{"cost-center": "42", naming.LABEL_ROLE: "active"})
+    extra = naming.Taint("example.com/gpu-class", "h100", "NoExecute")
+    return applied(node, lending.held_update_patch(node, "hp-g-x-0", labels, (GROUP_TAINT, extra),
                                              {GROUP_TAINT.key, extra.key}))
 
 
 def marked_unhealthy(node):
-    return applied(node, {"metadata": {"labels": {nm.LABEL_HEALTH: "UnschedulablePendingReplacement"}},
+    return applied(node, {"metadata": {"labels": {naming.LABEL_HEALTH: "UnschedulablePendingReplacement"}},
                           "spec": {"taints": [{"key": t.key, "value": t.value, "effect": t.effect}
-                                              for t in (*node.taints, nm.UNHEALTHY_TAINT)]}})
+                                              for t in (*node.taints, naming.UNHEALTHY_TAINT)]}})
 
 
 @pytest.mark.parametrize("steps, unschedulable, health, says", [
@@ -184,12 +184,12 @@ def test_hand_back_restores_the_node_as_it_was_lent(steps, unschedulable, health
     before = free("w1", labels={**free("w1").labels, "team": "infra", "kubernetes.io/hostname": "w1"},
                   taints=(ADMIN_TAINT,), annotations={"node.alpha.kubernetes.io/ttl": "0"})
     held = _held(before, *steps)
-    assert held.labels[nm.LABEL_GROUP] == "g"  # it was really lent
-    back = ln.hand_back(held)
+    assert held.labels[naming.LABEL_GROUP] == "g"  # it was really lent
+    back = lending.hand_back(held)
     after = applied(held, back.patch)
     want_labels = dict(before.labels)
     if health:
-        want_labels[nm.LABEL_HEALTH] = health
+        want_labels[naming.LABEL_HEALTH] = health
     assert after.labels == want_labels
     assert after.taints == (ADMIN_TAINT,)
     assert after.annotations == before.annotations
@@ -199,33 +199,33 @@ def test_hand_back_restores_the_node_as_it_was_lent(steps, unschedulable, health
 
 def test_hand_back_without_a_record_still_removes_what_hyperplan_owns():
     """A node adopted by an older hyperplan (no annotation): its own labels and taints go."""
-    held = free("w1", labels={ln.LABEL_POOL: ln.POOL_HELD, nm.LABEL_GROUP: "g", nm.LABEL_ROLE: "spare",
-                               ln.LABEL_NODE_ID: "hp-g-x-0", "keep": "me"},
-                taints=(nm.SPARE_TAINT, nm.Taint("hyperplan.dev/other", "x", "NoSchedule"), ADMIN_TAINT),
+    held = free("w1", labels={lending.LABEL_POOL: lending.POOL_HELD, naming.LABEL_GROUP: "g", naming.LABEL_ROLE: "spare",
+                               lending.LABEL_NODE_ID: "hp-g-x-0", "keep": "me"},
+                taints=(naming.SPARE_TAINT, naming.Taint("hyperplan.dev/other", "x", "NoSchedule"), ADMIN_TAINT),
                 unschedulable=True)
-    after = applied(held, ln.hand_back(held).patch)
-    assert after.labels == {ln.LABEL_POOL: ln.POOL_FREE, "keep": "me"}
+    after = applied(held, lending.hand_back(held).patch)
+    assert after.labels == {lending.LABEL_POOL: lending.POOL_FREE, "keep": "me"}
     assert after.taints == (ADMIN_TAINT,)
     assert after.unschedulable is True  # nobody recorded that hyperplan cordoned it
 
 
 def test_unreadable_record_counts_as_none():
-    assert ln.LentRecord.load("{not json") == ln.LentRecord()
-    assert ln.LentRecord.load('{"labels": [1]}') == ln.LentRecord()
+    assert lending.LentRecord.load("{not json") == lending.LentRecord()
+    assert lending.LentRecord.load('{"labels": [1]}') == lending.LentRecord()
 
 
 def test_cordon_patch_notes_hyperplan_and_leaves_an_existing_cordon_alone():
-    patch = ln.cordon_patch(free("w1"))
-    assert patch == {"metadata": {"annotations": {ln.ANNOTATION_CORDONED: "true"}, "resourceVersion": "41"},
+    patch = lending.cordon_patch(free("w1"))
+    assert patch == {"metadata": {"annotations": {lending.ANNOTATION_CORDONED: "true"}, "resourceVersion": "41"},
                      "spec": {"unschedulable": True}}
-    assert ln.cordon_patch(free("w1", unschedulable=True)) is None
+    assert lending.cordon_patch(free("w1", unschedulable=True)) is None
 
 
 # --------------------------------------------------------------------------- draining
 
 
-def pod(name: str, ns: str = "default", **kw) -> ln.PodView:
-    return ln.PodView(name=name, namespace=ns, node_name="w1", **kw)
+def pod(name: str, ns: str = "default", **kw) -> lending.PodView:
+    return lending.PodView(name=name, namespace=ns, node_name="w1", **kw)
 
 
 OPERATOR_LABELS = {"app.kubernetes.io/name": "hyperplan", "app.kubernetes.io/instance": "hp"}
@@ -238,9 +238,9 @@ OPERATOR_LABELS = {"app.kubernetes.io/name": "hyperplan", "app.kubernetes.io/ins
     (pod("hyperplan-7d9-xyz", "hyperplan-system", labels=OPERATOR_LABELS), ME, "the operator's own pod"),
     (pod("lookalike", "team-a", labels=OPERATOR_LABELS), ME, "evict"),
     (pod("hyperplan-7d9-abc", "team-a"), ME, "evict"),
-    (pod("op", "anywhere", labels=OPERATOR_LABELS), ln.OperatorIdentity(pod_labels=OPERATOR_LABELS),
+    (pod("op", "anywhere", labels=OPERATOR_LABELS), lending.OperatorIdentity(pod_labels=OPERATOR_LABELS),
      "the operator's own pod"),
-    (pod("op", "anywhere", labels=OPERATOR_LABELS), ln.OperatorIdentity(), "evict"),
+    (pod("op", "anywhere", labels=OPERATOR_LABELS), lending.OperatorIdentity(), "evict"),
     (pod("kube-proxy-x", "kube-system", owner_kinds=("DaemonSet",)), ME, "a DaemonSet pod"),
     (pod("etcd-w1", "kube-system", mirror=True), ME, "a static pod"),
     (pod("train-1", owner_kinds=("ReplicaSet",)), ME, "evict"),
@@ -248,7 +248,7 @@ OPERATOR_LABELS = {"app.kubernetes.io/name": "hyperplan", "app.kubernetes.io/ins
         "lookalike-in-another-namespace", "same-name-other-namespace", "out-of-cluster-labels-any-namespace",
         "no-identity-protects-nothing", "daemonset", "static-pod", "replicaset"])
 def test_sort_pods_for_drain(p, me, outcome):
-    sort = ln.sort_pods_for_drain([p], me)
+    sort = lending.sort_pods_for_drain([p], me)
     got = ("evict" if sort.evict else "terminating" if sort.terminating else sort.left_alone[p.ref])
     assert got == outcome
     assert sort.waiting_for == (1 if outcome in ("evict", "terminating") else 0)
@@ -256,4 +256,4 @@ def test_sort_pods_for_drain(p, me, outcome):
 
 def test_operator_selector_is_the_pod_labels():
     assert ME.selector == "app.kubernetes.io/instance=hp,app.kubernetes.io/name=hyperplan"
-    assert ln.OperatorIdentity().selector == ""
+    assert lending.OperatorIdentity().selector == ""

@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hyperplan import metrics
 from hyperplan.api.models import InstanceGroupStatus, to_rfc3339
-from hyperplan.planning import health as hl
+from hyperplan.planning import health
 
 T0 = datetime(2027, 1, 1, 12, 0, tzinfo=timezone.utc)
 
@@ -103,10 +103,10 @@ def test_ultraserver_health_and_counts() -> None:
           {"id": "us-b", "availabilityZone": "z", "totalInstanceCount": 18, "healthStatus": "insufficient-data"}]
     view = metrics.ObservedObjects()
     view.put_plan("gb", plan_body("Active", ultra_servers=us))
-    health = samples(view, "hyperplan_ultraserver_health")
-    ones = sorted((dict(k)["ultraserver"], dict(k)["status"]) for k, v in health.items() if v == 1)
+    health_samples = samples(view, "hyperplan_ultraserver_health")
+    ones = sorted((dict(k)["ultraserver"], dict(k)["status"]) for k, v in health_samples.items() if v == 1)
     assert ones == [("us-a", "impaired"), ("us-b", "insufficient-data")]
-    assert len(health) == 2 * len(metrics.ULTRASERVER_STATUSES)
+    assert len(health_samples) == 2 * len(metrics.ULTRASERVER_STATUSES)
     counts = {dict(k)["count"]: v for k, v in samples(view, "hyperplan_ultraserver_instances").items()
               if dict(k)["ultraserver"] == "us-a"}
     assert counts == {"total": 18, "in_use": 17, "available": 0, "spare": 0, "configured_spare": 1,
@@ -236,16 +236,16 @@ def test_provisioning_is_observed_once_per_group_and_block() -> None:
 
 def test_promotion_carries_when_the_grace_ended() -> None:
     failed_at = T0
-    node = hl.NodeObservation(name="a", conditions=(hl.NodeCondition("Ready", "False", failed_at),),
+    node = health.NodeObservation(name="a", conditions=(health.NodeCondition("Ready", "False", failed_at),),
                               role="active", ultraserver_id="us")
-    spare = hl.NodeObservation(name="s", conditions=(hl.NodeCondition("Ready", "True", failed_at),),
+    spare = health.NodeObservation(name="s", conditions=(health.NodeCondition("Ready", "True", failed_at),),
                                role="spare", ultraserver_id="us")
-    check = hl.HealthCheck.from_spec(30, "50%", [])
-    verdict = hl.evaluate_health([node, spare], check, T0 + timedelta(seconds=45))
+    check = health.HealthCheck.from_spec(30, "50%", [])
+    verdict = health.evaluate_health([node, spare], check, T0 + timedelta(seconds=45))
     assert verdict.grace_ended == {"a": T0 + timedelta(seconds=30)}
-    plan = hl.plan_remediation(verdict, [node, spare], block_has_time_left=True, uses_spares=True,
+    plan = health.plan_remediation(verdict, [node, spare], block_has_time_left=True, uses_spares=True,
                                max_unhealthy="50%")
-    (promote,) = [a for a in plan.actions if isinstance(a, hl.PromoteSpare)]
+    (promote,) = [a for a in plan.actions if isinstance(a, health.PromoteSpare)]
     assert promote.grace_ended == T0 + timedelta(seconds=30)
     before = hist_count(metrics.SPARE_PROMOTION)
     metrics.observe_spare_promotion(promote.grace_ended, T0 + timedelta(seconds=31.5))

@@ -14,9 +14,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from hyperplan.api.models import TrainingPlanSpec, TrainingPlanStatus
-from hyperplan.planning import counts as ct
-from hyperplan.planning import naming as nm
-from hyperplan.planning import placement as pl
+from hyperplan.planning import counts
+from hyperplan.planning import naming
+from hyperplan.planning import placement
 from hyperplan.planning.blocks import Block
 from hyperplan.planning.plans import block_usage, current_block, decide_plan
 from hyperplan.planning.policy import DEMO
@@ -24,28 +24,28 @@ from hyperplan.planning.policy import DEMO
 UTC = timezone.utc
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 X72 = "ml.u-p6e-gb200x72"
-BLOCK = Block(id="rc-abc-0", pool="gb", availability_zone="az1", instance_type=pl.ULTRASERVER_INSTANCE_TYPE,
+BLOCK = Block(id="rc-abc-0", pool="gb", availability_zone="az1", instance_type=placement.ULTRASERVER_INSTANCE_TYPE,
               instance_count=36, start=T0, end=T0 + timedelta(minutes=30), ultra_server_type=X72)
-US0, US1 = (u.id for u in pl.ultraservers_for_block(BLOCK.id, X72, 36, 1))
+US0, US1 = (u.id for u in placement.ultraservers_for_block(BLOCK.id, X72, 36, 1))
 SPEC = TrainingPlanSpec(ultra_server_type=X72, ultra_server_count=2, target_resource="hyperpod-cluster",
                         duration="30m")
 
 
-def nodes(active0: int, active1: int, spare0: bool | None, spare1: bool | None) -> list[ct.ObservedNode]:
+def nodes(active0: int, active1: int, spare0: bool | None, spare1: bool | None) -> list[counts.ObservedNode]:
     """Active nodes on each UltraServer (healthy, Ready) and each one's spare (healthy: True,
     unhealthy: False, absent: None)."""
-    out = [ct.ObservedNode(f"a0-{i}", "g", nm.ROLE_ACTIVE, US0, True, True, False) for i in range(active0)]
-    out += [ct.ObservedNode(f"a1-{i}", "g", nm.ROLE_ACTIVE, US1, True, True, False) for i in range(active1)]
+    out = [counts.ObservedNode(f"a0-{i}", "g", naming.ROLE_ACTIVE, US0, True, True, False) for i in range(active0)]
+    out += [counts.ObservedNode(f"a1-{i}", "g", naming.ROLE_ACTIVE, US1, True, True, False) for i in range(active1)]
     for us, spare in ((US0, spare0), (US1, spare1)):
         if spare is not None:
-            out.append(ct.ObservedNode(f"s-{us}", "g", nm.ROLE_SPARE, us, spare, spare, not spare))
+            out.append(counts.ObservedNode(f"s-{us}", "g", naming.ROLE_SPARE, us, spare, spare, not spare))
     return out
 
 
 @dataclass(frozen=True)
 class Case:
     id: str
-    nodes: list[ct.ObservedNode]
+    nodes: list[counts.ObservedNode]
     available: int
     unhealthy: int
     available_spares: int

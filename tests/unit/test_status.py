@@ -9,7 +9,7 @@ import pytest
 from kubernetes import client
 from rich.console import Console
 
-from hyperplan import status as st
+from hyperplan import status
 from hyperplan.api.models import to_rfc3339
 
 NOW = datetime(2027, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
@@ -77,26 +77,26 @@ GROUPS = [
 ]
 
 
-def nodes() -> list[tuple[str, st.Node]]:
-    out = [("demo-workers", st.Node(f"hp-demo-workers-0-{i}", "active", st.SERVING, "rc-gb-0-us-0"))
+def nodes() -> list[tuple[str, status.Node]]:
+    out = [("demo-workers", status.Node(f"hp-demo-workers-0-{i}", "active", status.SERVING, "rc-gb-0-us-0"))
            for i in range(16)]
-    out += [("demo-workers", st.Node("hp-demo-workers-0-16", "active", st.UNHEALTHY, "rc-gb-0-us-0")),
-            ("demo-workers", st.Node("hp-demo-workers-0-17-g1", "active", st.SERVING, "rc-gb-0-us-0"))]
-    out += [("demo-workers", st.Node(f"hp-demo-workers-1-{i}", "active", st.SERVING, "rc-gb-0-us-1"))
+    out += [("demo-workers", status.Node("hp-demo-workers-0-16", "active", status.UNHEALTHY, "rc-gb-0-us-0")),
+            ("demo-workers", status.Node("hp-demo-workers-0-17-g1", "active", status.SERVING, "rc-gb-0-us-0"))]
+    out += [("demo-workers", status.Node(f"hp-demo-workers-1-{i}", "active", status.SERVING, "rc-gb-0-us-1"))
             for i in range(3)]
-    out += [("demo-workers", st.Node("hp-demo-workers-1-3", "spare", st.SPARE, "rc-gb-0-us-1")),
-            ("other-group", st.Node("hp-other-0", "active", st.SERVING, None))]
+    out += [("demo-workers", status.Node("hp-demo-workers-1-3", "spare", status.SPARE, "rc-gb-0-us-1")),
+            ("other-group", status.Node("hp-other-0", "active", status.SERVING, None))]
     return out
 
 
 @pytest.fixture
-def snap() -> st.Snapshot:
-    return st.snapshot_from_objects(POOLS, PLANS, GROUPS, nodes(), NOW)
+def snap() -> status.Snapshot:
+    return status.snapshot_from_objects(POOLS, PLANS, GROUPS, nodes(), NOW)
 
 
-def text_of(snap: st.Snapshot, now: datetime = NOW, width: int = 160) -> str:
+def text_of(snap: status.Snapshot, now: datetime = NOW, width: int = 160) -> str:
     console = Console(width=width, record=True, color_system=None, force_terminal=False)
-    console.print(st.render(snap, now))
+    console.print(status.render(snap, now))
     return console.export_text()
 
 
@@ -109,7 +109,7 @@ def line_with(text: str, *words: str) -> str:
 # ----------------------------------------------------------------------------- the snapshot
 
 
-def test_snapshot_joins_plans_groups_nodes_and_pools(snap: st.Snapshot) -> None:
+def test_snapshot_joins_plans_groups_nodes_and_pools(snap: status.Snapshot) -> None:
     assert [p.name for p in snap.plans] == ["demo-gb200", "demo-split", "not-bought"]
     gb = snap.plans[0]
     assert gb.instance_type == "ml.p6e-gb200.36xlarge"  # from the block: the spec names only the UltraServer type
@@ -129,7 +129,7 @@ def test_snapshot_joins_plans_groups_nodes_and_pools(snap: st.Snapshot) -> None:
     pytest.param(1, 60, "next", id="starts-in-a-second"),
 ])
 def test_block_when_is_read_from_its_times(start: int, end: int, expected: str) -> None:
-    b = st.Block("rc", "az", 1, NOW + timedelta(seconds=start), NOW + timedelta(seconds=end), None, "Scheduled")
+    b = status.Block("rc", "az", 1, NOW + timedelta(seconds=start), NOW + timedelta(seconds=end), None, "Scheduled")
     assert b.when(NOW) == expected
 
 
@@ -162,18 +162,18 @@ def test_node_state(labels: dict, ready: str | None, unschedulable: bool, deleti
         spec=client.V1NodeSpec(unschedulable=unschedulable or None),
         status=client.V1NodeStatus(conditions=None if ready is None else [
             client.V1NodeCondition(type="Ready", status=ready)]))
-    group, seen = st.node_from_api(node, "topology.k8s.aws/ultraserver-id")
+    group, seen = status.node_from_api(node, "topology.k8s.aws/ultraserver-id")
     assert (group, seen.state) == ("g", expected)
 
 
 def test_objects_that_do_not_parse_are_shown_not_fatal() -> None:
     bad = [{"metadata": {"name": "odd"}, "spec": {}, "status": {"phase": "Sideways", "reservedCapacity": "x"}}]
-    snap = st.snapshot_from_objects([], bad, [{"metadata": {"name": "g"}}], [], NOW)
+    snap = status.snapshot_from_objects([], bad, [{"metadata": {"name": "g"}}], [], NOW)
     assert snap.plans[0].name == "odd" and snap.plans[0].phase == "" and snap.plans[0].blocks == []
     assert "odd" in text_of(snap)
 
 
-def test_json_has_stable_keys_and_rfc3339_times(snap: st.Snapshot) -> None:
+def test_json_has_stable_keys_and_rfc3339_times(snap: status.Snapshot) -> None:
     doc = json.loads(json.dumps(snap.to_dict()))
     assert list(doc) == ["time", "pools", "plans", "groups"]
     assert doc["time"] == "2027-01-01T12:00:00Z"
@@ -195,10 +195,10 @@ def test_json_has_stable_keys_and_rfc3339_times(snap: st.Snapshot) -> None:
 # ----------------------------------------------------------------------------- the time axis
 
 
-def axis_for(*spans: tuple[int, int], width: int = 20) -> tuple[list[st.Block], st.Axis]:
-    blocks = [st.Block(f"rc-{i}", "az", 1, NOW + timedelta(seconds=a), NOW + timedelta(seconds=b), None, "")
+def axis_for(*spans: tuple[int, int], width: int = 20) -> tuple[list[status.Block], status.Axis]:
+    blocks = [status.Block(f"rc-{i}", "az", 1, NOW + timedelta(seconds=a), NOW + timedelta(seconds=b), None, "")
               for i, (a, b) in enumerate(spans)]
-    return blocks, st.Axis.around(blocks, NOW, width)
+    return blocks, status.Axis.around(blocks, NOW, width)
 
 
 @pytest.mark.parametrize("spans, expected", [
@@ -209,12 +209,12 @@ def axis_for(*spans: tuple[int, int], width: int = 20) -> tuple[list[st.Block], 
 ])
 def test_timeline_marks_past_active_next_and_now(spans: list, expected: str) -> None:
     blocks, axis = axis_for(*spans)
-    assert st.timeline(blocks, NOW, axis).plain == expected
+    assert status.timeline(blocks, NOW, axis).plain == expected
 
 
 def test_timeline_without_blocks_still_shows_now() -> None:
     blocks, axis = axis_for()
-    bar = st.timeline(blocks, NOW, axis).plain
+    bar = status.timeline(blocks, NOW, axis).plain
     assert bar.count("│") == 1 and set(bar) == {"│", "·"}
 
 
@@ -226,13 +226,13 @@ def test_timeline_without_blocks_still_shows_now() -> None:
     pytest.param(2 * 86400 + 5, "in 2d 5s", id="days"),
 ])
 def test_relative_times(seconds: int, expected: str) -> None:
-    assert st.relative(NOW + timedelta(seconds=seconds), NOW) == expected
+    assert status.relative(NOW + timedelta(seconds=seconds), NOW) == expected
 
 
 # ----------------------------------------------------------------------------- the rendered view
 
 
-def test_view_shows_each_plan_with_its_phase_az_counts_and_timeline(snap: st.Snapshot) -> None:
+def test_view_shows_each_plan_with_its_phase_az_counts_and_timeline(snap: status.Snapshot) -> None:
     text = text_of(snap)
     split = line_with(text, "demo-split", "Scheduled")
     assert "us-east-1a" in split and "0/8" in split and "in 30s" in split
@@ -245,7 +245,7 @@ def test_view_shows_each_plan_with_its_phase_az_counts_and_timeline(snap: st.Sna
     assert "█ active  ░ next  ▒ past  │ now 12:00:00" in text
 
 
-def test_view_shows_ultraserver_health_and_spares(snap: st.Snapshot) -> None:
+def test_view_shows_ultraserver_health_and_spares(snap: status.Snapshot) -> None:
     text = text_of(snap)
     us0 = line_with(text, "rc-gb-0-us-0")
     assert "impaired" in us0 and " 0/1 " in us0 and "17" in us0
@@ -253,23 +253,23 @@ def test_view_shows_ultraserver_health_and_spares(snap: st.Snapshot) -> None:
     assert "ok" in us1 and " 1/1 " in us1 and "hp-demo-workers-1-3" in us1
 
 
-def test_view_shows_group_nodes_by_state(snap: st.Snapshot) -> None:
+def test_view_shows_group_nodes_by_state(snap: status.Snapshot) -> None:
     row = line_with(text_of(snap), "demo-workers", "Ready")
     assert "active 20" in row and "spare 1" in row and "unhealthy 1" in row and "provisioning" not in row
 
 
-def test_view_shows_pools_sold_and_free(snap: st.Snapshot) -> None:
+def test_view_shows_pools_sold_and_free(snap: status.Snapshot) -> None:
     row = line_with(text_of(snap), "demo-p5", "ml.p5.48xlarge")
     assert row.split()[-4:] == ["8", "0", "2", "6"]
 
 
 def test_view_of_an_empty_cluster_says_so() -> None:
-    text = text_of(st.Snapshot(time=NOW))
+    text = text_of(status.Snapshot(time=NOW))
     for what in ("no training plans", "no UltraServers", "no instance groups", "no capacity pools"):
         assert what in text
 
 
-def test_the_same_snapshot_later_moves_the_now_marker(snap: st.Snapshot) -> None:
+def test_the_same_snapshot_later_moves_the_now_marker(snap: status.Snapshot) -> None:
     later = NOW + timedelta(seconds=45)
     text = text_of(snap, later)
     assert "active" in line_with(text, "rc-split-1")  # 12:00:30–12:01:30 holds 12:00:45
@@ -278,16 +278,16 @@ def test_the_same_snapshot_later_moves_the_now_marker(snap: st.Snapshot) -> None
 
 
 def test_watch_shows_each_read_and_reports_failures_without_ending() -> None:
-    reads = iter([st.Snapshot(time=NOW), st.StatusError("API down"), st.Snapshot(time=NOW)])
+    reads = iter([status.Snapshot(time=NOW), status.StatusError("API down"), status.Snapshot(time=NOW)])
     shown, errors = [], []
 
-    def read() -> st.Snapshot:
+    def read() -> status.Snapshot:
         r = next(reads)
         if isinstance(r, Exception):
             raise r
         return r
 
-    st.watch(read, shown.append, 0, stop=lambda: len(shown) + len(errors) >= 3, on_error=errors.append)
+    status.watch(read, shown.append, 0, stop=lambda: len(shown) + len(errors) >= 3, on_error=errors.append)
     assert len(shown) == 2 and [str(e) for e in errors] == ["API down"]
 
 
@@ -309,11 +309,11 @@ def test_cli_bad_input_is_a_clear_error(argv: list[str], code: int, message: str
     pytest.param(120, ["type"], id="type-goes-first"),
     pytest.param(90, ["type", "spares", "unhealthy"], id="narrow"),
 ])
-def test_a_narrow_console_drops_columns_but_keeps_the_whole_time_axis(snap: st.Snapshot, width: int,
+def test_a_narrow_console_drops_columns_but_keeps_the_whole_time_axis(snap: status.Snapshot, width: int,
                                                                       dropped: list[str]) -> None:
     text = text_of(snap, width=width)
     header = line_with(text, "plan / block")
-    for column in st.OPTIONAL_PLAN_COLUMNS:
+    for column in status.OPTIONAL_PLAN_COLUMNS:
         assert (column in header) == (column not in dropped), header
     bar = line_with(text, "demo-split", "Scheduled").split()[-1]
     assert len(bar) >= 16 and bar.count("│") == 1 and "…" not in bar

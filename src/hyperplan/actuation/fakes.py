@@ -24,8 +24,8 @@ from hyperplan.actuation.ledger import (
 )
 from hyperplan.actuation.nodes import LABEL_NODE_ID, DrainProgress, NodePods, NodeProvider, merged_taints
 from hyperplan.api.models import CapacityPool
-from hyperplan.planning import naming as nm
-from hyperplan.planning import placement as pl
+from hyperplan.planning import naming
+from hyperplan.planning import placement
 from hyperplan.planning.offerings import Offering, RuleViolation, recheck_offering
 from hyperplan.planning.policy import Policy
 
@@ -91,7 +91,7 @@ class FakeProvider:
         if op in self.fail_on:
             raise RuntimeError(f"injected failure in {op}({name})")
 
-    def create(self, spec: pl.NodeSpec) -> str:
+    def create(self, spec: placement.NodeSpec) -> str:
         self._maybe_fail("create", spec.name)
         self.nodes.setdefault(spec.name, client.V1Node(
             metadata=client.V1ObjectMeta(name=spec.name, labels={**spec.labels, LABEL_NODE_ID: spec.name},
@@ -100,7 +100,7 @@ class FakeProvider:
                                            for t in spec.taints])))
         return spec.name
 
-    def update(self, node: str, spec: pl.NodeSpec, managed_keys: set[str]) -> None:
+    def update(self, node: str, spec: placement.NodeSpec, managed_keys: set[str]) -> None:
         self._maybe_fail("update", node)
         n = self.nodes[node]
         n.metadata.labels.update(spec.labels)
@@ -117,21 +117,21 @@ class FakeProvider:
         return f"{node} deleted"
 
     def list(self, group: str) -> list[client.V1Node]:
-        return [n for n in self.nodes.values() if n.metadata.labels.get(nm.LABEL_GROUP) == nm.label_value(group)]
+        return [n for n in self.nodes.values() if n.metadata.labels.get(naming.LABEL_GROUP) == naming.label_value(group)]
 
-    def mark_unhealthy(self, node: str, health_status: str, taint: nm.Taint,
+    def mark_unhealthy(self, node: str, health_status: str, taint: naming.Taint,
                        last_seen: client.V1Node | None = None) -> None:
         self._maybe_fail("mark_unhealthy", node)
         n = self.nodes[node]
-        n.metadata.labels[nm.LABEL_HEALTH] = health_status
+        n.metadata.labels[naming.LABEL_HEALTH] = health_status
         n.spec.taints = [client.V1Taint(key=t.key, value=t.value, effect=t.effect)
                          for t in merged_taints(n, (taint,), {taint.key})]
 
     def promote_spare(self, node: str, replacing: str, last_seen: client.V1Node | None = None) -> None:
         self._maybe_fail("promote_spare", node)
         n = self.nodes[node]
-        n.metadata.labels.update({nm.LABEL_ROLE: nm.ROLE_ACTIVE, nm.LABEL_REPLACES: replacing})
-        n.spec.taints = [t for t in (n.spec.taints or []) if t.key != nm.SPARE_TAINT.key]
+        n.metadata.labels.update({naming.LABEL_ROLE: naming.ROLE_ACTIVE, naming.LABEL_REPLACES: replacing})
+        n.spec.taints = [t for t in (n.spec.taints or []) if t.key != naming.SPARE_TAINT.key]
 
     def annotate(self, node: str, annotations: dict[str, str | None]) -> None:
         self._maybe_fail("annotate", node)
@@ -286,7 +286,7 @@ class RecordingKueueWrites:
 
     def list_job_nodes(self, plan_label: str) -> list[client.V1Node]:
         self.listed.append(plan_label)
-        return [n for n in self.nodes if (n.metadata.labels or {}).get(nm.LABEL_PLAN) == plan_label]
+        return [n for n in self.nodes if (n.metadata.labels or {}).get(naming.LABEL_PLAN) == plan_label]
 
     def event(self, ref: Mapping[str, Any], type: str, reason: str, message: str) -> None:
         meta = ref.get("metadata") or {}

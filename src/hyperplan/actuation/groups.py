@@ -37,10 +37,10 @@ from hyperplan.actuation.nodes import (
     LABEL_NODE_ID, AdoptionConflict, DrainProgress, NodePods, NodeProvider, NoFreeNode, taints_of,
 )
 from hyperplan.planning.memory import GroupMemory, PresentNode, Vanished, generation_of
-from hyperplan.planning import health as hl
-from hyperplan.planning import naming as nm
+from hyperplan.planning import health
+from hyperplan.planning import naming
 from hyperplan.planning import nodefacts
-from hyperplan.planning import placement as pl
+from hyperplan.planning import placement
 from hyperplan.planning.groups import (
     ANNOTATION_BLOCK_TERMINATION, CONDITION_BLOCK_TERMINATING, REASON_CHECKPOINT, Checkpoint, GroupDecision,
     ObservedGroupNode, managed_taint_keys,
@@ -79,7 +79,7 @@ def parse_time(text: str | None) -> datetime | None:
 def being_evacuated(node: client.V1Node) -> bool:
     """Whether the node was marked for replacement (its pods leave before it does)."""
     return (nodefacts.marked_for_replacement(node.metadata.labels or {})
-            or hl.ANNOTATION_EVICTING_SINCE in (node.metadata.annotations or {}))
+            or health.ANNOTATION_EVICTING_SINCE in (node.metadata.annotations or {}))
 
 
 def count_pods(pods: NodePods, raw: Sequence[client.V1Node]) -> dict[str, int]:
@@ -88,7 +88,7 @@ def count_pods(pods: NodePods, raw: Sequence[client.V1Node]) -> dict[str, int]:
     return {n.metadata.name: pods.count(n.metadata.name) for n in raw if being_evacuated(n)}
 
 
-def observe_node(node: client.V1Node, now: datetime, keys: nm.TopologyKeys,
+def observe_node(node: client.V1Node, now: datetime, keys: naming.TopologyKeys,
                  first_sight: Callable[[str, str], datetime], pods_left: int | None = None) -> ObservedGroupNode:
     """One node as planning judges it. ``first_sight(node_id, value)`` says when this process
     first saw the node's ``Unschedulable*`` health label; the node's own record
@@ -100,26 +100,26 @@ def observe_node(node: client.V1Node, now: datetime, keys: nm.TopologyKeys,
     name = node_id(node)
     since = None
     if bad:
-        recorded = annotations.get(hl.ANNOTATION_HEALTH_SINCE)
-        since = hl.health_label_since(bad, recorded, first_sight(name, bad))
+        recorded = annotations.get(health.ANNOTATION_HEALTH_SINCE)
+        since = health.health_label_since(bad, recorded, first_sight(name, bad))
     return ObservedGroupNode(
-        health=hl.NodeObservation(
+        health=health.NodeObservation(
             name=name, conditions=facts.conditions, health_label=facts.health, health_label_since=since,
             role=facts.role, ultraserver_id=facts.ultraserver_id, created=facts.created, slot=facts.slot,
             generation=facts.generation, replaces=facts.replaces, pods_left=pods_left,
-            evicting_since=parse_time(annotations.get(hl.ANNOTATION_EVICTING_SINCE))),
+            evicting_since=parse_time(annotations.get(health.ANNOTATION_EVICTING_SINCE))),
         labels=facts.labels, taints=taints_of(node), unschedulable=facts.cordoned,
         ready=facts.is_ready, deleting=facts.deleting)
 
 
-def vanished_observation(v: Vanished, keys: nm.TopologyKeys) -> ObservedGroupNode:
+def vanished_observation(v: Vanished, keys: naming.TopologyKeys) -> ObservedGroupNode:
     """A node deleted from under the group, as an observation of a node that no longer exists."""
     labels = dict(v.labels)
     return ObservedGroupNode(
-        health=hl.NodeObservation(name=v.name, exists=False, deleted_since=v.since,
-                                  role=labels.get(nm.LABEL_ROLE, nm.ROLE_ACTIVE),
-                                  ultraserver_id=labels.get(keys.ultraserver_id), slot=labels.get(nm.LABEL_SLOT),
-                                  generation=generation_of(labels), replaces=labels.get(nm.LABEL_REPLACES)),
+        health=health.NodeObservation(name=v.name, exists=False, deleted_since=v.since,
+                                  role=labels.get(naming.LABEL_ROLE, naming.ROLE_ACTIVE),
+                                  ultraserver_id=labels.get(keys.ultraserver_id), slot=labels.get(naming.LABEL_SLOT),
+                                  generation=generation_of(labels), replaces=labels.get(naming.LABEL_REPLACES)),
         labels=labels, taints=(), unschedulable=True, ready=False)
 
 
@@ -128,9 +128,9 @@ def health_signal_note(node: client.V1Node, seen: ObservedGroupNode) -> tuple[st
     None to remove it), or None when the record is right. Written once per new ``Unschedulable*``
     value and removed when the label goes, so that a restarted operator counts the grace from
     the first sight, and a signal that comes back later starts a new grace."""
-    recorded = (node.metadata.annotations or {}).get(hl.ANNOTATION_HEALTH_SINCE)
+    recorded = (node.metadata.annotations or {}).get(health.ANNOTATION_HEALTH_SINCE)
     value, since = seen.health.health_label, seen.health.health_label_since
-    want = hl.health_signal_record(value, since) if since is not None else None
+    want = health.health_signal_record(value, since) if since is not None else None
     return None if recorded == want else (seen.name, want)
 
 
@@ -144,7 +144,7 @@ class Observation:
 
 
 def observe_nodes(group: str, raw: Sequence[client.V1Node], memory: GroupMemory, now: datetime,
-                  keys: nm.TopologyKeys, pod_counts: Mapping[str, int] | None = None) -> Observation:
+                  keys: naming.TopologyKeys, pod_counts: Mapping[str, int] | None = None) -> Observation:
     """Read a group's nodes (``group`` is its label value; ``pod_counts`` from :func:`count_pods`),
     and prune the group's memory.
 
@@ -175,7 +175,7 @@ class Applied:
 
 def releases_of(d: GroupDecision) -> list[str]:
     """The nodes a decision may remove (noted before it is carried out, see GroupMemory)."""
-    return [a.node for a in d.remediation if isinstance(a, hl.RemoveNode)] + [x.node for x in d.drain]
+    return [a.node for a in d.remediation if isinstance(a, health.RemoveNode)] + [x.node for x in d.drain]
 
 
 @dataclass(frozen=True)
@@ -223,18 +223,18 @@ def signal_checkpoint(provider: NodeProvider, pods: NodePods, node: client.V1Nod
     return [(ref, Event("Warning", REASON_CHECKPOINT, checkpoint.message)) for ref in annotated]
 
 
-def evacuate_node(provider: NodeProvider, pods: NodePods, node: client.V1Node, action: hl.EvictPods,
+def evacuate_node(provider: NodeProvider, pods: NodePods, node: client.V1Node, action: health.EvictPods,
                   now: datetime) -> list[tuple[NodeBody | None, Event]]:
     """Move the pods off a failed node whose replacement serves: through the Eviction API, or
     on a dead node past its deadline, marked Failed with ``DisruptionTarget`` and deleted."""
     if action.start:  # the eviction deadline of a dead node counts from here, across restarts
         started = to_rfc3339(now, micro=True)  # to the microsecond
-        provider.annotate(action.node, {hl.ANNOTATION_EVICTING_SINCE: started})
+        provider.annotate(action.node, {health.ANNOTATION_EVICTING_SINCE: started})
     if action.force:
         message = (f"hyperplan: node {action.node} failed ({action.reason}) and its replacement serves; "
                    "the node does not answer, so its pods are deleted")
         gone = pods.force_delete(node.metadata.name, {
-            "type": "DisruptionTarget", "status": "True", "reason": hl.REASON_DELETED_BY_HYPERPLAN,
+            "type": "DisruptionTarget", "status": "True", "reason": health.REASON_DELETED_BY_HYPERPLAN,
             "message": message, "lastTransitionTime": to_rfc3339(now)})
         if not gone:
             return []
@@ -256,16 +256,16 @@ def apply_decision(provider: NodeProvider, pods: NodePods, d: GroupDecision, raw
     out = Applied()
 
     def note(nid: str, record: str | None) -> list[tuple[NodeBody | None, Event]]:
-        provider.annotate(nid, {hl.ANNOTATION_HEALTH_SINCE: record})
+        provider.annotate(nid, {health.ANNOTATION_HEALTH_SINCE: record})
         return []
 
-    def mark(action: hl.MarkUnhealthy) -> list[tuple[NodeBody | None, Event]]:
+    def mark(action: health.MarkUnhealthy) -> list[tuple[NodeBody | None, Event]]:
         provider.mark_unhealthy(action.node, action.health_status, action.taint, raw[action.node])
         metrics.REMEDIATIONS.labels("mark").inc()
         return [(node_ref(raw[action.node]), Event(
             "Warning", "NodeUnhealthy", f"{action.node}: {action.reason}; marked {action.health_status}"))]
 
-    def promote(action: hl.PromoteSpare) -> list[tuple[NodeBody | None, Event]]:
+    def promote(action: health.PromoteSpare) -> list[tuple[NodeBody | None, Event]]:
         provider.promote_spare(action.spare, action.replacing, raw[action.spare])
         metrics.REMEDIATIONS.labels("promote").inc()
         metrics.observe_spare_promotion(action.grace_ended, clock())
@@ -273,7 +273,7 @@ def apply_decision(provider: NodeProvider, pods: NodePods, d: GroupDecision, raw
         return [(node_ref(raw[action.spare]), Event(
             "Normal", "SparePromoted", f"spare {action.spare} ({where}) replaces {action.replacing}"))]
 
-    def create(spec: pl.NodeSpec) -> list[tuple[NodeBody | None, Event]] | None:
+    def create(spec: placement.NodeSpec) -> list[tuple[NodeBody | None, Event]] | None:
         try:
             made_as = provider.create(spec)
         except NoFreeNode as e:
@@ -293,9 +293,9 @@ def apply_decision(provider: NodeProvider, pods: NodePods, d: GroupDecision, raw
     independent: list[Callable[[], list[tuple[NodeBody | None, Event]] | None]] = [
         functools.partial(note, nid, record) for nid, record in health_notes]
     for action in d.remediation:
-        if isinstance(action, hl.MarkUnhealthy) and action.node in raw:
+        if isinstance(action, health.MarkUnhealthy) and action.node in raw:
             independent.append(functools.partial(mark, action))
-        elif isinstance(action, hl.PromoteSpare) and action.spare in raw:
+        elif isinstance(action, health.PromoteSpare) and action.spare in raw:
             independent.append(functools.partial(promote, action))
     independent += [functools.partial(create, spec) for spec in d.create]
     for outcome in run_together(independent):
@@ -307,14 +307,14 @@ def apply_decision(provider: NodeProvider, pods: NodePods, d: GroupDecision, raw
     # Then what depends on the state of others: pods leave a failed node once its replacement
     # serves, and it goes once they have left (decided across passes; in the remediation's order).
     for action in d.remediation:
-        if isinstance(action, hl.EvictPods) and action.node in raw:
+        if isinstance(action, health.EvictPods) and action.node in raw:
             out.events.extend(evacuate_node(provider, pods, raw[action.node], action, clock()))
-        elif isinstance(action, hl.RemoveNode):
+        elif isinstance(action, health.RemoveNode):
             what = provider.release(action.node)
             out.events.append((None, Event("Normal", "NodeRemoved", f"{action.node} removed: {action.reason}; {what}")))
             metrics.REMEDIATIONS.labels("remove").inc()
     out.short_of_free_nodes = any(ev.reason == "NoFreeNode" for _, ev in out.events)
-    backfills = sum(1 for a in d.remediation if isinstance(a, hl.Backfill))
+    backfills = sum(1 for a in d.remediation if isinstance(a, health.Backfill))
     if backfills:
         metrics.REMEDIATIONS.labels("backfill").inc(backfills)
     for spec in d.update:

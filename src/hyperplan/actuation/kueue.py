@@ -19,7 +19,7 @@ from kubernetes import client
 
 from hyperplan import metrics
 from hyperplan.actuation.kube import Kube
-from hyperplan.planning import naming as nm
+from hyperplan.planning import naming
 from hyperplan.planning.trainingjobs import ANNOTATION_KEEP_ALIVE_UNTIL, LABEL_WORKLOAD
 
 KUEUE_GROUP = "kueue.x-k8s.io"
@@ -86,7 +86,7 @@ class KubeKueueWrites:
                                                       "annotations": {ANNOTATION_KEEP_ALIVE_UNTIL: keep_alive_until}}})
 
     def list_job_nodes(self, plan_label: str) -> list[client.V1Node]:
-        return self.kube.list_nodes(f"{nm.LABEL_PLAN}={plan_label},{LABEL_WORKLOAD}")
+        return self.kube.list_nodes(f"{naming.LABEL_PLAN}={plan_label},{LABEL_WORKLOAD}")
 
     def event(self, ref: Mapping[str, Any], type: str, reason: str, message: str) -> None:
         kopf.event(dict(ref), type=type, reason=reason, message=message)

@@ -32,16 +32,16 @@ from kubernetes.client.rest import ApiException
 
 from hyperplan.actuation.kube import Kube
 from hyperplan.api.vocabulary import OWN_PREFIX
-from hyperplan.planning import lending as ln
-from hyperplan.planning import naming as nm
-from hyperplan.planning import placement as pl
+from hyperplan.planning import lending
+from hyperplan.planning import naming
+from hyperplan.planning import placement
 
 log = logging.getLogger(__name__)
 
-LABEL_NODE_ID = ln.LABEL_NODE_ID
-LABEL_POOL = ln.LABEL_POOL
-POOL_FREE = ln.POOL_FREE
-POOL_HELD = ln.POOL_HELD
+LABEL_NODE_ID = lending.LABEL_NODE_ID
+LABEL_POOL = lending.LABEL_POOL
+POOL_FREE = lending.POOL_FREE
+POOL_HELD = lending.POOL_HELD
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 
 # GPUs (or Trainium chips) per instance type; everything else gets CPU and memory only.
@@ -68,15 +68,15 @@ def node_capacity(instance_type: str) -> dict[str, str]:
     return capacity
 
 
-def taints_of(node: client.V1Node) -> tuple[nm.Taint, ...]:
-    return tuple(nm.Taint(t.key, t.value or "", t.effect) for t in (node.spec.taints or []))
+def taints_of(node: client.V1Node) -> tuple[naming.Taint, ...]:
+    return tuple(naming.Taint(t.key, t.value or "", t.effect) for t in (node.spec.taints or []))
 
 
-def _taint_body(taints: list[nm.Taint] | tuple[nm.Taint, ...]) -> list[dict[str, str]]:
+def _taint_body(taints: list[naming.Taint] | tuple[naming.Taint, ...]) -> list[dict[str, str]]:
     return [{"key": t.key, "value": t.value, "effect": t.effect} for t in taints]
 
 
-def merged_taints(node: client.V1Node, want: tuple[nm.Taint, ...], managed_keys: set[str]) -> list[nm.Taint]:
+def merged_taints(node: client.V1Node, want: tuple[naming.Taint, ...], managed_keys: set[str]) -> list[naming.Taint]:
     """The node's taints with the managed keys replaced by ``want``; other taints kept."""
     kept = [t for t in taints_of(node) if t.key not in managed_keys]
     return kept + list(want)
@@ -91,9 +91,9 @@ class NodeProvider(Protocol):
     for the event the handler posts.
     """
 
-    def create(self, spec: pl.NodeSpec) -> str: ...
+    def create(self, spec: placement.NodeSpec) -> str: ...
 
-    def update(self, node: str, spec: pl.NodeSpec, managed_keys: set[str]) -> None: ...
+    def update(self, node: str, spec: placement.NodeSpec, managed_keys: set[str]) -> None: ...
 
     def cordon(self, node: str) -> None: ...
 
@@ -101,7 +101,7 @@ class NodeProvider(Protocol):
 
     def list(self, group: str) -> list[client.V1Node]: ...
 
-    def mark_unhealthy(self, node: str, health_status: str, taint: nm.Taint,
+    def mark_unhealthy(self, node: str, health_status: str, taint: naming.Taint,
                        last_seen: client.V1Node | None = None) -> None:
         """Label the node's health ``health_status`` and add ``taint`` (other taints kept).
         ``last_seen``: the node as the caller last saw it (see :meth:`KwokProvider.mark_unhealthy`)."""
@@ -122,18 +122,18 @@ class NodeProvider(Protocol):
         ...
 
 
-def mark_unhealthy_patch(current: client.V1Node, health_status: str, taint: nm.Taint) -> dict:
+def mark_unhealthy_patch(current: client.V1Node, health_status: str, taint: naming.Taint) -> dict:
     taints = merged_taints(current, (taint,), {taint.key})
-    return {"metadata": {"labels": {nm.LABEL_HEALTH: health_status}}, "spec": {"taints": _taint_body(taints)}}
+    return {"metadata": {"labels": {naming.LABEL_HEALTH: health_status}}, "spec": {"taints": _taint_body(taints)}}
 
 
 def promote_spare_patch(current: client.V1Node, replacing: str) -> dict:
-    keep = [t for t in taints_of(current) if t.key != nm.SPARE_TAINT.key]
-    return {"metadata": {"labels": {nm.LABEL_ROLE: nm.ROLE_ACTIVE, nm.LABEL_REPLACES: replacing}},
+    keep = [t for t in taints_of(current) if t.key != naming.SPARE_TAINT.key]
+    return {"metadata": {"labels": {naming.LABEL_ROLE: naming.ROLE_ACTIVE, naming.LABEL_REPLACES: replacing}},
             "spec": {"taints": _taint_body(keep) or None}}
 
 
-def kwok_node_body(spec: pl.NodeSpec) -> dict[str, Any]:
+def kwok_node_body(spec: placement.NodeSpec) -> dict[str, Any]:
     """The Node object :class:`KwokProvider` creates for ``spec`` (also what bench/provisioning.py's
     bare client creates, so that its floor makes exactly the operator's objects)."""
     return {
@@ -152,7 +152,7 @@ class KwokProvider:
     def __init__(self, kube: Kube):
         self.kube = kube
 
-    def create(self, spec: pl.NodeSpec) -> str:
+    def create(self, spec: placement.NodeSpec) -> str:
         try:
             # The answer (the whole Node) is not read into the client's model: only the name
             # is needed, and parsing 288 Nodes of a group cost the event loop's GIL more than the
@@ -165,7 +165,7 @@ class KwokProvider:
                 raise
         return spec.name
 
-    def update(self, node: str, spec: pl.NodeSpec, managed_keys: set[str]) -> None:
+    def update(self, node: str, spec: placement.NodeSpec, managed_keys: set[str]) -> None:
         current = self.kube.core.read_node(node)
         taints = merged_taints(current, spec.taints, managed_keys)
         self.kube.core.patch_node(node, {"metadata": {"labels": dict(spec.labels)},
@@ -173,7 +173,7 @@ class KwokProvider:
 
     def cordon(self, node: str) -> None:
         # The annotation outlives this process: a deletion of a node that carries it is ours.
-        self.kube.core.patch_node(node, {"metadata": {"annotations": {nm.ANNOTATION_CORDONED: "true"}},
+        self.kube.core.patch_node(node, {"metadata": {"annotations": {naming.ANNOTATION_CORDONED: "true"}},
                                          "spec": {"unschedulable": True}})
 
     def release(self, node: str) -> str:
@@ -185,9 +185,9 @@ class KwokProvider:
         return f"{node} deleted"
 
     def list(self, group: str) -> list[client.V1Node]:
-        return self.kube.list_nodes(f"{nm.LABEL_GROUP}={nm.label_value(group)}")
+        return self.kube.list_nodes(f"{naming.LABEL_GROUP}={naming.label_value(group)}")
 
-    def mark_unhealthy(self, node: str, health_status: str, taint: nm.Taint,
+    def mark_unhealthy(self, node: str, health_status: str, taint: naming.Taint,
                        last_seen: client.V1Node | None = None) -> None:
         """The taints are replaced whole, so the patch is made from a read of the node. With
         ``last_seen`` (the node from the watch cache) that read is skipped: the patch carries its
@@ -247,9 +247,9 @@ class StaticProvider:
     ADOPT_ATTEMPTS = 5
     CORDON_ATTEMPTS = 3
 
-    def __init__(self, kube: Kube, me: ln.OperatorIdentity | None = None):
+    def __init__(self, kube: Kube, me: lending.OperatorIdentity | None = None):
         self.kube = kube
-        self.me = me or ln.OperatorIdentity()
+        self.me = me or lending.OperatorIdentity()
         self._claims: set[str] = set()
         self._lock = threading.Lock()
 
@@ -268,11 +268,11 @@ class StaticProvider:
             nodes |= {p.spec.node_name for p in pods if p.spec and p.spec.node_name}
         return nodes
 
-    def free_nodes(self, instance_type: str, zone: str) -> list[ln.PoolNode]:
+    def free_nodes(self, instance_type: str, zone: str) -> list[lending.PoolNode]:
         return [pool_node(n) for n in self.kube.list_nodes(
-            f"{LABEL_POOL}={POOL_FREE},{nm.LABEL_INSTANCE_TYPE}={instance_type},{nm.LABEL_ZONE}={zone}")]
+            f"{LABEL_POOL}={POOL_FREE},{naming.LABEL_INSTANCE_TYPE}={instance_type},{naming.LABEL_ZONE}={zone}")]
 
-    def create(self, spec: pl.NodeSpec) -> str:
+    def create(self, spec: placement.NodeSpec) -> str:
         """Adopt a free node for ``spec``; the adopted node's name.
 
         Raises :class:`NoFreeNode` when no free node may be lent (saying why each was left
@@ -285,13 +285,13 @@ class StaticProvider:
         for attempt in range(1, self.ADOPT_ATTEMPTS + 1):
             free = self.free_nodes(spec.instance_type, spec.availability_zone)
             with self._lock:
-                choice = ln.choose_free_node(spec.name, free, operator_nodes, self._claims)
+                choice = lending.choose_free_node(spec.name, free, operator_nodes, self._claims)
                 if choice.node is None:
                     break
                 self._claims.add(choice.node.name)
             node = choice.node
             try:
-                self.kube.core.patch_node(node.name, ln.adoption_patch(
+                self.kube.core.patch_node(node.name, lending.adoption_patch(
                     node, spec.name, spec.labels, spec.taints, {t.key for t in spec.taints}))
                 return node.name
             except ApiException as e:
@@ -309,17 +309,17 @@ class StaticProvider:
         raise NoFreeNode(f"no free node of {spec.instance_type} in {spec.availability_zone} "
                          f"(label {LABEL_POOL}={POOL_FREE}) for {spec.name}{why}")
 
-    def update(self, node: str, spec: pl.NodeSpec, managed_keys: set[str]) -> None:
+    def update(self, node: str, spec: placement.NodeSpec, managed_keys: set[str]) -> None:
         current = self._by_id(node)
         if current is None:
             return
-        self.kube.core.patch_node(current.metadata.name, ln.held_update_patch(
+        self.kube.core.patch_node(current.metadata.name, lending.held_update_patch(
             pool_node(current), node, spec.labels, spec.taints, managed_keys))
 
     def cordon(self, node: str) -> None:
         for _ in range(self.CORDON_ATTEMPTS):
             current = self._by_id(node)
-            patch = ln.cordon_patch(pool_node(current)) if current is not None else None
+            patch = lending.cordon_patch(pool_node(current)) if current is not None else None
             if patch is None:
                 return
             try:
@@ -333,7 +333,7 @@ class StaticProvider:
         current = self._by_id(node)
         if current is None:
             return f"{node} already handed back"
-        back = ln.hand_back(pool_node(current))
+        back = lending.hand_back(pool_node(current))
         self.kube.core.patch_node(current.metadata.name, back.patch)
         ours = [c.type for c in (current.status.conditions if current.status else None) or []
                 if c.type.startswith(OWN_CONDITION_PREFIX)]
@@ -342,9 +342,9 @@ class StaticProvider:
         return back.message
 
     def list(self, group: str) -> list[client.V1Node]:
-        return self.kube.list_nodes(f"{nm.LABEL_GROUP}={nm.label_value(group)}")
+        return self.kube.list_nodes(f"{naming.LABEL_GROUP}={naming.label_value(group)}")
 
-    def mark_unhealthy(self, node: str, health_status: str, taint: nm.Taint,
+    def mark_unhealthy(self, node: str, health_status: str, taint: naming.Taint,
                        last_seen: client.V1Node | None = None) -> None:
         current = self._by_id(node)  # by its id (its name is another): last_seen is not used
         if current is not None:
@@ -384,10 +384,10 @@ def set_node_conditions_removed(kube: Kube, node_name: str, types: list[str]) ->
             raise
 
 
-def pool_node(node: client.V1Node) -> ln.PoolNode:
+def pool_node(node: client.V1Node) -> lending.PoolNode:
     """A node as :mod:`hyperplan.planning.lending` sees it."""
     meta, spec, status = node.metadata, node.spec, node.status
-    return ln.PoolNode(
+    return lending.PoolNode(
         name=meta.name, resource_version=meta.resource_version or "", labels=dict(meta.labels or {}),
         annotations=dict(meta.annotations or {}), taints=taints_of(node),
         unschedulable=bool(spec and spec.unschedulable),
@@ -403,7 +403,7 @@ class NoFreeNode(RuntimeError):
     """The static pool has no node left for a group."""
 
 
-def providers(kube: Kube, me: ln.OperatorIdentity | None = None) -> dict[str, NodeProvider]:
+def providers(kube: Kube, me: lending.OperatorIdentity | None = None) -> dict[str, NodeProvider]:
     return {"kwok": KwokProvider(kube), "static": StaticProvider(kube, me)}
 
 
@@ -423,9 +423,9 @@ class DrainProgress:
     left_alone: dict[str, str] = field(default_factory=dict)  # namespace/name -> why it stays
 
 
-def pod_view(pod: client.V1Pod) -> ln.PodView:
+def pod_view(pod: client.V1Pod) -> lending.PodView:
     meta = pod.metadata
-    return ln.PodView(
+    return lending.PodView(
         name=meta.name, namespace=meta.namespace, node_name=pod.spec.node_name if pod.spec else None,
         labels=dict(meta.labels or {}), owner_kinds=tuple(o.kind for o in (meta.owner_references or [])),
         mirror="kubernetes.io/config.mirror" in (meta.annotations or {}),
@@ -443,11 +443,11 @@ def pod_ref(pod: client.V1Pod) -> dict[str, Any]:
 
 
 def annotate_pods(kube: Kube, node_name: str, annotations: dict[str, str],
-                  me: ln.OperatorIdentity | None = None) -> list[dict[str, Any]]:
+                  me: lending.OperatorIdentity | None = None) -> list[dict[str, Any]]:
     """Annotate the pods on ``node_name`` that a drain would evict and that lack ``annotations``
     (a pod that went meanwhile is skipped); the references of the pods annotated."""
     pods = {(p.metadata.namespace, p.metadata.name): p for p in pods_on(kube, node_name)}
-    sort = ln.sort_pods_for_drain([pod_view(p) for p in pods.values()], me or ln.OperatorIdentity())
+    sort = lending.sort_pods_for_drain([pod_view(p) for p in pods.values()], me or lending.OperatorIdentity())
     done = []
     for view in sort.evict:
         pod = pods[(view.namespace, view.name)]
@@ -465,13 +465,13 @@ def annotate_pods(kube: Kube, node_name: str, annotations: dict[str, str],
 
 
 def force_delete_pods(kube: Kube, node_name: str, condition: dict[str, str],
-                      me: ln.OperatorIdentity | None = None) -> list[str]:
+                      me: lending.OperatorIdentity | None = None) -> list[str]:
     """Delete the pods a drain of dead node ``node_name`` waits for, the way the pod garbage
     collector deletes orphans: first the status (phase ``Failed``, ``condition``), so that a
     Job's ``podFailurePolicy`` sees the disruption and its controller lets go of the pod, then
     a delete with grace period 0 (no kubelet is left to wait for)."""
     pods = {(p.metadata.namespace, p.metadata.name): p for p in pods_on(kube, node_name)}
-    sort = ln.sort_pods_for_drain([pod_view(p) for p in pods.values()], me or ln.OperatorIdentity())
+    sort = lending.sort_pods_for_drain([pod_view(p) for p in pods.values()], me or lending.OperatorIdentity())
     gone = []
     for view in (*sort.evict, *sort.terminating):
         pod = pods[(view.namespace, view.name)]
@@ -489,13 +489,13 @@ def force_delete_pods(kube: Kube, node_name: str, condition: dict[str, str],
     return gone
 
 
-def evict_pods(kube: Kube, node_name: str, me: ln.OperatorIdentity | None = None) -> DrainProgress:
+def evict_pods(kube: Kube, node_name: str, me: lending.OperatorIdentity | None = None) -> DrainProgress:
     """Ask the Eviction API once to evict every pod on ``node_name`` that a drain should evict.
 
     The operator's own pods, DaemonSet pods and static pods stay
     (:func:`hyperplan.planning.lending.sort_pods_for_drain`); PDB refusals are counted.
     """
-    sort = ln.sort_pods_for_drain([pod_view(p) for p in pods_on(kube, node_name)], me or ln.OperatorIdentity())
+    sort = lending.sort_pods_for_drain([pod_view(p) for p in pods_on(kube, node_name)], me or lending.OperatorIdentity())
     blocked = 0
     for pod in sort.evict:
         eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name=pod.name, namespace=pod.namespace))
@@ -539,7 +539,7 @@ class KubeNodePods:
     """Pods on the API server, through the Eviction API."""
 
     kube: Kube
-    me: ln.OperatorIdentity = field(default_factory=ln.OperatorIdentity)
+    me: lending.OperatorIdentity = field(default_factory=lending.OperatorIdentity)
 
     def evict(self, node_name: str) -> DrainProgress:
         return evict_pods(self.kube, node_name, self.me)
@@ -548,7 +548,7 @@ class KubeNodePods:
         return annotate_pods(self.kube, node_name, annotations, self.me)
 
     def count(self, node_name: str) -> int:
-        return ln.sort_pods_for_drain([pod_view(p) for p in pods_on(self.kube, node_name)], self.me).waiting_for
+        return lending.sort_pods_for_drain([pod_view(p) for p in pods_on(self.kube, node_name)], self.me).waiting_for
 
     def force_delete(self, node_name: str, condition: dict[str, str]) -> list[str]:
         return force_delete_pods(self.kube, node_name, condition, self.me)

@@ -48,7 +48,7 @@ class Runtime:
         default_factory=lambda: ThreadPoolExecutor(max_workers=32, thread_name_prefix="group"))
     # What the operator remembers of its groups between passes (first sights of health labels,
     # vanished and releasing nodes, the plan of each group): one owner, changed on the event loop.
-    groups: GroupMemory = field(default_factory=GroupMemory)
+    group_memory: GroupMemory = field(default_factory=GroupMemory)
     # What a drain does to the pods on a node (the Eviction API; a recording fake in tests).
     pods: NodePods | None = None
     # Who needs waking when something changes, so a change wakes only the passes it concerns:
@@ -77,7 +77,7 @@ class Runtime:
             self.queue.wake("plan", name)
 
     def wake_groups_of(self, plan: str) -> None:
-        for group in self.groups.groups_of(plan):
+        for group in self.group_memory.groups_of(plan):
             self.queue.wake("group", group)
 
 

@@ -33,8 +33,8 @@ from hyperplan.api.models import GROUP, VERSION, InstanceGroup, InstanceGroupSta
 from hyperplan.api.vocabulary import FINALIZER  # set by kopf (operator.configure_kopf)
 from hyperplan.handlers.context import Runtime, status_of
 from hyperplan.handlers.workqueue import Pace
-from hyperplan.planning import naming as nm
-from hyperplan.planning.groups import Peer, PlanView, decide_group
+from hyperplan.planning import naming
+from hyperplan.planning.groups import Peer, BoundPlan, decide_group
 from hyperplan.planning.memory import Vanished
 from hyperplan.planning.nodefacts import NodeFacts, facts_of_v1
 from hyperplan.planning.plans import Event
@@ -52,8 +52,8 @@ T = TypeVar("T")
 log = logging.getLogger("hyperplan.instancegroup")
 
 
-def plan_view(plan: TrainingPlan) -> PlanView:
-    return PlanView(name=plan.metadata["name"], target=plan.spec.target_resource,
+def bound_plan(plan: TrainingPlan) -> BoundPlan:
+    return BoundPlan(name=plan.metadata["name"], target=plan.spec.target_resource,
                     instance_type=plan.spec.instance_type, ultra_server_type=plan.spec.ultra_server_type,
                     spares_per_ultraserver=plan.spec.spare_instances_per_ultra_server,
                     blocks=tuple(sorted(plan.status.reserved_capacity, key=lambda b: b.start_time)))
@@ -88,20 +88,20 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     plan_obj = rt.cache.plan(group.spec.training_plan_ref)
     groups = rt.cache.groups()
     provider = rt.providers[group.spec.node_provider]
-    if rt.cache.must_list_group_nodes(nm.label_value(name)):
+    if rt.cache.must_list_group_nodes(naming.label_value(name)):
         raw = await in_thread(rt, provider.list, name)
     else:
-        raw = rt.cache.group_nodes_v1(nm.label_value(name))
+        raw = rt.cache.group_nodes_v1(naming.label_value(name))
     pod_counts = (await in_thread(rt, count_pods, rt.pods, raw)  # nodes marked for replacement only
                   if any(being_evacuated(n) for n in raw) else {})
 
     # Decide.
-    now, key = rt.clock(), nm.label_value(name)
-    plan = plan_view(TrainingPlan.model_validate(plan_obj)) if plan_obj else None
-    rt.groups.bind(key, group.spec.training_plan_ref)
-    nodes_moved = rt.groups.note_nodes_read(key, node_fingerprint(raw))
-    rt.groups.restore_vanished(key, [Vanished(v.name, v.labels, v.since) for v in group.status.vanished_nodes])
-    seen = observe_nodes(key, raw, rt.groups, now, rt.keys, pod_counts)
+    now, key = rt.clock(), naming.label_value(name)
+    plan = bound_plan(TrainingPlan.model_validate(plan_obj)) if plan_obj else None
+    rt.group_memory.bind(key, group.spec.training_plan_ref)
+    nodes_moved = rt.group_memory.note_nodes_read(key, node_fingerprint(raw))
+    rt.group_memory.restore_vanished(key, [Vanished(v.name, v.labels, v.since) for v in group.status.vanished_nodes])
+    seen = observe_nodes(key, raw, rt.group_memory, now, rt.keys, pod_counts)
     decision = decide_group(name, obj["metadata"].get("generation", 1), group.spec, group.status, plan,
                             peers_of(groups, group.spec.training_plan_ref), seen.nodes, rt.policy, now, rt.keys)
     if decision.create and FINALIZER not in obj["metadata"].get("finalizers", []):
@@ -111,17 +111,17 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
         decision.wake_at = now + timedelta(seconds=1)
 
     # Apply, then remember what was done (on the event loop).
-    rt.groups.note_releasing(key, releases_of(decision))
+    rt.group_memory.note_releasing(key, releases_of(decision))
     writes = bool(decision.create or decision.update or decision.drain or decision.remediation
                   or decision.checkpoint or seen.health_notes)
     applied = (await in_thread(rt, apply_decision, provider, rt.pods, decision, seen.raw, seen.health_notes,
                                now, rt.clock, name) if writes else Applied())
     rt.cache.note_group_wrote(key, writes)
-    rt.groups.note_short_of_free_nodes(key, applied.short_of_free_nodes)  # see handlers.nodes
+    rt.group_memory.note_short_of_free_nodes(key, applied.short_of_free_nodes)  # see handlers.nodes
 
     # One status patch, then the events.
     decision.status.vanished_nodes = [VanishedNode(name=v.name, since=v.since, labels=dict(v.labels))
-                                      for v in rt.groups.vanished(key)]
+                                      for v in rt.group_memory.vanished(key)]
     desired = decision.status.wire()
     if desired != status_of(InstanceGroupStatus, obj).wire():
         written = await in_thread(rt, rt.kube.patch_status, PLURAL, name, desired)
@@ -186,7 +186,7 @@ async def group_seen(name: str, type: str | None, memo: kopf.Memo, **_: Any) -> 
     (:func:`group_spec_changed`), its nodes and its plan wake it after that."""
     rt: Runtime = memo.runtime
     rt.queue.start()  # inside a kopf handler, for kopf.event (see trainingplan.plan_seen)
-    key = nm.label_value(name)
+    key = naming.label_value(name)
     if type == "DELETED":
         rt.group_names.pop(key, None)
         rt.queue.forget(KIND, key)
@@ -199,7 +199,7 @@ async def group_seen(name: str, type: str | None, memo: kopf.Memo, **_: Any) -> 
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
 async def group_spec_changed(name: str, spec: kopf.Spec, memo: kopf.Memo, **_: Any) -> None:
     """A changed count may move every group that shares the plan."""
-    memo.runtime.queue.wake(KIND, nm.label_value(name))
+    memo.runtime.queue.wake(KIND, naming.label_value(name))
     memo.runtime.wake_groups_of(spec.get("trainingPlanRef", ""))
 
 
@@ -207,11 +207,11 @@ async def group_spec_changed(name: str, spec: kopf.Spec, memo: kopf.Memo, **_: A
 async def drain_group(name: str, spec: kopf.Spec, memo: kopf.Memo, body: kopf.Body, **_: Any) -> None:
     """Drain and remove every node of the group before it goes away (retried until done)."""
     rt: Runtime = memo.runtime
-    key = nm.label_value(name)
+    key = naming.label_value(name)
     await rt.queue.quiet(KIND, key)  # a pass in flight ends first: its nodes are drained too
     provider = rt.providers[spec.get("nodeProvider", "kwok")]
     nodes = await in_thread(rt, provider.list, name)
-    rt.groups.note_releasing(key, [node_id(n) for n in nodes])
+    rt.group_memory.note_releasing(key, [node_id(n) for n in nodes])
     drained = await in_thread(rt, drain_nodes, provider, rt.pods, [(n, "GroupDeleted", None) for n in nodes],
                                       rt.clock())
     for _, outcome in drained:
@@ -220,5 +220,5 @@ async def drain_group(name: str, spec: kopf.Spec, memo: kopf.Memo, body: kopf.Bo
     if left:
         raise kopf.TemporaryError(f"{len(left)} node(s) still draining", delay=1)
     kopf.info(body, reason="Drained", message=f"all nodes of {name} drained and removed")
-    rt.groups.forget_group(key)
+    rt.group_memory.forget_group(key)
     rt.wake_groups_of(spec.get("trainingPlanRef", ""))  # they may take the room it leaves

@@ -77,12 +77,12 @@ from hyperplan.api.models import GROUP, VERSION, TrainingPlan, to_rfc3339
 from hyperplan.handlers.cache import v1_node
 from hyperplan.handlers.context import Runtime
 from hyperplan.handlers.nodewatch import DELETED, NodeChange
-from hyperplan.planning import admission as ad
-from hyperplan.planning import groups as gr
-from hyperplan.planning import naming as nm
+from hyperplan.planning import admission
+from hyperplan.planning import groups
+from hyperplan.planning import naming
 from hyperplan.planning import nodefacts
-from hyperplan.planning import placement as pl
-from hyperplan.planning import trainingjobs as tj
+from hyperplan.planning import placement
+from hyperplan.planning import trainingjobs
 from hyperplan.planning.schedule import plan_block_schedule
 
 KIND = "kueue-plan"
@@ -253,7 +253,7 @@ async def hp_kueue_workloads(namespace: str, name: str, body: kopf.Body, **_: An
     """Workloads by ("check", name) for each admission check they carry, and by ("workload",
     label value) for the job nodes that carry it."""
     wl = slim_workload(body)
-    keys = {("workload", tj.workload_label_value(namespace or "", name)): wl}
+    keys = {("workload", trainingjobs.workload_label_value(namespace or "", name)): wl}
     for entry in wl["status"]["admissionChecks"]:
         if entry.get("name"):
             keys[("check", entry["name"])] = wl
@@ -263,7 +263,7 @@ async def hp_kueue_workloads(namespace: str, name: str, body: kopf.Body, **_: An
 # --------------------------------------------------------------------------- reading
 
 
-def plan_view(rt: Runtime, obj: dict[str, Any] | None, now: datetime) -> tuple[ad.PlanView | None, Any]:
+def admission_plan(rt: Runtime, obj: dict[str, Any] | None, now: datetime) -> tuple[admission.AdmissionPlan | None, Any]:
     """The plan as admission sees it, and its block schedule (None when not bought)."""
     if obj is None:
         return None, None
@@ -279,13 +279,13 @@ def plan_view(rt: Runtime, obj: dict[str, Any] | None, now: datetime) -> tuple[a
     for b in status.reserved_capacity:
         usable = b.instance_count
         if b.ultra_server_type:
-            usable -= spares * len(pl.ultraservers_for_block(b.id, b.ultra_server_type, b.instance_count, spares))
+            usable -= spares * len(placement.ultraservers_for_block(b.id, b.ultra_server_type, b.instance_count, spares))
         termination = b.termination_time or max(b.start_time, rt.policy.termination_time(b.end_time, spec.target_resource))
-        blocks.append(ad.BlockView(b.id, b.availability_zone, b.instance_type, usable, b.start_time, b.end_time,
+        blocks.append(admission.BlockView(b.id, b.availability_zone, b.instance_type, usable, b.start_time, b.end_time,
                                    termination))
     failure = next((c.message for c in status.conditions if c.status == "False" and c.message), "")
-    itype = spec.instance_type or pl.ULTRASERVER_INSTANCE_TYPE
-    view = ad.PlanView(plan.metadata["name"], spec.target_resource, status.phase, tuple(blocks), failure,
+    itype = spec.instance_type or placement.ULTRASERVER_INSTANCE_TYPE
+    view = admission.AdmissionPlan(plan.metadata["name"], spec.target_resource, status.phase, tuple(blocks), failure,
                        ACCELERATORS.get(itype))
     schedule = None
     if status.reserved_capacity:
@@ -298,14 +298,14 @@ def ready_group_nodes(rt: Runtime, plan: str, block_id: str) -> int:
     """The nodes of the plan's instance groups on the block that Kueue may admit work onto: those
     that serve (``NodeFacts.is_serving``: active, Ready, neither cordoned nor being deleted, and
     healthy by both health labels), from the watch cache of group nodes."""
-    facts = (nodefacts.facts_of_dict(n, rt.keys) for n in rt.cache.block_nodes(nm.label_value(block_id)))
-    return sum(1 for f in facts if f.is_serving and f.plan == nm.label_value(plan))
+    facts = (nodefacts.facts_of_dict(n, rt.keys) for n in rt.cache.block_nodes(naming.label_value(block_id)))
+    return sum(1 for f in facts if f.is_serving and f.plan == naming.label_value(plan))
 
 
 # --------------------------------------------------------------------------- writing
 
 
-def apply_check_active(state: KueueState, check: dict[str, Any], active: ad.CheckActive, now: datetime) -> bool:
+def apply_check_active(state: KueueState, check: dict[str, Any], active: admission.CheckActive, now: datetime) -> bool:
     """Apply the check's ``Active`` condition when it differs from what the check says (sync)."""
     prior = next((c for c in (check.get("status") or {}).get("conditions") or [] if c.get("type") == "Active"), None)
     if prior and (prior.get("status"), prior.get("reason"), prior.get("message")) == \
@@ -325,8 +325,8 @@ def apply_check_active(state: KueueState, check: dict[str, Any], active: ad.Chec
     return True
 
 
-def entry_for(check: str, decision: ad.AdmissionDecision, prior: dict[str, Any] | None,
-              pod_sets: tuple[ad.PodSetView, ...], selector: dict[str, str], now: datetime,
+def entry_for(check: str, decision: admission.AdmissionDecision, prior: dict[str, Any] | None,
+              pod_sets: tuple[admission.PodSetView, ...], selector: dict[str, str], now: datetime,
               labels: dict[str, str] | None = None) -> dict[str, Any]:
     """The entry to apply: on Ready, ``podSetUpdates`` pin each pod set to ``selector`` and label
     its pods with ``labels`` (the block they were admitted into, read back on later passes)."""
@@ -336,7 +336,7 @@ def entry_for(check: str, decision: ad.AdmissionDecision, prior: dict[str, Any] 
         else to_rfc3339(now)
     if decision.requeue_after_seconds is not None:
         entry["requeueAfterSeconds"] = decision.requeue_after_seconds
-    if decision.state == ad.READY and selector:
+    if decision.state == admission.READY and selector:
         entry["podSetUpdates"] = [{"name": ps.name, **({"labels": dict(labels)} if labels else {}),
                                    "nodeSelector": dict(selector)} for ps in pod_sets]
     return entry
@@ -357,17 +357,17 @@ def workload_ref(wl: dict[str, Any]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- the pass
 
 
-def running_outside_checks(state: KueueState, plan_name: str, known: set[str]) -> list[tj.Holder]:
+def running_outside_checks(state: KueueState, plan_name: str, known: set[str]) -> list[trainingjobs.Holder]:
     """Workloads on the plan's job nodes that no check of the plan decides for any more but that
     Kueue still runs (:func:`hyperplan.planning.trainingjobs.still_running_holders`)."""
-    label = nm.label_value(plan_name)
+    label = naming.label_value(plan_name)
     nodes = [n for n in state.plan_job_nodes(state.writes, label) if not n.metadata.deletion_timestamp]
-    on_nodes = {(n.metadata.labels or {}).get(tj.LABEL_WORKLOAD, "") for n in nodes} - {""}
+    on_nodes = {(n.metadata.labels or {}).get(trainingjobs.LABEL_WORKLOAD, "") for n in nodes} - {""}
     for workload in on_nodes:
         state.job_workloads[workload] = plan_name
-    running = {w for w in on_nodes - known if (obj := state.workload(w)) is not None and ad.workload_runs(obj)}
-    views = tj.job_nodes_from_labels([(n.metadata.name, n.metadata.labels or {}, {}, False, False) for n in nodes])
-    return tj.still_running_holders(views, known, running)
+    running = {w for w in on_nodes - known if (obj := state.workload(w)) is not None and admission.workload_runs(obj)}
+    views = trainingjobs.job_nodes_from_labels([(n.metadata.name, n.metadata.labels or {}, {}, False, False) for n in nodes])
+    return trainingjobs.still_running_holders(views, known, running)
 
 
 async def reconcile_plan_workloads(rt: Runtime, plan_name: str) -> datetime | None:
@@ -383,12 +383,12 @@ async def reconcile_plan_workloads(rt: Runtime, plan_name: str) -> datetime | No
     plan_obj = rt.cache.plan(plan_name)
     if plan_obj is not None and plan_obj["metadata"].get("deletionTimestamp"):
         plan_obj = None  # being deleted: its blocks are going back to the pools
-    view, extra = plan_view(rt, plan_obj, now)
+    view, extra = admission_plan(rt, plan_obj, now)
     plan, schedule = extra if extra else (None, None)
-    target = view.target if view else ad.TRAINING_JOB
+    target = view.target if view else admission.TRAINING_JOB
     if not checks:
         outside = await state.call(running_outside_checks, state, plan_name, set()) \
-            if target == ad.TRAINING_JOB else []
+            if target == admission.TRAINING_JOB else []
         wake, left = await state.call(reconcile_job_nodes, rt, plan_name, plan, schedule, outside, now)
         if not left and not state.checks_of(plan_name):  # a check may have come meanwhile
             state.loops.discard(plan_name)
@@ -397,11 +397,11 @@ async def reconcile_plan_workloads(rt: Runtime, plan_name: str) -> datetime | No
     for check in checks:
         obj = state.check_bodies.get(check)
         if obj is not None:
-            active = ad.check_active((obj.get("spec") or {}).get("parameters"), view)
+            active = admission.check_active((obj.get("spec") or {}).get("parameters"), view)
             if await state.call(apply_check_active, state, obj, active, now):
                 log.info("admission check %s: Active=%s (%s) %s", check, active.status, active.reason, active.message)
 
-    mine: list[ad.CheckedWorkload] = []
+    mine: list[admission.CheckedWorkload] = []
     seen: set[tuple[str, str]] = set()
     for check in checks:
         for wl in state.workloads_with(check):
@@ -409,31 +409,31 @@ async def reconcile_plan_workloads(rt: Runtime, plan_name: str) -> datetime | No
             if (meta.get("namespace"), meta.get("name"), check) in seen:
                 continue
             seen.add((meta.get("namespace"), meta.get("name"), check))
-            progress = ad.workload_progress(wl, check)
-            mine.append(ad.CheckedWorkload((wl, check), ad.workload_view(wl), progress,
-                                           ad.admitted_block(_entry(wl, check), nm.LABEL_RESERVED_CAPACITY)))
+            progress = admission.workload_progress(wl, check)
+            mine.append(admission.CheckedWorkload((wl, check), admission.workload_view(wl), progress,
+                                           admission.admitted_block(_entry(wl, check), naming.LABEL_RESERVED_CAPACITY)))
     mine.sort(key=lambda m: (m.progress.since, m.ref[0]["metadata"].get("creationTimestamp", ""), m.view.key))
 
     usable = None
     if schedule is not None and schedule.usable_block is not None:
         usable = plan.status.reserved_capacity[schedule.usable_block]
     ready_nodes = None
-    if target == ad.HYPERPOD_CLUSTER and usable is not None:
+    if target == admission.HYPERPOD_CLUSTER and usable is not None:
         ready_nodes = ready_group_nodes(rt, plan_name, usable.id)
-    outside: list[tj.Holder] = []
-    if target == ad.TRAINING_JOB:
-        known = {tj.workload_label_value(m.view.namespace, m.view.name) for m in mine}
+    outside: list[trainingjobs.Holder] = []
+    if target == admission.TRAINING_JOB:
+        known = {trainingjobs.workload_label_value(m.view.namespace, m.view.name) for m in mine}
         outside = await state.call(running_outside_checks, state, plan_name, known)
     busy_retry = min(timedelta(seconds=60), max(timedelta(seconds=5), rt.policy.day / 12))
-    decided = ad.decide_plan_admission(view, mine, nm.label_value(usable.id) if usable is not None else None, now,
+    decided = admission.decide_plan_admission(view, mine, naming.label_value(usable.id) if usable is not None else None, now,
                                        ready_nodes=ready_nodes, busy_retry=busy_retry, plan_name=plan_name,
                                        held_outside=sum(h.instances for h in outside))
 
     for w, decision in decided.decisions:
         wl, check = w.ref
-        selector = ({tj.LABEL_WORKLOAD: tj.workload_label_value(w.view.namespace, w.view.name)}
-                    if target == ad.TRAINING_JOB else {nm.LABEL_PLAN: nm.label_value(plan_name)})
-        labels = {nm.LABEL_RESERVED_CAPACITY: nm.label_value(decision.block_id)} if decision.block_id else {}
+        selector = ({trainingjobs.LABEL_WORKLOAD: trainingjobs.workload_label_value(w.view.namespace, w.view.name)}
+                    if target == admission.TRAINING_JOB else {naming.LABEL_PLAN: naming.label_value(plan_name)})
+        labels = {naming.LABEL_RESERVED_CAPACITY: naming.label_value(decision.block_id)} if decision.block_id else {}
         prior = _entry(wl, check)
         entry = entry_for(check, decision, prior, w.view.pod_sets, selector, now, labels)
         if differs(prior, entry):
@@ -446,12 +446,12 @@ async def reconcile_plan_workloads(rt: Runtime, plan_name: str) -> datetime | No
             state.wrote_workload(written)
             log.info("workload %s: check %s %s (%s): %s", w.view.key, check, decision.state, decision.reason,
                      decision.message)
-            state.writes.event(workload_ref(wl), "Warning" if decision.state == ad.REJECTED else "Normal",
+            state.writes.event(workload_ref(wl), "Warning" if decision.state == admission.REJECTED else "Normal",
                                f"AdmissionCheck{decision.state}", f"{check}: {decision.message}"[:1000])
-    holders = [tj.Holder(tj.workload_label_value(w.view.namespace, w.view.name), n) for w, n in decided.holders]
+    holders = [trainingjobs.Holder(trainingjobs.workload_label_value(w.view.namespace, w.view.name), n) for w, n in decided.holders]
 
     wakes = [schedule.next_transition_time] if schedule is not None else []
-    if target == ad.TRAINING_JOB:
+    if target == admission.TRAINING_JOB:
         wake, _ = await state.call(reconcile_job_nodes, rt, plan_name, plan, schedule, holders + outside, now)
         wakes.append(wake)
     return min((w for w in wakes if w is not None), default=None)
@@ -465,7 +465,7 @@ def _entry(wl: dict[str, Any], check: str) -> dict[str, Any] | None:
 
 
 def reconcile_job_nodes(rt: Runtime, name: str, plan: TrainingPlan | None, schedule,
-                        holders: list[tj.Holder], now: datetime) -> tuple[datetime | None, int]:
+                        holders: list[trainingjobs.Holder], now: datetime) -> tuple[datetime | None, int]:
     """Create, hand over, keep warm, drain and release a training-job plan's nodes (sync, thread).
 
     ``holders``: the workloads that hold instances of the plan's usable block, in admission
@@ -475,16 +475,16 @@ def reconcile_job_nodes(rt: Runtime, name: str, plan: TrainingPlan | None, sched
     """
     state = state_of(rt)
     writes = state.writes
-    label = nm.label_value(name)
+    label = naming.label_value(name)
     block = None
     if plan is not None and schedule is not None and schedule.active_block is not None:
         b = plan.status.reserved_capacity[schedule.active_block]
         bs = schedule.blocks[schedule.active_block]
-        block = tj.JobBlock(b.id, b.availability_zone, b.instance_type, b.instance_count, bs.termination_time,
+        block = trainingjobs.JobBlock(b.id, b.availability_zone, b.instance_type, b.instance_count, bs.termination_time,
                             b.end_time, b.ultra_server_type, plan.spec.spare_instances_per_ultra_server
                             if b.ultra_server_type else 0)
     raw = [n for n in state.plan_job_nodes(writes, label) if not n.metadata.deletion_timestamp]
-    nodes = tj.job_nodes_from_labels([(n.metadata.name, n.metadata.labels or {}, n.metadata.annotations or {},
+    nodes = trainingjobs.job_nodes_from_labels([(n.metadata.name, n.metadata.labels or {}, n.metadata.annotations or {},
                                        bool(n.spec.unschedulable) if n.spec else False, _signalled(n))
                                       for n in raw])
     on_nodes = {n.workload for n in nodes if n.workload}
@@ -497,7 +497,7 @@ def reconcile_job_nodes(rt: Runtime, name: str, plan: TrainingPlan | None, sched
         state.note_nodes_wrote(label, False)
         return None, 0
     keep = plan.spec.keep_alive_period_seconds if plan is not None else None
-    decision = tj.decide_job_nodes(name, block, holders, nodes, timedelta(seconds=keep) if keep else None, now,
+    decision = trainingjobs.decide_job_nodes(name, block, holders, nodes, timedelta(seconds=keep) if keep else None, now,
                                    rt.keys, rt.policy.checkpoint_lead)
     provider: NodeProvider = rt.providers["kwok"]
     plan_ref = ({"apiVersion": f"{GROUP}/{VERSION}", "kind": "TrainingPlan", "metadata": plan.metadata}
@@ -508,7 +508,7 @@ def reconcile_job_nodes(rt: Runtime, name: str, plan: TrainingPlan | None, sched
     for spec in decision.create:
         provider.create(spec)
         events.append(("NodeCreated", f"{spec.name} in {spec.availability_zone} for workload "
-                                      f"{spec.labels[tj.LABEL_WORKLOAD]}"))
+                                      f"{spec.labels[trainingjobs.LABEL_WORKLOAD]}"))
     for node, workload in decision.assign:
         writes.set_node_workload(node, workload, None)
         events.append(("NodeReused", f"warm node {node} now runs workload {workload}"))
@@ -518,13 +518,13 @@ def reconcile_job_nodes(rt: Runtime, name: str, plan: TrainingPlan | None, sched
                                        "(keepAlivePeriodSeconds)"))
     if decision.checkpoint and block is not None:  # before any drain: the workloads are asked first
         wrote = True
-        checkpoint = gr.Checkpoint(block.id, block.termination_time, tuple(decision.checkpoint))
+        checkpoint = groups.Checkpoint(block.id, block.termination_time, tuple(decision.checkpoint))
         by_name = {n.metadata.name: n for n in raw}
         for node in decision.checkpoint:
             for ref, event in signal_checkpoint(provider, rt.pods, by_name[node], checkpoint, now):
                 writes.event(ref, event.type, event.reason, event.message)
         if not any(n.signalled for n in nodes):
-            events.append((gr.REASON_CHECKPOINT, f"{checkpoint.message}; {len(checkpoint.nodes)} node(s) signalled"))
+            events.append((groups.REASON_CHECKPOINT, f"{checkpoint.message}; {len(checkpoint.nodes)} node(s) signalled"))
     evicting = False
     for node, why in decision.release:
         wrote = True
@@ -552,7 +552,7 @@ def reconcile_job_nodes(rt: Runtime, name: str, plan: TrainingPlan | None, sched
     for reason, message in events:
         log.info("plan %s: %s: %s", name, reason, message)
         if plan_ref is not None:
-            warning = reason in ("NoSlotForWorkload", gr.REASON_CHECKPOINT)
+            warning = reason in ("NoSlotForWorkload", groups.REASON_CHECKPOINT)
             writes.event(plan_ref, "Warning" if warning else "Normal", reason, message)
     state.note_nodes_wrote(label, wrote)
     wake = decision.wake_at
@@ -564,7 +564,7 @@ def reconcile_job_nodes(rt: Runtime, name: str, plan: TrainingPlan | None, sched
 
 def _signalled(node: client.V1Node) -> bool:
     """Whether the node carries the checkpoint signal (docs/checkpoint.md)."""
-    return any(c.type == gr.CONDITION_BLOCK_TERMINATING and c.status == "True"
+    return any(c.type == groups.CONDITION_BLOCK_TERMINATING and c.status == "True"
                for c in ((node.status.conditions or []) if node.status else []))
 
 
@@ -590,7 +590,7 @@ async def check_changed(rt: Runtime, name: str, body: Mapping[str, Any], type: s
     state = state_of(rt)
     before = state.checks.get(name)
     spec = body.get("spec") or {}
-    if spec.get("controllerName") != ad.CONTROLLER_NAME or type == "DELETED":
+    if spec.get("controllerName") != admission.CONTROLLER_NAME or type == "DELETED":
         # Not ours (any more), or gone: stop writing to it and its workloads. Its plan's loop
         # looks again (and ends, once no other check names the plan and no job node is left).
         state.checks.pop(name, None)
@@ -598,7 +598,7 @@ async def check_changed(rt: Runtime, name: str, body: Mapping[str, Any], type: s
         if before:
             state.wake(rt, before)
         return
-    plan, why = ad.check_parameters(spec.get("parameters"))
+    plan, why = admission.check_parameters(spec.get("parameters"))
     state.checks[name] = plan
     slim = slim_check(body)
     if _rv(slim) >= _rv(state.check_bodies.get(name)):
@@ -606,7 +606,7 @@ async def check_changed(rt: Runtime, name: str, body: Mapping[str, Any], type: s
     if before and before != plan:
         state.wake(rt, before)
     if plan is None:
-        active = ad.CheckActive("False", "InvalidParameters", why)
+        active = admission.CheckActive("False", "InvalidParameters", why)
         if await state.call(apply_check_active, state, state.check_bodies[name], active, rt.clock()):
             log.info("admission check %s: Active=False (InvalidParameters) %s", name, why)
         return
@@ -623,7 +623,7 @@ def plans_to_wake(state: KueueState, namespace: str, name: str, body: Mapping[st
     """The plans whose loops a change of this Workload concerns: those of the checks it carries,
     and the plan whose job nodes it runs on (its check may be gone)."""
     plans = {state.checks.get(e.get("name")) for e in (body.get("status") or {}).get("admissionChecks") or []}
-    plans.add(state.job_workloads.get(tj.workload_label_value(namespace or "", name)))
+    plans.add(state.job_workloads.get(trainingjobs.workload_label_value(namespace or "", name)))
     return {p for p in plans if p}
 
 
@@ -643,8 +643,8 @@ async def workload_changed(namespace: str, name: str, body: kopf.Body, type: str
 def job_node_changed(rt: Runtime, change: NodeChange) -> None:
     """A job node of a plan that has no loop changed (a node listener, handlers.nodes): start
     one, so that the node is released once no workload runs on it."""
-    plan = change.labels.get(nm.LABEL_PLAN)
-    if tj.LABEL_WORKLOAD not in change.labels or not plan or change.type == DELETED:
+    plan = change.labels.get(naming.LABEL_PLAN)
+    if trainingjobs.LABEL_WORKLOAD not in change.labels or not plan or change.type == DELETED:
         return
     state = state_of(rt)
     if plan not in state.loops and rt.cache.plan(plan) is not None:
@@ -659,7 +659,7 @@ async def plan_changed_for_admission(name: str, type: str | None, memo: kopf.Mem
     state = state_of(memo.runtime)
     memo.runtime.queue.start()
     if type is None and name not in state.loops and state.job_nodes is not None \
-            and state.job_nodes.get(nm.label_value(name)):
+            and state.job_nodes.get(naming.label_value(name)):
         state.ensure_loop(memo.runtime, name)
         return
     if type is not None:

@@ -62,7 +62,7 @@ def node_changed(rt: Any, change: NodeChange) -> None:
     if change.left_group:  # relabelled or handed back: the group it left counts without it
         rt.queue.wake("group", change.left_group)
     if change.labels.get(LABEL_POOL) == POOL_FREE and change.type not in (None, DELETED):
-        for waiting in rt.groups.short_of_free_nodes():
+        for waiting in rt.group_memory.short_of_free_nodes():
             rt.queue.wake("group", waiting)
     for listener in rt.node_store.listeners:
         listener(change)
@@ -78,20 +78,20 @@ def group_node_changed(rt: Any, name: str, group: str, labels: Mapping[str, str]
         annotations = node.get("metadata", {}).get("annotations") or {}
         # Unless the operator removed it, the node was deleted from under the group: a failure
         # signal, judged after the grace.
-        rt.groups.note_deleted(group, node_id, labels, rt.clock(),
+        rt.group_memory.note_deleted(group, node_id, labels, rt.clock(),
                                by_operator=removed_by_operator(labels, annotations))
     bad = unschedulable_health(labels)
-    if bad and type != DELETED and rt.groups.holds(group):
+    if bad and type != DELETED and rt.group_memory.holds(group):
         # The grace of a health label counts from its first sight: the event, not the group's
         # next pass (which may be busy carrying out the last one when a storm of labels comes).
-        rt.groups.first_sight(group, labels.get(LABEL_NODE_ID, name), bad, rt.clock())
+        rt.group_memory.first_sight(group, labels.get(LABEL_NODE_ID, name), bad, rt.clock())
     rt.queue.wake("group", group)
     if type == DELETED and labels.get(LABEL_PLAN):  # its group may be gone, with no pass to wake the plan
         rt.queue.wake("plan", labels[LABEL_PLAN])
 
 
 def plan_digest(body: Mapping[str, Any]) -> str:
-    """What a group reads of its plan (``instancegroup.plan_view``): the spec fields it binds and
+    """What a group reads of its plan (``instancegroup.bound_plan``): the spec fields it binds and
     places by, the reserved capacity blocks, and whether the plan is being deleted. The plan's
     own status writes (phase, counts, conditions, UltraServer health) leave it unchanged, so they
     wake no group: each group pass that changes the nodes wakes the plan, and a plan write that

@@ -39,8 +39,8 @@ from hyperplan.actuation.ledger import CapacityLedger, PurchaseResult
 from hyperplan.api.models import GROUP, VERSION, TrainingPlan, TrainingPlanSpec, TrainingPlanStatus
 from hyperplan.api.vocabulary import FINALIZER, PLAN_FINALIZER, REASON_OFFERING_UNAVAILABLE
 from hyperplan.handlers.context import Runtime, status_of
-from hyperplan.planning import counts as ct
-from hyperplan.planning import naming as nm
+from hyperplan.planning import counts
+from hyperplan.planning import naming
 from hyperplan.planning.blocks import Block
 from hyperplan.planning.nodefacts import facts_of_dict
 from hyperplan.planning.offerings import Offering, RuleViolation
@@ -57,12 +57,12 @@ CONTENDED_RETRY = timedelta(seconds=1)
 log = logging.getLogger("hyperplan.trainingplan")
 
 
-def plan_observed_node(node: Mapping[str, Any], keys: nm.TopologyKeys) -> ct.ObservedNode:
+def plan_observed_node(node: Mapping[str, Any], keys: naming.TopologyKeys) -> counts.ObservedNode:
     """A node (as the watch cache holds it) as the plan's counters see it: unhealthy when either
     health label says so (``NodeFacts.is_unhealthy``), of unknown health while its Ready is unknown."""
     facts = facts_of_dict(node, keys)
     healthy = False if facts.is_unhealthy else (None if facts.ready_status == "Unknown" else True)
-    return ct.ObservedNode(facts.name, facts.group or "", facts.role, facts.ultraserver_id, healthy, facts.is_ready,
+    return counts.ObservedNode(facts.name, facts.group or "", facts.role, facts.ultraserver_id, healthy, facts.is_ready,
                            facts.pending_replacement)
 
 
@@ -71,7 +71,7 @@ def node_usage(rt: Runtime, plan: TrainingPlan, purchased: list[Block], now: dat
     block = current_block(purchased, plan.spec.target_resource, rt.policy, now)
     if block is None:
         return PlanUsage()
-    nodes = [plan_observed_node(n, rt.keys) for n in rt.cache.block_nodes(nm.label_value(block.id))
+    nodes = [plan_observed_node(n, rt.keys) for n in rt.cache.block_nodes(naming.label_value(block.id))
              if not n["metadata"].get("deletionTimestamp")]
     return block_usage(block, plan.spec.spare_instances_per_ultra_server, nodes)
 

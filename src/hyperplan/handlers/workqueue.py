@@ -57,6 +57,7 @@ import kopf
 from kubernetes.client.rest import ApiException
 
 from hyperplan import metrics
+from hyperplan.api.vocabulary import CONDITION_RECONCILED, to_rfc3339
 
 if TYPE_CHECKING:
     from hyperplan.handlers.context import Runtime
@@ -67,7 +68,7 @@ STOP_GRACE = 10.0  # seconds running passes get to finish when the queue stops
 WAKE_SLACK = 0.02  # seconds after a boundary, so that a pass at it sees the boundary passed
 RETRY = timedelta(seconds=5)  # the first backoff after a failed pass
 MAX_BACKOFF = timedelta(minutes=5)
-FAILURE_CONDITION = "Reconciled"
+FAILURE_CONDITION = CONDITION_RECONCILED
 
 Key = tuple[str, str]  # (kind, name)
 Reconcile = Callable[[str], Awaitable[datetime | None]]
@@ -382,7 +383,7 @@ def failure_conditions(prior: list[dict[str, Any]], reason: str, message: str, f
     """The object's conditions with ``Reconciled=False`` set (the others kept as they are)."""
     kept = [c for c in prior if c.get("type") != FAILURE_CONDITION]
     same = next((c for c in prior if c.get("type") == FAILURE_CONDITION and c.get("status") == "False"), None)
-    since = same["lastTransitionTime"] if same else now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    since = same["lastTransitionTime"] if same else to_rfc3339(now)
     return kept + [{"type": FAILURE_CONDITION, "status": "False", "reason": reason,
                     "message": f"{message} (failed {failures} time(s) in a row; next try in "
                                f"{retry_in.total_seconds():.0f}s)",

@@ -101,7 +101,7 @@ class BlockView:
 
 
 @dataclass(frozen=True)
-class PlanView:
+class AdmissionPlan:
     name: str
     target: str  # training-job | hyperpod-cluster
     phase: str | None  # Pending | Scheduled | Active | Expired | Failed | None (not reconciled yet)
@@ -191,7 +191,7 @@ class AdmissionDecision:
         return max(1, math.ceil(self.requeue_after.total_seconds()))
 
 
-def decide_admission(plan: PlanView | None, workload: WorkloadView, now: datetime, *,
+def decide_admission(plan: AdmissionPlan | None, workload: WorkloadView, now: datetime, *,
                      held_by_others: int = 0, ready_nodes: int | None = None,
                      busy_retry: timedelta = timedelta(seconds=30), plan_name: str = "") -> AdmissionDecision:
     """The check state of ``workload`` on ``plan`` at ``now`` (see the module docstring).
@@ -255,7 +255,7 @@ def decide_admission(plan: PlanView | None, workload: WorkloadView, now: datetim
         instances=need, requeue_after=block.start - now)
 
 
-def _admitted(plan: PlanView, block: BlockView, need: int, limit: timedelta | None, now: datetime) -> str:
+def _admitted(plan: AdmissionPlan, block: BlockView, need: int, limit: timedelta | None, now: datetime) -> str:
     head = (f"admitted into block {block.id} of plan {plan.name} ({need} instance(s) in "
             f"{block.availability_zone})")
     if limit is None:
@@ -265,7 +265,7 @@ def _admitted(plan: PlanView, block: BlockView, need: int, limit: timedelta | No
             f"left before the termination time {to_rfc3339(block.termination_time)}")
 
 
-def _why_none_fits(plan: PlanView, remaining: Sequence[BlockView], need: int, limit: timedelta | None,
+def _why_none_fits(plan: AdmissionPlan, remaining: Sequence[BlockView], need: int, limit: timedelta | None,
                    now: datetime) -> str:
     if not remaining:
         return f"no block of training plan {plan.name} is left before its termination time"
@@ -306,7 +306,7 @@ def check_parameters(parameters: Mapping[str, str] | None) -> tuple[str | None, 
     return name, ""
 
 
-def check_active(parameters: Mapping[str, str] | None, plan: PlanView | None) -> CheckActive:
+def check_active(parameters: Mapping[str, str] | None, plan: AdmissionPlan | None) -> CheckActive:
     """Whether hyperplan can serve an AdmissionCheck with these parameters, given its plan."""
     name, why = check_parameters(parameters)
     if name is None:
@@ -410,7 +410,7 @@ def admitted_block(entry: Mapping | None, label: str) -> str | None:
     return None
 
 
-def decide_after_block(plan: PlanView | None, workload: WorkloadView, block_id: str, now: datetime, *,
+def decide_after_block(plan: AdmissionPlan | None, workload: WorkloadView, block_id: str, now: datetime, *,
                        busy_retry: timedelta = timedelta(seconds=30), plan_name: str = "") -> AdmissionDecision:
     """The check state of a workload admitted into a block that is no longer usable.
 
@@ -451,7 +451,7 @@ class PlanAdmission:
     decisions: list[tuple[CheckedWorkload, AdmissionDecision]] = field(default_factory=list)  # entries to write
 
 
-def decide_plan_admission(plan: PlanView | None, workloads: Sequence[CheckedWorkload], usable_block: str | None,
+def decide_plan_admission(plan: AdmissionPlan | None, workloads: Sequence[CheckedWorkload], usable_block: str | None,
                           now: datetime, *, ready_nodes: int | None = None,
                           busy_retry: timedelta = timedelta(seconds=30), plan_name: str = "",
                           held_outside: int = 0) -> PlanAdmission:

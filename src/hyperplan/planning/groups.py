@@ -34,9 +34,9 @@ from hyperplan.api.models import Condition, InstanceGroupSpec, InstanceGroupStat
 from hyperplan.api.vocabulary import (  # noqa: F401  (the checkpoint words re-exported)
     ANNOTATION_BLOCK_TERMINATION, CONDITION_BLOCK_TERMINATING, HYPERPOD_CLUSTER, REASON_CHECKPOINT, to_rfc3339,
 )
-from hyperplan.planning import health as hl
-from hyperplan.planning import naming as nm
-from hyperplan.planning import placement as pl
+from hyperplan.planning import health
+from hyperplan.planning import naming
+from hyperplan.planning import placement
 from hyperplan.planning.nodefacts import is_unschedulable
 from hyperplan.planning.plans import Event, condition
 from hyperplan.planning.policy import Policy
@@ -48,7 +48,7 @@ DRAIN_RETRY = timedelta(seconds=1)
 
 
 @dataclass(frozen=True)
-class PlanView:
+class BoundPlan:
     """What a group needs of its training plan."""
 
     name: str
@@ -72,9 +72,9 @@ class Peer:
 class ObservedGroupNode:
     """One of the group's nodes as found on the API server."""
 
-    health: hl.NodeObservation
+    health: health.NodeObservation
     labels: Mapping[str, str]
-    taints: tuple[nm.Taint, ...]
+    taints: tuple[naming.Taint, ...]
     unschedulable: bool
     ready: bool
     deleting: bool = False
@@ -85,7 +85,7 @@ class ObservedGroupNode:
 
     @property
     def block(self) -> str | None:
-        return self.labels.get(nm.LABEL_RESERVED_CAPACITY)
+        return self.labels.get(naming.LABEL_RESERVED_CAPACITY)
 
 
 @dataclass(frozen=True)
@@ -153,10 +153,10 @@ def checkpoint_events(checkpoint: Checkpoint | None, nodes: Sequence[ObservedGro
 class GroupDecision:
     status: InstanceGroupStatus
     block: ReservedCapacity | None = None
-    create: list[pl.NodeSpec] = field(default_factory=list)
-    update: list[pl.NodeSpec] = field(default_factory=list)
+    create: list[placement.NodeSpec] = field(default_factory=list)
+    update: list[placement.NodeSpec] = field(default_factory=list)
     drain: list[Drain] = field(default_factory=list)
-    remediation: tuple[hl.Action, ...] = ()
+    remediation: tuple[health.Action, ...] = ()
     checkpoint: Checkpoint | None = None  # carried out before the drains
     events: list[Event] = field(default_factory=list)
     wake_at: datetime | None = None
@@ -167,31 +167,31 @@ def _min_time(*times: datetime | None) -> datetime | None:
     return min(present) if present else None
 
 
-def check_binding(spec: InstanceGroupSpec, plan: PlanView) -> tuple[str, str] | None:
+def check_binding(spec: InstanceGroupSpec, plan: BoundPlan) -> tuple[str, str] | None:
     """A rule the group breaks against its plan, as (reason, message), or None."""
     if plan.target != HYPERPOD:
         return ("PlanTargetNotHyperPod",
                 f"training plan {plan.name} targets {plan.target}; instance groups need a "
                 f"{HYPERPOD} plan")
-    plan_type = pl.ULTRASERVER_INSTANCE_TYPE if plan.ultra_server_type else plan.instance_type
+    plan_type = placement.ULTRASERVER_INSTANCE_TYPE if plan.ultra_server_type else plan.instance_type
     if spec.instance_type != plan_type:
         return ("InstanceTypeMismatch",
                 f"group wants {spec.instance_type} but training plan {plan.name} reserves {plan_type}")
     return None
 
 
-def place_on_block(block: ReservedCapacity, plan: PlanView, peers: Sequence[Peer]
-                   ) -> tuple[tuple[pl.UltraServer, ...], dict[str, pl.PlacementResult]]:
-    ultraservers = pl.ultraservers_for_block(block.id, block.ultra_server_type, block.instance_count,
+def place_on_block(block: ReservedCapacity, plan: BoundPlan, peers: Sequence[Peer]
+                   ) -> tuple[tuple[placement.UltraServer, ...], dict[str, placement.PlacementResult]]:
+    ultraservers = placement.ultraservers_for_block(block.id, block.ultra_server_type, block.instance_count,
                                              plan.spares_per_ultraserver)
-    requests = [pl.GroupRequest(p.name, p.instance_count, p.explicit) for p in peers]
+    requests = [placement.GroupRequest(p.name, p.instance_count, p.explicit) for p in peers]
     capacity = None if ultraservers else block.instance_count
-    return ultraservers, pl.place_groups(requests, ultraservers, capacity=capacity)
+    return ultraservers, placement.place_groups(requests, ultraservers, capacity=capacity)
 
 
 def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: InstanceGroupStatus,
-                 plan: PlanView | None, peers: Sequence[Peer], nodes: Sequence[ObservedGroupNode],
-                 policy: Policy, now: datetime, keys: nm.TopologyKeys = nm.TopologyKeys()) -> GroupDecision:
+                 plan: BoundPlan | None, peers: Sequence[Peer], nodes: Sequence[ObservedGroupNode],
+                 policy: Policy, now: datetime, keys: naming.TopologyKeys = naming.TopologyKeys()) -> GroupDecision:
     conds = prior.conditions
 
     def status(phase: str, reason: str, message: str, **fields) -> InstanceGroupStatus:
@@ -260,11 +260,11 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
     stray = [n for n in nodes if n.block != block.id]
 
     # Health: verdicts over the group's nodes on this block, then bounded remediation.
-    check = hl.HealthCheck.from_spec(spec.health_check.grace_seconds, spec.health_check.max_unhealthy,
+    check = health.HealthCheck.from_spec(spec.health_check.grace_seconds, spec.health_check.max_unhealthy,
                                      spec.health_check.unhealthy_conditions)
     observations = [n.health for n in on_block]
-    verdict = hl.evaluate_health(observations, check, now)
-    remedy = hl.plan_remediation(verdict, observations, ultraservers, block_has_time_left=now < termination,
+    verdict = health.evaluate_health(observations, check, now)
+    remedy = health.plan_remediation(verdict, observations, ultraservers, block_has_time_left=now < termination,
                                  uses_spares=bool(ultraservers), max_unhealthy=check.max_unhealthy)
 
     # Make before break: a failed node goes only once its replacement is up and Ready, so the
@@ -274,17 +274,17 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
     by_name = {n.name: n for n in on_block}
     actions, evacuation_check = _evacuate_before_removal(remedy.actions, on_block, by_name, by_slot, policy, now)
 
-    owners = pl.spare_owners(placements)
-    slots = pl.slot_states_from_labels(n.labels for n in on_block if not n.deleting)
+    owners = placement.spare_owners(placements)
+    slots = placement.slot_states_from_labels(n.labels for n in on_block if not n.deleting)
     slots.update(remedy.slot_states())
     for action in actions:  # a spare promoted in this pass is active from now on
-        promoted = by_name.get(action.spare) if isinstance(action, hl.PromoteSpare) else None
+        promoted = by_name.get(action.spare) if isinstance(action, health.PromoteSpare) else None
         if promoted is not None and promoted.health.slot in slots:
-            slots[promoted.health.slot] = dataclasses.replace(slots[promoted.health.slot], role=nm.ROLE_ACTIVE)
-    desired = pl.desired_nodes(
+            slots[promoted.health.slot] = dataclasses.replace(slots[promoted.health.slot], role=naming.ROLE_ACTIVE)
+    desired = placement.desired_nodes(
         name, plan.name, block.id, spec.instance_type, block.availability_zone, mine, ultraservers,
-        pl.spare_ultraservers(name, owners), spec.labels,
-        [nm.Taint(t.key, t.value, t.effect) for t in spec.taints], keys, slots)
+        placement.spare_ultraservers(name, owners), spec.labels,
+        [naming.Taint(t.key, t.value, t.effect) for t in spec.taints], keys, slots)
     wanted = {d.name: d for d in desired}
     existing = {n.name: n for n in on_block if n.health.exists}
     vanished = {n.name for n in on_block if not n.health.exists}  # deleted from under us
@@ -293,18 +293,18 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
     being_remediated = set(verdict.unhealthy) | set(verdict.pending) | vanished | {
         n.name for n in on_block if is_unschedulable(n.health.health_label)}
     kept = [d for d in desired if d.name in existing]
-    promoting = {a.spare for a in actions if isinstance(a, hl.PromoteSpare)}  # patched by the action
+    promoting = {a.spare for a in actions if isinstance(a, health.PromoteSpare)}  # patched by the action
     hands_off = being_remediated | promoting
     update = [d for d in kept if d.name not in hands_off and _differs(d, existing[d.name])]
-    removals = {a.node for a in actions if isinstance(a, hl.RemoveNode)}
+    removals = {a.node for a in actions if isinstance(a, health.RemoveNode)}
     drains = [Drain(n.name, block.end_time, "NotDesired") for n in existing.values()
               if n.name not in wanted and n.name not in removals and n.name not in being_remediated
               and not n.deleting]
     drains += [Drain(n.name, now, "OtherBlock") for n in stray if not n.deleting and n.health.exists]
 
     up = [d for d in kept if existing[d.name].ready and d.name not in being_remediated]
-    ready = sum(1 for d in up if d.role == nm.ROLE_ACTIVE)
-    spares_up = sum(1 for d in up if d.role == nm.ROLE_SPARE)
+    ready = sum(1 for d in up if d.role == naming.ROLE_ACTIVE)
+    spares_up = sum(1 for d in up if d.role == naming.ROLE_SPARE)
     active_wanted = mine.instance_count
     phase = READY if (ready >= active_wanted and not create and not drains) else PROVISIONING
     extra = [condition("RemediationAllowed", remedy.allowed,
@@ -330,28 +330,28 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
     return _with_events(decision, prior)
 
 
-def _evacuate_before_removal(planned: Sequence[hl.Action], on_block: Sequence[ObservedGroupNode],
+def _evacuate_before_removal(planned: Sequence[health.Action], on_block: Sequence[ObservedGroupNode],
                              by_name: Mapping[str, ObservedGroupNode],
                              by_slot: Mapping[tuple[str | None, int], ObservedGroupNode], policy: Policy,
-                             now: datetime) -> tuple[tuple[hl.Action, ...], datetime | None]:
+                             now: datetime) -> tuple[tuple[health.Action, ...], datetime | None]:
     """The remediation with each failed node's pods evicted once its replacement serves (a spare
     promoted in its stead, or its backfill Ready) and its removal held until they are gone
     (:func:`hyperplan.planning.health.evacuate`); and when to look again at pods still leaving."""
-    serving_for = {a.replacing for a in planned if isinstance(a, hl.PromoteSpare)} | {
+    serving_for = {a.replacing for a in planned if isinstance(a, health.PromoteSpare)} | {
         n.health.replaces for n in on_block if n.health.exists and n.health.replaces}
-    kept: list[hl.Action] = []
-    evictions: list[hl.Action] = []
-    removals: list[hl.Action] = []
+    kept: list[health.Action] = []
+    evictions: list[health.Action] = []
+    removals: list[health.Action] = []
     check = None
     for action in planned:
-        if not isinstance(action, hl.RemoveNode):
+        if not isinstance(action, health.RemoveNode):
             kept.append(action)
             continue
         failed = by_name.get(action.node)
         ready = _replacement_ready(failed, by_slot)
         if failed is None or not (ready or failed.name in serving_for):
             continue
-        evacuation = hl.evacuate(failed.health, action.reason, now, policy.dead_node_eviction_timeout)
+        evacuation = health.evacuate(failed.health, action.reason, now, policy.dead_node_eviction_timeout)
         if evacuation.action is not None:
             evictions.append(evacuation.action)
         if evacuation.done and ready:
@@ -380,12 +380,12 @@ def _with_events(d: GroupDecision, prior: InstanceGroupStatus, warning: bool = F
     return d
 
 
-def managed_taint_keys(want: pl.NodeSpec) -> set[str]:
+def managed_taint_keys(want: placement.NodeSpec) -> set[str]:
     """Taint keys the operator owns on a node: its own and the group's; others are left alone."""
-    return {t.key for t in want.taints} | {nm.SPARE_TAINT.key, nm.UNHEALTHY_TAINT.key}
+    return {t.key for t in want.taints} | {naming.SPARE_TAINT.key, naming.UNHEALTHY_TAINT.key}
 
 
-def _differs(want: pl.NodeSpec, have: ObservedGroupNode) -> bool:
+def _differs(want: placement.NodeSpec, have: ObservedGroupNode) -> bool:
     if not want.labels.items() <= have.labels.items():  # a label missing or with another value
         return True
     keys = managed_taint_keys(want)

@@ -13,7 +13,7 @@ A group's pass reads its nodes from the API; a few facts cannot be read there an
   nodes it read, so that a change wakes only the daemons it concerns.
 
 Pure like the rest of planning (no I/O, ``now`` passed in), but the one object that keeps
-state: the handlers hold one instance (``Runtime.groups``). Every operation runs on the event
+state: the handlers hold one instance (``Runtime.group_memory``). Every operation runs on the event
 loop (kopf handlers and the group daemons' coroutines); worker threads return what they did
 and the handler applies it here. Each pass prunes its
 group (:meth:`GroupMemory.prune`), and a deleted group leaves nothing (:meth:`GroupMemory.forget_group`).
@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from hyperplan.planning import naming as nm
+from hyperplan.planning import naming
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class PresentNode:
 
     @property
     def slot(self) -> str | None:
-        return self.labels.get(nm.LABEL_SLOT)
+        return self.labels.get(naming.LABEL_SLOT)
 
     @property
     def generation(self) -> int:
@@ -56,7 +56,7 @@ class Vanished:
 
 def generation_of(labels: Mapping[str, str]) -> int:
     try:
-        return int(labels.get(nm.LABEL_GENERATION, "0"))
+        return int(labels.get(naming.LABEL_GENERATION, "0"))
     except ValueError:
         return 0
 
@@ -157,7 +157,7 @@ class GroupMemory:
             newest[n.slot] = max(newest.get(n.slot, -1), n.generation)
         out = []
         for node, (labels, since) in list(state.vanished.items()):
-            if node in names or newest.get(labels.get(nm.LABEL_SLOT), -1) > generation_of(labels):
+            if node in names or newest.get(labels.get(naming.LABEL_SLOT), -1) > generation_of(labels):
                 del state.vanished[node]
                 continue
             out.append(Vanished(node, labels, since))

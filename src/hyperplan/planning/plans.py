@@ -26,9 +26,9 @@ from hyperplan.planning.blocks import Block
 from hyperplan.planning.offerings import (
     Offering, OfferingRequest, PoolSnapshot, RuleViolation, search_offerings, validate_request,
 )
-from hyperplan.planning import counts as ct
-from hyperplan.planning import naming as nm
-from hyperplan.planning import placement as pl
+from hyperplan.planning import counts
+from hyperplan.planning import naming
+from hyperplan.planning import placement
 from hyperplan.planning.policy import Policy, parse_duration
 from hyperplan.planning.schedule import plan_block_schedule
 
@@ -69,15 +69,15 @@ def current_block(purchased: Sequence[Block], target: str, policy: Policy,
     return None if schedule.current_or_next_block is None else blocks[schedule.current_or_next_block]
 
 
-def block_usage(block: Block, spares_per_ultraserver: int, nodes: Sequence[ct.ObservedNode]) -> PlanUsage:
+def block_usage(block: Block, spares_per_ultraserver: int, nodes: Sequence[counts.ObservedNode]) -> PlanUsage:
     """What the groups' nodes hold of ``block``: the plan's counts and one report per UltraServer."""
-    ultraservers = pl.ultraservers_for_block(block.id, block.ultra_server_type, block.instance_count,
+    ultraservers = placement.ultraservers_for_block(block.id, block.ultra_server_type, block.instance_count,
                                              spares_per_ultraserver)
-    counts = ct.plan_counts(block.instance_count, sum(u.spare_count for u in ultraservers), nodes)
-    reports = ct.ultraserver_reports(ultraservers, block.availability_zone, nodes)
-    return PlanUsage(in_use=counts.in_use, unhealthy=counts.unhealthy, available_spares=counts.available_spares,
+    block_counts = counts.plan_counts(block.instance_count, sum(u.spare_count for u in ultraservers), nodes)
+    reports = counts.ultraserver_reports(ultraservers, block.availability_zone, nodes)
+    return PlanUsage(in_use=block_counts.in_use, unhealthy=block_counts.unhealthy, available_spares=block_counts.available_spares,
                      ultra_servers=tuple(UltraServerStatus.model_validate(r.as_status()) for r in reports),
-                     unhealthy_spares=sum(1 for n in nodes if n.healthy is False and n.role == nm.ROLE_SPARE))
+                     unhealthy_spares=sum(1 for n in nodes if n.healthy is False and n.role == naming.ROLE_SPARE))
 
 
 def request_of(spec: TrainingPlanSpec, duration: timedelta) -> OfferingRequest:
@@ -190,7 +190,7 @@ def _bought(spec: TrainingPlanSpec, generation: int, prior: TrainingPlanStatus,
         in_use_instance_count=usage.in_use,
         unhealthy_instance_count=usage.unhealthy,
         available_spare_instance_count=usage.available_spares,
-        available_instance_count=ct.available_instances(total, usage.in_use, usage.unhealthy, spares,
+        available_instance_count=counts.available_instances(total, usage.in_use, usage.unhealthy, spares,
                                                         usage.unhealthy_spares),
         total_ultra_server_count=current.ultra_server_count if current else None,
         ultra_servers=list(usage.ultra_servers),

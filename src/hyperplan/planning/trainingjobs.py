@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Collection, Mapping, Sequence
 
-from hyperplan.planning import naming as nm
-from hyperplan.planning import placement as pl
+from hyperplan.planning import naming
+from hyperplan.planning import placement
 
 from hyperplan.api.vocabulary import (  # noqa: F401  (the keys re-exported)
     ANNOTATION_KEEP_ALIVE_UNTIL, LABEL_WORKLOAD, from_rfc3339, to_rfc3339,
@@ -49,7 +49,7 @@ from hyperplan.api.vocabulary import (  # noqa: F401  (the keys re-exported)
 
 def workload_label_value(namespace: str, name: str) -> str:
     """The ``hyperplan.dev/workload`` label value of a Kueue workload (a valid label value)."""
-    return nm.label_value(f"{namespace}.{name}")
+    return naming.label_value(f"{namespace}.{name}")
 
 
 @dataclass(frozen=True)
@@ -65,11 +65,11 @@ class JobBlock:
     ultra_server_type: str | None = None
     spares_per_ultraserver: int = 0
 
-    def ultraservers(self) -> tuple[pl.UltraServer, ...]:
-        return pl.ultraservers_for_block(self.id, self.ultra_server_type, self.instance_count,
+    def ultraservers(self) -> tuple[placement.UltraServer, ...]:
+        return placement.ultraservers_for_block(self.id, self.ultra_server_type, self.instance_count,
                                          self.spares_per_ultraserver)
 
-    def slots(self) -> list[tuple[pl.UltraServer | None, str]]:
+    def slots(self) -> list[tuple[placement.UltraServer | None, str]]:
         """Every slot a job node can take: the usable instances of each UltraServer, or 0..n-1."""
         servers = self.ultraservers()
         if not servers:
@@ -107,7 +107,7 @@ class Drain:
 
 @dataclass
 class JobNodeDecision:
-    create: list[pl.NodeSpec] = field(default_factory=list)
+    create: list[placement.NodeSpec] = field(default_factory=list)
     assign: list[tuple[str, str]] = field(default_factory=list)  # (warm node, workload)
     keep_warm: list[tuple[str, datetime, str]] = field(default_factory=list)  # (node, until, previous workload)
     release: list[tuple[str, str]] = field(default_factory=list)  # (node, why)
@@ -117,31 +117,31 @@ class JobNodeDecision:
     wake_at: datetime | None = None
 
 
-def node_spec(plan: str, block: JobBlock, server: pl.UltraServer | None, slot: str, workload: str,
-              keys: nm.TopologyKeys = nm.TopologyKeys()) -> pl.NodeSpec:
+def node_spec(plan: str, block: JobBlock, server: placement.UltraServer | None, slot: str, workload: str,
+              keys: naming.TopologyKeys = naming.TopologyKeys()) -> placement.NodeSpec:
     """A job node of ``workload`` on ``slot`` of ``block``, with hyperplan's labels."""
-    name = nm.node_name(plan, block.id, slot)
+    name = naming.node_name(plan, block.id, slot)
     labels = {
-        nm.LABEL_INSTANCE_TYPE: block.instance_type,
-        nm.LABEL_ZONE: block.availability_zone,
-        nm.LABEL_HOSTNAME: name,
-        nm.LABEL_PLAN: nm.label_value(plan),
-        nm.LABEL_RESERVED_CAPACITY: nm.label_value(block.id),
-        nm.LABEL_ROLE: nm.ROLE_ACTIVE,
-        nm.LABEL_HEALTH: nm.HEALTH_SCHEDULABLE,
-        nm.LABEL_SLOT: slot,
-        nm.LABEL_GENERATION: "0",
+        naming.LABEL_INSTANCE_TYPE: block.instance_type,
+        naming.LABEL_ZONE: block.availability_zone,
+        naming.LABEL_HOSTNAME: name,
+        naming.LABEL_PLAN: naming.label_value(plan),
+        naming.LABEL_RESERVED_CAPACITY: naming.label_value(block.id),
+        naming.LABEL_ROLE: naming.ROLE_ACTIVE,
+        naming.LABEL_HEALTH: naming.HEALTH_SCHEDULABLE,
+        naming.LABEL_SLOT: slot,
+        naming.LABEL_GENERATION: "0",
         LABEL_WORKLOAD: workload,
     }
     if server is not None:
-        labels.update(pl.topology_labels(block.availability_zone, block.id, server, keys))
-    return pl.NodeSpec(name, labels, (), nm.ROLE_ACTIVE, server.id if server else None,
+        labels.update(placement.topology_labels(block.availability_zone, block.id, server, keys))
+    return placement.NodeSpec(name, labels, (), naming.ROLE_ACTIVE, server.id if server else None,
                        block.instance_type, block.availability_zone, slot)
 
 
 def decide_job_nodes(plan: str, block: JobBlock | None, holders: Sequence[Holder], nodes: Sequence[JobNode],
                      keep_alive: timedelta | None, now: datetime,
-                     keys: nm.TopologyKeys = nm.TopologyKeys(),
+                     keys: naming.TopologyKeys = naming.TopologyKeys(),
                      checkpoint_lead: timedelta | None = None) -> JobNodeDecision:
     """What to do with a training-job plan's nodes (see the module docstring).
 
@@ -153,7 +153,7 @@ def decide_job_nodes(plan: str, block: JobBlock | None, holders: Sequence[Holder
     docs/checkpoint.md); the drain still starts at the termination time.
     """
     d = JobNodeDecision()
-    block_value = nm.label_value(block.id) if block is not None else None
+    block_value = naming.label_value(block.id) if block is not None else None
     usable = block is not None and now < block.termination_time
     wakes: list[datetime] = []
     if block is not None and checkpoint_lead is not None:
@@ -238,8 +238,8 @@ def still_running_holders(nodes: Sequence[JobNode], known: Collection[str], runn
     return [Holder(w, count) for w, count in held.items()]
 
 
-def _choose(count: int, warm: list[JobNode], free_slots: list[tuple[pl.UltraServer | None, str]],
-            block: JobBlock, server_of: Mapping[str, pl.UltraServer | None]) -> list[tuple[str, object]]:
+def _choose(count: int, warm: list[JobNode], free_slots: list[tuple[placement.UltraServer | None, str]],
+            block: JobBlock, server_of: Mapping[str, placement.UltraServer | None]) -> list[tuple[str, object]]:
     """``count`` places for one workload: warm nodes first, then free slots (lowest first); on
     UltraServers first the best-fitting UltraServers by the room each has left."""
     servers = block.ultraservers()
@@ -259,8 +259,8 @@ def _choose(count: int, warm: list[JobNode], free_slots: list[tuple[pl.UltraServ
     if want == 0:
         return []
     # place_groups on UltraServers as large as the room they have left: best fit, fewest domains.
-    left = [pl.UltraServer(u.id, u.index, room[u.id], 0) for u in servers if room[u.id] > 0]
-    placed = pl.place_groups([pl.GroupRequest("w", want)], left)["w"]
+    left = [placement.UltraServer(u.id, u.index, room[u.id], 0) for u in servers if room[u.id] > 0]
+    placed = placement.place_groups([placement.GroupRequest("w", want)], left)["w"]
     picks = []
     for us_id, n in placed.allocations:
         here_warm = [w for w in warm if (u := server_of.get(w.slot)) is not None and u.id == us_id]
@@ -281,6 +281,6 @@ def job_nodes_from_labels(items: Sequence[tuple[str, Mapping[str, str], Mapping[
             when = from_rfc3339(until) if until else None
         except ValueError:
             when = None
-        out.append(JobNode(name, labels.get(nm.LABEL_RESERVED_CAPACITY, ""), labels.get(nm.LABEL_SLOT, ""),
+        out.append(JobNode(name, labels.get(naming.LABEL_RESERVED_CAPACITY, ""), labels.get(naming.LABEL_SLOT, ""),
                            labels.get(LABEL_WORKLOAD, ""), when, cordoned, signalled))
     return out
