@@ -242,8 +242,8 @@ class WatchCache:
 
     def watched(self, kind: str, name: str, resource_version: Any) -> None:
         """The watch delivered ``name`` at ``resource_version``: our write-through copy of it is
-        no newer, so drop it now. (Dropped only on the next read, a Scheduled plan's copy, a
-        whole slim plan, stayed until its block started: about 9 KiB per plan.)"""
+        no newer, so drop it now rather than on the next read: a Scheduled plan may not be read
+        again until its block starts, and its copy is a whole slim plan (about 9 KiB)."""
         key = (kind, name)
         with self._lock:
             written = self._written.get(key)

@@ -5,8 +5,9 @@ Each pass reads the plan, the pools and the block's nodes from the watch cache
 be, buys through the ledger when the decision says so, and writes one status patch when
 anything changed. Between passes a plan costs one timer for its next block boundary, held by
 the operator's one work queue (``handlers.workqueue.WorkQueue``, started with kopf); a
-pool change, a change to the plan's spec or nodes, or its groups wake it: no polling. (Until
-issue 10's memory work each plan had a kopf daemon of its own; see docs/benchmarks.md 5.4.)
+pool change, a change to the plan's spec or nodes, or its groups wake it: no polling, and no
+task or daemon per plan (a kopf daemon per plan cost about 97 KiB each at 5,000 plans:
+docs/benchmarks.md 5.4).
 
 A plan's lifecycle is the operator's own, not kopf's change handlers (which cost every plan two
 PATCHes, its last-handled-configuration annotation and kopf's finalizer, and every plan event a
@@ -167,8 +168,8 @@ async def reconcile_plan(rt: Runtime, name: str) -> datetime | None:
 
 async def _hold_finalizer(rt: Runtime, obj: dict[str, Any]) -> bool:
     """Put the finalizer on a plan that buys or holds reservations, so that its deletion waits
-    for the release (a plan bought before this finalizer existed carries kopf's, which kopf now
-    removes: it gets this one on its next pass); False when the plan is gone. A 409 (the plan
+    for the release (a plan that carries kopf's finalizer instead, which kopf removes from a kind
+    it has no deletion handler for, gets this one on its next pass); False when the plan is gone. A 409 (the plan
     changed since the cache's copy) fails the pass, which is retried."""
     finalizers = [f for f in obj["metadata"].get("finalizers") or [] if f != FINALIZER]
     if PLAN_FINALIZER in finalizers:

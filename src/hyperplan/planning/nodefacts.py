@@ -1,9 +1,9 @@
 """What a node is, as every part of hyperplan reads it: one set of facts and the answers built on them.
 
 The group's pass, the plan's counts, Kueue's count of the nodes that can take work, ``hyperplan
-status`` and the chaos invariants each used to read the labels and conditions of a node
-themselves, and they disagreed on the health labels. They now turn a node into
-:class:`NodeFacts` (:func:`facts_of_dict` for the plain dicts of the watch cache and of API
+status`` and the chaos invariants must agree on what a node is (a node that one of them took
+for serving and another for failed would get work that the plan counts as lost), so none of them
+reads a node's labels and conditions itself: each turns the node into :class:`NodeFacts` (:func:`facts_of_dict` for the plain dicts of the watch cache and of API
 JSON, :func:`facts_of_v1` for the Kubernetes client's ``V1Node``) and ask it.
 
 Health
