@@ -43,7 +43,7 @@ from prometheus_client.registry import Collector
 from pydantic import ValidationError
 
 from hyperplan.api.models import (
-    CapacityPool, InstanceGroupStatus, TrainingPlanStatus,
+    InstanceGroupStatus, TrainingPlanStatus,
 )
 from hyperplan.api import vocabulary
 from hyperplan.planning import offerings
@@ -225,7 +225,7 @@ def _escape(value: str) -> str:
 
 @dataclass
 class ObservedObjects:
-    """The operator's copy of its objects, fed by watch events (handlers.observed).
+    """The operator's copy of its objects, fed by watch events (handlers.events).
 
     Written from the operator's event loop and read from the metrics server's thread, so
     every access takes the lock. Bodies that do not parse keep their last good copy out:
@@ -255,15 +255,6 @@ class ObservedObjects:
         plan = (body.get("spec") or {}).get("trainingPlanRef") or ""
         with self._lock:
             self.groups[name] = _Group(plan, status)
-
-    def put_pool(self, name: str, body: dict[str, Any]) -> None:
-        from hyperplan.actuation.ledger import pool_snapshot
-        try:
-            snapshot = pool_snapshot(CapacityPool.model_validate(body))
-        except ValidationError:
-            return
-        with self._lock:
-            self.pools[name] = snapshot
 
     def put_pool_snapshot(self, name: str, snapshot: offerings.PoolSnapshot) -> None:
         """A pool as already parsed (by the watch cache, once per resourceVersion)."""

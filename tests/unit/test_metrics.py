@@ -8,8 +8,12 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from pydantic import ValidationError
+
 from hyperplan import metrics
-from hyperplan.api.models import InstanceGroupStatus, to_rfc3339
+from hyperplan.actuation.ledger import pool_snapshot
+from hyperplan.handlers.events import observe
+from hyperplan.api.models import CapacityPool, InstanceGroupStatus, to_rfc3339
 from hyperplan.planning import health
 
 T0 = datetime(2027, 1, 1, 12, 0, tzinfo=timezone.utc)
@@ -116,6 +120,15 @@ def test_ultraserver_health_and_counts() -> None:
 # --------------------------------------------------------------------------- pools
 
 
+def put_pool(view: metrics.ObservedObjects, name: str, body: dict) -> None:
+    """A pool as the read side hands it to the metrics: its snapshot (none for a pool that does
+    not parse, as the read side keeps none)."""
+    try:
+        view.put_pool_snapshot(name, pool_snapshot(CapacityPool.model_validate(body)))
+    except ValidationError:
+        pass
+
+
 @pytest.mark.parametrize("body, sold, until_free", [
     pytest.param(pool_body(8), 0, 0, id="empty"),
     pytest.param(pool_body(8, reservations=[(-10, 50, 4)]), 4, 0, id="half-sold"),
@@ -127,7 +140,7 @@ def test_ultraserver_health_and_counts() -> None:
 ])
 def test_pool_sold_and_free_now(body, sold, until_free) -> None:
     view = metrics.ObservedObjects()
-    view.put_pool("p", body)
+    put_pool(view, "p", body)
     where = {"pool": "p", "instance_type": "ml.p5.48xlarge", "availability_zone": "us-east-1a"}
     total = body["spec"]["instanceCount"]
     assert one(view, "hyperplan_capacity_pool_instances", state="sold", **where) == sold
@@ -156,7 +169,7 @@ def test_unreadable_status_counts_as_empty_not_a_crash() -> None:
     view = metrics.ObservedObjects()
     view.put_plan("bad", {"status": {"phase": "Sideways", "totalInstanceCount": "many"}})
     view.put_group("bad", {"spec": {}, "status": {"readyCount": "x"}})
-    view.put_pool("bad", {"spec": {"instanceCount": -1}})
+    put_pool(view, "bad", {"spec": {"instanceCount": -1}})
     assert one(view, "hyperplan_training_plan_phase", plan="bad", phase="Active") == 0
     assert one(view, "hyperplan_instance_group_nodes", group="bad", state="ready") == 0
     assert samples(view, "hyperplan_capacity_pool_instances") == {}
@@ -173,11 +186,10 @@ def test_deleted_objects_leave_no_series() -> None:
     view = metrics.ObservedObjects()
     registry = CollectorRegistry()
     registry.register(metrics.ObjectMetrics(view, lambda: T0))
-    from hyperplan.handlers.observed import observe
     observe(view, "trainingplans", "gb", "ADDED", plan_body("Active", BLOCKS, ultra_servers=[
         {"id": "us-a", "availabilityZone": "z", "healthStatus": "ok"}]))
     observe(view, "instancegroups", "workers", "ADDED", {"spec": {"trainingPlanRef": "gb"}, "status": {}})
-    observe(view, "capacitypools", "p", None, pool_body(8))
+    observe(view, "capacitypools", "p", None, pool_body(8), pool_snapshot(CapacityPool.model_validate(pool_body(8))))
     names = ("gb", "workers", "p", "us-a")
 
     def mentions(text: str) -> set[str]:
@@ -260,7 +272,7 @@ def test_served_text_holds_the_same_series_as_the_collector() -> None:
         {"id": "us-a", "availabilityZone": "z", "healthStatus": "ok", "totalInstanceCount": 18}],
         totalInstanceCount=36, inUseInstanceCount=20))
     view.put_plan('odd"name\\x', plan_body("Scheduled", [(60, 120)]))
-    view.put_pool("p", pool_body(8, reservations=[(-10, 50, 4)]))
+    put_pool(view, "p", pool_body(8, reservations=[(-10, 50, 4)]))
     view.put_group("workers", {"spec": {"trainingPlanRef": "gb"}, "status": {"desiredCount": 2}})
     view.put_node("n1", "workers")
     registry = CollectorRegistry()

@@ -547,9 +547,9 @@ def test_a_group_seen_at_start_or_created_gets_a_pass_under_its_label_value(even
     async def go():
         rt = SimpleNamespace(queue=WorkQueue(), group_names={})
         if event_type in ("MODIFIED", "DELETED"):
-            await instancegroup.group_seen(name=LONG, type="ADDED", memo=SimpleNamespace(runtime=rt))
+            instancegroup.group_event(rt, LONG, "ADDED")
             rt.queue = WorkQueue()  # a fresh queue: only the event under test counts
-        await instancegroup.group_seen(name=LONG, type=event_type, memo=SimpleNamespace(runtime=rt))
+        instancegroup.group_event(rt, LONG, event_type)
         was_woken = rt.queue.woken(instancegroup.KIND, key)
         await instancegroup.group_pass(rt, key)
         await rt.queue.stop()

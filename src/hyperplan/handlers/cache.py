@@ -134,13 +134,6 @@ async def hp_groups(name: str, body: kopf.Body, **_: Any) -> dict[str, dict[str,
     return {name: slim_object(body)}
 
 
-@kopf.on.startup()
-async def bind_watch_cache(memo: kopf.Memo, **kwargs: Any) -> None:
-    """Hand kopf's indexes (available to startup handlers, filled before any other handler) and
-    the node store (handlers.nodewatch, listed by its own startup handler) to the runtime's cache."""
-    memo.runtime.cache.bind({**kwargs, NODES: memo.runtime.node_store})
-
-
 def _rv(obj: Mapping[str, Any] | None) -> int:
     try:
         return int((obj or {}).get("metadata", {}).get("resourceVersion") or -1)

@@ -6,7 +6,7 @@ import functools
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Mapping, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -59,6 +59,9 @@ class Runtime:
     node_store: NodeStore = field(default_factory=NodeStore)
     node_watch: Any = None
     plan_digests: dict[str, str] = field(default_factory=dict)  # see handlers.nodes.plan_digest
+    # Other controllers' callbacks for a plan's watch event (name, type, body), called by
+    # handlers.events after the operator's own (the Kueue controller registers one).
+    plan_listeners: list[Callable[[str, str | None, Mapping[str, Any]], None]] = field(default_factory=list)
     # The Kueue admission controller's state (handlers.kueue.KueueState): the AdmissionChecks it
     # serves and the plans it passes over. Set when its handlers start.
     kueue: Any = None

@@ -166,10 +166,8 @@ def post_events(group_obj: dict[str, Any], events: list[tuple[dict | None, Event
             kopf.event(group_obj, type=ev.type, reason=ev.reason, message=ev.message)
 
 
-@kopf.on.startup()
-async def start_group_passes(memo: kopf.Memo, **_: Any) -> None:
+def register_group_passes(rt: Runtime) -> None:
     """Every group's passes run on the work queue, for as long as kopf runs (only on the leader)."""
-    rt: Runtime = memo.runtime
     rt.queue.register(KIND, lambda key: group_pass(rt, key), label="InstanceGroup", plural=PLURAL,
                       name_of=rt.group_names.get, pace=PACE)
 
@@ -180,12 +178,10 @@ async def group_pass(rt: Runtime, key: str) -> datetime | None:
     return None if name is None else await reconcile_group(rt, name)
 
 
-@kopf.on.event(GROUP, VERSION, PLURAL)
-async def group_seen(name: str, type: str | None, memo: kopf.Memo, **_: Any) -> None:
+def group_event(rt: Runtime, name: str, type: str | None) -> None:
     """A group gets a pass when it is listed at start (resume) or created; its spec changes
     (:func:`group_spec_changed`), its nodes and its plan wake it after that."""
-    rt: Runtime = memo.runtime
-    rt.queue.start()  # inside a kopf handler, for kopf.event (see trainingplan.plan_seen)
+    rt.queue.start()  # inside a kopf handler, for kopf.event (see trainingplan.plan_event)
     key = naming.label_value(name)
     if type == "DELETED":
         rt.group_names.pop(key, None)

@@ -11,13 +11,11 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import kopf
 from kubernetes import client
 
 from hyperplan import metrics
 from hyperplan.actuation.kube import api_client
 from hyperplan.actuation.nodes import LABEL_NODE_ID, LABEL_POOL, POOL_FREE
-from hyperplan.api.vocabulary import GROUP, VERSION
 from hyperplan.handlers.nodewatch import DELETED, NodeChange, NodeWatch
 from hyperplan.planning.health import removed_by_operator
 from hyperplan.planning.naming import LABEL_GROUP, LABEL_PLAN
@@ -26,12 +24,10 @@ from hyperplan.planning.nodefacts import unschedulable_health
 log = logging.getLogger("hyperplan.nodes")
 
 
-@kopf.on.startup()
-async def start_node_watch(memo: kopf.Memo, **_: Any) -> None:
+async def start_node_watch(rt: Any) -> None:
     """List the nodes into the runtime's node store, then watch them on a thread of their own
     (handlers.nodewatch). kopf runs no other handler or daemon before its startup handlers are
     done, so no pass ever reads a half-listed store."""
-    rt = memo.runtime
     loop = asyncio.get_running_loop()
     core = client.CoreV1Api(api_client(rt.settings.kubeconfig))  # its own connection for the stream
     watch = NodeWatch(core, rt.node_store, lambda change: loop.call_soon_threadsafe(node_changed, rt, change))
@@ -44,9 +40,8 @@ async def start_node_watch(memo: kopf.Memo, **_: Any) -> None:
     rt.node_watch = watch
 
 
-@kopf.on.cleanup()
-async def stop_node_watch(memo: kopf.Memo, **_: Any) -> None:
-    watch = getattr(memo.runtime, "node_watch", None)
+async def stop_node_watch(rt: Any) -> None:
+    watch = getattr(rt, "node_watch", None)
     if watch is not None:
         await asyncio.to_thread(watch.close)
 
@@ -114,12 +109,3 @@ def plan_wakes_groups(digests: dict[str, str], name: str, type: str | None, body
     unchanged = digests.get(name) == digest
     digests[name] = digest
     return type is not None and (type == "ADDED" or not unchanged)
-
-
-@kopf.on.event(GROUP, VERSION, "trainingplans")
-async def plan_changed(name: str, type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """A plan's blocks or what its groups bind by changed, or it went: its groups look again
-    (they compute block times themselves). Its status writes alone wake nothing."""
-    rt = memo.runtime
-    if plan_wakes_groups(rt.plan_digests, name, type, body):
-        rt.wake_groups_of(name)

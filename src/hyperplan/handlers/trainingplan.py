@@ -37,7 +37,7 @@ from pydantic import ValidationError
 
 from hyperplan import metrics
 from hyperplan.actuation.ledger import CapacityLedger, PurchaseResult
-from hyperplan.api.models import GROUP, VERSION, TrainingPlan, TrainingPlanSpec, TrainingPlanStatus
+from hyperplan.api.models import TrainingPlan, TrainingPlanSpec, TrainingPlanStatus
 from hyperplan.api.vocabulary import FINALIZER, PLAN_FINALIZER, REASON_OFFERING_UNAVAILABLE
 from hyperplan.handlers.context import Runtime, status_of
 from hyperplan.planning import counts
@@ -219,19 +219,15 @@ async def _write(rt: Runtime, obj: dict[str, Any], decision: PlanDecision) -> No
         kopf.event(obj, type=ev.type, reason=ev.reason, message=ev.message)
 
 
-@kopf.on.startup()
-async def start_plan_passes(memo: kopf.Memo, **_: Any) -> None:
+def register_plan_passes(rt: Runtime) -> None:
     """Every plan's passes run on the work queue, for as long as kopf runs (only on the leader)."""
-    rt: Runtime = memo.runtime
     rt.queue.register(KIND, lambda name: reconcile_plan(rt, name), label="TrainingPlan", plural=PLURAL)
 
 
-@kopf.on.event(GROUP, VERSION, PLURAL)
-async def plan_seen(name: str, type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+def plan_event(rt: Runtime, name: str, type: str | None, body: Mapping[str, Any]) -> None:
     """A plan needs a pass when it is listed at start (resume) or created, when its spec changed
     (its generation is ahead of the last pass's ``observedGeneration``), and when it is being
     deleted. Its other events are its own status writes, which need none."""
-    rt: Runtime = memo.runtime
     # The workers start inside a kopf handler: their tasks inherit its context, which holds
     # kopf's queue for posting Events (kopf.event fails outside one). Idempotent.
     rt.queue.start()
