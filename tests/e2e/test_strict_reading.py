@@ -37,8 +37,9 @@ def _condition(k, group: str, type_: str) -> dict | None:
 def unreadable_values_on_nodes(ctx: Context) -> dict:
     k, tag = ctx.kubectl, uuid.uuid4().hex[:5]
     name, itype = f"strict-{tag}", f"ml.strict-{tag}.xlarge"  # a type of its own: no pool to share
-    k.create(pool_body(name, itype, 3, az="us-east-1c"))
-    k.create(plan_body(name, itype, 3, duration="4m", autoPurchase=True,
+    # A block of 4 for a group of 3: room for the replacement beside the node it replaces.
+    k.create(pool_body(name, itype, 4, az="us-east-1c"))
+    k.create(plan_body(name, itype, 4, duration="4m", autoPurchase=True,
                        startTimeAfter=ts(utcnow() + timedelta(seconds=15))))
     k.create(group_body(name, name, itype, 3, healthCheck={"graceSeconds": 5, "maxUnhealthy": 1}))
     wait_phase(k, "instancegroup", name, "Ready", timeout=120)
