@@ -11,6 +11,8 @@ A group's pass reads its nodes from the API; a few facts cannot be read there an
 * the nodes the operator is removing itself, so that their absence is no failure;
 * the plan each group is bound to, whether its last pass found no free static node, and what
   nodes it read, so that a change wakes only the daemons it concerns.
+* the values of its nodes that its last pass could not read (``planning.reading``), so that
+  each is reported once, not on every pass.
 
 Pure like the rest of planning (no I/O, ``now`` passed in), but the one object that keeps
 state: the handlers hold one instance (``Runtime.group_memory``). Every operation runs on the event
