@@ -280,3 +280,23 @@ def test_printer_columns(crds: Kubectl) -> None:
     assert ig_header[:8] == ["NAME", "PLAN", "PHASE", "AZ", "DESIRED", "READY", "SPARES", "UNHEALTHY"]
     crds.delete("trainingplan", p["metadata"]["name"], "--wait=false")
     crds.delete("instancegroup", g["metadata"]["name"], "--wait=false")
+
+
+@pytest.mark.parametrize("status, field", [
+    ({"vanishedNodes": [{"name": "n", "since": "2027-01-01T00:00:00"}]}, "status.vanishedNodes[0].since"),
+    ({"conditions": [{**_conditions(1)[0], "lastTransitionTime": "2027-01-01T00:00:00"}]},
+     "status.conditions[0].lastTransitionTime"),
+    ({"nextTransitionTime": "2027-01-01T00:00:00"}, "status.nextTransitionTime"),
+    ({"nextTransitionTime": "soon"}, "status.nextTransitionTime"),
+], ids=["vanished-since-naive", "condition-time-naive", "next-transition-naive", "next-transition-garbage"])
+def test_status_times_without_a_timezone_are_refused(crds: Kubectl, status: dict, field: str) -> None:
+    """The operator reads these times back (a vanished node's grace counts from ``since``) and
+    compares them with its own aware times: the API server's ``date-time`` format keeps a time
+    without a timezone out, so no reader meets one (docs/security.md, "Strict reading")."""
+    obj = group()
+    crds.create(obj)
+    name = obj["metadata"]["name"]
+    proc = crds.run("patch", "instancegroup", name, "--subresource=status", "--type=merge",
+                    "-p", json.dumps({"status": status}), check=False)
+    assert proc.returncode != 0 and field in proc.stderr and "date-time" in proc.stderr, proc.stderr
+    crds.delete("instancegroup", name, "--wait=false")

@@ -27,6 +27,7 @@ from hyperplan.api.models import InstanceGroupSpec, InstanceGroupStatus, Reserve
 from hyperplan.planning import health
 from hyperplan.planning import naming
 from hyperplan.planning import placement
+from hyperplan.planning import reading
 from hyperplan.planning.groups import (
     CONDITION_BLOCK_TERMINATING,
     GroupDecision,
@@ -1494,3 +1495,77 @@ def test_kwok_promotion_patches_from_the_node_last_seen_with_its_resource_versio
         spec=client.V1NodeSpec(taints=[client.V1Taint(key=naming.SPARE_TAINT.key, effect="NoSchedule")]))
     provider.promote_spare("n", "failed", seen)
     assert api.calls == calls
+
+
+# =========================================================================== values others wrote badly (planning.reading)
+
+NAIVE = "2026-12-01T12:00:00"  # no timezone
+SIXTY_DIGITS = "1" * 60
+
+
+def spoiled(cluster: Cluster) -> Cluster:
+    """A group whose nodes 0-3 to 0-11 carry values written by someone else, none of them readable."""
+    def annotate(slot: str, key: str, value: str) -> None:
+        cluster[name(slot)].node.metadata.annotations = {**(cluster[name(slot)].node.metadata.annotations or {}),
+                                                         key: value}
+    annotate("0-3", health.ANNOTATION_EVICTING_SINCE, NAIVE)
+    annotate("0-9", health.ANNOTATION_HEALTH_SINCE, f"Unschedulable@{NAIVE}")
+    annotate("0-11", naming.ANNOTATION_CORDONED, "true")
+    annotate("0-11", "hyperplan.dev/lent", "{not json")
+    cluster[name("0-5")].labels[naming.LABEL_GENERATION] = SIXTY_DIGITS
+    cluster[name("0-7")].labels[naming.LABEL_GENERATION] = "-4"
+    return cluster
+
+
+def test_a_pass_lists_each_unreadable_value_with_its_node():
+    seen = spoiled(running()).observe(NOW)
+    assert sorted((body["metadata"]["name"], f.message) for body, f in seen.unreadable) == [
+        (name("0-11"), f"node {name('0-11')}: annotation hyperplan.dev/lent: '{{not json' is not JSON; ignored"),
+        (name("0-3"), f"node {name('0-3')}: annotation hyperplan.dev/evicting-since: '{NAIVE}' has no timezone; "
+                      "ignored"),
+        (name("0-5"), f"node {name('0-5')}: label hyperplan.dev/generation: '{SIXTY_DIGITS}' is out of range "
+                      "(0 to 1000000); ignored"),
+        (name("0-7"), f"node {name('0-7')}: label hyperplan.dev/generation: '-4' is out of range (0 to 1000000); "
+                      "ignored"),
+        (name("0-9"), f"node {name('0-9')}: annotation hyperplan.dev/health-signal-since: 'Unschedulable@{NAIVE}' "
+                      "has a time that has no timezone; ignored"),
+    ]
+
+
+def test_unreadable_values_on_some_nodes_never_stop_another_nodes_remediation():
+    d = decide(observed(spoiled(failing("0-1"))), now=P1, prior=READY_STATUS)
+    assert d.remediation == (
+        health.MarkUnhealthy(name("0-1"), "Ready=False"),
+        health.PromoteSpare(name("0-17"), name("0-1"), US0, True),
+        health.Backfill(name("0-1"), "0-1", 1, naming.ROLE_SPARE, US0),
+        health.EvictPods(name("0-1"), "Ready=False", start=True),
+    )
+    assert [c.name for c in d.create] == [name("0-1") + "-g1"]
+    # The spoiled generations read as absent (0): the labels are set right again, no node is renamed.
+    assert sorted((u.name, dict(u.labels).get(naming.LABEL_GENERATION)) for u in d.update) == [
+        (name("0-5"), "0"), (name("0-7"), "0")]
+    assert d.drain == []
+
+
+def test_unreadable_values_on_some_nodes_never_stop_the_block_end_drains():
+    d = decide(observed(spoiled(running()), TERMINATION), now=TERMINATION, prior=FIRST.status)
+    assert sorted(x.node for x in d.drain) == sorted(RUNNING)
+    assert {(x.deadline, x.reason) for x in d.drain} == {(END, "BlockTerminating")}
+
+
+def test_an_eviction_start_without_a_timezone_starts_the_eviction_again():
+    """A dead node's pods are forced out a timeout after the eviction started; a start that does
+    not read is no start, so the eviction starts again (and its time is written again)."""
+    cluster = failing("0-1")
+    failed = name("0-1")
+    cluster.pods.pods[failed] = ["default/guarded"]
+    cluster.pods.guarded = {"default/guarded"}
+    p1 = decide(observed(cluster, P1), now=P1, prior=READY_STATUS)
+    apply(p1, cluster, P1)
+    cluster[failed].node.metadata.annotations[health.ANNOTATION_EVICTING_SINCE] = NAIVE
+
+    t = P1 + DEMO.dead_node_eviction_timeout
+    p2 = decide(observed(cluster, t), now=t, prior=p1.status)
+    assert p2.remediation == (health.EvictPods(failed, "Ready=False", start=True),)
+    apply(p2, cluster, t)
+    assert reading.read_time(cluster[failed].node.metadata.annotations[health.ANNOTATION_EVICTING_SINCE]) == t

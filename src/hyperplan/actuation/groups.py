@@ -3,7 +3,7 @@
 * :func:`observe_nodes` turns the nodes a provider lists into what planning judges
   (:class:`~hyperplan.planning.groups.ObservedGroupNode`), with the nodes deleted from
   under the group that the memory still holds, and says which health-signal notes the
-  nodes need (:class:`Observation`).
+  nodes need, and the values of theirs it could not read (:class:`Observation`).
 * :func:`apply_decision` carries out a :class:`~hyperplan.planning.groups.GroupDecision`
   through the group's :class:`~hyperplan.actuation.nodes.NodeProvider` and
   :class:`~hyperplan.actuation.nodes.NodePods`: first, together (each writes a node no other
@@ -36,7 +36,8 @@ from hyperplan.api.vocabulary import to_rfc3339
 from hyperplan.actuation.nodes import (
     LABEL_NODE_ID, AdoptionConflict, DrainProgress, NodePods, NodeProvider, NoFreeNode, taints_of,
 )
-from hyperplan.planning.memory import GroupMemory, PresentNode, Vanished, generation_of
+from hyperplan.planning.memory import GroupMemory, PresentNode, Vanished
+from hyperplan.planning import reading
 from hyperplan.planning import health
 from hyperplan.planning import naming
 from hyperplan.planning import nodefacts
@@ -65,15 +66,6 @@ def node_ref(node: client.V1Node) -> NodeBody:
 
 
 # --------------------------------------------------------------------------- reading
-
-
-def parse_time(text: str | None) -> datetime | None:
-    if not text:
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
 
 
 def being_evacuated(node: client.V1Node) -> bool:
@@ -107,7 +99,7 @@ def observe_node(node: client.V1Node, now: datetime, keys: naming.TopologyKeys,
             name=name, conditions=facts.conditions, health_label=facts.health, health_label_since=since,
             role=facts.role, ultraserver_id=facts.ultraserver_id, created=facts.created, slot=facts.slot,
             generation=facts.generation, replaces=facts.replaces, pods_left=pods_left,
-            evicting_since=parse_time(annotations.get(health.ANNOTATION_EVICTING_SINCE))),
+            evicting_since=reading.time_or_none(annotations.get(health.ANNOTATION_EVICTING_SINCE))),
         labels=facts.labels, taints=taints_of(node), unschedulable=facts.cordoned,
         ready=facts.is_ready, deleting=facts.deleting)
 
@@ -118,8 +110,8 @@ def vanished_observation(v: Vanished, keys: naming.TopologyKeys) -> ObservedGrou
     return ObservedGroupNode(
         health=health.NodeObservation(name=v.name, exists=False, deleted_since=v.since,
                                   role=labels.get(naming.LABEL_ROLE, naming.ROLE_ACTIVE),
-                                  ultraserver_id=labels.get(keys.ultraserver_id), slot=labels.get(naming.LABEL_SLOT),
-                                  generation=generation_of(labels), replaces=labels.get(naming.LABEL_REPLACES)),
+                                  ultraserver_id=labels.get(keys.ultraserver_id), slot=reading.slot_of(labels),
+                                  generation=reading.generation_of(labels), replaces=labels.get(naming.LABEL_REPLACES)),
         labels=labels, taints=(), unschedulable=True, ready=False)
 
 
@@ -141,6 +133,8 @@ class Observation:
     nodes: list[ObservedGroupNode]  # existing nodes, then the ones deleted from under the group
     raw: dict[str, client.V1Node]  # existing nodes by node id
     health_notes: list[tuple[str, str | None]]  # (node id, record) to write on the nodes
+    # The values of the nodes that could not be read (the pass read them as absent), with the node.
+    unreadable: list[tuple[NodeBody, reading.Finding]] = field(default_factory=list)
 
 
 def observe_nodes(group: str, raw: Sequence[client.V1Node], memory: GroupMemory, now: datetime,
@@ -156,8 +150,11 @@ def observe_nodes(group: str, raw: Sequence[client.V1Node], memory: GroupMemory,
     present = [PresentNode(s.name, s.labels, nodefacts.unschedulable_health(s.labels)) for s in seen]
     vanished = memory.observe(group, present, now)
     memory.prune(group, present)
+    unreadable = [(node_ref(n), finding) for n in raw
+                  for finding in reading.node_findings(n.metadata.name, n.metadata.labels or {},
+                                                       n.metadata.annotations or {})]
     return Observation(nodes=seen + [vanished_observation(v, keys) for v in vanished],
-                       raw={s.name: n for s, n in zip(seen, raw)}, health_notes=notes)
+                       raw={s.name: n for s, n in zip(seen, raw)}, health_notes=notes, unreadable=unreadable)
 
 
 # --------------------------------------------------------------------------- acting

@@ -139,11 +139,27 @@ def to_rfc3339(moment: datetime, *, micro: bool = False) -> str:
     return moment.astimezone(timezone.utc).strftime(fmt)
 
 
+class Unreadable(ValueError):
+    """A value read back from an object that cannot be read. ``problem`` says why, in words that
+    follow the value in a message (``'2026-12-01T12:00:00' has no timezone``)."""
+
+    def __init__(self, text: object, problem: str) -> None:
+        super().__init__(f"{text!r} {problem}")
+        self.problem = problem
+
+
+NO_TIMEZONE = "has no timezone"
+NOT_A_TIME = "is not an RFC 3339 time"
+
+
 def from_rfc3339(text: str) -> datetime:
     """The inverse of :func:`to_rfc3339` (fractional seconds too). Strict: a time without a
-    timezone raises ValueError, as unreadable text does, since comparing it with the operator's
-    aware times would fail later, far from the value that caused it."""
-    moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    timezone raises :class:`Unreadable` (a ValueError), as unreadable text does, since comparing
+    it with the operator's aware times would fail later, far from the value that caused it."""
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise Unreadable(text, NOT_A_TIME) from None
     if moment.tzinfo is None:
-        raise ValueError(f"{text!r} has no timezone")
+        raise Unreadable(text, NO_TIMEZONE)
     return moment

@@ -47,6 +47,7 @@ PLURAL = "instancegroups"
 # loop. Its own deadlines (grace ends, block boundaries) are never delayed (handlers.workqueue).
 PACE = Pace(start=0.05, most=0.5)
 ADOPTION_RETRY = timedelta(seconds=1)  # after a lost race for a free static node
+REASON_UNREADABLE = "UnreadableValue"  # a node's label or annotation the pass read as absent
 KIND = "group"
 T = TypeVar("T")
 log = logging.getLogger("hyperplan.instancegroup")
@@ -102,6 +103,10 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     nodes_moved = rt.group_memory.note_nodes_read(key, node_fingerprint(raw))
     rt.group_memory.restore_vanished(key, [Vanished(v.name, v.labels, v.since) for v in group.status.vanished_nodes])
     seen = observe_nodes(key, raw, rt.group_memory, now, rt.keys, pod_counts)
+    fresh = set(rt.group_memory.note_unreadable(key, [finding for _, finding in seen.unreadable]))
+    unreadable = [(node, Event("Warning", REASON_UNREADABLE, finding.message))
+                  for node, finding in seen.unreadable if finding in fresh]  # once per node, key and value
+    post_events(obj, unreadable)
     decision = decide_group(name, obj["metadata"].get("generation", 1), group.spec, group.status, plan,
                             peers_of(groups, group.spec.training_plan_ref), seen.nodes, rt.policy, now, rt.keys)
     if decision.create and FINALIZER not in obj["metadata"].get("finalizers", []):

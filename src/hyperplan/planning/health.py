@@ -82,8 +82,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from hyperplan.api.vocabulary import (  # noqa: F401  (the node memory's keys re-exported)
-    ANNOTATION_EVICTING_SINCE, ANNOTATION_HEALTH_SINCE, REASON_DELETED_BY_HYPERPLAN, from_rfc3339, to_rfc3339,
+    ANNOTATION_EVICTING_SINCE, ANNOTATION_HEALTH_SINCE, REASON_DELETED_BY_HYPERPLAN, Unreadable, to_rfc3339,
 )
+from hyperplan.planning import reading
 from hyperplan.planning.naming import (
     ANNOTATION_CORDONED,
     HEALTH_PENDING_REPLACEMENT,
@@ -106,13 +107,11 @@ def health_signal_record(value: str, since: datetime) -> str:
 
 
 def parse_health_signal_record(text: str | None) -> tuple[str, datetime] | None:
-    """The (value, since) of a :data:`ANNOTATION_HEALTH_SINCE` value; None when unreadable."""
-    if not text or "@" not in text:
-        return None
-    value, _, when = text.rpartition("@")
+    """The (value, since) of a :data:`ANNOTATION_HEALTH_SINCE` value; None when missing or
+    unreadable (:func:`hyperplan.planning.reading.read_health_signal_record`)."""
     try:
-        return value, from_rfc3339(when)
-    except ValueError:
+        return reading.read_health_signal_record(text) if text else None
+    except Unreadable:
         return None
 
 

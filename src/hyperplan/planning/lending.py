@@ -33,6 +33,8 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from hyperplan.api.vocabulary import Unreadable
+from hyperplan.planning import reading
 from hyperplan.planning.health import ANNOTATION_EVICTING_SINCE, ANNOTATION_HEALTH_SINCE, DEFAULT_BAD_CONDITIONS
 from hyperplan.planning.naming import (
     ANNOTATION_CORDONED,
@@ -192,14 +194,15 @@ class LentRecord:
 
     @classmethod
     def load(cls, text: str | None) -> "LentRecord":
-        """The record in the annotation; an empty one when it is missing or unreadable."""
+        """The record in the annotation; an empty one when it is missing or unreadable
+        (:func:`hyperplan.planning.reading.read_lent`)."""
         try:
-            data = json.loads(text or "{}")
-            return cls(labels={str(k): (None if v is None else str(v)) for k, v in data.get("labels", {}).items()},
-                       taint_keys=tuple(sorted(str(k) for k in data.get("taintKeys", []))),
-                       taints=tuple(Taint(t["key"], t.get("value") or "", t["effect"]) for t in data.get("taints", [])))
-        except (ValueError, TypeError, KeyError, AttributeError):
+            data = reading.read_lent(text) if text else {}
+        except Unreadable:
             return cls()
+        return cls(labels={str(k): v for k, v in data.get("labels", {}).items()},
+                   taint_keys=tuple(sorted(data.get("taintKeys", []))),
+                   taints=tuple(Taint(t["key"], t.get("value") or "", t["effect"]) for t in data.get("taints", [])))
 
     def dump(self) -> str:
         return json.dumps({"labels": dict(sorted(self.labels.items())), "taintKeys": list(self.taint_keys),

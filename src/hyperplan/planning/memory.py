@@ -11,6 +11,8 @@ A group's pass reads its nodes from the API; a few facts cannot be read there an
 * the nodes the operator is removing itself, so that their absence is no failure;
 * the plan each group is bound to, whether its last pass found no free static node, and what
   nodes it read, so that a change wakes only the daemons it concerns.
+* the values of its nodes that its last pass could not read (``planning.reading``), so that
+  each is reported once, not on every pass.
 
 Pure like the rest of planning (no I/O, ``now`` passed in), but the one object that keeps
 state: the handlers hold one instance (``Runtime.group_memory``). Every operation runs on the event
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from hyperplan.planning import naming
+from hyperplan.planning.reading import Finding, generation_of, slot_of
 
 
 @dataclass(frozen=True)
@@ -38,7 +41,7 @@ class PresentNode:
 
     @property
     def slot(self) -> str | None:
-        return self.labels.get(naming.LABEL_SLOT)
+        return slot_of(self.labels)
 
     @property
     def generation(self) -> int:
@@ -54,13 +57,6 @@ class Vanished:
     since: datetime
 
 
-def generation_of(labels: Mapping[str, str]) -> int:
-    try:
-        return int(labels.get(naming.LABEL_GENERATION, "0"))
-    except ValueError:
-        return 0
-
-
 @dataclass
 class _Group:
     plan: str | None = None
@@ -70,6 +66,7 @@ class _Group:
     releasing: set[str] = field(default_factory=set)
     short_of_free_nodes: bool = False
     nodes_read: int | None = None  # fingerprint of the nodes the last pass read
+    unreadable: set[Finding] = field(default_factory=set)  # the values the last pass could not read
 
 
 class GroupMemory:
@@ -115,6 +112,17 @@ class GroupMemory:
         """When this process first saw ``node`` carry health label ``value`` (``now`` if never)."""
         return self._group(group).first_seen.setdefault((node, value), now)
 
+    # ------------------------------------------------------------------ unreadable values
+
+    def note_unreadable(self, group: str, findings: Iterable[Finding]) -> list[Finding]:
+        """The pass found ``findings`` among the group's nodes: those the last pass did not find
+        (each is reported once, not every pass; one that goes and comes back is new again)."""
+        state = self._group(group)
+        findings = list(dict.fromkeys(findings))
+        fresh = [f for f in findings if f not in state.unreadable]
+        state.unreadable = set(findings)
+        return fresh
+
     # ------------------------------------------------------------------ nodes leaving
 
     def note_releasing(self, group: str, nodes: Iterable[str]) -> None:
@@ -157,7 +165,7 @@ class GroupMemory:
             newest[n.slot] = max(newest.get(n.slot, -1), n.generation)
         out = []
         for node, (labels, since) in list(state.vanished.items()):
-            if node in names or newest.get(labels.get(naming.LABEL_SLOT), -1) > generation_of(labels):
+            if node in names or newest.get(slot_of(labels), -1) > generation_of(labels):
                 del state.vanished[node]
                 continue
             out.append(Vanished(node, labels, since))
@@ -192,5 +200,5 @@ class GroupMemory:
 
     def size(self) -> int:
         """Entries held over all groups (for tests and the curious)."""
-        return sum(1 + len(s.first_seen) + len(s.known) + len(s.vanished) + len(s.releasing)
+        return sum(1 + len(s.first_seen) + len(s.known) + len(s.vanished) + len(s.releasing) + len(s.unreadable)
                    for s in self._groups.values())

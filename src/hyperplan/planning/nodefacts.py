@@ -34,7 +34,7 @@ from datetime import datetime
 from typing import Any
 
 from hyperplan.api.vocabulary import CONDITION_READY as READY, from_rfc3339
-from hyperplan.planning.memory import generation_of
+from hyperplan.planning.reading import generation_of, slot_of
 from hyperplan.planning.naming import (
     HEALTH_PENDING_REPLACEMENT,
     HEALTH_UNSCHEDULABLE,
@@ -45,7 +45,6 @@ from hyperplan.planning.naming import (
     LABEL_RESERVED_CAPACITY,
     LABEL_ROLE,
     LABEL_SAGEMAKER_HEALTH,
-    LABEL_SLOT,
     ROLE_ACTIVE,
     ROLE_SPARE,
     TopologyKeys,
@@ -193,7 +192,7 @@ def _facts(name: str, uid: str | None, labels: Mapping[str, str], keys: Topology
         name=name, uid=uid, labels=labels, group=labels.get(LABEL_GROUP), plan=labels.get(LABEL_PLAN),
         block=labels.get(LABEL_RESERVED_CAPACITY),
         role=ROLE_SPARE if labels.get(LABEL_ROLE) == ROLE_SPARE else ROLE_ACTIVE,
-        ultraserver_id=labels.get(keys.ultraserver_id), slot=labels.get(LABEL_SLOT),
+        ultraserver_id=labels.get(keys.ultraserver_id), slot=slot_of(labels),
         generation=generation_of(labels), replaces=labels.get(LABEL_REPLACES),
         ready=next((c.status for c in conditions if c.type == READY), None),
         hyperplan_health=labels.get(LABEL_HEALTH), sagemaker_health=labels.get(LABEL_SAGEMAKER_HEALTH),

@@ -46,6 +46,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from hyperplan.api.vocabulary import ULTRASERVER_INSTANCE_TYPE, ULTRASERVER_INSTANCES  # noqa: F401
+from hyperplan.planning.reading import generation_of, slot_of
 from hyperplan.planning.naming import (
     HEALTH_SCHEDULABLE,
     HEALTH_UNSCHEDULABLE,
@@ -353,13 +354,10 @@ def slot_states_from_labels(nodes_labels: Iterable[Mapping[str, str]]) -> dict[s
     """
     states: dict[str, SlotState] = {}
     for labels in nodes_labels:
-        slot = labels.get(LABEL_SLOT)
+        slot = slot_of(labels)  # unreadable values count as absent (planning.reading)
         if not slot:
             continue
-        try:
-            generation = int(labels.get(LABEL_GENERATION, "0"))
-        except ValueError:
-            generation = 0
+        generation = generation_of(labels)
         role = labels.get(LABEL_ROLE)
         state = SlotState(generation, role if role in (ROLE_ACTIVE, ROLE_SPARE) else None,
                           labels.get(LABEL_HEALTH, HEALTH_SCHEDULABLE))

@@ -41,9 +41,10 @@ from typing import Collection, Mapping, Sequence
 
 from hyperplan.planning import naming
 from hyperplan.planning import placement
+from hyperplan.planning import reading
 
 from hyperplan.api.vocabulary import (  # noqa: F401  (the keys re-exported)
-    ANNOTATION_KEEP_ALIVE_UNTIL, LABEL_WORKLOAD, from_rfc3339, to_rfc3339,
+    ANNOTATION_KEEP_ALIVE_UNTIL, LABEL_WORKLOAD, to_rfc3339,
 )
 
 
@@ -276,11 +277,7 @@ def job_nodes_from_labels(items: Sequence[tuple[str, Mapping[str, str], Mapping[
     """JobNodes from (name, labels, annotations, cordoned, signalled) of the plan's nodes."""
     out = []
     for name, labels, node_annotations, cordoned, signalled in items:
-        until = node_annotations.get(ANNOTATION_KEEP_ALIVE_UNTIL)
-        try:
-            when = from_rfc3339(until) if until else None
-        except ValueError:
-            when = None
+        when = reading.time_or_none(node_annotations.get(ANNOTATION_KEEP_ALIVE_UNTIL))  # unreadable: absent
         out.append(JobNode(name, labels.get(naming.LABEL_RESERVED_CAPACITY, ""), labels.get(naming.LABEL_SLOT, ""),
                            labels.get(LABEL_WORKLOAD, ""), when, cordoned, signalled))
     return out
