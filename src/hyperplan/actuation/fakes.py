@@ -90,6 +90,7 @@ class FakeProvider:
     fail_on: set[str] = field(default_factory=set)
     clock: Callable[[], datetime] = _utcnow
     adoption_conflicts: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)  # creates run in threads
 
     def _maybe_fail(self, op: str, name: str) -> None:
         self.calls.append((op, name))
@@ -98,8 +99,10 @@ class FakeProvider:
 
     def create(self, spec: placement.NodeSpec) -> str:
         self._maybe_fail("create", spec.name)
-        if self.adoption_conflicts > 0:
-            self.adoption_conflicts -= 1
+        with self._lock:
+            lost = self.adoption_conflicts > 0
+            self.adoption_conflicts -= lost
+        if lost:
             raise AdoptionConflict(f"{spec.name}: the free node chosen was adopted by another writer")
         self.nodes.setdefault(spec.name, client.V1Node(
             metadata=client.V1ObjectMeta(name=spec.name, labels={**spec.labels, LABEL_NODE_ID: spec.name},
