@@ -125,17 +125,19 @@ def test_a_plan_whose_status_is_unchanged_writes_nothing(worlds, finalizers: tup
 # --------------------------------------------------------------------------- a lost race
 
 
-@pytest.mark.parametrize("chosen, bought, phase, reason", [
-    (False, True, "Scheduled", None),
-    (True, False, "Failed", "OfferingUnavailable"),
-], ids=["auto-purchase-buys-the-next-offering", "chosen-offering-is-never-swapped"])
-def test_a_purchase_that_loses_the_race_for_its_offering(worlds, chosen: bool, bought: bool, phase: str,
-                                                         reason: str | None) -> None:
-    world = worlds(plan(autoPurchase=not chosen))
+@pytest.mark.parametrize("chosen, auto, bought, phase, reason", [
+    (False, True, True, "Scheduled", None),
+    (True, False, False, "Failed", "OfferingUnavailable"),
+    (True, True, False, "Failed", "OfferingUnavailable"),
+], ids=["auto-purchase-buys-the-next-offering", "chosen-offering-is-never-swapped",
+        "chosen-offering-with-auto-purchase-on-is-never-swapped"])
+def test_a_purchase_that_loses_the_race_for_its_offering(worlds, chosen: bool, auto: bool, bought: bool,
+                                                         phase: str, reason: str | None) -> None:
+    world = worlds(plan(autoPurchase=auto and not chosen))
     if chosen:  # the user picks the first offering the plan listed
         world.run(reconcile_plan, NAME)
         offered = held(world)["status"]["offerings"][0]["id"]
-        world.kube.put(PLANS_PLURAL, plan(generation=2, status=held(world)["status"], autoPurchase=False,
+        world.kube.put(PLANS_PLURAL, plan(generation=2, status=held(world)["status"], autoPurchase=auto,
                                           offeringId=offered, finalizers=(PLAN_FINALIZER,)))
         world.calls.clear()
         world.events.clear()
