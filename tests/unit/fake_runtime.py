@@ -25,6 +25,7 @@ from hyperplan.actuation.fakes import FakeKube, FakeLedger, FakeNodePods, FakePr
 from hyperplan.api.models import CapacityPool
 from hyperplan.handlers.cache import GROUPS, NODES, PLANS, POOLS, WatchCache
 from hyperplan.handlers.context import Runtime
+from hyperplan.handlers.nodes import node_changed
 from hyperplan.handlers.nodewatch import NodeStore
 from hyperplan.handlers.workqueue import WorkQueue
 from hyperplan.planning.policy import Policy
@@ -100,12 +101,16 @@ class World:
         return [reason for _, _, reason, _ in self.events]
 
     def list_nodes(self) -> None:
-        """The node watch lists the provider's nodes again (what the API server now holds)."""
+        """The node watch lists the provider's nodes again (what the API server now holds) and
+        hands each change to the operator's node handler, as the watch thread does."""
         api = client.ApiClient()
-        self.nodes.replace([api.sanitize_for_serialization(n) for n in self.provider.nodes.values()], first=False)
+        for change in self.nodes.replace([api.sanitize_for_serialization(n) for n in self.provider.nodes.values()],
+                                         first=False):
+            node_changed(self.rt, change)
 
     def run(self, reconcile: Any, name: str) -> datetime | None:
-        """One pass of ``reconcile`` (reconcile_plan or reconcile_group) over ``name``."""
+        """One pass of ``reconcile`` (reconcile_plan or reconcile_group) over ``name``, after the
+        node watch has caught up."""
         self.list_nodes()
         return asyncio.run(reconcile(self.rt, name))
 

@@ -14,9 +14,11 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from hyperplan.actuation.nodes import taints_of
 from hyperplan.api.vocabulary import FINALIZER, ULTRASERVER_INSTANCE_TYPE
 from hyperplan.handlers.instancegroup import ADOPTION_RETRY, reconcile_group
 from hyperplan.handlers.workqueue import WorkQueue
+from hyperplan.planning import health
 from hyperplan.planning import naming
 from hyperplan.planning.policy import DEMO
 from tests.unit.fake_runtime import GROUPS_PLURAL, PLANS_PLURAL, World, make_world
@@ -68,8 +70,9 @@ def worlds(monkeypatch: pytest.MonkeyPatch):
 
 
 def run(world: World) -> datetime | None:
-    """One pass over the group, on a fresh queue (so ``woken`` tells what this pass woke), the
-    recorders emptied first."""
+    """One pass over the group once the node watch has caught up, on a fresh queue (so ``woken``
+    tells what this pass woke, not what the node events did), the recorders emptied first."""
+    world.list_nodes()
     world.rt.queue = WorkQueue(lambda: world.now)
     world.calls.clear()
     world.events.clear()
@@ -212,3 +215,76 @@ def test_an_unreadable_group_gets_a_warning_and_nothing_else(worlds) -> None:
     assert [(obj, kind, reason) for obj, kind, reason, _ in world.events] == [(GROUP, "Warning", "InvalidSpec")]
     assert not world.rt.queue.woken("plan", PLAN)
 
+
+
+# --------------------------------------------------------------------------- passes in a row
+
+
+def test_a_remediation_pass_marks_promotes_and_backfills_then_the_next_removes_the_failed_node(worlds) -> None:
+    world = worlds()
+    running(world)
+    failed = ACTIVE[1]
+    set_ready(world, failed, "False", NOW)
+    world.now = NOW + timedelta(seconds=10)  # past its grace
+
+    wake = run(world)
+
+    # Mark, promotion and backfill write different nodes and go out together (in any order);
+    # then, the spare serving, the failed node's pods are evicted, the start of it noted on the node.
+    calls = world.provider.calls
+    assert sorted(calls[:3]) == [("create", failed + "-g1"), ("mark_unhealthy", failed), ("promote_spare", SPARE)]
+    assert calls[3:] == [("annotate", failed)]
+    assert world.pods.calls == [("evict", failed)]
+    assert world.provider.nodes[failed].metadata.annotations[health.ANNOTATION_EVICTING_SINCE] == \
+        "2026-12-01T12:00:20.000000Z"
+    assert naming.UNHEALTHY_TAINT in taints_of(world.provider.nodes[failed])
+    assert naming.SPARE_TAINT not in taints_of(world.provider.nodes[SPARE])
+    node_events = [(obj, kind, reason) for obj, kind, reason, _ in world.events
+                   if reason in ("NodeUnhealthy", "SparePromoted", "NodeCreated", "PodsEvicted")]
+    assert node_events == [
+        (failed, "Warning", "NodeUnhealthy"), (GROUP, "Warning", "NodeUnhealthy"),
+        (SPARE, "Normal", "SparePromoted"), (GROUP, "Normal", "SparePromoted"),
+        (GROUP, "Normal", "NodeCreated"),
+        (failed, "Normal", "PodsEvicted"), (GROUP, "Normal", "PodsEvicted")]
+    assert ("release", failed) not in calls and failed in world.provider.nodes
+    assert failed + "-g1" in world.provider.nodes  # no lost race
+    assert world.rt.group_memory.short_of_free_nodes() == []  # and no shortage of free nodes
+    assert wake == world.now + timedelta(seconds=1)  # the eviction is looked at again shortly
+
+    # Once the backfill is Ready, the failed node goes through the provider; its absence is no failure.
+    set_ready(world, failed + "-g1", "True", world.now)
+    world.now += timedelta(seconds=1)
+    run(world)
+    # (its health label, set by the mark, is recorded first, as for any Unschedulable* label)
+    assert world.provider.calls == [("annotate", failed), ("release", failed)]
+    assert failed not in world.provider.nodes
+    assert [(reason, message) for obj, _, reason, message in world.events if obj == GROUP
+            and reason == "NodeRemoved"] == [("NodeRemoved", f"{failed} removed: Ready=False; {failed} deleted")]
+    world.now += timedelta(seconds=1)
+    run(world)
+    # not taken for a node deleted from under the group: nothing to replace, nothing to warn of
+    assert world.kube.objects[(GROUPS_PLURAL, GROUP)]["status"]["vanishedNodes"] == []
+    assert world.provider.calls == [] and [e for e in world.events if e[1] == "Warning"] == []
+
+
+def test_the_health_signal_record_is_written_with_the_pass_and_removed_with_the_label(worlds) -> None:
+    world = worlds()
+    running(world)
+    node = ACTIVE[0]
+    world.provider.nodes[node].metadata.labels[naming.LABEL_SAGEMAKER_HEALTH] = "Unschedulable"
+
+    run(world)
+    assert world.provider.calls == [("annotate", node)]
+    assert world.provider.nodes[node].metadata.annotations[health.ANNOTATION_HEALTH_SINCE] == \
+        "Unschedulable@2026-12-01T12:00:10.000000Z"
+
+    # The same value later: nothing to write.
+    world.now += timedelta(seconds=2)
+    run(world)
+    assert world.provider.calls == []
+
+    # The label goes: so does the record (and the memory of its first sight).
+    del world.provider.nodes[node].metadata.labels[naming.LABEL_SAGEMAKER_HEALTH]
+    run(world)
+    assert world.provider.calls == [("annotate", node)]
+    assert health.ANNOTATION_HEALTH_SINCE not in world.provider.nodes[node].metadata.annotations
