@@ -2,7 +2,7 @@
 
 The API server is a :class:`FakeKube`; the watches are a real :class:`WatchCache` bound, as kopf
 binds it, to indexes that read the FakeKube's plans and groups as they are now (the watch has
-caught up) and the FakeLedger's pools (:class:`WatchedPools`); the nodes are a real
+caught up, unless a test pauses it) and the FakeLedger's pools (:class:`WatchedPools`); the nodes are a real
 :class:`NodeStore` listed again from the :class:`FakeProvider` before each pass. Everything that
 writes (the FakeKube, the FakeLedger) records into one list, ``World.calls``, so a test can read
 their order.
@@ -36,17 +36,27 @@ PLANS_PLURAL, GROUPS_PLURAL = "trainingplans", "instancegroups"
 
 @dataclass
 class Watched:
-    """One kind's kopf index (``get(name)`` gives a list of bodies) over the FakeKube's objects."""
+    """One kind's kopf index (``get(name)`` gives a list of bodies) over the FakeKube's objects;
+    :meth:`pause` holds what it shows, as a watch whose next event is still on its way."""
 
     kube: FakeKube
     plural: str
+    held: dict[str, dict[str, Any]] | None = None
+
+    def _shown(self) -> dict[str, dict[str, Any]]:
+        if self.held is not None:
+            return self.held
+        return {name: obj for (plural, name), obj in self.kube.objects.items() if plural == self.plural}
 
     def get(self, name: str) -> list[dict[str, Any]] | None:
-        found = self.kube.objects.get((self.plural, name))
+        found = self._shown().get(name)
         return None if found is None else [found]
 
     def keys(self) -> Iterator[str]:
-        return iter([name for plural, name in self.kube.objects if plural == self.plural])
+        return iter(list(self._shown()))
+
+    def pause(self) -> None:
+        self.held = dict(self._shown())
 
 
 @dataclass
@@ -83,6 +93,7 @@ class WatchedPools:
 @dataclass
 class World:
     rt: Runtime
+    plan_watch: Watched
     pool_watch: WatchedPools
     kube: FakeKube
     ledger: FakeLedger
@@ -136,12 +147,13 @@ def make_world(monkeypatch: Any, now: datetime, policy: Policy, *, plans: list[d
     store = NodeStore()
     cache = WatchCache()
     pool_watch = WatchedPools(ledger)
-    cache.bind({PLANS: Watched(kube, PLANS_PLURAL), GROUPS: Watched(kube, GROUPS_PLURAL),
+    plan_watch = Watched(kube, PLANS_PLURAL)
+    cache.bind({PLANS: plan_watch, GROUPS: Watched(kube, GROUPS_PLURAL),
                 POOLS: pool_watch, NODES: store})
     rt = Runtime(settings=Settings(), policy=policy, kube=kube, ledger=ledger, providers={"kwok": provider},
                  clock=lambda: world.now, cache=cache, pods=pods, node_store=store,
                  queue=WorkQueue(lambda: world.now))
-    world = World(rt, pool_watch, kube, ledger, provider, pods, store, now, calls)
+    world = World(rt, plan_watch, pool_watch, kube, ledger, provider, pods, store, now, calls)
     monkeypatch.setattr(kopf, "event", world.record_event)
     monkeypatch.setattr(kopf, "info", lambda obj, *, reason, message="": world.record_event(
         obj, type="Normal", reason=reason, message=message))

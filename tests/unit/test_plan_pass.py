@@ -11,6 +11,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from kubernetes.client.rest import ApiException
 
 from hyperplan.api.models import CapacityPool, CapacityPoolSpec, Reservation
 from hyperplan.api.vocabulary import FINALIZER, PLAN_FINALIZER
@@ -160,6 +161,29 @@ def test_a_purchase_that_loses_the_race_for_its_offering(worlds, chosen: bool, a
         failed = next(c for c in status["conditions"] if c["type"] == "Failed")
         assert (failed["status"], failed["reason"]) == ("True", reason)
         assert "Purchased" not in world.reasons()
+
+
+@pytest.mark.parametrize("meanwhile, fails", [("changed", True), ("deleted", False)],
+                         ids=["plan-changed-since-the-read-fails-the-pass", "plan-deleted-since-the-read-buys-nothing"])
+def test_a_plan_that_moved_on_before_its_finalizer_write_buys_nothing(worlds, meanwhile: str, fails: bool) -> None:
+    """The finalizer write names the resourceVersion the pass read: a plan changed since is
+    refused (409, the pass fails and is retried), a plan gone is left alone."""
+    world = worlds(plan())
+    world.plan_watch.pause()  # the pass reads the plan as it was
+    if meanwhile == "changed":
+        world.kube.put(PLANS_PLURAL, plan(generation=2))
+    else:
+        del world.kube.objects[(PLANS_PLURAL, NAME)]
+
+    if fails:
+        with pytest.raises(ApiException) as refused:
+            world.run(reconcile_plan, NAME)
+        assert refused.value.status == 409
+    else:
+        assert world.run(reconcile_plan, NAME) is None
+
+    assert verbs(world) == ["set_finalizers"]  # no purchase, no status patch
+    assert mine(world) == [] and world.events == []
 
 
 # --------------------------------------------------------------------------- deletion
