@@ -301,23 +301,9 @@ class FakeKube:
         self.objects[(plural, obj["metadata"]["name"])] = obj
         return obj
 
-    def list_objects(self, plural: str) -> list[dict[str, Any]]:
-        self.calls.append(("list_objects", plural, "", None))
-        return [o for (p, _), o in sorted(self.objects.items()) if p == plural]
-
     def get_object(self, plural: str, name: str) -> dict[str, Any] | None:
         self.calls.append(("get_object", plural, name, None))
         return self.objects.get((plural, name))
-
-    def replace_status(self, plural: str, body: dict[str, Any]) -> dict[str, Any]:
-        name = body["metadata"]["name"]
-        self.calls.append(("replace_status", plural, name, body.get("status")))
-        held = self.objects.get((plural, name))
-        if held is None:
-            raise ApiException(status=404, reason="NotFound")
-        if body["metadata"].get("resourceVersion") != held["metadata"]["resourceVersion"]:
-            raise ApiException(status=409, reason="Conflict")
-        return self._store(plural, {**held, "status": body.get("status") or {}})
 
     def patch_status(self, plural: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
         self.calls.append(("patch_status", plural, name, status))
@@ -335,10 +321,6 @@ class FakeKube:
         if resource_version != held["metadata"]["resourceVersion"]:
             raise ApiException(status=409, reason="Conflict")
         return self._store(plural, {**held, "metadata": {**held["metadata"], "finalizers": list(finalizers)}})
-
-    def verbs(self) -> list[str]:
-        """The calls' verbs, in order."""
-        return [verb for verb, *_ in self.calls]
 
 
 # --------------------------------------------------------------------------- Kueue writes
