@@ -21,7 +21,7 @@ from hyperplan.handlers.workqueue import WorkQueue
 from hyperplan.planning import health
 from hyperplan.planning import naming
 from hyperplan.planning.policy import DEMO
-from tests.unit.fake_runtime import GROUPS_PLURAL, PLANS_PLURAL, World, make_world
+from tests.unit.fake_runtime import GROUPS_PLURAL, World, make_world
 
 UTC = timezone.utc
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
