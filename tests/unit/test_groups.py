@@ -3,8 +3,10 @@ events and wake time; the apply step (actuation.groups) against the recording Fa
 the group memory (planning.memory) and its pruning.
 
 Nodes live in a FakeProvider; the real ``observe_nodes`` reads them (with a real GroupMemory)
-and the real ``apply_decision`` carries out each decision on them, so multi-pass scenarios
-run the handler's own steps without a cluster. All times are fixed; nothing reads the clock.
+and the real ``apply_decision`` carries out each decision on them, so a scenario can assert on
+each decision between its steps. What a whole pass does (its finalizer guard, its one status
+patch, its events and wakes, scenarios judged only by their effects) is tested on the real
+``reconcile_group`` in tests/unit/test_group_pass.py. All times are fixed; nothing reads the clock.
 """
 
 from __future__ import annotations
@@ -147,8 +149,8 @@ class NodeHandle:
 
 class Cluster:
     """A group's nodes in the recording FakeProvider, read and changed by the real
-    ``actuation.groups.observe_nodes`` and ``apply_decision`` with a real GroupMemory, the way
-    the handler does: observe, decide, note the releases, apply, note the result."""
+    ``actuation.groups.observe_nodes`` and ``apply_decision`` with a real GroupMemory, for a
+    decision the test made and inspected itself (the real pass returns only its wake time)."""
 
     def __init__(self, specs=(), since: datetime = T0, group: str = "w"):
         self.now = since
@@ -1030,48 +1032,6 @@ def test_fake_provider_fail_on_raises_and_still_records(op):
 # =========================================================================== the apply step (actuation.groups)
 
 
-def test_a_remediation_pass_marks_promotes_and_backfills_through_the_provider():
-    cluster = failing("0-1")
-    d = decide(observed(cluster), now=P1, prior=READY_STATUS)
-    cluster.provider.calls.clear()
-    applied = apply(d, cluster, P1, new_ready=None)
-
-    # Mark, promotion and backfill write different nodes and go out together (in any order);
-    # then, the spare serving, the failed node's pods are evicted, the start of it noted on the node.
-    calls = cluster.provider.calls
-    assert sorted(calls[:3]) == [("create", name("0-1") + "-g1"), ("mark_unhealthy", name("0-1")),
-                                 ("promote_spare", name("0-17"))]
-    assert calls[3:] == [("annotate", name("0-1"))]
-    assert cluster.pods.calls == [("evict", name("0-1"))]
-    assert cluster[name("0-1")].node.metadata.annotations[health.ANNOTATION_EVICTING_SINCE] == \
-        "2026-12-01T12:00:20.000000Z"
-    failed, spare = cluster[name("0-1")], cluster[name("0-17")]
-    assert failed.labels[naming.LABEL_HEALTH] == "UnschedulablePendingReplacement"
-    assert naming.UNHEALTHY_TAINT in failed.taints
-    assert (spare.labels[naming.LABEL_ROLE], spare.labels[naming.LABEL_REPLACES]) == ("active", name("0-1"))
-    assert naming.SPARE_TAINT not in spare.taints
-    assert [(body["metadata"]["name"] if body else None, ev.type, ev.reason) for body, ev in applied.events] == [
-        (name("0-1"), "Warning", "NodeUnhealthy"), (name("0-17"), "Normal", "SparePromoted"),
-        (None, "Normal", "NodeCreated"), (name("0-1"), "Normal", "PodsEvicted")]
-    assert applied.events[1][1].message == f"spare {name('0-17')} (same UltraServer) replaces {name('0-1')}"
-    assert ("release", name("0-1")) not in calls and name("0-1") in cluster
-    assert (applied.lost_race, applied.short_of_free_nodes) == (False, False)
-
-    # Once the backfill is Ready, the failed node goes through the provider; its absence is no failure.
-    cluster[name("0-1") + "-g1"].ready = "True"
-    later = P1 + timedelta(seconds=1)
-    d2 = decide(observed(cluster, later), now=later, prior=d.status)
-    cluster.provider.calls.clear()
-    applied = apply(d2, cluster, later)
-    # (its health label, set by the mark, is recorded first, as for any Unschedulable* label)
-    assert cluster.provider.calls == [("annotate", name("0-1")), ("release", name("0-1"))]
-    assert name("0-1") not in cluster
-    assert [(ev.reason, ev.message) for _, ev in applied.events] == [
-        ("NodeRemoved", f"{name('0-1')} removed: Ready=False; {name('0-1')} deleted")]
-    again = observed(cluster, later + timedelta(seconds=1))
-    assert all(n.health.exists for n in again)  # not taken for a node deleted from under the group
-
-
 def test_a_drain_held_by_a_pdb_waits_until_its_deadline_then_removes_the_node():
     cluster = running()
     node = name("1-0")
@@ -1113,32 +1073,6 @@ def test_drain_node_without_a_deadline_waits_for_every_pod():
     outcome = drain_node(cluster.provider, cluster.pods, raw, "GroupDeleted", None, END + timedelta(hours=1))
     assert outcome.released == f"{node} deleted"
     assert node not in cluster
-
-
-def test_the_health_signal_record_is_written_with_the_pass_and_removed_with_the_label():
-    cluster = running()
-    node = name("0-2")
-    cluster[node].labels[naming.LABEL_SAGEMAKER_HEALTH] = "Unschedulable"
-    d = decide(observed(cluster, NOW), now=NOW, prior=READY_STATUS)
-    cluster.provider.calls.clear()
-    apply(d, cluster, NOW)
-    assert cluster.provider.calls == [("annotate", node)]
-    assert cluster[node].node.metadata.annotations[health.ANNOTATION_HEALTH_SINCE] == "Unschedulable@2026-12-01T12:00:10.000000Z"
-
-    # The same value later: nothing to write.
-    later = NOW + timedelta(seconds=2)
-    d = decide(observed(cluster, later), now=later, prior=d.status)
-    cluster.provider.calls.clear()
-    apply(d, cluster, later)
-    assert cluster.provider.calls == []
-
-    # The label goes: so does the record (and the memory of its first sight).
-    del cluster[node].labels[naming.LABEL_SAGEMAKER_HEALTH]
-    d = decide(observed(cluster, later), now=later, prior=d.status)
-    cluster.provider.calls.clear()
-    apply(d, cluster, later)
-    assert cluster.provider.calls == [("annotate", node)]
-    assert health.ANNOTATION_HEALTH_SINCE not in cluster[node].node.metadata.annotations
 
 
 @pytest.mark.parametrize(

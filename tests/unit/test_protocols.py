@@ -6,7 +6,10 @@ import inspect
 
 import pytest
 
-from hyperplan.actuation.fakes import FakeLedger, FakeLeaseStore, FakeNodePods, FakeProvider, RecordingKueueWrites
+from hyperplan.actuation.fakes import (
+    FakeKube, FakeLedger, FakeLeaseStore, FakeNodePods, FakeProvider, RecordingKueueWrites,
+)
+from hyperplan.actuation.kube import Kube
 from hyperplan.actuation.kueue import KubeKueueWrites, KueueWrites
 from hyperplan.actuation.leadership import KubeLeaseStore, LeaseStore
 from hyperplan.actuation.ledger import CapacityLedger, KubeLedger
@@ -30,3 +33,10 @@ def test_implementation_matches_protocol(impl: type, proto: type) -> None:
         want = list(inspect.signature(getattr(proto, name)).parameters)
         have = list(inspect.signature(getattr(impl, name)).parameters)
         assert have == want, f"{impl.__name__}.{name}{have} != {proto.__name__}.{name}{want}"
+
+
+@pytest.mark.parametrize("name", ["get_object", "patch_status", "set_finalizers"])
+def test_fake_kube_has_the_parameters_of_the_kube_calls_passes_make(name: str) -> None:
+    """``Kube`` is a class, not a Protocol: the FakeKube stands in for the calls on hyperplan objects."""
+    assert list(inspect.signature(getattr(FakeKube, name)).parameters) == \
+        list(inspect.signature(getattr(Kube, name)).parameters)

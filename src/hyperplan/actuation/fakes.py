@@ -22,7 +22,9 @@ from hyperplan.actuation.leadership import LeaseRecord, LeaseStore
 from hyperplan.actuation.ledger import (
     CapacityLedger, PurchaseResult, blocks_of, pool_snapshot, reservations_by_pool,
 )
-from hyperplan.actuation.nodes import LABEL_NODE_ID, DrainProgress, NodePods, NodeProvider, merged_taints
+from hyperplan.actuation.nodes import (
+    LABEL_NODE_ID, AdoptionConflict, DrainProgress, NodePods, NodeProvider, merged_taints,
+)
 from hyperplan.api.models import CapacityPool
 from hyperplan.planning import naming
 from hyperplan.planning import placement
@@ -79,12 +81,16 @@ def _utcnow() -> datetime:
 class FakeProvider:
     """Nodes in memory; records calls; ``fail_on`` makes a named operation raise.
 
-    ``clock`` stamps the creation time of new nodes (tests pass a fixed one)."""
+    ``clock`` stamps the creation time of new nodes (tests pass a fixed one). Each of the next
+    ``adoption_conflicts`` creates loses the race for a free node, as a static provider's does
+    when another writer adopts the node first (it raises :class:`AdoptionConflict`, creating nothing)."""
 
     nodes: dict[str, client.V1Node] = field(default_factory=dict)
     calls: list[tuple[str, str]] = field(default_factory=list)
     fail_on: set[str] = field(default_factory=set)
     clock: Callable[[], datetime] = _utcnow
+    adoption_conflicts: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)  # creates run in threads
 
     def _maybe_fail(self, op: str, name: str) -> None:
         self.calls.append((op, name))
@@ -93,6 +99,11 @@ class FakeProvider:
 
     def create(self, spec: placement.NodeSpec) -> str:
         self._maybe_fail("create", spec.name)
+        with self._lock:
+            lost = self.adoption_conflicts > 0
+            self.adoption_conflicts -= lost
+        if lost:
+            raise AdoptionConflict(f"{spec.name}: the free node chosen was adopted by another writer")
         self.nodes.setdefault(spec.name, client.V1Node(
             metadata=client.V1ObjectMeta(name=spec.name, labels={**spec.labels, LABEL_NODE_ID: spec.name},
                                          creation_timestamp=self.clock()),
@@ -251,6 +262,65 @@ class FakeLeaseStore:
         with self._changed:
             self._changed.notify_all()
         return self.record
+
+
+# --------------------------------------------------------------------------- the API server
+
+
+def _merged(into: dict[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+    """``into`` with the JSON merge patch ``patch`` applied (RFC 7386: None removes a key)."""
+    out = dict(into)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _merged(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+@dataclass
+class FakeKube:
+    """The operator's own objects in memory, by plural and name, with the API server's
+    resourceVersions and its 409 on a stale finalizer write; records every call as
+    ``(verb, plural, name, argument)`` in order. The methods are those of
+    :class:`hyperplan.actuation.kube.Kube` that passes call on hyperplan objects."""
+
+    objects: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    calls: list[tuple[str, str, str, Any]] = field(default_factory=list)
+    _version: int = 100
+
+    def put(self, plural: str, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """Store ``obj`` as the test's starting state (not recorded), at a new resourceVersion."""
+        return self._store(plural, dict(obj))
+
+    def _store(self, plural: str, obj: dict[str, Any]) -> dict[str, Any]:
+        self._version += 1
+        obj = {**obj, "metadata": {**obj.get("metadata", {}), "resourceVersion": str(self._version)}}
+        self.objects[(plural, obj["metadata"]["name"])] = obj
+        return obj
+
+    def get_object(self, plural: str, name: str) -> dict[str, Any] | None:
+        self.calls.append(("get_object", plural, name, None))
+        return self.objects.get((plural, name))
+
+    def patch_status(self, plural: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append(("patch_status", plural, name, status))
+        held = self.objects.get((plural, name))
+        if held is None:
+            raise ApiException(status=404, reason="NotFound")
+        return self._store(plural, {**held, "status": _merged(held.get("status") or {}, status)})
+
+    def set_finalizers(self, plural: str, name: str, finalizers: list[str],
+                       resource_version: str) -> dict[str, Any] | None:
+        self.calls.append(("set_finalizers", plural, name, list(finalizers)))
+        held = self.objects.get((plural, name))
+        if held is None:
+            return None
+        if resource_version != held["metadata"]["resourceVersion"]:
+            raise ApiException(status=409, reason="Conflict")
+        return self._store(plural, {**held, "metadata": {**held["metadata"], "finalizers": list(finalizers)}})
 
 
 # --------------------------------------------------------------------------- Kueue writes

@@ -1,0 +1,160 @@
+"""A Runtime built from the recording fakes, for running the real plan and group passes.
+
+The API server is a :class:`FakeKube`; the watches are a real :class:`WatchCache` bound, as kopf
+binds it, to indexes that read the FakeKube's plans and groups as they are now (the watch has
+caught up, unless a test pauses it) and the FakeLedger's pools (:class:`WatchedPools`); the nodes are a real
+:class:`NodeStore` listed again from the :class:`FakeProvider` before each pass. Everything that
+writes (the FakeKube, the FakeLedger) records into one list, ``World.calls``, so a test can read
+their order.
+``kopf.event`` and ``kopf.info`` are replaced by a recorder (``World.events``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import zlib
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Iterator
+
+import kopf
+from kubernetes import client
+
+from hyperplan.actuation.fakes import FakeKube, FakeLedger, FakeNodePods, FakeProvider
+from hyperplan.api.models import CapacityPool
+from hyperplan.handlers.cache import GROUPS, NODES, PLANS, POOLS, WatchCache
+from hyperplan.handlers.context import Runtime
+from hyperplan.handlers.nodes import node_changed
+from hyperplan.handlers.nodewatch import NodeStore
+from hyperplan.handlers.workqueue import WorkQueue
+from hyperplan.planning.policy import Policy
+from hyperplan.settings import Settings
+
+PLANS_PLURAL, GROUPS_PLURAL = "trainingplans", "instancegroups"
+
+
+@dataclass
+class Watched:
+    """One kind's kopf index (``get(name)`` gives a list of bodies) over the FakeKube's objects;
+    :meth:`pause` holds what it shows, as a watch whose next event is still on its way."""
+
+    kube: FakeKube
+    plural: str
+    held: dict[str, dict[str, Any]] | None = None
+
+    def _shown(self) -> dict[str, dict[str, Any]]:
+        if self.held is not None:
+            return self.held
+        return {name: obj for (plural, name), obj in self.kube.objects.items() if plural == self.plural}
+
+    def get(self, name: str) -> list[dict[str, Any]] | None:
+        found = self._shown().get(name)
+        return None if found is None else [found]
+
+    def keys(self) -> Iterator[str]:
+        return iter(list(self._shown()))
+
+    def pause(self) -> None:
+        self.held = dict(self._shown())
+
+
+@dataclass
+class WatchedPools:
+    """The pools' kopf index over the FakeLedger's pools, each at a resourceVersion that moves
+    with its content; :meth:`pause` holds what it shows, as a watch that has not yet delivered
+    the ledger's latest writes (another plan's purchase, say) does."""
+
+    ledger: FakeLedger
+    held: dict[str, dict[str, Any]] | None = None
+
+    def _current(self) -> dict[str, dict[str, Any]]:
+        out = {}
+        for pool in self.ledger.pool_objects:
+            body = pool.wire()
+            version = zlib.crc32(json.dumps(body, sort_keys=True).encode())
+            out[pool.metadata["name"]] = {**body, "metadata": {**body["metadata"], "resourceVersion": str(version)}}
+        return out
+
+    def _shown(self) -> dict[str, dict[str, Any]]:
+        return self.held if self.held is not None else self._current()
+
+    def get(self, name: str) -> list[dict[str, Any]] | None:
+        found = self._shown().get(name)
+        return None if found is None else [found]
+
+    def keys(self) -> Iterator[str]:
+        return iter(list(self._shown()))
+
+    def pause(self) -> None:
+        self.held = self._current()
+
+
+@dataclass
+class World:
+    rt: Runtime
+    plan_watch: Watched
+    pool_watch: WatchedPools
+    kube: FakeKube
+    ledger: FakeLedger
+    provider: FakeProvider
+    pods: FakeNodePods
+    nodes: NodeStore
+    now: datetime
+    calls: list[tuple] = field(default_factory=list)
+    events: list[tuple[str, str, str, str]] = field(default_factory=list)  # (object, type, reason, message)
+
+    def record_event(self, obj: Any, *, type: str, reason: str, message: str = "") -> None:
+        name = (obj.get("metadata") or {}).get("name", "") if isinstance(obj, dict) else obj.metadata.name
+        self.events.append((name, type, reason, message))
+
+    def reasons(self) -> list[str]:
+        return [reason for _, _, reason, _ in self.events]
+
+    def list_nodes(self) -> None:
+        """The node watch lists the provider's nodes again (what the API server now holds) and
+        hands each change to the operator's node handler, as the watch thread does."""
+        api = client.ApiClient()
+        for change in self.nodes.replace([api.sanitize_for_serialization(n) for n in self.provider.nodes.values()],
+                                         first=False):
+            node_changed(self.rt, change)
+
+    def run(self, reconcile: Any, name: str) -> datetime | None:
+        """One pass of ``reconcile`` (reconcile_plan or reconcile_group) over ``name``, after the
+        node watch has caught up."""
+        self.list_nodes()
+        return asyncio.run(reconcile(self.rt, name))
+
+    def status_patches(self, plural: str) -> list[dict[str, Any]]:
+        return [call[3] for call in self.calls if call[:2] == ("patch_status", plural)]
+
+    def close(self) -> None:
+        self.rt.purchase_threads.shutdown()
+        self.rt.group_threads.shutdown()
+
+
+def make_world(monkeypatch: Any, now: datetime, policy: Policy, *, plans: list[dict] = (),
+               groups: list[dict] = (), pools: list[CapacityPool] = ()) -> World:
+    calls: list[tuple] = []
+    kube = FakeKube(calls=calls)
+    for plan in plans:
+        kube.put(PLANS_PLURAL, plan)
+    for group in groups:
+        kube.put(GROUPS_PLURAL, group)
+    ledger = FakeLedger(pool_objects=list(pools), calls=calls)
+    provider = FakeProvider(clock=lambda: world.now)
+    pods = FakeNodePods()
+    store = NodeStore()
+    cache = WatchCache()
+    pool_watch = WatchedPools(ledger)
+    plan_watch = Watched(kube, PLANS_PLURAL)
+    cache.bind({PLANS: plan_watch, GROUPS: Watched(kube, GROUPS_PLURAL),
+                POOLS: pool_watch, NODES: store})
+    rt = Runtime(settings=Settings(), policy=policy, kube=kube, ledger=ledger, providers={"kwok": provider},
+                 clock=lambda: world.now, cache=cache, pods=pods, node_store=store,
+                 queue=WorkQueue(lambda: world.now))
+    world = World(rt, plan_watch, pool_watch, kube, ledger, provider, pods, store, now, calls)
+    monkeypatch.setattr(kopf, "event", world.record_event)
+    monkeypatch.setattr(kopf, "info", lambda obj, *, reason, message="": world.record_event(
+        obj, type="Normal", reason=reason, message=message))
+    return world

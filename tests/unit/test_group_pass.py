@@ -1,0 +1,290 @@
+"""The real group pass (handlers.instancegroup.reconcile_group) against a Runtime of recording fakes.
+
+The group and its plan live in a FakeKube, the nodes in a FakeProvider that the node store lists
+before each pass (tests/unit/fake_runtime.py); the plan's wakes go to the real WorkQueue, not
+started, so a wake stays readable as ``queue.woken``. The block and times are those of
+tests/unit/test_groups.py: the demo policy, a two-UltraServer block from T0 to T0 + 3 min.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from hyperplan.actuation.nodes import taints_of
+from hyperplan.api.vocabulary import FINALIZER, ULTRASERVER_INSTANCE_TYPE
+from hyperplan.handlers.instancegroup import ADOPTION_RETRY, reconcile_group
+from hyperplan.handlers.workqueue import WorkQueue
+from hyperplan.planning import health
+from hyperplan.planning import naming
+from hyperplan.planning.policy import DEMO
+from tests.unit.fake_runtime import GROUPS_PLURAL, World, make_world
+
+UTC = timezone.utc
+T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+NOW = T0 + timedelta(seconds=10)
+TERMINATION = T0 + timedelta(minutes=3) - timedelta(seconds=20)  # demo: instances stop 20 s before the end
+CHECKPOINT = TERMINATION - timedelta(seconds=5)  # demo: workloads are asked to checkpoint 5 s ahead
+GRACE = timedelta(seconds=5)
+X72 = "ml.u-p6e-gb200x72"
+PLAN, GROUP = "p", "w"
+H = "c64f9691"  # 8 hex of sha256("rc-abc-0"): the block part of node names
+ACTIVE = [f"hp-w-{H}-0-0", f"hp-w-{H}-0-1"]
+SPARE = f"hp-w-{H}-0-2"  # the spare of the group's UltraServer (fill-first: both actives on us-0)
+
+
+def plan() -> dict[str, Any]:
+    block = {"id": "rc-abc-0", "availabilityZone": "use1-az3", "instanceType": ULTRASERVER_INSTANCE_TYPE,
+             "instanceCount": 36, "startTime": "2026-12-01T12:00:00Z", "endTime": "2026-12-01T12:03:00Z",
+             "ultraServerType": X72, "ultraServerCount": 2}
+    return {"apiVersion": "hyperplan.dev/v1alpha1", "kind": "TrainingPlan",
+            "metadata": {"name": PLAN, "uid": "uid-p", "generation": 1},
+            "spec": {"ultraServerType": X72, "ultraServerCount": 2, "targetResource": "hyperpod-cluster",
+                     "duration": "3m"},
+            "status": {"phase": "Active", "reservedCapacity": [block]}}
+
+
+def group(finalizers: tuple[str, ...] = (FINALIZER,), **spec: Any) -> dict[str, Any]:
+    fields = {"trainingPlanRef": PLAN, "instanceType": ULTRASERVER_INSTANCE_TYPE, "instanceCount": 2,
+              "healthCheck": {"graceSeconds": 5, "maxUnhealthy": 2}, **spec}
+    return {"apiVersion": "hyperplan.dev/v1alpha1", "kind": "InstanceGroup",
+            "metadata": {"name": GROUP, "uid": "uid-w", "generation": 1, "finalizers": list(finalizers),
+                         "creationTimestamp": "2026-12-01T11:00:00Z"},
+            "spec": fields}
+
+
+@pytest.fixture
+def worlds(monkeypatch: pytest.MonkeyPatch):
+    made: list[World] = []
+
+    def make(*groups: dict[str, Any]) -> World:
+        world = make_world(monkeypatch, NOW, DEMO, plans=[plan()], groups=list(groups or [group()]))
+        made.append(world)
+        return world
+    yield make
+    for world in made:
+        world.close()
+
+
+def run(world: World) -> datetime | None:
+    """One pass over the group once the node watch has caught up, on a fresh queue (so ``woken``
+    tells what this pass woke, not what the node events did), the recorders emptied first."""
+    world.list_nodes()
+    world.rt.queue = WorkQueue(lambda: world.now)
+    world.calls.clear()
+    world.events.clear()
+    world.provider.calls.clear()
+    world.pods.calls.clear()
+    return world.run(reconcile_group, GROUP)
+
+
+def set_ready(world: World, node: str, status: str, since: datetime) -> None:
+    world.provider.nodes[node].status = client.V1NodeStatus(conditions=[
+        client.V1NodeCondition(type="Ready", status=status, last_transition_time=since)])
+
+
+def running(world: World) -> None:
+    """The group's three nodes made by a first pass at the block start, Ready since then."""
+    world.now = T0
+    run(world)
+    for node in world.provider.nodes:
+        set_ready(world, node, "True", T0)
+    world.now = NOW
+    run(world)  # the pass that sees them Ready
+
+
+def patches(world: World) -> list[dict[str, Any]]:
+    return world.status_patches(GROUPS_PLURAL)
+
+
+# --------------------------------------------------------------------------- the finalizer guard
+
+
+@pytest.mark.parametrize("finalizers, created, wake", [
+    ((FINALIZER,), [*ACTIVE, SPARE], CHECKPOINT),
+    ((), [], NOW + timedelta(seconds=1)),
+], ids=["with-kopfs-finalizer-creates-its-nodes", "without-it-creates-nothing-and-looks-again-in-1s"])
+def test_no_node_is_created_before_kopfs_finalizer_is_on_the_group(worlds, finalizers, created, wake) -> None:
+    world = worlds(group(finalizers=finalizers))
+
+    assert run(world) == wake
+
+    assert sorted(node for op, node in world.provider.calls if op == "create") == created
+    assert sorted(world.provider.nodes) == created
+    [status] = patches(world)  # one status patch either way
+    assert (status["phase"], status["desiredCount"], status["reservedCapacityId"]) == ("Provisioning", 2, "rc-abc-0")
+    assert sorted(message.split()[0] for _, _, reason, message in world.events if reason == "NodeCreated") == created
+
+
+# --------------------------------------------------------------------------- a lost race for a free node
+
+
+@pytest.mark.parametrize("conflicts, wake", [
+    (0, CHECKPOINT),
+    (1, NOW + ADOPTION_RETRY),
+    (3, NOW + ADOPTION_RETRY),
+], ids=["no-race", "one-create-loses-its-race", "every-create-loses-its-race"])
+def test_a_create_that_loses_the_race_for_a_free_node_looks_again_shortly(worlds, conflicts, wake) -> None:
+    world = worlds()
+    world.provider.adoption_conflicts = conflicts
+
+    assert run(world) == wake
+
+    assert len(world.provider.nodes) == 3 - conflicts
+    assert world.reasons().count("NodeCreated") == 3 - conflicts
+    assert world.rt.group_memory.short_of_free_nodes() == []  # a race, not a shortage of free nodes
+
+
+# --------------------------------------------------------------------------- nothing changed
+
+
+@pytest.mark.parametrize("step, patched, plan_woken", [
+    pytest.param(step, patched, woken, id=step) for step, patched, woken in [
+        ("first-pass-creates-the-nodes", True, True),
+        ("the-nodes-turn-ready", True, True),
+        ("nothing-changed", False, False),
+        ("a-heartbeat-only", False, False),
+    ]])
+def test_a_pass_writes_its_status_and_wakes_its_plan_only_when_something_moved(worlds, step, patched,
+                                                                             plan_woken) -> None:
+    world = worlds()
+    world.now = T0
+    if step != "first-pass-creates-the-nodes":
+        run(world)
+        for node in world.provider.nodes:
+            set_ready(world, node, "True", T0)
+        world.now = NOW
+    if step in ("nothing-changed", "a-heartbeat-only"):
+        run(world)
+    if step == "a-heartbeat-only":  # a new resourceVersion, nothing the group or its plan reads
+        for node in world.provider.nodes.values():
+            node.metadata.resource_version = "heartbeat-2"
+
+    run(world)
+
+    assert bool(patches(world)) is patched
+    assert len(patches(world)) <= 1
+    assert world.rt.queue.woken("plan", PLAN) is plan_woken
+    if not patched:
+        assert world.provider.calls == [] and world.events == []
+        assert world.kube.objects[(GROUPS_PLURAL, GROUP)]["status"]["phase"] == "Ready"
+
+
+# --------------------------------------------------------------------------- a failed node
+
+
+def test_a_failed_node_past_its_grace_is_marked_and_its_spare_promoted(worlds) -> None:
+    world = worlds()
+    running(world)
+    failed = ACTIVE[1]
+    set_ready(world, failed, "False", NOW)
+
+    assert run(world) == NOW + GRACE  # inside its grace: only a check at its end
+    assert world.provider.calls == []
+
+    world.now = NOW + GRACE + timedelta(seconds=1)
+    run(world)
+
+    calls = world.provider.calls
+    assert sorted(calls[:3]) == [("create", failed + "-g1"), ("mark_unhealthy", failed), ("promote_spare", SPARE)]
+    spare = world.provider.nodes[SPARE].metadata.labels
+    assert (spare[naming.LABEL_ROLE], spare[naming.LABEL_REPLACES]) == (naming.ROLE_ACTIVE, failed)
+    assert world.provider.nodes[failed].metadata.labels[naming.LABEL_HEALTH] == "UnschedulablePendingReplacement"
+    # Each node's event goes on the node and on the group.
+    promoted = [(obj, kind, message) for obj, kind, reason, message in world.events if reason == "SparePromoted"]
+    message = f"spare {SPARE} (same UltraServer) replaces {failed}"
+    assert promoted == [(SPARE, "Normal", message), (GROUP, "Normal", message)]
+    assert [obj for obj, _, reason, _ in world.events if reason == "NodeUnhealthy"] == [failed, GROUP]
+    [status] = patches(world)
+    assert status["unhealthyCount"] == 1
+    assert world.rt.queue.woken("plan", PLAN)
+
+
+# --------------------------------------------------------------------------- an unreadable group
+
+
+def test_an_unreadable_group_gets_a_warning_and_nothing_else(worlds) -> None:
+    world = worlds(group(instanceCount=-1))
+
+    assert run(world) is None
+
+    assert world.calls == [] and world.provider.calls == []
+    assert [(obj, kind, reason) for obj, kind, reason, _ in world.events] == [(GROUP, "Warning", "InvalidSpec")]
+    assert not world.rt.queue.woken("plan", PLAN)
+
+
+
+# --------------------------------------------------------------------------- passes in a row
+
+
+def test_a_remediation_pass_marks_promotes_and_backfills_then_the_next_removes_the_failed_node(worlds) -> None:
+    world = worlds()
+    running(world)
+    failed = ACTIVE[1]
+    set_ready(world, failed, "False", NOW)
+    world.now = NOW + timedelta(seconds=10)  # past its grace
+
+    wake = run(world)
+
+    # Mark, promotion and backfill write different nodes and go out together (in any order);
+    # then, the spare serving, the failed node's pods are evicted, the start of it noted on the node.
+    calls = world.provider.calls
+    assert sorted(calls[:3]) == [("create", failed + "-g1"), ("mark_unhealthy", failed), ("promote_spare", SPARE)]
+    assert calls[3:] == [("annotate", failed)]
+    assert world.pods.calls == [("evict", failed)]
+    assert world.provider.nodes[failed].metadata.annotations[health.ANNOTATION_EVICTING_SINCE] == \
+        "2026-12-01T12:00:20.000000Z"
+    assert naming.UNHEALTHY_TAINT in taints_of(world.provider.nodes[failed])
+    assert naming.SPARE_TAINT not in taints_of(world.provider.nodes[SPARE])
+    node_events = [(obj, kind, reason) for obj, kind, reason, _ in world.events
+                   if reason in ("NodeUnhealthy", "SparePromoted", "NodeCreated", "PodsEvicted")]
+    assert node_events == [
+        (failed, "Warning", "NodeUnhealthy"), (GROUP, "Warning", "NodeUnhealthy"),
+        (SPARE, "Normal", "SparePromoted"), (GROUP, "Normal", "SparePromoted"),
+        (GROUP, "Normal", "NodeCreated"),
+        (failed, "Normal", "PodsEvicted"), (GROUP, "Normal", "PodsEvicted")]
+    assert ("release", failed) not in calls and failed in world.provider.nodes
+    assert failed + "-g1" in world.provider.nodes  # no lost race
+    assert world.rt.group_memory.short_of_free_nodes() == []  # and no shortage of free nodes
+    assert wake == world.now + timedelta(seconds=1)  # the eviction is looked at again shortly
+
+    # Once the backfill is Ready, the failed node goes through the provider; its absence is no failure.
+    set_ready(world, failed + "-g1", "True", world.now)
+    world.now += timedelta(seconds=1)
+    run(world)
+    # (its health label, set by the mark, is recorded first, as for any Unschedulable* label)
+    assert world.provider.calls == [("annotate", failed), ("release", failed)]
+    assert failed not in world.provider.nodes
+    assert [(reason, message) for obj, _, reason, message in world.events if obj == GROUP
+            and reason == "NodeRemoved"] == [("NodeRemoved", f"{failed} removed: Ready=False; {failed} deleted")]
+    world.now += timedelta(seconds=1)
+    run(world)
+    # not taken for a node deleted from under the group: nothing to replace, nothing to warn of
+    assert world.kube.objects[(GROUPS_PLURAL, GROUP)]["status"]["vanishedNodes"] == []
+    assert world.provider.calls == [] and [e for e in world.events if e[1] == "Warning"] == []
+
+
+def test_the_health_signal_record_is_written_with_the_pass_and_removed_with_the_label(worlds) -> None:
+    world = worlds()
+    running(world)
+    node = ACTIVE[0]
+    world.provider.nodes[node].metadata.labels[naming.LABEL_SAGEMAKER_HEALTH] = "Unschedulable"
+
+    run(world)
+    assert world.provider.calls == [("annotate", node)]
+    assert world.provider.nodes[node].metadata.annotations[health.ANNOTATION_HEALTH_SINCE] == \
+        "Unschedulable@2026-12-01T12:00:10.000000Z"
+
+    # The same value later: nothing to write.
+    world.now += timedelta(seconds=2)
+    run(world)
+    assert world.provider.calls == []
+
+    # The label goes: so does the record (and the memory of its first sight).
+    del world.provider.nodes[node].metadata.labels[naming.LABEL_SAGEMAKER_HEALTH]
+    run(world)
+    assert world.provider.calls == [("annotate", node)]
+    assert health.ANNOTATION_HEALTH_SINCE not in world.provider.nodes[node].metadata.annotations
