@@ -51,7 +51,11 @@ def drain_respects_pdb(ctx: Context) -> dict:
 def test_a_pdb_holds_its_pod_until_the_block_ends(scenarios) -> None:
     r = scenarios["drain_respects_pdb"].result(timeout=300)
     free_gone = next(when for when, names in r["pods"] if not any(n.startswith("free-") for n in names))
-    assert r["termination"] - timedelta(seconds=1) <= free_gone <= r["termination"] + timedelta(seconds=5)
+    # The free pod goes at the termination time, not before, and well before the block's end (20 s
+    # later under the demo profile), when the guarded one goes. The bound after the termination is
+    # generous: the recorder polls with kubectl, which a loaded machine slows by seconds.
+    assert r["termination"] - timedelta(seconds=1) <= free_gone <= r["termination"] + timedelta(seconds=15)
+    assert free_gone < r["end"]
     node_gone = next(when for when, present in r["node"] if not present)
     # The guarded node stays (its eviction refused) well past the termination time, and goes by the end.
     assert node_gone >= r["termination"] + timedelta(seconds=10)
