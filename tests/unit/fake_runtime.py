@@ -34,47 +34,14 @@ from hyperplan.settings import Settings
 PLANS_PLURAL, GROUPS_PLURAL = "trainingplans", "instancegroups"
 
 
-@dataclass
-class Watched:
-    """One kind's kopf index (``get(name)`` gives a list of bodies) over the FakeKube's objects;
-    :meth:`pause` holds what it shows, as a watch whose next event is still on its way."""
+class PausableIndex:
+    """A kopf index (``get(name)`` gives a list of bodies) over what ``_current`` returns;
+    :meth:`pause` holds what it shows, as a watch whose next events are still on their way."""
 
-    kube: FakeKube
-    plural: str
-    held: dict[str, dict[str, Any]] | None = None
-
-    def _shown(self) -> dict[str, dict[str, Any]]:
-        if self.held is not None:
-            return self.held
-        return {name: obj for (plural, name), obj in self.kube.objects.items() if plural == self.plural}
-
-    def get(self, name: str) -> list[dict[str, Any]] | None:
-        found = self._shown().get(name)
-        return None if found is None else [found]
-
-    def keys(self) -> Iterator[str]:
-        return iter(list(self._shown()))
-
-    def pause(self) -> None:
-        self.held = dict(self._shown())
-
-
-@dataclass
-class WatchedPools:
-    """The pools' kopf index over the FakeLedger's pools, each at a resourceVersion that moves
-    with its content; :meth:`pause` holds what it shows, as a watch that has not yet delivered
-    the ledger's latest writes (another plan's purchase, say) does."""
-
-    ledger: FakeLedger
     held: dict[str, dict[str, Any]] | None = None
 
     def _current(self) -> dict[str, dict[str, Any]]:
-        out = {}
-        for pool in self.ledger.pool_objects:
-            body = pool.wire()
-            version = zlib.crc32(json.dumps(body, sort_keys=True).encode())
-            out[pool.metadata["name"]] = {**body, "metadata": {**body["metadata"], "resourceVersion": str(version)}}
-        return out
+        raise NotImplementedError
 
     def _shown(self) -> dict[str, dict[str, Any]]:
         return self.held if self.held is not None else self._current()
@@ -87,7 +54,37 @@ class WatchedPools:
         return iter(list(self._shown()))
 
     def pause(self) -> None:
-        self.held = self._current()
+        self.held = dict(self._current())
+
+
+@dataclass
+class Watched(PausableIndex):
+    """One kind's index over the FakeKube's objects."""
+
+    kube: FakeKube
+    plural: str
+    held: dict[str, dict[str, Any]] | None = None
+
+    def _current(self) -> dict[str, dict[str, Any]]:
+        return {name: obj for (plural, name), obj in self.kube.objects.items() if plural == self.plural}
+
+
+@dataclass
+class WatchedPools(PausableIndex):
+    """The pools' index over the FakeLedger's pools, each at a resourceVersion that moves with its
+    content (paused: as a watch that has not yet delivered the ledger's latest writes, another
+    plan's purchase, say)."""
+
+    ledger: FakeLedger
+    held: dict[str, dict[str, Any]] | None = None
+
+    def _current(self) -> dict[str, dict[str, Any]]:
+        out = {}
+        for pool in self.ledger.pool_objects:
+            body = pool.wire()
+            version = zlib.crc32(json.dumps(body, sort_keys=True).encode())
+            out[pool.metadata["name"]] = {**body, "metadata": {**body["metadata"], "resourceVersion": str(version)}}
+        return out
 
 
 @dataclass
