@@ -1,4 +1,4 @@
-"""One pass of the Kueue AdmissionCheck controller (handlers/kueue.py), with recording fakes.
+"""One pass of the Kueue AdmissionCheck controller (handlers/kueue*.py), with recording fakes.
 
 The pass reads the plan from a fake watch cache, the Workloads and job nodes from kopf-shaped
 indexes (dicts of lists, filled by the real index functions), and writes through
@@ -18,7 +18,12 @@ import pytest
 
 from hyperplan.actuation.fakes import FakeNodePods, FakeProvider, RecordingKueueWrites
 from hyperplan.actuation.kueue import KueueWrites
+from hyperplan.actuation import jobnodes
 from hyperplan.handlers import kueue
+from hyperplan.handlers import kueue_admission
+from hyperplan.handlers import kueue_checks
+from hyperplan.handlers.cache import v1_node
+from hyperplan.handlers.kueue_state import PLAN_KIND, KueueState
 from hyperplan.handlers.nodewatch import NodeChange, NodeStore
 from hyperplan.handlers.workqueue import WorkQueue
 from hyperplan.planning import naming
@@ -108,8 +113,8 @@ def runtime(plan: dict | None, workloads: list[dict], nodes: list[dict], *, chec
             writes: KueueWrites | None = None) -> SimpleNamespace:
     provider = FakeProvider(clock=lambda: NOW)
     for n in nodes:
-        provider.nodes[n["metadata"]["name"]] = kueue.v1_node(n)
-    state = kueue.KueueState(writes=writes or RecordingKueueWrites())
+        provider.nodes[n["metadata"]["name"]] = v1_node(n)
+    state = KueueState(writes=writes or RecordingKueueWrites())
     for c in checks:
         state.checks[c] = PLAN
         state.check_bodies[c] = check_body(c)
@@ -127,7 +132,7 @@ def runtime(plan: dict | None, workloads: list[dict], nodes: list[dict], *, chec
 
 def run_pass(rt: SimpleNamespace) -> datetime | None:
     async def go() -> datetime | None:
-        return await kueue.reconcile_plan_workloads(rt, PLAN)
+        return await kueue_admission.reconcile_plan_workloads(rt, PLAN)
     return asyncio.run(go())
 
 
@@ -188,8 +193,8 @@ def test_a_released_job_node_waits_for_its_pods(pods: dict, guarded: set, releas
     name = node["metadata"]["name"]
     pods = {name if k == "NODE" else k: v for k, v in pods.items()}
     rt = runtime(plan_obj(), [], [node], pods=pods, guarded=guarded)
-    plan, schedule = kueue.admission_plan(rt, plan_obj(), NOW)[1]
-    wake, left = kueue.reconcile_job_nodes(rt, PLAN, plan, schedule, [], NOW)
+    plan, schedule = kueue_admission.admission_plan(rt, plan_obj(), NOW)[1]
+    wake, left = asyncio.run(kueue_admission.reconcile_job_nodes(rt, PLAN, plan, schedule, [], NOW))
     assert ("evict", name) in rt.pods.calls
     assert (name not in rt.providers["kwok"].nodes) is released
     assert left == (0 if released else 1)
@@ -211,8 +216,9 @@ def test_a_check_no_longer_ours_is_no_longer_served(event_type: str, controller:
 
     async def go() -> None:
         await kueue.check_changed(rt, CHECK, check_body(controller=controller), event_type)
-        assert rt.queue.woken(kueue.KIND, PLAN)  # its plan's loop looks again
-        await kueue.reconcile_plan_workloads(rt, PLAN)
+        assert rt.queue.woken(PLAN_KIND, PLAN)  # its plan's loop looks again
+        await kueue_admission.reconcile_plan_workloads(rt, PLAN)
+        await kueue_checks.reconcile_check(rt, CHECK)
     asyncio.run(go())
     assert CHECK not in rt.kueue.checks and CHECK not in rt.kueue.check_bodies
     w = writes_of(rt)
@@ -236,7 +242,7 @@ def test_a_plan_loop_stops_only_when_still_unnamed(nodes: list, check_arrives: b
 
     async def call(fn, *args):
         out = await real_call(fn, *args)
-        if check_arrives and fn is kueue.reconcile_job_nodes:  # a check naming the plan comes meanwhile
+        if check_arrives and fn is jobnodes.apply_job_nodes:  # a check naming the plan comes meanwhile
             state.checks["late-check"] = PLAN
         return out
 

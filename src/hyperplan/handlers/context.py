@@ -59,7 +59,7 @@ class Runtime:
     node_store: NodeStore = field(default_factory=NodeStore)
     node_watch: Any = None
     plan_digests: dict[str, str] = field(default_factory=dict)  # see handlers.nodes.plan_digest
-    # The Kueue admission controller's state (handlers.kueue.KueueState): the AdmissionChecks it
+    # The Kueue admission controller's state (handlers.kueue_state.KueueState): the AdmissionChecks it
     # serves and the plans it passes over. Set when its handlers start.
     kueue: Any = None
     # The object name of each group by its key in the queue: the label value of its name, which
