@@ -9,6 +9,8 @@ indexes (dicts of lists, filled by the real index functions), and writes through
 from __future__ import annotations
 
 import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
@@ -357,3 +359,196 @@ def test_a_plan_first_seen_with_job_nodes_gets_a_loop(event_type, has_loop, has_
     state.ensure_loop = lambda _rt, plan: started.append(plan)
     asyncio.run(kueue.plan_changed_for_admission(name=PLAN, type=event_type, memo=SimpleNamespace(runtime=rt)))
     assert started == ([PLAN] if starts else [])
+
+
+# --------------------------------------------------------------------------- the check controller
+
+
+def run_check_pass(rt: SimpleNamespace, name: str = CHECK) -> None:
+    asyncio.run(kueue_checks.reconcile_check(rt, name))
+
+
+def deleting(plan: dict) -> dict:
+    return {**plan, "metadata": {**plan["metadata"], "deletionTimestamp": "2027-01-01T11:59:00Z"}}
+
+
+@pytest.mark.parametrize("plan, parameters, written", [
+    (plan_obj(), None, None),  # the check already says Active=True for it: no write
+    (plan_obj(target="hyperpod-cluster"), None, ("True", "PlanFound", "serving training plan llama (hyperpod-cluster)")),
+    (None, None, ("False", "PlanNotFound", "training plan llama does not exist")),
+    (deleting(plan_obj()), None, ("False", "PlanNotFound", "training plan llama does not exist")),
+    (plan_obj(), {"apiGroup": "hyperplan.dev", "kind": "TrainingPlan", "name": ""},
+     ("False", "InvalidParameters", "spec.parameters.name is empty: it must name a TrainingPlan")),
+], ids=["unchanged-writes-nothing", "target-changed", "plan-missing", "plan-being-deleted", "invalid-parameters"])
+def test_the_check_pass_writes_active_once_when_it_changes(plan, parameters, written) -> None:
+    rt = runtime(plan, [], [])
+    body = check_body()
+    if parameters is not None:
+        body["spec"]["parameters"] = parameters
+    asyncio.run(kueue.check_changed(rt, CHECK, body, "MODIFIED"))
+    run_check_pass(rt)
+    run_check_pass(rt)  # what it wrote is what the check now says: the second pass writes nothing
+    w = writes_of(rt)
+    assert [(c["status"], c["reason"], c["message"]) for _, c in w.actives] == ([written] if written else [])
+    if written:
+        condition = w.actives[0][1]
+        same_status = written[0] == "True"
+        assert condition["lastTransitionTime"] == ("2027-01-01T10:00:00Z" if same_status else "2027-01-01T12:00:00Z")
+        assert rt.kueue.check_bodies[CHECK]["status"]["conditions"] == [condition]
+
+
+def test_an_unreadable_plan_fails_the_check_pass_and_leaves_active_alone() -> None:
+    plan = plan_obj()
+    plan["spec"]["targetResource"] = "cluster-of-dreams"
+    rt = runtime(plan, [], [])
+    with pytest.raises(ValueError, match="training plan llama cannot be read"):
+        run_check_pass(rt)
+    assert writes_of(rt).actives == []
+
+
+def test_the_admission_pass_never_writes_active() -> None:
+    """Even when the check's Active is stale (its plan is gone), only the check's own pass writes it."""
+    rt = runtime(None, [workload("train")], [])
+    run_pass(rt)
+    assert writes_of(rt).actives == []
+    run_check_pass(rt)
+    assert [(c["status"], c["reason"]) for _, c in writes_of(rt).actives] == [("False", "PlanNotFound")]
+
+
+@pytest.mark.parametrize("event, woken", [
+    ("check-ours", {("kueue-check", CHECK), ("kueue-plan", PLAN)}),
+    ("check-invalid-parameters", {("kueue-check", CHECK)}),
+    ("check-not-ours", set()),
+    ("plan-modified", {("kueue-check", CHECK), ("kueue-plan", PLAN)}),
+    ("plan-first-seen", {("kueue-check", CHECK)}),
+    ("plan-deleted", {("kueue-check", CHECK), ("kueue-plan", PLAN)}),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_what_each_event_wakes(event: str, woken: set) -> None:
+    """A check's Active is a function of the check and its plan: an event of either wakes the
+    check's key; the plans' loops are woken as before."""
+    rt = runtime(plan_obj(), [], [])
+    rt.kueue.loops.add(PLAN)
+    memo = SimpleNamespace(runtime=rt)
+    if event.startswith("check-"):
+        body = check_body(controller="example.com/other" if event == "check-not-ours" else "hyperplan.dev/training-plan")
+        if event == "check-invalid-parameters":
+            body["spec"]["parameters"] = {}
+        rt.kueue.checks.clear()  # not served yet: this event is its first
+        rt.kueue.loops.clear()
+        asyncio.run(kueue.check_changed(rt, CHECK, body, "ADDED"))
+    else:
+        kind = {"plan-modified": "MODIFIED", "plan-first-seen": None, "plan-deleted": "DELETED"}[event]
+        asyncio.run(kueue.plan_changed_for_admission(name=PLAN, type=kind, memo=memo))
+    keys = {(kind, name) for kind in (kueue_checks.CHECK_KIND, PLAN_KIND) for name in (CHECK, PLAN)
+            if rt.queue.woken(kind, name)}
+    assert keys == woken
+
+
+# --------------------------------------------------------------------------- state written on the event loop only
+
+
+class Watched:
+    """Records the thread of every change of a container of :class:`KueueState`."""
+
+    threads: list[int]
+
+    def _note(self) -> None:
+        self.threads.append(threading.get_ident())
+
+
+def watched(container: Any, threads: list[int]) -> Any:
+    mutators = {dict: ("__setitem__", "__delitem__", "pop", "popitem", "setdefault", "update", "clear"),
+                set: ("add", "discard", "remove", "pop", "update", "clear", "difference_update")}
+    base = type(container)
+
+    def wrap(name: str):
+        def method(self, *args, **kwargs):
+            self._note()
+            return getattr(base, name)(self, *args, **kwargs)
+        return method
+
+    cls = type(f"Watched{base.__name__.title()}", (Watched, base), {n: wrap(n) for n in mutators[base]})
+    out = cls(container)
+    out.threads = threads
+    return out
+
+
+def drained_plan_nodes() -> SimpleNamespace:
+    """The plan is gone: its two job nodes drain, one pod still on each."""
+    nodes = [job_node("0", "train"), job_node("1", "train")]
+    return runtime(None, [workload("train", state="Ready", admitted=True)], nodes, checks=(),
+                   pods={n["metadata"]["name"]: [f"team/train-{i}"] for i, n in enumerate(nodes)})
+
+
+@pytest.mark.parametrize("scenario", [
+    lambda: runtime(plan_obj(), [workload("train"), workload("other", pods=8)], []),
+    lambda: runtime(plan_obj(), [], [job_node("0", "old")], pods={naming.node_name(PLAN, BLOCK, "0"): ["team/old-0"]},
+                    guarded={"team/old-0"}),
+    lambda: runtime(plan_obj(), [workload("old", state="Ready", admitted=True, pods=2, check="deleted-check")],
+                    [job_node("0", "old"), job_node("1", "old")]),
+    drained_plan_nodes,
+    lambda: runtime(None, [], []),
+], ids=["admit-and-create-nodes", "release-waits-for-pods", "running-outside-checks", "plan-gone-drains",
+        "check-of-missing-plan"])
+def test_no_state_is_written_from_a_worker_thread(scenario) -> None:
+    """Three passes (admission, then the check's, then admission again, which lists the nodes it
+    wrote): every change of a KueueState field happens on the event loop's thread, while the
+    writes themselves ran on the controller's threads."""
+    rt = scenario()
+    state = rt.kueue
+    threads: list[int] = []
+    for name in ("checks", "check_bodies", "loops", "written", "nodes_wrote", "job_workloads"):
+        setattr(state, name, watched(getattr(state, name), threads))
+    state.loops.add(PLAN)
+    writers: set[str] = set()
+    real_call = state.call
+
+    async def call(fn, *args):
+        def on_thread(*a):
+            writers.add(threading.current_thread().name)
+            return fn(*a)
+        return await real_call(on_thread, *args)
+
+    state.call = call
+    writes_of(rt).nodes = list(rt.providers["kwok"].nodes.values())
+    run_pass(rt)
+    run_check_pass(rt)
+    writes_of(rt).nodes = list(rt.providers["kwok"].nodes.values())
+    run_pass(rt)
+    assert writers and all(name.startswith("kueue-admission") for name in writers)
+    assert threads, "no state was changed: the scenario proves nothing"
+    assert set(threads) == {threading.get_ident()}
+
+
+def test_a_state_method_refuses_to_run_on_another_thread() -> None:
+    state = KueueState(writes=RecordingKueueWrites())
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        with pytest.raises(RuntimeError, match="not the event loop's"):
+            pool.submit(state.note_nodes_wrote, naming.label_value(PLAN), True).result()
+    assert state.nodes_wrote == set()
+
+
+# --------------------------------------------------------------------------- job-node actuation returns facts
+
+
+@pytest.mark.parametrize("pods_left, deadline_passed, cordoned, released, reasons", [
+    (False, False, False, True, ["Draining", "NodeRemoved"]),
+    (True, False, False, False, ["Draining"]),
+    (True, True, False, True, ["Draining", "NodeRemoved"]),
+    (True, False, True, False, []),  # cordoned by an earlier pass: not again
+], ids=["pods-gone-released", "pods-left-waits", "deadline-passed-released", "already-cordoned"])
+def test_a_job_node_drains_through_drain_node(pods_left, deadline_passed, cordoned, released, reasons) -> None:
+    node = job_node("0", "train")
+    name = node["metadata"]["name"]
+    if cordoned:
+        node["spec"]["unschedulable"] = True
+    rt = runtime(plan_obj(), [], [node], pods={name: ["team/train-0"]}, guarded={"team/train-0"} if pods_left else set())
+    deadline = NOW - timedelta(seconds=1) if deadline_passed else NOW + timedelta(minutes=5)
+    decision = trainingjobs.JobNodeDecision(drain=[trainingjobs.Drain(name, deadline, "block ends")])
+    facts = jobnodes.apply_job_nodes(rt.providers["kwok"], rt.pods, writes_of(rt), decision, None,
+                                     {name: v1_node(node)}, False, NOW)
+    assert [reason for reason, _ in facts.events] == reasons
+    assert facts.released == ({name} if released else set()) and facts.wrote
+    assert (name in rt.providers["kwok"].nodes) is not released
+    assert writes_of(rt).events == []  # facts, not posts: the pass posts them on the event loop
+    assert rt.kueue.nodes_wrote == set()  # and records them there
