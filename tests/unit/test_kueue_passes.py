@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 from typing import Any
@@ -24,8 +23,11 @@ from hyperplan.actuation import jobnodes
 from hyperplan.handlers import kueue
 from hyperplan.handlers import kueue_admission
 from hyperplan.handlers import kueue_checks
-from hyperplan.handlers.cache import v1_node
-from hyperplan.handlers.kueue_state import PLAN_KIND, KueueState
+from hyperplan.handlers.cache import GROUPS, NODES, PLANS, POOLS, WatchCache, hp_plans, v1_node
+from hyperplan.handlers.kueue_state import (
+    CHECK_KIND, CHECKS, CHECKS_INDEX, PLAN_KIND, WORKLOADS, WORKLOADS_INDEX, KueueState, slim_check, slim_workload,
+    workloads_with,
+)
 from hyperplan.handlers.nodewatch import NodeChange, NodeStore
 from hyperplan.handlers.workqueue import WorkQueue
 from hyperplan.planning import naming
@@ -89,17 +91,6 @@ def check_body(name: str = CHECK, controller: str = "hyperplan.dev/training-plan
                                        "lastTransitionTime": "2027-01-01T10:00:00Z"}]}}
 
 
-@dataclass
-class FakeCache:
-    plans: dict[str, dict] = field(default_factory=dict)
-
-    def plan(self, name: str) -> dict | None:
-        return self.plans.get(name)
-
-    def block_nodes(self, label: str) -> list[dict]:
-        return []
-
-
 def index(workloads: list[dict]) -> dict:
     """The Workload index as kopf holds it, filled by the real index function."""
     out: dict = {}
@@ -113,23 +104,39 @@ def index(workloads: list[dict]) -> dict:
 def runtime(plan: dict | None, workloads: list[dict], nodes: list[dict], *, checks: tuple[str, ...] = (CHECK,),
             pods: dict[str, list[str]] | None = None, guarded: set[str] = frozenset(),
             writes: KueueWrites | None = None) -> SimpleNamespace:
+    """A runtime whose watch cache is the real one, over kopf-shaped indexes filled by the real
+    index functions (``indexes``: the Kueue ones, for a test to change as kopf would)."""
     provider = FakeProvider(clock=lambda: NOW)
     for n in nodes:
         provider.nodes[n["metadata"]["name"]] = v1_node(n)
     state = KueueState(writes=writes or RecordingKueueWrites())
     for c in checks:
         state.checks[c] = PLAN
-        state.check_bodies[c] = check_body(c)
         state.loops.add(PLAN)  # as check_changed leaves it
-    state.workloads = index(workloads)
     store = NodeStore()
     for n in nodes:
         store.apply("ADDED", n)
-    state.job_nodes = store.view("job")
-    return SimpleNamespace(cache=FakeCache({PLAN: plan} if plan else {}), clock=lambda: NOW,
+    cache = WatchCache()
+    cache.bind({PLANS: {PLAN: [asyncio.run(hp_plans(name=PLAN, body=plan))[PLAN]]} if plan else {},
+                POOLS: {}, GROUPS: {}, NODES: store})
+    indexes = {WORKLOADS_INDEX: index(workloads),
+               CHECKS_INDEX: {c: [asyncio.run(kueue.hp_kueue_checks(name=c, body=check_body(c)))[c]] for c in checks}}
+    cache.add_kind(WORKLOADS, WORKLOADS_INDEX, indexes[WORKLOADS_INDEX], slim_workload)
+    cache.add_kind(CHECKS, CHECKS_INDEX, indexes[CHECKS_INDEX], slim_check)
+    return SimpleNamespace(cache=cache, indexes=indexes, clock=lambda: NOW,
                            policy=get_policy("sagemaker"), keys=TopologyKeys(), queue=WorkQueue(), kueue=state,
                            providers={"kwok": provider}, pods=FakeNodePods(pods=dict(pods or {}), guarded=set(guarded)),
                            kube=None)
+
+
+async def check_event(rt: SimpleNamespace, body: dict, type: str) -> None:
+    """A check's watch event: kopf updates its index, then calls the handler."""
+    name = body["metadata"]["name"]
+    if type == "DELETED":
+        rt.indexes[CHECKS_INDEX].pop(name, None)
+    else:
+        rt.indexes[CHECKS_INDEX][name] = [(await kueue.hp_kueue_checks(name=name, body=body))[name]]
+    await kueue.check_changed(rt, name, body, type)
 
 
 def run_pass(rt: SimpleNamespace) -> datetime | None:
@@ -217,12 +224,12 @@ def test_a_check_no_longer_ours_is_no_longer_served(event_type: str, controller:
     rt = runtime(plan_obj(), [workload("train")], [])
 
     async def go() -> None:
-        await kueue.check_changed(rt, CHECK, check_body(controller=controller), event_type)
+        await check_event(rt, check_body(controller=controller), event_type)
         assert rt.queue.woken(PLAN_KIND, PLAN)  # its plan's loop looks again
         await kueue_admission.reconcile_plan_workloads(rt, PLAN)
         await kueue_checks.reconcile_check(rt, CHECK)
     asyncio.run(go())
-    assert CHECK not in rt.kueue.checks and CHECK not in rt.kueue.check_bodies
+    assert CHECK not in rt.kueue.checks
     w = writes_of(rt)
     assert (w.entries, w.actives) == ([], [])  # neither its workloads nor the check itself are written
 
@@ -313,13 +320,11 @@ def test_a_pass_reads_nothing_from_the_api_until_it_has_written_nodes() -> None:
 
 def test_our_own_write_is_preferred_over_an_older_watched_copy() -> None:
     rt = runtime(plan_obj(), [workload("train", rv="10")], [])
-    state = rt.kueue
-    ready = workload("train", state="Ready", rv="11")
-    state.wrote_workload(ready)
-    assert [w["status"]["admissionChecks"][0]["state"] for w in state.workloads_with(CHECK)] == ["Ready"]
-    state.workloads = index([workload("train", state="Ready", rv="12")])  # the watch caught up
-    assert state.workloads_with(CHECK)[0]["metadata"]["resourceVersion"] == "12"
-    assert state.written == {}
+    rt.cache.wrote(WORKLOADS, workload("train", state="Ready", rv="11"))
+    assert [w["status"]["admissionChecks"][0]["state"] for w in workloads_with(rt, CHECK)] == ["Ready"]
+    rt.indexes[WORKLOADS_INDEX].update(index([workload("train", state="Ready", rv="12")]))  # the watch caught up
+    assert workloads_with(rt, CHECK)[0]["metadata"]["resourceVersion"] == "12"
+    assert rt.cache._written == {}
 
 
 @pytest.mark.parametrize("plan_exists, has_loop, event_type, starts", [
@@ -385,7 +390,7 @@ def test_the_check_pass_writes_active_once_when_it_changes(plan, parameters, wri
     body = check_body()
     if parameters is not None:
         body["spec"]["parameters"] = parameters
-    asyncio.run(kueue.check_changed(rt, CHECK, body, "MODIFIED"))
+    asyncio.run(check_event(rt, body, "MODIFIED"))
     run_check_pass(rt)
     run_check_pass(rt)  # what it wrote is what the check now says: the second pass writes nothing
     w = writes_of(rt)
@@ -394,7 +399,7 @@ def test_the_check_pass_writes_active_once_when_it_changes(plan, parameters, wri
         condition = w.actives[0][1]
         same_status = written[0] == "True"
         assert condition["lastTransitionTime"] == ("2027-01-01T10:00:00Z" if same_status else "2027-01-01T12:00:00Z")
-        assert rt.kueue.check_bodies[CHECK]["status"]["conditions"] == [condition]
+        assert rt.cache.get(CHECKS_INDEX, CHECKS, CHECK)["status"]["conditions"] == [condition]  # our write, kept
 
 
 def test_an_unreadable_plan_fails_the_check_pass_and_leaves_active_alone() -> None:
@@ -435,11 +440,11 @@ def test_what_each_event_wakes(event: str, woken: set) -> None:
             body["spec"]["parameters"] = {}
         rt.kueue.checks.clear()  # not served yet: this event is its first
         rt.kueue.loops.clear()
-        asyncio.run(kueue.check_changed(rt, CHECK, body, "ADDED"))
+        asyncio.run(check_event(rt, body, "ADDED"))
     else:
         kind = {"plan-modified": "MODIFIED", "plan-first-seen": None, "plan-deleted": "DELETED"}[event]
         asyncio.run(kueue.plan_changed_for_admission(name=PLAN, type=kind, memo=memo))
-    keys = {(kind, name) for kind in (kueue_checks.CHECK_KIND, PLAN_KIND) for name in (CHECK, PLAN)
+    keys = {(kind, name) for kind in (CHECK_KIND, PLAN_KIND) for name in (CHECK, PLAN)
             if rt.queue.woken(kind, name)}
     assert keys == woken
 
@@ -492,13 +497,14 @@ def drained_plan_nodes() -> SimpleNamespace:
         "check-of-missing-plan"])
 def test_no_state_is_written_from_a_worker_thread(scenario) -> None:
     """Three passes (admission, then the check's, then admission again, which lists the nodes it
-    wrote): every change of a KueueState field happens on the event loop's thread, while the
+    wrote): every change of a KueueState field, and of the watch cache's write-through, happens on the event loop's thread, while the
     writes themselves ran on the controller's threads."""
     rt = scenario()
     state = rt.kueue
     threads: list[int] = []
-    for name in ("checks", "check_bodies", "loops", "written", "nodes_wrote", "job_workloads"):
-        setattr(state, name, watched(getattr(state, name), threads))
+    for owner, names in ((state, ("checks", "loops", "job_workloads")), (rt.cache, ("_written", "_nodes_wrote"))):
+        for name in names:
+            setattr(owner, name, watched(getattr(owner, name), threads))
     state.loops.add(PLAN)
     writers: set[str] = set()
     real_call = state.call
@@ -524,8 +530,8 @@ def test_a_state_method_refuses_to_run_on_another_thread() -> None:
     state = KueueState(writes=RecordingKueueWrites())
     with ThreadPoolExecutor(max_workers=1) as pool:
         with pytest.raises(RuntimeError, match="not the event loop's"):
-            pool.submit(state.note_nodes_wrote, naming.label_value(PLAN), True).result()
-    assert state.nodes_wrote == set()
+            pool.submit(state.serve_check, CHECK, PLAN).result()
+    assert state.checks == {}
 
 
 # --------------------------------------------------------------------------- job-node actuation returns facts
@@ -551,4 +557,4 @@ def test_a_job_node_drains_through_drain_node(pods_left, deadline_passed, cordon
     assert facts.released == ({name} if released else set()) and facts.wrote
     assert (name in rt.providers["kwok"].nodes) is not released
     assert writes_of(rt).events == []  # facts, not posts: the pass posts them on the event loop
-    assert rt.kueue.nodes_wrote == set()  # and records them there
+    assert rt.cache._nodes_wrote == set()  # and records them there

@@ -13,8 +13,9 @@ reconcilers on the operator's work queue (``handlers.workqueue``), and one actua
   what they did.
 
 What they know is :class:`hyperplan.handlers.kueue_state.KueueState`, written on the event loop
-only. This module owns nothing: it binds the Workload index and the job nodes at startup,
-registers the two kinds, and turns each watch event into the state it changes and the keys it
+only, and the Workloads and AdmissionChecks kept by the operator's watch cache
+(:class:`hyperplan.handlers.cache.WatchCache`, with its write-through). This module owns
+nothing: it adds those two kinds to the watch cache at startup, registers the two passes, and turns each watch event into the state it changes and the keys it
 wakes.
 
 **No kopf daemon, no finalizer.** A kopf daemon puts a finalizer on the object it serves, and a
@@ -46,14 +47,16 @@ from hyperplan.api.models import GROUP, VERSION
 from hyperplan.handlers import kueue_checks
 from hyperplan.handlers.context import Runtime
 from hyperplan.handlers.kueue_admission import reconcile_plan_workloads
-from hyperplan.handlers.kueue_state import CHECK_KIND, PLAN_KIND, KueueState, slim_workload, state_of
+from hyperplan.handlers.kueue_state import (
+    CHECK_KIND, CHECKS, CHECKS_INDEX, PLAN_KIND, WORKLOADS, WORKLOADS_INDEX, KueueState, slim_check, slim_workload,
+    state_of,
+)
 from hyperplan.handlers.nodewatch import DELETED, NodeChange
 from hyperplan.planning import admission
 from hyperplan.planning import naming
 from hyperplan.planning import trainingjobs
 
 KUEUE_WORKERS = 16  # plans passed over at once (their calls share the controller's 2 threads)
-WORKLOADS_INDEX = "hp_kueue_workloads"
 log = logging.getLogger("hyperplan.kueue")
 
 
@@ -69,15 +72,21 @@ async def hp_kueue_workloads(namespace: str, name: str, body: kopf.Body, **_: An
     return keys
 
 
+@kopf.index(KUEUE_GROUP, KUEUE_VERSION, "admissionchecks")
+async def hp_kueue_checks(name: str, body: kopf.Body, **_: Any) -> dict[str, dict]:
+    """AdmissionChecks by name, as the check controller reads them."""
+    return {name: slim_check(body)}
+
+
 @kopf.on.startup()
 async def kueue_startup(memo: kopf.Memo, **kwargs: Any) -> None:
-    """Bind the Workload index (kopf hands it to startup handlers, filled before any other
-    handler) and the job nodes (the node store, by plan), listen to job node changes, and run the
-    checks' and the plans' passes on the work queue."""
+    """Add the Workloads and the AdmissionChecks to the watch cache (kopf hands their indexes
+    to startup handlers, filled before any other handler), listen to job node changes, and run
+    the checks' and the plans' passes on the work queue."""
     rt: Runtime = memo.runtime
-    state = state_of(rt)
-    state.workloads = kwargs.get(WORKLOADS_INDEX)
-    state.job_nodes = rt.node_store.view("job")
+    state_of(rt)
+    rt.cache.add_kind(WORKLOADS, WORKLOADS_INDEX, kwargs[WORKLOADS_INDEX], slim_workload)
+    rt.cache.add_kind(CHECKS, CHECKS_INDEX, kwargs[CHECKS_INDEX], slim_check)
     rt.node_store.listeners.append(lambda change: job_node_changed(rt, change))
     kueue_checks.register(rt)
     rt.queue.register(PLAN_KIND, lambda plan: reconcile_plan_workloads(rt, plan), label="KueueAdmission",
@@ -94,11 +103,13 @@ async def check_changed(rt: Runtime, name: str, body: Mapping[str, Any], type: s
         # looks again (and ends, once no other check names the plan and no job node is left).
         state.drop_check(name)
         rt.queue.forget(CHECK_KIND, name)
+        rt.cache.forget(CHECKS, name)
         if before:
             state.wake(rt, before)
         return
     plan, _ = admission.check_parameters(spec.get("parameters"))
-    state.serve_check(name, plan, body)
+    state.serve_check(name, plan)
+    rt.cache.watched(CHECKS, name, (body.get("metadata") or {}).get("resourceVersion"))
     if before and before != plan:
         state.wake(rt, before)
     rt.queue.wake(CHECK_KIND, name)
@@ -127,8 +138,11 @@ async def workload_changed(namespace: str, name: str, body: kopf.Body, type: str
     looks again."""
     state = state_of(memo.runtime)
     memo.runtime.queue.start()
+    key = f"{namespace}/{name}" if namespace else name
     if type == "DELETED":
-        state.workload_gone(namespace or "", name)
+        memo.runtime.cache.forget(WORKLOADS, key)  # nothing of it is kept once it is gone
+    else:
+        memo.runtime.cache.watched(WORKLOADS, key, body.get("metadata", {}).get("resourceVersion"))
     for plan in plans_to_wake(state, namespace, name, body):
         state.wake(memo.runtime, plan)
 
@@ -153,8 +167,7 @@ async def plan_changed_for_admission(name: str, type: str | None, memo: kopf.Mem
     state = state_of(memo.runtime)
     memo.runtime.queue.start()
     state.wake_checks_of(memo.runtime, name)
-    if type is None and name not in state.loops and state.job_nodes is not None \
-            and state.job_nodes.get(naming.label_value(name)):
+    if type is None and name not in state.loops and memo.runtime.cache.job_nodes(naming.label_value(name)):
         state.ensure_loop(memo.runtime, name)
         return
     if type is not None:

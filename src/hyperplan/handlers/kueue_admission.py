@@ -19,9 +19,10 @@ boundary, a keep-alive expiry, or a wake from a Workload, the plan or a check ch
 The pass never writes a check's ``Active`` condition: :mod:`hyperplan.handlers.kueue_checks` does.
 Its loop ends when no check names the plan any more and none of its job nodes is left.
 
-**Reads.** A pass makes no API read: the checks, the Workloads (our newer writes preferred) and
-the job nodes come from :class:`~hyperplan.handlers.kueue_state.KueueState`, copied on the event
-loop; the plan and its groups' nodes from the operator's watch cache. The job nodes are listed
+**Reads.** A pass makes no API read: the checks it serves come from
+:class:`~hyperplan.handlers.kueue_state.KueueState`; the Workloads (our newer writes preferred),
+the plan, its groups' nodes and the job nodes from the operator's watch cache, copied on the
+event loop. The job nodes are listed
 from the API once after a pass that wrote to them (as a group's nodes are).
 
 **Writes.** A check's entry on a Workload is written with a server-side apply of that one
@@ -49,7 +50,7 @@ from hyperplan.actuation.nodes import ACCELERATORS, NodeProvider
 from hyperplan.api.models import GROUP, VERSION, TrainingPlan
 from hyperplan.api.vocabulary import to_rfc3339
 from hyperplan.handlers.context import Runtime
-from hyperplan.handlers.kueue_state import KueueState, state_of
+from hyperplan.handlers.kueue_state import WORKLOADS, job_nodes, state_of, workload, workloads_with
 from hyperplan.planning import admission
 from hyperplan.planning import groups
 from hyperplan.planning import naming
@@ -147,22 +148,24 @@ def workload_ref(wl: dict[str, Any]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- the pass
 
 
-async def read_job_nodes(state: KueueState, plan_label: str) -> list[client.V1Node]:
+async def read_job_nodes(rt: Runtime, plan_label: str) -> list[client.V1Node]:
     """The plan's job nodes that are not being deleted: a copy of the node store's, or, right
     after a pass that wrote to them, listed from the API (on the controller's threads)."""
-    nodes = state.indexed_job_nodes(plan_label)
+    state = state_of(rt)
+    nodes = job_nodes(rt, plan_label)
     if nodes is None:
         nodes = await state.call(state.writes.list_job_nodes, plan_label)
     return [n for n in nodes if not n.metadata.deletion_timestamp]
 
 
-async def running_outside_checks(state: KueueState, plan_name: str, known: set[str]) -> list[trainingjobs.Holder]:
+async def running_outside_checks(rt: Runtime, plan_name: str, known: set[str]) -> list[trainingjobs.Holder]:
     """Workloads on the plan's job nodes that no check of the plan decides for any more but that
     Kueue still runs (:func:`hyperplan.planning.trainingjobs.still_running_holders`)."""
-    nodes = await read_job_nodes(state, naming.label_value(plan_name))
+    state = state_of(rt)
+    nodes = await read_job_nodes(rt, naming.label_value(plan_name))
     on_nodes = {(n.metadata.labels or {}).get(trainingjobs.LABEL_WORKLOAD, "") for n in nodes} - {""}
     state.note_job_workloads(plan_name, on_nodes, complete=False)
-    running = {w for w in on_nodes - known if (obj := state.workload(w)) is not None and admission.workload_runs(obj)}
+    running = {w for w in on_nodes - known if (obj := workload(rt, w)) is not None and admission.workload_runs(obj)}
     views = trainingjobs.job_nodes_from_labels([(n.metadata.name, n.metadata.labels or {}, {}, False, False) for n in nodes])
     return trainingjobs.still_running_holders(views, known, running)
 
@@ -181,7 +184,7 @@ async def reconcile_plan_workloads(rt: Runtime, plan_name: str) -> datetime | No
     plan, schedule = extra if extra else (None, None)
     target = view.target if view else admission.TRAINING_JOB
     if not checks:
-        outside = await running_outside_checks(state, plan_name, set()) if target == admission.TRAINING_JOB else []
+        outside = await running_outside_checks(rt, plan_name, set()) if target == admission.TRAINING_JOB else []
         wake, left = await reconcile_job_nodes(rt, plan_name, plan, schedule, outside, now)
         if not left and not state.checks_of(plan_name):  # a check may have come meanwhile
             state.end_loop(plan_name)
@@ -191,7 +194,7 @@ async def reconcile_plan_workloads(rt: Runtime, plan_name: str) -> datetime | No
     mine: list[admission.CheckedWorkload] = []
     seen: set[tuple[str, str]] = set()
     for check in checks:
-        for wl in state.workloads_with(check):
+        for wl in workloads_with(rt, check):
             meta = wl["metadata"]
             if (meta.get("namespace"), meta.get("name"), check) in seen:
                 continue
@@ -210,7 +213,7 @@ async def reconcile_plan_workloads(rt: Runtime, plan_name: str) -> datetime | No
     outside: list[trainingjobs.Holder] = []
     if target == admission.TRAINING_JOB:
         known = {trainingjobs.workload_label_value(m.view.namespace, m.view.name) for m in mine}
-        outside = await running_outside_checks(state, plan_name, known)
+        outside = await running_outside_checks(rt, plan_name, known)
     busy_retry = min(timedelta(seconds=60), max(timedelta(seconds=5), rt.policy.day / 12))
     decided = admission.decide_plan_admission(view, mine, naming.label_value(usable.id) if usable is not None else None, now,
                                        ready_nodes=ready_nodes, busy_retry=busy_retry, plan_name=plan_name,
@@ -230,7 +233,8 @@ async def reconcile_plan_workloads(rt: Runtime, plan_name: str) -> datetime | No
                 if e.status != 404:
                     log.warning("workload %s: writing check %s failed (%s): %s", w.view.key, check, e.status, e.reason)
                 continue
-            state.wrote_workload(written)
+            if written:
+                rt.cache.wrote(WORKLOADS, written)
             log.info("workload %s: check %s %s (%s): %s", w.view.key, check, decision.state, decision.reason,
                      decision.message)
             state.writes.event(workload_ref(wl), "Warning" if decision.state == admission.REJECTED else "Normal",
@@ -270,7 +274,7 @@ async def reconcile_job_nodes(rt: Runtime, name: str, plan: TrainingPlan | None,
         block = trainingjobs.JobBlock(b.id, b.availability_zone, b.instance_type, b.instance_count, bs.termination_time,
                             b.end_time, b.ultra_server_type, plan.spec.spare_instances_per_ultra_server
                             if b.ultra_server_type else 0)
-    raw = await read_job_nodes(state, label)
+    raw = await read_job_nodes(rt, label)
     nodes = trainingjobs.job_nodes_from_labels([(n.metadata.name, n.metadata.labels or {}, n.metadata.annotations or {},
                                        bool(n.spec.unschedulable) if n.spec else False, _signalled(n))
                                       for n in raw])
@@ -291,7 +295,7 @@ async def reconcile_job_nodes(rt: Runtime, name: str, plan: TrainingPlan | None,
         log.info("plan %s: %s: %s", name, reason, message)
         if plan_ref is not None:
             state.writes.event(plan_ref, "Warning" if reason in WARNING_REASONS else "Normal", reason, message)
-    state.note_nodes_wrote(label, facts.wrote)
+    rt.cache.note_nodes_wrote("job", label, facts.wrote)
     wake = decision.wake_at
     if decision.drain or facts.evicting:  # evictions take a moment: look again shortly until the nodes are gone
         soon = now + timedelta(seconds=1)

@@ -3,7 +3,7 @@
 A check that hyperplan serves (``spec.controllerName: hyperplan.dev/training-plan``) is a key of
 the work queue (kind :data:`~hyperplan.handlers.kueue_state.CHECK_KIND`, by check name). Its
 pass reads the check as its last watch event (or our last write) showed it and the plan its
-parameters name, from the operator's watch cache, and applies ``Active`` when it differs from
+parameters name, both from the operator's watch cache, and applies ``Active`` when it differs from
 what the check says: ``True`` while the plan exists, else ``False`` with the reason
 (``PlanNotFound``, ``InvalidParameters``). Anything that changes either wakes the key: an event of
 the check or of its plan (:mod:`hyperplan.handlers.kueue`). An unreadable plan fails the pass (it
@@ -12,8 +12,8 @@ workloads.
 
 The condition is a server-side apply of that one condition on the ``status`` subresource with
 the field manager ``hyperplan-admission`` (:class:`hyperplan.actuation.kueue.KueueWrites`), made
-on the controller's threads; what it returned is kept in
-:class:`~hyperplan.handlers.kueue_state.KueueState` on the event loop.
+on the controller's threads; what it returned is kept by the watch cache's write-through, on
+the event loop, until the watch brings it.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any, Mapping
 from hyperplan.api.vocabulary import to_rfc3339
 from hyperplan.handlers.context import Runtime
 from hyperplan.handlers.kueue_admission import admission_plan, plan_object
-from hyperplan.handlers.kueue_state import CHECK_KIND, state_of
+from hyperplan.handlers.kueue_state import CHECK_KIND, CHECKS, check_object, state_of
 from hyperplan.planning import admission
 
 log = logging.getLogger("hyperplan.kueue")
@@ -46,7 +46,7 @@ async def reconcile_check(rt: Runtime, name: str) -> datetime | None:
     """One pass over an AdmissionCheck: write its ``Active`` condition if it changed. Never due
     by time: only a change of the check or its plan changes the condition."""
     state = state_of(rt)
-    check = state.check_bodies.get(name)
+    check = check_object(rt, name)
     if check is None or name not in state.checks:  # gone, or not ours (any more)
         return None
     now = rt.clock()
@@ -57,7 +57,8 @@ async def reconcile_check(rt: Runtime, name: str) -> datetime | None:
     if condition is None:
         return None
     returned = await state.call(state.writes.apply_check_active, check, condition)
-    state.wrote_check(name, returned, condition)
+    if returned and name in state.checks:  # not dropped while the write was on its way
+        rt.cache.wrote(CHECKS, returned)
     log.info("admission check %s: Active=%s (%s) %s", name, active.status, active.reason, active.message)
     return None
 

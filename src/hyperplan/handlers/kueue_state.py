@@ -1,24 +1,24 @@
-"""What the Kueue controller knows: :class:`KueueState`, its one owner of state.
+"""What the Kueue controller knows: :class:`KueueState`, its one owner of state, and its reads.
 
 Every field of :class:`KueueState` is written on the event loop only, through its methods,
-which refuse to run on any other thread: the passes (:mod:`hyperplan.handlers.kueue` and
-:mod:`hyperplan.handlers.kueue_checks`) hand values to worker threads and apply what the
-threads return. Reads are on the event loop too, so the kopf indexes and the node store (which
-the event loop changes) are copied where they are read, and the copies are what threads get.
+which refuse to run on any other thread: the passes (:mod:`hyperplan.handlers.kueue_admission`
+and :mod:`hyperplan.handlers.kueue_checks`) hand values to worker threads and apply what the
+threads return. What is kept and why:
 
-What is kept and why:
-
-* ``checks`` and ``check_bodies``: the AdmissionChecks served, each as its last watch event (or
-  our last write) showed it; the check controller reads them, so no pass reads a check from the
-  API;
+* ``checks``: the AdmissionChecks served (name -> the plan their parameters name, None when
+  they are invalid), from their watch events, so that a Workload's or a plan's change finds the
+  keys it wakes without reading anything;
 * ``loops``: the plans the admission pass runs for (keys of the work queue), those the checks
   name and those with job nodes left;
-* ``written``: the Workloads as our own writes returned them, preferred while newer than the
-  index's copy (the watch event of a write comes later), and ``nodes_wrote``: the plans whose
-  last pass wrote to their job nodes (their next pass lists the nodes from the API once, so it
-  never acts on a view older than its own writes);
 * ``job_workloads``: which plan's job nodes a workload (label value) runs on, so that a change
   of that Workload wakes the plan even when no check of it is left.
+
+The objects themselves are not kept here: the Workloads and the AdmissionChecks are kinds of
+the operator's watch cache (:class:`hyperplan.handlers.cache.WatchCache`, ``rt.cache``), fed by
+kopf indexes (:data:`WORKLOADS_INDEX`, :data:`CHECKS_INDEX`), with its write-through of our own
+writes; the job nodes are its node store's, listed again from the API after a pass that wrote
+to them (:meth:`WatchCache.must_list_nodes`). They are read on the event loop, and the copies
+are what threads get.
 """
 
 from __future__ import annotations
@@ -37,36 +37,25 @@ from hyperplan.actuation.kueue import KUEUE_API, KubeKueueWrites, KueueWrites
 from hyperplan.handlers.cache import v1_node
 from hyperplan.handlers.context import Runtime
 
+WORKLOADS_INDEX = "hp_kueue_workloads"  # kopf's index of Workloads (handlers.kueue)
+CHECKS_INDEX = "hp_kueue_checks"  # kopf's index of AdmissionChecks (handlers.kueue)
+WORKLOADS, CHECKS = "workloads", "admissionchecks"  # their kinds in the watch cache
 PLAN_KIND = "kueue-plan"  # the work queue's kind of the admission pass, keyed by plan
 CHECK_KIND = "kueue-check"  # the work queue's kind of the check controller, keyed by AdmissionCheck
-
-
-def resource_version(obj: Mapping[str, Any] | None) -> int:
-    try:
-        return int(((obj or {}).get("metadata") or {}).get("resourceVersion") or -1)
-    except (TypeError, ValueError):
-        return -1
 
 
 @dataclass
 class KueueState:
     """What the Kueue controller knows and runs (see the module docstring for each field).
 
-    ``workloads`` is the kopf index of Workloads, ``job_nodes`` the node store's view by plan
-    (both bound at startup); ``writes`` the side effects (a recording fake in tests);
-    ``executor`` the threads the passes' calls run on, not asyncio's default executor that the
+    ``writes``: the side effects (a recording fake in tests); ``executor``: the threads the passes' calls run on, not asyncio's default executor that the
     plan and group passes share: a burst of node creates for jobs must never hold up a block
     transition or a spare promotion. ``loop_thread`` is the thread the state was made on (the
     event loop's); every method that writes a field checks it.
     """
 
     checks: dict[str, str | None] = field(default_factory=dict)
-    check_bodies: dict[str, dict[str, Any]] = field(default_factory=dict)
     loops: set[str] = field(default_factory=set)
-    workloads: Mapping[Any, Any] | None = None
-    job_nodes: Mapping[Any, Any] | None = None
-    written: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
-    nodes_wrote: set[str] = field(default_factory=set)
     job_workloads: dict[str, str] = field(default_factory=dict)
     writes: KueueWrites | None = None
     executor: ThreadPoolExecutor = field(
@@ -91,32 +80,15 @@ class KueueState:
     def checks_of(self, plan: str) -> list[str]:
         return sorted(c for c, p in self.checks.items() if p == plan)
 
-    def serve_check(self, name: str, plan: str | None, body: Mapping[str, Any]) -> None:
-        """A check of ours as a watch event showed it (``plan``: what its parameters name)."""
+    def serve_check(self, name: str, plan: str | None) -> None:
+        """A check of ours, as its watch event showed it (``plan``: what its parameters name)."""
         self.on_loop()
         self.checks[name] = plan
-        slim = slim_check(body)
-        if resource_version(slim) >= resource_version(self.check_bodies.get(name)):
-            self.check_bodies[name] = slim
 
     def drop_check(self, name: str) -> None:
         """The check is gone, or no longer ours."""
         self.on_loop()
         self.checks.pop(name, None)
-        self.check_bodies.pop(name, None)
-
-    def wrote_check(self, name: str, returned: Mapping[str, Any] | None, condition: dict[str, Any]) -> None:
-        """Our write of the check's ``Active`` condition: keep what the API server returned, or
-        (when it returned nothing) what we wrote, until a newer watch event."""
-        self.on_loop()
-        if name not in self.checks:  # dropped while the write was on its way
-            return
-        known = self.check_bodies.get(name)
-        if returned is not None and resource_version(returned) > resource_version(known):
-            self.check_bodies[name] = slim_check(returned)
-        elif known is not None and returned is None:  # what we wrote is what the check says now
-            others = [c for c in known["status"]["conditions"] if c.get("type") != "Active"]
-            self.check_bodies[name] = {**known, "status": {"conditions": [*others, condition]}}
 
     # ------------------------------------------------------------------ loops
 
@@ -140,64 +112,7 @@ class KueueState:
         for check in self.checks_of(plan):
             rt.queue.wake(CHECK_KIND, check)
 
-    # ------------------------------------------------------------------ Workloads (no API call)
-
-    def _fresh(self, wl: dict[str, Any]) -> dict[str, Any]:
-        meta = wl.get("metadata") or {}
-        key = (meta.get("namespace", ""), meta.get("name", ""))
-        mine = self.written.get(key)
-        if mine is None:
-            return wl
-        if resource_version(wl) >= resource_version(mine):  # the watch caught up with our write
-            self.on_loop()
-            self.written.pop(key, None)
-            return wl
-        return mine
-
-    def _index(self) -> Mapping[Any, Any]:
-        if self.workloads is None:
-            raise RuntimeError("the Workload index is read before kopf started (not bound)")
-        return self.workloads
-
-    def workloads_with(self, check: str) -> list[dict[str, Any]]:
-        """The Workloads that carry ``check`` (from the index, or our newer write)."""
-        return [self._fresh(w) for w in list(self._index().get(("check", check)) or [])]
-
-    def workload(self, label_value: str) -> dict[str, Any] | None:
-        """The Workload whose ``hyperplan.dev/workload`` label value is ``label_value``."""
-        found = list(self._index().get(("workload", label_value)) or [])
-        return self._fresh(found[0]) if found else None
-
-    def wrote_workload(self, obj: Mapping[str, Any] | None) -> None:
-        if obj:
-            self.on_loop()
-            slim = slim_workload(obj)
-            meta = slim["metadata"]
-            key = (meta.get("namespace", ""), meta.get("name", ""))
-            if resource_version(slim) > resource_version(self.written.get(key)):
-                self.written[key] = slim
-
-    def workload_gone(self, namespace: str, name: str) -> None:
-        self.on_loop()
-        self.written.pop((namespace, name), None)  # nothing of it is kept once it is gone
-
     # ------------------------------------------------------------------ job nodes
-
-    def indexed_job_nodes(self, plan_label: str) -> list[client.V1Node] | None:
-        """The plan's job nodes from the node store (a copy, by name), or None when they are to
-        be listed from the API: right after a pass that wrote to them (the watch events of those
-        writes may still be on their way)."""
-        if plan_label in self.nodes_wrote or self.job_nodes is None:
-            return None
-        return [v1_node(n) for n in sorted(list(self.job_nodes.get(plan_label) or []),
-                                           key=lambda n: n["metadata"]["name"])]
-
-    def note_nodes_wrote(self, plan_label: str, wrote: bool) -> None:
-        self.on_loop()
-        if wrote:
-            self.nodes_wrote.add(plan_label)
-        else:
-            self.nodes_wrote.discard(plan_label)
 
     def note_job_workloads(self, plan: str, workloads: Iterable[str], *, complete: bool) -> None:
         """The workloads that run on ``plan``'s job nodes; ``complete``: these are all of them
@@ -210,6 +125,30 @@ class KueueState:
                     self.job_workloads.pop(workload, None)
         for workload in on_nodes:
             self.job_workloads[workload] = plan
+
+
+def check_object(rt: Runtime, name: str) -> dict[str, Any] | None:
+    """The AdmissionCheck as its last watch event (or our newer write) showed it."""
+    return rt.cache.get(CHECKS_INDEX, CHECKS, name)
+
+
+def workloads_with(rt: Runtime, check: str) -> list[dict[str, Any]]:
+    """The Workloads that carry ``check`` (from the index, or our newer write)."""
+    return rt.cache.objects(WORKLOADS_INDEX, WORKLOADS, ("check", check))
+
+
+def workload(rt: Runtime, label_value: str) -> dict[str, Any] | None:
+    """The Workload whose ``hyperplan.dev/workload`` label value is ``label_value``."""
+    found = rt.cache.objects(WORKLOADS_INDEX, WORKLOADS, ("workload", label_value))
+    return found[0] if found else None
+
+
+def job_nodes(rt: Runtime, plan_label: str) -> list[client.V1Node] | None:
+    """The plan's job nodes from the node store (a copy, by name), or None when they are to be
+    listed from the API: right after a pass that wrote to them."""
+    if rt.cache.must_list_nodes("job", plan_label):
+        return None
+    return [v1_node(n) for n in rt.cache.job_nodes(plan_label)]
 
 
 def state_of(rt: Runtime) -> KueueState:
