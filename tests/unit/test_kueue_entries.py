@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from hyperplan.handlers import kueue
+from hyperplan.handlers import kueue_admission
 from hyperplan.planning import admission
 
 NOW = datetime(2027, 1, 1, 12, 0, tzinfo=timezone.utc)
@@ -14,7 +14,7 @@ SELECTOR = {"hyperplan.dev/workload": "team.job-train"}
 
 def test_ready_entry_pins_every_pod_set_to_the_workload_nodes() -> None:
     d = admission.AdmissionDecision("Ready", admission.REASON_ADMITTED, "admitted", 6, "rc-1")
-    entry = kueue.entry_for("plan-check", d, {"name": "plan-check", "state": "Pending", "lastTransitionTime": "x"},
+    entry = kueue_admission.entry_for("plan-check", d, {"name": "plan-check", "state": "Pending", "lastTransitionTime": "x"},
                          SETS, SELECTOR, NOW)
     assert entry == {"name": "plan-check", "state": "Ready", "message": "admitted",
                      "lastTransitionTime": "2027-01-01T12:00:00Z",
@@ -24,7 +24,7 @@ def test_ready_entry_pins_every_pod_set_to_the_workload_nodes() -> None:
 
 def test_retry_entry_carries_requeue_and_no_pod_set_updates() -> None:
     d = admission.AdmissionDecision("Retry", admission.REASON_WAITING_FOR_BLOCK, "next block", requeue_after=timedelta(seconds=7.2))
-    entry = kueue.entry_for("plan-check", d, None, SETS, SELECTOR, NOW)
+    entry = kueue_admission.entry_for("plan-check", d, None, SETS, SELECTOR, NOW)
     assert entry["requeueAfterSeconds"] == 8 and "podSetUpdates" not in entry
 
 
@@ -32,8 +32,8 @@ def test_same_state_keeps_its_transition_time_and_is_not_rewritten() -> None:
     d = admission.AdmissionDecision("Retry", admission.REASON_WAITING_FOR_BLOCK, "next block", requeue_after=timedelta(seconds=5))
     prior = {"name": "plan-check", "state": "Retry", "message": "next block", "requeueAfterSeconds": 5,
              "lastTransitionTime": "2027-01-01T11:00:00Z", "retryCount": 2}
-    entry = kueue.entry_for("plan-check", d, prior, SETS, SELECTOR, NOW)
+    entry = kueue_admission.entry_for("plan-check", d, prior, SETS, SELECTOR, NOW)
     assert entry["lastTransitionTime"] == "2027-01-01T11:00:00Z"
-    assert not kueue.differs(prior, entry)
-    assert kueue.differs({**prior, "state": "Pending"}, entry)
-    assert kueue.differs({**prior, "message": "other"}, entry)
+    assert not kueue_admission.differs(prior, entry)
+    assert kueue_admission.differs({**prior, "state": "Pending"}, entry)
+    assert kueue_admission.differs({**prior, "message": "other"}, entry)

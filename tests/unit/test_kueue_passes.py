@@ -1,4 +1,4 @@
-"""One pass of the Kueue AdmissionCheck controller (handlers/kueue.py), with recording fakes.
+"""One pass of the Kueue AdmissionCheck controller (handlers/kueue*.py), with recording fakes.
 
 The pass reads the plan from a fake watch cache, the Workloads and job nodes from kopf-shaped
 indexes (dicts of lists, filled by the real index functions), and writes through
@@ -9,7 +9,8 @@ indexes (dicts of lists, filled by the real index functions), and writes through
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 from typing import Any
@@ -18,7 +19,15 @@ import pytest
 
 from hyperplan.actuation.fakes import FakeNodePods, FakeProvider, RecordingKueueWrites
 from hyperplan.actuation.kueue import KueueWrites
+from hyperplan.actuation import jobnodes
 from hyperplan.handlers import kueue
+from hyperplan.handlers import kueue_admission
+from hyperplan.handlers import kueue_checks
+from hyperplan.handlers.cache import GROUPS, NODES, PLANS, POOLS, WatchCache, hp_plans, v1_node
+from hyperplan.handlers.kueue_state import (
+    CHECK_KIND, CHECKS, CHECKS_INDEX, PLAN_KIND, WORKLOADS, WORKLOADS_INDEX, KueueState, slim_check, slim_workload,
+    workloads_with,
+)
 from hyperplan.handlers.nodewatch import NodeChange, NodeStore
 from hyperplan.handlers.workqueue import WorkQueue
 from hyperplan.planning import naming
@@ -30,6 +39,12 @@ NOW = datetime(2027, 1, 1, 12, 0, tzinfo=timezone.utc)
 PLAN, CHECK, NS = "llama", "llama-check", "team"
 ITYPE = "ml.p5.48xlarge"
 BLOCK = "rc-a"
+
+
+async def plan_event(rt, name: str, type_: str | None) -> None:
+    """A plan's watch event as the Kueue controller hears it: through its listener of
+    ``handlers.events.plan_event`` (on the event loop, as kopf calls it)."""
+    kueue.plan_changed_for_admission(rt, name, type_)
 
 
 def plan_obj(target: str = "training-job", **status: Any) -> dict[str, Any]:
@@ -82,17 +97,6 @@ def check_body(name: str = CHECK, controller: str = "hyperplan.dev/training-plan
                                        "lastTransitionTime": "2027-01-01T10:00:00Z"}]}}
 
 
-@dataclass
-class FakeCache:
-    plans: dict[str, dict] = field(default_factory=dict)
-
-    def plan(self, name: str) -> dict | None:
-        return self.plans.get(name)
-
-    def block_nodes(self, label: str) -> list[dict]:
-        return []
-
-
 def index(workloads: list[dict]) -> dict:
     """The Workload index as kopf holds it, filled by the real index function."""
     out: dict = {}
@@ -106,28 +110,44 @@ def index(workloads: list[dict]) -> dict:
 def runtime(plan: dict | None, workloads: list[dict], nodes: list[dict], *, checks: tuple[str, ...] = (CHECK,),
             pods: dict[str, list[str]] | None = None, guarded: set[str] = frozenset(),
             writes: KueueWrites | None = None) -> SimpleNamespace:
+    """A runtime whose watch cache is the real one, over kopf-shaped indexes filled by the real
+    index functions (``indexes``: the Kueue ones, for a test to change as kopf would)."""
     provider = FakeProvider(clock=lambda: NOW)
     for n in nodes:
-        provider.nodes[n["metadata"]["name"]] = kueue.v1_node(n)
-    state = kueue.KueueState(writes=writes or RecordingKueueWrites())
+        provider.nodes[n["metadata"]["name"]] = v1_node(n)
+    state = KueueState(writes=writes or RecordingKueueWrites())
     for c in checks:
         state.checks[c] = PLAN
-        state.check_bodies[c] = check_body(c)
         state.loops.add(PLAN)  # as check_changed leaves it
-    state.workloads = index(workloads)
     store = NodeStore()
     for n in nodes:
         store.apply("ADDED", n)
-    state.job_nodes = store.view("job")
-    return SimpleNamespace(cache=FakeCache({PLAN: plan} if plan else {}), clock=lambda: NOW,
+    cache = WatchCache()
+    cache.bind({PLANS: {PLAN: [asyncio.run(hp_plans(name=PLAN, body=plan))[PLAN]]} if plan else {},
+                POOLS: {}, GROUPS: {}, NODES: store})
+    indexes = {WORKLOADS_INDEX: index(workloads),
+               CHECKS_INDEX: {c: [asyncio.run(kueue.hp_kueue_checks(name=c, body=check_body(c)))[c]] for c in checks}}
+    cache.add_kind(WORKLOADS, WORKLOADS_INDEX, indexes[WORKLOADS_INDEX], slim_workload)
+    cache.add_kind(CHECKS, CHECKS_INDEX, indexes[CHECKS_INDEX], slim_check)
+    return SimpleNamespace(cache=cache, indexes=indexes, clock=lambda: NOW,
                            policy=get_policy("sagemaker"), keys=TopologyKeys(), queue=WorkQueue(), kueue=state,
                            providers={"kwok": provider}, pods=FakeNodePods(pods=dict(pods or {}), guarded=set(guarded)),
                            kube=None)
 
 
+async def check_event(rt: SimpleNamespace, body: dict, type: str) -> None:
+    """A check's watch event: kopf updates its index, then calls the handler."""
+    name = body["metadata"]["name"]
+    if type == "DELETED":
+        rt.indexes[CHECKS_INDEX].pop(name, None)
+    else:
+        rt.indexes[CHECKS_INDEX][name] = [(await kueue.hp_kueue_checks(name=name, body=body))[name]]
+    await kueue.check_changed(rt, name, body, type)
+
+
 def run_pass(rt: SimpleNamespace) -> datetime | None:
     async def go() -> datetime | None:
-        return await kueue.reconcile_plan_workloads(rt, PLAN)
+        return await kueue_admission.reconcile_plan_workloads(rt, PLAN)
     return asyncio.run(go())
 
 
@@ -188,8 +208,8 @@ def test_a_released_job_node_waits_for_its_pods(pods: dict, guarded: set, releas
     name = node["metadata"]["name"]
     pods = {name if k == "NODE" else k: v for k, v in pods.items()}
     rt = runtime(plan_obj(), [], [node], pods=pods, guarded=guarded)
-    plan, schedule = kueue.admission_plan(rt, plan_obj(), NOW)[1]
-    wake, left = kueue.reconcile_job_nodes(rt, PLAN, plan, schedule, [], NOW)
+    plan, schedule = kueue_admission.admission_plan(rt, plan_obj(), NOW)[1]
+    wake, left = asyncio.run(kueue_admission.reconcile_job_nodes(rt, PLAN, plan, schedule, [], NOW))
     assert ("evict", name) in rt.pods.calls
     assert (name not in rt.providers["kwok"].nodes) is released
     assert left == (0 if released else 1)
@@ -210,11 +230,12 @@ def test_a_check_no_longer_ours_is_no_longer_served(event_type: str, controller:
     rt = runtime(plan_obj(), [workload("train")], [])
 
     async def go() -> None:
-        await kueue.check_changed(rt, CHECK, check_body(controller=controller), event_type)
-        assert rt.queue.woken(kueue.KIND, PLAN)  # its plan's loop looks again
-        await kueue.reconcile_plan_workloads(rt, PLAN)
+        await check_event(rt, check_body(controller=controller), event_type)
+        assert rt.queue.woken(PLAN_KIND, PLAN)  # its plan's loop looks again
+        await kueue_admission.reconcile_plan_workloads(rt, PLAN)
+        await kueue_checks.reconcile_check(rt, CHECK)
     asyncio.run(go())
-    assert CHECK not in rt.kueue.checks and CHECK not in rt.kueue.check_bodies
+    assert CHECK not in rt.kueue.checks
     w = writes_of(rt)
     assert (w.entries, w.actives) == ([], [])  # neither its workloads nor the check itself are written
 
@@ -236,7 +257,7 @@ def test_a_plan_loop_stops_only_when_still_unnamed(nodes: list, check_arrives: b
 
     async def call(fn, *args):
         out = await real_call(fn, *args)
-        if check_arrives and fn is kueue.reconcile_job_nodes:  # a check naming the plan comes meanwhile
+        if check_arrives and fn is jobnodes.apply_job_nodes:  # a check naming the plan comes meanwhile
             state.checks["late-check"] = PLAN
         return out
 
@@ -305,13 +326,11 @@ def test_a_pass_reads_nothing_from_the_api_until_it_has_written_nodes() -> None:
 
 def test_our_own_write_is_preferred_over_an_older_watched_copy() -> None:
     rt = runtime(plan_obj(), [workload("train", rv="10")], [])
-    state = rt.kueue
-    ready = workload("train", state="Ready", rv="11")
-    state.wrote_workload(ready)
-    assert [w["status"]["admissionChecks"][0]["state"] for w in state.workloads_with(CHECK)] == ["Ready"]
-    state.workloads = index([workload("train", state="Ready", rv="12")])  # the watch caught up
-    assert state.workloads_with(CHECK)[0]["metadata"]["resourceVersion"] == "12"
-    assert state.written == {}
+    rt.cache.wrote(WORKLOADS, workload("train", state="Ready", rv="11"))
+    assert [w["status"]["admissionChecks"][0]["state"] for w in workloads_with(rt, CHECK)] == ["Ready"]
+    rt.indexes[WORKLOADS_INDEX].update(index([workload("train", state="Ready", rv="12")]))  # the watch caught up
+    assert workloads_with(rt, CHECK)[0]["metadata"]["resourceVersion"] == "12"
+    assert rt.cache._written == {}
 
 
 @pytest.mark.parametrize("plan_exists, has_loop, event_type, starts", [
@@ -349,5 +368,198 @@ def test_a_plan_first_seen_with_job_nodes_gets_a_loop(event_type, has_loop, has_
         state.loops.add(PLAN)
     started: list[str] = []
     state.ensure_loop = lambda _rt, plan: started.append(plan)
-    asyncio.run(kueue.plan_changed_for_admission(name=PLAN, type=event_type, memo=SimpleNamespace(runtime=rt)))
+    asyncio.run(plan_event(rt, PLAN, event_type))
     assert started == ([PLAN] if starts else [])
+
+
+# --------------------------------------------------------------------------- the check controller
+
+
+def run_check_pass(rt: SimpleNamespace, name: str = CHECK) -> None:
+    asyncio.run(kueue_checks.reconcile_check(rt, name))
+
+
+def deleting(plan: dict) -> dict:
+    return {**plan, "metadata": {**plan["metadata"], "deletionTimestamp": "2027-01-01T11:59:00Z"}}
+
+
+@pytest.mark.parametrize("plan, parameters, written", [
+    (plan_obj(), None, None),  # the check already says Active=True for it: no write
+    (plan_obj(target="hyperpod-cluster"), None, ("True", "PlanFound", "serving training plan llama (hyperpod-cluster)")),
+    (None, None, ("False", "PlanNotFound", "training plan llama does not exist")),
+    (deleting(plan_obj()), None, ("False", "PlanNotFound", "training plan llama does not exist")),
+    (plan_obj(), {"apiGroup": "hyperplan.dev", "kind": "TrainingPlan", "name": ""},
+     ("False", "InvalidParameters", "spec.parameters.name is empty: it must name a TrainingPlan")),
+], ids=["unchanged-writes-nothing", "target-changed", "plan-missing", "plan-being-deleted", "invalid-parameters"])
+def test_the_check_pass_writes_active_once_when_it_changes(plan, parameters, written) -> None:
+    rt = runtime(plan, [], [])
+    body = check_body()
+    if parameters is not None:
+        body["spec"]["parameters"] = parameters
+    asyncio.run(check_event(rt, body, "MODIFIED"))
+    run_check_pass(rt)
+    run_check_pass(rt)  # what it wrote is what the check now says: the second pass writes nothing
+    w = writes_of(rt)
+    assert [(c["status"], c["reason"], c["message"]) for _, c in w.actives] == ([written] if written else [])
+    if written:
+        condition = w.actives[0][1]
+        same_status = written[0] == "True"
+        assert condition["lastTransitionTime"] == ("2027-01-01T10:00:00Z" if same_status else "2027-01-01T12:00:00Z")
+        assert rt.cache.get(CHECKS_INDEX, CHECKS, CHECK)["status"]["conditions"] == [condition]  # our write, kept
+
+
+def test_an_unreadable_plan_fails_the_check_pass_and_leaves_active_alone() -> None:
+    plan = plan_obj()
+    plan["spec"]["targetResource"] = "cluster-of-dreams"
+    rt = runtime(plan, [], [])
+    with pytest.raises(ValueError, match="training plan llama cannot be read"):
+        run_check_pass(rt)
+    assert writes_of(rt).actives == []
+
+
+def test_the_admission_pass_never_writes_active() -> None:
+    """Even when the check's Active is stale (its plan is gone), only the check's own pass writes it."""
+    rt = runtime(None, [workload("train")], [])
+    run_pass(rt)
+    assert writes_of(rt).actives == []
+    run_check_pass(rt)
+    assert [(c["status"], c["reason"]) for _, c in writes_of(rt).actives] == [("False", "PlanNotFound")]
+
+
+@pytest.mark.parametrize("event, woken", [
+    ("check-ours", {("kueue-check", CHECK), ("kueue-plan", PLAN)}),
+    ("check-invalid-parameters", {("kueue-check", CHECK)}),
+    ("check-not-ours", set()),
+    ("plan-modified", {("kueue-check", CHECK), ("kueue-plan", PLAN)}),
+    ("plan-first-seen", {("kueue-check", CHECK)}),
+    ("plan-deleted", {("kueue-check", CHECK), ("kueue-plan", PLAN)}),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_what_each_event_wakes(event: str, woken: set) -> None:
+    """A check's Active is a function of the check and its plan: an event of either wakes the
+    check's key; the plans' loops are woken as before."""
+    rt = runtime(plan_obj(), [], [])
+    rt.kueue.loops.add(PLAN)
+    if event.startswith("check-"):
+        body = check_body(controller="example.com/other" if event == "check-not-ours" else "hyperplan.dev/training-plan")
+        if event == "check-invalid-parameters":
+            body["spec"]["parameters"] = {}
+        rt.kueue.checks.clear()  # not served yet: this event is its first
+        rt.kueue.loops.clear()
+        asyncio.run(check_event(rt, body, "ADDED"))
+    else:
+        kind = {"plan-modified": "MODIFIED", "plan-first-seen": None, "plan-deleted": "DELETED"}[event]
+        asyncio.run(plan_event(rt, PLAN, kind))
+    keys = {(kind, name) for kind in (CHECK_KIND, PLAN_KIND) for name in (CHECK, PLAN)
+            if rt.queue.woken(kind, name)}
+    assert keys == woken
+
+
+# --------------------------------------------------------------------------- state written on the event loop only
+
+
+class Watched:
+    """Records the thread of every change of a container of :class:`KueueState`."""
+
+    threads: list[int]
+
+    def _note(self) -> None:
+        self.threads.append(threading.get_ident())
+
+
+def watched(container: Any, threads: list[int]) -> Any:
+    mutators = {dict: ("__setitem__", "__delitem__", "pop", "popitem", "setdefault", "update", "clear"),
+                set: ("add", "discard", "remove", "pop", "update", "clear", "difference_update")}
+    base = type(container)
+
+    def wrap(name: str):
+        def method(self, *args, **kwargs):
+            self._note()
+            return getattr(base, name)(self, *args, **kwargs)
+        return method
+
+    cls = type(f"Watched{base.__name__.title()}", (Watched, base), {n: wrap(n) for n in mutators[base]})
+    out = cls(container)
+    out.threads = threads
+    return out
+
+
+def drained_plan_nodes() -> SimpleNamespace:
+    """The plan is gone: its two job nodes drain, one pod still on each."""
+    nodes = [job_node("0", "train"), job_node("1", "train")]
+    return runtime(None, [workload("train", state="Ready", admitted=True)], nodes, checks=(),
+                   pods={n["metadata"]["name"]: [f"team/train-{i}"] for i, n in enumerate(nodes)})
+
+
+@pytest.mark.parametrize("scenario", [
+    lambda: runtime(plan_obj(), [workload("train"), workload("other", pods=8)], []),
+    lambda: runtime(plan_obj(), [], [job_node("0", "old")], pods={naming.node_name(PLAN, BLOCK, "0"): ["team/old-0"]},
+                    guarded={"team/old-0"}),
+    lambda: runtime(plan_obj(), [workload("old", state="Ready", admitted=True, pods=2, check="deleted-check")],
+                    [job_node("0", "old"), job_node("1", "old")]),
+    drained_plan_nodes,
+    lambda: runtime(None, [], []),
+], ids=["admit-and-create-nodes", "release-waits-for-pods", "running-outside-checks", "plan-gone-drains",
+        "check-of-missing-plan"])
+def test_no_state_is_written_from_a_worker_thread(scenario) -> None:
+    """Three passes (admission, then the check's, then admission again, which lists the nodes it
+    wrote): every change of a KueueState field, and of the watch cache's write-through, happens on the event loop's thread, while the
+    writes themselves ran on the controller's threads."""
+    rt = scenario()
+    state = rt.kueue
+    threads: list[int] = []
+    for owner, names in ((state, ("checks", "loops", "job_workloads")), (rt.cache, ("_written", "_nodes_wrote"))):
+        for name in names:
+            setattr(owner, name, watched(getattr(owner, name), threads))
+    state.loops.add(PLAN)
+    writers: set[str] = set()
+    real_call = state.call
+
+    async def call(fn, *args):
+        def on_thread(*a):
+            writers.add(threading.current_thread().name)
+            return fn(*a)
+        return await real_call(on_thread, *args)
+
+    state.call = call
+    writes_of(rt).nodes = list(rt.providers["kwok"].nodes.values())
+    run_pass(rt)
+    run_check_pass(rt)
+    writes_of(rt).nodes = list(rt.providers["kwok"].nodes.values())
+    run_pass(rt)
+    assert writers and all(name.startswith("kueue-admission") for name in writers)
+    assert threads, "no state was changed: the scenario proves nothing"
+    assert set(threads) == {threading.get_ident()}
+
+
+def test_a_state_method_refuses_to_run_on_another_thread() -> None:
+    state = KueueState(writes=RecordingKueueWrites())
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        with pytest.raises(RuntimeError, match="not the event loop's"):
+            pool.submit(state.serve_check, CHECK, PLAN).result()
+    assert state.checks == {}
+
+
+# --------------------------------------------------------------------------- job-node actuation returns facts
+
+
+@pytest.mark.parametrize("pods_left, deadline_passed, cordoned, released, reasons", [
+    (False, False, False, True, ["Draining", "NodeRemoved"]),
+    (True, False, False, False, ["Draining"]),
+    (True, True, False, True, ["Draining", "NodeRemoved"]),
+    (True, False, True, False, []),  # cordoned by an earlier pass: not again
+], ids=["pods-gone-released", "pods-left-waits", "deadline-passed-released", "already-cordoned"])
+def test_a_job_node_drains_through_drain_node(pods_left, deadline_passed, cordoned, released, reasons) -> None:
+    node = job_node("0", "train")
+    name = node["metadata"]["name"]
+    if cordoned:
+        node["spec"]["unschedulable"] = True
+    rt = runtime(plan_obj(), [], [node], pods={name: ["team/train-0"]}, guarded={"team/train-0"} if pods_left else set())
+    deadline = NOW - timedelta(seconds=1) if deadline_passed else NOW + timedelta(minutes=5)
+    decision = trainingjobs.JobNodeDecision(drain=[trainingjobs.Drain(name, deadline, "block ends")])
+    facts = jobnodes.apply_job_nodes(rt.providers["kwok"], rt.pods, writes_of(rt), decision, None,
+                                     {name: v1_node(node)}, False, NOW)
+    assert [reason for reason, _ in facts.events] == reasons
+    assert facts.released == ({name} if released else set()) and facts.wrote
+    assert (name in rt.providers["kwok"].nodes) is not released
+    assert writes_of(rt).events == []  # facts, not posts: the pass posts them on the event loop
+    assert rt.cache._nodes_wrote == set()  # and records them there

@@ -21,7 +21,7 @@ from kubernetes import client
 from hyperplan import invariants
 from hyperplan import status
 from hyperplan.actuation.groups import observe_node
-from hyperplan.handlers import kueue
+from hyperplan.handlers import kueue_admission
 from hyperplan.handlers.cache import slim_node
 from hyperplan.handlers.trainingplan import plan_observed_node
 from hyperplan.planning import counts
@@ -200,7 +200,7 @@ def test_kueue_admits_onto_no_node_that_only_sagemaker_labels_unschedulable() ->
     cache = SimpleNamespace(block_nodes=lambda label: [slim_node(HEALTHY), slim_node(ONLY_SAGEMAKER_UNSCHEDULABLE)]
                             if label == naming.label_value(BLOCK) else [])
     rt = SimpleNamespace(cache=cache, keys=KEYS)
-    assert kueue.ready_group_nodes(rt, PLAN, BLOCK) == 1  # the healthy node only
+    assert kueue_admission.ready_group_nodes(rt, PLAN, BLOCK) == 1  # the healthy node only
 
 
 def test_hyperplan_status_shows_no_node_that_only_sagemaker_labels_unschedulable_serving() -> None:
@@ -236,7 +236,7 @@ def test_all_readers_agree_on_one_node_that_only_sagemaker_labels_unschedulable(
     body = ONLY_SAGEMAKER_UNSCHEDULABLE
     cache = SimpleNamespace(block_nodes=lambda label: [slim_node(body)])
     verdicts = {
-        "kueue ready nodes": kueue.ready_group_nodes(SimpleNamespace(cache=cache, keys=KEYS), PLAN, BLOCK),
+        "kueue ready nodes": kueue_admission.ready_group_nodes(SimpleNamespace(cache=cache, keys=KEYS), PLAN, BLOCK),
         "hyperplan status": status.node_from_api(as_v1(body), KEYS.ultraserver_id)[1].state,
         "plan counts": counts.plan_counts(1, 0, [plan_observed_node(slim_node(body), KEYS)]).unhealthy,
         "group health label": observe_node(as_v1(body), NOW, KEYS, lambda node, value: NOW).health.health_label,

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from hyperplan.handlers.cache import GROUPS, NODES, PLANS, POOLS, WatchCache
 
 
@@ -142,3 +144,38 @@ def test_a_ledger_line_that_does_not_parse_is_kept_as_it_is_and_fails_only_the_r
     assert shared["status"]["reservations"][1] == {"reservedCapacityId": "rc-x", "instanceCount": "many"}
     with pytest.raises(ValidationError):
         cache.pool_snapshots([shared])
+
+
+# --------------------------------------------------------------------------- kinds added by other modules
+
+
+def workload(namespace: str, name: str, rv: int, state: str) -> dict:
+    return {"metadata": {"name": name, "namespace": namespace, "resourceVersion": str(rv)},
+            "status": {"state": state}}
+
+
+def slim_state(obj: dict) -> dict:
+    """What the added kind keeps of a write: its identity and state (not what else came back)."""
+    return {"metadata": dict(obj["metadata"]), "status": {"state": obj["status"]["state"]}}
+
+
+@pytest.mark.parametrize("then, states", [
+    (None, ["written"]),
+    (("watched", "a", 5), ["written"]),  # an older event still on its way: keep ours
+    (("watched", "a", 6), ["watched"]),
+    (("forget", "a", None), ["watched"]),
+    (("watched", "b", 9), ["written"]),  # the same name in another namespace is another object
+], ids=["written-newer", "older-event", "event-caught-up", "deleted", "other-namespace"])
+def test_an_added_namespaced_kind_has_the_same_write_through(then, states) -> None:
+    index = {("check", "c"): [workload("a", "train", 5, "watched")]}
+    cache = cache_with({})
+    cache.add_kind("workloads", "by_check", index, slim_state)
+    cache.wrote("workloads", {**workload("a", "train", 6, "written"), "spec": {"large": "x" * 100}})
+    if then is not None:
+        what, namespace, rv = then
+        if what == "watched":
+            cache.watched("workloads", f"{namespace}/train", str(rv))
+        else:
+            cache.forget("workloads", f"{namespace}/train")
+    assert [w["status"]["state"] for w in cache.objects("by_check", "workloads", ("check", "c"))] == states
+    assert all("spec" not in w for w in cache._written.values())  # slimmed by the kind's own function

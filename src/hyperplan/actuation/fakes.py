@@ -348,8 +348,12 @@ class RecordingKueueWrites:
         return None
 
     def apply_check_active(self, check: Mapping[str, Any], condition: dict[str, Any]) -> dict[str, Any] | None:
+        """The check as the API server returns it: the condition applied, a newer resourceVersion."""
         self.actives.append((check["metadata"]["name"], condition))
-        return None
+        meta = dict(check["metadata"])
+        meta["resourceVersion"] = str(int(meta.get("resourceVersion") or 0) + 1)
+        others = [c for c in (check.get("status") or {}).get("conditions") or [] if c.get("type") != "Active"]
+        return {**check, "metadata": meta, "status": {"conditions": [*others, condition]}}
 
     def set_node_workload(self, node: str, workload: str, keep_alive_until: str | None) -> None:
         self.node_workloads.append((node, workload, keep_alive_until))

@@ -1,8 +1,9 @@
 """What the Kueue AdmissionCheck controller writes, behind one Protocol (tests record them with
 :class:`hyperplan.actuation.fakes.RecordingKueueWrites`).
 
-:mod:`hyperplan.handlers.kueue` reads Kueue's objects and the job nodes from the operator's
-watches and decides through :mod:`hyperplan.planning`; every side effect of a pass goes through a
+:mod:`hyperplan.handlers.kueue_admission` and :mod:`hyperplan.handlers.kueue_checks` read
+Kueue's objects and the job nodes from the operator's watches and decide through
+:mod:`hyperplan.planning`; every side effect of a pass goes through a
 :class:`KueueWrites`: the check's entry on a Workload's status, an AdmissionCheck's ``Active``
 condition, a job node's workload label, the Events, and the one API read a pass may make (the
 plan's job nodes, listed only right after a pass that wrote to them, so that it never acts on a

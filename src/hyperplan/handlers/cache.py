@@ -23,6 +23,12 @@ next pass does not act on its own stale write while the watch event is on its wa
 resourceVersion comparison is only a freshness hint (both are etcd revisions); correctness does
 not depend on it: a stale pool makes the ledger's write fail with 409, and it re-reads.
 
+Other modules add their kinds to the same store (:meth:`WatchCache.add_kind`: the Kueue
+controller's Workloads and AdmissionChecks), read them with :meth:`WatchCache.get` and
+:meth:`WatchCache.objects`, and use the same write-through (:meth:`WatchCache.wrote`,
+:meth:`WatchCache.watched`, :meth:`WatchCache.forget`) and the same "list the nodes again after
+our own write" (:meth:`WatchCache.must_list_nodes`).
+
 The named read operations are on :class:`WatchCache` (``rt.cache``); its parsed views of the
 pools are memoised per resourceVersion, and each ledger line is parsed once and shared by every
 version of its pool that holds it (:meth:`WatchCache.share_ledger`).
@@ -34,7 +40,7 @@ import json
 import threading
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import kopf
 from kubernetes import client
@@ -171,13 +177,25 @@ class WatchCache:
     _parsed_pools: dict[str, _ParsedPool] = field(default_factory=dict)
     _lines: dict[tuple, _Line] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    # Groups (label values) whose last pass wrote to their nodes: their next pass lists the nodes
-    # from the API once, so that it never acts on a view older than its own writes (the watch
-    # events of those writes may still be on their way). Touched on the event loop only.
-    _groups_wrote: set[str] = field(default_factory=set)
+    # The owners of nodes, ("group" or "job", label value), whose last pass wrote to their nodes:
+    # their next pass lists the nodes from the API once, so that it never acts on a view older
+    # than its own writes (the watch events of those writes may still be on their way). Touched on
+    # the event loop only.
+    _nodes_wrote: set[tuple[str, str]] = field(default_factory=set)
+    # The kinds added by :meth:`add_kind`: their indexes, and how an object we wrote is slimmed.
+    _kinds: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    _slims: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = field(default_factory=dict)
 
     def bind(self, indices: Mapping[str, Any]) -> None:
         self._indexes = {name: indices[name] for name in (PLANS, POOLS, GROUPS, NODES)}
+
+    def add_kind(self, kind: str, index_name: str, index: Mapping[str, Any],
+                 slim: Callable[[Mapping[str, Any]], dict[str, Any]]) -> None:
+        """Keep another kind in the same store: ``index`` is the kopf index of its objects
+        (bound by the startup handler of the module that watches it, as Kueue's Workloads and
+        AdmissionChecks are), ``slim`` what :meth:`wrote` keeps of an object we wrote."""
+        self._kinds[index_name] = index
+        self._slims[kind] = slim
 
     @property
     def bound(self) -> bool:
@@ -185,16 +203,21 @@ class WatchCache:
 
     # ------------------------------------------------------------------ raw objects
 
-    def _values(self, index: str, key: Any) -> list[dict[str, Any]]:
+    def _index(self, index: str) -> Mapping[str, Any]:
+        if index in self._kinds:
+            return self._kinds[index]
         if self._indexes is None:
             raise RuntimeError("the watch cache is read before kopf started (no indexes bound)")
+        return self._indexes[index]
+
+    def _values(self, index: str, key: Any) -> list[dict[str, Any]]:
         for _ in range(5):  # the event loop may add an object while a worker thread iterates
             try:
-                store = self._indexes[index].get(key)
+                store = self._index(index).get(key)
                 return list(store) if store is not None else []
             except RuntimeError:
                 continue
-        store = self._indexes[index].get(key)
+        store = self._index(index).get(key)
         return list(store) if store is not None else []
 
     def _keys(self, index: str) -> list[Any]:
@@ -216,22 +239,30 @@ class WatchCache:
                 return watched
             return written
 
-    def _one(self, index: str, kind: str, name: str) -> dict[str, Any] | None:
+    def get(self, index: str, kind: str, name: str) -> dict[str, Any] | None:
+        """The object of ``kind`` that ``index`` holds under ``name`` (None when there is none):
+        the watched copy, or our write of it while that is newer."""
         found = self._values(index, name)
         watched = found[0] if found else None
         if isinstance(watched, PackedObject):
             watched = watched.unpack()
         return self._fresh(kind, name, watched)
 
+    def objects(self, index: str, kind: str, key: Any) -> list[dict[str, Any]]:
+        """The objects of ``kind`` that ``index`` holds under ``key`` (an index may hold many
+        under one key, and one object under many), each the watched copy or our newer write."""
+        return [self._fresh(kind, object_key(o), o) for o in self._values(index, key)]  # type: ignore[misc]
+
     def wrote(self, kind: str, obj: Mapping[str, Any]) -> None:
         """Remember an object as the API server returned it after our write (write-through)."""
-        slim = slim_object(obj)
+        slim = self._slims.get(kind, slim_object)(obj)
         if kind == "capacitypools":
             slim = self.share_ledger(slim)
+        key = (kind, object_key(slim))
         with self._lock:
-            before = self._written.get((kind, slim["metadata"]["name"]))
+            before = self._written.get(key)
             if before is None or _rv(slim) > _rv(before):
-                self._written[(kind, slim["metadata"]["name"])] = slim
+                self._written[key] = slim
 
     def watched(self, kind: str, name: str, resource_version: Any) -> None:
         """The watch delivered ``name`` at ``resource_version``: our write-through copy of it is
@@ -245,17 +276,17 @@ class WatchCache:
 
     def plan(self, name: str) -> dict[str, Any] | None:
         """The TrainingPlan ``name`` (slim; None when it does not exist)."""
-        return self._one(PLANS, "trainingplans", name)
+        return self.get(PLANS, "trainingplans", name)
 
     def group(self, name: str) -> dict[str, Any] | None:
-        return self._one(GROUPS, "instancegroups", name)
+        return self.get(GROUPS, "instancegroups", name)
 
     def groups(self) -> list[dict[str, Any]]:
         return [g for g in (self.group(n) for n in self._keys(GROUPS)) if g is not None]
 
     def pool_objects(self) -> list[dict[str, Any]]:
         """Every CapacityPool (slim), sorted by name."""
-        found = (self._one(POOLS, "capacitypools", n) for n in sorted(self._keys(POOLS)))
+        found = (self.get(POOLS, "capacitypools", n) for n in sorted(self._keys(POOLS)))
         return [p for p in found if p is not None]
 
     # ------------------------------------------------------------------ nodes
@@ -268,16 +299,27 @@ class WatchCache:
         """The group's nodes as the Kubernetes client's models (what node providers return)."""
         return [v1_node(n) for n in self.group_nodes(group_label)]
 
-    def note_group_wrote(self, group_label: str, wrote: bool) -> None:
-        """Whether a group's pass wrote to its nodes (see ``must_list_group_nodes``)."""
+    def job_nodes(self, plan_label: str) -> list[dict[str, Any]]:
+        """The job nodes of a ``training-job`` plan, by its label value (slim)."""
+        return sorted(self._values(NODES, ("job", plan_label)), key=lambda n: n["metadata"]["name"])
+
+    def note_nodes_wrote(self, owner: str, label: str, wrote: bool) -> None:
+        """Whether the pass of a node owner (``"group"`` or ``"job"``, and its label value)
+        wrote to its nodes (see :meth:`must_list_nodes`)."""
         if wrote:
-            self._groups_wrote.add(group_label)
+            self._nodes_wrote.add((owner, label))
         else:
-            self._groups_wrote.discard(group_label)
+            self._nodes_wrote.discard((owner, label))
+
+    def must_list_nodes(self, owner: str, label: str) -> bool:
+        """True when the owner's last pass wrote to its nodes: list them from the API this once."""
+        return (owner, label) in self._nodes_wrote or self._indexes is None
+
+    def note_group_wrote(self, group_label: str, wrote: bool) -> None:
+        self.note_nodes_wrote("group", group_label, wrote)
 
     def must_list_group_nodes(self, group_label: str) -> bool:
-        """True when the group's last pass wrote to its nodes: list them from the API this once."""
-        return group_label in self._groups_wrote or self._indexes is None
+        return self.must_list_nodes("group", group_label)
 
     def block_nodes(self, reserved_capacity_label: str) -> list[dict[str, Any]]:
         """The group nodes of one reserved-capacity block, by its label value (slim)."""
@@ -373,6 +415,12 @@ class WatchCache:
             if kind == "capacitypools":
                 self._parsed_pools.pop(name, None)
                 self._lines = {k: v for k, v in self._lines.items() if k[0] != name}
+
+
+def object_key(obj: Mapping[str, Any]) -> str:
+    """How the store names an object: ``namespace/name`` for a namespaced one, else its name."""
+    meta = obj.get("metadata") or {}
+    return f"{meta['namespace']}/{meta['name']}" if meta.get("namespace") else meta.get("name", "")
 
 
 def v1_node(node: Mapping[str, Any]) -> client.V1Node:

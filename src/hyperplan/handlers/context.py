@@ -62,7 +62,7 @@ class Runtime:
     # Other controllers' callbacks for a plan's watch event (name, type, body), called by
     # handlers.events after the operator's own (the Kueue controller registers one).
     plan_listeners: list[Callable[[str, str | None, Mapping[str, Any]], None]] = field(default_factory=list)
-    # The Kueue admission controller's state (handlers.kueue.KueueState): the AdmissionChecks it
+    # The Kueue admission controller's state (handlers.kueue_state.KueueState): the AdmissionChecks it
     # serves and the plans it passes over. Set when its handlers start.
     kueue: Any = None
     # The object name of each group by its key in the queue: the label value of its name, which
