@@ -273,10 +273,11 @@ TRAINING_JOB_PLAN = BoundPlan("p", "training-job", None, X72, 1, (BLOCK,))
 P5_PLAN = BoundPlan("p", "hyperpod-cluster", "ml.p5.48xlarge", None, 1, (BLOCK,))
 
 
-def assert_failed_without_nodes(d, reason: str, message: str) -> None:
-    """A group that breaks a rule: Failed, the rule in its condition and a Warning, and no nodes."""
+def assert_failed_without_nodes(d, reason: str, message: str, unbound: bool = False) -> None:
+    """A group that breaks a rule: Failed, the rule in its condition (and in Bound=False when it is
+    a binding rule) and a Warning, and no nodes."""
     assert d.status.phase == "Failed"
-    assert conds(d) == [("Ready", "False", reason)]
+    assert conds(d) == [("Ready", "False", reason)] + ([("Bound", "False", reason)] if unbound else [])
     assert ready_cond(d).message == message
     assert d.events == [Event("Warning", reason, message)]
     assert (d.create, d.update, d.drain, d.remediation) == ([], [], [], ())
@@ -300,7 +301,7 @@ def assert_failed_without_nodes(d, reason: str, message: str) -> None:
 def test_binding_rule_broken_fails_without_nodes(plan, s, reason, message):
     d = decide(plan=plan, s=s)
 
-    assert_failed_without_nodes(d, reason, message)
+    assert_failed_without_nodes(d, reason, message, unbound=True)
 
 
 def test_binding_rule_broken_drains_existing_nodes():

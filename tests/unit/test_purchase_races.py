@@ -45,7 +45,8 @@ class RacingLedger(FakeLedger):
     losses: int = 0
     rivals: list[str] = field(default_factory=list)
 
-    def purchase(self, plan: str, plan_uid: str, offering: Offering, policy, now: datetime) -> PurchaseResult:
+    def purchase(self, plan: str, plan_uid: str, offering: Offering, policy, now: datetime,
+                 plan_labels=None) -> PurchaseResult:
         if len(self.rivals) < self.losses:
             rival = f"rival-{len(self.rivals)}"
             by_name = {p.metadata["name"]: p for p in self.pool_objects}
@@ -54,7 +55,7 @@ class RacingLedger(FakeLedger):
                     training_plan=rival, training_plan_uid=rival, reserved_capacity_id=f"rc-{rival}-{index}",
                     start_time=block.start, end_time=block.end, instance_count=block.instance_count))
             self.rivals.append(rival)
-        return super().purchase(plan, plan_uid, offering, policy, now)
+        return super().purchase(plan, plan_uid, offering, policy, now, plan_labels)
 
 
 def plan_spec(**kw) -> TrainingPlanSpec:

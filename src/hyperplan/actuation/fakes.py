@@ -30,6 +30,7 @@ from hyperplan.planning import naming
 from hyperplan.planning import placement
 from hyperplan.planning.offerings import Offering, RuleViolation, recheck_offering
 from hyperplan.planning.policy import Policy
+from hyperplan.planning.tenancy import pools_for_plan
 
 
 # --------------------------------------------------------------------------- capacity ledger
@@ -47,9 +48,9 @@ class FakeLedger:
         return list(self.pool_objects)
 
     def purchase(self, plan: str, plan_uid: str, offering: Offering, policy: Policy,
-                 now: datetime) -> PurchaseResult:
+                 now: datetime, plan_labels: Mapping[str, str] | None = None) -> PurchaseResult:
         self.calls.append(("purchase", (plan, offering.id)))
-        snapshots = [pool_snapshot(p, plan_uid) for p in self.pool_objects]
+        snapshots = pools_for_plan([pool_snapshot(p, plan_uid) for p in self.pool_objects], plan_labels)
         violation = self.fail_with or recheck_offering(offering, snapshots, policy, now)
         if violation:
             return PurchaseResult(violation=violation, pools=tuple(snapshots))

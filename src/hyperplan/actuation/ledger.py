@@ -27,15 +27,16 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from hyperplan.actuation.kube import Kube, is_conflict
 from hyperplan.api.models import API_VERSION, CapacityPool, Reservation
 from hyperplan.planning.blocks import Block
 from hyperplan.planning.offerings import Busy, Offering, PoolSnapshot, RuleViolation, recheck_offering
 from hyperplan.planning.policy import Policy
+from hyperplan.planning.tenancy import pools_for_plan, selector_of
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,8 @@ def pool_snapshot(pool: CapacityPool, exclude_plan_uid: str | None = None) -> Po
     return PoolSnapshot(
         name=pool.metadata["name"], instance_type=pool.spec.instance_type,
         availability_zone=pool.spec.availability_zone, instance_count=pool.spec.instance_count,
-        ultra_server_type=pool.spec.ultra_server_type, busy=tuple(busy))
+        ultra_server_type=pool.spec.ultra_server_type, busy=tuple(busy),
+        plan_selector=selector_of(pool.spec.training_plan_selector.wire() if pool.spec.training_plan_selector else None))
 
 
 def blocks_of(pools: Sequence[CapacityPool], plan_uid: str) -> list[Block]:
@@ -97,7 +99,7 @@ class CapacityLedger(Protocol):
     def pools(self) -> list[CapacityPool]: ...
 
     def purchase(self, plan: str, plan_uid: str, offering: Offering, policy: Policy,
-                 now: datetime) -> PurchaseResult: ...
+                 now: datetime, plan_labels: Mapping[str, str] | None = None) -> PurchaseResult: ...
 
     def release(self, plan_uid: str, now: datetime) -> int: ...
 
@@ -132,14 +134,17 @@ class KubeLedger:
                 for n, o in raw.items()]
 
     def purchase(self, plan: str, plan_uid: str, offering: Offering, policy: Policy,
-                 now: datetime) -> PurchaseResult:
-        """Buy ``offering`` for the plan, or say why not.
+                 now: datetime, plan_labels: Mapping[str, str] | None = None) -> PurchaseResult:
+        """Buy ``offering`` for the plan (whose labels are ``plan_labels``), or say why not.
+
+        The re-check sees only the pools whose ``trainingPlanSelector`` lets the plan buy, so an
+        offering with a block from any other pool is refused whatever its id says.
 
         Group commit: purchases that arrive while another batch is being written wait, and are
         then re-checked and written together, one status replace per pool for the whole batch
         (each re-checked against the ledger plus the purchases accepted before it in the batch).
         A thousand purchases at once cost tens of ledger writes, not a thousand."""
-        ticket = _Ticket(plan, plan_uid, offering, policy, now)
+        ticket = _Ticket(plan, plan_uid, offering, policy, now, dict(plan_labels or {}))
         with self._batch:
             self._waiting.append(ticket)
             while not ticket.done:
@@ -174,7 +179,7 @@ class KubeLedger:
             for t in batch:
                 t.result = None
                 snapshots = [replace(s, busy=s.busy + tuple(also_busy[s.name])) if s.name in also_busy else s
-                             for s in self._snapshots(raw, t.plan_uid)]
+                             for s in pools_for_plan(self._snapshots(raw, t.plan_uid), t.plan_labels)]
                 violation = recheck_offering(t.offering, snapshots, t.policy, t.now)
                 if violation:
                     if any(r.get("trainingPlanUid") == t.plan_uid for o in raw.values()
@@ -275,6 +280,7 @@ class _Ticket:
     offering: Offering
     policy: Policy
     now: datetime
+    plan_labels: Mapping[str, str] = field(default_factory=dict)
     result: PurchaseResult | None = None
     error: BaseException | None = None
 

@@ -148,6 +148,41 @@ class Condition(Model):
         return truncate(value, MAX_MESSAGE)
 
 
+# --------------------------------------------------------------------------- label selectors
+
+
+MAX_SELECTOR_TERMS = 32
+MAX_SELECTOR_VALUES = 64
+
+
+class LabelSelectorRequirement(Model):
+    """A metav1.LabelSelectorRequirement: ``key`` In/NotIn ``values``, or Exists/DoesNotExist."""
+
+    key: str = Field(min_length=1, max_length=317, json_schema_extra={"x-kubernetes-validations": [
+        cel(_cel_is_qualified_name("self"), "selector key must be a qualified name such as team or example.com/team"),
+    ]})
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    values: list[LabelValue] = Field(default_factory=list, max_length=MAX_SELECTOR_VALUES)
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        cel("(self.operator in ['In', 'NotIn']) == (has(self.values) && size(self.values) > 0)",
+            "In and NotIn need at least one value; Exists and DoesNotExist take none", fieldPath=".values"),
+    ]})
+
+
+class LabelSelector(Model):
+    """A metav1.LabelSelector: every pair of ``matchLabels`` and every requirement of
+    ``matchExpressions`` must hold; an empty selector matches every object."""
+
+    match_labels: dict[str, str] = Field(default_factory=dict, max_length=MAX_SELECTOR_TERMS, json_schema_extra={
+        "additionalProperties": {"type": "string", "maxLength": MAX_LABEL_VALUE},
+        "x-kubernetes-validations": [
+            cel(f"self.all(k, {_cel_is_qualified_name('k')})",
+                "matchLabels keys must be qualified names such as team or example.com/team"),
+        ]})
+    match_expressions: list[LabelSelectorRequirement] = Field(default_factory=list, max_length=MAX_SELECTOR_TERMS)
+
+
 # --------------------------------------------------------------------------- CapacityPool
 
 
@@ -180,6 +215,10 @@ class CapacityPoolSpec(Model):
     instance_count: int = Field(ge=1)
     ultra_server_type: Literal[*ULTRASERVER_TYPES] | None = None
     unavailable: list[UnavailableWindow] = Field(default_factory=list, max_length=MAX_UNAVAILABLE_WINDOWS)
+    training_plan_selector: LabelSelector | None = Field(
+        default=None,
+        description="Which TrainingPlans may buy from this pool, by their labels; unset: every plan. "
+                    "A plan that does not match sees no offerings from the pool.")
 
 
 class CapacityPoolStatus(Model):
@@ -264,6 +303,10 @@ class TrainingPlanSpec(Model):
         description="training-job plans: how long a Kueue workload's nodes stay after it finishes or is "
                     "evicted, for the next workload to reuse (SageMaker managed warm pools); unset or 0: "
                     "released at once.")
+    instance_group_selector: LabelSelector | None = Field(
+        default=None,
+        description="Which InstanceGroups may bind this plan, by their labels; unset: every group. A group "
+                    "that does not match gets Bound=False (NotAllowed) and no nodes.")
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
         cel("!has(self.startTimeAfter) || !has(self.endTimeBefore) || self.endTimeBefore > self.startTimeAfter",

@@ -49,6 +49,7 @@ from hyperplan.api.models import GROUP, VERSION, Reservation
 from hyperplan.api.vocabulary import ANNOTATION_LAST_HANDLED, OWN_PREFIX, from_rfc3339
 from hyperplan.planning.blocks import Block
 from hyperplan.planning.offerings import Busy, PoolSnapshot
+from hyperplan.planning.tenancy import selector_of
 
 PLANS, POOLS, GROUPS, NODES = "hp_plans", "hp_pools", "hp_groups", "nodes"  # NODES: the node store
 KEEP_ANNOTATION_PREFIXES = (OWN_PREFIX,)
@@ -387,7 +388,8 @@ class WatchCache:
         parsed = _ParsedPool(rv, PoolSnapshot(
             name=name, instance_type=spec.get("instanceType", ""),
             availability_zone=spec.get("availabilityZone", ""), instance_count=int(spec.get("instanceCount", 0)),
-            ultra_server_type=spec.get("ultraServerType"), busy=tuple(busy)), by_uid,
+            ultra_server_type=spec.get("ultraServerType"), busy=tuple(busy),
+            plan_selector=selector_of(spec.get("trainingPlanSelector"))), by_uid,
             frozenset(line.key for line in lines))
         with self._lock:
             self._parsed_pools[name] = parsed

@@ -38,6 +38,7 @@ from hyperplan.planning.groups import Peer, BoundPlan, decide_group
 from hyperplan.planning.memory import Vanished
 from hyperplan.planning.nodefacts import NodeFacts, facts_of_v1
 from hyperplan.planning.plans import Event
+from hyperplan.planning.tenancy import Selector, allows, selector_of
 
 PLURAL = "instancegroups"
 # A pass over a large group costs the event loop (and the GIL its create threads and the client
@@ -54,16 +55,19 @@ log = logging.getLogger("hyperplan.instancegroup")
 
 
 def bound_plan(plan: TrainingPlan) -> BoundPlan:
+    selector = plan.spec.instance_group_selector
     return BoundPlan(name=plan.metadata["name"], target=plan.spec.target_resource,
                     instance_type=plan.spec.instance_type, ultra_server_type=plan.spec.ultra_server_type,
                     spares_per_ultraserver=plan.spec.spare_instances_per_ultra_server,
-                    blocks=tuple(sorted(plan.status.reserved_capacity, key=lambda b: b.start_time)))
+                    blocks=tuple(sorted(plan.status.reserved_capacity, key=lambda b: b.start_time)),
+                    group_selector=selector_of(selector.wire()) if selector is not None else None)
 
 
-def peers_of(groups: list[dict[str, Any]], plan: str) -> list[Peer]:
-    """Groups bound to ``plan``, oldest first (then by name): the placement order."""
+def peers_of(groups: list[dict[str, Any]], plan: str, selector: Selector | None = None) -> list[Peer]:
+    """Groups bound to ``plan``, oldest first (then by name): the placement order. A group the
+    plan's ``instanceGroupSelector`` does not let in is no peer: it takes no room on the block."""
     bound = [g for g in groups if g.get("spec", {}).get("trainingPlanRef") == plan
-             and not g["metadata"].get("deletionTimestamp")]
+             and not g["metadata"].get("deletionTimestamp") and allows(selector, g["metadata"].get("labels"))]
     bound.sort(key=lambda g: (g["metadata"].get("creationTimestamp", ""), g["metadata"]["name"]))
     out = []
     for g in bound:
@@ -108,7 +112,8 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
                   for node, finding in seen.unreadable if finding in fresh]  # once per node, key and value
     post_events(obj, unreadable)
     decision = decide_group(name, obj["metadata"].get("generation", 1), group.spec, group.status, plan,
-                            peers_of(groups, group.spec.training_plan_ref), seen.nodes, rt.policy, now, rt.keys)
+                            peers_of(groups, group.spec.training_plan_ref, plan.group_selector if plan else None),
+                            seen.nodes, rt.policy, now, rt.keys, obj["metadata"].get("labels") or {})
     if decision.create and FINALIZER not in obj["metadata"].get("finalizers", []):
         # kopf adds the finalizer on its first pass over a new group; no node exists before it,
         # so deleting the group can never orphan one.

@@ -49,6 +49,7 @@ from hyperplan.planning.plans import (
     Event, PlanDecision, PlanUsage, block_usage, current_block, decide_plan, failed,
 )
 from hyperplan.planning.policy import Policy
+from hyperplan.planning.tenancy import pools_for_plan
 
 PLURAL = "trainingplans"
 KIND = "plan"
@@ -87,19 +88,20 @@ class PurchaseOutcome:
 
 def purchase(ledger: CapacityLedger, name: str, uid: str, spec: TrainingPlanSpec, generation: int,
              prior: TrainingPlanStatus, offering: Offering, policy: Policy, clock: Callable[[], datetime],
-             searches: int = PURCHASE_SEARCHES) -> PurchaseOutcome:
+             searches: int = PURCHASE_SEARCHES, labels: Mapping[str, str] | None = None) -> PurchaseOutcome:
     """Buy ``offering``. An auto-purchase that loses the race for it searches again against the
     pools the ledger just re-checked it against, and buys the best offering there, up to
     ``searches`` purchases in all; after that the plan stays Pending and tries again on its next
     pass. A purchase of an offering the user chose (``offeringId``) is never swapped. When the
     new search finds nothing, the window truly has no room left and the lost race's violation
-    stands (Sync: runs in a worker thread.)"""
+    stands. ``labels`` are the plan's: the ledger lets it buy only from the pools that allow it, and
+    the pools it hands back for the search again are only those. (Sync: runs in a worker thread.)"""
     for attempt in range(1, searches + 1):
-        result = ledger.purchase(name, uid, offering, policy, clock())
+        result = ledger.purchase(name, uid, offering, policy, clock(), labels)
         if result.ok or result.violation.reason != LOST_RACE or spec.offering_id or not spec.auto_purchase \
                 or not result.pools:
             return PurchaseOutcome(result, offering, attempt)
-        again = decide_plan(spec, generation, prior, [], result.pools, policy, clock())
+        again = decide_plan(spec, generation, prior, [], pools_for_plan(result.pools, labels), policy, clock())
         if again.buy is None:
             return PurchaseOutcome(result, offering, attempt)
         log.info("plan %s: lost the race for offering %s; buying %s instead", name, offering.id, again.buy.id)
@@ -130,7 +132,8 @@ async def reconcile_plan(rt: Runtime, name: str) -> datetime | None:
     pools = rt.cache.pool_objects()
     purchased = rt.cache.blocks_of(uid, pools)
     usage = node_usage(rt, plan, purchased, now) if purchased else PlanUsage()
-    snapshots = rt.cache.pool_snapshots(pools)
+    labels = obj["metadata"].get("labels") or {}
+    snapshots = pools_for_plan(rt.cache.pool_snapshots(pools), labels)  # the pools that let it buy
     decision = decide_plan(plan.spec, generation, plan.status, purchased, snapshots, rt.policy, now, usage)
 
     if (decision.buy is not None or purchased) and not await _hold_finalizer(rt, obj):
@@ -138,7 +141,7 @@ async def reconcile_plan(rt: Runtime, name: str) -> datetime | None:
     if decision.buy is not None:
         outcome = await asyncio.get_running_loop().run_in_executor(
             rt.purchase_threads, purchase, rt.ledger, name, uid, plan.spec, generation, plan.status,
-            decision.buy, rt.policy, rt.clock)
+            decision.buy, rt.policy, rt.clock, PURCHASE_SEARCHES, labels)
         result = outcome.result
         if result.ok:
             metrics.PURCHASES.labels("Purchased").inc()

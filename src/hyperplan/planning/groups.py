@@ -37,6 +37,7 @@ from hyperplan.api.vocabulary import (  # noqa: F401  (the checkpoint words re-e
 from hyperplan.planning import health
 from hyperplan.planning import naming
 from hyperplan.planning import placement
+from hyperplan.planning import tenancy
 from hyperplan.planning.nodefacts import is_unschedulable
 from hyperplan.planning.plans import Event, condition
 from hyperplan.planning.policy import Policy
@@ -57,6 +58,7 @@ class BoundPlan:
     ultra_server_type: str | None
     spares_per_ultraserver: int
     blocks: tuple[ReservedCapacity, ...]
+    group_selector: tenancy.Selector | None = None  # which groups may bind it (None: every group)
 
 
 @dataclass(frozen=True)
@@ -167,8 +169,15 @@ def _min_time(*times: datetime | None) -> datetime | None:
     return min(present) if present else None
 
 
-def check_binding(spec: InstanceGroupSpec, plan: BoundPlan) -> tuple[str, str] | None:
-    """A rule the group breaks against its plan, as (reason, message), or None."""
+def check_binding(spec: InstanceGroupSpec, plan: BoundPlan,
+                  labels: Mapping[str, str] | None = None) -> tuple[str, str] | None:
+    """A rule the group (whose ``metadata.labels`` are ``labels``) breaks against its plan, as
+    (reason, message), or None. The plan's ``instanceGroupSelector`` comes first: a group the
+    plan's owner did not let in is told only that."""
+    if not tenancy.allows(plan.group_selector, labels):
+        assert plan.group_selector is not None
+        return (tenancy.REASON_NOT_ALLOWED, tenancy.not_allowed_message(
+            f"training plan {plan.name}", plan.group_selector, "instance groups with labels"))
     if plan.target != HYPERPOD:
         return ("PlanTargetNotHyperPod",
                 f"training plan {plan.name} targets {plan.target}; instance groups need a "
@@ -191,13 +200,20 @@ def place_on_block(block: ReservedCapacity, plan: BoundPlan, peers: Sequence[Pee
 
 def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: InstanceGroupStatus,
                  plan: BoundPlan | None, peers: Sequence[Peer], nodes: Sequence[ObservedGroupNode],
-                 policy: Policy, now: datetime, keys: naming.TopologyKeys = naming.TopologyKeys()) -> GroupDecision:
+                 policy: Policy, now: datetime, keys: naming.TopologyKeys = naming.TopologyKeys(),
+                 labels: Mapping[str, str] | None = None) -> GroupDecision:
+    """What the group ``name`` (its ``metadata.labels`` are ``labels``) should hold at ``now``."""
     conds = prior.conditions
+    broken = check_binding(spec, plan, labels) if plan is not None else None
+    # Bound=False names the rule a group breaks against its plan (NotAllowed among them); a group
+    # that binds carries no Bound condition, its Ready says the rest.
+    unbound = [condition("Bound", False, *broken, generation, conds, now)] if broken else []
 
     def status(phase: str, reason: str, message: str, **fields) -> InstanceGroupStatus:
         ok = phase == READY
         made = [condition("Ready", ok, reason, message, generation, conds, now)]
         made += fields.pop("extra_conditions", [])
+        made += unbound
         return InstanceGroupStatus(phase=phase, observed_generation=generation, conditions=made, **fields)
 
     def leave_all(phase: str, reason: str, message: str, deadline: datetime, wake: datetime | None,
@@ -211,7 +227,6 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
     if plan is None:
         return _with_events(leave_all(WAITING, "PlanNotFound", f"training plan {spec.training_plan_ref} "
                                       "does not exist yet", now, None), prior)
-    broken = check_binding(spec, plan)
     if broken:
         return _with_events(leave_all(FAILED, *broken, now, None), prior, warning=True)
     if not plan.blocks:

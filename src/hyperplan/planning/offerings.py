@@ -38,6 +38,7 @@ from hyperplan.api.vocabulary import (  # noqa: F401  (ULTRASERVER_INSTANCE_TYPE
 )
 from hyperplan.planning.blocks import Block
 from hyperplan.planning.policy import Policy, format_duration
+from hyperplan.planning.tenancy import Selector
 
 MAX_OFFERINGS = 3
 
@@ -59,6 +60,7 @@ class PoolSnapshot:
     instance_count: int
     ultra_server_type: str | None = None
     busy: tuple[Busy, ...] = ()
+    plan_selector: Selector | None = None  # which plans may buy from the pool (planning.tenancy)
 
     @cached_property
     def usage(self) -> tuple[tuple[datetime, ...], tuple[int, ...]]:
