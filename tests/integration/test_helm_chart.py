@@ -36,7 +36,21 @@ def render(helm, *args: str, namespace: str = "default") -> list[dict[str, Any]]
     return [d for d in yaml.safe_load_all(out) if d]
 
 
+USER_ROLES = "user-roles"  # app.kubernetes.io/component of the roles for people (aggregated-roles.yaml)
+
+
+def component(doc: dict[str, Any]) -> str | None:
+    return ((doc.get("metadata") or {}).get("labels") or {}).get("app.kubernetes.io/component")
+
+
+def user_roles(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The ClusterRoles for people, by name."""
+    return {d["metadata"]["name"]: d for d in docs if component(d) == USER_ROLES}
+
+
 def by_kind(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The operator's objects (the roles for people left out: :func:`user_roles`), by kind."""
+    docs = [d for d in docs if component(d) != USER_ROLES]
     kinds = [d["kind"] for d in docs]
     assert len(kinds) == len(set(kinds)), f"one object per kind expected, got {kinds}"
     return {d["kind"]: d for d in docs}
@@ -342,6 +356,43 @@ def test_invalid_values_are_rejected_naming_the_field(helm, bad: str) -> None:
     proc = helm("template", "hp", str(CHART), "--set", bad, check=False)
     assert proc.returncode != 0
     assert bad.split("=")[0].split(".")[-1] in proc.stderr, proc.stderr
+
+
+HYPERPLAN_KINDS = ("trainingplans", "instancegroups", "capacitypools")
+READ = ("get", "list", "watch")
+WRITE = ("create", "update", "patch", "delete")
+
+
+@pytest.mark.parametrize("flags, shipped", [
+    ((), True), (("--set", "rbac.userRoles=true"), True), (("--set", "rbac.userRoles=false"), False),
+], ids=["default-on", "on", "off"])
+def test_roles_for_people_aggregate_into_view_edit_and_admin(helm, flags: tuple[str, ...], shipped: bool) -> None:
+    """view reads the three kinds; edit and admin write a team's plans and groups but not their
+    status nor pools; the capacity admin's role (aggregated into nothing) writes pools and reads
+    the rest. The operator's own ClusterRole is unchanged by the switch."""
+    docs = render(helm, *flags)
+    roles = user_roles(docs)
+    assert by_kind(docs)["ClusterRole"]["metadata"]["name"] == "hp-hyperplan"
+    if not shipped:
+        assert roles == {}
+        return
+    assert sorted(roles) == ["hp-hyperplan-capacity-admin", "hp-hyperplan-edit", "hp-hyperplan-view"]
+    assert {name: role["kind"] for name, role in roles.items()} == dict.fromkeys(roles, "ClusterRole")
+    aggregation = {name: sorted(k.rsplit("/", 1)[1] for k, v in role["metadata"]["labels"].items()
+                                if k.startswith("rbac.authorization.k8s.io/aggregate-to-") and v == "true")
+                   for name, role in roles.items()}
+    assert aggregation == {"hp-hyperplan-view": ["aggregate-to-view"],
+                           "hp-hyperplan-edit": ["aggregate-to-admin", "aggregate-to-edit"],
+                           "hp-hyperplan-capacity-admin": []}
+    grants = {name: _grants(role) for name, role in roles.items()}
+    assert grants["hp-hyperplan-view"] == {("hyperplan.dev", k, v) for k in HYPERPLAN_KINDS for v in READ}
+    assert grants["hp-hyperplan-edit"] == {("hyperplan.dev", k, v) for k in ("trainingplans", "instancegroups")
+                                           for v in WRITE}
+    assert grants["hp-hyperplan-capacity-admin"] == (
+        {("hyperplan.dev", "capacitypools", v) for v in (*READ, *WRITE, "deletecollection")}
+        | {("hyperplan.dev", k, v) for k in ("trainingplans", "instancegroups") for v in READ})
+    # No role for people writes a status (the operator's output) or anything outside hyperplan.dev.
+    assert not any("/" in resource for g in grants.values() for _, resource, _ in g)
 
 
 def test_a_service_account_not_created_must_be_named(helm) -> None:
