@@ -300,3 +300,57 @@ def test_status_times_without_a_timezone_are_refused(crds: Kubectl, status: dict
                     "-p", json.dumps({"status": status}), check=False)
     assert proc.returncode != 0 and field in proc.stderr and "date-time" in proc.stderr, proc.stderr
     crds.delete("instancegroup", name, "--wait=false")
+
+
+# --------------------------------------------------------------------------- tenancy selectors
+
+EVERY_OPERATOR = {"matchLabels": {"team": "a", "example.com/cost-center": "c1"},
+                  "matchExpressions": [{"key": "tier", "operator": "In", "values": ["gold", "silver"]},
+                                       {"key": "tier", "operator": "NotIn", "values": ["bronze"]},
+                                       {"key": "example.com/approved", "operator": "Exists"},
+                                       {"key": "frozen", "operator": "DoesNotExist", "values": []}]}
+
+
+@pytest.mark.parametrize("obj", [
+    pytest.param(plan(instanceGroupSelector=EVERY_OPERATOR), id="plan-every-operator"),
+    pytest.param(plan(instanceGroupSelector={}), id="plan-empty-selector"),
+    pytest.param(pool(trainingPlanSelector=EVERY_OPERATOR), id="pool-every-operator"),
+    pytest.param(pool(trainingPlanSelector={"matchLabels": {"team": "a"}}), id="pool-match-labels"),
+])
+def test_selectors_are_accepted(crds: Kubectl, obj: dict) -> None:
+    crds.create(obj)
+    stored = crds.get(obj["kind"].lower(), obj["metadata"]["name"])
+    field = "instanceGroupSelector" if obj["kind"] == "TrainingPlan" else "trainingPlanSelector"
+    assert stored["spec"][field] == obj["spec"][field]
+    crds.delete(obj["kind"].lower(), obj["metadata"]["name"], "--wait=false")
+
+
+def _expression(**requirement) -> dict:
+    return {"matchExpressions": [requirement]}
+
+
+@pytest.mark.parametrize("obj, message", [
+    pytest.param(plan(instanceGroupSelector=_expression(key="team", operator="Equals", values=["a"])),
+                 'spec.instanceGroupSelector.matchExpressions[0].operator: Unsupported value: "Equals"',
+                 id="plan-unknown-operator"),
+    pytest.param(pool(trainingPlanSelector=_expression(key="team", operator="Gt", values=["1"])),
+                 'spec.trainingPlanSelector.matchExpressions[0].operator: Unsupported value: "Gt"',
+                 id="pool-unknown-operator"),
+    pytest.param(plan(instanceGroupSelector=_expression(key="team", operator="In")),
+                 "In and NotIn need at least one value", id="plan-in-without-values"),
+    pytest.param(pool(trainingPlanSelector=_expression(key="team", operator="NotIn", values=[])),
+                 "In and NotIn need at least one value", id="pool-not-in-empty-values"),
+    pytest.param(plan(instanceGroupSelector=_expression(key="team", operator="Exists", values=["a"])),
+                 "Exists and DoesNotExist take none", id="plan-exists-with-values"),
+    pytest.param(pool(trainingPlanSelector=_expression(key="bad key", operator="Exists")),
+                 "selector key must be a qualified name", id="pool-key-with-space"),
+    pytest.param(plan(instanceGroupSelector={"matchLabels": {"Bad Key": "a"}}),
+                 "matchLabels keys must be qualified names", id="plan-match-labels-bad-key"),
+    pytest.param(plan(instanceGroupSelector=_expression(key="team", operator="In", values=["a" * 64])),
+                 "spec.instanceGroupSelector.matchExpressions[0].values[0]: Too long", id="plan-value-too-long"),
+])
+def test_bad_selectors_are_refused_at_apply(crds: Kubectl, obj: dict, message: str) -> None:
+    proc = crds.create(obj, check=False)
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr
+    assert crds.get_or_none(obj["kind"].lower(), obj["metadata"]["name"]) is None
