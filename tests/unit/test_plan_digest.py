@@ -38,6 +38,8 @@ def changed(edit) -> dict:
     pytest.param(changed(lambda p: p["spec"].update(instanceType="ml.p4d.24xlarge")), True, id="spec-instance-type"),
     pytest.param(changed(lambda p: p["spec"].update(spareInstancesPerUltraServer=2)), True, id="spec-spares"),
     pytest.param(changed(lambda p: p["spec"].update(targetResource="training-job")), True, id="spec-target"),
+    pytest.param(changed(lambda p: p["spec"].update(instanceGroupSelector={"matchLabels": {"team": "a"}})), True,
+                 id="spec-group-selector"),
     pytest.param(changed(lambda p: p["metadata"].update(deletionTimestamp="2026-01-01T00:30:00Z")), True,
                  id="being-deleted"),
 ])

@@ -209,6 +209,14 @@ async def group_spec_changed(name: str, spec: kopf.Spec, memo: kopf.Memo, **_: A
     memo.runtime.wake_groups_of(spec.get("trainingPlanRef", ""))
 
 
+@kopf.on.update(GROUP, VERSION, PLURAL, field="metadata.labels")
+async def group_labels_changed(name: str, spec: kopf.Spec, memo: kopf.Memo, **_: Any) -> None:
+    """A group's labels say whether its plan lets it in (``instanceGroupSelector``): a change may bind
+    or unbind it, and so move every group that shares the plan."""
+    memo.runtime.queue.wake(KIND, naming.label_value(name))
+    memo.runtime.wake_groups_of(spec.get("trainingPlanRef", ""))
+
+
 @kopf.on.delete(GROUP, VERSION, PLURAL)
 async def drain_group(name: str, spec: kopf.Spec, memo: kopf.Memo, body: kopf.Body, **_: Any) -> None:
     """Drain and remove every node of the group before it goes away (retried until done)."""

@@ -93,7 +93,8 @@ def plan_digest(body: Mapping[str, Any]) -> str:
     woke every group again made a loop that only pacing bounded."""
     spec, status = body.get("spec") or {}, body.get("status") or {}
     return json.dumps([
-        [spec.get(k) for k in ("targetResource", "instanceType", "ultraServerType", "spareInstancesPerUltraServer")],
+        [spec.get(k) for k in ("targetResource", "instanceType", "ultraServerType", "spareInstancesPerUltraServer",
+                               "instanceGroupSelector")],
         status.get("reservedCapacity") or [],
         bool((body.get("metadata") or {}).get("deletionTimestamp")),
     ], sort_keys=True, default=str)
