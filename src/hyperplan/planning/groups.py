@@ -174,8 +174,7 @@ def check_binding(spec: InstanceGroupSpec, plan: BoundPlan,
     """A rule the group (whose ``metadata.labels`` are ``labels``) breaks against its plan, as
     (reason, message), or None. The plan's ``instanceGroupSelector`` comes first: a group the
     plan's owner did not let in is told only that."""
-    if not tenancy.allows(plan.group_selector, labels):
-        assert plan.group_selector is not None
+    if plan.group_selector is not None and not plan.group_selector.matches(labels):
         return (tenancy.REASON_NOT_ALLOWED, tenancy.not_allowed_message(
             f"training plan {plan.name}", plan.group_selector, "instance groups with labels"))
     if plan.target != HYPERPOD:
