@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ from hyperplan.actuation.ledger import KubeLedger
 from hyperplan.api.models import CapacityPool, CapacityPoolSpec, InstanceGroupStatus, LabelSelector, TrainingPlan
 from hyperplan.api.vocabulary import REASON_OFFERING_UNAVAILABLE
 from hyperplan.handlers.instancegroup import bound_plan, peers_of
-from hyperplan.handlers.trainingplan import reconcile_plan
+from hyperplan.handlers.trainingplan import plan_event, reconcile_plan
 from hyperplan.planning.groups import Peer, decide_group
 from hyperplan.planning.offerings import Block, Offering
 from hyperplan.planning.policy import DEMO, SAGEMAKER
@@ -215,3 +216,34 @@ def test_the_fake_ledger_refuses_it_too() -> None:
     bought = fake.purchase("p", "uid-p", FROM_POOL_A, SAGEMAKER, T - timedelta(days=1), TEAM_A)
 
     assert (refused.ok, bought.ok) == (False, True)
+
+
+class RecordingQueue:
+    def __init__(self) -> None:
+        self.woken: list[tuple[str, str]] = []
+
+    def start(self) -> None:
+        pass
+
+    def wake(self, kind: str, name: str) -> None:
+        self.woken.append((kind, name))
+
+
+def plan_seen(labels: dict[str, str]) -> dict[str, Any]:
+    """A plan's watch event body whose status is the last pass's (no spec change)."""
+    return {"metadata": {"name": NAME, "generation": 1, "labels": labels}, "status": {"observedGeneration": 1}}
+
+
+@pytest.mark.parametrize("before, after, unbought, wakes", [
+    pytest.param({"team": "b"}, TEAM_A, True, True, id="unbought-relabelled-searches-again"),
+    pytest.param({}, TEAM_A, True, True, id="unbought-labelled-searches-again"),
+    pytest.param(TEAM_A, TEAM_A, True, False, id="unbought-same-labels-no-pass"),
+    pytest.param({"team": "b"}, TEAM_A, False, False, id="bought-relabelled-no-pass"),
+])
+def test_a_relabelled_plan_not_bought_yet_searches_again(before: dict, after: dict, unbought: bool,
+                                                         wakes: bool) -> None:
+    rt = SimpleNamespace(queue=RecordingQueue(), unbought_plans={NAME} if unbought else set(), plan_labels={})
+    plan_event(rt, NAME, "MODIFIED", plan_seen(before))  # the first event seen: remembered, no pass
+    plan_event(rt, NAME, "MODIFIED", plan_seen(after))
+
+    assert rt.queue.woken == ([("plan", NAME)] if wakes else [])

@@ -59,6 +59,9 @@ class Runtime:
     node_store: NodeStore = field(default_factory=NodeStore)
     node_watch: Any = None
     plan_digests: dict[str, str] = field(default_factory=dict)  # see handlers.nodes.plan_digest
+    # Each plan's labels as its last event had them: a relabelled plan not bought yet searches again,
+    # since the pools' trainingPlanSelectors read them (handlers.trainingplan.plan_event).
+    plan_labels: dict[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
     # Other controllers' callbacks for a plan's watch event (name, type, body), called by
     # handlers.events after the operator's own (the Kueue controller registers one).
     plan_listeners: list[Callable[[str, str | None, Mapping[str, Any]], None]] = field(default_factory=list)

@@ -230,14 +230,20 @@ def register_plan_passes(rt: Runtime) -> None:
 def plan_event(rt: Runtime, name: str, type: str | None, body: Mapping[str, Any]) -> None:
     """A plan needs a pass when it is listed at start (resume) or created, when its spec changed
     (its generation is ahead of the last pass's ``observedGeneration``), and when it is being
-    deleted. Its other events are its own status writes, which need none."""
+    deleted, and when a plan not bought yet is relabelled (the pools that sell to it may change).
+    Its other events are its own status writes, which need none."""
     # The workers start inside a kopf handler: their tasks inherit its context, which holds
     # kopf's queue for posting Events (kopf.event fails outside one). Idempotent.
     rt.queue.start()
     if type == "DELETED":
         rt.queue.forget(KIND, name)
+        rt.plan_labels.pop(name, None)
         return
     meta, status = body.get("metadata") or {}, body.get("status") or {}
+    labels = tuple(sorted((meta.get("labels") or {}).items()))
+    relabelled = rt.plan_labels.get(name, labels) != labels
+    rt.plan_labels[name] = labels
     if type in (None, "ADDED") or meta.get("deletionTimestamp") \
-            or meta.get("generation") != status.get("observedGeneration"):
+            or meta.get("generation") != status.get("observedGeneration") \
+            or (relabelled and name in rt.unbought_plans):  # the pools that sell to it may differ
         rt.queue.wake(KIND, name)
