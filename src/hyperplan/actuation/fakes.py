@@ -26,6 +26,7 @@ from hyperplan.actuation.nodes import (
     LABEL_NODE_ID, AdoptionConflict, DrainProgress, NodePods, NodeProvider, merged_taints,
 )
 from hyperplan.api.models import CapacityPool
+from hyperplan.api.vocabulary import from_rfc3339
 from hyperplan.planning import naming
 from hyperplan.planning import placement
 from hyperplan.planning.offerings import Offering, RuleViolation, recheck_offering
@@ -167,7 +168,7 @@ class FakeProvider:
         made = client.V1NodeCondition(
             type=condition["type"], status=condition["status"], reason=condition.get("reason"),
             message=condition.get("message"),
-            last_transition_time=datetime.fromisoformat(when.replace("Z", "+00:00")) if when else self.clock())
+            last_transition_time=from_rfc3339(when) if when else self.clock())
         others = [c for c in ((n.status.conditions if n.status else None) or []) if c.type != made.type]
         if n.status is None:
             n.status = client.V1NodeStatus()

@@ -190,7 +190,7 @@ async def group_pass(rt: Runtime, key: str) -> datetime | None:
 
 def group_event(rt: Runtime, name: str, type: str | None) -> None:
     """A group gets a pass when it is listed at start (resume) or created; its spec changes
-    (:func:`group_spec_changed`), its nodes and its plan wake it after that."""
+    (:func:`group_changed`), its nodes and its plan wake it after that."""
     rt.queue.start()  # inside a kopf handler, for kopf.event (see trainingplan.plan_event)
     key = naming.label_value(name)
     if type == "DELETED":
@@ -202,17 +202,13 @@ def group_event(rt: Runtime, name: str, type: str | None) -> None:
         rt.queue.wake(KIND, key)
 
 
-@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
-async def group_spec_changed(name: str, spec: kopf.Spec, memo: kopf.Memo, **_: Any) -> None:
-    """A changed count may move every group that shares the plan."""
-    memo.runtime.queue.wake(KIND, naming.label_value(name))
-    memo.runtime.wake_groups_of(spec.get("trainingPlanRef", ""))
-
-
-@kopf.on.update(GROUP, VERSION, PLURAL, field="metadata.labels")
-async def group_labels_changed(name: str, spec: kopf.Spec, memo: kopf.Memo, **_: Any) -> None:
-    """A group's labels say whether its plan lets it in (``instanceGroupSelector``): a change may bind
-    or unbind it, and so move every group that shares the plan."""
+@kopf.on.update(GROUP, VERSION, PLURAL, field="spec", id="group_spec_changed")
+@kopf.on.update(GROUP, VERSION, PLURAL, field="metadata.labels", id="group_labels_changed")
+async def group_changed(name: str, spec: kopf.Spec, memo: kopf.Memo, **_: Any) -> None:
+    """A changed count may move every group that shares the plan, and a group's labels say whether
+    its plan lets it in (``instanceGroupSelector``): a change may bind or unbind it. Either way
+    the group and the groups sharing its plan look again. (The handler ids are the names the two
+    handlers had, so kopf's records of them on existing groups still apply.)"""
     memo.runtime.queue.wake(KIND, naming.label_value(name))
     memo.runtime.wake_groups_of(spec.get("trainingPlanRef", ""))
 

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from hyperplan.api.vocabulary import CONDITION_READY as READY, from_rfc3339
-from hyperplan.planning.reading import generation_of, slot_of
+from hyperplan.api.vocabulary import CONDITION_READY as READY
+from hyperplan.planning.reading import generation_of, slot_of, time_or_none
 from hyperplan.planning.naming import (
     HEALTH_PENDING_REPLACEMENT,
     HEALTH_UNSCHEDULABLE,
@@ -201,12 +201,7 @@ def _facts(name: str, uid: str | None, labels: Mapping[str, str], keys: Topology
 
 def _time(value: Any) -> datetime | None:
     """A time of a node's JSON (RFC 3339 text) or of the client's model (a datetime)."""
-    if value is None or isinstance(value, datetime):
-        return value
-    try:
-        return from_rfc3339(str(value))
-    except ValueError:
-        return None
+    return value if value is None or isinstance(value, datetime) else time_or_none(str(value))
 
 
 def facts_of_dict(node: Mapping[str, Any], keys: TopologyKeys = TopologyKeys(),
