@@ -179,3 +179,79 @@ def test_an_added_namespaced_kind_has_the_same_write_through(then, states) -> No
             cache.forget("workloads", f"{namespace}/train")
     assert [w["status"]["state"] for w in cache.objects("by_check", "workloads", ("check", "c"))] == states
     assert all("spec" not in w for w in cache._written.values())  # slimmed by the kind's own function
+
+
+class LoopOnlyIndex(dict):
+    """A kopf index as kopf keeps it: changed on the event loop only. Reading it from any other
+    thread is the race this catches (a dict that changes while iterated raises, or shows half an
+    update), so every read records its thread."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.read_on: set[str] = set()
+
+    def get(self, key, default=None):
+        import threading
+        self.read_on.add(threading.current_thread().name)
+        return super().get(key, default)
+
+    def keys(self):
+        import threading
+        self.read_on.add(threading.current_thread().name)
+        return super().keys()
+
+
+def small_pool(name: str, rv: int) -> dict:
+    return {"apiVersion": "hyperplan.dev/v1alpha1", "kind": "CapacityPool",
+            "metadata": {"name": name, "resourceVersion": str(rv)},
+            "spec": {"instanceType": "ml.p5.48xlarge", "availabilityZone": "z1", "instanceCount": 4}}
+
+
+@pytest.mark.parametrize("read", ["pool_objects", "groups", "plan"])
+def test_a_worker_thread_gets_a_copy_taken_on_the_event_loop(read: str) -> None:
+    """The ledger's purchases run on worker threads and read the pools; kopf changes its indexes
+    on the event loop. The thread's read is taken on the loop (and the copy handed over), while
+    the loop keeps changing the index; a read on the loop itself stays direct."""
+    import threading
+
+    indexes = {PLANS: LoopOnlyIndex(p=[plan("p", 1, "Pending")]), POOLS: LoopOnlyIndex(a=[small_pool("a", 1)]),
+               GROUPS: LoopOnlyIndex(g=[{"metadata": {"name": "g", "resourceVersion": "1"}, "spec": {}}])}
+    calls = {"pool_objects": lambda c: c.pool_objects(), "groups": lambda c: c.groups(),
+             "plan": lambda c: c.plan("p")}
+
+    async def main() -> tuple[object, object, str]:
+        cache = WatchCache()
+        cache.bind({**indexes, NODES: {}})
+        loop_thread = threading.current_thread().name
+        stop = False
+
+        async def churn() -> None:  # the watch, changing the indexes on the loop meanwhile
+            n = 0
+            while not stop:
+                n += 1
+                indexes[POOLS][f"b{n}"] = [small_pool(f"b{n}", n)]
+                indexes[GROUPS][f"h{n}"] = [{"metadata": {"name": f"h{n}", "resourceVersion": "1"}, "spec": {}}]
+                await asyncio.sleep(0)
+
+        churning = asyncio.ensure_future(churn())
+        try:
+            for name in indexes:
+                indexes[name].read_on.clear()
+            in_thread = [await asyncio.to_thread(calls[read], cache) for _ in range(20)]
+            on_loop = calls[read](cache)
+        finally:
+            stop = True
+            await churning
+        return in_thread[-1], on_loop, loop_thread
+
+    from_thread, from_loop, loop_thread = asyncio.run(main())
+    assert from_thread and from_loop
+    read_on = set().union(*(i.read_on for i in indexes.values()))
+    assert read_on == {loop_thread}, f"kopf's indexes were read off the loop, on {read_on - {loop_thread}}"
+
+
+def test_without_a_running_loop_the_read_is_direct() -> None:
+    """Bound outside a loop (as unit tests of a pass bind it), nothing else changes the indexes:
+    the read needs no loop and does not wait for one."""
+    cache = cache_with({"p": [plan("p", 1, "Pending")]})
+    assert cache.plan("p")["status"]["phase"] == "Pending"

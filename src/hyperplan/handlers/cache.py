@@ -36,11 +36,13 @@ version of its pool that holds it (:meth:`WatchCache.share_ledger`).
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import json
 import threading
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, TypeVar
 
 import kopf
 from kubernetes import client
@@ -53,6 +55,11 @@ from hyperplan.planning.tenancy import selector_of
 
 PLANS, POOLS, GROUPS, NODES = "hp_plans", "hp_pools", "hp_groups", "nodes"  # NODES: the node store
 KEEP_ANNOTATION_PREFIXES = (OWN_PREFIX,)
+# How long a worker thread waits for the event loop to take its copy of an index (the loop is
+# busy for at most a pass's slice, tens to hundreds of milliseconds); past it the read fails, and
+# so does the pass that made it, which the work queue retries.
+LOOP_READ_SECONDS = 30.0
+T = TypeVar("T")
 DROP_ANNOTATIONS = (ANNOTATION_LAST_HANDLED,)
 
 
@@ -186,9 +193,19 @@ class WatchCache:
     # The kinds added by :meth:`add_kind`: their indexes, and how an object we wrote is slimmed.
     _kinds: dict[str, Mapping[str, Any]] = field(default_factory=dict)
     _slims: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = field(default_factory=dict)
+    # The loop kopf runs on (set by :meth:`bind`): kopf's indexes are read there (:meth:`_on_loop`).
+    _loop: asyncio.AbstractEventLoop | None = None
+    _loop_thread: int | None = None
 
     def bind(self, indices: Mapping[str, Any]) -> None:
+        """Read from kopf's indexes (and the node store) from now on. Called on the event loop (in
+        kopf's startup handler): that loop is the one every copy of an index is taken on."""
         self._indexes = {name: indices[name] for name in (PLANS, POOLS, GROUPS, NODES)}
+        try:
+            self._loop = asyncio.get_running_loop()
+            self._loop_thread = threading.get_ident()
+        except RuntimeError:  # bound outside a loop (unit tests): nothing else changes the indexes
+            self._loop, self._loop_thread = None, None
 
     def add_kind(self, kind: str, index_name: str, index: Mapping[str, Any],
                  slim: Callable[[Mapping[str, Any]], dict[str, Any]]) -> None:
@@ -211,23 +228,47 @@ class WatchCache:
             raise RuntimeError("the watch cache is read before kopf started (no indexes bound)")
         return self._indexes[index]
 
-    def _values(self, index: str, key: Any) -> list[dict[str, Any]]:
-        for _ in range(5):  # the event loop may add an object while a worker thread iterates
+    def _on_loop(self, take: Callable[[], T]) -> T:
+        """``take()``, run where kopf's indexes are safe to read: on the event loop.
+
+        kopf changes its indexes on the loop only, and a dict that changes while another thread
+        iterates it raises (or, between two reads, shows half an update). A pass on the loop reads
+        them directly; a worker thread (the ledger's purchases re-read the pools) hands ``take``
+        to the loop and waits for the copy it makes: lists of the objects, which the thread may
+        then read at leisure, since nobody mutates a watched object. With no loop bound or running
+        (unit tests, after shutdown) nothing else changes the indexes, so the read is direct."""
+        loop = self._loop
+        if loop is None or threading.get_ident() == self._loop_thread or not loop.is_running():
+            return take()
+        copied: concurrent.futures.Future = concurrent.futures.Future()
+
+        def on_loop() -> None:
             try:
-                store = self._index(index).get(key)
-                return list(store) if store is not None else []
-            except RuntimeError:
-                continue
+                copied.set_result(take())
+            except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+                copied.set_exception(e)
+
+        loop.call_soon_threadsafe(on_loop)
+        return copied.result(timeout=LOOP_READ_SECONDS)
+
+    def _copy(self, index: str, key: Any) -> list[dict[str, Any]]:
         store = self._index(index).get(key)
         return list(store) if store is not None else []
 
-    def _keys(self, index: str) -> list[Any]:
-        for _ in range(5):
-            try:
-                return list(self._indexes[index].keys())  # type: ignore[index]
-            except RuntimeError:
-                continue
-        return list(self._indexes[index].keys())  # type: ignore[index]
+    def _values(self, index: str, key: Any) -> list[dict[str, Any]]:
+        """The objects ``index`` holds under ``key`` (a copy of the list). The node store locks
+        for itself (its watch runs on a thread of its own); kopf's indexes are read on the loop."""
+        if index == NODES:
+            return self._copy(index, key)
+        return self._on_loop(lambda: self._copy(index, key))
+
+    def _each(self, index: str) -> list[Any]:
+        """The first object under every key of a kopf index (the object of each name), in one
+        visit of the loop, sorted by key."""
+        def take() -> list[Any]:
+            found = self._index(index)
+            return [next(iter(found.get(k) or ()), None) for k in sorted(found.keys())]
+        return [o for o in self._on_loop(take) if o is not None]
 
     def _fresh(self, kind: str, name: str, watched: dict[str, Any] | None) -> dict[str, Any] | None:
         with self._lock:
@@ -283,12 +324,17 @@ class WatchCache:
         return self.get(GROUPS, "instancegroups", name)
 
     def groups(self) -> list[dict[str, Any]]:
-        return [g for g in (self.group(n) for n in self._keys(GROUPS)) if g is not None]
+        """Every InstanceGroup (slim), sorted by name."""
+        return self._every(GROUPS, "instancegroups")
 
     def pool_objects(self) -> list[dict[str, Any]]:
         """Every CapacityPool (slim), sorted by name."""
-        found = (self.get(POOLS, "capacitypools", n) for n in sorted(self._keys(POOLS)))
-        return [p for p in found if p is not None]
+        return self._every(POOLS, "capacitypools")
+
+    def _every(self, index: str, kind: str) -> list[dict[str, Any]]:
+        watched = (o.unpack() if isinstance(o, PackedObject) else o for o in self._each(index))
+        found = (self._fresh(kind, object_key(o), o) for o in watched)
+        return [o for o in found if o is not None]
 
     # ------------------------------------------------------------------ nodes
 
