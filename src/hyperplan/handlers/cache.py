@@ -320,6 +320,11 @@ class WatchCache:
         """The TrainingPlan ``name`` (slim; None when it does not exist)."""
         return self.get(PLANS, "trainingplans", name)
 
+    def plans(self) -> list[dict[str, Any]]:
+        """Every TrainingPlan (slim), sorted by name: each is unpacked, so a caller that reads
+        them all pays a parse per plan (the SageMaker API's listings)."""
+        return self._every(PLANS, "trainingplans")
+
     def group(self, name: str) -> dict[str, Any] | None:
         return self.get(GROUPS, "instancegroups", name)
 

@@ -1,0 +1,252 @@
+"""The SageMaker operations, each mapped onto hyperplan's objects (docs/sagemaker-api.md).
+
+A training plan is a TrainingPlan of the same name; its reserved capacities are the blocks in its
+``status.reservedCapacity``; its UltraServers are ``status.ultraServers``. Every read comes from
+the operator's watch cache (:class:`Fleet`, the read side that passes use), never from the API
+server. ARNs are made from the account id of the settings and the region the request was signed
+for, so a client that signs for ``us-west-2`` sees ``arn:aws:sagemaker:us-west-2:...``.
+
+Each operation is a function of the request body and a :class:`Context`; it returns the response
+body or raises :class:`~hyperplan.sagemaker.wire.ApiError`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+from pydantic import ValidationError
+
+from hyperplan.api.models import ReservedCapacity, TrainingPlan
+from hyperplan.sagemaker.wire import (
+    ApiError, compact, epoch, invalid, matching, not_found, one_of, page, required, time_of,
+)
+
+PLAN_NAME = r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,63}"
+PLAN_NAME_OR_ARN = r"(arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]*:[0-9]{12}:training-plan/)?" + PLAN_NAME
+RESERVED_CAPACITY_ARN = r"arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]*:[0-9]{12}:reserved-capacity/.*"
+STATUSES = ("Pending", "Active", "Scheduled", "Expired", "Failed")
+HEALTH = {"ok": "OK", "impaired": "Impaired", "insufficient-data": "Insufficient-Data"}
+TARGET_RESOURCES = ("training-job", "hyperpod-cluster", "endpoint", "studio-apps")
+
+
+class Fleet(Protocol):
+    """What the operations read: the operator's watch cache (``handlers.cache.WatchCache``)."""
+
+    def plan(self, name: str) -> dict[str, Any] | None: ...
+
+    def plans(self) -> list[dict[str, Any]]: ...
+
+
+@dataclass(frozen=True)
+class Context:
+    """One request's surroundings: the fleet to read, the account and region of its ARNs."""
+
+    fleet: Fleet
+    account: str
+    region: str
+    now: datetime
+
+    def arn(self, kind: str, name: str) -> str:
+        return f"arn:aws:sagemaker:{self.region}:{self.account}:{kind}/{name}"
+
+
+Operation = Callable[[Mapping[str, Any], Context], dict[str, Any]]
+
+
+# --------------------------------------------------------------------------- reading plans
+
+
+def _plan_model(obj: Mapping[str, Any]) -> TrainingPlan | None:
+    try:
+        return TrainingPlan.model_validate(obj)
+    except ValidationError:
+        return None  # a plan the operator reports as invalid on the object itself; not served
+
+
+def _name_of(name_or_arn: str) -> str:
+    return name_or_arn.rsplit("/", 1)[-1] if name_or_arn.startswith("arn:") else name_or_arn
+
+
+def _duration(start: datetime | None, end: datetime | None) -> tuple[int | None, int | None]:
+    if start is None or end is None:
+        return None, None
+    minutes = max(0, int((end - start).total_seconds() // 60))
+    return minutes // 60, minutes % 60
+
+
+def _status_message(plan: TrainingPlan) -> str | None:
+    for condition in plan.status.conditions:
+        if condition.status == "False" and condition.message:
+            return condition.message[:1024]
+    return None
+
+
+def reserved_capacity_summary(block: ReservedCapacity, plan: TrainingPlan, ctx: Context) -> dict[str, Any]:
+    hours, minutes = _duration(block.start_time, block.end_time)
+    ultra = block.ultra_server_type is not None
+    return compact({
+        "ReservedCapacityArn": ctx.arn("reserved-capacity", block.id),
+        "ReservedCapacityType": "UltraServer" if ultra else "Instance",
+        "UltraServerType": block.ultra_server_type, "UltraServerCount": block.ultra_server_count,
+        "InstanceType": block.instance_type, "TotalInstanceCount": block.instance_count,
+        "Status": block.status, "AvailabilityZone": block.availability_zone,
+        "DurationHours": hours, "DurationMinutes": minutes,
+        "StartTime": epoch(block.start_time), "EndTime": epoch(block.end_time),
+    })
+
+
+def plan_summary(plan: TrainingPlan, ctx: Context, *, detail: bool) -> dict[str, Any]:
+    """A plan as DescribeTrainingPlan (``detail``) or a ListTrainingPlans summary shows it."""
+    blocks = sorted(plan.status.reserved_capacity, key=lambda b: b.start_time)
+    start = blocks[0].start_time if blocks else None
+    end = blocks[-1].end_time if blocks else None
+    hours, minutes = _duration(start, end)
+    status = plan.status
+    fields = {
+        "TrainingPlanArn": ctx.arn("training-plan", plan.metadata["name"]),
+        "TrainingPlanName": plan.metadata["name"],
+        "Status": status.phase or "Pending",
+        "StatusMessage": _status_message(plan),
+        "DurationHours": hours, "DurationMinutes": minutes,
+        "StartTime": epoch(start), "EndTime": epoch(end),
+        "TotalInstanceCount": status.total_instance_count,
+        "AvailableInstanceCount": status.available_instance_count,
+        "InUseInstanceCount": status.in_use_instance_count,
+        "TotalUltraServerCount": status.total_ultra_server_count,
+        "TargetResources": [plan.spec.target_resource],
+        "ReservedCapacitySummaries": [reserved_capacity_summary(b, plan, ctx) for b in blocks[-5:]],
+    }
+    if detail:
+        fields["UnhealthyInstanceCount"] = status.unhealthy_instance_count
+        fields["AvailableSpareInstanceCount"] = status.available_spare_instance_count
+    return compact(fields)
+
+
+def _plan_named(body: Mapping[str, Any], ctx: Context) -> TrainingPlan:
+    name = _name_of(matching(body, "TrainingPlanName", PLAN_NAME_OR_ARN) or required(body, "TrainingPlanName"))
+    obj = ctx.fleet.plan(name)
+    plan = _plan_model(obj) if obj is not None else None
+    if plan is None:
+        raise not_found(f"Training plan {name} not found.")
+    return plan
+
+
+def describe_training_plan(body: Mapping[str, Any], ctx: Context) -> dict[str, Any]:
+    return plan_summary(_plan_named(body, ctx), ctx, detail=True)
+
+
+SORT_KEYS: dict[str, Callable[[dict[str, Any]], Any]] = {
+    "TrainingPlanName": lambda s: [s["TrainingPlanName"]],
+    "StartTime": lambda s: [s.get("StartTime") or 0.0, s["TrainingPlanName"]],
+    "Status": lambda s: [s["Status"], s["TrainingPlanName"]],
+}
+
+
+def list_training_plans(body: Mapping[str, Any], ctx: Context) -> dict[str, Any]:
+    """ListTrainingPlans: filters (``Status``), start-time bounds, sort and paging (at most 100 a
+    page). The default order is the newest start first, as on AWS (``StartTime``, descending)."""
+    sort_by = one_of(body, "SortBy", tuple(SORT_KEYS)) or "StartTime"
+    order = one_of(body, "SortOrder", ("Ascending", "Descending")) or ("Descending" if sort_by == "StartTime"
+                                                                        else "Ascending")
+    after, before = time_of(body, "StartTimeAfter"), time_of(body, "StartTimeBefore")
+    filters = body.get("Filters") or []
+    if not isinstance(filters, list) or len(filters) > 5:
+        raise invalid("Filters must be a list of at most 5 filters")
+    wanted: set[str] = set()
+    for f in filters:
+        if not isinstance(f, dict) or f.get("Name") != "Status":
+            raise invalid("the only filter name is Status")
+        one_of(f, "Value", STATUSES)
+        wanted.add(f["Value"])
+    summaries = []
+    for obj in ctx.fleet.plans():
+        plan = _plan_model(obj)
+        if plan is None:
+            continue
+        summary = plan_summary(plan, ctx, detail=False)
+        if wanted and summary["Status"] not in wanted:
+            continue
+        start = summary.get("StartTime")
+        if after is not None and (start is None or start <= after.timestamp()):
+            continue
+        if before is not None and (start is None or start >= before.timestamp()):
+            continue
+        summaries.append((SORT_KEYS[sort_by](summary), summary))
+    shown, token = page(summaries, body, descending=order == "Descending")
+    return compact({"TrainingPlanSummaries": shown, "NextToken": token})
+
+
+# --------------------------------------------------------------------------- reserved capacity
+
+
+def _reserved_capacity(body: Mapping[str, Any], ctx: Context) -> tuple[ReservedCapacity, TrainingPlan]:
+    arn = matching(body, "ReservedCapacityArn", RESERVED_CAPACITY_ARN, low=50) or required(body, "ReservedCapacityArn")
+    block_id = arn.rsplit("/", 1)[-1]
+    for obj in ctx.fleet.plans():
+        plan = _plan_model(obj)
+        for block in plan.status.reserved_capacity if plan is not None else ():
+            if block.id == block_id:
+                return block, plan
+    raise not_found(f"Reserved capacity {arn} not found.")
+
+
+def describe_reserved_capacity(body: Mapping[str, Any], ctx: Context) -> dict[str, Any]:
+    block, plan = _reserved_capacity(body, ctx)
+    summary = reserved_capacity_summary(block, plan, ctx)
+    current = block.status == "Active"
+    status = plan.status
+    out = {k: summary.get(k) for k in ("ReservedCapacityArn", "ReservedCapacityType", "Status", "AvailabilityZone",
+                                       "DurationHours", "DurationMinutes", "StartTime", "EndTime", "InstanceType",
+                                       "TotalInstanceCount")}
+    out["AvailableInstanceCount"] = status.available_instance_count if current else None
+    out["InUseInstanceCount"] = status.in_use_instance_count if current else None
+    if block.ultra_server_type is not None:
+        out["UltraServerSummary"] = compact({
+            "UltraServerType": block.ultra_server_type, "InstanceType": block.instance_type,
+            "UltraServerCount": block.ultra_server_count,
+            "AvailableSpareInstanceCount": status.available_spare_instance_count if current else None,
+            "UnhealthyInstanceCount": status.unhealthy_instance_count if current else None})
+    return compact(out)
+
+
+def list_ultra_servers_by_reserved_capacity(body: Mapping[str, Any], ctx: Context) -> dict[str, Any]:
+    """The UltraServers of a reserved capacity, with their health (``OK``, ``Impaired``,
+    ``Insufficient-Data``), from the plan's ``status.ultraServers``: the plan counts the nodes of
+    its current block, so a block that is not the running one lists none."""
+    block, plan = _reserved_capacity(body, ctx)
+    servers = plan.status.ultra_servers if block.status == "Active" else []
+    items = [([u.id], compact({
+        "UltraServerId": u.id, "UltraServerType": block.ultra_server_type or "",
+        "AvailabilityZone": u.availability_zone, "InstanceType": block.instance_type,
+        "TotalInstanceCount": u.total_instance_count, "ConfiguredSpareInstanceCount": u.configured_spare_instance_count,
+        "AvailableInstanceCount": u.available_instance_count, "InUseInstanceCount": u.in_use_instance_count,
+        "AvailableSpareInstanceCount": u.available_spare_instance_count,
+        "UnhealthyInstanceCount": u.unhealthy_instance_count, "HealthStatus": HEALTH[u.health_status]}))
+        for u in servers]
+    shown, token = page(items, body)
+    return compact({"UltraServers": shown, "NextToken": token})
+
+
+OPERATIONS: dict[str, Operation] = {
+    "DescribeTrainingPlan": describe_training_plan,
+    "ListTrainingPlans": list_training_plans,
+    "DescribeReservedCapacity": describe_reserved_capacity,
+    "ListUltraServersByReservedCapacity": list_ultra_servers_by_reserved_capacity,
+}
+
+
+def call(operation: str, body: Mapping[str, Any], ctx: Context) -> dict[str, Any]:
+    """Run ``operation``; an operation this server does not serve (yet) is refused by name."""
+    served = OPERATIONS.get(operation)
+    if served is None:
+        if re.fullmatch(r"[A-Z][A-Za-z]+", operation or ""):
+            raise ApiError("UnknownOperationException",
+                           f"{operation} is not served by hyperplan's SageMaker API; served: "
+                           f"{', '.join(sorted(OPERATIONS))}", 400)
+        raise ApiError("UnknownOperationException", "no such operation", 400)
+    return served(body, ctx)
+

@@ -1,0 +1,96 @@
+"""The HTTP side of hyperplan's SageMaker API: one aiohttp application on its own port.
+
+It runs on the operator's event loop, so its reads of the watch cache are reads of kopf's
+indexes on the loop (no copy, no API call). A request is verified (SigV4,
+:mod:`hyperplan.sagemaker.signing`) before its body is parsed; then the operation runs
+(:mod:`hyperplan.sagemaker.operations`) and the answer is JSON 1.1. Whatever fails inside an
+operation is answered as ``InternalFailure`` (500) and logged; the server goes on.
+
+TLS: with a certificate and key (files mounted from a Secret) it serves HTTPS; without them it
+refuses any address but a loopback one (:func:`check_address`).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import ssl
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from aiohttp import web
+
+from hyperplan.sagemaker import operations
+from hyperplan.sagemaker.signing import AccessKey, verify
+from hyperplan.sagemaker.wire import CONTENT_TYPE, ApiError, operation_of, parse_body
+
+log = logging.getLogger("hyperplan.sagemaker")
+MAX_BODY = 1 << 20  # the largest request of these operations is a few KiB
+
+
+def check_address(address: str, tls: bool) -> None:
+    """Plain HTTP only on a loopback address: keys sign requests, but the answers (and a
+    request's body) would cross the network readable."""
+    if tls:
+        return
+    try:
+        loopback = address == "localhost" or ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise ValueError(f"the SageMaker API serves plain HTTP only on a loopback address, not {address!r}: "
+                         "give it a TLS certificate and key (HYPERPLAN_SAGEMAKER_API_TLS_CERT/_KEY)")
+
+
+def _answer(status: int, body: dict[str, Any]) -> web.Response:
+    return web.Response(status=status, body=json.dumps(body, separators=(",", ":")).encode(),
+                        headers={"Content-Type": CONTENT_TYPE})
+
+
+def make_app(fleet: operations.Fleet, key_of: Callable[[str], AccessKey | None], account: str,
+             clock: Callable[[], datetime]) -> web.Application:
+    """The application: ``fleet`` is the read side, ``key_of`` finds an access key by its id,
+    ``account`` is the 12-digit account id of the ARNs."""
+
+    async def handle(request: web.Request) -> web.Response:
+        try:
+            if request.method != "POST" or request.path != "/":
+                raise ApiError("UnknownOperationException", "the SageMaker API takes POST / only", 404)
+            if (request.content_length or 0) > MAX_BODY:
+                raise ApiError("SerializationException", f"the body is larger than {MAX_BODY} bytes", 413)
+            raw = await request.content.read(MAX_BODY + 1)
+            if len(raw) > MAX_BODY:
+                raise ApiError("SerializationException", f"the body is larger than {MAX_BODY} bytes", 413)
+            caller = verify(request.method, request.path, request.query_string, request.headers, raw, key_of, clock())
+            operation = operation_of(request.headers.get("X-Amz-Target"))
+            body = parse_body(raw)
+            ctx = operations.Context(fleet=fleet, account=account, region=caller.region, now=clock())
+            result = operations.call(operation, body, ctx)
+            log.debug("%s by %s", operation, caller.key.user)
+            return _answer(200, result)
+        except ApiError as e:
+            return _answer(e.status, e.body())
+        except Exception:  # noqa: BLE001 - one bad request never stops the server
+            log.exception("SageMaker API request failed")
+            return _answer(500, {"__type": "InternalFailure", "message": "the request failed inside hyperplan"})
+
+    app = web.Application(client_max_size=MAX_BODY)
+    app.router.add_route("*", "/{tail:.*}", handle)
+    return app
+
+
+async def serve(app: web.Application, address: str, port: int, cert: str | None = None,
+                key: str | None = None) -> web.AppRunner:
+    """Start serving ``app`` on ``address:port`` (HTTPS with ``cert`` and ``key``); the caller
+    keeps the runner and calls ``cleanup()`` on it to stop."""
+    check_address(address, tls=bool(cert and key))
+    context = None
+    if cert and key:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(cert, key)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, address, port, ssl_context=context).start()
+    return runner

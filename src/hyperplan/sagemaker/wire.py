@@ -1,0 +1,189 @@
+"""The AWS JSON 1.1 protocol as SageMaker speaks it (../shared/SAGEMAKER-API.md).
+
+* Every call is ``POST /`` with ``X-Amz-Target: SageMaker.<Operation>`` and a JSON body (``{}``
+  for an operation without input); the answer is ``application/x-amz-json-1.1``.
+* An error is a 4xx/5xx status with ``{"__type": "<Code>", "message": "..."}``: botocore reads the
+  code from ``__type`` only.
+* Timestamps are epoch seconds both ways (a request may send a float).
+* Paging: ``MaxResults`` (bounded per operation) and ``NextToken``. A token here is opaque to the
+  client and names the last item of the page by its sort key, not by its position, so pages stay
+  stable while objects are added or removed between calls (nothing is skipped or repeated but
+  what changed); it also carries a digest of the query, so a token is refused by another query.
+* boto3 checks required members, types and minimums itself, but not maximums, enums or patterns:
+  :func:`bounded`, :func:`one_of` and :func:`matching` make those checks here and answer
+  ``ValidationException`` (400) naming the member.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+CONTENT_TYPE = "application/x-amz-json-1.1"
+TARGET_PREFIX = "SageMaker."
+
+
+@dataclass
+class ApiError(Exception):
+    """An error as the client will see it: its code (``__type``), message and HTTP status."""
+
+    code: str
+    message: str
+    status: int = 400
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+    def body(self) -> dict[str, str]:
+        return {"__type": self.code, "message": self.message}
+
+
+def not_found(message: str) -> ApiError:
+    return ApiError("ResourceNotFound", message, 400)
+
+
+def invalid(message: str) -> ApiError:
+    return ApiError("ValidationException", message, 400)
+
+
+def operation_of(target: str | None) -> str:
+    """The operation a request names in ``X-Amz-Target``."""
+    if not target or not target.startswith(TARGET_PREFIX) or len(target) == len(TARGET_PREFIX):
+        raise ApiError("UnknownOperationException", f"X-Amz-Target must be {TARGET_PREFIX}<Operation>, "
+                       f"not {target!r}", 400)
+    return target[len(TARGET_PREFIX):]
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ApiError("SerializationException", f"the body is not JSON: {e}", 400) from None
+    if not isinstance(body, dict):
+        raise ApiError("SerializationException", "the body must be a JSON object", 400)
+    return body
+
+
+# --------------------------------------------------------------------------- values
+
+
+def epoch(moment: datetime | None) -> float | None:
+    """A timestamp as the wire carries it (epoch seconds)."""
+    return None if moment is None else moment.timestamp()
+
+
+def time_of(body: Mapping[str, Any], member: str) -> datetime | None:
+    """A request's timestamp member (epoch seconds, as boto3 and the CLI send them)."""
+    value = body.get(member)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise invalid(f"{member} must be a timestamp in epoch seconds, not {value!r}")
+    try:
+        return datetime.fromtimestamp(value, tz=timezone.utc)
+    except (OverflowError, OSError, ValueError):
+        raise invalid(f"{member} {value!r} is out of range") from None
+
+
+def bounded(body: Mapping[str, Any], member: str, low: int, high: int) -> int | None:
+    value = body.get(member)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise invalid(f"{member} must be an integer, not {value!r}")
+    if not low <= value <= high:
+        raise invalid(f"1 validation error detected: Value '{value}' at '{_camel(member)}' failed to satisfy "
+                      f"constraint: Member must have value between {low} and {high}")
+    return value
+
+
+def one_of(body: Mapping[str, Any], member: str, allowed: Sequence[str]) -> str | None:
+    value = body.get(member)
+    if value is None:
+        return None
+    if value not in allowed:
+        raise invalid(f"1 validation error detected: Value '{value}' at '{_camel(member)}' failed to satisfy "
+                      f"constraint: Member must satisfy enum value set: [{', '.join(allowed)}]")
+    return value
+
+
+def matching(body: Mapping[str, Any], member: str, pattern: str, low: int = 1, high: int = 2048) -> str | None:
+    value = body.get(member)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not low <= len(value) <= high or re.fullmatch(pattern, value) is None:
+        raise invalid(f"1 validation error detected: Value '{value}' at '{_camel(member)}' failed to satisfy "
+                      f"constraint: Member must satisfy regular expression pattern: {pattern}")
+    return value
+
+
+def required(body: Mapping[str, Any], member: str) -> Any:
+    if body.get(member) is None:
+        raise invalid(f"1 validation error detected: Value null at '{_camel(member)}' failed to satisfy "
+                      f"constraint: Member must not be null")
+    return body[member]
+
+
+def _camel(member: str) -> str:
+    return member[:1].lower() + member[1:]
+
+
+def compact(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """A response structure without its absent members (the wire leaves them out)."""
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+# --------------------------------------------------------------------------- paging
+
+
+def query_digest(body: Mapping[str, Any]) -> str:
+    """What a page token is tied to: the request without its paging members."""
+    rest = {k: v for k, v in body.items() if k not in ("NextToken", "MaxResults")}
+    return hashlib.sha256(json.dumps(rest, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def page(items: Iterable[tuple[Any, dict[str, Any]]], body: Mapping[str, Any], *, most: int = 100,
+         default: int = 100, descending: bool = False) -> tuple[list[dict[str, Any]], str | None]:
+    """One page of ``items`` (pairs of a sort key, JSON-comparable and unique, and the item) and
+    the token of the next page (None on the last one). The items are sorted here by key."""
+    size = bounded(body, "MaxResults", 1, most) or default
+    digest = query_digest(body)
+    after = _read_token(body.get("NextToken"), digest)
+    ordered = sorted(items, key=lambda pair: pair[0], reverse=descending)
+    if after is not None:
+        after_key = _tuple(after)
+        ordered = [p for p in ordered if (_tuple(p[0]) < after_key if descending else _tuple(p[0]) > after_key)]
+    shown = ordered[:size]
+    token = _make_token(shown[-1][0], digest) if len(ordered) > size else None
+    return [item for _, item in shown], token
+
+
+def _tuple(key: Any) -> tuple:
+    return tuple(_tuple(k) if isinstance(k, list) else k for k in key) if isinstance(key, (list, tuple)) else (key,)
+
+
+def _make_token(key: Any, digest: str) -> str:
+    raw = json.dumps({"after": key, "query": digest}, separators=(",", ":"), default=str).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _read_token(token: Any, digest: str) -> Any:
+    if token in (None, ""):
+        return None
+    try:
+        text = base64.urlsafe_b64decode(str(token) + "=" * (-len(str(token)) % 4))
+        data = json.loads(text)
+        after, made_for = data["after"], data["query"]
+    except (ValueError, KeyError, TypeError):
+        raise invalid("NextToken is not a token this server gave out") from None
+    if made_for != digest:
+        raise invalid("NextToken was given out for another query; repeat that query's members with it")
+    return after

@@ -1,0 +1,295 @@
+"""hyperplan's SageMaker API, driven by the real boto3 (pinned, in a venv of its own): the wire
+(JSON 1.1, errors as boto3 reads them, paging), SigV4 as the server checks it, and the read
+operations over TrainingPlans held in a real watch cache.
+
+The fleet here is a WatchCache bound to in-memory indexes (the unit seam); the e2e tier drives
+the same operations against the operator on the local plane."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import socket
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from hyperplan.handlers.cache import GROUPS, NODES, PLANS, POOLS, WatchCache
+from hyperplan.sagemaker import signing
+from hyperplan.sagemaker.server import check_address, make_app, serve
+from hyperplan.sagemaker.signing import AccessKey, canonical_request, signing_key, verify
+from hyperplan.sagemaker.wire import ApiError
+from tests.aws.clients import Endpoint, boto3_call, boto3_calls
+
+ACCOUNT = "123456789012"
+KEY = AccessKey("AKIAHYPERPLANTEST001", "s3cr3t/with+chars", "alice")
+NOW = datetime(2027, 3, 1, 12, 0, tzinfo=timezone.utc)
+T0 = datetime(2027, 3, 1, tzinfo=timezone.utc)
+
+
+def plan(name: str, phase: str | None, start_hours: int, *, ultra: bool = False) -> dict:
+    start = T0 + timedelta(hours=start_hours)
+    block = {"id": f"rc-{name}", "availabilityZone": "us-west-2a",
+             "instanceType": "ml.p6e-gb200.36xlarge" if ultra else "ml.p5.48xlarge",
+             "instanceCount": 36 if ultra else 8, "startTime": start.isoformat(),
+             "endTime": (start + timedelta(hours=48)).isoformat(),
+             "status": {"Active": "Active", "Expired": "Expired"}.get(phase or "", "Scheduled")}
+    spec = {"targetResource": "hyperpod-cluster", "duration": "48h"}
+    status: dict = {"phase": phase} if phase else {}
+    if ultra:
+        spec.update(ultraServerType="ml.u-p6e-gb200x36", ultraServerCount=2)
+        block.update(ultraServerType="ml.u-p6e-gb200x36", ultraServerCount=2)
+        status["ultraServers"] = [
+            {"id": "us-a", "availabilityZone": "us-west-2a", "totalInstanceCount": 18, "configuredSpareInstanceCount": 1,
+             "availableInstanceCount": 17, "availableSpareInstanceCount": 1, "healthStatus": "ok"},
+            {"id": "us-b", "availabilityZone": "us-west-2a", "totalInstanceCount": 18, "configuredSpareInstanceCount": 1,
+             "availableInstanceCount": 16, "unhealthyInstanceCount": 1, "healthStatus": "impaired"}]
+    else:
+        spec.update(instanceType="ml.p5.48xlarge", instanceCount=8)
+    if phase in ("Scheduled", "Active", "Expired"):
+        status.update(reservedCapacity=[block], totalInstanceCount=block["instanceCount"],
+                      availableInstanceCount=block["instanceCount"] - 1, inUseInstanceCount=1)
+    return {"apiVersion": "hyperplan.dev/v1alpha1", "kind": "TrainingPlan",
+            "metadata": {"name": name, "resourceVersion": "1", "uid": f"uid-{name}"}, "spec": spec, "status": status}
+
+
+class Server:
+    """The API's aiohttp app on a loopback port, on a loop in a thread of its own."""
+
+    def __init__(self, plans: dict[str, list[dict]]):
+        self.plans = plans
+        self.cache = WatchCache()
+        self.cache.bind({PLANS: plans, POOLS: {}, GROUPS: {}, NODES: {}})
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        app = make_app(self.cache, {KEY.key_id: KEY}.get, ACCOUNT, lambda: datetime.now(timezone.utc))
+        self.runner = asyncio.run_coroutine_threadsafe(serve(app, "127.0.0.1", self.port), self.loop).result(10)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    plans = {f"plan-{i:03d}": [plan(f"plan-{i:03d}", ["Pending", "Scheduled", "Active", "Expired"][i % 4], i)]
+             for i in range(230)}
+    plans["ultra"] = [plan("ultra", "Active", 2, ultra=True)]
+    s = Server(plans)
+    yield s
+    s.close()
+
+
+def signed_in(server: Server, secret: str = KEY.secret, key_id: str = KEY.key_id) -> Endpoint:
+    return Endpoint(server.url, key_id, secret)
+
+
+def ok(answer: dict) -> dict:
+    assert "ok" in answer, answer
+    return answer["ok"]
+
+
+def test_describe_a_training_plan_by_name_and_by_arn(server: Server) -> None:
+    endpoint = signed_in(server)
+    by_name, by_arn = [ok(a) for a in boto3_calls(endpoint, [
+        {"op": "describe_training_plan", "args": {"TrainingPlanName": "plan-002"}},
+        {"op": "describe_training_plan",
+         "args": {"TrainingPlanName": f"arn:aws:sagemaker:us-west-2:{ACCOUNT}:training-plan/plan-002"}}])]
+    assert by_name == by_arn
+    assert by_name["TrainingPlanArn"] == f"arn:aws:sagemaker:us-west-2:{ACCOUNT}:training-plan/plan-002"
+    assert by_name["Status"] == "Active"
+    assert by_name["TotalInstanceCount"] == 8 and by_name["InUseInstanceCount"] == 1
+    assert by_name["StartTime"] == (T0 + timedelta(hours=2)).timestamp()
+    assert (by_name["DurationHours"], by_name["DurationMinutes"]) == (48, 0)
+    [summary] = by_name["ReservedCapacitySummaries"]
+    assert summary["ReservedCapacityArn"] == f"arn:aws:sagemaker:us-west-2:{ACCOUNT}:reserved-capacity/rc-plan-002"
+    assert summary["InstanceType"] == "ml.p5.48xlarge" and summary["ReservedCapacityType"] == "Instance"
+
+
+def test_the_arns_name_the_region_the_request_was_signed_for(server: Server) -> None:
+    endpoint = Endpoint(server.url, KEY.key_id, KEY.secret, region="eu-central-1")
+    got = ok(boto3_call(endpoint, "describe_training_plan", TrainingPlanName="plan-001"))
+    assert got["TrainingPlanArn"].startswith(f"arn:aws:sagemaker:eu-central-1:{ACCOUNT}:")
+
+
+def test_list_pages_through_every_plan_once_in_order(server: Server) -> None:
+    [pages] = [ok(a) for a in boto3_calls(signed_in(server), [
+        {"op": "list_training_plans", "paginate": True,
+         "args": {"SortBy": "TrainingPlanName", "SortOrder": "Ascending", "PaginationConfig": {"PageSize": 100}}}])]
+    names = [s["TrainingPlanName"] for p in pages for s in p["TrainingPlanSummaries"]]
+    assert len(pages) == 3 and names == sorted(server.plans)
+    assert "UnhealthyInstanceCount" not in pages[0]["TrainingPlanSummaries"][0]  # not in a summary's shape
+
+
+def test_pages_stay_stable_while_plans_come_and_go(server: Server) -> None:
+    """A token names the last plan shown, not a position: plans added before it or removed do not
+    make the next page skip or repeat one."""
+    endpoint = signed_in(server)
+    args = {"SortBy": "TrainingPlanName", "SortOrder": "Ascending", "MaxResults": 50}
+    first = ok(boto3_call(endpoint, "list_training_plans", **args))
+    shown = [s["TrainingPlanName"] for s in first["TrainingPlanSummaries"]]
+    server.plans["plan-000a"] = [plan("plan-000a", "Pending", 1)]  # sorts into the page already shown
+    removed = server.plans.pop("plan-060")
+    try:
+        second = ok(boto3_call(endpoint, "list_training_plans", NextToken=first["NextToken"], **args))
+    finally:
+        del server.plans["plan-000a"]
+        server.plans["plan-060"] = removed
+    after = [s["TrainingPlanName"] for s in second["TrainingPlanSummaries"]]
+    assert after[0] == "plan-050" and "plan-060" not in after and not set(after) & set(shown)
+
+
+@pytest.mark.parametrize("args, expect", [
+    pytest.param({"Filters": [{"Name": "Status", "Value": "Expired"}]}, lambda s: {x["Status"] for x in s} == {"Expired"},
+                 id="filter-by-status"),
+    pytest.param({"StartTimeAfter": T0 + timedelta(hours=200)},
+                 lambda s: s and all(x["StartTime"] > (T0 + timedelta(hours=200)).timestamp() for x in s),
+                 id="start-time-after"),
+    pytest.param({"SortBy": "StartTime", "SortOrder": "Descending"},
+                 lambda s: [x["StartTime"] for x in s] == sorted((x["StartTime"] for x in s), reverse=True),
+                 id="newest-start-first"),
+])
+def test_list_filters_and_sorts(server: Server, args: dict, expect) -> None:
+    args = {k: (v.timestamp() if isinstance(v, datetime) else v) for k, v in args.items()}
+    summaries = ok(boto3_call(signed_in(server), "list_training_plans", MaxResults=100, **args))["TrainingPlanSummaries"]
+    assert expect(summaries), summaries[:3]
+
+
+def test_ultraservers_of_a_reserved_capacity_carry_their_health(server: Server) -> None:
+    arn = f"arn:aws:sagemaker:us-west-2:{ACCOUNT}:reserved-capacity/rc-ultra"
+    described, listed = [ok(a) for a in boto3_calls(signed_in(server), [
+        {"op": "describe_reserved_capacity", "args": {"ReservedCapacityArn": arn}},
+        {"op": "list_ultra_servers_by_reserved_capacity", "args": {"ReservedCapacityArn": arn}}])]
+    assert described["ReservedCapacityType"] == "UltraServer"
+    assert described["UltraServerSummary"]["UltraServerType"] == "ml.u-p6e-gb200x36"
+    assert {u["UltraServerId"]: u["HealthStatus"] for u in listed["UltraServers"]} == {"us-a": "OK", "us-b": "Impaired"}
+    assert listed["UltraServers"][1]["UnhealthyInstanceCount"] == 1
+
+
+@pytest.mark.parametrize("op, args, code, status", [
+    pytest.param("describe_training_plan", {"TrainingPlanName": "nope"}, "ResourceNotFound", 400, id="unknown-plan"),
+    pytest.param("describe_training_plan", {"TrainingPlanName": "bad_name"}, "ValidationException", 400,
+                 id="name-pattern"),
+    pytest.param("list_training_plans", {"MaxResults": 101}, "ValidationException", 400, id="max-results-maximum"),
+    pytest.param("list_training_plans", {"SortBy": "Size"}, "ValidationException", 400, id="sort-by-enum"),
+    pytest.param("list_training_plans", {"Filters": [{"Name": "Status", "Value": "Bought"}]}, "ValidationException",
+                 400, id="filter-value-enum"),
+    pytest.param("list_training_plans", {"NextToken": "not-a-token"}, "ValidationException", 400, id="forged-token"),
+    pytest.param("describe_reserved_capacity",
+                 {"ReservedCapacityArn": f"arn:aws:sagemaker:us-west-2:{ACCOUNT}:reserved-capacity/none"},
+                 "ResourceNotFound", 400, id="unknown-reserved-capacity"),
+])
+def test_errors_are_the_modeled_codes(server: Server, op: str, args: dict, code: str, status: int) -> None:
+    answer = boto3_call(signed_in(server), op, **args)
+    assert answer.get("error", {}).get("code") == code, answer
+    assert answer["error"]["status"] == status
+
+
+def test_a_token_from_another_query_is_refused(server: Server) -> None:
+    endpoint = signed_in(server)
+    first = ok(boto3_call(endpoint, "list_training_plans", MaxResults=10, SortBy="TrainingPlanName"))
+    answer = boto3_call(endpoint, "list_training_plans", MaxResults=10, SortBy="Status", NextToken=first["NextToken"])
+    assert answer["error"]["code"] == "ValidationException"
+
+
+@pytest.mark.parametrize("endpoint_of, code", [
+    pytest.param(lambda s: signed_in(s, secret="wrong"), "SignatureDoesNotMatch", id="wrong-secret"),
+    pytest.param(lambda s: signed_in(s, key_id="AKIANOBODY"), "UnrecognizedClientException", id="unknown-key"),
+])
+def test_a_request_not_signed_by_a_known_key_is_refused(server: Server, endpoint_of, code: str) -> None:
+    answer = boto3_call(endpoint_of(server), "list_training_plans")
+    assert answer["error"] == {"code": code, "message": answer["error"]["message"], "status": 403}
+
+
+def test_an_unsigned_request_is_refused_as_an_aws_client_expects(server: Server) -> None:
+    request = urllib.request.Request(server.url + "/", data=b"{}", method="POST", headers={
+        "Content-Type": "application/x-amz-json-1.1", "X-Amz-Target": "SageMaker.ListTrainingPlans"})
+    with pytest.raises(urllib.error.HTTPError) as raised:
+        urllib.request.urlopen(request, timeout=10)
+    assert raised.value.code == 403
+    assert raised.value.headers["Content-Type"] == "application/x-amz-json-1.1"
+    assert json.loads(raised.value.read())["__type"] == "InvalidSignatureException"
+
+
+# --------------------------------------------------------------------------- SigV4, pure
+
+
+def test_signing_matches_the_aws_documentation_example() -> None:
+    """The worked example of AWS's SigV4 documentation (IAM ListUsers, 2015-08-30): the same
+    canonical request and signature, computed by the server's own functions."""
+    headers = {"Host": "iam.amazonaws.com", "Content-Type": "application/x-www-form-urlencoded; charset=utf-8",
+               "X-Amz-Date": "20150830T123600Z"}
+    request = canonical_request("GET", "/", "Action=ListUsers&Version=2010-05-08", headers,
+                                ["content-type", "host", "x-amz-date"], b"")
+    assert hashlib.sha256(request.encode()).hexdigest() == \
+        "f536975d06c0309214f805bb90ccff089219ecd68b2577efef23edd43b7e1a59"
+    to_sign = "\n".join(["AWS4-HMAC-SHA256", "20150830T123600Z", "20150830/us-east-1/iam/aws4_request",
+                         hashlib.sha256(request.encode()).hexdigest()])
+    import hmac
+    key = signing_key("wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY", "20150830", "us-east-1", "iam")
+    assert hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest() == \
+        "5d672d79c15b13162d9279b0855cfba6789a8edb4c82c400e06b5924a6f2b5d7"
+
+
+def signed_headers(at: datetime, *, service: str = "sagemaker", body: bytes = b"{}") -> dict[str, str]:
+    import hmac
+    stamp, day = at.strftime("%Y%m%dT%H%M%SZ"), at.strftime("%Y%m%d")
+    headers = {"Host": "127.0.0.1:1", "X-Amz-Date": stamp, "X-Amz-Target": "SageMaker.ListTrainingPlans"}
+    names = ["host", "x-amz-date", "x-amz-target"]
+    request = canonical_request("POST", "/", "", headers, names, body)
+    scope = f"{day}/us-west-2/{service}/aws4_request"
+    to_sign = "\n".join(["AWS4-HMAC-SHA256", stamp, scope, hashlib.sha256(request.encode()).hexdigest()])
+    signature = hmac.new(signing_key(KEY.secret, day, "us-west-2", service), to_sign.encode(),
+                         hashlib.sha256).hexdigest()
+    headers["Authorization"] = (f"AWS4-HMAC-SHA256 Credential={KEY.key_id}/{scope}, "
+                                f"SignedHeaders={';'.join(names)}, Signature={signature}")
+    return headers
+
+
+@pytest.mark.parametrize("signed_at, service, body, code", [
+    pytest.param(NOW, "sagemaker", b"{}", None, id="fresh-and-right"),
+    pytest.param(NOW - timedelta(minutes=4), "sagemaker", b"{}", None, id="within-the-skew"),
+    pytest.param(NOW - timedelta(minutes=6), "sagemaker", b"{}", "InvalidSignatureException", id="too-old"),
+    pytest.param(NOW + timedelta(minutes=6), "sagemaker", b"{}", "InvalidSignatureException", id="from-the-future"),
+    pytest.param(NOW, "ec2", b"{}", "InvalidSignatureException", id="another-service"),
+    pytest.param(NOW, "sagemaker", b'{"MaxResults": 1}', "SignatureDoesNotMatch", id="body-changed-after-signing"),
+])
+def test_verify(signed_at: datetime, service: str, body: bytes, code: str | None) -> None:
+    headers = signed_headers(signed_at, service=service)
+    if code is None:
+        caller = verify("POST", "/", "", headers, body, {KEY.key_id: KEY}.get, NOW)
+        assert caller.key.user == "alice" and caller.region == "us-west-2"
+        return
+    with pytest.raises(ApiError) as raised:
+        verify("POST", "/", "", headers, body, {KEY.key_id: KEY}.get, NOW)
+    assert raised.value.code == code and raised.value.status == 403
+
+
+@pytest.mark.parametrize("address, tls, allowed", [
+    ("127.0.0.1", False, True), ("::1", False, True), ("localhost", False, True),
+    ("0.0.0.0", False, False), ("10.0.0.5", False, False), ("0.0.0.0", True, True),
+])
+def test_plain_http_only_on_loopback(address: str, tls: bool, allowed: bool) -> None:
+    if allowed:
+        check_address(address, tls)
+    else:
+        with pytest.raises(ValueError, match="loopback"):
+            check_address(address, tls)
+
+
+def test_the_skew_is_five_minutes() -> None:
+    assert signing.MAX_SKEW == timedelta(minutes=5)
