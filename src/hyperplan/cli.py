@@ -120,6 +120,36 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 1
 
 
+def cmd_api_key(args: argparse.Namespace) -> int:
+    """Mint an access key for the SageMaker API: a Secret in the keys' namespace, mapped to a
+    Kubernetes user or ServiceAccount, printed once as the two variables AWS clients read."""
+    from kubernetes.client.exceptions import ApiException
+
+    from hyperplan.actuation.kube import api_client
+    from hyperplan.sagemaker.access import key_secret, new_key
+    from hyperplan.settings import Settings
+
+    if args.user.startswith("system:serviceaccount:") and len(args.user.split(":")) != 4:
+        print("error: a ServiceAccount is system:serviceaccount:<namespace>:<name>", file=sys.stderr)
+        return 2
+    settings = Settings()
+    namespace = args.namespace or settings.api_key_namespace or settings.pod_namespace or "default"
+    key = new_key(args.user, tuple(g for g in (args.group or []) if g))
+    from kubernetes import client
+
+    try:
+        client.CoreV1Api(api_client(args.kubeconfig or settings.kubeconfig)).create_namespaced_secret(
+            namespace, key_secret(key, namespace))
+    except ApiException as e:
+        print(f"error: could not store the key in namespace {namespace}: {e.status} {e.reason}", file=sys.stderr)
+        return 1
+    print(f"# key for {key.user}, stored in Secret {namespace}/{key_secret(key, namespace)['metadata']['name']}",
+          file=sys.stderr)
+    print(f"AWS_ACCESS_KEY_ID={key.key_id}")
+    print(f"AWS_SECRET_ACCESS_KEY={key.secret}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hyperplan", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -143,6 +173,16 @@ def main(argv: list[str] | None = None) -> int:
     status.add_argument("-w", "--watch", action="store_true", help="refresh in place (JSON: one document a line)")
     status.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes with --watch")
     status.set_defaults(func=cmd_status)
+    key = sub.add_parser("api-key", help="access keys of the SageMaker API (docs/sagemaker-api.md)")
+    key.add_argument("action", choices=["create"])
+    key.add_argument("--user", required=True,
+                     help="the Kubernetes identity the key acts as: a user name or "
+                          "system:serviceaccount:<namespace>:<name>")
+    key.add_argument("--group", action="append", help="a group of that identity (repeatable)")
+    key.add_argument("--namespace", default=None,
+                     help="where the key's Secret goes (default: HYPERPLAN_API_KEY_NAMESPACE, $POD_NAMESPACE, default)")
+    key.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: $KUBECONFIG, then in-cluster)")
+    key.set_defaults(func=cmd_api_key)
     args = parser.parse_args(argv)
     return args.func(args)
 

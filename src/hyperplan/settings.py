@@ -85,6 +85,23 @@ class Settings(BaseSettings):
     retry_period_seconds: float = 2.0
     """Seconds between attempts to acquire or renew the Lease."""
 
+    # hyperplan's SageMaker API (hyperplan.sagemaker; docs/sagemaker-api.md): boto3 and the AWS CLI
+    # talk to it with --endpoint-url. Off unless a port is given.
+    sagemaker_api_port: int | None = Field(None, ge=1, le=65535)
+    """Port of the SageMaker API; unset: not served."""
+    sagemaker_api_address: str = "127.0.0.1"
+    """Address it binds; plain HTTP is served only on a loopback address, any other needs TLS."""
+    sagemaker_api_tls_cert: str | None = None
+    """PEM certificate (chain) file for HTTPS (the chart mounts it from a Secret)."""
+    sagemaker_api_tls_key: str | None = None
+    """PEM private key file for HTTPS."""
+    aws_account_id: str = Field("000000000000", pattern=r"^[0-9]{12}$")
+    """The 12-digit account id in the ARNs the API hands out."""
+    cluster_name: str = Field("hyperplan", pattern=r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
+    """This Kubernetes cluster's name as one HyperPod cluster (DescribeCluster, ListClusterNodes)."""
+    api_key_namespace: str | None = None
+    """Namespace of the API's access-key Secrets; unset: $POD_NAMESPACE, else `default`."""
+
     @model_validator(mode="after")
     def _leases_make_one_actor(self) -> "Settings":
         """The leader must give up (renew deadline) before a standby may take over (lease duration),

@@ -30,6 +30,7 @@ class Operator:
     liveness_port: int
     env: dict
     proc: subprocess.Popen | None = None
+    sagemaker_api_port: int | None = None  # hyperplan's SageMaker API (served by the replica that leads)
 
     def start(self) -> None:
         with open(self.log, "ab") as out:
@@ -62,11 +63,12 @@ class Operator:
 def start_replica(plane: Plane, log: Path, identity: str) -> Operator:
     """One `hyperplan run` replica. Its identity in the leader Lease stays the same across
     :meth:`Operator.kill_and_restart`, as a container restarted in the same pod keeps its name."""
-    metrics_port, liveness_port = free_port(), free_port()
+    metrics_port, liveness_port, api_port = free_port(), free_port(), free_port()
     env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig), "HYPERPLAN_POLICY": "demo",
            "HYPERPLAN_METRICS_PORT": str(metrics_port), "HYPERPLAN_LIVENESS_PORT": str(liveness_port),
-           "HYPERPLAN_LEADER_ELECTION_IDENTITY": identity}
-    op = Operator(log, metrics_port, liveness_port, env)
+           "HYPERPLAN_LEADER_ELECTION_IDENTITY": identity, "HYPERPLAN_SAGEMAKER_API_PORT": str(api_port),
+           "HYPERPLAN_API_KEY_NAMESPACE": "default", "HYPERPLAN_AWS_ACCOUNT_ID": "111122223333"}
+    op = Operator(log, metrics_port, liveness_port, env, sagemaker_api_port=api_port)
     op.start()
     op.wait_alive()
     return op
@@ -116,10 +118,13 @@ def session_prometheus(operator: Operator, tmp_path_factory: pytest.TempPathFact
     p.stop()
 
 
-def side_by_side(registry: dict, operator: Operator, crds: Kubectl, plane: Plane, name: str):
+def side_by_side(registry: dict, operator: Operator, crds: Kubectl, plane: Plane, name: str,
+                 replicas: tuple[Operator, ...] = ()):
     """Start every scenario of ``registry`` at once on the one operator; yield their futures."""
     ctx = Context(kubectl=crds, kube=Kube(api_client(str(plane.kubeconfig))), operator=operator,
-                  metrics=operator.metrics)
+                  metrics=operator.metrics,
+                  sagemaker_api_urls=tuple(f"http://127.0.0.1:{op.sagemaker_api_port}" for op in (operator, *replicas)),
+                  kubeconfig=str(plane.kubeconfig))
     pool = ThreadPoolExecutor(max_workers=max(1, len(registry)), thread_name_prefix=name)
     yield {key: pool.submit(fn, ctx) for key, fn in registry.items()}
     pool.shutdown(wait=True)
@@ -129,7 +134,7 @@ def side_by_side(registry: dict, operator: Operator, crds: Kubectl, plane: Plane
 def scenarios(operator: Operator, standby: Operator, crds: Kubectl, plane: Plane,
               session_prometheus: prometheus.Prometheus) -> dict[str, Future]:
     """Every registered scenario, started at once on the one operator; tests read their records."""
-    yield from side_by_side(REGISTRY, operator, crds, plane, "scenario")
+    yield from side_by_side(REGISTRY, operator, crds, plane, "scenario", (standby,))
 
 
 @pytest.fixture(scope="session")

@@ -41,6 +41,9 @@ class Context:
     kube: Any  # hyperplan.actuation.kube.Kube
     operator: Any = None  # tests.e2e.conftest.Operator: its log and /metrics
     metrics: Callable[[], str] | None = None  # the operator's /metrics text, read now
+    # hyperplan's SageMaker API on each replica (the one that leads serves it), and the plane's kubeconfig
+    sagemaker_api_urls: tuple[str, ...] = ()
+    kubeconfig: str = ""
 
 
 def utcnow() -> datetime:

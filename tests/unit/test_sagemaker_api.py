@@ -28,6 +28,28 @@ from tests.aws.clients import Endpoint, boto3_call, boto3_calls
 
 ACCOUNT = "123456789012"
 KEY = AccessKey("AKIAHYPERPLANTEST001", "s3cr3t/with+chars", "alice")
+DENIED = AccessKey("AKIAHYPERPLANTEST002", "other", "mallory")
+
+
+class FakeAccess:
+    """The keys and RBAC's answers, in memory: alice may get and list plans, mallory nothing;
+    records every review asked for."""
+
+    def __init__(self) -> None:
+        self.keys = {k.key_id: k for k in (KEY, DENIED)}
+        self.rights = {("alice", "get", "trainingplans"), ("alice", "list", "trainingplans")}
+        self.reviews: list[tuple[str, str, str]] = []
+        self.refreshes = 0
+
+    def key_of(self, key_id: str) -> AccessKey | None:
+        return self.keys.get(key_id)
+
+    def refresh(self, force: bool = False) -> None:
+        self.refreshes += 1
+
+    def allowed(self, key: AccessKey, verb: str, group: str, resource: str) -> bool:
+        self.reviews.append((key.user, verb, resource))
+        return (key.user, verb, resource) in self.rights
 NOW = datetime(2027, 3, 1, 12, 0, tzinfo=timezone.utc)
 T0 = datetime(2027, 3, 1, tzinfo=timezone.utc)
 
@@ -71,7 +93,8 @@ class Server:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        app = make_app(self.cache, {KEY.key_id: KEY}.get, ACCOUNT, lambda: datetime.now(timezone.utc))
+        self.access = FakeAccess()
+        app = make_app(self.cache, self.access, ACCOUNT, lambda: datetime.now(timezone.utc))
         self.runner = asyncio.run_coroutine_threadsafe(serve(app, "127.0.0.1", self.port), self.loop).result(10)
 
     @property
@@ -213,6 +236,15 @@ def test_a_token_from_another_query_is_refused(server: Server) -> None:
 def test_a_request_not_signed_by_a_known_key_is_refused(server: Server, endpoint_of, code: str) -> None:
     answer = boto3_call(endpoint_of(server), "list_training_plans")
     assert answer["error"] == {"code": code, "message": answer["error"]["message"], "status": 403}
+
+
+def test_rbac_decides_what_a_key_may_do(server: Server) -> None:
+    """A key whose identity RBAC does not let list TrainingPlans gets AccessDeniedException; the
+    review asked is the identity's, for the operation's verb and resource."""
+    answer = boto3_call(Endpoint(server.url, DENIED.key_id, DENIED.secret), "list_training_plans")
+    assert answer["error"]["code"] == "AccessDeniedException" and "mallory" in answer["error"]["message"]
+    assert ("mallory", "list", "trainingplans") in server.access.reviews
+    assert ("alice", "get", "trainingplans") in server.access.reviews
 
 
 def test_an_unsigned_request_is_refused_as_an_aws_client_expects(server: Server) -> None:

@@ -163,3 +163,8 @@ def from_rfc3339(text: str) -> datetime:
     if moment.tzinfo is None:
         raise Unreadable(text, NO_TIMEZONE)
     return moment
+
+# The SageMaker API's access keys (hyperplan.sagemaker.access): the type of the Secrets that hold
+# them, and the label naming whose key a Secret is.
+API_KEY_SECRET_TYPE = f"{GROUP}/api-key"
+LABEL_API_KEY_USER = f"{GROUP}/api-key-user"

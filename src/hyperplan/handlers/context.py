@@ -71,6 +71,8 @@ class Runtime:
     # The object name of each group by its key in the queue: the label value of its name, which
     # its nodes carry and every wake of a group names (handlers.instancegroup).
     group_names: dict[str, str] = field(default_factory=dict)
+    # hyperplan's SageMaker API while it is served (an aiohttp runner; hyperplan.sagemaker.server).
+    sagemaker_api: Any = None
 
     def __post_init__(self) -> None:
         if self.pods is None:

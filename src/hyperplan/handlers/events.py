@@ -36,6 +36,7 @@ from hyperplan.handlers import instancegroup, nodes, trainingplan
 from hyperplan.handlers.cache import NODES, slim_object
 from hyperplan.handlers.context import Runtime
 from hyperplan.planning.offerings import PoolSnapshot
+from hyperplan.sagemaker.server import start_api
 from hyperplan.settings import Settings
 
 PLANS, GROUPS, POOLS = "trainingplans", "instancegroups", "capacitypools"
@@ -61,7 +62,8 @@ def configure_kopf(settings: kopf.OperatorSettings, hp: Settings) -> None:
 
 @kopf.on.startup()
 async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **indexes: Any) -> None:
-    """Wire the runtime: kopf's settings, the read side, every kind's passes, the node watch."""
+    """Wire the runtime: kopf's settings, the read side, every kind's passes, the node watch, and
+    the SageMaker API when a port is set (it reads the same watch cache, on this loop)."""
     rt: Runtime = memo.runtime
     configure_kopf(settings, rt.settings)
     # kopf hands its indexes (filled before any other handler) to startup handlers by name.
@@ -69,14 +71,18 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, *
     trainingplan.register_plan_passes(rt)
     instancegroup.register_group_passes(rt)
     await nodes.start_node_watch(rt)
+    rt.sagemaker_api = await start_api(rt.settings, rt.kube.api, rt.cache, rt.clock)
     logger.info("policy profile %s; watching capacitypools, trainingplans, instancegroups, nodes",
                 rt.policy.name)
 
 
 @kopf.on.cleanup()
 async def stop(memo: kopf.Memo, **_: Any) -> None:
-    """Stop the node watch, then the work queue (running passes get their grace)."""
+    """Stop the SageMaker API and the node watch, then the work queue (running passes get their grace)."""
     rt: Runtime = memo.runtime
+    if rt.sagemaker_api is not None:
+        await rt.sagemaker_api.cleanup()
+        rt.sagemaker_api = None
     await nodes.stop_node_watch(rt)
     await rt.queue.stop()
 

@@ -12,6 +12,7 @@ refuses any address but a loopback one (:func:`check_address`).
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import json
 import logging
@@ -21,9 +22,12 @@ from datetime import datetime
 from typing import Any
 
 from aiohttp import web
+from kubernetes.client import ApiClient
 
 from hyperplan.sagemaker import operations
-from hyperplan.sagemaker.signing import AccessKey, verify
+from hyperplan.settings import Settings
+from hyperplan.sagemaker.access import SECRET_TYPE, Access, KubeAccess, check_rights
+from hyperplan.sagemaker.signing import Caller, verify
 from hyperplan.sagemaker.wire import CONTENT_TYPE, ApiError, operation_of, parse_body
 
 log = logging.getLogger("hyperplan.sagemaker")
@@ -49,10 +53,11 @@ def _answer(status: int, body: dict[str, Any]) -> web.Response:
                         headers={"Content-Type": CONTENT_TYPE})
 
 
-def make_app(fleet: operations.Fleet, key_of: Callable[[str], AccessKey | None], account: str,
+def make_app(fleet: operations.Fleet, access: Access, account: str,
              clock: Callable[[], datetime]) -> web.Application:
-    """The application: ``fleet`` is the read side, ``key_of`` finds an access key by its id,
-    ``account`` is the 12-digit account id of the ARNs."""
+    """The application: ``fleet`` is the read side, ``access`` the keys and RBAC's answers,
+    ``account`` the 12-digit account id of the ARNs. The keys and the reviews are API calls, made
+    on threads; the operation itself runs on the loop (it reads kopf's indexes)."""
 
     async def handle(request: web.Request) -> web.Response:
         try:
@@ -63,8 +68,21 @@ def make_app(fleet: operations.Fleet, key_of: Callable[[str], AccessKey | None],
             raw = await request.content.read(MAX_BODY + 1)
             if len(raw) > MAX_BODY:
                 raise ApiError("SerializationException", f"the body is larger than {MAX_BODY} bytes", 413)
-            caller = verify(request.method, request.path, request.query_string, request.headers, raw, key_of, clock())
+
+            def signed_by() -> Caller:
+                return verify(request.method, request.path, request.query_string, request.headers, raw,
+                              access.key_of, clock())
+
+            await asyncio.to_thread(access.refresh)
+            try:
+                caller = signed_by()
+            except ApiError as e:
+                if e.code != "UnrecognizedClientException":
+                    raise
+                await asyncio.to_thread(access.refresh, True)  # a key made a moment ago
+                caller = signed_by()
             operation = operation_of(request.headers.get("X-Amz-Target"))
+            await asyncio.to_thread(check_rights, access, caller.key, operation)
             body = parse_body(raw)
             ctx = operations.Context(fleet=fleet, account=account, region=caller.region, now=clock())
             result = operations.call(operation, body, ctx)
@@ -93,4 +111,20 @@ async def serve(app: web.Application, address: str, port: int, cert: str | None 
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, address, port, ssl_context=context).start()
+    return runner
+
+
+async def start_api(settings: Settings, api: ApiClient, fleet: operations.Fleet,
+                    clock: Callable[[], datetime]) -> web.AppRunner | None:
+    """Serve the API as ``settings`` say (None when no port is set): keys from the Secrets of
+    ``api_key_namespace`` (else the operator's namespace, else ``default``)."""
+    if settings.sagemaker_api_port is None:
+        return None
+    namespace = settings.api_key_namespace or settings.pod_namespace or "default"
+    app = make_app(fleet, KubeAccess(api, namespace), settings.aws_account_id, clock)
+    runner = await serve(app, settings.sagemaker_api_address, settings.sagemaker_api_port,
+                         settings.sagemaker_api_tls_cert, settings.sagemaker_api_tls_key)
+    scheme = "https" if settings.sagemaker_api_tls_cert else "http"
+    log.info("SageMaker API on %s://%s:%d (keys: Secrets of type %s in %s)", scheme, settings.sagemaker_api_address,
+             settings.sagemaker_api_port, SECRET_TYPE, namespace)
     return runner

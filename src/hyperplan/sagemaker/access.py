@@ -1,0 +1,163 @@
+"""Who may call the SageMaker API, and what they may do: access keys in Secrets, RBAC decides.
+
+An access key is a Secret of type ``hyperplan.dev/api-key`` in the operator's namespace that an
+admin created (``hyperplan api-key create --user USER``): ``access-key-id``,
+``secret-access-key``, ``user`` (a Kubernetes user name or
+``system:serviceaccount:<namespace>:<name>``) and optionally ``groups`` (comma-separated). Only
+someone who may create Secrets in the operator's namespace can mint one.
+
+What a caller may do is what Kubernetes RBAC lets the key's identity do: every operation names
+the verb and resource it stands for (:data:`RIGHTS`), and a SubjectAccessReview for that identity
+decides (its answer is kept for :data:`REVIEW_SECONDS`). So a team whose Role lets it get and list
+TrainingPlans may describe and list them here too, and one without may not. Reads are then served
+from the watch cache, writes (in later operations) go to the API server as that identity.
+
+The keys are listed from the API server at most once every :data:`KEYS_SECONDS`; an unknown key id
+lists them again at once (at most every :data:`UNKNOWN_KEY_SECONDS`), so a new key works at once
+and a deleted one stops within :data:`KEYS_SECONDS`.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import secrets
+import string
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from kubernetes import client
+
+from hyperplan.api.vocabulary import API_KEY_SECRET_TYPE, GROUP, LABEL_API_KEY_USER
+from hyperplan.sagemaker.signing import AccessKey
+from hyperplan.sagemaker.wire import ApiError
+
+SECRET_TYPE = API_KEY_SECRET_TYPE
+KEYS_SECONDS = 30.0
+UNKNOWN_KEY_SECONDS = 2.0
+REVIEW_SECONDS = 10.0
+log = logging.getLogger("hyperplan.sagemaker")
+
+# What each operation stands for in RBAC: (verb, API group, resource).
+RIGHTS: dict[str, tuple[str, str, str]] = {
+    "DescribeTrainingPlan": ("get", GROUP, "trainingplans"),
+    "ListTrainingPlans": ("list", GROUP, "trainingplans"),
+    "DescribeReservedCapacity": ("get", GROUP, "trainingplans"),
+    "ListUltraServersByReservedCapacity": ("get", GROUP, "trainingplans"),
+}
+
+
+class Access(Protocol):
+    """The keys, and RBAC's answer for an identity (the server's seam for tests)."""
+
+    def key_of(self, key_id: str) -> AccessKey | None: ...
+
+    def refresh(self, force: bool = False) -> None: ...
+
+    def allowed(self, key: AccessKey, verb: str, group: str, resource: str) -> bool: ...
+
+
+def key_of_secret(secret: client.V1Secret) -> AccessKey | None:
+    """The key a Secret holds, or None when it is not a complete key (reported, not served)."""
+    data = secret.data or {}
+    try:
+        fields = {k: base64.b64decode(data[k]).decode() for k in ("access-key-id", "secret-access-key", "user")}
+        groups = base64.b64decode(data["groups"]).decode() if data.get("groups") else ""
+    except (KeyError, ValueError, UnicodeDecodeError):
+        log.warning("Secret %s/%s of type %s is not a complete API key (access-key-id, secret-access-key, user)",
+                    secret.metadata.namespace, secret.metadata.name, SECRET_TYPE)
+        return None
+    return AccessKey(fields["access-key-id"], fields["secret-access-key"], fields["user"],
+                     tuple(g for g in groups.split(",") if g))
+
+
+@dataclass
+class KubeAccess:
+    """Keys from the Secrets of ``namespace``, rights from SubjectAccessReviews."""
+
+    api: client.ApiClient
+    namespace: str
+    clock: Callable[[], float] = time.monotonic
+    _keys: dict[str, AccessKey] = field(default_factory=dict)
+    _listed: float | None = None
+    _reviews: dict[tuple, tuple[float, bool]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def key_of(self, key_id: str) -> AccessKey | None:
+        return self._keys.get(key_id)
+
+    def stale(self, unknown: bool = False) -> bool:
+        age = None if self._listed is None else self.clock() - self._listed
+        return age is None or age > (UNKNOWN_KEY_SECONDS if unknown else KEYS_SECONDS)
+
+    def refresh(self, force: bool = False) -> None:
+        """List the keys again if they are older than allowed (``force``: an unknown key id)."""
+        if not self.stale(unknown=force):
+            return
+        with self._lock:
+            if not self.stale(unknown=force):
+                return
+            listed = client.CoreV1Api(self.api).list_namespaced_secret(
+                self.namespace, field_selector=f"type={SECRET_TYPE}")
+            keys = [key_of_secret(s) for s in listed.items]
+            self._keys = {k.key_id: k for k in keys if k is not None}
+            self._listed = self.clock()
+
+    def allowed(self, key: AccessKey, verb: str, group: str, resource: str) -> bool:
+        cache_key = (key.user, key.groups, verb, group, resource)
+        now = self.clock()
+        held = self._reviews.get(cache_key)
+        if held is not None and now - held[0] < REVIEW_SECONDS:
+            return held[1]
+        review = client.AuthorizationV1Api(self.api).create_subject_access_review(client.V1SubjectAccessReview(
+            spec=client.V1SubjectAccessReviewSpec(
+                user=key.user, groups=list(key.groups) or None,
+                resource_attributes=client.V1ResourceAttributes(verb=verb, group=group, resource=resource))))
+        allowed = bool(review.status and review.status.allowed)
+        self._reviews[cache_key] = (now, allowed)
+        if len(self._reviews) > 10_000:  # identities x rights is small; never let it grow without end
+            self._reviews = {k: v for k, v in self._reviews.items() if now - v[0] < REVIEW_SECONDS}
+        return allowed
+
+
+def check_rights(access: Access, key: AccessKey, operation: str) -> None:
+    """Refuse ``operation`` unless RBAC lets the key's identity do what it stands for."""
+    right = RIGHTS.get(operation)
+    if right is None:
+        return  # not served: the operation's own lookup answers UnknownOperationException
+    verb, group, resource = right
+    if not access.allowed(key, verb, group, resource):
+        raise ApiError("AccessDeniedException", f"User {key.user} is not authorized to perform {operation}: "
+                       f"Kubernetes RBAC does not let it {verb} {resource}.{group}", 400)
+
+
+# --------------------------------------------------------------------------- making keys
+
+_KEY_ALPHABET = string.ascii_uppercase + string.digits
+
+
+def new_key(user: str, groups: tuple[str, ...] = ()) -> AccessKey:
+    """A fresh key for ``user``: an id in AWS's form (``AKIA`` and 16 characters) and a 40-character
+    secret, both from :mod:`secrets`."""
+    key_id = "AKIA" + "".join(secrets.choice(_KEY_ALPHABET) for _ in range(16))
+    secret = secrets.token_urlsafe(30)[:40]
+    return AccessKey(key_id, secret, user, groups)
+
+
+def key_secret(key: AccessKey, namespace: str) -> dict[str, Any]:
+    """The Secret that stores ``key``."""
+    data = {"access-key-id": key.key_id, "secret-access-key": key.secret, "user": key.user}
+    if key.groups:
+        data["groups"] = ",".join(key.groups)
+    return {"apiVersion": "v1", "kind": "Secret", "type": SECRET_TYPE,
+            "metadata": {"name": f"hyperplan-api-key-{key.key_id.lower()}", "namespace": namespace,
+                         "labels": {LABEL_API_KEY_USER: _label(key.user)}},
+            "stringData": data}
+
+
+def _label(user: str) -> str:
+    cleaned = "".join(c if c.isalnum() or c in "-_." else "." for c in user)[-63:].strip("-_.")
+    return cleaned or "user"

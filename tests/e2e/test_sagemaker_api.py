@@ -1,0 +1,160 @@
+"""hyperplan's SageMaker API on the operator, driven by the real boto3 and the real AWS CLI.
+
+A key is minted with ``hyperplan api-key create``, its user is given a ClusterRole that may get
+and list TrainingPlans, and the clients then watch a plan the operator buys go Pending, Scheduled,
+Active and Expired, page through every plan of the run, and read the errors an AWS client knows.
+Only the endpoint differs from talking to AWS (``AWS_ENDPOINT_URL_SAGEMAKER``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from datetime import timedelta
+
+from tests.aws.clients import Endpoint, aws_cli, boto3_call, boto3_calls
+from tests.e2e.scenarios import Context, plan_body, pool_body, scenario, ts, utcnow
+from tests.kube import eventually
+
+ACCOUNT = "111122223333"  # HYPERPLAN_AWS_ACCOUNT_ID of the e2e replicas
+
+
+def mint_key(ctx: Context, user: str) -> tuple[str, str]:
+    """``hyperplan api-key create --user USER``: the two lines it prints, as an AWS client reads them."""
+    done = subprocess.run([sys.executable, "-m", "hyperplan.cli", "api-key", "create", "--user", user,
+                           "--namespace", "default"], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "KUBECONFIG": ctx.kubeconfig})
+    assert done.returncode == 0, done.stderr
+    lines = dict(line.split("=", 1) for line in done.stdout.split())
+    return lines["AWS_ACCESS_KEY_ID"], lines["AWS_SECRET_ACCESS_KEY"]
+
+
+def grant_plan_reads(ctx: Context, user: str, name: str) -> None:
+    ctx.kubectl.apply([
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": name},
+         "rules": [{"apiGroups": ["hyperplan.dev"], "resources": ["trainingplans"], "verbs": ["get", "list"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": name},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]}])
+
+
+def serving(ctx: Context, key_id: str, secret: str) -> Endpoint:
+    """The endpoint of the replica that serves the API now (the leader; after a restart of the
+    e2e leader, the standby may lead)."""
+    def answering() -> Endpoint | None:
+        for url in ctx.sagemaker_api_urls:
+            endpoint = Endpoint(url, key_id, secret)
+            answer = boto3_call(endpoint, "list_training_plans", MaxResults=1)
+            if "ok" in answer or answer["error"]["code"] not in ("EndpointConnectionError", "ConnectionClosedError"):
+                return endpoint
+        return None
+    return eventually(answering, timeout=120, interval=1, what="a replica serving the SageMaker API")
+
+
+def describe(ctx: Context, endpoint: Endpoint, name: str) -> dict:
+    answer = boto3_call(endpoint, "describe_training_plan", TrainingPlanName=name)
+    if answer.get("error", {}).get("code") in ("EndpointConnectionError", "ConnectionClosedError"):
+        endpoint = serving(ctx, endpoint.key_id, endpoint.secret)
+        answer = boto3_call(endpoint, "describe_training_plan", TrainingPlanName=name)
+    return answer
+
+
+@scenario
+def sagemaker_api(ctx: Context) -> dict:
+    k = ctx.kubectl
+    tag = uuid.uuid4().hex[:5]
+    itype, name, user = f"ml.sm-{tag}.xlarge", f"sm-api-{tag}", f"sm-reader-{tag}"
+    k.create(pool_body(f"sm-{tag}", itype, 4))
+    start = utcnow().replace(microsecond=0) + timedelta(seconds=30)
+    k.create(plan_body(name, itype, 2, duration="1m", autoPurchase=True, startTimeAfter=ts(start),
+                       endTimeBefore=ts(start + timedelta(minutes=10))))
+    extra = [f"sm-page-{tag}-{i}" for i in range(7)]  # more plans than a page of 3, in any run
+    for other in extra:
+        k.create(plan_body(other, itype, 1, duration="1m", startTimeAfter=ts(start + timedelta(hours=1))))
+    key_id, secret = mint_key(ctx, user)
+    grant_plan_reads(ctx, user, f"sm-reader-{tag}")
+    denied_id, denied_secret = mint_key(ctx, f"sm-nobody-{tag}")
+    endpoint = serving(ctx, key_id, secret)
+
+    seen: list[str] = []
+    described: dict = {}
+
+    def phase(wanted: str) -> bool:
+        answer = describe(ctx, endpoint, name)
+        assert "ok" in answer, answer
+        described.update(answer["ok"])
+        if not seen or seen[-1] != answer["ok"]["Status"]:
+            seen.append(answer["ok"]["Status"])
+        return answer["ok"]["Status"] == wanted
+
+    eventually(lambda: phase("Scheduled"), timeout=90, interval=1, what="Scheduled through the API")
+    scheduled = dict(described)
+    eventually(lambda: phase("Active"), timeout=120, interval=1, what="Active through the API")
+    active = dict(described)
+    before = {p["metadata"]["name"] for p in k.get("trainingplans")["items"]}
+    pages_answer = boto3_calls(endpoint, [{"op": "list_training_plans", "paginate": True,
+                                           "args": {"SortBy": "TrainingPlanName", "SortOrder": "Ascending",
+                                                    "PaginationConfig": {"PageSize": 3}}}])[0]
+    after = {p["metadata"]["name"] for p in k.get("trainingplans")["items"]}
+    cli = aws_cli(endpoint, "sagemaker", "list-training-plans", "--filters", "Name=Status,Value=Active",
+                  "--output", "json")
+    cli_missing = aws_cli(endpoint, "sagemaker", "describe-training-plan", "--training-plan-name", f"none-{tag}")
+    errors = boto3_calls(endpoint, [
+        {"op": "describe_training_plan", "args": {"TrainingPlanName": f"none-{tag}"}},
+        {"op": "list_training_plans", "args": {"MaxResults": 500}},
+        {"op": "describe_reserved_capacity",
+         "args": {"ReservedCapacityArn": f"arn:aws:sagemaker:us-west-2:{ACCOUNT}:reserved-capacity/none-{tag}"}}])
+    denied = boto3_call(Endpoint(endpoint.url, denied_id, denied_secret), "list_training_plans")
+    wrong = boto3_call(Endpoint(endpoint.url, key_id, secret + "x"), "list_training_plans")
+    for other in extra:
+        k.delete("trainingplan", other)
+    eventually(lambda: phase("Expired"), timeout=180, interval=2, what="Expired through the API")
+    return {"name": name, "seen": seen, "scheduled": scheduled, "active": active, "expired": dict(described),
+            "pages": pages_answer, "kubectl_plans": before & after, "cli": (cli.returncode, cli.stdout, cli.stderr),
+            "cli_missing": (cli_missing.returncode, cli_missing.stderr), "errors": errors, "denied": denied,
+            "wrong": wrong, "status": k.get("trainingplan", name)["status"]}
+
+
+def test_a_plan_bought_by_the_operator_is_seen_through_boto3_in_every_phase(scenarios) -> None:
+    record = scenarios["sagemaker_api"].result(timeout=600)
+    assert record["seen"][-3:] == ["Scheduled", "Active", "Expired"], record["seen"]
+    active, status = record["active"], record["status"]
+    assert active["TrainingPlanArn"] == f"arn:aws:sagemaker:us-west-2:{ACCOUNT}:training-plan/{record['name']}"
+    assert active["TotalInstanceCount"] == 2
+    [block] = status["reservedCapacity"]
+    [summary] = active["ReservedCapacitySummaries"]
+    assert summary["ReservedCapacityArn"].endswith(f":reserved-capacity/{block['id']}")
+    assert summary["AvailabilityZone"] == block["availabilityZone"] and summary["TotalInstanceCount"] == 2
+    assert (active["DurationHours"], active["DurationMinutes"]) == (0, 1)
+    assert record["scheduled"]["StartTime"] == active["StartTime"]
+
+
+def test_boto3_pages_through_every_plan_once(scenarios) -> None:
+    record = scenarios["sagemaker_api"].result(timeout=600)
+    assert "ok" in record["pages"], record["pages"]
+    pages = record["pages"]["ok"]
+    names = [s["TrainingPlanName"] for p in pages for s in p["TrainingPlanSummaries"]]
+    assert len(pages) >= 3 and len(names) == len(set(names)) and names == sorted(names)
+    # every plan that kubectl listed both before and after the paging is on exactly one page
+    assert record["name"] in names and record["kubectl_plans"] <= set(names)
+
+
+def test_the_aws_cli_lists_and_reports_errors_as_on_aws(scenarios) -> None:
+    record = scenarios["sagemaker_api"].result(timeout=600)
+    rc, out, err = record["cli"]
+    assert rc == 0, err
+    listed = json.loads(out)["TrainingPlanSummaries"]
+    assert all(p["Status"] == "Active" for p in listed)
+    rc, err = record["cli_missing"]
+    assert rc == 255 and "An error occurred (ResourceNotFound)" in err
+
+
+def test_errors_and_refusals_are_the_codes_an_aws_client_knows(scenarios) -> None:
+    record = scenarios["sagemaker_api"].result(timeout=600)
+    assert [e["error"]["code"] for e in record["errors"]] == ["ResourceNotFound", "ValidationException",
+                                                              "ResourceNotFound"]
+    assert record["denied"]["error"]["code"] == "AccessDeniedException"
+    assert record["wrong"]["error"] == {"code": "SignatureDoesNotMatch", "message": record["wrong"]["error"]["message"],
+                                        "status": 403}
