@@ -134,7 +134,7 @@ def cmd_api_key(args: argparse.Namespace) -> int:
         return 2
     settings = Settings()
     namespace = args.namespace or settings.api_key_namespace or settings.pod_namespace or "default"
-    key = new_key(args.user, tuple(g for g in (args.group or []) if g))
+    key = new_key(args.user)
     from kubernetes import client
 
     try:
@@ -178,7 +178,6 @@ def main(argv: list[str] | None = None) -> int:
     key.add_argument("--user", required=True,
                      help="the Kubernetes identity the key acts as: a user name or "
                           "system:serviceaccount:<namespace>:<name>")
-    key.add_argument("--group", action="append", help="a group of that identity (repeatable)")
     key.add_argument("--namespace", default=None,
                      help="where the key's Secret goes (default: HYPERPLAN_API_KEY_NAMESPACE, $POD_NAMESPACE, default)")
     key.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: $KUBECONFIG, then in-cluster)")

@@ -15,7 +15,7 @@ import uuid
 from datetime import timedelta
 
 from tests.aws.clients import Endpoint, aws_cli, boto3_call, boto3_calls
-from tests.e2e.scenarios import Context, plan_body, pool_body, scenario, ts, utcnow
+from tests.e2e.scenarios import Context, first_block, group_body, plan_body, pool_body, scenario, ts, utcnow, wait_phase
 from tests.kube import eventually
 
 ACCOUNT = "111122223333"  # HYPERPLAN_AWS_ACCOUNT_ID of the e2e replicas
@@ -31,10 +31,11 @@ def mint_key(ctx: Context, user: str) -> tuple[str, str]:
     return lines["AWS_ACCESS_KEY_ID"], lines["AWS_SECRET_ACCESS_KEY"]
 
 
-def grant_plan_reads(ctx: Context, user: str, name: str) -> None:
+def grant_plan_reads(ctx: Context, user: str, name: str, *more: dict) -> None:
     ctx.kubectl.apply([
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": name},
-         "rules": [{"apiGroups": ["hyperplan.dev"], "resources": ["trainingplans"], "verbs": ["get", "list"]}]},
+         "rules": [{"apiGroups": ["hyperplan.dev"], "resources": ["trainingplans"], "verbs": ["get", "list"]},
+                   *more]},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": name},
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
          "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]}])
@@ -158,3 +159,70 @@ def test_errors_and_refusals_are_the_codes_an_aws_client_knows(scenarios) -> Non
     assert record["denied"]["error"]["code"] == "AccessDeniedException"
     assert record["wrong"]["error"] == {"code": "SignatureDoesNotMatch", "message": record["wrong"]["error"]["message"],
                                         "status": 403}
+
+
+@scenario
+def sagemaker_replace(ctx: Context) -> dict:
+    """A group's node replaced with BatchReplaceClusterNodes, then the group shrunk with
+    UpdateCluster, both through boto3 as a user whose RBAC allows it (the writes are made as that
+    user: the API server's RBAC judges them)."""
+    k = ctx.kubectl
+    tag = uuid.uuid4().hex[:5]
+    itype, name, user = f"ml.smr-{tag}.xlarge", f"smr-{tag}", f"sm-operator-{tag}"
+    k.create(pool_body(name, itype, 3, az="us-east-1m"))
+    k.create(plan_body(name, itype, 2, duration="3m", autoPurchase=True,
+                       startTimeAfter=ts(utcnow() + timedelta(seconds=10))))
+    k.create(group_body(name, name, itype, 2, healthCheck={"graceSeconds": 2, "maxUnhealthy": 1}))
+    first_block(k, name)
+    wait_phase(k, "instancegroup", name, "Ready", timeout=120)
+    key_id, secret = mint_key(ctx, user)
+    grant_plan_reads(ctx, user, f"sm-operator-{tag}",
+                     {"apiGroups": ["hyperplan.dev"], "resources": ["instancegroups"], "verbs": ["list", "patch"]},
+                     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]})
+    reader_id, reader_secret = mint_key(ctx, f"sm-reader-{tag}")
+    grant_plan_reads(ctx, f"sm-reader-{tag}", f"sm-reader-{tag}",
+                     {"apiGroups": ["hyperplan.dev"], "resources": ["instancegroups"], "verbs": ["list"]})
+    endpoint = serving(ctx, key_id, secret)
+    listed = boto3_call(endpoint, "list_cluster_nodes", ClusterName="hyperplan", InstanceGroupNameContains=name)
+    assert "ok" in listed, listed
+    before = {n["PrivateDnsHostname"]: n for n in listed["ok"]["ClusterNodeSummaries"]}
+    victim = sorted(before)[0]
+    denied = boto3_call(Endpoint(endpoint.url, reader_id, reader_secret), "batch_replace_cluster_nodes",
+                        ClusterName="hyperplan", NodeIds=[before[victim]["InstanceId"]])
+    replaced = boto3_call(endpoint, "batch_replace_cluster_nodes", ClusterName="hyperplan",
+                          NodeIds=[before[victim]["InstanceId"]])
+    marked = k.get_or_none("node", victim)
+
+    def whole_again() -> list[str] | None:
+        names = [n["metadata"]["name"] for n in k.get("nodes", None, "-l", f"hyperplan.dev/instance-group={name}")["items"]
+                 if not n["metadata"].get("deletionTimestamp")]
+        group = k.get("instancegroup", name).get("status") or {}
+        return names if victim not in names and len(names) == 2 and group.get("readyCount") == 2 else None
+
+    after = eventually(whole_again, timeout=120, interval=1, what=f"{victim} replaced")
+    updated = boto3_call(endpoint, "update_cluster", ClusterName="hyperplan", InstanceGroups=[
+        {"InstanceGroupName": name, "InstanceCount": 1, "ExecutionRole": "arn:aws:iam::111122223333:role/hyperplan"}])
+    count = k.get("instancegroup", name)["spec"]["instanceCount"]
+    shrunk = eventually(lambda: len(k.get("nodes", None, "-l", f"hyperplan.dev/instance-group={name}")["items"]) == 1,
+                        timeout=120, interval=1, what="the group down to one node")
+    k.delete("instancegroup", name)
+    return {"before": before, "victim": victim, "replaced": replaced, "denied": denied, "marked": marked,
+            "after": after, "updated": updated, "count": count, "shrunk": shrunk}
+
+
+def test_a_node_replaced_through_the_api_is_replaced_by_the_group(scenarios) -> None:
+    record = scenarios["sagemaker_replace"].result(timeout=600)
+    assert "ok" in record["replaced"], record["replaced"]
+    assert record["replaced"]["ok"]["Successful"] == [record["before"][record["victim"]]["InstanceId"]]
+    assert all(n["InstanceStatus"]["Status"] == "Running" for n in record["before"].values())
+    if record["marked"] is not None:  # the label HyperPod's manual replacement sets, written as the user
+        labels = record["marked"]["metadata"]["labels"]
+        assert labels.get("sagemaker.amazonaws.com/node-health-status") == "UnschedulablePendingReplacement"
+    assert record["victim"] not in record["after"] and len(record["after"]) == 2
+
+
+def test_the_writes_are_the_callers_and_rbac_judges_them(scenarios) -> None:
+    record = scenarios["sagemaker_replace"].result(timeout=600)
+    assert record["denied"]["error"]["code"] == "AccessDeniedException"
+    assert "ok" in record["updated"], record["updated"]
+    assert record["count"] == 1 and record["shrunk"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import re
 import socket
 import threading
 import urllib.error
@@ -37,7 +38,9 @@ class FakeAccess:
 
     def __init__(self) -> None:
         self.keys = {k.key_id: k for k in (KEY, DENIED)}
-        self.rights = {("alice", "get", "trainingplans"), ("alice", "list", "trainingplans")}
+        self.rights = {("alice", "get", "trainingplans"), ("alice", "list", "trainingplans"),
+                       ("alice", "list", "instancegroups"), ("alice", "patch", "instancegroups"),
+                       ("alice", "patch", "nodes")}
         self.reviews: list[tuple[str, str, str]] = []
         self.refreshes = 0
 
@@ -80,13 +83,46 @@ def plan(name: str, phase: str | None, start_hours: int, *, ultra: bool = False)
             "metadata": {"name": name, "resourceVersion": "1", "uid": f"uid-{name}"}, "spec": spec, "status": status}
 
 
+class RecordingWrites:
+    """The writes the operations make, as whom (the API server's side is the e2e tier's)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def patch_group(self, user: str, name: str, patch: dict) -> None:
+        self.calls.append(("patch_group", user, name, patch))
+
+    def label_node(self, user: str, name: str, labels: dict) -> None:
+        self.calls.append(("label_node", user, name, labels))
+
+
+def group(name: str, plan_name: str, count: int) -> dict:
+    return {"apiVersion": "hyperplan.dev/v1alpha1", "kind": "InstanceGroup",
+            "metadata": {"name": name, "resourceVersion": "1", "creationTimestamp": "2027-02-01T00:00:00Z"},
+            "spec": {"trainingPlanRef": plan_name, "instanceType": "ml.p6e-gb200.36xlarge", "instanceCount": count},
+            "status": {"phase": "Ready"}}
+
+
+def node(name: str, group_name: str, *, ready: str = "True", ultraserver: str = "us-a", health: str | None = None,
+         created: str = "2027-03-01T02:00:00Z") -> dict:
+    labels = {"hyperplan.dev/instance-group": group_name, "topology.k8s.aws/ultraserver-id": ultraserver,
+              "topology.kubernetes.io/zone": "us-west-2a"}
+    if health:
+        labels["sagemaker.amazonaws.com/node-health-status"] = health
+    return {"metadata": {"name": name, "uid": f"uid-{name}", "labels": labels, "creationTimestamp": created},
+            "spec": {}, "status": {"conditions": [{"type": "Ready", "status": ready,
+                                                   "lastTransitionTime": "2027-03-01T02:00:00Z"}]}}
+
+
 class Server:
     """The API's aiohttp app on a loopback port, on a loop in a thread of its own."""
 
-    def __init__(self, plans: dict[str, list[dict]]):
+    def __init__(self, plans: dict[str, list[dict]], groups: dict[str, list[dict]] | None = None,
+                 nodes: dict[tuple, list[dict]] | None = None):
         self.plans = plans
         self.cache = WatchCache()
-        self.cache.bind({PLANS: plans, POOLS: {}, GROUPS: {}, NODES: {}})
+        self.cache.bind({PLANS: plans, POOLS: {}, GROUPS: groups or {}, NODES: nodes or {}})
+        self.writes = RecordingWrites()
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -94,7 +130,7 @@ class Server:
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.access = FakeAccess()
-        app = make_app(self.cache, self.access, ACCOUNT, lambda: datetime.now(timezone.utc))
+        app = make_app(self.cache, self.access, ACCOUNT, lambda: datetime.now(timezone.utc), "lab", self.writes)
         self.runner = asyncio.run_coroutine_threadsafe(serve(app, "127.0.0.1", self.port), self.loop).result(10)
 
     @property
@@ -112,7 +148,13 @@ def server() -> Iterator[Server]:
     plans = {f"plan-{i:03d}": [plan(f"plan-{i:03d}", ["Pending", "Scheduled", "Active", "Expired"][i % 4], i)]
              for i in range(230)}
     plans["ultra"] = [plan("ultra", "Active", 2, ultra=True)]
-    s = Server(plans)
+    groups = {"trainers": [group("trainers", "ultra", 3)]}
+    nodes = {("group", "trainers"): [
+        node("trainers-0", "trainers", created="2027-03-01T02:00:00Z"),
+        node("trainers-1", "trainers", ready="False", created="2027-03-01T02:00:01Z"),
+        node("trainers-2", "trainers", ultraserver="us-b", health="UnschedulablePendingReplacement",
+             created="2027-03-01T02:00:02Z")]}
+    s = Server(plans, groups, nodes)
     yield s
     s.close()
 
@@ -255,6 +297,80 @@ def test_an_unsigned_request_is_refused_as_an_aws_client_expects(server: Server)
     assert raised.value.code == 403
     assert raised.value.headers["Content-Type"] == "application/x-amz-json-1.1"
     assert json.loads(raised.value.read())["__type"] == "InvalidSignatureException"
+
+
+# --------------------------------------------------------------------------- HyperPod
+
+
+def test_the_cluster_and_its_instance_groups(server: Server) -> None:
+    described, listed = [ok(a) for a in boto3_calls(signed_in(server), [
+        {"op": "describe_cluster", "args": {"ClusterName": "lab"}}, {"op": "list_clusters", "args": {}}])]
+    [summary] = listed["ClusterSummaries"]
+    assert described["ClusterArn"] == summary["ClusterArn"]
+    assert re.fullmatch(rf"arn:aws:sagemaker:us-west-2:{ACCOUNT}:cluster/[a-z0-9]{{12}}", summary["ClusterArn"])
+    [trainers] = described["InstanceGroups"]
+    assert (trainers["InstanceGroupName"], trainers["CurrentCount"], trainers["TargetCount"], trainers["Status"]) == \
+        ("trainers", 3, 3, "InService")
+    assert trainers["TrainingPlanArn"].endswith(":training-plan/ultra") and trainers["TrainingPlanStatus"] == "Active"
+    by_arn = ok(boto3_call(signed_in(server), "describe_cluster", ClusterName=summary["ClusterArn"]))
+    assert by_arn["ClusterName"] == "lab"
+
+
+def test_cluster_nodes_have_stable_instance_ids_status_and_ultraserver(server: Server) -> None:
+    endpoint = signed_in(server)
+    first, again = [ok(a) for a in boto3_calls(endpoint, [
+        {"op": "list_cluster_nodes", "args": {"ClusterName": "lab"}},
+        {"op": "list_cluster_nodes", "args": {"ClusterName": "lab"}}])]
+    nodes = first["ClusterNodeSummaries"]
+    assert nodes == again["ClusterNodeSummaries"]
+    assert all(re.fullmatch(r"i-[a-f0-9]{17}", n["InstanceId"]) for n in nodes)
+    assert [(n["PrivateDnsHostname"], n["InstanceStatus"]["Status"]) for n in nodes] == [
+        ("trainers-0", "Running"), ("trainers-1", "Pending"), ("trainers-2", "Failure")]
+    assert nodes[2]["UltraServerInfo"] == {"Id": "us-b", "Type": "ml.u-p6e-gb200x36"}
+    detail = ok(boto3_call(endpoint, "describe_cluster_node", ClusterName="lab", NodeId=nodes[0]["InstanceId"]))
+    assert detail["NodeDetails"]["PrivateDnsHostname"] == "trainers-0"
+    assert detail["NodeDetails"]["Placement"] == {"AvailabilityZone": "us-west-2a"}
+
+
+@pytest.mark.parametrize("op, args, code", [
+    pytest.param("describe_cluster", {"ClusterName": "elsewhere"}, "ResourceNotFound", id="another-cluster"),
+    pytest.param("describe_cluster_node", {"ClusterName": "lab", "NodeId": "i-0123456789abcdef0"},
+                 "ResourceNotFound", id="unknown-node"),
+    pytest.param("describe_cluster_node", {"ClusterName": "lab", "NodeId": "node-0"}, "ValidationException",
+                 id="node-id-pattern"),
+    pytest.param("update_cluster", {"ClusterName": "lab", "InstanceGroups": [
+        {"InstanceGroupName": "nobody", "InstanceCount": 2, "ExecutionRole": "arn:aws:iam::111122223333:role/hp"}]}, "ResourceNotFound",
+        id="unknown-group"),
+    pytest.param("update_cluster", {"ClusterName": "lab", "InstanceGroups": [
+        {"InstanceGroupName": "trainers", "InstanceCount": 7000, "ExecutionRole": "arn:aws:iam::111122223333:role/hp"}]}, "ValidationException",
+        id="count-maximum"),
+    pytest.param("batch_reboot_cluster_nodes", {"ClusterName": "lab", "NodeIds": ["i-0123456789abcdef0"]},
+                 "UnknownOperationException", id="reboot-not-served"),
+])
+def test_hyperpod_errors(server: Server, op: str, args: dict, code: str) -> None:
+    answer = boto3_call(signed_in(server), op, **args)
+    assert answer.get("error", {}).get("code") == code, answer
+
+
+def test_update_cluster_sets_a_groups_count_as_the_caller(server: Server) -> None:
+    server.writes.calls.clear()
+    answer = ok(boto3_call(signed_in(server), "update_cluster", ClusterName="lab", InstanceGroups=[
+        {"InstanceGroupName": "trainers", "InstanceCount": 5, "ExecutionRole": "arn:aws:iam::111122223333:role/hp"}]))
+    assert answer["ClusterArn"].startswith("arn:aws:sagemaker:")
+    assert server.writes.calls == [("patch_group", "alice", "trainers", {"spec": {"instanceCount": 5}})]
+
+
+def test_batch_replace_marks_nodes_as_hyperpod_does_and_reports_unknown_ones(server: Server) -> None:
+    server.writes.calls.clear()
+    nodes = ok(boto3_call(signed_in(server), "list_cluster_nodes", ClusterName="lab"))["ClusterNodeSummaries"]
+    wanted = nodes[0]["InstanceId"]
+    answer = ok(boto3_call(signed_in(server), "batch_replace_cluster_nodes", ClusterName="lab",
+                           NodeIds=[wanted, "i-00000000000000000"]))
+    assert answer["Successful"] == [wanted]
+    assert answer["Failed"] == [{"NodeId": "i-00000000000000000", "ErrorCode": "InstanceIdNotFound",
+                                 "Message": "no node i-00000000000000000 in cluster lab"}]
+    assert server.writes.calls == [("label_node", "alice", "trainers-0",
+                                    {"sagemaker.amazonaws.com/node-health-status": "UnschedulablePendingReplacement"})]
 
 
 # --------------------------------------------------------------------------- SigV4, pure

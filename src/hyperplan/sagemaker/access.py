@@ -2,8 +2,8 @@
 
 An access key is a Secret of type ``hyperplan.dev/api-key`` in the operator's namespace that an
 admin created (``hyperplan api-key create --user USER``): ``access-key-id``,
-``secret-access-key``, ``user`` (a Kubernetes user name or
-``system:serviceaccount:<namespace>:<name>``) and optionally ``groups`` (comma-separated). Only
+``secret-access-key`` and ``user`` (a Kubernetes user name or
+``system:serviceaccount:<namespace>:<name>``; a ServiceAccount's groups come with it). Only
 someone who may create Secrets in the operator's namespace can mint one.
 
 What a caller may do is what Kubernetes RBAC lets the key's identity do: every operation names
@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 from kubernetes import client
 
-from hyperplan.api.vocabulary import API_KEY_SECRET_TYPE, GROUP, LABEL_API_KEY_USER
+from hyperplan.api.vocabulary import API_KEY_SECRET_TYPE, GROUP, LABEL_API_KEY_USER, VERSION
 from hyperplan.sagemaker.signing import AccessKey
 from hyperplan.sagemaker.wire import ApiError
 
@@ -47,6 +47,12 @@ RIGHTS: dict[str, tuple[str, str, str]] = {
     "ListTrainingPlans": ("list", GROUP, "trainingplans"),
     "DescribeReservedCapacity": ("get", GROUP, "trainingplans"),
     "ListUltraServersByReservedCapacity": ("get", GROUP, "trainingplans"),
+    "DescribeCluster": ("list", GROUP, "instancegroups"),
+    "ListClusters": ("list", GROUP, "instancegroups"),
+    "ListClusterNodes": ("list", GROUP, "instancegroups"),
+    "DescribeClusterNode": ("list", GROUP, "instancegroups"),
+    "UpdateCluster": ("patch", GROUP, "instancegroups"),
+    "BatchReplaceClusterNodes": ("patch", "", "nodes"),
 }
 
 
@@ -65,13 +71,11 @@ def key_of_secret(secret: client.V1Secret) -> AccessKey | None:
     data = secret.data or {}
     try:
         fields = {k: base64.b64decode(data[k]).decode() for k in ("access-key-id", "secret-access-key", "user")}
-        groups = base64.b64decode(data["groups"]).decode() if data.get("groups") else ""
     except (KeyError, ValueError, UnicodeDecodeError):
         log.warning("Secret %s/%s of type %s is not a complete API key (access-key-id, secret-access-key, user)",
                     secret.metadata.namespace, secret.metadata.name, SECRET_TYPE)
         return None
-    return AccessKey(fields["access-key-id"], fields["secret-access-key"], fields["user"],
-                     tuple(g for g in groups.split(",") if g))
+    return AccessKey(fields["access-key-id"], fields["secret-access-key"], fields["user"])
 
 
 @dataclass
@@ -107,14 +111,14 @@ class KubeAccess:
             self._listed = self.clock()
 
     def allowed(self, key: AccessKey, verb: str, group: str, resource: str) -> bool:
-        cache_key = (key.user, key.groups, verb, group, resource)
+        cache_key = (key.user, verb, group, resource)
         now = self.clock()
         held = self._reviews.get(cache_key)
         if held is not None and now - held[0] < REVIEW_SECONDS:
             return held[1]
         review = client.AuthorizationV1Api(self.api).create_subject_access_review(client.V1SubjectAccessReview(
             spec=client.V1SubjectAccessReviewSpec(
-                user=key.user, groups=list(key.groups) or None,
+                user=key.user, groups=service_account_groups(key.user) or None,
                 resource_attributes=client.V1ResourceAttributes(verb=verb, group=group, resource=resource))))
         allowed = bool(review.status and review.status.allowed)
         self._reviews[cache_key] = (now, allowed)
@@ -134,24 +138,60 @@ def check_rights(access: Access, key: AccessKey, operation: str) -> None:
                        f"Kubernetes RBAC does not let it {verb} {resource}.{group}", 400)
 
 
+def service_account_groups(user: str) -> list[str]:
+    """The groups the API server gives a ServiceAccount's token (and an impersonation of it), so
+    that a review asks about the same identity that a write made as it would be."""
+    parts = user.split(":")
+    if len(parts) == 4 and parts[:2] == ["system", "serviceaccount"]:
+        return ["system:serviceaccounts", f"system:serviceaccounts:{parts[2]}", "system:authenticated"]
+    return ["system:authenticated"]
+
+
+class Writes(Protocol):
+    """The writes of the API's operations, made as the key's identity (tests: a recording fake)."""
+
+    def patch_group(self, user: str, name: str, patch: dict[str, Any]) -> None: ...
+
+    def label_node(self, user: str, name: str, labels: dict[str, str]) -> None: ...
+
+
+@dataclass
+class KubeWrites:
+    """Writes made by impersonating the key's identity (``Impersonate-User``), so that the API
+    server's RBAC and admission judge them as if that identity had made them itself."""
+
+    api: client.ApiClient
+
+    def _as(self, user: str) -> client.ApiClient:
+        acting = client.ApiClient(self.api.configuration)
+        acting.set_default_header("Impersonate-User", user)
+        return acting
+
+    def patch_group(self, user: str, name: str, patch: dict[str, Any]) -> None:
+        with self._as(user) as api:
+            client.CustomObjectsApi(api).patch_cluster_custom_object(GROUP, VERSION, "instancegroups", name, patch)
+
+    def label_node(self, user: str, name: str, labels: dict[str, str]) -> None:
+        with self._as(user) as api:
+            client.CoreV1Api(api).patch_node(name, {"metadata": {"labels": labels}})
+
+
 # --------------------------------------------------------------------------- making keys
 
 _KEY_ALPHABET = string.ascii_uppercase + string.digits
 
 
-def new_key(user: str, groups: tuple[str, ...] = ()) -> AccessKey:
+def new_key(user: str) -> AccessKey:
     """A fresh key for ``user``: an id in AWS's form (``AKIA`` and 16 characters) and a 40-character
     secret, both from :mod:`secrets`."""
     key_id = "AKIA" + "".join(secrets.choice(_KEY_ALPHABET) for _ in range(16))
     secret = secrets.token_urlsafe(30)[:40]
-    return AccessKey(key_id, secret, user, groups)
+    return AccessKey(key_id, secret, user)
 
 
 def key_secret(key: AccessKey, namespace: str) -> dict[str, Any]:
     """The Secret that stores ``key``."""
     data = {"access-key-id": key.key_id, "secret-access-key": key.secret, "user": key.user}
-    if key.groups:
-        data["groups"] = ",".join(key.groups)
     return {"apiVersion": "v1", "kind": "Secret", "type": SECRET_TYPE,
             "metadata": {"name": f"hyperplan-api-key-{key.key_id.lower()}", "namespace": namespace,
                          "labels": {LABEL_API_KEY_USER: _label(key.user)}},

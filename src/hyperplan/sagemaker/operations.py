@@ -21,6 +21,8 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from hyperplan.api.models import ReservedCapacity, TrainingPlan
+from hyperplan.sagemaker import hyperpod
+from hyperplan.sagemaker.access import Writes
 from hyperplan.sagemaker.wire import (
     ApiError, compact, epoch, invalid, matching, not_found, one_of, page, required, time_of,
 )
@@ -40,15 +42,23 @@ class Fleet(Protocol):
 
     def plans(self) -> list[dict[str, Any]]: ...
 
+    def groups(self) -> list[dict[str, Any]]: ...
+
+    def group_nodes(self, group_label: str) -> list[dict[str, Any]]: ...
+
 
 @dataclass(frozen=True)
 class Context:
-    """One request's surroundings: the fleet to read, the account and region of its ARNs."""
+    """One request's surroundings: the fleet to read, the account and region of its ARNs, this
+    cluster's HyperPod name, the caller's Kubernetes identity and where its writes go."""
 
     fleet: Fleet
     account: str
     region: str
     now: datetime
+    cluster_name: str = "hyperplan"
+    user: str = ""
+    writes: Writes | None = None
 
     def arn(self, kind: str, name: str) -> str:
         return f"arn:aws:sagemaker:{self.region}:{self.account}:{kind}/{name}"
@@ -236,7 +246,16 @@ OPERATIONS: dict[str, Operation] = {
     "ListTrainingPlans": list_training_plans,
     "DescribeReservedCapacity": describe_reserved_capacity,
     "ListUltraServersByReservedCapacity": list_ultra_servers_by_reserved_capacity,
+    "DescribeCluster": hyperpod.describe_cluster,
+    "ListClusters": hyperpod.list_clusters,
+    "ListClusterNodes": hyperpod.list_cluster_nodes,
+    "DescribeClusterNode": hyperpod.describe_cluster_node,
+    "UpdateCluster": hyperpod.update_cluster,
+    "BatchReplaceClusterNodes": hyperpod.batch_replace_cluster_nodes,
 }
+WRITES = frozenset({"UpdateCluster", "BatchReplaceClusterNodes"})
+"""The operations that write: they run on a thread (their API calls block), reading the watch
+cache through the loop (``WatchCache._on_loop``)."""
 
 
 def call(operation: str, body: Mapping[str, Any], ctx: Context) -> dict[str, Any]:

@@ -23,10 +23,11 @@ from typing import Any
 
 from aiohttp import web
 from kubernetes.client import ApiClient
+from kubernetes.client.exceptions import ApiException
 
 from hyperplan.sagemaker import operations
 from hyperplan.settings import Settings
-from hyperplan.sagemaker.access import SECRET_TYPE, Access, KubeAccess, check_rights
+from hyperplan.sagemaker.access import SECRET_TYPE, Access, KubeAccess, KubeWrites, Writes, check_rights
 from hyperplan.sagemaker.signing import Caller, verify
 from hyperplan.sagemaker.wire import CONTENT_TYPE, ApiError, operation_of, parse_body
 
@@ -53,8 +54,21 @@ def _answer(status: int, body: dict[str, Any]) -> web.Response:
                         headers={"Content-Type": CONTENT_TYPE})
 
 
-def make_app(fleet: operations.Fleet, access: Access, account: str,
-             clock: Callable[[], datetime]) -> web.Application:
+def refused(e: ApiException) -> ApiError:
+    """A write the API server refused, as an AWS client reads it: RBAC or admission's 403 is
+    ``AccessDeniedException``, a conflict ``ConflictException``, an invalid value
+    ``ValidationException``; the API server's own message goes with it."""
+    try:
+        message = json.loads(e.body or "{}").get("message") or e.reason
+    except ValueError:
+        message = e.reason
+    code = {403: "AccessDeniedException", 404: "ResourceNotFound", 409: "ConflictException",
+            422: "ValidationException"}.get(e.status or 0, "InternalFailure")
+    return ApiError(code, str(message)[:1000], 400 if code != "InternalFailure" else 500)
+
+
+def make_app(fleet: operations.Fleet, access: Access, account: str, clock: Callable[[], datetime],
+             cluster_name: str = "hyperplan", writes: Writes | None = None) -> web.Application:
     """The application: ``fleet`` is the read side, ``access`` the keys and RBAC's answers,
     ``account`` the 12-digit account id of the ARNs. The keys and the reviews are API calls, made
     on threads; the operation itself runs on the loop (it reads kopf's indexes)."""
@@ -84,12 +98,19 @@ def make_app(fleet: operations.Fleet, access: Access, account: str,
             operation = operation_of(request.headers.get("X-Amz-Target"))
             await asyncio.to_thread(check_rights, access, caller.key, operation)
             body = parse_body(raw)
-            ctx = operations.Context(fleet=fleet, account=account, region=caller.region, now=clock())
-            result = operations.call(operation, body, ctx)
+            ctx = operations.Context(fleet=fleet, account=account, region=caller.region, now=clock(),
+                                     cluster_name=cluster_name, user=caller.key.user, writes=writes)
+            if operation in operations.WRITES:
+                result = await asyncio.to_thread(operations.call, operation, body, ctx)
+            else:
+                result = operations.call(operation, body, ctx)
             log.debug("%s by %s", operation, caller.key.user)
             return _answer(200, result)
         except ApiError as e:
             return _answer(e.status, e.body())
+        except ApiException as e:  # a write the API server refused, as the caller
+            error = refused(e)
+            return _answer(error.status, error.body())
         except Exception:  # noqa: BLE001 - one bad request never stops the server
             log.exception("SageMaker API request failed")
             return _answer(500, {"__type": "InternalFailure", "message": "the request failed inside hyperplan"})
@@ -121,7 +142,8 @@ async def start_api(settings: Settings, api: ApiClient, fleet: operations.Fleet,
     if settings.sagemaker_api_port is None:
         return None
     namespace = settings.api_key_namespace or settings.pod_namespace or "default"
-    app = make_app(fleet, KubeAccess(api, namespace), settings.aws_account_id, clock)
+    app = make_app(fleet, KubeAccess(api, namespace), settings.aws_account_id, clock, settings.cluster_name,
+                   KubeWrites(api))
     runner = await serve(app, settings.sagemaker_api_address, settings.sagemaker_api_port,
                          settings.sagemaker_api_tls_cert, settings.sagemaker_api_tls_key)
     scheme = "https" if settings.sagemaker_api_tls_cert else "http"

@@ -48,7 +48,6 @@ class AccessKey:
     key_id: str
     secret: str
     user: str
-    groups: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,237 @@
+"""The HyperPod cluster operations, over InstanceGroups and their nodes.
+
+This Kubernetes cluster is one HyperPod cluster, named by ``HYPERPLAN_CLUSTER_NAME``; its instance
+groups are the InstanceGroups, and its instances their Nodes (from the watch cache). A node's
+``InstanceId`` is ``i-`` and 17 hex digits of the SHA-256 of its name: stable for as long as the
+node exists, and the same on every replica. The cluster's ARN ends in 12 hex digits of the
+SHA-256 of its name, as the model's pattern asks.
+
+The writes go to the API server as the key's identity (``access.Writes``):
+
+* ``UpdateCluster`` sets the ``instanceCount`` of the named groups;
+* ``BatchReplaceClusterNodes`` labels each node as HyperPod's own manual replacement does
+  (``sagemaker.amazonaws.com/node-health-status=UnschedulablePendingReplacement``): the group's
+  pass then replaces it with a spare, or a new node, as it replaces any failed node.
+
+``BatchRebootClusterNodes`` is not served: hyperplan has no reboot yet (it answers
+``UnknownOperationException``, as every operation not served does).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Mapping
+from datetime import datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from hyperplan.api.models import InstanceGroup
+from hyperplan.api.vocabulary import HEALTH_PENDING_REPLACEMENT, LABEL_SAGEMAKER_HEALTH, from_rfc3339
+from hyperplan.planning import naming
+from hyperplan.planning.nodefacts import NodeFacts, facts_of_dict
+from hyperplan.sagemaker.wire import (
+    bounded, compact, epoch, invalid, matching, not_found, one_of, page, required, time_of,
+)
+
+CLUSTER_NAME_OR_ARN = (r"((arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]*:[0-9]{12}:cluster/[a-z0-9]{12})|"
+                       r"([a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}))")
+GROUP_NAME = r"[a-zA-Z0-9](-*[a-zA-Z0-9])*"
+NODE_ID = r"i-[a-f0-9]{8}(?:[a-f0-9]{9})?"
+GROUP_STATUS = {"Waiting": "Creating", "Provisioning": "Updating", "Ready": "InService", "Draining": "Deleting",
+                "Failed": "Degraded"}
+
+
+def instance_id(node_name: str) -> str:
+    return "i-" + hashlib.sha256(node_name.encode()).hexdigest()[:17]
+
+
+def cluster_id(cluster_name: str) -> str:
+    return hashlib.sha256(cluster_name.encode()).hexdigest()[:12]
+
+
+def _groups(ctx: Any) -> list[InstanceGroup]:
+    found = []
+    for obj in ctx.fleet.groups():
+        try:
+            found.append(InstanceGroup.model_validate(obj))
+        except ValidationError:
+            continue  # reported on the group itself by its pass
+    return found
+
+
+def _cluster(body: Mapping[str, Any], ctx: Any) -> None:
+    """Check that the request names this cluster (by name or ARN)."""
+    named = matching(body, "ClusterName", CLUSTER_NAME_OR_ARN, low=0, high=256) or required(body, "ClusterName")
+    wanted = named.rsplit("/", 1)[-1] if named.startswith("arn:") else named
+    if wanted not in (ctx.cluster_name, cluster_id(ctx.cluster_name)):
+        raise not_found(f"Cluster {named} not found.")
+
+
+def _created(ctx: Any) -> datetime:
+    """When the cluster began, as far as hyperplan knows: its oldest InstanceGroup (now, with none)."""
+    times = []
+    for group in _groups(ctx):
+        try:
+            times.append(from_rfc3339(group.metadata.get("creationTimestamp") or ""))
+        except ValueError:
+            continue
+    return min(times, default=ctx.now)
+
+
+def cluster_arn(ctx: Any) -> str:
+    return ctx.arn("cluster", cluster_id(ctx.cluster_name))
+
+
+def _nodes(ctx: Any) -> Iterator[tuple[InstanceGroup, NodeFacts, Mapping[str, Any]]]:
+    for group in _groups(ctx):
+        for node in ctx.fleet.group_nodes(naming.label_value(group.metadata["name"])):
+            yield group, facts_of_dict(node), node
+
+
+def _status(facts: NodeFacts) -> dict[str, str]:
+    if facts.deleting:
+        return {"Status": "ShuttingDown", "Message": "the node is being deleted"}
+    if facts.is_unhealthy:
+        return {"Status": "Failure", "Message": f"health: {facts.unschedulable_health}"}
+    if not facts.is_ready:
+        return {"Status": "Pending", "Message": f"Ready is {facts.ready_status}"}
+    return {"Status": "Running"}
+
+
+def _ultra_type(ctx: Any, group: InstanceGroup) -> str | None:
+    plan = ctx.fleet.plan(group.spec.training_plan_ref)
+    return ((plan or {}).get("spec") or {}).get("ultraServerType")
+
+
+def node_summary(ctx: Any, group: InstanceGroup, facts: NodeFacts, node: Mapping[str, Any]) -> dict[str, Any]:
+    ultra = {"Id": facts.ultraserver_id, "Type": _ultra_type(ctx, group)} if facts.ultraserver_id else None
+    return compact({
+        "InstanceGroupName": group.metadata["name"], "InstanceId": instance_id(facts.name),
+        "InstanceType": group.spec.instance_type, "LaunchTime": epoch(facts.created),
+        "InstanceStatus": _status(facts), "UltraServerInfo": compact(ultra) if ultra else None,
+        "PrivateDnsHostname": facts.name,
+    })
+
+
+def describe_cluster(body: Mapping[str, Any], ctx: Any) -> dict[str, Any]:
+    _cluster(body, ctx)
+    details = []
+    for group in _groups(ctx):
+        nodes = ctx.fleet.group_nodes(naming.label_value(group.metadata["name"]))
+        plan = ctx.fleet.plan(group.spec.training_plan_ref)
+        details.append(compact({
+            "InstanceGroupName": group.metadata["name"], "InstanceType": group.spec.instance_type,
+            "CurrentCount": len(nodes), "TargetCount": group.spec.instance_count,
+            "Status": GROUP_STATUS.get(group.status.phase or "Waiting", "Creating"),
+            "TrainingPlanArn": ctx.arn("training-plan", group.spec.training_plan_ref),
+            "TrainingPlanStatus": ((plan or {}).get("status") or {}).get("phase"),
+        }))
+    return compact({"ClusterArn": cluster_arn(ctx), "ClusterName": ctx.cluster_name, "ClusterStatus": "InService",
+                    "CreationTime": epoch(_created(ctx)), "InstanceGroups": details,
+                    "NodeRecovery": "Automatic"})
+
+
+def list_clusters(body: Mapping[str, Any], ctx: Any) -> dict[str, Any]:
+    bounded(body, "MaxResults", 1, 100)
+    one_of(body, "SortBy", ("CREATION_TIME", "NAME"))
+    one_of(body, "SortOrder", ("Ascending", "Descending"))
+    contains = body.get("NameContains")
+    summary = {"ClusterArn": cluster_arn(ctx), "ClusterName": ctx.cluster_name, "ClusterStatus": "InService",
+               "CreationTime": epoch(_created(ctx)),
+               "TrainingPlanArns": sorted({ctx.arn("training-plan", g.spec.training_plan_ref) for g in _groups(ctx)})}
+    plan = body.get("TrainingPlanArn")
+    shown = (not contains or contains in ctx.cluster_name) and (not plan or plan in summary["TrainingPlanArns"])
+    return {"ClusterSummaries": [summary] if shown else []}
+
+
+def list_cluster_nodes(body: Mapping[str, Any], ctx: Any) -> dict[str, Any]:
+    _cluster(body, ctx)
+    sort_by = one_of(body, "SortBy", ("CREATION_TIME", "NAME")) or "CREATION_TIME"
+    order = one_of(body, "SortOrder", ("Ascending", "Descending")) or "Ascending"
+    contains = matching(body, "InstanceGroupNameContains", GROUP_NAME, high=63)
+    after, before = time_of(body, "CreationTimeAfter"), time_of(body, "CreationTimeBefore")
+    items = []
+    for group, facts, node in _nodes(ctx):
+        if contains and contains not in group.metadata["name"]:
+            continue
+        if (after and (facts.created is None or facts.created <= after)) or \
+                (before and (facts.created is None or facts.created >= before)):
+            continue
+        summary = node_summary(ctx, group, facts, node)
+        created = summary.get("LaunchTime") or 0.0
+        key = [created, facts.name] if sort_by == "CREATION_TIME" else [facts.name]
+        items.append((key, summary))
+    shown, token = page(items, body, descending=order == "Descending")
+    return compact({"ClusterNodeSummaries": shown, "NextToken": token})
+
+
+def _node_by_id(ctx: Any, node_id: str) -> tuple[InstanceGroup, NodeFacts, Mapping[str, Any]] | None:
+    return next(((g, f, n) for g, f, n in _nodes(ctx) if instance_id(f.name) == node_id), None)
+
+
+def describe_cluster_node(body: Mapping[str, Any], ctx: Any) -> dict[str, Any]:
+    _cluster(body, ctx)
+    node_id = matching(body, "NodeId", NODE_ID, high=256)
+    if node_id is None:
+        raise invalid("give NodeId (hyperplan's nodes have no logical ids)")
+    found = _node_by_id(ctx, node_id)
+    if found is None:
+        raise not_found(f"Node {node_id} not found in cluster {ctx.cluster_name}.")
+    group, facts, node = found
+    details = node_summary(ctx, group, facts, node)
+    labels = dict((node.get("metadata") or {}).get("labels") or {})
+    taints = [compact({"Key": t.get("key"), "Value": t.get("value") or None, "Effect": t.get("effect")})
+              for t in (node.get("spec") or {}).get("taints") or []]
+    zone = facts.labels.get("topology.kubernetes.io/zone")
+    details.update(compact({"Placement": compact({"AvailabilityZone": zone}) if zone else None,
+                            "KubernetesConfig": {"CurrentLabels": dict(list(sorted(labels.items()))[:50]),
+                                                 "CurrentTaints": taints[:50]}}))
+    return {"NodeDetails": details}
+
+
+def update_cluster(body: Mapping[str, Any], ctx: Any) -> dict[str, Any]:
+    """Set the ``instanceCount`` of each group named in ``InstanceGroups``, as the caller."""
+    _cluster(body, ctx)
+    if body.get("InstanceGroupsToDelete"):
+        raise invalid("InstanceGroupsToDelete is not served: delete the InstanceGroup with kubectl")
+    wanted = body.get("InstanceGroups") or []
+    if not isinstance(wanted, list) or not 1 <= len(wanted) <= 100:
+        raise invalid("InstanceGroups must list 1 to 100 instance groups")
+    known = {g.metadata["name"]: g for g in _groups(ctx)}
+    counts = {}
+    for spec in wanted:
+        name = matching(spec, "InstanceGroupName", GROUP_NAME, high=63) or required(spec, "InstanceGroupName")
+        count = bounded(spec, "InstanceCount", 0, 6758)
+        if count is None:
+            raise invalid(f"InstanceGroups: {name} needs an InstanceCount")
+        if name not in known:
+            raise not_found(f"Instance group {name} not found in cluster {ctx.cluster_name}; hyperplan's "
+                            "instance groups are made with kubectl (kind InstanceGroup)")
+        counts[name] = count
+    for name, count in counts.items():
+        ctx.writes.patch_group(ctx.user, name, {"spec": {"instanceCount": count}})
+    return {"ClusterArn": cluster_arn(ctx)}
+
+
+def batch_replace_cluster_nodes(body: Mapping[str, Any], ctx: Any) -> dict[str, Any]:
+    """Mark each node for replacement as HyperPod does, as the caller; a node not in the cluster
+    is reported in ``Failed`` (``InstanceIdNotFound``) and the others still go."""
+    _cluster(body, ctx)
+    if body.get("NodeLogicalIds"):
+        raise invalid("hyperplan's nodes have no logical ids: give NodeIds")
+    ids = required(body, "NodeIds")
+    if not isinstance(ids, list) or not 1 <= len(ids) <= 25:
+        raise invalid("NodeIds must list 1 to 25 node ids")
+    nodes = {instance_id(f.name): f for _, f, _ in _nodes(ctx)}
+    done, failed = [], []
+    for node_id in ids:
+        facts = nodes.get(node_id) if isinstance(node_id, str) else None
+        if facts is None:
+            failed.append({"NodeId": str(node_id), "ErrorCode": "InstanceIdNotFound",
+                           "Message": f"no node {node_id} in cluster {ctx.cluster_name}"})
+            continue
+        ctx.writes.label_node(ctx.user, facts.name, {LABEL_SAGEMAKER_HEALTH: HEALTH_PENDING_REPLACEMENT})
+        done.append(node_id)
+    return compact({"Successful": done or None, "Failed": failed})
+
