@@ -180,13 +180,36 @@ class Demo:
                "HYPERPLAN_METRICS_PORT": str(metrics_port), "HYPERPLAN_LIVENESS_PORT": str(free_port()),
                # One replica: nothing to elect, and no wait for a Lease left by an operator killed
                # in an earlier run, which would shift the demo's time-relative blocks.
-               "HYPERPLAN_LEADER_ELECTION": "false"}
+               "HYPERPLAN_LEADER_ELECTION": "false",
+               "HYPERPLAN_SAGEMAKER_API_PORT": str(api_port := free_port()), "HYPERPLAN_API_KEY_NAMESPACE": "default"}
         say(f"starting the operator (demo profile); metrics on :{metrics_port}/metrics, log {log}")
+        self.offer_sagemaker_api(api_port)
         with open(log, "ab") as out:
             self.operator = subprocess.Popen([sys.executable, "-m", "hyperplan.cli", "run"], env=env,
                                              stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                              start_new_session=True)
         threading.Thread(target=self.echo_log, args=(log,), daemon=True).start()
+
+    def offer_sagemaker_api(self, port: int) -> None:
+        """A key for the operator's SageMaker API (docs/sagemaker-api.md), whose user may read the
+        plans and groups, and the line to paste into another shell."""
+        from hyperplan.sagemaker.access import key_secret, new_key
+
+        key = new_key("hyperplan-demo")
+        reader = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                  "metadata": {"name": "hyperplan-demo-api"},
+                  "rules": [{"apiGroups": ["hyperplan.dev"], "resources": ["trainingplans", "instancegroups"],
+                             "verbs": ["get", "list"]}]}
+        binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                   "metadata": {"name": "hyperplan-demo-api"},
+                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                               "name": "hyperplan-demo-api"},
+                   "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": key.user}]}
+        items = {"apiVersion": "v1", "kind": "List", "items": [key_secret(key, "default"), reader, binding]}
+        self.kubectl("apply", "-f", "-", input=json.dumps(items))
+        say(f"the SageMaker API is on http://127.0.0.1:{port}; with the AWS CLI (or boto3) installed, paste into "
+            f"another shell: AWS_ACCESS_KEY_ID={key.key_id} AWS_SECRET_ACCESS_KEY={key.secret} "
+            f"AWS_DEFAULT_REGION=us-west-2 aws sagemaker list-training-plans --endpoint-url http://127.0.0.1:{port}")
 
     def echo_log(self, log: Path) -> None:
         """Print the operator's log lines as they come (above the live view on a terminal)."""
