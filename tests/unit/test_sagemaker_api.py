@@ -441,3 +441,32 @@ def test_plain_http_only_on_loopback(address: str, tls: bool, allowed: bool) -> 
 
 def test_the_skew_is_five_minutes() -> None:
     assert signing.MAX_SKEW == timedelta(minutes=5)
+
+
+def test_a_listing_derives_only_the_plans_that_changed(monkeypatch) -> None:
+    """10,000 plans must not be unpacked and validated on every page: a plan's view is kept per
+    version of it, and only a new version (or a plan not seen before) is derived again."""
+    from hyperplan.handlers.cache import hp_plans
+    from hyperplan.sagemaker import operations
+
+    packed = {f"p{i}": [asyncio.run(hp_plans(name=f"p{i}", body=plan(f"p{i}", "Active", i)))[f"p{i}"]]
+              for i in range(5)}
+    cache = WatchCache()
+    cache.bind({PLANS: packed, POOLS: {}, GROUPS: {}, NODES: {}})
+    derived: list[str] = []
+    real = operations.plan_summary
+    monkeypatch.setattr(operations, "plan_summary",
+                        lambda plan, ctx, detail: derived.append(plan.metadata["name"]) or real(plan, ctx, detail=detail))
+    views = operations.PlanViews()
+    ctx = operations.Context(fleet=cache, account=ACCOUNT, region="us-west-2", now=NOW, views=views)
+    first = operations.list_training_plans({}, ctx)
+    assert sorted(derived) == [f"p{i}" for i in range(5)]
+    derived.clear()
+    again = operations.list_training_plans({}, ctx)
+    assert derived == [] and again == first
+    changed = plan("p3", "Expired", 3)
+    changed["metadata"]["resourceVersion"] = "2"
+    packed["p3"] = [asyncio.run(hp_plans(name="p3", body=changed))["p3"]]
+    listed = operations.list_training_plans({}, ctx)
+    assert derived == ["p3"]
+    assert {s["TrainingPlanName"]: s["Status"] for s in listed["TrainingPlanSummaries"]}["p3"] == "Expired"

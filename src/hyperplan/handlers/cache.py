@@ -325,6 +325,27 @@ class WatchCache:
         them all pays a parse per plan (the SageMaker API's listings)."""
         return self._every(PLANS, "trainingplans")
 
+    def plan_entries(self) -> list[tuple[str, Any]]:
+        """Every TrainingPlan as the index holds it (a :class:`PackedObject`, unpacked by the
+        caller when it needs to), or our write-through copy while that is newer (a dict), sorted
+        by name. For readers that keep what they derive from a plan per version of it (the
+        SageMaker API's listings of thousands of plans), so they unpack only what changed."""
+        def take() -> list[tuple[str, Any]]:
+            found = self._index(PLANS)
+            return [(k, next(iter(found.get(k) or ()), None)) for k in sorted(found.keys())]
+        with self._lock:
+            written = {name for kind, name in self._written if kind == "trainingplans"}
+        out = []
+        for name, entry in self._on_loop(take):
+            if entry is None:
+                continue
+            if name in written:
+                entry = self._fresh("trainingplans", name, entry.unpack() if isinstance(entry, PackedObject) else entry)
+                if entry is None:
+                    continue
+            out.append((name, entry))
+        return out
+
     def group(self, name: str) -> dict[str, Any] | None:
         return self.get(GROUPS, "instancegroups", name)
 

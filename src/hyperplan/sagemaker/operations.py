@@ -42,6 +42,8 @@ class Fleet(Protocol):
 
     def plans(self) -> list[dict[str, Any]]: ...
 
+    def plan_entries(self) -> list[tuple[str, Any]]: ...
+
     def groups(self) -> list[dict[str, Any]]: ...
 
     def group_nodes(self, group_label: str) -> list[dict[str, Any]]: ...
@@ -59,6 +61,7 @@ class Context:
     cluster_name: str = "hyperplan"
     user: str = ""
     writes: Writes | None = None
+    views: "PlanViews | None" = None
 
     def arn(self, kind: str, name: str) -> str:
         return f"arn:aws:sagemaker:{self.region}:{self.account}:{kind}/{name}"
@@ -149,6 +152,49 @@ def describe_training_plan(body: Mapping[str, Any], ctx: Context) -> dict[str, A
     return plan_summary(_plan_named(body, ctx), ctx, detail=True)
 
 
+@dataclass(frozen=True)
+class PlanView:
+    """What the listings read of one version of a plan: its summary (ListTrainingPlans' shape)
+    and the ids of its blocks (to find the plan of a reserved capacity)."""
+
+    summary: dict[str, Any]
+    block_ids: tuple[str, ...]
+
+
+class PlanViews:
+    """Each plan's :class:`PlanView`, kept per version of the plan (the watch cache's packed copy
+    is the key) and per region (the ARNs name it): a listing of 10,000 plans unpacks and
+    validates only the plans that changed since the last one, not all of them on every page.
+    Each listing keeps only the versions it saw, so a changed or deleted plan's view goes with
+    the next listing. Used on the event loop only (the read operations run there)."""
+
+    def __init__(self) -> None:
+        self._held: dict[tuple[Any, str], PlanView | None] = {}
+
+    def views(self, ctx: "Context") -> list[PlanView]:
+        held, kept, out = self._held, {}, []
+        for name, entry in ctx.fleet.plan_entries():
+            version = (name, (entry.get("metadata") or {}).get("resourceVersion")) if isinstance(entry, dict) else entry
+            key = (version, ctx.region)
+            view = held[key] if key in held else self._view(entry, ctx)
+            kept[key] = view
+            if view is not None:
+                out.append(view)
+        self._held = kept
+        return out
+
+    @staticmethod
+    def _view(entry: Any, ctx: "Context") -> PlanView | None:
+        plan = _plan_model(entry if isinstance(entry, dict) else entry.unpack())
+        if plan is None:
+            return None
+        return PlanView(plan_summary(plan, ctx, detail=False), tuple(b.id for b in plan.status.reserved_capacity))
+
+
+def _views(ctx: "Context") -> list[PlanView]:
+    return (ctx.views or PlanViews()).views(ctx)
+
+
 SORT_KEYS: dict[str, Callable[[dict[str, Any]], Any]] = {
     "TrainingPlanName": lambda s: [s["TrainingPlanName"]],
     "StartTime": lambda s: [s.get("StartTime") or 0.0, s["TrainingPlanName"]],
@@ -173,11 +219,8 @@ def list_training_plans(body: Mapping[str, Any], ctx: Context) -> dict[str, Any]
         one_of(f, "Value", STATUSES)
         wanted.add(f["Value"])
     summaries = []
-    for obj in ctx.fleet.plans():
-        plan = _plan_model(obj)
-        if plan is None:
-            continue
-        summary = plan_summary(plan, ctx, detail=False)
+    for view in _views(ctx):
+        summary = view.summary
         if wanted and summary["Status"] not in wanted:
             continue
         start = summary.get("StartTime")
@@ -196,11 +239,13 @@ def list_training_plans(body: Mapping[str, Any], ctx: Context) -> dict[str, Any]
 def _reserved_capacity(body: Mapping[str, Any], ctx: Context) -> tuple[ReservedCapacity, TrainingPlan]:
     arn = matching(body, "ReservedCapacityArn", RESERVED_CAPACITY_ARN, low=50) or required(body, "ReservedCapacityArn")
     block_id = arn.rsplit("/", 1)[-1]
-    for obj in ctx.fleet.plans():
-        plan = _plan_model(obj)
-        for block in plan.status.reserved_capacity if plan is not None else ():
-            if block.id == block_id:
-                return block, plan
+    for view in _views(ctx):
+        if block_id in view.block_ids:
+            obj = ctx.fleet.plan(view.summary["TrainingPlanName"])
+            plan = _plan_model(obj) if obj is not None else None
+            for block in plan.status.reserved_capacity if plan is not None else ():
+                if block.id == block_id:
+                    return block, plan
     raise not_found(f"Reserved capacity {arn} not found.")
 
 

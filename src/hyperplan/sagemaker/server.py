@@ -73,6 +73,8 @@ def make_app(fleet: operations.Fleet, access: Access, account: str, clock: Calla
     ``account`` the 12-digit account id of the ARNs. The keys and the reviews are API calls, made
     on threads; the operation itself runs on the loop (it reads kopf's indexes)."""
 
+    views = operations.PlanViews()
+
     async def handle(request: web.Request) -> web.Response:
         try:
             if request.method != "POST" or request.path != "/":
@@ -99,7 +101,8 @@ def make_app(fleet: operations.Fleet, access: Access, account: str, clock: Calla
             await asyncio.to_thread(check_rights, access, caller.key, operation)
             body = parse_body(raw)
             ctx = operations.Context(fleet=fleet, account=account, region=caller.region, now=clock(),
-                                     cluster_name=cluster_name, user=caller.key.user, writes=writes)
+                                     cluster_name=cluster_name, user=caller.key.user, writes=writes,
+                                     views=None if operation in operations.WRITES else views)
             if operation in operations.WRITES:
                 result = await asyncio.to_thread(operations.call, operation, body, ctx)
             else:
