@@ -56,7 +56,7 @@ class ListedNode:
 class Sorted:
     held: tuple[tuple[ListedNode, GroupNode], ...]  # listed and in the record, same uid
     unrecorded: tuple[ListedNode, ...]  # listed, carry the group's label, not in the record
-    missing: tuple[GroupNode, ...]  # in the record, not listed
+    missing: tuple[GroupNode, ...]  # in the record, its name not listed at all
 
 
 def migrated_entry(node: ListedNode, provider: str) -> GroupNode | None:
@@ -99,7 +99,9 @@ def sort_nodes(record: Sequence[GroupNode] | None, listed: Sequence[ListedNode],
             seen.add(entry.name)
         else:
             unrecorded.append(node)
-    missing = tuple(entry for entry in record if entry.name not in seen)
+    # A recorded node whose name is listed with another uid is gone (that name is another node now).
+    listed_names = {node.name for node in listed}
+    missing = tuple(entry for entry in record if entry.name not in seen and entry.name not in listed_names)
     return Sorted(tuple(held), tuple(unrecorded), missing)
 
 
