@@ -37,7 +37,7 @@ from kubernetes import client
 from hyperplan import metrics
 from hyperplan.api.vocabulary import to_rfc3339
 from hyperplan.actuation.nodes import (
-    AdoptionConflict, DrainProgress, NodeNameTaken, NodePods, NodeProvider, NoFreeNode, taints_of,
+    AdoptionConflict, DrainProgress, NodePods, NodeProvider, NoFreeNode, taints_of,
 )
 from hyperplan.api.models import GroupNode
 from hyperplan.planning.lending import LentRecord
@@ -321,11 +321,12 @@ def apply_decision(provider: NodeProvider, pods: NodePods, d: GroupDecision, raw
             node = provider.create(spec)
         except NoFreeNode as e:
             return [(None, Event("Warning", "NoFreeNode", str(e)))]
-        except NodeNameTaken as e:  # not the group's: reported by the pass, left alone
-            return [(None, Event("Warning", "NodeNameTaken", str(e)))]
         except AdoptionConflict as e:  # not an error: the next pass chooses again
             log.info("group %s: %s", group, e)
             return None
+        if not node.uid:  # there already, not made by this call: not the group's, left alone
+            return [(None, Event("Warning", "NodeNameTaken",
+                                 f"node {node.name} exists and is not in the group's record: left alone"))]
         with made_lock:
             out.made.append(GroupNode(name=node.name, uid=node.uid, node_id=spec.name,
                                       lent=node.lent.state() if node.lent is not None else None))

@@ -96,11 +96,6 @@ class MadeNode:
     lent: lending.LentRecord | None = None
 
 
-class NodeNameTaken(RuntimeError):
-    """A node of the name planning chose exists and is not the group's (it is not in the group's
-    record): it is left alone, and the group reports it."""
-
-
 @runtime_checkable
 class NodeProvider(Protocol):
     """Create, change, release and list the nodes of instance groups.
@@ -196,8 +191,9 @@ class KwokProvider:
         self.kube = kube
 
     def create(self, spec: placement.NodeSpec) -> MadeNode:
-        """Create the node; its name and uid. A node of that name that exists already is not
-        taken over (:class:`NodeNameTaken`): only a node this call made is the group's."""
+        """Create the node; its name and uid. A node of that name that exists already (409) is
+        no error, but its uid is not known (""): only a node this call made is recorded as a
+        group's (``actuation.groups`` reports the other, Warning ``NodeNameTaken``)."""
         try:
             # The answer is not read into the client's model, only its uid out of the JSON:
             # parsing 288 Nodes of a group into the model cost the event loop's GIL more than
@@ -208,7 +204,7 @@ class KwokProvider:
         except ApiException as e:
             if e.status != 409:
                 raise
-            raise NodeNameTaken(f"node {spec.name} exists and is not in the group's record: left alone") from None
+            return MadeNode(spec.name, "")
         return MadeNode(spec.name, str((made.get("metadata") or {}).get("uid") or ""))
 
     def update(self, node: str, spec: placement.NodeSpec, managed_keys: set[str], uid: str = "",
