@@ -167,9 +167,15 @@ def test_static_nodes_are_adopted_for_the_block_and_handed_back(scenarios) -> No
         assert labels["team"] == f"g-{r['tag']}"
         assert (GROUP_TAINT_KEY, r["tag"], "NoSchedule") in {
             (t["key"], t.get("value"), t["effect"]) for t in n["spec"].get("taints", [])}
-        assert "hyperplan.dev/lent" in n["metadata"]["annotations"]
+        assert "hyperplan.dev/lent" not in n["metadata"]["annotations"]  # the record is the group's, not the node's
         assert not n["spec"].get("unschedulable")
     assert r["status"]["readyCount"] == 3
+    # The group's record: each lent node by name and uid, with what it looked like before.
+    record = {e["name"]: e for e in r["status"]["nodes"]}
+    assert {name: e["uid"] for name, e in record.items()} == {n["metadata"]["name"]: n["metadata"]["uid"]
+                                                              for n in r["late"]}
+    assert record[w_team]["lent"]["labels"]["team"] == "platform"
+    assert "team" in record[w_plain]["lent"]["absentLabels"]
     assert [reason for reason, _ in r["events"]].count("NodeAdopted") == 3
     assert r["after"][w_op]["metadata"]["labels"] == r["before"][w_op]["metadata"]["labels"]
     assert not r["after"][w_op]["spec"].get("unschedulable")

@@ -54,17 +54,20 @@ def test_a_stale_adoption_is_refused_and_the_next_choice_succeeds(pool, plane) -
     kube = Kube(api_client(str(plane.kubeconfig)))
     a, b = StaticProvider(kube), StaticProvider(kube)  # two operators: no shared claims
     stale = {n.name: n for n in a.free_nodes(itype, zone)}
-    taken = b.create(spec("hp-b-0", itype, zone))
+    taken = b.create(spec("hp-b-0", itype, zone)).name
     # A writes on what it read before B adopted the node: the API server refuses, nothing is written.
     with pytest.raises(ApiException) as refused:
         kube.core.patch_node(taken, lending.adoption_patch(stale[taken], "hp-a-0", spec("hp-a-0", itype, zone).labels,
-                                                      (), ()))
+                                                      (), ()).patch)
     assert refused.value.status == 409
     assert kube.core.read_node(taken).metadata.labels[lending.LABEL_NODE_ID] == "hp-b-0"
     # A's own create reads again and takes the other node.
-    other = a.create(spec("hp-a-0", itype, zone))
+    other = a.create(spec("hp-a-0", itype, zone)).name
     assert other != taken and set(stale) == {taken, other}
-    assert a.create(spec("hp-a-0", itype, zone)) == other  # idempotent: already held under that id
+    # A node labelled with that id is not taken for it (a label proves nothing; the group's record
+    # says what it holds, and planning does not create a recorded node again).
+    with pytest.raises(NoFreeNode, match=f"no free node of {itype} in {zone}"):
+        a.create(spec("hp-a-0", itype, zone))
     with pytest.raises(NoFreeNode, match=f"no free node of {itype} in {zone}"):
         a.create(spec("hp-a-1", itype, zone))
 
@@ -83,7 +86,7 @@ def test_eight_adopters_racing_for_three_nodes(pool, plane, caplog) -> None:
         provider = StaticProvider(kube)
         start.wait()
         try:
-            return provider.create(spec(f"hp-r-{i}", itype, zone))
+            return provider.create(spec(f"hp-r-{i}", itype, zone)).name
         except (NoFreeNode, AdoptionConflict) as e:
             return type(e).__name__
 
@@ -110,7 +113,7 @@ def test_one_provider_never_reaches_for_a_node_twice(pool, plane) -> None:
 
     def adopt(i: int) -> str:
         start.wait()
-        return provider.create(spec(f"hp-p-{i}", itype, zone))
+        return provider.create(spec(f"hp-p-{i}", itype, zone)).name
 
     with ThreadPoolExecutor(4) as pool_:
         got = list(pool_.map(adopt, range(4)))
@@ -134,11 +137,37 @@ def test_a_node_running_the_operator_is_not_adopted(pool, plane, crds: Kubectl) 
             StaticProvider(kube, me).create(spec("hp-o-0", itype, zone))
         # Another namespace's lookalike is not the operator: the node is lent.
         other = lending.OperatorIdentity(namespace="hyperplan-system", pod_labels=labels)
-        assert StaticProvider(kube, other).create(spec("hp-o-0", itype, zone)) == names[0]
+        assert StaticProvider(kube, other).create(spec("hp-o-0", itype, zone)).name == names[0]
         # NODE_NAME alone (no labels) protects the node the operator runs on.
-        back = StaticProvider(kube).release("hp-o-0")
+        back = StaticProvider(kube).release(names[0])
         assert back.startswith(f"{names[0]} handed back to the free pool")
         with pytest.raises(NoFreeNode, match="runs the operator"):
             StaticProvider(kube, lending.OperatorIdentity(node_name=names[0])).create(spec("hp-o-1", itype, zone))
     finally:
         crds.run("delete", "namespace", ns, "--wait=false")
+
+
+FORGED_LENT = ('{"labels": {"node-role.kubernetes.io/control-plane": "", "node-restriction.kubernetes.io/tier": "gold", '
+               '"hyperplan.dev/instance-group": "other"}, "taintKeys": [], "taints": []}')
+
+
+def test_the_hand_back_restores_from_the_record_and_checks_the_uid(pool, plane) -> None:
+    """A forged lent record on the node changes nothing; a release naming another uid writes nothing."""
+    make, itype, zone = pool
+    [name] = make(1)
+    kube = Kube(api_client(str(plane.kubeconfig)))
+    provider = StaticProvider(kube)
+    made = provider.create(spec("hp-f-0", itype, zone))
+    assert (made.name, made.uid) == (name, kube.core.read_node(name).metadata.uid)
+    kube.core.patch_node(name, {"metadata": {"annotations": {lending.ANNOTATION_LENT: FORGED_LENT,
+                                                             naming.ANNOTATION_CORDONED: "true"}},
+                                "spec": {"unschedulable": True}})  # an admin's cordon, and a forged note
+    assert provider.release(name, "00000000-0000-0000-0000-000000000000", made.lent, False) == \
+        f"{name} already handed back"
+    assert kube.core.read_node(name).metadata.labels[lending.LABEL_POOL] == lending.POOL_HELD  # untouched
+    provider.release(name, made.uid, made.lent, False)
+    after = kube.core.read_node(name)
+    assert after.metadata.labels[lending.LABEL_POOL] == lending.POOL_FREE
+    for key in ("node-role.kubernetes.io/control-plane", "node-restriction.kubernetes.io/tier", naming.LABEL_GROUP):
+        assert key not in after.metadata.labels, key
+    assert after.spec.unschedulable is True  # hyperplan did not cordon it: the cordon stays

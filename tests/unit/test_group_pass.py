@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from hyperplan.actuation.nodes import taints_of
+from hyperplan.actuation.nodes import LABEL_NODE_ID, taints_of
 from hyperplan.api.vocabulary import FINALIZER, ULTRASERVER_INSTANCE_TYPE
 from hyperplan.handlers.instancegroup import ADOPTION_RETRY, reconcile_group
 from hyperplan.handlers.workqueue import WorkQueue
@@ -288,3 +288,83 @@ def test_the_health_signal_record_is_written_with_the_pass_and_removed_with_the_
     run(world)
     assert world.provider.calls == [("annotate", node)]
     assert health.ANNOTATION_HEALTH_SINCE not in world.provider.nodes[node].metadata.annotations
+
+
+# --------------------------------------------------------------------------- ownership from the group's record
+
+
+def forged(name: str, **labels: str) -> client.V1Node:
+    """A node that registered itself with the group's label (a kubelet may set hyperplan.dev/* labels)."""
+    return client.V1Node(metadata=client.V1ObjectMeta(
+        name=name, uid=f"uid-forged-{name}", creation_timestamp=T0,
+        labels={naming.LABEL_GROUP: GROUP, **labels}), spec=client.V1NodeSpec())
+
+
+@pytest.mark.parametrize("make_foreign", [
+    pytest.param(lambda world: world.provider.nodes.__setitem__("forged", forged(
+        "forged", **{LABEL_NODE_ID: ACTIVE[0], naming.LABEL_RESERVED_CAPACITY: "rc-other"})),
+        id="forged-node-id-of-another-block"),
+    pytest.param(lambda world: world.provider.nodes.__setitem__("forged", forged(
+        "forged", **{LABEL_NODE_ID: ACTIVE[0], naming.LABEL_RESERVED_CAPACITY: "rc-abc-0",
+                     naming.LABEL_SLOT: "0-0", naming.LABEL_ROLE: naming.ROLE_ACTIVE})),
+        id="forged-node-id-on-the-groups-block"),
+    pytest.param(lambda world: world.provider.nodes.__setitem__("forged", forged("forged")),
+        id="forged-group-label-only"),
+])
+def test_a_node_that_claims_the_group_is_reported_and_left_alone(worlds, make_foreign) -> None:
+    world = worlds()
+    running(world)
+    held = sorted(world.provider.nodes)
+    make_foreign(world)
+
+    for _ in range(3):
+        world.now += timedelta(seconds=2)
+        run(world)
+
+        touched = [(op, node) for op, node in world.provider.calls if op != "create"]
+        assert touched == []  # neither the bystander named by the label nor the forged node
+        assert not any(world.provider.nodes[n].spec.unschedulable for n in world.provider.nodes)
+    assert sorted(world.provider.nodes) == sorted(held + ["forged"])
+    status = world.rt.cache.group(GROUP)["status"]
+    assert sorted(n["name"] for n in status["nodes"]) == held
+    [unrecorded] = [c for c in status["conditions"] if c["type"] == "UnrecordedNodes"]
+    assert (unrecorded["status"], unrecorded["reason"]) == ("True", "NodeNotOwned")
+    assert "forged" in unrecorded["message"]
+    assert status["readyCount"] == 2  # the forged node is not counted
+
+
+def test_a_node_not_owned_is_reported_once_per_node(worlds) -> None:
+    world = worlds()
+    running(world)
+    world.provider.nodes["forged"] = forged("forged", **{LABEL_NODE_ID: ACTIVE[0]})
+    reported = []
+    for _ in range(3):
+        world.now += timedelta(seconds=2)
+        run(world)
+        reported += [message for _, _, reason, message in world.events if reason == "NodeNotOwned"]
+    assert len(reported) == 2  # once, on the node and on the group
+    assert all(m.startswith(f"node forged (uid uid-forged-forged) carries the label of group {GROUP} as node id "
+                            f"{ACTIVE[0]}") for m in reported)
+
+
+def test_a_node_made_again_under_a_recorded_name_is_not_the_groups(worlds) -> None:
+    """Same name, another uid (deleted and registered again by someone else): left alone, and the
+    group does not make a node of that name while it stands."""
+    world = worlds()
+    running(world)
+    world.provider.nodes[ACTIVE[0]].metadata.uid = "uid-someone-else"
+    world.now += timedelta(seconds=2)
+    run(world)
+    assert [(op, node) for op, node in world.provider.calls if node == ACTIVE[0]] == []
+    status = world.rt.cache.group(GROUP)["status"]
+    assert ACTIVE[0] not in {n["name"] for n in status["nodes"]}
+    assert any(c["type"] == "UnrecordedNodes" and ACTIVE[0] in c["message"] for c in status["conditions"])
+
+
+def test_each_node_made_is_recorded_with_the_uid_the_api_answered(worlds) -> None:
+    world = worlds()
+    world.now = T0
+    run(world)
+    [status] = patches(world)  # the pass's one status patch carries the record
+    assert sorted((n["name"], n["uid"], n["nodeId"]) for n in status["nodes"]) == sorted(
+        (n, f"uid-{n}", n) for n in [*ACTIVE, SPARE])

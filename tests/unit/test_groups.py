@@ -1094,7 +1094,7 @@ def test_observe_node_reads_the_health_label_and_its_start(labels, recorded, fir
     node = client.V1Node(metadata=client.V1ObjectMeta(
         name="n", labels={LABEL_NODE_ID: "hp-n", naming.LABEL_SLOT: "0-1", naming.LABEL_GENERATION: "x", **labels},
         annotations={health.ANNOTATION_HEALTH_SINCE: recorded} if recorded else None), spec=client.V1NodeSpec())
-    seen = observe_node(node, NOW + timedelta(seconds=30), KEYS, lambda n, v: first_seen)
+    seen = observe_node(node, NOW + timedelta(seconds=30), KEYS, lambda n, v: first_seen, nid="hp-n")  # the record's id
     assert (seen.name, seen.health.health_label, seen.health.health_label_since) == ("hp-n", label, since)
     assert (seen.health.slot, seen.health.generation, seen.ready) == ("0-1", 0, False)  # bad generation: 0
 

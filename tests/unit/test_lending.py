@@ -4,6 +4,7 @@ which pods a drain leaves alone (planning.lending, pure)."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, replace
 
 import pytest
 
@@ -118,7 +119,8 @@ def applied(node: lending.PoolNode, patch: dict) -> lending.PoolNode:
 
 def test_adoption_labels_taints_and_records_what_it_found():
     before = free("w1", labels={**free("w1").labels, "team": "infra"}, taints=(ADMIN_TAINT,))
-    patch = lending.adoption_patch(before, "hp-g-x-0", group_labels(), (naming.SPARE_TAINT, GROUP_TAINT), {GROUP_TAINT.key})
+    lent = lending.adoption_patch(before, "hp-g-x-0", group_labels(), (naming.SPARE_TAINT, GROUP_TAINT), {GROUP_TAINT.key})
+    patch = lent.patch
     assert patch["metadata"]["resourceVersion"] == "41"  # a concurrent change makes the API server answer 409
     labels = patch["metadata"]["labels"]
     assert naming.LABEL_HOSTNAME not in labels  # a real node keeps its own hostname
@@ -129,45 +131,59 @@ def test_adoption_labels_taints_and_records_what_it_found():
         {"key": "hyperplan.dev/spare", "value": "true", "effect": "NoSchedule"},
         {"key": GROUP_TAINT.key, "value": "frontier", "effect": "NoSchedule"}]}
     assert "unschedulable" not in patch["spec"]  # cordoned nodes are never adopted; nothing to undo
-    record = json.loads(patch["metadata"]["annotations"][lending.ANNOTATION_LENT])
-    assert record["labels"] == {"team": "infra", naming.LABEL_INSTANCE_TYPE: "ml.p5.48xlarge",
-                                naming.LABEL_ZONE: "us-east-1a"}
-    assert record["taintKeys"] == sorted([GROUP_TAINT.key, naming.SPARE_TAINT.key, naming.UNHEALTHY_TAINT.key])
+    assert "annotations" not in patch["metadata"]  # the record is the operator's, not the node's
+    assert dict(lent.record.labels) == {"team": "infra", naming.LABEL_INSTANCE_TYPE: "ml.p5.48xlarge",
+                                        naming.LABEL_ZONE: "us-east-1a"}
+    assert list(lent.record.taint_keys) == sorted([GROUP_TAINT.key, naming.SPARE_TAINT.key, naming.UNHEALTHY_TAINT.key])
+    assert lending.LentRecord.from_state(lent.record.state()) == lent.record  # as the group's status keeps it
+
+
+@dataclass(frozen=True)
+class Holding:
+    """A lent node and the operator's record of it (``GroupNode.lent`` and ``.cordoned``)."""
+
+    node: lending.PoolNode
+    record: lending.LentRecord
+    cordoned: bool = False
 
 
 # Each case: the free node, what happens while the group holds it, and what it must look like after.
-def _held(node: lending.PoolNode, *steps) -> lending.PoolNode:
-    node = applied(node, lending.adoption_patch(node, "hp-g-x-0", group_labels(), (naming.SPARE_TAINT, GROUP_TAINT),
-                                           {GROUP_TAINT.key}))
+def _held(node: lending.PoolNode, *steps) -> Holding:
+    lent = lending.adoption_patch(node, "hp-g-x-0", group_labels(), (naming.SPARE_TAINT, GROUP_TAINT), {GROUP_TAINT.key})
+    held = Holding(applied(node, lent.patch), lent.record)
     for step in steps:
-        node = step(node)
-    return node
+        held = step(held)
+    return held
 
 
-def drained_by_hyperplan(node):
-    patch = lending.cordon_patch(node)  # None when the node is cordoned already
-    return node if patch is None else applied(node, patch)
+def drained_by_hyperplan(held: Holding) -> Holding:
+    patch = lending.cordon_patch(held.node)  # None when the node is cordoned already
+    return held if patch is None else replace(held, node=applied(held.node, patch), cordoned=True)
 
 
-def cordoned_by_admin(node):
-    return applied(node, {"spec": {"unschedulable": True}})
+def cordoned_by_admin(held: Holding) -> Holding:
+    return replace(held, node=applied(held.node, {"spec": {"unschedulable": True}}))
 
 
-def promoted_and_relabelled(node):
+def promoted_and_relabelled(held: Holding) -> Holding:
     """A spare promoted (hyperplan.dev/replaces set directly), then the group's labels changed."""
+    node = held.node
     keep = [{"key": t.key, "value": t.value, "effect": t.effect} for t in node.taints if t != naming.SPARE_TAINT]
     node = applied(node, {"metadata": {"labels": {naming.LABEL_ROLE: "active", naming.LABEL_REPLACES: "hp-g-x-1"}},
                           "spec": {"taints": keep}})
     labels = group_labels(**{"cost-center": "42", naming.LABEL_ROLE: "active"})
     extra = naming.Taint("example.com/gpu-class", "h100", "NoExecute")
-    return applied(node, lending.held_update_patch(node, "hp-g-x-0", labels, (GROUP_TAINT, extra),
-                                             {GROUP_TAINT.key, extra.key}))
+    change = lending.held_update_patch(node, "hp-g-x-0", labels, (GROUP_TAINT, extra), {GROUP_TAINT.key, extra.key},
+                                       held.record)
+    return replace(held, node=applied(node, change.patch), record=change.record)
 
 
-def marked_unhealthy(node):
-    return applied(node, {"metadata": {"labels": {naming.LABEL_HEALTH: "UnschedulablePendingReplacement"}},
-                          "spec": {"taints": [{"key": t.key, "value": t.value, "effect": t.effect}
-                                              for t in (*node.taints, naming.UNHEALTHY_TAINT)]}})
+def marked_unhealthy(held: Holding) -> Holding:
+    node = held.node
+    return replace(held, node=applied(node, {
+        "metadata": {"labels": {naming.LABEL_HEALTH: "UnschedulablePendingReplacement"}},
+        "spec": {"taints": [{"key": t.key, "value": t.value, "effect": t.effect}
+                            for t in (*node.taints, naming.UNHEALTHY_TAINT)]}}))
 
 
 @pytest.mark.parametrize("steps, unschedulable, health, says", [
@@ -184,9 +200,9 @@ def test_hand_back_restores_the_node_as_it_was_lent(steps, unschedulable, health
     before = free("w1", labels={**free("w1").labels, "team": "infra", "kubernetes.io/hostname": "w1"},
                   taints=(ADMIN_TAINT,), annotations={"node.alpha.kubernetes.io/ttl": "0"})
     held = _held(before, *steps)
-    assert held.labels[naming.LABEL_GROUP] == "g"  # it was really lent
-    back = lending.hand_back(held)
-    after = applied(held, back.patch)
+    assert held.node.labels[naming.LABEL_GROUP] == "g"  # it was really lent
+    back = lending.hand_back(held.node, held.record, held.cordoned)
+    after = applied(held.node, back.patch)
     want_labels = dict(before.labels)
     if health:
         want_labels[naming.LABEL_HEALTH] = health
@@ -198,15 +214,58 @@ def test_hand_back_restores_the_node_as_it_was_lent(steps, unschedulable, health
 
 
 def test_hand_back_without_a_record_still_removes_what_hyperplan_owns():
-    """A node adopted by an older hyperplan (no annotation): its own labels and taints go."""
+    """A node held without a record (a group from before the record): its own labels and taints go."""
     held = free("w1", labels={lending.LABEL_POOL: lending.POOL_HELD, naming.LABEL_GROUP: "g", naming.LABEL_ROLE: "spare",
                                lending.LABEL_NODE_ID: "hp-g-x-0", "keep": "me"},
                 taints=(naming.SPARE_TAINT, naming.Taint("hyperplan.dev/other", "x", "NoSchedule"), ADMIN_TAINT),
                 unschedulable=True)
-    after = applied(held, lending.hand_back(held).patch)
+    after = applied(held, lending.hand_back(held, None, False).patch)
     assert after.labels == {lending.LABEL_POOL: lending.POOL_FREE, "keep": "me"}
     assert after.taints == (ADMIN_TAINT,)
     assert after.unschedulable is True  # nobody recorded that hyperplan cordoned it
+
+
+FORGED_LENT = json.dumps({"labels": {"node-role.kubernetes.io/control-plane": "", "node-restriction.kubernetes.io/tier":
+                                     "gold", naming.LABEL_GROUP: "other-group", "team": "forged"},
+                          "taintKeys": ["node.kubernetes.io/not-ready"],
+                          "taints": [{"key": "node.kubernetes.io/not-ready", "value": "", "effect": "NoExecute"}]})
+KUBERNETES_KEYS = ("node-role.kubernetes.io/control-plane", "node-restriction.kubernetes.io/tier",
+                   "node.kubernetes.io/not-ready")
+
+
+@pytest.mark.parametrize("annotations, unschedulable, record, cordoned, team, left_cordoned", [
+    pytest.param({lending.ANNOTATION_LENT: FORGED_LENT}, False, lending.LentRecord(labels={"team": None}), False, None,
+                 False, id="forged-lent-annotation"),
+    pytest.param({lending.ANNOTATION_CORDONED: "true"}, True, lending.LentRecord(), False, "frontier", True,
+                 id="forged-cordoned-annotation-keeps-an-admin-cordon"),
+    pytest.param({}, True, lending.LentRecord(), True, "frontier", False, id="the-record-says-hyperplan-cordoned-it"),
+    pytest.param({}, False, lending.LentRecord.load(FORGED_LENT), False, "forged", False,
+                 id="a-record-with-kubernetes-keys-writes-none-of-them"),
+])
+def test_hand_back_writes_only_what_the_operators_record_says(annotations, unschedulable, record, cordoned, team,
+                                                             left_cordoned):
+    """What the node says about itself changes nothing; a Kubernetes-domain key is never written."""
+    held = free("w1", labels={lending.LABEL_POOL: lending.POOL_HELD, naming.LABEL_GROUP: "g", "team": "frontier"},
+                annotations=annotations, unschedulable=unschedulable)
+    back = lending.hand_back(held, record, cordoned)
+    written = set(back.patch["metadata"]["labels"])
+    assert not written & set(KUBERNETES_KEYS)
+    assert all(not t["key"].startswith("node.kubernetes.io/") for t in back.patch["spec"]["taints"] or [])
+    after = applied(held, back.patch)
+    assert after.labels.get(naming.LABEL_GROUP) is None  # never another group's label
+    assert after.labels.get("team") == team  # a key the group set, as the record has it
+    assert after.unschedulable is left_cordoned
+    assert lending.ANNOTATION_LENT not in after.annotations and lending.ANNOTATION_CORDONED not in after.annotations
+
+
+@pytest.mark.parametrize("key, kubernetes", [
+    ("node-role.kubernetes.io/control-plane", True), ("kubernetes.io/hostname", True),
+    ("node-restriction.kubernetes.io/tier", True), ("foo.k8s.io/x", True), ("k8s.io/x", True),
+    ("kubernetes.io.example.com/x", False), ("example.com/kubernetes.io", False), ("team", False),
+    ("hyperplan.dev/pool", False),
+], ids=lambda v: str(v))
+def test_kubernetes_domains_are_the_whole_prefix(key, kubernetes):
+    assert lending.in_kubernetes_domain(key) is kubernetes
 
 
 def test_unreadable_record_counts_as_none():
@@ -214,10 +273,9 @@ def test_unreadable_record_counts_as_none():
     assert lending.LentRecord.load('{"labels": [1]}') == lending.LentRecord()
 
 
-def test_cordon_patch_notes_hyperplan_and_leaves_an_existing_cordon_alone():
+def test_cordon_patch_writes_nothing_of_its_own_and_leaves_an_existing_cordon_alone():
     patch = lending.cordon_patch(free("w1"))
-    assert patch == {"metadata": {"annotations": {lending.ANNOTATION_CORDONED: "true"}, "resourceVersion": "41"},
-                     "spec": {"unschedulable": True}}
+    assert patch == {"metadata": {"resourceVersion": "41"}, "spec": {"unschedulable": True}}
     assert lending.cordon_patch(free("w1", unschedulable=True)) is None
 
 

@@ -23,8 +23,9 @@ from hyperplan.actuation.ledger import (
     CapacityLedger, PurchaseResult, blocks_of, pool_snapshot, reservations_by_pool,
 )
 from hyperplan.actuation.nodes import (
-    LABEL_NODE_ID, AdoptionConflict, DrainProgress, NodePods, NodeProvider, merged_taints,
+    LABEL_NODE_ID, AdoptionConflict, DrainProgress, MadeNode, NodePods, NodeProvider, merged_taints,
 )
+from hyperplan.planning.lending import LentRecord
 from hyperplan.api.models import CapacityPool
 from hyperplan.api.vocabulary import from_rfc3339
 from hyperplan.planning import naming
@@ -99,7 +100,7 @@ class FakeProvider:
         if op in self.fail_on:
             raise RuntimeError(f"injected failure in {op}({name})")
 
-    def create(self, spec: placement.NodeSpec) -> str:
+    def create(self, spec: placement.NodeSpec) -> MadeNode:
         self._maybe_fail("create", spec.name)
         with self._lock:
             lost = self.adoption_conflicts > 0
@@ -108,23 +109,26 @@ class FakeProvider:
             raise AdoptionConflict(f"{spec.name}: the free node chosen was adopted by another writer")
         self.nodes.setdefault(spec.name, client.V1Node(
             metadata=client.V1ObjectMeta(name=spec.name, labels={**spec.labels, LABEL_NODE_ID: spec.name},
-                                         creation_timestamp=self.clock()),
+                                         creation_timestamp=self.clock(), uid=f"uid-{spec.name}"),
             spec=client.V1NodeSpec(taints=[client.V1Taint(key=t.key, value=t.value, effect=t.effect)
                                            for t in spec.taints])))
-        return spec.name
+        return MadeNode(spec.name, self.nodes[spec.name].metadata.uid or "")
 
-    def update(self, node: str, spec: placement.NodeSpec, managed_keys: set[str]) -> None:
+    def update(self, node: str, spec: placement.NodeSpec, managed_keys: set[str], uid: str = "",
+               lent: LentRecord | None = None) -> LentRecord | None:
         self._maybe_fail("update", node)
         n = self.nodes[node]
         n.metadata.labels.update(spec.labels)
         n.spec.taints = [client.V1Taint(key=t.key, value=t.value, effect=t.effect)
                          for t in merged_taints(n, spec.taints, managed_keys)]
+        return None
 
-    def cordon(self, node: str) -> None:
+    def cordon(self, node: str, uid: str = "") -> bool:
         self._maybe_fail("cordon", node)
         self.nodes[node].spec.unschedulable = True
+        return True
 
-    def release(self, node: str) -> str:
+    def release(self, node: str, uid: str = "", lent: LentRecord | None = None, cordoned: bool = False) -> str:
         self._maybe_fail("release", node)
         self.nodes.pop(node, None)
         return f"{node} deleted"
@@ -146,7 +150,7 @@ class FakeProvider:
         n.metadata.labels.update({naming.LABEL_ROLE: naming.ROLE_ACTIVE, naming.LABEL_REPLACES: replacing})
         n.spec.taints = [t for t in (n.spec.taints or []) if t.key != naming.SPARE_TAINT.key]
 
-    def annotate(self, node: str, annotations: dict[str, str | None]) -> None:
+    def annotate(self, node: str, annotations: dict[str, str | None], uid: str = "") -> None:
         self._maybe_fail("annotate", node)
         n = self.nodes.get(node)
         if n is None:
@@ -159,7 +163,7 @@ class FakeProvider:
                 current[key] = value
         n.metadata.annotations = current
 
-    def set_condition(self, node: str, condition: dict[str, str]) -> None:
+    def set_condition(self, node: str, condition: dict[str, str], uid: str = "") -> None:
         self._maybe_fail("set_condition", node)
         n = self.nodes.get(node)
         if n is None:

@@ -6,11 +6,14 @@
   nodes need, and the values of theirs it could not read (:class:`Observation`).
 * :func:`apply_decision` carries out a :class:`~hyperplan.planning.groups.GroupDecision`
   through the group's :class:`~hyperplan.actuation.nodes.NodeProvider` and
-  :class:`~hyperplan.actuation.nodes.NodePods`: first, together (each writes a node no other
+  :class:`~hyperplan.actuation.nodes.NodePods`, on the nodes the group holds by its record
+  (``planning.ownership``: each provider call names the node by the name and uid recorded,
+  never by a label): first, together (each writes a node no other
   one writes), the health-signal notes, marks, spare promotions and creates; then evictions and
   removals, the updates, the checkpoint signal (pods annotated, node condition set), the drains. It
   returns what it did (:class:`Applied`): the events to post, whether a create lost a race
-  for a free static node or found none to lend. It never touches the operator's memory; the
+  for a free static node or found none to lend, and what the group's record gains and loses
+  (the nodes made, with their uids; cordons and lent records moved; the nodes released). It never touches the operator's memory; the
   handler applies the result on the event loop.
 * :func:`drain_node` is the one drain step, :func:`drain_nodes` runs it for many nodes at once;
   a pass and the group's deletion both drain through it.
@@ -34,8 +37,10 @@ from kubernetes import client
 from hyperplan import metrics
 from hyperplan.api.vocabulary import to_rfc3339
 from hyperplan.actuation.nodes import (
-    LABEL_NODE_ID, AdoptionConflict, DrainProgress, NodePods, NodeProvider, NoFreeNode, taints_of,
+    AdoptionConflict, DrainProgress, NodePods, NodeProvider, NoFreeNode, taints_of,
 )
+from hyperplan.api.models import GroupNode
+from hyperplan.planning.lending import LentRecord
 from hyperplan.planning.memory import GroupMemory, PresentNode, Vanished
 from hyperplan.planning import reading
 from hyperplan.planning import health
@@ -56,9 +61,18 @@ log = logging.getLogger("hyperplan.groups")
 NodeBody = dict  # the Kubernetes reference an event is posted on (None: the group)
 
 
-def node_id(node: client.V1Node) -> str:
-    """The deterministic name planning gave the node (its own name on KWOK)."""
-    return (node.metadata.labels or {}).get(LABEL_NODE_ID, node.metadata.name)
+Records = Mapping[str, GroupNode]  # the group's record of the nodes it holds, by node id
+
+
+def target(nid: str, node: client.V1Node | None, records: Records | None) -> tuple[str, str]:
+    """The name and uid a provider call names node ``nid`` by: the group's record of it, or (for
+    callers without a record) the Node as listed; never a label."""
+    entry = (records or {}).get(nid)
+    if entry is not None:
+        return entry.name, entry.uid
+    if node is not None:
+        return node.metadata.name, node.metadata.uid or ""
+    return nid, ""
 
 
 def node_ref(node: client.V1Node) -> NodeBody:
@@ -81,15 +95,17 @@ def count_pods(pods: NodePods, raw: Sequence[client.V1Node]) -> dict[str, int]:
 
 
 def observe_node(node: client.V1Node, now: datetime, keys: naming.TopologyKeys,
-                 first_sight: Callable[[str, str], datetime], pods_left: int | None = None) -> ObservedGroupNode:
-    """One node as planning judges it. ``first_sight(node_id, value)`` says when this process
+                 first_sight: Callable[[str, str], datetime], pods_left: int | None = None,
+                 nid: str | None = None) -> ObservedGroupNode:
+    """One node as planning judges it, under id ``nid`` (the group's record of it; the node's
+    name when None). ``first_sight(node_id, value)`` says when this process
     first saw the node's ``Unschedulable*`` health label; the node's own record
     (:data:`~hyperplan.planning.health.ANNOTATION_HEALTH_SINCE`) wins when it is earlier.
     ``pods_left``: the pods on it (counted for nodes marked for replacement only)."""
     facts = nodefacts.facts_of_v1(node, keys, now)
     annotations = node.metadata.annotations or {}
     bad = facts.unschedulable_health
-    name = node_id(node)
+    name = nid or node.metadata.name
     since = None
     if bad:
         recorded = annotations.get(health.ANNOTATION_HEALTH_SINCE)
@@ -138,14 +154,16 @@ class Observation:
 
 
 def observe_nodes(group: str, raw: Sequence[client.V1Node], memory: GroupMemory, now: datetime,
-                  keys: naming.TopologyKeys, pod_counts: Mapping[str, int] | None = None) -> Observation:
-    """Read a group's nodes (``group`` is its label value; ``pod_counts`` from :func:`count_pods`),
-    and prune the group's memory.
+                  keys: naming.TopologyKeys, pod_counts: Mapping[str, int] | None = None,
+                  ids: Mapping[str, str] | None = None) -> Observation:
+    """Read a group's nodes (``group`` is its label value; ``pod_counts`` from :func:`count_pods`;
+    ``ids``: each node's id by its name, from the group's record), and prune the group's memory.
+    ``raw`` holds only the nodes the group holds (``planning.ownership.sort_nodes``).
 
     Runs on the event loop: it asks and updates ``memory``."""
-    counts = pod_counts or {}
+    counts, ids = pod_counts or {}, ids or {}
     seen = [observe_node(n, now, keys, lambda node, value: memory.first_sight(group, node, value, now),
-                         counts.get(n.metadata.name)) for n in raw]
+                         counts.get(n.metadata.name), ids.get(n.metadata.name)) for n in raw]
     notes = [note for n, s in zip(raw, seen) if (note := health_signal_note(n, s)) is not None]
     present = [PresentNode(s.name, s.labels, nodefacts.unschedulable_health(s.labels)) for s in seen]
     vanished = memory.observe(group, present, now)
@@ -168,6 +186,9 @@ class Applied:
     pod_events: list[tuple[dict, Event]] = field(default_factory=list)  # posted on the pod only
     lost_race: bool = False  # a create lost a race for a free static node: look again soon
     short_of_free_nodes: bool = False  # a create found no lendable free static node
+    made: list[GroupNode] = field(default_factory=list)  # created or adopted now, for the record
+    changed: dict[str, GroupNode] = field(default_factory=dict)  # record entries moved, by node id
+    released: set[str] = field(default_factory=set)  # node ids removed or handed back now
 
 
 def releases_of(d: GroupDecision) -> list[str]:
@@ -180,6 +201,7 @@ class DrainOutcome:
     released: str | None  # what became of the node, in words, once it was released
     progress: DrainProgress
     events: tuple[tuple[NodeBody | None, Event], ...]
+    cordoned: bool = False  # this step cordoned the node (the record notes it, for the hand-back)
 
 
 def left_alone_note(progress: DrainProgress) -> str:
@@ -190,33 +212,41 @@ def left_alone_note(progress: DrainProgress) -> str:
 
 
 def drain_node(provider: NodeProvider, pods: NodePods, node: client.V1Node, reason: str,
-               deadline: datetime | None, now: datetime) -> DrainOutcome:
+               deadline: datetime | None, now: datetime, record: GroupNode | None = None) -> DrainOutcome:
     """One drain step: cordon (once), ask to evict the node's pods, and release the node once
-    none is left or ``deadline`` has passed (None: no deadline, wait for the pods)."""
-    nid, events = node_id(node), []
+    none is left or ``deadline`` has passed (None: no deadline, wait for the pods). ``record``:
+    the group's record of the node (its name, uid, lent record and cordon), None for a node
+    the caller read itself (acted on by the listed name and uid)."""
+    nid = record.node_id if record is not None else node.metadata.name
+    name, uid = (record.name, record.uid) if record is not None else (node.metadata.name, node.metadata.uid or "")
+    events: list[tuple[NodeBody | None, Event]] = []
+    cordoned = False
     if not (node.spec and node.spec.unschedulable):
-        provider.cordon(nid)
+        cordoned = provider.cordon(name, uid) is not False
         until = f"until {deadline.isoformat()}" if deadline is not None else "until none is left"
         events.append((node_ref(node), Event("Normal", "Draining",
                                              f"{nid} cordoned ({reason}); evicting pods {until}")))
     progress = pods.evict(node.metadata.name)
     if progress.pods_left and (deadline is None or now < deadline):
-        return DrainOutcome(None, progress, tuple(events))
-    what = provider.release(nid)
+        return DrainOutcome(None, progress, tuple(events), cordoned)
+    lent = LentRecord.from_state(record.lent) if record is not None and record.lent is not None else None
+    what = provider.release(name, uid, lent, cordoned or (record is not None and record.cordoned))
     events.append((node_ref(node), Event("Normal", "NodeRemoved",
                                          f"{nid} drained and removed ({reason}): {what}{left_alone_note(progress)}")))
-    return DrainOutcome(what, progress, tuple(events))
+    return DrainOutcome(what, progress, tuple(events), cordoned)
 
 
 def signal_checkpoint(provider: NodeProvider, pods: NodePods, node: client.V1Node, checkpoint: Checkpoint,
                       now: datetime) -> list[tuple[dict, Event]]:
     """Ask the workloads on one node to checkpoint: annotate its pods (those a drain would
-    evict), then set the node's condition; the Warning Events for the pods annotated. Pods
-    first: a crash in between leaves the node unsignalled, and the next pass finishes the job."""
+    evict), then set the node's condition (by the node's name, with its uid); the Warning
+    Events for the pods annotated. Pods first: a crash in between leaves the node unsignalled,
+    and the next pass finishes the job."""
     annotated = pods.annotate(node.metadata.name, {ANNOTATION_BLOCK_TERMINATION: checkpoint.annotation})
-    provider.set_condition(node_id(node), {
+    provider.set_condition(node.metadata.name, {
         "type": CONDITION_BLOCK_TERMINATING, "status": "True", "reason": REASON_CHECKPOINT,
-        "message": checkpoint.message, "lastTransitionTime": to_rfc3339(now), "lastHeartbeatTime": to_rfc3339(now)})
+        "message": checkpoint.message, "lastTransitionTime": to_rfc3339(now), "lastHeartbeatTime": to_rfc3339(now)},
+        node.metadata.uid or "")
     return [(ref, Event("Warning", REASON_CHECKPOINT, checkpoint.message)) for ref in annotated]
 
 
@@ -226,7 +256,7 @@ def evacuate_node(provider: NodeProvider, pods: NodePods, node: client.V1Node, a
     on a dead node past its deadline, marked Failed with ``DisruptionTarget`` and deleted."""
     if action.start:  # the eviction deadline of a dead node counts from here, across restarts
         started = to_rfc3339(now, micro=True)  # to the microsecond
-        provider.annotate(action.node, {health.ANNOTATION_EVICTING_SINCE: started})
+        provider.annotate(node.metadata.name, {health.ANNOTATION_EVICTING_SINCE: started}, node.metadata.uid or "")
     if action.force:
         message = (f"hyperplan: node {action.node} failed ({action.reason}) and its replacement serves; "
                    "the node does not answer, so its pods are deleted")
@@ -248,42 +278,66 @@ def evacuate_node(provider: NodeProvider, pods: NodePods, node: client.V1Node, a
 
 def apply_decision(provider: NodeProvider, pods: NodePods, d: GroupDecision, raw: Mapping[str, client.V1Node],
                    health_notes: Iterable[tuple[str, str | None]], now: datetime,
-                   clock: Callable[[], datetime], group: str = "") -> Applied:
-    """Carry out a decision (see the module docstring). Sync (thread)."""
+                   clock: Callable[[], datetime], group: str = "", records: Records | None = None) -> Applied:
+    """Carry out a decision (see the module docstring) on the nodes ``raw`` (by node id), named
+    to the provider as ``records`` (the group's record, by node id) has them. Sync (thread)."""
     out = Applied()
 
+    def name_of(nid: str) -> str:
+        return target(nid, raw.get(nid), records)[0]
+
     def note(nid: str, record: str | None) -> list[tuple[NodeBody | None, Event]]:
-        provider.annotate(nid, {health.ANNOTATION_HEALTH_SINCE: record})
+        name, uid = target(nid, raw.get(nid), records)
+        provider.annotate(name, {health.ANNOTATION_HEALTH_SINCE: record}, uid)
         return []
 
     def mark(action: health.MarkUnhealthy) -> list[tuple[NodeBody | None, Event]]:
-        provider.mark_unhealthy(action.node, action.health_status, action.taint, raw[action.node])
+        provider.mark_unhealthy(name_of(action.node), action.health_status, action.taint, raw[action.node])
         metrics.REMEDIATIONS.labels("mark").inc()
         return [(node_ref(raw[action.node]), Event(
             "Warning", "NodeUnhealthy", f"{action.node}: {action.reason}; marked {action.health_status}"))]
 
     def promote(action: health.PromoteSpare) -> list[tuple[NodeBody | None, Event]]:
-        provider.promote_spare(action.spare, action.replacing, raw[action.spare])
+        provider.promote_spare(name_of(action.spare), action.replacing, raw[action.spare])
         metrics.REMEDIATIONS.labels("promote").inc()
         metrics.observe_spare_promotion(action.grace_ended, clock())
         where = "same UltraServer" if action.same_ultraserver else f"UltraServer {action.ultraserver_id}"
         return [(node_ref(raw[action.spare]), Event(
             "Normal", "SparePromoted", f"spare {action.spare} ({where}) replaces {action.replacing}"))]
 
+    def release(nid: str) -> str:
+        """Remove a failed node the group holds; one it no longer finds is gone already."""
+        node, entry = raw.get(nid), (records or {}).get(nid)
+        if node is None and entry is None:
+            out.released.add(nid)
+            return f"{nid} is gone already"
+        name, uid = target(nid, node, records)
+        lent = LentRecord.from_state(entry.lent) if entry is not None and entry.lent is not None else None
+        out.released.add(nid)
+        return provider.release(name, uid, lent, entry is not None and entry.cordoned)
+
     def create(spec: placement.NodeSpec) -> list[tuple[NodeBody | None, Event]] | None:
         try:
-            made_as = provider.create(spec)
+            node = provider.create(spec)
         except NoFreeNode as e:
             return [(None, Event("Warning", "NoFreeNode", str(e)))]
         except AdoptionConflict as e:  # not an error: the next pass chooses again
             log.info("group %s: %s", group, e)
             return None
+        if not node.uid:  # there already, not made by this call: not the group's, left alone
+            return [(None, Event("Warning", "NodeNameTaken",
+                                 f"node {node.name} exists and is not in the group's record: left alone"))]
+        with made_lock:
+            out.made.append(GroupNode(name=node.name, uid=node.uid, node_id=spec.name,
+                                      lent=node.lent.state() if node.lent is not None else None))
         made = f"{spec.name} ({spec.role}) in {spec.availability_zone}"
+        made_as = node.name
         if made_as == spec.name:
             return [(None, Event("Normal", "NodeCreated", made))]
         adopted = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": made_as}}
         return [(adopted, Event("Normal", "NodeAdopted", f"{made}: node {made_as} lent from the free pool"))]
 
+    made_lock = threading.Lock()  # the creates run together
     # Each of these writes one node that none of the others writes (health-signal notes, marks of
     # failed nodes, spare promotions, new nodes and backfills), so they go out together: in a storm
     # of failures a spare serves, and its backfill is created, without waiting for the others.
@@ -307,7 +361,7 @@ def apply_decision(provider: NodeProvider, pods: NodePods, d: GroupDecision, raw
         if isinstance(action, health.EvictPods) and action.node in raw:
             out.events.extend(evacuate_node(provider, pods, raw[action.node], action, clock()))
         elif isinstance(action, health.RemoveNode):
-            what = provider.release(action.node)
+            what = release(action.node)
             out.events.append((None, Event("Normal", "NodeRemoved", f"{action.node} removed: {action.reason}; {what}")))
             metrics.REMEDIATIONS.labels("remove").inc()
     out.short_of_free_nodes = any(ev.reason == "NoFreeNode" for _, ev in out.events)
@@ -315,15 +369,25 @@ def apply_decision(provider: NodeProvider, pods: NodePods, d: GroupDecision, raw
     if backfills:
         metrics.REMEDIATIONS.labels("backfill").inc(backfills)
     for spec in d.update:
-        provider.update(spec.name, spec, managed_taint_keys(spec))
+        entry = (records or {}).get(spec.name)
+        name, uid = target(spec.name, raw.get(spec.name), records)
+        before = LentRecord.from_state(entry.lent) if entry is not None and entry.lent is not None else None
+        after = provider.update(name, spec, managed_taint_keys(spec), uid, before)
+        if entry is not None and after is not None and after != before:
+            out.changed[spec.name] = entry.model_copy(update={"lent": after.state()})
     if d.checkpoint is not None:  # before the drains: every pod is asked before it is evicted
         signal = [raw[n] for n in d.checkpoint.nodes if n in raw]
         for pod_events in run_together([functools.partial(signal_checkpoint, provider, pods, n, d.checkpoint, now)
                                         for n in signal]):
             out.pod_events.extend(pod_events)
     todo = [(raw[x.node], x.reason, x.deadline) for x in d.drain if x.node in raw]
-    for _, outcome in drain_nodes(provider, pods, todo, now):
+    for nid, outcome in drain_nodes(provider, pods, todo, now, records):
         out.events.extend(outcome.events)
+        entry = out.changed.get(nid) or (records or {}).get(nid)
+        if outcome.released is not None:
+            out.released.add(nid)
+        elif outcome.cordoned and entry is not None:
+            out.changed[nid] = entry.model_copy(update={"cordoned": True})
     return out
 
 
@@ -364,15 +428,19 @@ def run_together(calls: Sequence[Callable[[], T]], width: int = CREATE_WORKERS) 
 
 def drain_nodes(provider: NodeProvider, pods: NodePods,
                 todo: Sequence[tuple[client.V1Node, str, datetime | None]],
-                now: datetime) -> list[tuple[str, DrainOutcome]]:
+                now: datetime, records: Records | None = None) -> list[tuple[str, DrainOutcome]]:
     """:func:`drain_node` for each (node, reason, deadline), from up to :data:`CREATE_WORKERS`
     threads (the nodes are independent; one after the other, the 288 nodes of a group of 16 x72
     UltraServers took about 3 minutes to leave); (node id, outcome) in the order given. Sync."""
     if not todo:
         return []
 
+    by_name = {entry.name: entry for entry in (records or {}).values()}
+
     def one(item: tuple[client.V1Node, str, datetime | None]) -> tuple[str, DrainOutcome]:
         node, reason, deadline = item
-        return node_id(node), drain_node(provider, pods, node, reason, deadline, now)
+        record = by_name.get(node.metadata.name)
+        return (record.node_id if record is not None else node.metadata.name,
+                drain_node(provider, pods, node, reason, deadline, now, record))
 
     return run_together([functools.partial(one, item) for item in todo])

@@ -16,12 +16,16 @@ node (eviction for a drain) goes through :class:`NodePods` (the API server, or a
 
 Every node a provider hands out carries the label ``hyperplan.dev/node-id`` with the
 deterministic name planning chose (:class:`~hyperplan.planning.placement.NodeSpec`);
-for KWOK it is also the node's name. Nodes are found again by the group label, so a
-restart neither duplicates nor orphans a node.
+for KWOK it is also the node's name. Nodes are listed by the group label, but a label is
+never proof of anything: ``create`` returns the Node's name and uid (:class:`MadeNode`), the
+group keeps them in its status (``planning.ownership``), and every other call names the node
+by that name and, with ``uid``, refuses to touch another node of the same name (a uid in a
+patch and a uid precondition on a delete; the API server refuses either for another node).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -82,22 +86,36 @@ def merged_taints(node: client.V1Node, want: tuple[naming.Taint, ...], managed_k
     return kept + list(want)
 
 
+@dataclass(frozen=True)
+class MadeNode:
+    """The Node that now stands for a spec: its name and uid as the API server answered, and for
+    a lent node what it looked like before (the group keeps all three in its status)."""
+
+    name: str
+    uid: str
+    lent: lending.LentRecord | None = None
+
+
 @runtime_checkable
 class NodeProvider(Protocol):
     """Create, change, release and list the nodes of instance groups.
 
-    ``create`` returns the name of the Node object that now stands for ``spec`` (a static
-    provider adopts an existing node); ``release`` says in words what became of the node,
-    for the event the handler posts.
+    ``node`` is the Node's name as the group recorded it, ``uid`` its uid ("" where unknown:
+    no check). ``create`` returns the Node that now stands for ``spec`` (a static provider
+    adopts an existing node); ``release`` says in words what became of the node, for the
+    event the handler posts. ``update`` returns the lent record with the keys it set for the
+    first time (static) or None; ``cordon`` whether it cordoned the node now.
     """
 
-    def create(self, spec: placement.NodeSpec) -> str: ...
+    def create(self, spec: placement.NodeSpec) -> MadeNode: ...
 
-    def update(self, node: str, spec: placement.NodeSpec, managed_keys: set[str]) -> None: ...
+    def update(self, node: str, spec: placement.NodeSpec, managed_keys: set[str], uid: str = "",
+               lent: lending.LentRecord | None = None) -> lending.LentRecord | None: ...
 
-    def cordon(self, node: str) -> None: ...
+    def cordon(self, node: str, uid: str = "") -> bool: ...
 
-    def release(self, node: str) -> str: ...
+    def release(self, node: str, uid: str = "", lent: lending.LentRecord | None = None,
+                cordoned: bool = False) -> str: ...
 
     def list(self, group: str) -> list[client.V1Node]: ...
 
@@ -112,25 +130,45 @@ class NodeProvider(Protocol):
         ``hyperplan.dev/replaces=<replacing>``, the spare taint removed (other taints kept)."""
         ...
 
-    def annotate(self, node: str, annotations: dict[str, str | None]) -> None:
+    def annotate(self, node: str, annotations: dict[str, str | None], uid: str = "") -> None:
         """Set (or, with None, remove) annotations on the node; a node that is gone is no error."""
         ...
 
-    def set_condition(self, node: str, condition: dict[str, str]) -> None:
+    def set_condition(self, node: str, condition: dict[str, str], uid: str = "") -> None:
         """Set one condition (``type``, ``status``, ``reason``, ``message``, times) in the node's
         status, the others kept; a node that is gone is no error."""
         ...
 
 
+def guarded(patch: dict, uid: str | None) -> dict:
+    """``patch`` with ``metadata.uid`` set to ``uid`` (when known): the API server refuses a patch
+    whose uid is not the node's (422, the uid is immutable), so a node deleted and made again
+    under the same name by someone else is never written."""
+    if uid:
+        patch.setdefault("metadata", {})["uid"] = uid
+    return patch
+
+
+def uid_of(node: client.V1Node | None) -> str:
+    return (node.metadata.uid or "") if node is not None and node.metadata else ""
+
+
+def gone_or_another(e: ApiException) -> bool:
+    """Whether a write failed because the node is gone (404) or is another node of that name (the
+    uid in the patch, or the delete's uid precondition, does not match: 422 or 409 naming the uid)."""
+    return e.status == 404 or (e.status in (409, 422) and "uid" in str(e.body or "").lower())
+
+
 def mark_unhealthy_patch(current: client.V1Node, health_status: str, taint: naming.Taint) -> dict:
     taints = merged_taints(current, (taint,), {taint.key})
-    return {"metadata": {"labels": {naming.LABEL_HEALTH: health_status}}, "spec": {"taints": _taint_body(taints)}}
+    return guarded({"metadata": {"labels": {naming.LABEL_HEALTH: health_status}},
+                    "spec": {"taints": _taint_body(taints)}}, uid_of(current))
 
 
 def promote_spare_patch(current: client.V1Node, replacing: str) -> dict:
     keep = [t for t in taints_of(current) if t.key != naming.SPARE_TAINT.key]
-    return {"metadata": {"labels": {naming.LABEL_ROLE: naming.ROLE_ACTIVE, naming.LABEL_REPLACES: replacing}},
-            "spec": {"taints": _taint_body(keep) or None}}
+    return guarded({"metadata": {"labels": {naming.LABEL_ROLE: naming.ROLE_ACTIVE, naming.LABEL_REPLACES: replacing}},
+                    "spec": {"taints": _taint_body(keep) or None}}, uid_of(current))
 
 
 def kwok_node_body(spec: placement.NodeSpec) -> dict[str, Any]:
@@ -152,36 +190,55 @@ class KwokProvider:
     def __init__(self, kube: Kube):
         self.kube = kube
 
-    def create(self, spec: placement.NodeSpec) -> str:
+    def create(self, spec: placement.NodeSpec) -> MadeNode:
+        """Create the node; its name and uid. A node of that name that exists already (409) is
+        no error, but its uid is not known (""): only a node this call made is recorded as a
+        group's (``actuation.groups`` reports the other, Warning ``NodeNameTaken``)."""
         try:
-            # The answer (the whole Node) is not read into the client's model: only the name
-            # is needed, and parsing 288 Nodes of a group cost the event loop's GIL more than the
-            # calls themselves (bench/provisioning.py).
+            # The answer is not read into the client's model, only its uid out of the JSON:
+            # parsing 288 Nodes of a group into the model cost the event loop's GIL more than
+            # the calls themselves (bench/provisioning.py).
             answer = self.kube.core.create_node(kwok_node_body(spec), _preload_content=False)
-            answer.read()
+            made = json.loads(answer.read())
             answer.release_conn()
         except ApiException as e:
-            if e.status != 409:  # already there: a previous pass (or life) created it
+            if e.status != 409:
                 raise
-        return spec.name
+            return MadeNode(spec.name, "")
+        return MadeNode(spec.name, str((made.get("metadata") or {}).get("uid") or ""))
 
-    def update(self, node: str, spec: placement.NodeSpec, managed_keys: set[str]) -> None:
+    def update(self, node: str, spec: placement.NodeSpec, managed_keys: set[str], uid: str = "",
+               lent: lending.LentRecord | None = None) -> lending.LentRecord | None:
         current = self.kube.core.read_node(node)
+        if uid and uid_of(current) != uid:
+            return None  # another node of that name: not the group's
         taints = merged_taints(current, spec.taints, managed_keys)
-        self.kube.core.patch_node(node, {"metadata": {"labels": dict(spec.labels)},
-                                         "spec": {"taints": _taint_body(taints) or None}})
+        self.kube.core.patch_node(node, guarded({"metadata": {"labels": dict(spec.labels)},
+                                                 "spec": {"taints": _taint_body(taints) or None}}, uid))
+        return None
 
-    def cordon(self, node: str) -> None:
+    def cordon(self, node: str, uid: str = "") -> bool:
         # The annotation outlives this process: a deletion of a node that carries it is ours.
-        self.kube.core.patch_node(node, {"metadata": {"annotations": {naming.ANNOTATION_CORDONED: "true"}},
-                                         "spec": {"unschedulable": True}})
-
-    def release(self, node: str) -> str:
         try:
-            self.kube.core.delete_node(node)
+            self.kube.core.patch_node(node, guarded({"metadata": {"annotations": {naming.ANNOTATION_CORDONED: "true"}},
+                                                     "spec": {"unschedulable": True}}, uid))
         except ApiException as e:
-            if e.status != 404:
+            if not gone_or_another(e):
                 raise
+            return False
+        return True
+
+    def release(self, node: str, uid: str = "", lent: lending.LentRecord | None = None,
+                cordoned: bool = False) -> str:
+        options = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid)) if uid else None
+        try:
+            self.kube.core.delete_node(node, body=options)
+        except ApiException as e:
+            if e.status == 404:
+                return f"{node} deleted"
+            if gone_or_another(e):
+                return f"{node} is another node now (its uid is not {uid}): left alone"
+            raise
         return f"{node} deleted"
 
     def list(self, group: str) -> list[client.V1Node]:
@@ -200,34 +257,41 @@ class KwokProvider:
 
     def _patch_from(self, node: str, last_seen: client.V1Node | None,
                     make: Callable[[client.V1Node], dict]) -> None:
-        if last_seen is not None and last_seen.metadata and last_seen.metadata.resource_version:
-            body = make(last_seen)
-            body.setdefault("metadata", {})["resourceVersion"] = last_seen.metadata.resource_version
-            try:
-                self.kube.core.patch_node(node, body)
-                return
-            except ApiException as e:
-                if e.status != 409:
-                    raise
-        self.kube.core.patch_node(node, make(self.kube.core.read_node(node)))
-
-    def annotate(self, node: str, annotations: dict[str, str | None]) -> None:
+        """The patch ``make`` builds from the node; it carries the uid of ``last_seen`` (the node
+        the group holds), so a read that finds another node of that name writes nothing."""
+        uid = uid_of(last_seen)
         try:
-            self.kube.core.patch_node(node, {"metadata": {"annotations": annotations}})
+            if last_seen is not None and last_seen.metadata and last_seen.metadata.resource_version:
+                body = make(last_seen)
+                body.setdefault("metadata", {})["resourceVersion"] = last_seen.metadata.resource_version
+                try:
+                    self.kube.core.patch_node(node, body)
+                    return
+                except ApiException as e:
+                    if e.status != 409 or gone_or_another(e):
+                        raise
+            self.kube.core.patch_node(node, guarded(make(self.kube.core.read_node(node)), uid))
         except ApiException as e:
-            if e.status != 404:
+            if not (uid and gone_or_another(e)):
                 raise
 
-    def set_condition(self, node: str, condition: dict[str, str]) -> None:
-        set_node_condition(self.kube, node, condition)
+    def annotate(self, node: str, annotations: dict[str, str | None], uid: str = "") -> None:
+        try:
+            self.kube.core.patch_node(node, guarded({"metadata": {"annotations": annotations}}, uid))
+        except ApiException as e:
+            if not gone_or_another(e):
+                raise
+
+    def set_condition(self, node: str, condition: dict[str, str], uid: str = "") -> None:
+        set_node_condition(self.kube, node, condition, uid)
 
 
-def set_node_condition(kube: Kube, node_name: str, condition: dict[str, str]) -> None:
+def set_node_condition(kube: Kube, node_name: str, condition: dict[str, str], uid: str = "") -> None:
     """A strategic merge patch of the node's status: conditions merge by ``type``."""
     try:
-        kube.core.patch_node_status(node_name, {"status": {"conditions": [condition]}})
+        kube.core.patch_node_status(node_name, guarded({"status": {"conditions": [condition]}}, uid))
     except ApiException as e:
-        if e.status != 404:
+        if not gone_or_another(e):
             raise
 
 
@@ -253,9 +317,15 @@ class StaticProvider:
         self._claims: set[str] = set()
         self._lock = threading.Lock()
 
-    def _by_id(self, node_id: str) -> client.V1Node | None:
-        found = self.kube.list_nodes(f"{LABEL_NODE_ID}={node_id}")
-        return found[0] if found else None
+    def _read(self, node: str, uid: str = "") -> client.V1Node | None:
+        """The node of that name, if it is the one the group holds (``uid``; "" takes any)."""
+        try:
+            current = self.kube.core.read_node(node)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            return None
+        return current if not uid or uid_of(current) == uid else None
 
     def operator_nodes(self) -> set[str]:
         """Nodes that run a pod of the operator (this one or another replica)."""
@@ -272,15 +342,14 @@ class StaticProvider:
         return [pool_node(n) for n in self.kube.list_nodes(
             f"{LABEL_POOL}={POOL_FREE},{naming.LABEL_INSTANCE_TYPE}={instance_type},{naming.LABEL_ZONE}={zone}")]
 
-    def create(self, spec: placement.NodeSpec) -> str:
-        """Adopt a free node for ``spec``; the adopted node's name.
+    def create(self, spec: placement.NodeSpec) -> MadeNode:
+        """Adopt a free node for ``spec``: the adopted node's name and uid, and what it looked
+        like before (the group keeps it; nothing of it is written on the node).
 
         Raises :class:`NoFreeNode` when no free node may be lent (saying why each was left
         out) and :class:`AdoptionConflict` when every attempt lost a race (try again later).
+        A node that already carries ``spec``'s id is not taken for it: a label proves nothing.
         """
-        held = self._by_id(spec.name)
-        if held is not None:
-            return held.metadata.name
         operator_nodes = self.operator_nodes()
         for attempt in range(1, self.ADOPT_ATTEMPTS + 1):
             free = self.free_nodes(spec.instance_type, spec.availability_zone)
@@ -291,9 +360,9 @@ class StaticProvider:
                 self._claims.add(choice.node.name)
             node = choice.node
             try:
-                self.kube.core.patch_node(node.name, lending.adoption_patch(
-                    node, spec.name, spec.labels, spec.taints, {t.key for t in spec.taints}))
-                return node.name
+                lent = lending.adoption_patch(node, spec.name, spec.labels, spec.taints, {t.key for t in spec.taints})
+                self.kube.core.patch_node(node.name, lent.patch)
+                return MadeNode(node.name, node.uid or "", lent.record)
             except ApiException as e:
                 if e.status != 409:
                     raise
@@ -309,31 +378,36 @@ class StaticProvider:
         raise NoFreeNode(f"no free node of {spec.instance_type} in {spec.availability_zone} "
                          f"(label {LABEL_POOL}={POOL_FREE}) for {spec.name}{why}")
 
-    def update(self, node: str, spec: placement.NodeSpec, managed_keys: set[str]) -> None:
-        current = self._by_id(node)
+    def update(self, node: str, spec: placement.NodeSpec, managed_keys: set[str], uid: str = "",
+               lent: lending.LentRecord | None = None) -> lending.LentRecord | None:
+        current = self._read(node, uid)
         if current is None:
-            return
-        self.kube.core.patch_node(current.metadata.name, lending.held_update_patch(
-            pool_node(current), node, spec.labels, spec.taints, managed_keys))
+            return lent
+        change = lending.held_update_patch(pool_node(current), spec.name, spec.labels, spec.taints, managed_keys,
+                                           lent)
+        self.kube.core.patch_node(current.metadata.name, change.patch)
+        return change.record
 
-    def cordon(self, node: str) -> None:
+    def cordon(self, node: str, uid: str = "") -> bool:
         for _ in range(self.CORDON_ATTEMPTS):
-            current = self._by_id(node)
+            current = self._read(node, uid)
             patch = lending.cordon_patch(pool_node(current)) if current is not None else None
             if patch is None:
-                return
+                return False
             try:
                 self.kube.core.patch_node(current.metadata.name, patch)
-                return
+                return True
             except ApiException as e:
                 if e.status != 409:
                     raise
+        return False
 
-    def release(self, node: str) -> str:
-        current = self._by_id(node)
+    def release(self, node: str, uid: str = "", lent: lending.LentRecord | None = None,
+                cordoned: bool = False) -> str:
+        current = self._read(node, uid)
         if current is None:
             return f"{node} already handed back"
-        back = lending.hand_back(pool_node(current))
+        back = lending.hand_back(pool_node(current), lent, cordoned)
         self.kube.core.patch_node(current.metadata.name, back.patch)
         ours = [c.type for c in (current.status.conditions if current.status else None) or []
                 if c.type.startswith(OWN_CONDITION_PREFIX)]
@@ -346,29 +420,24 @@ class StaticProvider:
 
     def mark_unhealthy(self, node: str, health_status: str, taint: naming.Taint,
                        last_seen: client.V1Node | None = None) -> None:
-        current = self._by_id(node)  # by its id (its name is another): last_seen is not used
+        current = self._read(node, uid_of(last_seen))  # read again: the taints are replaced whole
         if current is not None:
-            self.kube.core.patch_node(current.metadata.name, mark_unhealthy_patch(current, health_status, taint))
+            self.kube.core.patch_node(node, mark_unhealthy_patch(current, health_status, taint))
 
     def promote_spare(self, node: str, replacing: str, last_seen: client.V1Node | None = None) -> None:
-        current = self._by_id(node)
+        current = self._read(node, uid_of(last_seen))
         if current is not None:
-            self.kube.core.patch_node(current.metadata.name, promote_spare_patch(current, replacing))
+            self.kube.core.patch_node(node, promote_spare_patch(current, replacing))
 
-    def annotate(self, node: str, annotations: dict[str, str | None]) -> None:
-        current = self._by_id(node)
-        if current is None:
-            return
+    def annotate(self, node: str, annotations: dict[str, str | None], uid: str = "") -> None:
         try:
-            self.kube.core.patch_node(current.metadata.name, {"metadata": {"annotations": annotations}})
+            self.kube.core.patch_node(node, guarded({"metadata": {"annotations": annotations}}, uid))
         except ApiException as e:
-            if e.status != 404:
+            if not gone_or_another(e):
                 raise
 
-    def set_condition(self, node: str, condition: dict[str, str]) -> None:
-        current = self._by_id(node)
-        if current is not None:
-            set_node_condition(self.kube, current.metadata.name, condition)
+    def set_condition(self, node: str, condition: dict[str, str], uid: str = "") -> None:
+        set_node_condition(self.kube, node, condition, uid)
 
 
 OWN_CONDITION_PREFIX = OWN_PREFIX  # node conditions hyperplan sets (planning.groups)
@@ -388,7 +457,7 @@ def pool_node(node: client.V1Node) -> lending.PoolNode:
     """A node as :mod:`hyperplan.planning.lending` sees it."""
     meta, spec, status = node.metadata, node.spec, node.status
     return lending.PoolNode(
-        name=meta.name, resource_version=meta.resource_version or "", labels=dict(meta.labels or {}),
+        name=meta.name, resource_version=meta.resource_version or "", uid=meta.uid, labels=dict(meta.labels or {}),
         annotations=dict(meta.annotations or {}), taints=taints_of(node),
         unschedulable=bool(spec and spec.unschedulable),
         conditions={c.type: c.status for c in (status.conditions or [])} if status else {},

@@ -469,6 +469,43 @@ class VanishedNode(Model):
     labels: dict[str, LabelValue] = Field(default_factory=dict)
 
 
+MAX_RECORDED_LABELS = 256  # the group's labels, the topology keys and the operator's own, with room
+
+
+class RecordedTaint(Model):
+    """A taint a lent node had before adoption (its key is one the group manages)."""
+
+    key: str = Field(max_length=317)
+    value: str = Field(default="", max_length=MAX_LABEL_VALUE)
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+
+
+class LentState(Model):
+    """What a lent (static) node looked like before the group set its keys: for each label key the
+    group set, the value it had (``absentLabels``: the keys it did not have), and the taints of the
+    taint keys the group manages. The hand-back restores from this, never from the node."""
+
+    labels: dict[str, LabelValue] = Field(default_factory=dict, max_length=MAX_RECORDED_LABELS)
+    absent_labels: list[Annotated[str, Field(max_length=317)]] = Field(default_factory=list,
+                                                                       max_length=MAX_RECORDED_LABELS)
+    taint_keys: list[Annotated[str, Field(max_length=317)]] = Field(default_factory=list,
+                                                                    max_length=MAX_GROUP_TAINTS + 8)
+    taints: list[RecordedTaint] = Field(default_factory=list, max_length=MAX_GROUP_TAINTS + 8)
+
+
+class GroupNode(Model):
+    """A node the group holds, as the operator recorded it when it created or adopted the node:
+    the Node's name and uid (the proof of ownership: a label on a node proves nothing), the id
+    planning gave it (the Node's name on KWOK), and for a lent static node what it looked like
+    before and whether the operator cordoned it."""
+
+    name: Name
+    uid: str = Field(max_length=MAX_UID)
+    node_id: Name
+    lent: LentState | None = None
+    cordoned: bool = False
+
+
 class InstanceGroupStatus(Model):
     phase: Literal["Waiting", "Provisioning", "Ready", "Draining", "Failed"] | None = None
     availability_zone: LabelValue | None = None
@@ -481,6 +518,9 @@ class InstanceGroupStatus(Model):
     conditions: list[Condition] = Field(default_factory=list, max_length=MAX_CONDITIONS)
     observed_generation: int | None = None
     vanished_nodes: list[VanishedNode] = Field(default_factory=list, max_length=MAX_FLEET_ENTRIES)
+    # The nodes the group holds (None: never written, a group from before the record existed; see
+    # planning.ownership for what its first pass records).
+    nodes: list[GroupNode] | None = Field(default=None, max_length=MAX_FLEET_ENTRIES)
 
 
 class InstanceGroup(Model):

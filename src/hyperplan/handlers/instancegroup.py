@@ -1,12 +1,14 @@
 """InstanceGroup handlers: passes over each group that hold nodes only while a block is usable.
 
 Each pass (:func:`reconcile_group`) reads the group, its plan, the groups sharing the plan
-and the group's nodes; ``actuation.groups.observe_nodes`` turns the nodes into observations
+and the group's nodes; ``planning.ownership`` keeps only the nodes in the group's record
+(``status.nodes``, by name and uid: a node's labels prove nothing) and reports the others;
+``actuation.groups.observe_nodes`` turns the held nodes into observations
 (with the group's memory, ``planning.memory``); ``planning.groups.decide_group`` says what
 should exist; ``actuation.groups.apply_decision`` carries it out through the group's node
 provider (health notes, marks and spare promotions, new nodes, label and taint updates,
 drains and removals) and returns what it did, which the handler notes in the memory; then
-one status patch and the events. The passes run on the operator's work queue
+one status patch (the record of the nodes held among it) and the events. The passes run on the operator's work queue
 (``handlers.workqueue``), keyed by the label value of the group's name (which its nodes carry);
 the group is looked at again at its next block boundary, health deadline or drain retry, or
 when a node, the plan or the group changes. kopf's finalizer stays on the group (its deletion
@@ -27,13 +29,14 @@ from pydantic import ValidationError
 
 from hyperplan import metrics
 from hyperplan.actuation.groups import (
-    Applied, apply_decision, being_evacuated, count_pods, drain_nodes, node_id, observe_nodes, releases_of,
+    Applied, apply_decision, being_evacuated, count_pods, drain_nodes, node_ref, observe_nodes, releases_of,
 )
 from hyperplan.api.models import GROUP, VERSION, InstanceGroup, InstanceGroupStatus, TrainingPlan, VanishedNode
 from hyperplan.api.vocabulary import FINALIZER  # set by kopf (operator.configure_kopf)
 from hyperplan.handlers.context import Runtime, status_of
 from hyperplan.handlers.workqueue import Pace
 from hyperplan.planning import naming
+from hyperplan.planning import ownership
 from hyperplan.planning.groups import Peer, BoundPlan, decide_group
 from hyperplan.planning.memory import Vanished
 from hyperplan.planning.nodefacts import NodeFacts, facts_of_v1
@@ -93,10 +96,13 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     plan_obj = rt.cache.plan(group.spec.training_plan_ref)
     groups = rt.cache.groups()
     provider = rt.providers[group.spec.node_provider]
-    if rt.cache.must_list_group_nodes(naming.label_value(name)):
-        raw = await in_thread(rt, provider.list, name)
+    fresh = rt.cache.must_list_group_nodes(naming.label_value(name))
+    if fresh:
+        listed = await in_thread(rt, provider.list, name)
     else:
-        raw = rt.cache.group_nodes_v1(naming.label_value(name))
+        listed = rt.cache.group_nodes_v1(naming.label_value(name))
+    held = held_nodes(group.spec.node_provider, group.status, listed)
+    raw, records = held.raw, held.records
     pod_counts = (await in_thread(rt, count_pods, rt.pods, raw)  # nodes marked for replacement only
                   if any(being_evacuated(n) for n in raw) else {})
 
@@ -106,7 +112,9 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     rt.group_memory.bind(key, group.spec.training_plan_ref)
     nodes_moved = rt.group_memory.note_nodes_read(key, node_fingerprint(raw))
     rt.group_memory.restore_vanished(key, [Vanished(v.name, v.labels, v.since) for v in group.status.vanished_nodes])
-    seen = observe_nodes(key, raw, rt.group_memory, now, rt.keys, pod_counts)
+    report_unrecorded(rt, obj, key, held)
+    seen = observe_nodes(key, raw, rt.group_memory, now, rt.keys, pod_counts,
+                         {entry.name: nid for nid, entry in records.items()})
     fresh = set(rt.group_memory.note_unreadable(key, [finding for _, finding in seen.unreadable]))
     unreadable = [(node, Event("Warning", REASON_UNREADABLE, finding.message))
                   for node, finding in seen.unreadable if finding in fresh]  # once per node, key and value
@@ -119,19 +127,29 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
         # so deleting the group can never orphan one.
         decision.create = []
         decision.wake_at = now + timedelta(seconds=1)
+    # No node of a name another node holds (KWOK would refuse it) or that the record holds but the
+    # watch cache does not show yet.
+    taken = {n.name for n in held.sorted.unrecorded} | (set() if fresh else {e.node_id for e in held.sorted.missing})
+    decision.create = [spec for spec in decision.create if spec.name not in taken]
 
     # Apply, then remember what was done (on the event loop).
     rt.group_memory.note_releasing(key, releases_of(decision))
     writes = bool(decision.create or decision.update or decision.drain or decision.remediation
                   or decision.checkpoint or seen.health_notes)
     applied = (await in_thread(rt, apply_decision, provider, rt.pods, decision, seen.raw, seen.health_notes,
-                               now, rt.clock, name) if writes else Applied())
+                               now, rt.clock, name, records) if writes else Applied())
     rt.cache.note_group_wrote(key, writes)
     rt.group_memory.note_short_of_free_nodes(key, applied.short_of_free_nodes)  # see handlers.nodes
 
     # One status patch, then the events.
     decision.status.vanished_nodes = [VanishedNode(name=v.name, since=v.since, labels=dict(v.labels))
                                       for v in rt.group_memory.vanished(key)]
+    decision.status.nodes = ownership.next_record(held.sorted, applied.made, applied.changed, applied.released,
+                                                  listed_fresh=fresh)
+    unrecorded = ownership.unrecorded_condition(held.sorted.unrecorded, name, obj["metadata"].get("generation", 1),
+                                                group.status.conditions, now)
+    if unrecorded is not None:
+        decision.status.conditions.append(unrecorded)
     desired = decision.status.wire()
     if desired != status_of(InstanceGroupStatus, obj).wire():
         written = await in_thread(rt, rt.kube.patch_status, PLURAL, name, desired)
@@ -150,6 +168,37 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
         retry = now + ADOPTION_RETRY
         return retry if decision.wake_at is None else min(decision.wake_at, retry)
     return decision.wake_at
+
+
+class Held:
+    """The listed nodes the group holds by its record (``raw``, and ``records`` by node id), and
+    the sort they came from (``sorted``: the unrecorded and missing ones too)."""
+
+    def __init__(self, found: ownership.Sorted, by_name: dict[str, Any]):
+        self.sorted = found
+        self.raw = [by_name[node.name] for node, _ in found.held]
+        self.records = {entry.node_id: entry for _, entry in found.held}
+        self.by_name = by_name
+
+
+def held_nodes(provider: str, status: InstanceGroupStatus, listed: list) -> Held:
+    """Sort the nodes listed under the group's label by the group's record (a group whose status
+    was written before the record existed is recorded now, see ``planning.ownership``)."""
+    migrating = status.nodes is None and status.observed_generation is not None
+    views = [ownership.ListedNode(n.metadata.name, n.metadata.uid or "", dict(n.metadata.labels or {}),
+                                  dict(n.metadata.annotations or {})) for n in listed]
+    found = ownership.sort_nodes(status.nodes, views, provider, migrating)
+    return Held(found, {n.metadata.name: n for n in listed})
+
+
+def report_unrecorded(rt: Runtime, obj: dict[str, Any], key: str, held: Held) -> None:
+    """A Warning Event (on the group and the node) for each node that carries the group's label
+    but is not in its record, once per node."""
+    fresh = set(rt.group_memory.note_unrecorded(key, [(n.name, n.uid) for n in held.sorted.unrecorded]))
+    group = obj["metadata"]["name"]
+    post_events(obj, [(node_ref(held.by_name[n.name]), Event("Warning", ownership.REASON_NOT_OWNED,
+                                                             ownership.not_owned_message(n, group)))
+                      for n in held.sorted.unrecorded if (n.name, n.uid) in fresh])
 
 
 async def in_thread(rt: Runtime, fn: Callable[..., T], *args: Any) -> T:
@@ -219,16 +268,23 @@ async def drain_group(name: str, spec: kopf.Spec, memo: kopf.Memo, body: kopf.Bo
     rt: Runtime = memo.runtime
     key = naming.label_value(name)
     await rt.queue.quiet(KIND, key)  # a pass in flight ends first: its nodes are drained too
-    provider = rt.providers[spec.get("nodeProvider", "kwok")]
-    nodes = await in_thread(rt, provider.list, name)
-    rt.group_memory.note_releasing(key, [node_id(n) for n in nodes])
-    drained = await in_thread(rt, drain_nodes, provider, rt.pods, [(n, "GroupDeleted", None) for n in nodes],
-                                      rt.clock())
+    kind = spec.get("nodeProvider", "kwok")
+    provider = rt.providers[kind]
+    status = status_of(InstanceGroupStatus, dict(body))
+    held = held_nodes(kind, status, await in_thread(rt, provider.list, name))
+    rt.group_memory.note_releasing(key, list(held.records))
+    drained = await in_thread(rt, drain_nodes, provider, rt.pods, [(n, "GroupDeleted", None) for n in held.raw],
+                              rt.clock(), held.records)
+    changed = {nid: held.records[nid].model_copy(update={"cordoned": True})
+               for nid, outcome in drained if outcome.cordoned and outcome.released is None}
     for _, outcome in drained:
         post_events(dict(body), list(outcome.events))
-    left = await in_thread(rt, provider.list, name)
-    if left:
-        raise kopf.TemporaryError(f"{len(left)} node(s) still draining", delay=1)
+    released = {nid for nid, outcome in drained if outcome.released is not None}
+    record = ownership.next_record(held.sorted, changed=changed, released=released)
+    if record != (status.nodes or []) or status.nodes is None:  # the cordons a hand-back undoes, across retries
+        await in_thread(rt, rt.kube.patch_status, PLURAL, name, {"nodes": [e.wire() for e in record]})
+    if record:
+        raise kopf.TemporaryError(f"{len(record)} node(s) still draining", delay=1)
     kopf.info(body, reason="Drained", message=f"all nodes of {name} drained and removed")
     rt.group_memory.forget_group(key)
     rt.wake_groups_of(spec.get("trainingPlanRef", ""))  # they may take the room it leaves

@@ -11,14 +11,18 @@ clock:
 * which of them a new node id takes (:func:`choose_free_node`), skipping the nodes other
   adoptions of this process hold in flight;
 * what adopting a node changes on it (:func:`adoption_patch`) and what a later change of
-  the group changes (:func:`held_update_patch`). Both record in the annotation
-  :data:`ANNOTATION_LENT` the label values and taints they found before hyperplan first
-  set those keys;
-* what cordoning it for a drain writes (:func:`cordon_patch`): the annotation
-  :data:`ANNOTATION_CORDONED`, so that hand-back undoes only hyperplan's own cordon;
-* what handing it back restores (:func:`hand_back`): every label and taint the group put
-  there goes (values found before adoption come back), the pool label says ``free`` again,
-  and the node is uncordoned only if hyperplan cordoned it;
+  the group changes (:func:`held_update_patch`); what the node looked like before, for the
+  keys hyperplan sets, is a :class:`LentRecord` (:meth:`LentRecord.noting`) that the operator
+  keeps in the group's ``status.nodes`` (``api.models.GroupNode.lent``), never on the node:
+  a node may write its own annotations, so a record there would let it choose what the
+  hand-back writes;
+* what cordoning it for a drain writes (:func:`cordon_patch`); whether hyperplan cordoned
+  it is kept in the same record (``GroupNode.cordoned``), so that hand-back undoes only
+  hyperplan's own cordon;
+* what handing it back restores (:func:`hand_back`), from the record: every label and taint
+  the group put there goes (values found before adoption come back), the pool label says
+  ``free`` again, the node is uncordoned only if hyperplan cordoned it, and no key in a
+  domain that belongs to Kubernetes (:func:`in_kubernetes_domain`) is ever written;
 * which pods a drain evicts and which it leaves alone (:func:`sort_pods_for_drain`): the
   operator's own pods, DaemonSet pods and static (mirror) pods stay.
 
@@ -33,6 +37,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from hyperplan.api.models import KUBERNETES_DOMAINS, LentState, RecordedTaint
 from hyperplan.api.vocabulary import Unreadable
 from hyperplan.planning import reading
 from hyperplan.planning.health import ANNOTATION_EVICTING_SINCE, ANNOTATION_HEALTH_SINCE, DEFAULT_BAD_CONDITIONS
@@ -62,6 +67,15 @@ OWNED_LABELS = (LABEL_GROUP, LABEL_PLAN, LABEL_RESERVED_CAPACITY, LABEL_ROLE, LA
 ALWAYS_MANAGED_TAINT_KEYS = frozenset({SPARE_TAINT.key, UNHEALTHY_TAINT.key})
 
 
+def in_kubernetes_domain(key: str) -> bool:
+    """Whether label or taint ``key`` is in a domain that belongs to Kubernetes (``kubernetes.io``,
+    ``k8s.io``, ``node-restriction.kubernetes.io`` or a subdomain of one, such as
+    ``node-role.kubernetes.io``): the kubelet, the scheduler and admission read those, so a
+    hand-back never writes one, whatever a record says."""
+    prefix = key.split("/", 1)[0] if "/" in key else ""
+    return any(prefix == domain or prefix.endswith("." + domain) for domain in KUBERNETES_DOMAINS)
+
+
 # --------------------------------------------------------------------------- observations
 
 
@@ -71,6 +85,7 @@ class PoolNode:
 
     name: str
     resource_version: str = ""
+    uid: str | None = None  # in a patch, a precondition: the API server refuses it for another node
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
     taints: tuple[Taint, ...] = ()
@@ -194,8 +209,10 @@ class LentRecord:
 
     @classmethod
     def load(cls, text: str | None) -> "LentRecord":
-        """The record in the annotation; an empty one when it is missing or unreadable
-        (:func:`hyperplan.planning.reading.read_lent`)."""
+        """The record in the annotation an earlier version kept on the node; an empty one when it
+        is missing or unreadable (:func:`hyperplan.planning.reading.read_lent`). Read only once,
+        when a group from before ``status.nodes`` is first recorded (``planning.ownership``), and
+        then through :meth:`safe`."""
         try:
             data = reading.read_lent(text) if text else {}
         except Unreadable:
@@ -203,6 +220,30 @@ class LentRecord:
         return cls(labels={str(k): v for k, v in data.get("labels", {}).items()},
                    taint_keys=tuple(sorted(data.get("taintKeys", []))),
                    taints=tuple(Taint(t["key"], t.get("value") or "", t["effect"]) for t in data.get("taints", [])))
+
+    @classmethod
+    def from_state(cls, state: LentState) -> "LentRecord":
+        """The record the operator kept in the group's status."""
+        labels: dict[str, str | None] = {k: None for k in state.absent_labels}
+        labels.update(state.labels)
+        return cls(labels=labels, taint_keys=tuple(sorted(state.taint_keys)),
+                   taints=tuple(Taint(t.key, t.value, t.effect) for t in state.taints))
+
+    def state(self) -> LentState:
+        """The record as the group's status keeps it."""
+        return LentState(labels={k: v for k, v in sorted(self.labels.items()) if v is not None},
+                         absent_labels=sorted(k for k, v in self.labels.items() if v is None),
+                         taint_keys=list(self.taint_keys),
+                         taints=[RecordedTaint(key=t.key, value=t.value, effect=t.effect) for t in self.taints])
+
+    def safe(self) -> "LentRecord":
+        """The record without the keys a hand-back never writes: the operator's own labels (they
+        always go) and every key in a domain that belongs to Kubernetes."""
+        own = set(OWNED_LABELS) | {LABEL_POOL}
+        return LentRecord(
+            labels={k: v for k, v in self.labels.items() if k not in own and not in_kubernetes_domain(k)},
+            taint_keys=tuple(k for k in self.taint_keys if not in_kubernetes_domain(k)),
+            taints=tuple(t for t in self.taints if not in_kubernetes_domain(t.key)))
 
     def dump(self) -> str:
         return json.dumps({"labels": dict(sorted(self.labels.items())), "taintKeys": list(self.taint_keys),
@@ -225,6 +266,12 @@ def _taint_body(taints: Iterable[Taint]) -> list[dict[str, str]] | None:
     return body or None  # None clears the list in a merge patch
 
 
+def _guarded(node: PoolNode, **metadata: object) -> dict:
+    """A patch's ``metadata``, with the node's uid when it is known: the API server refuses the
+    patch if the node of that name is another one (deleted and made again since it was read)."""
+    return {**metadata, "uid": node.uid} if node.uid else dict(metadata)
+
+
 def _group_labels(labels: Mapping[str, str], node_id: str) -> dict[str, str]:
     """The labels a lent node carries: the group's, without the hostname (a real node keeps its own)."""
     want = {k: v for k, v in labels.items() if k != LABEL_HOSTNAME}
@@ -232,36 +279,48 @@ def _group_labels(labels: Mapping[str, str], node_id: str) -> dict[str, str]:
     return want
 
 
+@dataclass(frozen=True)
+class Lending:
+    """A patch for a lent node, and the record of what the node looked like before (to keep in
+    the group's status, ``GroupNode.lent``)."""
+
+    patch: dict
+    record: LentRecord
+
+
+def _lending(node: PoolNode, node_id: str, labels: Mapping[str, str], taints: Sequence[Taint],
+             managed_taint_keys: Iterable[str], record: LentRecord) -> Lending:
+    managed = set(managed_taint_keys) | ALWAYS_MANAGED_TAINT_KEYS
+    want = _group_labels(labels, node_id)
+    kept = [t for t in node.taints if t.key not in managed]
+    return Lending({"metadata": _guarded(node, labels=want),
+                    "spec": {"taints": _taint_body([*kept, *taints])}}, record.noting(node, want, managed))
+
+
 def adoption_patch(node: PoolNode, node_id: str, labels: Mapping[str, str], taints: Sequence[Taint],
-                   managed_taint_keys: Iterable[str]) -> dict:
-    """The merge patch that lends free ``node`` as ``node_id``.
+                   managed_taint_keys: Iterable[str]) -> Lending:
+    """The merge patch that lends free ``node`` as ``node_id``, and the record of what it
+    looked like before, for the keys the patch sets.
 
     It carries the node's resourceVersion: if anyone changed the node since it was read
     (another group adopting it, an admin cordoning it), the API server answers 409 and
-    nothing is written.
+    nothing is written. An annotation on the node (an earlier version kept its record
+    there) is not read: the record starts empty.
     """
-    managed = set(managed_taint_keys) | ALWAYS_MANAGED_TAINT_KEYS
-    want = _group_labels(labels, node_id)
-    record = LentRecord.load(node.annotations.get(ANNOTATION_LENT)).noting(node, want, managed)
-    kept = [t for t in node.taints if t.key not in managed]
-    return {"metadata": {"labels": want, "annotations": {ANNOTATION_LENT: record.dump()},
-                         "resourceVersion": node.resource_version},
-            "spec": {"taints": _taint_body([*kept, *taints])}}
+    made = _lending(node, node_id, labels, taints, managed_taint_keys, LentRecord())
+    made.patch["metadata"]["resourceVersion"] = node.resource_version
+    return made
 
 
 def held_update_patch(node: PoolNode, node_id: str, labels: Mapping[str, str], taints: Sequence[Taint],
-                      managed_taint_keys: Iterable[str]) -> dict:
-    """The merge patch that brings a held node to the group's current labels and taints."""
-    managed = set(managed_taint_keys) | ALWAYS_MANAGED_TAINT_KEYS
-    want = _group_labels(labels, node_id)
-    record = LentRecord.load(node.annotations.get(ANNOTATION_LENT)).noting(node, want, managed)
-    kept = [t for t in node.taints if t.key not in managed]
-    return {"metadata": {"labels": want, "annotations": {ANNOTATION_LENT: record.dump()}},
-            "spec": {"taints": _taint_body([*kept, *taints])}}
+                      managed_taint_keys: Iterable[str], record: LentRecord | None = None) -> Lending:
+    """The merge patch that brings a held node to the group's current labels and taints, and
+    ``record`` (the group's record of the node) with any key set for the first time added."""
+    return _lending(node, node_id, labels, taints, managed_taint_keys, record or LentRecord())
 
 
 def cordon_patch(node: PoolNode) -> dict | None:
-    """The patch that cordons a held node for its drain, noting that hyperplan did it.
+    """The patch that cordons a held node for its drain (the caller records that hyperplan did).
 
     None when the node is cordoned already: then someone else cordoned it, and it stays
     cordoned after hand-back. The resourceVersion makes a concurrent cordon by an admin
@@ -269,8 +328,7 @@ def cordon_patch(node: PoolNode) -> dict | None:
     """
     if node.unschedulable:
         return None
-    return {"metadata": {"annotations": {ANNOTATION_CORDONED: "true"}, "resourceVersion": node.resource_version},
-            "spec": {"unschedulable": True}}
+    return {"metadata": _guarded(node, resourceVersion=node.resource_version), "spec": {"unschedulable": True}}
 
 
 @dataclass(frozen=True)
@@ -279,19 +337,24 @@ class HandBack:
     message: str
 
 
-def hand_back(node: PoolNode) -> HandBack:
+def hand_back(node: PoolNode, record: LentRecord | None, cordoned: bool) -> HandBack:
     """The merge patch that returns a held node to the free pool, and what it did, in words.
+
+    ``record`` and ``cordoned`` are the operator's own record of the node (the group's
+    ``status.nodes``); nothing the node says about itself decides what is written.
 
     Labels: every label hyperplan owns goes, and every other key it set gets the value it
     had before adoption back (or goes, if it had none): the group's ``spec.labels``, the
-    topology keys, the instance type and zone if they differed. Taints: the spare and
-    unhealthy taints, the group's ``spec.taints`` keys (and, for a node adopted without a
-    record, any ``hyperplan.dev/`` taint) go; the taints those keys had before come back.
-    The node is uncordoned only if :data:`ANNOTATION_CORDONED` says hyperplan cordoned it;
-    a cordon by anyone else stays. A node whose health label says ``Unschedulable*`` keeps
-    that label, so it is not lent again until someone who repaired it removes the label.
+    topology keys. A key in a domain that belongs to Kubernetes (the instance type and zone
+    among them) is never written. Taints: the spare and unhealthy taints, the group's
+    ``spec.taints`` keys (and, for a node held without a record, any ``hyperplan.dev/`` taint)
+    go; the taints those keys had before come back. The node is uncordoned only if
+    ``cordoned`` (hyperplan cordoned it); a cordon by anyone else stays. A node whose health
+    label says ``Unschedulable*`` keeps that label, so it is not lent again until someone who
+    repaired it removes the label.
     """
-    record = LentRecord.load(node.annotations.get(ANNOTATION_LENT))
+    no_record = record is None
+    record = (record or LentRecord()).safe()
     labels: dict[str, str | None] = {k: None for k in OWNED_LABELS if k in node.labels}
     labels.update({k: v for k, v in record.labels.items() if node.labels.get(k) != v})
     health = node.labels.get(LABEL_HEALTH, "")
@@ -300,16 +363,15 @@ def hand_back(node: PoolNode) -> HandBack:
         labels.pop(LABEL_HEALTH, None)
     labels[LABEL_POOL] = POOL_FREE
     drop = set(record.taint_keys) | ALWAYS_MANAGED_TAINT_KEYS
-    no_record = ANNOTATION_LENT not in node.annotations
     kept = [t for t in node.taints if t.key not in drop and not (no_record and t.key.startswith(OWN_PREFIX))]
     restored = kept + [t for t in record.taints if t not in kept]
     spec: dict = {"taints": _taint_body(restored)}
-    ours = node.annotations.get(ANNOTATION_CORDONED) == "true"
+    ours = cordoned
     if ours:
         spec["unschedulable"] = None
     annotations = {k: None for k in (ANNOTATION_LENT, ANNOTATION_CORDONED, ANNOTATION_HEALTH_SINCE,
                                       ANNOTATION_EVICTING_SINCE) if k in node.annotations}
-    metadata: dict = {"labels": labels}
+    metadata: dict = _guarded(node, labels=labels)
     if annotations:
         metadata["annotations"] = annotations
     words = [f"{node.name} handed back to the free pool"]

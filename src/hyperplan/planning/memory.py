@@ -12,7 +12,9 @@ A group's pass reads its nodes from the API; a few facts cannot be read there an
 * the plan each group is bound to, whether its last pass found no free static node, and what
   nodes it read, so that a change wakes only the daemons it concerns.
 * the values of its nodes that its last pass could not read (``planning.reading``), so that
-  each is reported once, not on every pass.
+  each is reported once, not on every pass;
+* the nodes that carry its label but are not in its record (``planning.ownership``), so that
+  each is reported once.
 
 Pure like the rest of planning (no I/O, ``now`` passed in), but the one object that keeps
 state: the handlers hold one instance (``Runtime.group_memory``). Every operation runs on the event
@@ -67,6 +69,7 @@ class _Group:
     short_of_free_nodes: bool = False
     nodes_read: int | None = None  # fingerprint of the nodes the last pass read
     unreadable: set[Finding] = field(default_factory=set)  # the values the last pass could not read
+    unrecorded: set[tuple[str, str]] = field(default_factory=set)  # (name, uid) not in the group's record
 
 
 class GroupMemory:
@@ -121,6 +124,18 @@ class GroupMemory:
         findings = list(dict.fromkeys(findings))
         fresh = [f for f in findings if f not in state.unreadable]
         state.unreadable = set(findings)
+        return fresh
+
+    # ------------------------------------------------------------------ nodes the group does not hold
+
+    def note_unrecorded(self, group: str, nodes: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+        """The pass found ``nodes`` (name, uid) under the group's label but not in its record:
+        those the last pass did not find (each is reported once; one that goes and comes back,
+        or comes back as another node of the same name, is new again)."""
+        state = self._group(group)
+        nodes = list(dict.fromkeys(nodes))
+        fresh = [n for n in nodes if n not in state.unrecorded]
+        state.unrecorded = set(nodes)
         return fresh
 
     # ------------------------------------------------------------------ nodes leaving
@@ -201,4 +216,5 @@ class GroupMemory:
     def size(self) -> int:
         """Entries held over all groups (for tests and the curious)."""
         return sum(1 + len(s.first_seen) + len(s.known) + len(s.vanished) + len(s.releasing) + len(s.unreadable)
+                   + len(s.unrecorded)
                    for s in self._groups.values())

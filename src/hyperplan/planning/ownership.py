@@ -1,0 +1,148 @@
+"""Which nodes a group holds: from the operator's own record, never from what a node says.
+
+A node is listed for a group by the group label (``hyperplan.dev/instance-group``), but a kubelet
+may set ``hyperplan.dev/*`` labels and annotations on its own Node, so a label proves nothing. The
+group's ``status.nodes`` (:class:`~hyperplan.api.models.GroupNode`, written only by the operator in
+its pass's one status patch) names each node the group holds by name and uid, the way Karpenter
+ties a Node to its NodeClaim. This module decides, purely:
+
+* which listed nodes the group holds (:func:`sort_nodes`): in the record under the same name and
+  uid. Every other node that carries the group's label is *unrecorded*: it is not counted,
+  changed, cordoned, drained or deleted, and the group reports it (:func:`unrecorded_condition`,
+  and a Warning Event per node);
+* the record a pass writes (:func:`next_record`): what it held, what it created or adopted (with
+  the uid the API server answered), less what it released;
+* for a group from before the record existed (``status.nodes`` never written, but the group has
+  a status), what its first pass records (:func:`migrated_entry`): on KWOK the nodes the provider
+  makes (its annotation, and a ``node-id`` equal to the name); on the static pool the nodes held
+  under the group's label, with the lent record an earlier version kept in the node's annotation
+  (read once, through ``LentRecord.safe``). A brand-new group records from nothing.
+
+The crash window between a create and the status patch: a node made (or adopted) by a pass whose
+status patch never landed is not in the record. The next pass finds it unrecorded and reports it
+(Warning ``NodeNotOwned``, condition ``UnrecordedNodes``); planning does not make another node of
+that name while it stands. An admin deletes such a KWOK node (the group then makes it again) or
+hands such a static node back (labels ``hyperplan.dev/pool=free``, the group's labels removed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from hyperplan.api.models import Condition, GroupNode
+from hyperplan.api.vocabulary import ANNOTATION_CORDONED, ANNOTATION_LENT, LABEL_NODE_ID, POOL_HELD
+from hyperplan.planning import lending
+from hyperplan.planning.plans import condition
+
+CONDITION_UNRECORDED = "UnrecordedNodes"
+REASON_NOT_OWNED = "NodeNotOwned"
+KWOK_ANNOTATION = "kwok.x-k8s.io/node"
+MAX_NAMED = 20  # nodes named in the condition's message
+
+
+@dataclass(frozen=True)
+class ListedNode:
+    """A node listed under the group's label, as ownership needs it."""
+
+    name: str
+    uid: str
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class Sorted:
+    held: tuple[tuple[ListedNode, GroupNode], ...]  # listed and in the record, same uid
+    unrecorded: tuple[ListedNode, ...]  # listed, carry the group's label, not in the record
+    missing: tuple[GroupNode, ...]  # in the record, its name not listed at all
+
+
+def migrated_entry(node: ListedNode, provider: str) -> GroupNode | None:
+    """What the first pass of a group from before the record existed records for ``node``, or
+    None (it stays unrecorded). KWOK: a node the provider made (its annotation, ``node-id`` equal
+    to the name). Static: a node held under the group's label, with the lent record the earlier
+    version kept on the node, without the keys a hand-back never writes."""
+    if provider == "static":
+        node_id = node.labels.get(LABEL_NODE_ID)
+        if node.labels.get(lending.LABEL_POOL) != POOL_HELD or not node_id:
+            return None
+        record = lending.LentRecord.load(node.annotations.get(ANNOTATION_LENT)).safe()
+        return GroupNode(name=node.name, uid=node.uid, node_id=node_id, lent=record.state(),
+                         cordoned=node.annotations.get(ANNOTATION_CORDONED) == "true")
+    if node.annotations.get(KWOK_ANNOTATION) != "fake" or node.labels.get(LABEL_NODE_ID, node.name) != node.name:
+        return None
+    return GroupNode(name=node.name, uid=node.uid, node_id=node.name)
+
+
+def sort_nodes(record: Sequence[GroupNode] | None, listed: Sequence[ListedNode], provider: str,
+               migrating: bool = False) -> Sorted:
+    """The listed nodes the group holds (by name and uid in ``record``), the ones it does not,
+    and the recorded ones not listed. ``record`` None with ``migrating``: the group's first pass
+    since the record exists, which records per :func:`migrated_entry` (each node id once)."""
+    if record is None:
+        record = []
+        if migrating:
+            ids: set[str] = set()
+            for node in sorted(listed, key=lambda n: n.name):
+                entry = migrated_entry(node, provider)
+                if entry is not None and entry.node_id not in ids:
+                    ids.add(entry.node_id)
+                    record.append(entry)
+    by_name = {entry.name: entry for entry in record}
+    held, unrecorded, seen = [], [], set()
+    for node in listed:
+        entry = by_name.get(node.name)
+        if entry is not None and entry.uid and entry.uid == node.uid:
+            held.append((node, entry))
+            seen.add(entry.name)
+        else:
+            unrecorded.append(node)
+    # A recorded node whose name is listed with another uid is gone (that name is another node now).
+    listed_names = {node.name for node in listed}
+    missing = tuple(entry for entry in record if entry.name not in seen and entry.name not in listed_names)
+    return Sorted(tuple(held), tuple(unrecorded), missing)
+
+
+def next_record(found: Sorted, made: Iterable[GroupNode] = (), changed: Mapping[str, GroupNode] | None = None,
+                released: Iterable[str] = (), listed_fresh: bool = True) -> list[GroupNode]:
+    """The record a pass writes: the nodes it held (``changed`` by node id: the entries whose lent
+    record or cordon the pass moved), the nodes it ``made`` (with the uid the API answered), less
+    the node ids it ``released``. A recorded node that was not listed is kept while the list came
+    from the watch cache (it may lag behind the pass's own creates) and dropped when it came from
+    the API server (``listed_fresh``): the node is gone."""
+    changed, released = changed or {}, set(released)
+    entries = [changed.get(entry.node_id, entry) for _, entry in found.held]
+    if not listed_fresh:
+        entries += list(found.missing)
+    entries += list(made)
+    out: dict[str, GroupNode] = {}
+    for entry in entries:
+        if entry.node_id not in released:
+            out[entry.node_id] = entry
+    return [out[k] for k in sorted(out)]
+
+
+def unrecorded_condition(unrecorded: Sequence[ListedNode], group: str, generation: int,
+                         prior: Sequence[Condition], now: datetime) -> Condition | None:
+    """``UnrecordedNodes=True`` (reason ``NodeNotOwned``) naming the nodes that carry the group's
+    label but are not in its record; None when there is none (the condition goes)."""
+    if not unrecorded:
+        return None
+    names = sorted(n.name for n in unrecorded)
+    shown = ", ".join(names[:MAX_NAMED]) + (f" and {len(names) - MAX_NAMED} more" if len(names) > MAX_NAMED else "")
+    return condition(CONDITION_UNRECORDED, True, REASON_NOT_OWNED,
+                     f"{len(names)} node(s) carry the label of group {group} but are not in its record "
+                     f"(status.nodes): {shown}; they are left alone (not counted, changed or deleted). "
+                     "A node made in a pass whose status write was lost is one of them: delete it (KWOK) "
+                     "or hand it back (static) and the group makes or adopts it again",
+                     generation, prior, now)
+
+
+def not_owned_message(node: ListedNode, group: str) -> str:
+    """The Warning Event for one unrecorded node (posted once per node)."""
+    claimed = node.labels.get(LABEL_NODE_ID)
+    as_id = f" as node id {claimed}" if claimed and claimed != node.name else ""
+    return (f"node {node.name} (uid {node.uid}) carries the label of group {group}{as_id} but is not in the "
+            "group's record: the operator leaves it alone")
