@@ -10,6 +10,11 @@ Phases are derived, never remembered: a plan with reservations in the ledger is 
 and its phase follows from its blocks and the clock. That is why a restart at any
 moment loses nothing. The one remembered verdict is ``Failed``: it holds until the spec
 changes (a new generation), so a failed purchase is not silently retried.
+
+Status is output: what a purchase buys is never read from the status. ``spec.offeringId`` names
+an offering by its id, a digest of its blocks and of the spec (``planning.offerings.offering_id``);
+the decision searches again from the spec and the pools and buys the offering with that id, or
+refuses (docs/security.md, "Status is output").
 """
 
 from __future__ import annotations
@@ -23,13 +28,17 @@ from hyperplan.api.models import (
     UltraServerStatus,
 )
 from hyperplan.planning.blocks import Block
+from hyperplan.api.vocabulary import (
+    REASON_OFFERING_MISMATCH, REASON_OFFERING_NO_LONGER_OFFERED, REASON_OFFERING_NOT_FOUND, to_rfc3339,
+)
 from hyperplan.planning.offerings import (
-    Offering, OfferingRequest, PoolSnapshot, RuleViolation, search_offerings, validate_request,
+    Offering, OfferingRequest, PoolSnapshot, RuleViolation, find_offering, is_digest_of, search_offerings,
+    validate_request,
 )
 from hyperplan.planning import counts
 from hyperplan.planning import naming
 from hyperplan.planning import placement
-from hyperplan.planning.policy import Policy, parse_duration
+from hyperplan.planning.policy import Policy, format_duration, parse_duration
 from hyperplan.planning.schedule import plan_block_schedule
 
 PENDING, SCHEDULED, ACTIVE, EXPIRED, FAILED = "Pending", "Scheduled", "Active", "Expired", "Failed"
@@ -119,15 +128,44 @@ def decide_plan(spec: TrainingPlanSpec, generation: int, prior: TrainingPlanStat
     shown = [o.to_status() for o in offerings]
     wake = min((o.start - policy.min_purchase_lead for o in offerings), default=None)
     if spec.offering_id:
-        wanted = next((Offering.from_status(o) for o in prior.offerings if o.id == spec.offering_id), None)
-        wanted = wanted or next((o for o in offerings if o.id == spec.offering_id), None)
+        wanted = next((o for o in offerings if o.id == spec.offering_id), None) \
+            or find_offering(request, pools, policy, now, spec.offering_id)
         if wanted is None:
-            return failed(prior, generation, RuleViolation(
-                "OfferingNotFound", f"offering {spec.offering_id} is not among this plan's offerings"), now)
-        return _pending(spec, generation, prior, prior.offerings or shown, now, buy=wanted, wake=None)
+            refused = failed(prior, generation, refusal(spec.offering_id, request, prior.offerings), now)
+            refused.status.offerings = shown
+            return refused
+        return _pending(spec, generation, prior, shown, now, buy=wanted, wake=None)
     if spec.auto_purchase and offerings:
         return _pending(spec, generation, prior, shown, now, buy=offerings[0], wake=None)
     return _pending(spec, generation, prior, shown, now, buy=None, wake=wake)
+
+
+def refusal(wanted: str, request: OfferingRequest, listed: Sequence[OfferingStatus]) -> RuleViolation:
+    """Why ``spec.offeringId`` (``wanted``) is not bought when the search again does not find it.
+    ``listed`` (the plan's ``status.offerings``, which anyone allowed to write the status may have
+    rewritten) only chooses the words: what is bought never comes from it."""
+    entry = next((o for o in listed if o.id == wanted), None)
+    if entry is None:
+        return RuleViolation(REASON_OFFERING_NOT_FOUND, f"offering {wanted} is not among this plan's offerings")
+    if not is_digest_of(entry, request):
+        return RuleViolation(REASON_OFFERING_MISMATCH, (
+            f"offering {wanted} as status.offerings lists it ({_blocks_text(entry)}) does not match the spec "
+            f"({_request_text(request)}): its id is not the digest of its blocks and the spec, so it was "
+            "not listed by the operator's search; nothing was bought"))
+    return RuleViolation(REASON_OFFERING_NO_LONGER_OFFERED, (
+        f"offering {wanted} is no longer offered: a search again from the spec and the pools does not "
+        "find it (its capacity was sold, its pool changed, or it starts too soon to buy); nothing was bought"))
+
+
+def _blocks_text(entry: OfferingStatus) -> str:
+    return " + ".join(f"{b.instance_count} x {b.instance_type} in {b.capacity_pool or '?'} "
+                      f"{to_rfc3339(b.start_time)} to {to_rfc3339(b.end_time)}" for b in entry.blocks) or "no blocks"
+
+
+def _request_text(request: OfferingRequest) -> str:
+    what = (f"{request.ultra_server_count} x {request.ultra_server_type}" if request.is_ultra_server
+            else f"{request.instance_count} x {request.instance_type}")
+    return f"{what} for {format_duration(request.duration)}"
 
 
 def failed(prior: TrainingPlanStatus, generation: int, why: RuleViolation, now: datetime) -> PlanDecision:
