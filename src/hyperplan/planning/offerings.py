@@ -192,7 +192,7 @@ class Offering:
     def from_status(cls, shown: OfferingStatus) -> Offering:
         """An offering as a plan's ``status.offerings`` shows it, id and blocks as written there.
         Whoever may write the status may have written it: never bought as it is, only compared
-        (:func:`is_digest_of`)."""
+        (:func:`could_be_offered`)."""
         return cls(id=shown.id, blocks=tuple(Block.from_offered(block) for block in shown.blocks))
 
     @property
@@ -512,14 +512,21 @@ def find_offering(
     return next((o for o in _candidates(request, pools, policy, window) if o.id == wanted), None)
 
 
-def is_digest_of(shown: OfferingStatus, request: OfferingRequest) -> bool:
-    """Whether an offering as ``status.offerings`` lists it carries the id its blocks and the
-    request give (false for an entry whose blocks or id were rewritten after the search)."""
-    try:
-        listed = Offering.from_status(shown)
-    except ValueError:
+def could_be_offered(shown: OfferingStatus, request: OfferingRequest) -> bool:
+    """Whether an offering as ``status.offerings`` lists it could have come from a search for
+    `request`: its id is the digest of its blocks and the request, and its blocks hold what the
+    request asks (count, type, duration, window). False for an entry rewritten after the search,
+    even by someone who computed the digest again. Chooses the words of a refusal only."""
+    listed = Offering.from_status(shown)
+    if not listed.blocks or offering_id(listed.blocks, request) != shown.id:
         return False
-    return bool(listed.blocks) and offering_id(listed.blocks, request) == shown.id
+    return (
+        all(block.instance_count == request.effective_instance_count
+            and block.instance_type == request.effective_instance_type for block in listed.blocks)
+        and listed.duration == request.duration
+        and (request.start_after is None or listed.start >= request.start_after)
+        and (request.end_before is None or listed.end <= request.end_before)
+    )
 
 
 def _candidates(

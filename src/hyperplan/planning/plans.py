@@ -32,7 +32,7 @@ from hyperplan.api.vocabulary import (
     REASON_OFFERING_MISMATCH, REASON_OFFERING_NO_LONGER_OFFERED, REASON_OFFERING_NOT_FOUND, to_rfc3339,
 )
 from hyperplan.planning.offerings import (
-    Offering, OfferingRequest, PoolSnapshot, RuleViolation, find_offering, is_digest_of, search_offerings,
+    Offering, OfferingRequest, PoolSnapshot, RuleViolation, find_offering, could_be_offered, search_offerings,
     validate_request,
 )
 from hyperplan.planning import counts
@@ -130,8 +130,9 @@ def decide_plan(spec: TrainingPlanSpec, generation: int, prior: TrainingPlanStat
     if spec.offering_id:
         wanted = next((o for o in offerings if o.id == spec.offering_id), None) \
             or find_offering(request, pools, policy, now, spec.offering_id)
-        if wanted is None:
-            refused = failed(prior, generation, refusal(spec.offering_id, request, prior.offerings), now)
+        why = refusal(spec.offering_id, wanted, request, prior.offerings)
+        if why is not None:
+            refused = failed(prior, generation, why, now)
             refused.status.offerings = shown
             return refused
         return _pending(spec, generation, prior, shown, now, buy=wanted, wake=None)
@@ -140,18 +141,22 @@ def decide_plan(spec: TrainingPlanSpec, generation: int, prior: TrainingPlanStat
     return _pending(spec, generation, prior, shown, now, buy=None, wake=wake)
 
 
-def refusal(wanted: str, request: OfferingRequest, listed: Sequence[OfferingStatus]) -> RuleViolation:
-    """Why ``spec.offeringId`` (``wanted``) is not bought when the search again does not find it.
-    ``listed`` (the plan's ``status.offerings``, which anyone allowed to write the status may have
-    rewritten) only chooses the words: what is bought never comes from it."""
+def refusal(wanted: str, found: Offering | None, request: OfferingRequest,
+            listed: Sequence[OfferingStatus]) -> RuleViolation | None:
+    """Why the offering ``spec.offeringId`` (``wanted``) names is not bought, or None to buy
+    ``found``, what the search again found under that id. ``listed`` is the plan's
+    ``status.offerings``, which anyone allowed to write the status may have rewritten: it never
+    says what is bought, but a listing of ``wanted`` that differs from ``found`` refuses the
+    purchase, since the user may have chosen by what it showed."""
     entry = next((o for o in listed if o.id == wanted), None)
+    if found is not None and (entry is None or Offering.from_status(entry) == found):
+        return None
     if entry is None:
         return RuleViolation(REASON_OFFERING_NOT_FOUND, f"offering {wanted} is not among this plan's offerings")
-    if not is_digest_of(entry, request):
+    if found is not None or not could_be_offered(entry, request):
         return RuleViolation(REASON_OFFERING_MISMATCH, (
             f"offering {wanted} as status.offerings lists it ({_blocks_text(entry)}) does not match the spec "
-            f"({_request_text(request)}): its id is not the digest of its blocks and the spec, so it was "
-            "not listed by the operator's search; nothing was bought"))
+            f"({_request_text(request)}) and the pools: the operator's search did not list it; nothing was bought"))
     return RuleViolation(REASON_OFFERING_NO_LONGER_OFFERED, (
         f"offering {wanted} is no longer offered: a search again from the spec and the pools does not "
         "find it (its capacity was sold, its pool changed, or it starts too soon to buy); nothing was bought"))
