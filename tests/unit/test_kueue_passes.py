@@ -563,3 +563,29 @@ def test_a_job_node_drains_through_drain_node(pods_left, deadline_passed, cordon
     assert (name in rt.providers["kwok"].nodes) is not released
     assert writes_of(rt).events == []  # facts, not posts: the pass posts them on the event loop
     assert rt.cache._nodes_wrote == set()  # and records them there
+
+
+# --------------------------------------------------------------------------- unreadable keep-alive-until
+
+
+@pytest.mark.parametrize("value, problem", [
+    ("2027-01-01T13:00:00", "has no timezone"),
+    ("tomorrow", "is not an RFC 3339 time"),
+    ("2027-01-01T13:00:00Z", None),
+], ids=["no-timezone", "not-a-time", "readable"])
+def test_an_unreadable_keep_alive_until_is_reported_once_on_the_node_and_the_plan(value: str,
+                                                                                 problem: str | None) -> None:
+    node = job_node("0", "", keep_alive_until=value)
+    name = node["metadata"]["name"]
+    rt = runtime(plan_obj(), [], [node])
+
+    run_pass(rt)
+    run_pass(rt)  # the same value again: no second Event
+
+    unreadable = [(obj, type_, message) for obj, type_, reason, message in writes_of(rt).events
+                  if reason == "UnreadableValue"]
+    if problem is None:
+        assert unreadable == []
+        return
+    message = f"node {name}: annotation hyperplan.dev/keep-alive-until: {value!r} {problem}; ignored"
+    assert unreadable == [(name, "Warning", message), (PLAN, "Warning", message)]
