@@ -55,6 +55,7 @@ from hyperplan.actuation.groups import node_ref
 from hyperplan.api.vocabulary import ANNOTATION_KEEP_ALIVE_UNTIL, to_rfc3339
 from hyperplan.handlers.context import Runtime
 from hyperplan.handlers.instancegroup import REASON_UNREADABLE
+from hyperplan.handlers.trainingplan import as_the_ledger_holds
 from hyperplan.handlers.kueue_state import WORKLOADS, job_nodes, state_of, workload, workloads_with
 from hyperplan.planning import admission
 from hyperplan.planning import groups
@@ -85,7 +86,7 @@ def admission_plan(rt: Runtime, obj: dict[str, Any] | None, now: datetime) -> tu
     if obj is None:
         return None, None
     try:
-        plan = TrainingPlan.model_validate(obj)
+        plan = as_the_ledger_holds(rt, obj, now)  # its blocks as the ledger holds them, not its status
     except ValidationError as e:
         # Not a verdict on the workloads: the plan's own handler reports the bad spec. Failing the
         # pass (retried with backoff) leaves every check and job node as it is until it is fixed.

@@ -39,7 +39,7 @@ from hyperplan.planning import counts
 from hyperplan.planning import naming
 from hyperplan.planning import placement
 from hyperplan.planning.policy import Policy, format_duration, parse_duration
-from hyperplan.planning.schedule import plan_block_schedule
+from hyperplan.planning.schedule import PlanSchedule, plan_block_schedule
 
 PENDING, SCHEDULED, ACTIVE, EXPIRED, FAILED = "Pending", "Scheduled", "Active", "Expired", "Failed"
 
@@ -76,6 +76,15 @@ def current_block(purchased: Sequence[Block], target: str, policy: Policy,
     blocks = sorted(purchased, key=lambda p: p.start)
     schedule = plan_block_schedule([(p.start, p.end) for p in blocks], target, policy, now)
     return None if schedule.current_or_next_block is None else blocks[schedule.current_or_next_block]
+
+
+def reserved_capacity(purchased: Sequence[Block], target: str, policy: Policy,
+                      now: datetime) -> tuple[PlanSchedule, list[ReservedCapacity]]:
+    """The plan's block schedule at ``now`` and its ``status.reservedCapacity``, from the blocks
+    the ledger holds for it (never from its status, which others may write)."""
+    blocks = sorted(purchased, key=lambda p: p.start)
+    schedule = plan_block_schedule([(b.start, b.end) for b in blocks], target, policy, now)
+    return schedule, [b.to_reserved(state.termination_time, state.status) for b, state in zip(blocks, schedule.blocks)]
 
 
 def block_usage(block: Block, spares_per_ultraserver: int, nodes: Sequence[counts.ObservedNode]) -> PlanUsage:
@@ -217,9 +226,7 @@ def _pending(spec: TrainingPlanSpec, generation: int, prior: TrainingPlanStatus,
 def _bought(spec: TrainingPlanSpec, generation: int, prior: TrainingPlanStatus,
             purchased: Sequence[Block], policy: Policy, now: datetime,
             usage: PlanUsage) -> PlanDecision:
-    blocks = sorted(purchased, key=lambda p: p.start)
-    schedule = plan_block_schedule([(b.start, b.end) for b in blocks], spec.target_resource, policy, now)
-    reserved = [b.to_reserved(state.termination_time, state.status) for b, state in zip(blocks, schedule.blocks)]
+    schedule, reserved = reserved_capacity(purchased, spec.target_resource, policy, now)
     current = reserved[schedule.current_or_next_block] if schedule.current_or_next_block is not None else None
     total = current.instance_count if current else 0
     spares = (current.ultra_server_count or 0) * spec.spare_instances_per_ultra_server if current else 0
