@@ -21,6 +21,10 @@ How the search works (DESIGN.md section 1):
    was kept ends no later, has no more blocks and uses no AZ it does not: it
    would give the user nothing more. (This drops, for one, a free contiguous
    block cut in two.) The best three remain.
+5. An offering's id is its first block's start and a digest of its blocks and
+   the request (`offering_id`). A purchase of a chosen id searches again
+   (`find_offering`), opening at the start the id names, and buys what that
+   search cuts under the id: never an offering as a plan's status lists it.
 """
 
 from __future__ import annotations
