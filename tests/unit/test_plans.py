@@ -293,7 +293,7 @@ def test_failed_condition_keeps_its_transition_time_while_it_stays_true():
 # =========================================================================== buying
 
 
-def test_offering_id_from_the_prior_status_is_bought():
+def test_a_chosen_offering_id_is_bought_as_the_search_finds_it():
     searched = decide_plan(spec(), 1, TrainingPlanStatus(), [], POOLS, SAGEMAKER, NOW)
     chosen = searched.status.offerings[1]
     later = NOW + timedelta(minutes=2)
