@@ -15,6 +15,7 @@ import pytest
 from kubernetes import client
 
 from hyperplan.actuation.nodes import LABEL_NODE_ID, taints_of
+from hyperplan.api.models import CapacityPool
 from hyperplan.api.vocabulary import FINALIZER, ULTRASERVER_INSTANCE_TYPE
 from hyperplan.handlers.instancegroup import ADOPTION_RETRY, reconcile_group
 from hyperplan.handlers.workqueue import WorkQueue
@@ -47,6 +48,18 @@ def plan() -> dict[str, Any]:
             "status": {"phase": "Active", "reservedCapacity": [block]}}
 
 
+def pool() -> CapacityPool:
+    """The pool whose ledger holds the plan's block: a group reads its plan's blocks there, not
+    in the plan's status."""
+    return CapacityPool.model_validate({
+        "metadata": {"name": "pool-x72"},
+        "spec": {"instanceType": ULTRASERVER_INSTANCE_TYPE, "availabilityZone": "use1-az3", "instanceCount": 36,
+                 "ultraServerType": X72},
+        "status": {"reservations": [{"trainingPlan": PLAN, "trainingPlanUid": "uid-p", "reservedCapacityId": "rc-abc-0",
+                                     "startTime": "2026-12-01T12:00:00Z", "endTime": "2026-12-01T12:03:00Z",
+                                     "instanceCount": 36}]}})
+
+
 def group(finalizers: tuple[str, ...] = (FINALIZER,), **spec: Any) -> dict[str, Any]:
     fields = {"trainingPlanRef": PLAN, "instanceType": ULTRASERVER_INSTANCE_TYPE, "instanceCount": 2,
               "healthCheck": {"graceSeconds": 5, "maxUnhealthy": 2}, **spec}
@@ -61,7 +74,7 @@ def worlds(monkeypatch: pytest.MonkeyPatch):
     made: list[World] = []
 
     def make(*groups: dict[str, Any]) -> World:
-        world = make_world(monkeypatch, NOW, DEMO, plans=[plan()], groups=list(groups or [group()]))
+        world = make_world(monkeypatch, NOW, DEMO, plans=[plan()], groups=list(groups or [group()]), pools=[pool()])
         made.append(world)
         return world
     yield make
@@ -117,6 +130,22 @@ def test_no_node_is_created_before_kopfs_finalizer_is_on_the_group(worlds, final
     [status] = patches(world)  # one status patch either way
     assert (status["phase"], status["desiredCount"], status["reservedCapacityId"]) == ("Provisioning", 2, "rc-abc-0")
     assert sorted(message.split()[0] for _, _, reason, message in world.events if reason == "NodeCreated") == created
+
+
+@pytest.mark.parametrize("pools, created", [
+    ([pool()], [*ACTIVE, SPARE]),
+    ([], []),
+], ids=["the-ledger-holds-the-block-creates-its-nodes", "a-block-only-in-the-plans-status-creates-nothing"])
+def test_a_group_provisions_only_blocks_the_ledger_holds(monkeypatch: pytest.MonkeyPatch, pools, created) -> None:
+    """The plan's ``status.reservedCapacity`` (which whoever may write the status could forge)
+    is not where a group reads its plan's blocks: the pools' ledger is."""
+    world = make_world(monkeypatch, NOW, DEMO, plans=[plan()], groups=[group()], pools=pools)
+    try:
+        run(world)
+        assert sorted(node for op, node in world.provider.calls if op == "create") == created
+        assert sorted(world.provider.nodes) == created
+    finally:
+        world.close()
 
 
 # --------------------------------------------------------------------------- a lost race for a free node

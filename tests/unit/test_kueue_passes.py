@@ -23,7 +23,7 @@ from hyperplan.actuation import jobnodes
 from hyperplan.handlers import kueue
 from hyperplan.handlers import kueue_admission
 from hyperplan.handlers import kueue_checks
-from hyperplan.handlers.cache import GROUPS, NODES, PLANS, POOLS, WatchCache, hp_plans, v1_node
+from hyperplan.handlers.cache import GROUPS, NODES, PLANS, POOLS, WatchCache, hp_plans, slim_object, v1_node
 from hyperplan.handlers.kueue_state import (
     CHECK_KIND, CHECKS, CHECKS_INDEX, PLAN_KIND, WORKLOADS, WORKLOADS_INDEX, KueueState, slim_check, slim_workload,
     workloads_with,
@@ -55,6 +55,16 @@ def plan_obj(target: str = "training-job", **status: Any) -> dict[str, Any]:
                 {"id": BLOCK, "availabilityZone": "us-east-1a", "instanceType": ITYPE, "instanceCount": 8,
                  "startTime": "2027-01-01T11:00:00Z", "endTime": "2027-01-02T11:00:00Z", "status": "Active"}],
                        **status}}
+
+
+def pool_obj() -> dict[str, Any]:
+    """The pool whose ledger holds the plan's block: the controller reads a plan's blocks there,
+    not in the plan's status."""
+    return {"apiVersion": "hyperplan.dev/v1alpha1", "kind": "CapacityPool", "metadata": {"name": "pool-a"},
+            "spec": {"instanceType": ITYPE, "availabilityZone": "us-east-1a", "instanceCount": 8},
+            "status": {"reservations": [{"trainingPlan": PLAN, "trainingPlanUid": "plan-uid",
+                                         "reservedCapacityId": BLOCK, "startTime": "2027-01-01T11:00:00Z",
+                                         "endTime": "2027-01-02T11:00:00Z", "instanceCount": 8}]}}
 
 
 def workload(name: str, *, state: str = "Pending", admitted: bool = False, finished: bool = False,
@@ -109,7 +119,7 @@ def index(workloads: list[dict]) -> dict:
 
 def runtime(plan: dict | None, workloads: list[dict], nodes: list[dict], *, checks: tuple[str, ...] = (CHECK,),
             pods: dict[str, list[str]] | None = None, guarded: set[str] = frozenset(),
-            writes: KueueWrites | None = None) -> SimpleNamespace:
+            writes: KueueWrites | None = None, pools: tuple[dict, ...] | None = None) -> SimpleNamespace:
     """A runtime whose watch cache is the real one, over kopf-shaped indexes filled by the real
     index functions (``indexes``: the Kueue ones, for a test to change as kopf would)."""
     provider = FakeProvider(clock=lambda: NOW)
@@ -124,7 +134,8 @@ def runtime(plan: dict | None, workloads: list[dict], nodes: list[dict], *, chec
         store.apply("ADDED", n)
     cache = WatchCache()
     cache.bind({PLANS: {PLAN: [asyncio.run(hp_plans(name=PLAN, body=plan))[PLAN]]} if plan else {},
-                POOLS: {}, GROUPS: {}, NODES: store})
+                POOLS: {p["metadata"]["name"]: [slim_object(p)] for p in ((pool_obj(),) if pools is None else pools)},
+                GROUPS: {}, NODES: store})
     indexes = {WORKLOADS_INDEX: index(workloads),
                CHECKS_INDEX: {c: [asyncio.run(kueue.hp_kueue_checks(name=c, body=check_body(c)))[c]] for c in checks}}
     cache.add_kind(WORKLOADS, WORKLOADS_INDEX, indexes[WORKLOADS_INDEX], slim_workload)
@@ -563,3 +574,48 @@ def test_a_job_node_drains_through_drain_node(pods_left, deadline_passed, cordon
     assert (name in rt.providers["kwok"].nodes) is not released
     assert writes_of(rt).events == []  # facts, not posts: the pass posts them on the event loop
     assert rt.cache._nodes_wrote == set()  # and records them there
+
+
+# --------------------------------------------------------------------------- unreadable keep-alive-until
+
+
+@pytest.mark.parametrize("value, problem", [
+    ("2027-01-01T13:00:00", "has no timezone"),
+    ("tomorrow", "is not an RFC 3339 time"),
+    ("2027-01-01T13:00:00Z", None),
+], ids=["no-timezone", "not-a-time", "readable"])
+def test_an_unreadable_keep_alive_until_is_reported_once_on_the_node_and_the_plan(value: str,
+                                                                                 problem: str | None) -> None:
+    node = job_node("0", "", keep_alive_until=value)
+    name = node["metadata"]["name"]
+    rt = runtime(plan_obj(), [], [node])
+
+    run_pass(rt)
+    run_pass(rt)  # the same value again: no second Event
+
+    unreadable = [(obj, type_, message) for obj, type_, reason, message in writes_of(rt).events
+                  if reason == "UnreadableValue"]
+    if problem is None:
+        assert unreadable == []
+        return
+    message = f"node {name}: annotation hyperplan.dev/keep-alive-until: {value!r} {problem}; ignored"
+    assert unreadable == [(name, "Warning", message), (PLAN, "Warning", message)]
+
+
+# --------------------------------------------------------------------------- blocks from the ledger, not the status
+
+
+@pytest.mark.parametrize("pools, state, nodes", [
+    pytest.param(None, "Ready", 2, id="the-ledger-holds-the-block-admits"),
+    pytest.param((), "Retry", 0, id="a-block-only-in-the-plans-status-admits-nothing"),
+])
+def test_a_workload_is_admitted_only_on_a_block_the_ledger_holds(pools, state: str, nodes: int) -> None:
+    """The plan's ``status.reservedCapacity`` (which whoever may write the status could forge)
+    is not where the controller reads the plan's blocks: the pools' ledger is."""
+    rt = runtime(plan_obj(), [workload("train")], [], pools=pools)
+    run_pass(rt)
+    entries = writes_of(rt).entries
+    assert [(key, entry["state"]) for key, entry in entries] == [("team/train", state)]
+    if state == "Retry":
+        assert "is not bought yet" in entries[0][1]["message"]
+    assert len(rt.providers["kwok"].nodes) == nodes

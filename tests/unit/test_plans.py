@@ -119,7 +119,8 @@ def test_pending_lists_offerings_best_first():
     assert d.status.phase == "Pending"
     assert [shown_blocks(o) for o in d.status.offerings] == EXPECTED_OFFERINGS
     assert [(o.duration_hours, o.duration_minutes) for o in d.status.offerings] == [(48, 0)] * 3
-    assert all(o.id.startswith("tpo-") and len(o.id) == 20 for o in d.status.offerings)
+    assert all(o.id.startswith(f"tpo-{o.blocks[0].start_time:%Y%m%dt%H%M%S}-") and len(o.id) == 36
+               for o in d.status.offerings)
     assert len({o.id for o in d.status.offerings}) == 3
     assert all(b.instance_type == P5 and b.instance_count == 8
                for o in d.status.offerings for b in o.blocks)
@@ -292,7 +293,7 @@ def test_failed_condition_keeps_its_transition_time_while_it_stays_true():
 # =========================================================================== buying
 
 
-def test_offering_id_from_the_prior_status_is_bought():
+def test_a_chosen_offering_id_is_bought_as_the_search_finds_it():
     searched = decide_plan(spec(), 1, TrainingPlanStatus(), [], POOLS, SAGEMAKER, NOW)
     chosen = searched.status.offerings[1]
     later = NOW + timedelta(minutes=2)
@@ -309,17 +310,6 @@ def test_offering_id_from_the_prior_status_is_bought():
     assert cond(d.status, "Purchased").message == f"buying offering {chosen.id}"
     assert d.events == []
     assert d.wake_at is None
-
-
-def test_offering_id_from_the_prior_status_is_bought_even_when_the_search_no_longer_finds_it():
-    # The ledger re-checks capacity at purchase time; planning just names the offering.
-    searched = decide_plan(spec(), 1, TrainingPlanStatus(), [], POOLS, SAGEMAKER, NOW)
-    chosen = searched.status.offerings[0]
-    d = decide_plan(spec(offering_id=chosen.id), 2, searched.status, [], SOLD_OUT, SAGEMAKER, NOW)
-
-    assert d.buy == Offering.from_status(chosen)
-    assert d.buy.id == chosen.id
-    assert d.status.offerings == searched.status.offerings
 
 
 def test_offering_id_not_among_the_offerings_fails():

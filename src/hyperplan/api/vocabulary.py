@@ -107,6 +107,16 @@ CONDITION_RECONCILED = "Reconciled"  # False while an object's passes fail (hand
 REASON_OFFERING_UNAVAILABLE = "OfferingUnavailable"
 """The ledger's re-check refused an offering: its capacity was sold meanwhile, or its pool changed
 (made by planning.offerings, matched by the purchase's search-again in handlers.trainingplan)."""
+REASON_OFFERING_NOT_FOUND = "OfferingNotFound"
+"""``spec.offeringId`` names no offering: not one the plan's status lists, nor one a search again
+from the spec finds (planning.plans)."""
+REASON_OFFERING_MISMATCH = "OfferingDoesNotMatchSpec"
+"""``spec.offeringId`` names an entry of ``status.offerings`` whose id is not the digest of its
+blocks and the spec: the entry was written by someone other than the operator's search, and
+nothing is bought (planning.plans)."""
+REASON_OFFERING_NO_LONGER_OFFERED = "OfferingNoLongerOffered"
+"""``spec.offeringId`` names an offering the operator did list, but a search again from the spec
+and the pools at the purchase no longer finds it (sold, its pool changed, or too late to buy)."""
 REASON_CHECKPOINT = "CheckpointRequested"
 REASON_DELETED_BY_HYPERPLAN = "DeletionByHyperplan"
 """Reason of the ``DisruptionTarget`` pod condition hyperplan sets on a pod it deletes from a dead

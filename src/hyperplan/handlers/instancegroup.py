@@ -34,6 +34,7 @@ from hyperplan.actuation.groups import (
 from hyperplan.api.models import GROUP, VERSION, InstanceGroup, InstanceGroupStatus, TrainingPlan, VanishedNode
 from hyperplan.api.vocabulary import FINALIZER  # set by kopf (operator.configure_kopf)
 from hyperplan.handlers.context import Runtime, status_of
+from hyperplan.handlers.trainingplan import as_the_ledger_holds
 from hyperplan.handlers.workqueue import Pace
 from hyperplan.planning import naming
 from hyperplan.planning import ownership
@@ -108,7 +109,7 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
 
     # Decide.
     now, key = rt.clock(), naming.label_value(name)
-    plan = bound_plan(TrainingPlan.model_validate(plan_obj)) if plan_obj else None
+    plan = bound_plan(as_the_ledger_holds(rt, plan_obj, now)) if plan_obj else None  # blocks: the ledger's
     rt.group_memory.bind(key, group.spec.training_plan_ref)
     nodes_moved = rt.group_memory.note_nodes_read(key, node_fingerprint(raw))
     rt.group_memory.restore_vanished(key, [Vanished(v.name, v.labels, v.since) for v in group.status.vanished_nodes])

@@ -14,7 +14,10 @@ boundary, a keep-alive expiry, or a wake from a Workload, the plan or a check ch
 * on a ``training-job`` plan the admitted workloads' nodes are created, kept warm, reused and
   drained as :func:`hyperplan.planning.trainingjobs.decide_job_nodes` says, carried out by
   :func:`hyperplan.actuation.jobnodes.apply_job_nodes` on a worker thread; the facts it returns
-  (Events, nodes released) are recorded here, on the event loop.
+  (Events, nodes released) are recorded here, on the event loop. A job node's
+  ``keep-alive-until`` that does not read strictly (:mod:`hyperplan.planning.reading`) counts as
+  absent, and a Warning Event (``UnreadableValue``) on the node and the plan names the node and
+  the key, once per value.
 
 The pass never writes a check's ``Active`` condition: :mod:`hyperplan.handlers.kueue_checks` does.
 Its loop ends when no check names the plan any more and none of its job nodes is left.
@@ -48,14 +51,18 @@ from hyperplan.actuation.jobnodes import WARNING_REASONS, apply_job_nodes
 from hyperplan.actuation.kueue import KUEUE_API
 from hyperplan.actuation.nodes import ACCELERATORS, NodeProvider
 from hyperplan.api.models import GROUP, VERSION, TrainingPlan
-from hyperplan.api.vocabulary import to_rfc3339
+from hyperplan.actuation.groups import node_ref
+from hyperplan.api.vocabulary import ANNOTATION_KEEP_ALIVE_UNTIL, to_rfc3339
 from hyperplan.handlers.context import Runtime
+from hyperplan.handlers.instancegroup import REASON_UNREADABLE
+from hyperplan.handlers.trainingplan import as_the_ledger_holds
 from hyperplan.handlers.kueue_state import WORKLOADS, job_nodes, state_of, workload, workloads_with
 from hyperplan.planning import admission
 from hyperplan.planning import groups
 from hyperplan.planning import naming
 from hyperplan.planning import nodefacts
 from hyperplan.planning import placement
+from hyperplan.planning import reading
 from hyperplan.planning import trainingjobs
 from hyperplan.planning.schedule import plan_block_schedule
 
@@ -79,7 +86,7 @@ def admission_plan(rt: Runtime, obj: dict[str, Any] | None, now: datetime) -> tu
     if obj is None:
         return None, None
     try:
-        plan = TrainingPlan.model_validate(obj)
+        plan = as_the_ledger_holds(rt, obj, now)  # its blocks as the ledger holds them, not its status
     except ValidationError as e:
         # Not a verdict on the workloads: the plan's own handler reports the bad spec. Failing the
         # pass (retried with backoff) leaves every check and job node as it is until it is fixed.
@@ -275,6 +282,8 @@ async def reconcile_job_nodes(rt: Runtime, name: str, plan: TrainingPlan | None,
                             b.end_time, b.ultra_server_type, plan.spec.spare_instances_per_ultra_server
                             if b.ultra_server_type else 0)
     raw = await read_job_nodes(rt, label)
+    plan_ref = _plan_ref(plan)
+    report_unreadable(rt, name, plan_ref, raw)
     nodes = trainingjobs.job_nodes_from_labels([(n.metadata.name, n.metadata.labels or {}, n.metadata.annotations or {},
                                        bool(n.spec.unschedulable) if n.spec else False, _signalled(n))
                                       for n in raw])
@@ -289,8 +298,6 @@ async def reconcile_job_nodes(rt: Runtime, name: str, plan: TrainingPlan | None,
                              {n.metadata.name: n for n in raw}, any(n.signalled for n in nodes), now)
     for ref, event in facts.pod_events:
         state.writes.event(ref, event.type, event.reason, event.message)
-    plan_ref = ({"apiVersion": f"{GROUP}/{VERSION}", "kind": "TrainingPlan", "metadata": plan.metadata}
-                if plan is not None else None)
     for reason, message in facts.events:
         log.info("plan %s: %s: %s", name, reason, message)
         if plan_ref is not None:
@@ -301,6 +308,30 @@ async def reconcile_job_nodes(rt: Runtime, name: str, plan: TrainingPlan | None,
         soon = now + timedelta(seconds=1)
         wake = soon if wake is None else min(wake, soon)
     return wake, len(raw) + len(decision.create) - len(facts.released)
+
+
+def _plan_ref(plan: TrainingPlan | None) -> dict[str, Any] | None:
+    """The plan as an Event's object, None without one."""
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TrainingPlan", "metadata": plan.metadata} \
+        if plan is not None else None
+
+
+def report_unreadable(rt: Runtime, name: str, plan_ref: dict[str, Any] | None, raw: list[client.V1Node]) -> None:
+    """A Warning Event (``UnreadableValue``) on the job node and on the plan for each job node's
+    ``keep-alive-until`` that does not read strictly (planning.reading), once per node, key and
+    value; the pass reads such a value as absent (``trainingjobs.job_nodes_from_labels``), as the
+    group pass does for its nodes."""
+    state = state_of(rt)
+    found = [(node_ref(n), finding) for n in raw
+             for finding in reading.node_findings(n.metadata.name, {}, n.metadata.annotations or {})
+             if finding.key == ANNOTATION_KEEP_ALIVE_UNTIL]
+    fresh = set(state.note_unreadable(name, [finding for _, finding in found]))
+    for ref, finding in found:
+        if finding not in fresh:
+            continue
+        log.warning("plan %s: %s", name, finding.message)
+        for target in (ref, plan_ref) if plan_ref is not None else (ref,):
+            state.writes.event(target, "Warning", REASON_UNREADABLE, finding.message)
 
 
 def _signalled(node: client.V1Node) -> bool:

@@ -11,7 +11,9 @@ threads return. What is kept and why:
 * ``loops``: the plans the admission pass runs for (keys of the work queue), those the checks
   name and those with job nodes left;
 * ``job_workloads``: which plan's job nodes a workload (label value) runs on, so that a change
-  of that Workload wakes the plan even when no check of it is left.
+  of that Workload wakes the plan even when no check of it is left;
+* ``unreadable``: the unreadable values found on a plan's job nodes by its last pass, so that
+  each gets one Warning Event, not one per pass.
 
 The objects themselves are not kept here: the Workloads and the AdmissionChecks are kinds of
 the operator's watch cache (:class:`hyperplan.handlers.cache.WatchCache`, ``rt.cache``), fed by
@@ -57,6 +59,7 @@ class KueueState:
     checks: dict[str, str | None] = field(default_factory=dict)
     loops: set[str] = field(default_factory=set)
     job_workloads: dict[str, str] = field(default_factory=dict)
+    unreadable: dict[str, set[Any]] = field(default_factory=dict)
     writes: KueueWrites | None = None
     executor: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(max_workers=2, thread_name_prefix="kueue-admission"))
@@ -113,6 +116,18 @@ class KueueState:
             rt.queue.wake(CHECK_KIND, check)
 
     # ------------------------------------------------------------------ job nodes
+
+    def note_unreadable(self, plan: str, findings: Iterable[Any]) -> list[Any]:
+        """The pass found ``findings`` (``planning.reading.Finding``) on ``plan``'s job nodes: those
+        the last pass did not find, each reported once (one that goes and comes back is new again)."""
+        self.on_loop()
+        found = list(dict.fromkeys(findings))
+        fresh = [f for f in found if f not in self.unreadable.get(plan, set())]
+        if found:
+            self.unreadable[plan] = set(found)
+        else:
+            self.unreadable.pop(plan, None)
+        return fresh
 
     def note_job_workloads(self, plan: str, workloads: Iterable[str], *, complete: bool) -> None:
         """The workloads that run on ``plan``'s job nodes; ``complete``: these are all of them

@@ -46,7 +46,7 @@ from hyperplan.planning.blocks import Block
 from hyperplan.planning.nodefacts import facts_of_dict
 from hyperplan.planning.offerings import Offering, RuleViolation
 from hyperplan.planning.plans import (
-    Event, PlanDecision, PlanUsage, block_usage, current_block, decide_plan, failed,
+    FAILED, PENDING, Event, PlanDecision, PlanUsage, block_usage, current_block, decide_plan, failed, reserved_capacity,
 )
 from hyperplan.planning.policy import Policy
 from hyperplan.planning.tenancy import pools_for_plan
@@ -76,6 +76,24 @@ def node_usage(rt: Runtime, plan: TrainingPlan, purchased: list[Block], now: dat
     nodes = [plan_observed_node(n, rt.keys) for n in rt.cache.block_nodes(naming.label_value(block.id))
              if not n["metadata"].get("deletionTimestamp")]
     return block_usage(block, plan.spec.spare_instances_per_ultra_server, nodes)
+
+
+def as_the_ledger_holds(rt: Runtime, obj: Mapping[str, Any], now: datetime) -> TrainingPlan:
+    """The plan (raises ValidationError when unreadable) with its ``status.reservedCapacity`` and
+    phase as the capacity ledger holds them, not as its status says: the groups and the Kueue
+    controller provision and admit on these blocks, and anyone allowed to write
+    ``trainingplans/status`` could write others. A plan with no line in the ledger has no
+    blocks; the phase it shows is kept only while it says it is not bought (Pending, Failed)."""
+    plan = TrainingPlan.model_validate(obj)
+    blocks = rt.cache.blocks_of(obj["metadata"].get("uid") or "")
+    if blocks:
+        schedule, plan.status.reserved_capacity = reserved_capacity(blocks, plan.spec.target_resource, rt.policy, now)
+        plan.status.phase = schedule.phase
+    else:
+        plan.status.reserved_capacity = []
+        if plan.status.phase not in (None, PENDING, FAILED):
+            plan.status.phase = PENDING
+    return plan
 
 
 @dataclass(frozen=True)

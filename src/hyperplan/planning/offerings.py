@@ -21,6 +21,10 @@ How the search works (DESIGN.md section 1):
    was kept ends no later, has no more blocks and uses no AZ it does not: it
    would give the user nothing more. (This drops, for one, a free contiguous
    block cut in two.) The best three remain.
+5. An offering's id is its first block's start and a digest of its blocks and
+   the request (`offering_id`). A purchase of a chosen id searches again
+   (`find_offering`), opening at the start the id names, and buys what that
+   search cuts under the id: never an offering as a plan's status lists it.
 """
 
 from __future__ import annotations
@@ -95,6 +99,14 @@ class OfferingRequest:
     start_after: datetime | None = None
     end_before: datetime | None = None
 
+    def canonical(self) -> str:
+        """The fields that shape the offerings, as one string for :func:`offering_id`."""
+        def moment(value: datetime | None) -> str:
+            return "" if value is None else value.astimezone(timezone.utc).isoformat()
+        return "|".join((self.instance_type or "", str(self.instance_count or ""), self.ultra_server_type or "",
+                         str(self.ultra_server_count or ""), self.target, str(int(self.duration.total_seconds())),
+                         moment(self.start_after), moment(self.end_before)))
+
     @property
     def is_ultra_server(self) -> bool:
         return self.ultra_server_type is not None
@@ -116,8 +128,18 @@ class OfferingRequest:
         return per_server * self.ultra_server_count
 
 
-def offering_id(blocks: Iterable[Block]) -> str:
-    """A stable id for a set of blocks: the same blocks always give the same id."""
+ID_PREFIX = "tpo-"
+_ID_START = "%Y%m%dt%H%M%S"  # the first block's start in an id, UTC: tpo-20270101t113000-<digest>
+
+
+def offering_id(blocks: Sequence[Block], request: OfferingRequest | None = None) -> str:
+    """The id of an offering: the first block's start (UTC, for a reader choosing by eye), then a
+    digest of every block (pool, zone, type, count, start, end) and of the request fields that
+    shaped them (``request`` is the plan's spec as the search read it). So the same blocks for the
+    same spec always give the same id, an id names one offering for one spec, and a search again
+    from the spec finds the offering its id names (:func:`find_offering`). Public, not a secret:
+    anyone can compute it, so an id proves nothing by itself; the operator buys only offerings
+    its own search yields."""
     canonical = ";".join(
         "|".join(
             (
@@ -133,7 +155,22 @@ def offering_id(blocks: Iterable[Block]) -> str:
         )
         for block in blocks
     )
-    return "tpo-" + hashlib.sha256(canonical.encode()).hexdigest()[:16]
+    if request is not None:
+        canonical += "#" + request.canonical()
+    start = min(block.start for block in blocks).astimezone(timezone.utc).strftime(_ID_START)
+    return f"{ID_PREFIX}{start}-{hashlib.sha256(canonical.encode()).hexdigest()[:16]}"
+
+
+def start_named_by(offering: str) -> datetime | None:
+    """The start an offering id names (its first block's), or None when it is not an id of the
+    :func:`offering_id` form."""
+    parts = offering.split("-")
+    if len(parts) != 3 or f"{parts[0]}-" != ID_PREFIX or len(parts[2]) != 16:
+        return None
+    try:
+        return datetime.strptime(parts[1], _ID_START).replace(tzinfo=timezone.utc)
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -142,11 +179,12 @@ class Offering:
     blocks: tuple[Block, ...]
 
     @classmethod
-    def from_blocks(cls, blocks: Iterable[Block]) -> Offering:
+    def from_blocks(cls, blocks: Iterable[Block], request: OfferingRequest | None = None) -> Offering:
+        """The offering of ``blocks``, cut for ``request`` (whose fields go into its id)."""
         ordered = tuple(sorted(blocks, key=lambda block: (block.start, block.pool)))
         if not ordered:
             raise ValueError("an offering needs at least one block")
-        return cls(id=offering_id(ordered), blocks=ordered)
+        return cls(id=offering_id(ordered, request), blocks=ordered)
 
     def to_status(self) -> OfferingStatus:
         """The offering as a plan's ``status.offerings`` shows it."""
@@ -156,7 +194,9 @@ class Offering:
 
     @classmethod
     def from_status(cls, shown: OfferingStatus) -> Offering:
-        """An offering shown on a plan's status, to buy it as shown (its id and blocks as they are)."""
+        """An offering as a plan's ``status.offerings`` shows it, id and blocks as written there.
+        Whoever may write the status may have written it: never bought as it is, only compared
+        (:func:`could_be_offered`)."""
         return cls(id=shown.id, blocks=tuple(Block.from_offered(block) for block in shown.blocks))
 
     @property
@@ -452,9 +492,53 @@ def search_offerings(
     """At most three offerings for `request`, best first. [] means no capacity (or an invalid request)."""
     if validate_request(request, policy, now):
         return []
-    window = _search_window(request, policy, now)
+    return _best(_candidates(request, pools, policy, _search_window(request, policy, now)))
+
+
+def find_offering(
+    request: OfferingRequest, pools: Sequence[PoolSnapshot], policy: Policy, now: datetime, wanted: str
+) -> Offering | None:
+    """The offering whose id is ``wanted``, found by searching again from `request` and `pools` at
+    `now`, or None when no search would yield it now (an id that is not the digest of an offering
+    the search cuts for this request, or one whose capacity is gone or which starts too soon to
+    buy). The search opens at the start the id names, but never before a purchase may start (the
+    request's ``start_after``, ``min_purchase_lead`` from now): an offering a user saw a while ago
+    is found again while it can still be bought, and nothing but the id's digest is taken from
+    outside the spec, the policy and the pools."""
+    opens = start_named_by(wanted)
+    if opens is None or validate_request(request, policy, now):
+        return None
+    earliest = now + policy.min_purchase_lead
+    if request.start_after is not None and request.start_after > earliest:
+        earliest = request.start_after
+    window = _Window(first_start=policy.align_up(max(opens, earliest)),
+                     latest_start=now + policy.max_start_ahead, end_limit=request.end_before)
+    return next((o for o in _candidates(request, pools, policy, window) if o.id == wanted), None)
+
+
+def could_be_offered(shown: OfferingStatus, request: OfferingRequest) -> bool:
+    """Whether an offering as ``status.offerings`` lists it could have come from a search for
+    `request`: its id is the digest of its blocks and the request, and its blocks hold what the
+    request asks (count, type, duration, window). False for an entry rewritten after the search,
+    even by someone who computed the digest again. Chooses the words of a refusal only."""
+    listed = Offering.from_status(shown)
+    if not listed.blocks or offering_id(listed.blocks, request) != shown.id:
+        return False
+    return (
+        all(block.instance_count == request.effective_instance_count
+            and block.instance_type == request.effective_instance_type for block in listed.blocks)
+        and listed.duration == request.duration
+        and (request.start_after is None or listed.start >= request.start_after)
+        and (request.end_before is None or listed.end <= request.end_before)
+    )
+
+
+def _candidates(
+    request: OfferingRequest, pools: Sequence[PoolSnapshot], policy: Policy, window: _Window
+) -> list[Offering]:
+    """Every offering the search cuts for `request` in `window` (DESIGN.md section 1), unranked."""
     count = request.effective_instance_count
-    assert count is not None  # validated above
+    assert count is not None  # the caller validated the request
     days = policy.whole_days(request.duration)
     assert days is not None
     timelines = [
@@ -481,7 +565,7 @@ def search_offerings(
             request.duration, window.first_start, window.latest_start, window.end_limit
         )
         if start is not None:
-            candidates.append(Offering.from_blocks([block(timeline, start, request.duration)]))
+            candidates.append(Offering.from_blocks([block(timeline, start, request.duration)], request))
 
     single_az = request.target in SINGLE_AZ_TARGETS
     for first_days in range(1, days):
@@ -504,10 +588,11 @@ def search_offerings(
                     continue
                 candidates.append(
                     Offering.from_blocks(
-                        [block(first, first_start, first_length), block(second, second_start, second_length)]
+                        [block(first, first_start, first_length), block(second, second_start, second_length)],
+                        request,
                     )
                 )
-    return _best(candidates)
+    return candidates
 
 
 def _rank_key(offering: Offering) -> tuple:

@@ -10,6 +10,11 @@ Phases are derived, never remembered: a plan with reservations in the ledger is 
 and its phase follows from its blocks and the clock. That is why a restart at any
 moment loses nothing. The one remembered verdict is ``Failed``: it holds until the spec
 changes (a new generation), so a failed purchase is not silently retried.
+
+Status is output: what a purchase buys is never read from the status. ``spec.offeringId`` names
+an offering by its id, a digest of its blocks and of the spec (``planning.offerings.offering_id``);
+the decision searches again from the spec and the pools and buys the offering with that id, or
+refuses (docs/security.md, "Status is output").
 """
 
 from __future__ import annotations
@@ -23,14 +28,18 @@ from hyperplan.api.models import (
     UltraServerStatus,
 )
 from hyperplan.planning.blocks import Block
+from hyperplan.api.vocabulary import (
+    REASON_OFFERING_MISMATCH, REASON_OFFERING_NO_LONGER_OFFERED, REASON_OFFERING_NOT_FOUND, to_rfc3339,
+)
 from hyperplan.planning.offerings import (
-    Offering, OfferingRequest, PoolSnapshot, RuleViolation, search_offerings, validate_request,
+    Offering, OfferingRequest, PoolSnapshot, RuleViolation, find_offering, could_be_offered, search_offerings,
+    validate_request,
 )
 from hyperplan.planning import counts
 from hyperplan.planning import naming
 from hyperplan.planning import placement
-from hyperplan.planning.policy import Policy, parse_duration
-from hyperplan.planning.schedule import plan_block_schedule
+from hyperplan.planning.policy import Policy, format_duration, parse_duration
+from hyperplan.planning.schedule import PlanSchedule, plan_block_schedule
 
 PENDING, SCHEDULED, ACTIVE, EXPIRED, FAILED = "Pending", "Scheduled", "Active", "Expired", "Failed"
 
@@ -67,6 +76,15 @@ def current_block(purchased: Sequence[Block], target: str, policy: Policy,
     blocks = sorted(purchased, key=lambda p: p.start)
     schedule = plan_block_schedule([(p.start, p.end) for p in blocks], target, policy, now)
     return None if schedule.current_or_next_block is None else blocks[schedule.current_or_next_block]
+
+
+def reserved_capacity(purchased: Sequence[Block], target: str, policy: Policy,
+                      now: datetime) -> tuple[PlanSchedule, list[ReservedCapacity]]:
+    """The plan's block schedule at ``now`` and its ``status.reservedCapacity``, from the blocks
+    the ledger holds for it (never from its status, which others may write)."""
+    blocks = sorted(purchased, key=lambda p: p.start)
+    schedule = plan_block_schedule([(b.start, b.end) for b in blocks], target, policy, now)
+    return schedule, [b.to_reserved(state.termination_time, state.status) for b, state in zip(blocks, schedule.blocks)]
 
 
 def block_usage(block: Block, spares_per_ultraserver: int, nodes: Sequence[counts.ObservedNode]) -> PlanUsage:
@@ -119,15 +137,49 @@ def decide_plan(spec: TrainingPlanSpec, generation: int, prior: TrainingPlanStat
     shown = [o.to_status() for o in offerings]
     wake = min((o.start - policy.min_purchase_lead for o in offerings), default=None)
     if spec.offering_id:
-        wanted = next((Offering.from_status(o) for o in prior.offerings if o.id == spec.offering_id), None)
-        wanted = wanted or next((o for o in offerings if o.id == spec.offering_id), None)
-        if wanted is None:
-            return failed(prior, generation, RuleViolation(
-                "OfferingNotFound", f"offering {spec.offering_id} is not among this plan's offerings"), now)
-        return _pending(spec, generation, prior, prior.offerings or shown, now, buy=wanted, wake=None)
+        wanted = next((o for o in offerings if o.id == spec.offering_id), None) \
+            or find_offering(request, pools, policy, now, spec.offering_id)
+        why = refusal(spec.offering_id, wanted, request, prior.offerings)
+        if why is not None:
+            refused = failed(prior, generation, why, now)
+            refused.status.offerings = shown
+            return refused
+        return _pending(spec, generation, prior, shown, now, buy=wanted, wake=None)
     if spec.auto_purchase and offerings:
         return _pending(spec, generation, prior, shown, now, buy=offerings[0], wake=None)
     return _pending(spec, generation, prior, shown, now, buy=None, wake=wake)
+
+
+def refusal(wanted: str, found: Offering | None, request: OfferingRequest,
+            listed: Sequence[OfferingStatus]) -> RuleViolation | None:
+    """Why the offering ``spec.offeringId`` (``wanted``) names is not bought, or None to buy
+    ``found``, what the search again found under that id. ``listed`` is the plan's
+    ``status.offerings``, which anyone allowed to write the status may have rewritten: it never
+    says what is bought, but a listing of ``wanted`` that differs from ``found`` refuses the
+    purchase, since the user may have chosen by what it showed."""
+    entry = next((o for o in listed if o.id == wanted), None)
+    if found is not None and (entry is None or Offering.from_status(entry) == found):
+        return None
+    if entry is None:
+        return RuleViolation(REASON_OFFERING_NOT_FOUND, f"offering {wanted} is not among this plan's offerings")
+    if found is not None or not could_be_offered(entry, request):
+        return RuleViolation(REASON_OFFERING_MISMATCH, (
+            f"offering {wanted} as status.offerings lists it ({_blocks_text(entry)}) does not match the spec "
+            f"({_request_text(request)}) and the pools: the operator's search did not list it; nothing was bought"))
+    return RuleViolation(REASON_OFFERING_NO_LONGER_OFFERED, (
+        f"offering {wanted} is no longer offered: a search again from the spec and the pools does not "
+        "find it (its capacity was sold, its pool changed, or it starts too soon to buy); nothing was bought"))
+
+
+def _blocks_text(entry: OfferingStatus) -> str:
+    return " + ".join(f"{b.instance_count} x {b.instance_type} in {b.capacity_pool or '?'} "
+                      f"{to_rfc3339(b.start_time)} to {to_rfc3339(b.end_time)}" for b in entry.blocks) or "no blocks"
+
+
+def _request_text(request: OfferingRequest) -> str:
+    what = (f"{request.ultra_server_count} x {request.ultra_server_type}" if request.is_ultra_server
+            else f"{request.instance_count} x {request.instance_type}")
+    return f"{what} for {format_duration(request.duration)}"
 
 
 def failed(prior: TrainingPlanStatus, generation: int, why: RuleViolation, now: datetime) -> PlanDecision:
@@ -174,9 +226,7 @@ def _pending(spec: TrainingPlanSpec, generation: int, prior: TrainingPlanStatus,
 def _bought(spec: TrainingPlanSpec, generation: int, prior: TrainingPlanStatus,
             purchased: Sequence[Block], policy: Policy, now: datetime,
             usage: PlanUsage) -> PlanDecision:
-    blocks = sorted(purchased, key=lambda p: p.start)
-    schedule = plan_block_schedule([(b.start, b.end) for b in blocks], spec.target_resource, policy, now)
-    reserved = [b.to_reserved(state.termination_time, state.status) for b, state in zip(blocks, schedule.blocks)]
+    schedule, reserved = reserved_capacity(purchased, spec.target_resource, policy, now)
     current = reserved[schedule.current_or_next_block] if schedule.current_or_next_block is not None else None
     total = current.instance_count if current else 0
     spares = (current.ultra_server_count or 0) * spec.spare_instances_per_ultra_server if current else 0
