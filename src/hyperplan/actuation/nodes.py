@@ -2,7 +2,7 @@
 
 * :class:`KwokProvider` creates Node objects annotated ``kwok.x-k8s.io/node=fake`` with
   capacity that fits the instance type; KWOK keeps them Ready and runs their pods.
-* :class:`StaticProvider` adopts existing nodes labelled ``hyperplan.dev/pool=free`` of the
+* :class:`StaticProvider` adopts existing nodes labelled ``node-restriction.kubernetes.io/hyperplan-pool=free`` of the
   right instance type and zone (kind's workers, say) and labels and taints them while the
   group holds them; when it lets go it hands them back as it found them (see
   :mod:`hyperplan.planning.lending`). It never creates or deletes a node.
@@ -138,7 +138,8 @@ def kwok_node_body(spec: placement.NodeSpec) -> dict[str, Any]:
     bare client creates, so that its floor makes exactly the operator's objects)."""
     return {
         "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": spec.name, "labels": {**spec.labels, LABEL_NODE_ID: spec.name},
+        "metadata": {"name": spec.name,
+                     "labels": {**spec.labels, LABEL_NODE_ID: spec.name, **lending.trusted_labels(spec.labels)},
                      "annotations": {KWOK_ANNOTATION: "fake"}},
         "spec": {"taints": _taint_body(spec.taints)},
         "status": {"capacity": node_capacity(spec.instance_type),
