@@ -248,7 +248,7 @@ def test_two_replicas_elect_a_leader_and_survive_a_drain(helm) -> None:
     assert env_of(container(one["Deployment"]))["HYPERPLAN_LEASE_DURATION_SECONDS"] == "30"
 
 
-AVOID_LENT = [{"key": "hyperplan.dev/pool", "operator": "DoesNotExist"},
+AVOID_LENT = [{"key": "node-restriction.kubernetes.io/hyperplan-pool", "operator": "DoesNotExist"},
               {"key": "hyperplan.dev/instance-group", "operator": "DoesNotExist"}]
 
 
