@@ -27,6 +27,9 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from hyperplan.actuation.kube import api_client
+from hyperplan.actuation.nodes import KWOK_ANNOTATION
+from hyperplan.api import vocabulary
+from hyperplan.api.models import KUBERNETES_DOMAINS
 from hyperplan_dev.plane import Plane, free_port
 from tests.kube import Kubectl, eventually
 
@@ -183,8 +186,8 @@ OPERATOR_CALLS = [
     # Pods, for drains.
     ("", "pods", "list", "nodes.pods_on_node; the operator's own pods (OperatorIdentity)"),
     ("", "pods", "patch", "nodes.KubeNodePods: the checkpoint annotation"),
-    ("", "pods", "delete", "nodes.KubeNodePods: a dead node's pods after their eviction's deadline"),
-    ("", "pods/status", "patch", "nodes.KubeNodePods: marked Failed (DisruptionTarget) first"),
+    ("", "pods", "delete", "nodes.KubeNodePods: a dead node's pods after their eviction's deadline (marked first)"),
+    ("", "pods/status", "patch", "nodes.KubeNodePods: marked Failed (DisruptionTarget) first; the pod policy"),
     ("", "pods/eviction", "create", "nodes.KubeNodePods: the Eviction API"),
     # Events: kopf posts them (kopf.event, kopf.info); it never patches one.
     ("", "events", "create", "kopf.event"),
@@ -345,6 +348,60 @@ def test_the_image_is_referenced_by_digest_when_one_is_given(helm, flags: tuple[
 def _rules_for(role: dict[str, Any], group: str) -> list[tuple[str, tuple[str, ...]]]:
     return sorted((r, tuple(sorted(rule["verbs"]))) for rule in role["rules"] if group in rule["apiGroups"]
                   for r in rule["resources"])
+
+
+def _policy_expressions(docs: list[dict[str, Any]], name: str) -> dict[str, str]:
+    policy = admission_policies(docs)[f"ValidatingAdmissionPolicy/hp-hyperplan-{name}"]["spec"]
+    return {**{v["name"]: v["expression"] for v in policy["variables"]},
+            **{f"validation-{i}": v["expression"] for i, v in enumerate(policy["validations"])}}
+
+
+def test_the_node_policy_allows_exactly_the_label_keys_the_operator_sets(helm) -> None:
+    """The policy's list of the operator's label keys is the code's: every ``LABEL_*`` of
+    api/vocabulary.py but the ones it only reads (HyperPod's health key) and the pool key (which
+    has its own rule), plus the UltraServer topology keys. A key the code starts writing without a
+    change here would be refused in a cluster; a key here the code no longer writes is a right
+    nobody uses."""
+    expressions = _policy_expressions(render(helm), "owned-nodes")
+    (listed,) = re.findall(r"k in (\[[^\]]*\])", expressions["refusedLabels"])
+    listed = json.loads(listed)
+    written = {value for name, value in vars(vocabulary).items() if name.startswith("LABEL_")} \
+        - {vocabulary.LABEL_POOL, vocabulary.LABEL_SAGEMAKER_HEALTH}
+    written |= {vocabulary.TOPOLOGY_ULTRASERVER_ID, *vocabulary.TOPOLOGY_LAYERS}
+    assert len(listed) == len(set(listed)) and set(listed) == written
+    assert vocabulary.LABEL_TRUSTED_GROUP in listed
+    # The pool key and its two values, the kwok provider's marks, the domains groups may not use.
+    assert json.dumps(vocabulary.LABEL_POOL) in expressions["oldInPool"]
+    assert f"['{vocabulary.POOL_FREE}', '{vocabulary.POOL_HELD}']" in expressions["oldInPool"]
+    assert f"'{KWOK_ANNOTATION}'" in expressions["newIsKwok"] and f"'{vocabulary.LABEL_NODE_ID}'" in expressions["newIsKwok"]
+    for domain in KUBERNETES_DOMAINS:
+        assert domain.replace(".", "\\\\.") in expressions["refusedLabels"]
+    assert f"startsWith('{vocabulary.OWN_PREFIX}')" in expressions["refusedConditions"]
+
+
+def test_the_pod_policy_allows_exactly_the_pod_writes_of_the_code(helm) -> None:
+    expressions = _policy_expressions(render(helm), "pod-writes")
+    assert f"k != '{vocabulary.ANNOTATION_BLOCK_TERMINATION}'" in expressions["otherAnnotationsKept"]
+    assert f"c.reason == '{vocabulary.REASON_DELETED_BY_HYPERPLAN}'" in expressions["marked"]
+    assert f"reason == '{vocabulary.REASON_DELETED_BY_HYPERPLAN}'" in expressions["statusMark"]
+
+
+@pytest.mark.parametrize("flags, shipped", [
+    ((), True), (("--set", "nodeAdmissionPolicy.enabled=false"), False),
+], ids=["default-on", "off"])
+def test_both_admission_policies_follow_the_switch(helm, flags: tuple[str, ...], shipped: bool) -> None:
+    policies = admission_policies(render(helm, *flags, namespace="hyperplan-system"))
+    assert sorted(policies) == ([f"{kind}/hp-hyperplan-{name}" for kind in ADMISSION_KINDS
+                                 for name in ("owned-nodes", "pod-writes")] if shipped else [])
+    for name, doc in policies.items():
+        spec = doc["spec"]
+        if doc["kind"] == "ValidatingAdmissionPolicy":
+            assert spec["failurePolicy"] == "Fail"
+            assert spec["matchConditions"] == [{
+                "name": "only-the-operator",
+                "expression": 'request.userInfo.username == "system:serviceaccount:hyperplan-system:hp-hyperplan"'}]
+        else:
+            assert spec["validationActions"] == ["Deny"] and spec["policyName"] == name.split("/")[1]
 
 
 @pytest.mark.parametrize("flags, enabled", [
