@@ -27,9 +27,10 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from hyperplan.actuation.kube import api_client
-from hyperplan.actuation.nodes import KWOK_ANNOTATION
+from hyperplan.actuation.nodes import KWOK_ANNOTATION, kwok_node_body
 from hyperplan.api import vocabulary
 from hyperplan.api.models import KUBERNETES_DOMAINS
+from hyperplan.planning import naming, placement
 from hyperplan_dev.plane import Plane, free_port
 from tests.kube import Kubectl, eventually
 
@@ -756,6 +757,15 @@ NODE_CASES = [
     (None, ("create", _node("kwok", "{node}", **{POOL: "free"})), LABELS + POOL),
     (None, ("create", _node("kwok", "{node}", **{"hyperplan.dev/pool": "free"})), LABELS + "hyperplan.dev/pool"),
     (None, ("create", _node("kwok", "{node}", team="frontier")), None),
+    (None, ("create", kwok_node_body(placement.NodeSpec(
+        "{node}", {vocabulary.LABEL_INSTANCE_TYPE: "ml.p6e-gb200.36xlarge", vocabulary.LABEL_ZONE: "us-east-1a",
+                   vocabulary.LABEL_HOSTNAME: "{node}", vocabulary.LABEL_GROUP: "g", vocabulary.LABEL_PLAN: "p",
+                   vocabulary.LABEL_RESERVED_CAPACITY: "rc-1", vocabulary.LABEL_ROLE: "spare",
+                   vocabulary.LABEL_SLOT: "0-1", vocabulary.LABEL_GENERATION: "0",
+                   vocabulary.TOPOLOGY_ULTRASERVER_ID: "us-1", **dict.fromkeys(vocabulary.TOPOLOGY_LAYERS, "nn-1"),
+                   "team": "frontier"},
+        (naming.SPARE_TAINT, naming.Taint("example.com/dedicated", "frontier", "NoExecute")), "spare", "us-1",
+        "ml.p6e-gb200.36xlarge", "us-east-1a"))), None),
     # UPDATE: whose node
     ("foreign", ("label", "node", "{node}", "hijacked=true"), NEITHER),
     ("old-pool-key", ("label", "node", "{node}", "hyperplan.dev/pool=held", "--overwrite"), NEITHER),
@@ -798,7 +808,7 @@ NODE_CASES = [
 ]
 NODE_CASE_IDS = [
     "create-forged-without-kwok-annotation", "create-node-id-not-the-name", "create-with-node-role",
-    "create-with-pool-key", "create-with-unknown-hyperplan-key", "create-kwok-node",
+    "create-with-pool-key", "create-with-unknown-hyperplan-key", "create-kwok-node", "create-the-kwok-providers-body",
     "update-foreign-node", "update-node-with-only-the-old-pool-key", "update-node-with-forged-node-id",
     "update-add-node-role", "update-add-node-restriction-key", "update-add-unknown-hyperplan-key",
     "update-pool-key-on-kwok-node", "update-remove-admins-node-role", "update-remove-pool-key",
