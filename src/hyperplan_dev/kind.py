@@ -8,7 +8,10 @@ a machine without a container registry needs (``docs/kind.md``):
 2. kind, kubectl and Helm from the binary cache; the node image and a Python base image pulled,
    or built locally (:mod:`hyperplan_dev.images`);
 3. ``kind create cluster --config deploy/kind-config.yaml`` (named ``hyperplan``; with a locally
-   built node image also ``--image`` and ``networking.disableDefaultCNI``, and our CNI applied);
+   built node image also ``--image`` and ``networking.disableDefaultCNI``, and our CNI applied),
+   then the workers labelled into the static pool
+   (``node-restriction.kubernetes.io/hyperplan-pool=free``: an admin's label, which a kubelet
+   cannot set on itself, so kind's per-node ``labels`` cannot carry it);
 4. ``docker build -t hyperplan:0.1.0 .`` and ``kind load docker-image hyperplan:0.1.0 --name hyperplan``;
 5. ``helm install hyperplan charts/hyperplan -n hyperplan-system --create-namespace -f deploy/kind-values.yaml``
    (the demo profile, and the operator on the control plane: both workers are the lent pool).
@@ -44,18 +47,19 @@ NAMESPACE = "hyperplan-system"
 POD_SUBNET = "10.244.0.0/16"
 
 # The README's "Install on a cluster (kind, with Docker)" commands, in order; docs/install-on-kind.md
-# shows the same. `up` runs the first five exactly like this (adding only what this machine needs:
+# shows the same. `up` runs the first six exactly like this (adding only what this machine needs:
 # --image and --kubeconfig for kind, BASE_IMAGE for docker build, --kubeconfig for helm and
 # kubectl); the kind tier runs the last one. tests/unit/test_kind_readme.py checks the README.
 README_STEPS = (
     "kind create cluster --config deploy/kind-config.yaml",
+    "kubectl label nodes -l '!node-role.kubernetes.io/control-plane' node-restriction.kubernetes.io/hyperplan-pool=free",
     "docker build -t hyperplan:0.1.0 .",
     "kind load docker-image hyperplan:0.1.0 --name hyperplan",
     "helm install hyperplan charts/hyperplan --namespace hyperplan-system --create-namespace -f deploy/kind-values.yaml",
     "kubectl -n hyperplan-system rollout status deployment/hyperplan",
     "kubectl apply -f deploy/examples/",
 )
-CREATE, BUILD, LOAD, INSTALL, ROLLOUT, EXAMPLES = range(len(README_STEPS))
+CREATE, POOL, BUILD, LOAD, INSTALL, ROLLOUT, EXAMPLES = range(len(README_STEPS))
 
 # The README's "Remove everything" commands, in order (docs/install-on-kind.md shows the same).
 # hyperplan's objects go first, while the operator still runs to remove their finalizers (a
@@ -226,6 +230,8 @@ class KindCluster:
             self.step("CNI (podnet) applied")
         self.kubectl("wait", "--for=condition=Ready", "nodes", "--all", "--timeout=300s", timeout=320)
         self.step(f"nodes Ready: {' '.join(self.node_names())}")
+        self.readme_step(POOL)  # again on a reused cluster: the same value changes nothing
+        self.step("workers labelled into the static pool")
         if install_operator:
             self.install_operator(state.python_base)
         return state

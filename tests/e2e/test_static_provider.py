@@ -1,6 +1,7 @@
 """The static node provider: existing nodes lent to a group for a block, then handed back.
 
-KWOK nodes labelled ``hyperplan.dev/pool=free`` play the static pool (kind's workers, say).
+KWOK nodes labelled ``node-restriction.kubernetes.io/hyperplan-pool=free`` play the static pool
+(kind's workers, say).
 Two scenarios:
 
 * ``static_nodes``: one free node runs a pod labelled as the operator (the labels the chart
@@ -23,6 +24,7 @@ import re
 import uuid
 from datetime import timedelta
 
+from hyperplan.api.vocabulary import LABEL_POOL, LABEL_TRUSTED_GROUP
 from tests.e2e.scenarios import (
     Context, events_for, first_block, group_body, parse_ts, plan_body, pool_body, scenario, ts, utcnow, wait_phase,
 )
@@ -38,7 +40,7 @@ def free_node(name: str, itype: str, zone: str, labels: dict | None = None, cord
     """A free node of the static pool, as an admin labels kind's workers; KWOK keeps it Ready."""
     return {"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name, "annotations": {"kwok.x-k8s.io/node": "fake"},
-                         "labels": {"hyperplan.dev/pool": "free", "node.kubernetes.io/instance-type": itype,
+                         "labels": {LABEL_POOL: "free", "node.kubernetes.io/instance-type": itype,
                                     "topology.kubernetes.io/zone": zone, **(labels or {})}},
             "spec": {"unschedulable": cordoned}}
 
@@ -124,7 +126,7 @@ def static_nodes(ctx: Context) -> dict:
     during_signal = eventually(signalled, timeout=120, interval=0.25, what="the checkpoint signal on a lent node")
 
     def handed_back() -> bool:
-        return all(k.get("node", n)["metadata"]["labels"].get("hyperplan.dev/pool") == "free"
+        return all(k.get("node", n)["metadata"]["labels"].get(LABEL_POOL) == "free"
                    and "hyperplan.dev/instance-group" not in k.get("node", n)["metadata"]["labels"]
                    for n in (w_late, w_team, w_plain))
 
@@ -161,7 +163,8 @@ def test_static_nodes_are_adopted_for_the_block_and_handed_back(scenarios) -> No
     assert {n["metadata"]["name"] for n in r["late"]} == {w_late, w_team, w_plain}
     for n in r["late"]:
         labels = n["metadata"]["labels"]
-        assert labels["hyperplan.dev/pool"] == "held"
+        assert labels[LABEL_POOL] == "held"
+        assert labels[LABEL_TRUSTED_GROUP] == labels["hyperplan.dev/instance-group"]  # what pods may select by
         assert labels["hyperplan.dev/role"] == "active"
         assert labels["hyperplan.dev/node-health-status"] == "Schedulable"
         assert labels["team"] == f"g-{r['tag']}"
@@ -187,7 +190,8 @@ def test_handed_back_nodes_carry_nothing_of_the_group(scenarios) -> None:
     for name in (w_late, w_team, w_plain):
         before, after = r["before"][name], r["after"][name]
         labels = after["metadata"]["labels"]
-        assert hyperplan_keys(labels) == {"hyperplan.dev/pool"} and labels["hyperplan.dev/pool"] == "free"
+        assert hyperplan_keys(labels) == set() and labels[LABEL_POOL] == "free"
+        assert LABEL_TRUSTED_GROUP not in labels
         # The group's own label is gone; the value an admin had set before adoption is back.
         assert labels.get("team") == before["metadata"]["labels"].get("team")
         assert {k: v for k, v in labels.items() if k != "kubernetes.io/hostname"} == \
@@ -282,4 +286,4 @@ def test_groups_racing_for_free_nodes_get_distinct_nodes_without_errors(scenario
         assert [reason for reason, _ in events].count("NodeAdopted") == 2
         assert "NoFreeNode" not in [reason for reason, _ in events]
     for labels in r["after"].values():
-        assert labels["hyperplan.dev/pool"] == "free" and "hyperplan.dev/instance-group" not in labels
+        assert labels[LABEL_POOL] == "free" and "hyperplan.dev/instance-group" not in labels

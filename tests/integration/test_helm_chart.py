@@ -9,6 +9,7 @@ what ``helm install`` created.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -22,7 +23,14 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes import client
+from kubernetes.client.rest import ApiException
 
+from hyperplan.actuation.kube import api_client
+from hyperplan.actuation.nodes import KWOK_ANNOTATION, kwok_node_body
+from hyperplan.api import vocabulary
+from hyperplan.api.models import KUBERNETES_DOMAINS
+from hyperplan.planning import naming, placement
 from hyperplan_dev.plane import Plane, free_port
 from tests.kube import Kubectl, eventually
 
@@ -48,9 +56,18 @@ def user_roles(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {d["metadata"]["name"]: d for d in docs if component(d) == USER_ROLES}
 
 
+ADMISSION_KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+
+
+def admission_policies(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The admission policies and their bindings, by kind and name (``Kind/name``)."""
+    return {f"{d['kind']}/{d['metadata']['name']}": d for d in docs if d["kind"] in ADMISSION_KINDS}
+
+
 def by_kind(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The operator's objects (the roles for people left out: :func:`user_roles`), by kind."""
-    docs = [d for d in docs if component(d) != USER_ROLES]
+    """The operator's objects (the roles for people and the admission policies left out:
+    :func:`user_roles`, :func:`admission_policies`), by kind."""
+    docs = [d for d in docs if component(d) != USER_ROLES and d["kind"] not in ADMISSION_KINDS]
     kinds = [d["kind"] for d in docs]
     assert len(kinds) == len(set(kinds)), f"one object per kind expected, got {kinds}"
     return {d["kind"]: d for d in docs}
@@ -84,10 +101,12 @@ def test_chart_crds_are_the_generated_ones() -> None:
 
 
 def test_default_render_runs_the_operator_locked_down(helm) -> None:
-    objs = by_kind(render(helm, namespace="hyperplan-system"))
-    assert set(objs) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "Deployment",
-                         "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "Role",
+    docs = render(helm, namespace="hyperplan-system")
+    objs = by_kind(docs)
+    assert set(objs) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "Deployment", "Role",
                          "RoleBinding", "PodDisruptionBudget"}
+    assert sorted(admission_policies(docs)) == [f"{kind}/hp-hyperplan-{name}" for kind in ADMISSION_KINDS
+                                                for name in ("owned-nodes", "pod-writes")]
     dep = objs["Deployment"]
     assert dep["metadata"]["namespace"] == "hyperplan-system"
     assert dep["spec"]["replicas"] == 2
@@ -168,8 +187,8 @@ OPERATOR_CALLS = [
     # Pods, for drains.
     ("", "pods", "list", "nodes.pods_on_node; the operator's own pods (OperatorIdentity)"),
     ("", "pods", "patch", "nodes.KubeNodePods: the checkpoint annotation"),
-    ("", "pods", "delete", "nodes.KubeNodePods: a dead node's pods after their eviction's deadline"),
-    ("", "pods/status", "patch", "nodes.KubeNodePods: marked Failed (DisruptionTarget) first"),
+    ("", "pods", "delete", "nodes.KubeNodePods: a dead node's pods after their eviction's deadline (marked first)"),
+    ("", "pods/status", "patch", "nodes.KubeNodePods: marked Failed (DisruptionTarget) first; the pod policy"),
     ("", "pods/eviction", "create", "nodes.KubeNodePods: the Eviction API"),
     # Events: kopf posts them (kopf.event, kopf.info); it never patches one.
     ("", "events", "create", "kopf.event"),
@@ -233,7 +252,7 @@ def test_two_replicas_elect_a_leader_and_survive_a_drain(helm) -> None:
     assert env_of(container(one["Deployment"]))["HYPERPLAN_LEASE_DURATION_SECONDS"] == "30"
 
 
-AVOID_LENT = [{"key": "hyperplan.dev/pool", "operator": "DoesNotExist"},
+AVOID_LENT = [{"key": "node-restriction.kubernetes.io/hyperplan-pool", "operator": "DoesNotExist"},
               {"key": "hyperplan.dev/instance-group", "operator": "DoesNotExist"}]
 
 
@@ -330,6 +349,60 @@ def test_the_image_is_referenced_by_digest_when_one_is_given(helm, flags: tuple[
 def _rules_for(role: dict[str, Any], group: str) -> list[tuple[str, tuple[str, ...]]]:
     return sorted((r, tuple(sorted(rule["verbs"]))) for rule in role["rules"] if group in rule["apiGroups"]
                   for r in rule["resources"])
+
+
+def _policy_expressions(docs: list[dict[str, Any]], name: str) -> dict[str, str]:
+    policy = admission_policies(docs)[f"ValidatingAdmissionPolicy/hp-hyperplan-{name}"]["spec"]
+    return {**{v["name"]: v["expression"] for v in policy["variables"]},
+            **{f"validation-{i}": v["expression"] for i, v in enumerate(policy["validations"])}}
+
+
+def test_the_node_policy_allows_exactly_the_label_keys_the_operator_sets(helm) -> None:
+    """The policy's list of the operator's label keys is the code's: every ``LABEL_*`` of
+    api/vocabulary.py but the ones it only reads (HyperPod's health key) and the pool key (which
+    has its own rule), plus the UltraServer topology keys. A key the code starts writing without a
+    change here would be refused in a cluster; a key here the code no longer writes is a right
+    nobody uses."""
+    expressions = _policy_expressions(render(helm), "owned-nodes")
+    (listed,) = re.findall(r"k in (\[[^\]]*\])", expressions["refusedLabels"])
+    listed = json.loads(listed)
+    written = {value for name, value in vars(vocabulary).items() if name.startswith("LABEL_")} \
+        - {vocabulary.LABEL_POOL, vocabulary.LABEL_SAGEMAKER_HEALTH}
+    written |= {vocabulary.TOPOLOGY_ULTRASERVER_ID, *vocabulary.TOPOLOGY_LAYERS}
+    assert len(listed) == len(set(listed)) and set(listed) == written
+    assert vocabulary.LABEL_TRUSTED_GROUP in listed
+    # The pool key and its two values, the kwok provider's marks, the domains groups may not use.
+    assert json.dumps(vocabulary.LABEL_POOL) in expressions["oldInPool"]
+    assert f"['{vocabulary.POOL_FREE}', '{vocabulary.POOL_HELD}']" in expressions["oldInPool"]
+    assert f"'{KWOK_ANNOTATION}'" in expressions["newIsKwok"] and f"'{vocabulary.LABEL_NODE_ID}'" in expressions["newIsKwok"]
+    for domain in KUBERNETES_DOMAINS:
+        assert domain.replace(".", "\\\\.") in expressions["refusedLabels"]
+    assert f"startsWith('{vocabulary.OWN_PREFIX}')" in expressions["refusedConditions"]
+
+
+def test_the_pod_policy_allows_exactly_the_pod_writes_of_the_code(helm) -> None:
+    expressions = _policy_expressions(render(helm), "pod-writes")
+    assert f"k != '{vocabulary.ANNOTATION_BLOCK_TERMINATION}'" in expressions["otherAnnotationsKept"]
+    assert f"c.reason == '{vocabulary.REASON_DELETED_BY_HYPERPLAN}'" in expressions["marked"]
+    assert f"reason == '{vocabulary.REASON_DELETED_BY_HYPERPLAN}'" in expressions["statusMark"]
+
+
+@pytest.mark.parametrize("flags, shipped", [
+    ((), True), (("--set", "nodeAdmissionPolicy.enabled=false"), False),
+], ids=["default-on", "off"])
+def test_both_admission_policies_follow_the_switch(helm, flags: tuple[str, ...], shipped: bool) -> None:
+    policies = admission_policies(render(helm, *flags, namespace="hyperplan-system"))
+    assert sorted(policies) == ([f"{kind}/hp-hyperplan-{name}" for kind in ADMISSION_KINDS
+                                 for name in ("owned-nodes", "pod-writes")] if shipped else [])
+    for name, doc in policies.items():
+        spec = doc["spec"]
+        if doc["kind"] == "ValidatingAdmissionPolicy":
+            assert spec["failurePolicy"] == "Fail"
+            assert spec["matchConditions"] == [{
+                "name": "only-the-operator",
+                "expression": 'request.userInfo.username == "system:serviceaccount:hyperplan-system:hp-hyperplan"'}]
+        else:
+            assert spec["validationActions"] == ["Deny"] and spec["policyName"] == name.split("/")[1]
 
 
 @pytest.mark.parametrize("flags, enabled", [
@@ -597,47 +670,285 @@ def service_account_kubeconfig(release, plane: Plane, crds: Kubectl, tmp_path: P
     return kubeconfig
 
 
-def test_service_account_may_change_only_nodes_hyperplan_owns(release, plane: Plane, crds: Kubectl,
-                                                              tmp_path: Path) -> None:
-    """The chart's ValidatingAdmissionPolicy: RBAC lets the ServiceAccount write every node, the
-    policy narrows that to nodes hyperplan created or the free static pool."""
-    as_sa = Kubectl(service_account_kubeconfig(release, plane, crds, tmp_path))
-    tag = uuid.uuid4().hex[:5]
-    foreign, owned, free = f"vap-foreign-{tag}", f"vap-owned-{tag}", f"vap-free-{tag}"
-
-    def node(name: str, labels: dict[str, str]) -> dict:
-        return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}
-
-    crds.create(node(foreign, {"team": "infra"}))
-    crds.create(node(free, {"hyperplan.dev/pool": "free"}))
+@pytest.fixture(scope="module")
+def as_operator(release, plane: Plane, crds: Kubectl, tmp_path_factory: pytest.TempPathFactory) -> Kubectl:
+    """kubectl as the chart's ServiceAccount, once the API server enforces the chart's policies
+    (they take effect once compiled: wait for the first refusal)."""
+    as_sa = Kubectl(service_account_kubeconfig(release, plane, crds, tmp_path_factory.mktemp("sa")))
+    probe = f"vap-probe-{uuid.uuid4().hex[:5]}"
+    crds.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": probe, "labels": {"team": "infra"}}})
+    attempts = itertools.count()
     try:
-        # Policies take effect once the API server has compiled them: wait for the first refusal.
-        def refused() -> subprocess.CompletedProcess | None:
-            proc = as_sa.run("label", "node", foreign, "hijacked=true", check=False)
-            return proc if proc.returncode != 0 else None
-
-        proc = eventually(refused, timeout=30, what="the node policy to refuse a foreign node")
-        assert f"node {foreign} is neither" in proc.stderr, proc.stderr
-        assert "hyperplan may only change nodes it owns" in proc.stderr, proc.stderr
-        proc = as_sa.run("delete", "node", foreign, "--wait=false", check=False)
-        assert proc.returncode != 0 and f"node {foreign} is neither" in proc.stderr, proc.stderr
-        proc = as_sa.create(node(f"vap-unlabelled-{tag}", {}), check=False)
-        assert proc.returncode != 0 and "is neither" in proc.stderr, proc.stderr
-        assert "hijacked" not in crds.get("node", foreign)["metadata"]["labels"]
-
-        # What the operator does to its own nodes goes through: create, label, taint, delete,
-        # and adopting a node of the free static pool.
-        as_sa.create(node(owned, {"hyperplan.dev/node-id": owned}))
-        as_sa.run("label", "node", owned, "hyperplan.dev/role=spare")
-        as_sa.run("taint", "node", owned, "hyperplan.dev/spare=true:NoSchedule")
-        as_sa.run("label", "node", free, "hyperplan.dev/pool=held", "--overwrite")
-        as_sa.run("label", "node", free, "hyperplan.dev/pool=free", "--overwrite")
-        as_sa.run("delete", "node", owned, "--wait=false")
-        # Anyone else (the admin here) is not matched by the policy.
-        crds.run("label", "node", foreign, "checked=true")
+        # A new value each time: kubectl sends nothing when the label already has the value asked for.
+        eventually(lambda: as_sa.run("label", "node", probe, f"hijacked={next(attempts)}", "--overwrite",
+                                     check=False).returncode != 0,
+                   timeout=60, what="the node policy to refuse a foreign node")
     finally:
-        for name in (foreign, owned, free):
-            crds.delete("node", name, "--wait=false")
+        crds.delete("node", probe, "--wait=false")
+    return as_sa
+
+
+POOL = "node-restriction.kubernetes.io/hyperplan-pool"
+TRUSTED_GROUP = "node-restriction.kubernetes.io/hyperplan-instance-group"
+KWOK = {"kwok.x-k8s.io/node": "fake"}
+
+
+def _node_meta(kind: str, name: str) -> dict[str, Any]:
+    """The metadata of a node of each kind the policy tells apart."""
+    return {
+        # what the kwok provider creates (actuation/nodes.py kwok_node_body)
+        "kwok": {"annotations": KWOK, "labels": {"hyperplan.dev/node-id": name, "hyperplan.dev/instance-group": "g",
+                                                 TRUSTED_GROUP: "g"}},
+        # an admin's node in the static pool (a real one: not made by the kwok provider)
+        "free": {"labels": {POOL: "free", "node-role.kubernetes.io/worker": "", "team": "infra"}},
+        "held": {"labels": {POOL: "held", "hyperplan.dev/node-id": "hp-g-x-0", "hyperplan.dev/instance-group": "g",
+                            TRUSTED_GROUP: "g"}},
+        "foreign": {"labels": {"team": "infra"}},
+        # what a kubelet can write on its own Node: the old pool key, or hyperplan.dev/ keys naming a group
+        "old-pool-key": {"labels": {"hyperplan.dev/pool": "free"}},
+        "forged": {"labels": {"hyperplan.dev/node-id": name, "hyperplan.dev/instance-group": "g"}},
+        # a node both made by the kwok provider and in the static pool: the pool's rule decides
+        "kwok-in-pool": {"annotations": KWOK, "labels": {"hyperplan.dev/node-id": name, POOL: "held"}},
+    }[kind]
+
+
+def _node(kind: str, name: str, **extra_labels: str) -> dict[str, Any]:
+    meta = _node_meta(kind, name)
+    meta = {**meta, "name": name, "labels": {**meta["labels"], **extra_labels}}
+    return {"apiVersion": "v1", "kind": "Node", "metadata": meta}
+
+
+def _status(*conditions: dict[str, str]) -> dict[str, Any]:
+    return {"status": {"conditions": list(conditions)}}
+
+
+def as_kubectl_would(call) -> subprocess.CompletedProcess:
+    """A call of the API client, answered as kubectl answers: its exit code and the server's
+    message. The ServiceAccount may not ``get`` pods or a status, which kubectl reads before it
+    patches one, so those writes go through the client."""
+    try:
+        call()
+    except ApiException as e:
+        return subprocess.CompletedProcess([], 1, "", json.loads(e.body).get("message", e.body))
+    return subprocess.CompletedProcess([], 0, "", "")
+
+
+def core_api(kubectl: Kubectl) -> client.CoreV1Api:
+    return client.CoreV1Api(api_client(str(kubectl.kubeconfig)))
+
+
+OWN_CONDITION = {"type": "hyperplan.dev/BlockTerminating", "status": "True", "reason": "BlockEnding", "message": "m"}
+CREATE_ONLY = "hyperplan may only create the nodes its kwok provider makes"
+NEITHER = "hyperplan may only change nodes its kwok provider made or nodes in its static pool"
+LABELS = "hyperplan may not set or remove these labels on node {node}: "
+DELETE_ONLY = "hyperplan may only delete nodes its kwok provider made; node {node} is not one"
+NEVER_POOL = "hyperplan never deletes a node of its static pool"
+
+# (node kind made by the admin first, or None; what the ServiceAccount does; a part of the refusal,
+# or None when it is allowed). {node} is the node's name.
+NODE_CASES = [
+    # CREATE
+    (None, ("create", _node("forged", "{node}")), CREATE_ONLY),
+    (None, ("create", {**_node("kwok", "{node}"), "metadata": {**_node("kwok", "{node}")["metadata"],
+                                                               "labels": {"hyperplan.dev/node-id": "another"}}}),
+     CREATE_ONLY),
+    (None, ("create", _node("kwok", "{node}", **{"node-role.kubernetes.io/control-plane": ""})),
+     LABELS + "node-role.kubernetes.io/control-plane"),
+    (None, ("create", _node("kwok", "{node}", **{POOL: "free"})), LABELS + POOL),
+    (None, ("create", _node("kwok", "{node}", **{"hyperplan.dev/pool": "free"})), LABELS + "hyperplan.dev/pool"),
+    (None, ("create", _node("kwok", "{node}", team="frontier")), None),
+    (None, ("create", kwok_node_body(placement.NodeSpec(
+        "{node}", {vocabulary.LABEL_INSTANCE_TYPE: "ml.p6e-gb200.36xlarge", vocabulary.LABEL_ZONE: "us-east-1a",
+                   vocabulary.LABEL_HOSTNAME: "{node}", vocabulary.LABEL_GROUP: "g", vocabulary.LABEL_PLAN: "p",
+                   vocabulary.LABEL_RESERVED_CAPACITY: "rc-1", vocabulary.LABEL_ROLE: "spare",
+                   vocabulary.LABEL_SLOT: "0-1", vocabulary.LABEL_GENERATION: "0",
+                   vocabulary.TOPOLOGY_ULTRASERVER_ID: "us-1", **dict.fromkeys(vocabulary.TOPOLOGY_LAYERS, "nn-1"),
+                   "team": "frontier"},
+        (naming.SPARE_TAINT, naming.Taint("example.com/dedicated", "frontier", "NoExecute")), "spare", "us-1",
+        "ml.p6e-gb200.36xlarge", "us-east-1a"))), None),
+    # UPDATE: whose node
+    ("foreign", ("label", "node", "{node}", "hijacked=true"), NEITHER),
+    ("old-pool-key", ("label", "node", "{node}", "hyperplan.dev/pool=held", "--overwrite"), NEITHER),
+    ("forged", ("label", "node", "{node}", "hyperplan.dev/role=spare"), NEITHER),
+    # UPDATE: which keys
+    ("kwok", ("label", "node", "{node}", "node-role.kubernetes.io/control-plane="),
+     LABELS + "node-role.kubernetes.io/control-plane"),
+    ("kwok", ("label", "node", "{node}", "node-restriction.kubernetes.io/tier=gold"),
+     LABELS + "node-restriction.kubernetes.io/tier"),
+    ("kwok", ("label", "node", "{node}", "hyperplan.dev/anything=x"), LABELS + "hyperplan.dev/anything"),
+    ("kwok", ("label", "node", "{node}", f"{POOL}=free"), LABELS + POOL),
+    ("free", ("label", "node", "{node}", "node-role.kubernetes.io/worker-"), LABELS + "node-role.kubernetes.io/worker"),
+    ("free", ("label", "node", "{node}", f"{POOL}-"), LABELS + POOL),
+    ("free", ("label", "node", "{node}", f"{POOL}=mine", "--overwrite"), LABELS + POOL),
+    ("kwok", ("taint", "node", "{node}", "node-role.kubernetes.io/control-plane=:NoSchedule"),
+     "taints in a domain that belongs to Kubernetes on node {node}: node-role.kubernetes.io/control-plane"),
+    ("kwok", ("annotate", "node", "{node}", "example.com/owner=me"),
+     "hyperplan may only write hyperplan.dev/* annotations on node {node}: example.com/owner"),
+    ("kwok", ("status", _status({"type": "Ready", "status": "False", "reason": "Forged", "message": "m"})),
+     "hyperplan may only write its own hyperplan.dev/* conditions in the status of node {node}: Ready"),
+    ("kwok", ("status", {"status": {"allocatable": {"nvidia.com/gpu": "64"}}}),
+     "not its capacity, allocatable or addresses"),
+    # UPDATE: what the operator does
+    ("kwok", ("label", "node", "{node}", "hyperplan.dev/role=spare", "team=frontier"), None),
+    ("kwok", ("taint", "node", "{node}", "hyperplan.dev/spare=true:NoSchedule"), None),
+    ("kwok", ("annotate", "node", "{node}", "hyperplan.dev/cordoned=true"), None),
+    ("kwok", ("cordon", "{node}"), None),
+    ("kwok", ("status", _status(OWN_CONDITION)), None),
+    ("free", ("label", "node", "{node}", f"{POOL}=held", "hyperplan.dev/node-id=hp-g-x-0",
+              "hyperplan.dev/instance-group=g", f"{TRUSTED_GROUP}=g", "team=frontier", "--overwrite"), None),
+    ("held", ("label", "node", "{node}", f"{POOL}=free", "hyperplan.dev/node-id-", "hyperplan.dev/instance-group-",
+              f"{TRUSTED_GROUP}-", "--overwrite"), None),
+    # DELETE
+    ("foreign", ("delete", "node", "{node}", "--wait=false"), DELETE_ONLY),
+    ("forged", ("delete", "node", "{node}", "--wait=false"), DELETE_ONLY),
+    ("free", ("delete", "node", "{node}", "--wait=false"), DELETE_ONLY),
+    ("held", ("delete", "node", "{node}", "--wait=false"), DELETE_ONLY),
+    ("kwok-in-pool", ("delete", "node", "{node}", "--wait=false"), NEVER_POOL),
+    ("kwok", ("delete", "node", "{node}", "--wait=false"), None),
+]
+NODE_CASE_IDS = [
+    "create-forged-without-kwok-annotation", "create-node-id-not-the-name", "create-with-node-role",
+    "create-with-pool-key", "create-with-unknown-hyperplan-key", "create-kwok-node", "create-the-kwok-providers-body",
+    "update-foreign-node", "update-node-with-only-the-old-pool-key", "update-node-with-forged-node-id",
+    "update-add-node-role", "update-add-node-restriction-key", "update-add-unknown-hyperplan-key",
+    "update-pool-key-on-kwok-node", "update-remove-admins-node-role", "update-remove-pool-key",
+    "update-pool-key-to-another-value", "update-taint-node-role", "update-foreign-annotation",
+    "status-foreign-condition", "status-allocatable",
+    "update-own-labels", "update-own-taint", "update-own-annotation", "update-cordon", "status-own-condition",
+    "adopt-free-node", "hand-back-held-node",
+    "delete-foreign-node", "delete-forged-node", "delete-free-static-node", "delete-held-static-node",
+    "delete-kwok-node-in-static-pool", "delete-kwok-node",
+]
+
+
+def _filled(value: Any, name: str) -> Any:
+    return json.loads(json.dumps(value).replace("{node}", name)) if not isinstance(value, str) else \
+        value.replace("{node}", name)
+
+
+@pytest.mark.parametrize("kind, action, refusal", NODE_CASES, ids=NODE_CASE_IDS)
+def test_service_account_may_change_only_nodes_hyperplan_owns(as_operator: Kubectl, crds: Kubectl, kind, action,
+                                                              refusal) -> None:
+    """The chart's node policy, acted out with the ServiceAccount's own token: RBAC lets it write
+    every node; the policy lets through exactly what the operator does to the nodes it owns."""
+    name = f"vap-{kind or 'new'}-{uuid.uuid4().hex[:6]}"
+    if kind:
+        crds.create(_node(kind, name))
+    try:
+        verb, *args = action
+        if verb == "create":
+            proc = as_operator.create(_filled(args[0], name), check=False)
+        elif verb == "status":
+            proc = as_kubectl_would(lambda: core_api(as_operator).patch_node_status(name, args[0]))
+        else:
+            proc = as_operator.run(verb, *(_filled(a, name) for a in args), check=False)
+        if refusal is None:
+            assert proc.returncode == 0, proc.stderr
+        else:
+            assert proc.returncode != 0, f"allowed: {proc.stdout}"
+            assert _filled(refusal, name) in proc.stderr, proc.stderr
+            if kind:  # nothing changed
+                after = crds.get("node", name)
+                assert after["metadata"].get("labels") == _node(kind, name)["metadata"]["labels"]
+    finally:
+        crds.run("delete", "node", name, "--wait=false", "--ignore-not-found")
+
+
+def test_admins_are_not_matched_by_the_node_policy(as_operator: Kubectl, crds: Kubectl) -> None:
+    name = f"vap-admin-{uuid.uuid4().hex[:6]}"
+    crds.create(_node("foreign", name))
+    try:
+        crds.run("label", "node", name, "node-role.kubernetes.io/worker=", f"{POOL}=free")
+        crds.run("delete", "node", name)
+    finally:
+        crds.run("delete", "node", name, "--wait=false", "--ignore-not-found")
+
+
+CHECKPOINT = "hyperplan.dev/block-termination-time"
+MARK = {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByHyperplan", "message": "dead node"}
+POD_ONLY = "hyperplan may only set the annotation hyperplan.dev/block-termination-time on a pod"
+STATUS_ONLY = "hyperplan may only mark a pod Failed with the condition DisruptionTarget"
+NOT_MARKED = "hyperplan may only delete a pod it marked first"
+
+
+# (whether the pod is marked first by the admin; what the ServiceAccount does: a patch of the pod,
+# of its status, or a delete; a part of the refusal or None)
+POD_CASES = [
+    (False, ("patch", {"metadata": {"labels": {"app": "hijacked"}}}), POD_ONLY),
+    (False, ("patch", {"metadata": {"annotations": {"example.com/owner": "me"}}}), POD_ONLY),
+    (False, ("patch", {"spec": {"activeDeadlineSeconds": 1}}), POD_ONLY),
+    (False, ("status", {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}), STATUS_ONLY),
+    (False, ("status", {"status": {"podIP": "10.9.9.9", "podIPs": [{"ip": "10.9.9.9"}]}}), STATUS_ONLY),
+    (False, ("status", {"status": {"phase": "Failed", "conditions": [{**MARK, "reason": "EvictionByEvictionAPI"}]}}),
+     STATUS_ONLY),
+    (False, ("delete", None), NOT_MARKED),
+    (False, ("patch", {"metadata": {"annotations": {CHECKPOINT: "2026-12-01T12:00:00Z"}}}), None),
+    (False, ("status", {"status": {"phase": "Failed", "conditions": [MARK]}}), None),
+    (True, ("delete", None), None),
+]
+POD_CASE_IDS = ["label", "another-annotation", "spec", "status-ready-condition", "status-pod-ip",
+                "status-another-disruption-reason", "delete-unmarked", "checkpoint-annotation", "status-mark",
+                "delete-marked"]
+
+
+def _pending_pod(crds: Kubectl, namespace: str) -> str:
+    name = f"p-{uuid.uuid4().hex[:6]}"
+    crds.create({"apiVersion": "v1", "kind": "Pod",
+                 "metadata": {"name": name, "namespace": namespace, "labels": {"app": "train"}},
+                 # never scheduled: no kubelet changes it while the test looks
+                 "spec": {"nodeSelector": {"hyperplan.dev/helm-test": "nowhere"},
+                          "containers": [{"name": "c", "image": "trainer"}]}})
+    return name
+
+
+@pytest.fixture(scope="module")
+def pod_namespace(crds: Kubectl, as_operator: Kubectl):
+    """A namespace for the pods, once the API server enforces the pod policy."""
+    ns = f"vap-pods-{uuid.uuid4().hex[:5]}"
+    crds.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    probe, api, attempts = _pending_pod(crds, ns), core_api(as_operator), itertools.count()
+    eventually(lambda: as_kubectl_would(lambda: api.patch_namespaced_pod(
+        probe, ns, {"metadata": {"labels": {"probe": str(next(attempts))}}})).returncode != 0,
+               timeout=60, what="the pod policy to refuse a label")
+    yield ns
+    crds.run("delete", "namespace", ns, "--wait=false")
+
+
+def _pod_state(pod: dict[str, Any]) -> tuple:
+    return (pod["metadata"].get("labels"), pod["metadata"].get("annotations"), pod["spec"], pod.get("status"))
+
+
+@pytest.mark.parametrize("marked, action, refusal", POD_CASES, ids=POD_CASE_IDS)
+def test_service_account_writes_only_the_checkpoint_annotation_and_the_dead_nodes_mark_on_pods(
+        as_operator: Kubectl, crds: Kubectl, pod_namespace: str, marked, action, refusal) -> None:
+    """The chart's pod policy, with the ServiceAccount's own token: of the pod rights RBAC grants
+    it on every pod (patch, status patch, delete), only the operator's three writes pass."""
+    name = _pending_pod(crds, pod_namespace)
+    if marked:
+        crds.run("patch", "pod", name, "-n", pod_namespace, "--subresource=status", "--type=strategic",
+                 "-p", json.dumps({"status": {"phase": "Failed", "conditions": [MARK]}}))
+    before = crds.get("pod", name, "-n", pod_namespace)
+    try:
+        verb, body = action
+        api = core_api(as_operator)
+        proc = as_kubectl_would({
+            "patch": lambda: api.patch_namespaced_pod(name, pod_namespace, body),
+            "status": lambda: api.patch_namespaced_pod_status(name, pod_namespace, body),
+            "delete": lambda: api.delete_namespaced_pod(name, pod_namespace,
+                                                        body=client.V1DeleteOptions(grace_period_seconds=0)),
+        }[verb])
+        after = json.loads(crds.run("get", "pod", name, "-n", pod_namespace, "-o", "json",
+                                    "--ignore-not-found").stdout or "null")
+        if refusal is None:
+            assert proc.returncode == 0, proc.stderr
+            assert after is None if verb == "delete" else _pod_state(after) != _pod_state(before)  # it landed
+        else:
+            assert proc.returncode != 0, "allowed"
+            assert refusal in proc.stderr and f"{pod_namespace}/{name}" in proc.stderr, proc.stderr
+            assert _pod_state(after) == _pod_state(before)
+    finally:
+        crds.run("delete", "pod", name, "-n", pod_namespace, "--grace-period=0", "--force", "--ignore-not-found",
+                 "--wait=false")
 
 
 def test_operator_runs_with_the_service_accounts_token(release, plane: Plane, crds: Kubectl,
@@ -714,9 +1025,11 @@ def test_helm_uninstall_removes_what_install_created(helm, release, crds: Kubect
                               ("service", f"{full}-metrics", ns), ("clusterrole", full, None),
                               ("clusterrolebinding", full, None),
                               ("validatingadmissionpolicy", f"{full}-owned-nodes", None),
+                              ("validatingadmissionpolicy", f"{full}-pod-writes", None),
                               ("role", f"{full}-leader-election", ns),
                               ("rolebinding", f"{full}-leader-election", ns),
-                              ("validatingadmissionpolicybinding", f"{full}-owned-nodes", None)):
+                              ("validatingadmissionpolicybinding", f"{full}-owned-nodes", None),
+                              ("validatingadmissionpolicybinding", f"{full}-pod-writes", None)):
         args = (kind, name, "-n", scope) if scope else (kind, name)
         proc = crds.run("get", *args, check=False)
         assert "NotFound" in proc.stderr, f"{kind}/{name} survived helm uninstall"

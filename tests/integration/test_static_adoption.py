@@ -12,7 +12,7 @@ import pytest
 from kubernetes.client.rest import ApiException
 
 from hyperplan.actuation.kube import Kube, api_client
-from hyperplan.actuation.nodes import AdoptionConflict, NoFreeNode, StaticProvider
+from hyperplan.actuation.nodes import AdoptionConflict, NoFreeNode, StaticProvider, pool_node
 from hyperplan.planning import lending
 from hyperplan.planning import naming
 from hyperplan.planning import placement
@@ -171,3 +171,36 @@ def test_the_hand_back_restores_from_the_record_and_checks_the_uid(pool, plane) 
     for key in ("node-role.kubernetes.io/control-plane", "node-restriction.kubernetes.io/tier", naming.LABEL_GROUP):
         assert key not in after.metadata.labels, key
     assert after.spec.unschedulable is True  # hyperplan did not cordon it: the cordon stays
+
+
+@pytest.mark.parametrize("labels, lent", [
+    ({"hyperplan.dev/pool": "free"}, False),
+    ({"node-restriction.kubernetes.io/hyperplan-pool": "free"}, True),
+    ({"node-restriction.kubernetes.io/hyperplan-pool": "held"}, False),
+    ({"hyperplan.dev/pool": "free", "node-restriction.kubernetes.io/hyperplan-pool": "held"}, False),
+], ids=["old-key-only", "pool-key-free", "pool-key-held", "old-key-free-pool-key-held"])
+def test_only_the_node_restriction_pool_key_lends_a_node(labels, lent, plane, crds: Kubectl) -> None:
+    """A kubelet may set ``hyperplan.dev/*`` on its own Node, so that key no longer puts a node
+    into the pool; ``node-restriction.kubernetes.io/hyperplan-pool=free``, which only an admin can
+    set, does."""
+    tag = uuid.uuid4().hex[:5]
+    itype, zone, name = f"ml.key-{tag}.xlarge", f"us-key-{tag}", f"key-{tag}"
+    crds.apply({"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name, "annotations": {"kwok.x-k8s.io/node": "fake"},
+                             "labels": {**labels, naming.LABEL_INSTANCE_TYPE: itype, naming.LABEL_ZONE: zone}}})
+    kube = Kube(api_client(str(plane.kubeconfig)))
+    try:
+        eventually(lambda: lending.why_not_lendable(pool_node(kube.core.read_node(name))) is None, timeout=60,
+                   what="the node Ready")
+        provider = StaticProvider(kube)
+        if lent:
+            assert provider.create(spec(f"hp-k-{tag}", itype, zone)).name == name
+            held = kube.core.read_node(name).metadata.labels
+            assert held[lending.LABEL_POOL] == lending.POOL_HELD
+            assert held[lending.LABEL_TRUSTED_GROUP] == "g"
+        else:
+            with pytest.raises(NoFreeNode, match=f"no free node of {itype} in {zone}"):
+                provider.create(spec(f"hp-k-{tag}", itype, zone))
+            assert lending.LABEL_NODE_ID not in kube.core.read_node(name).metadata.labels
+    finally:
+        crds.delete("node", name)

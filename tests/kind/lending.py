@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
+from hyperplan.api.vocabulary import LABEL_POOL
 from tests.kind.conftest import KindEnv
 from tests.kube import eventually
 
@@ -73,11 +74,12 @@ def operator_pods(kind: KindEnv) -> dict[str, dict]:
 
 
 def in_free_pool(kind: KindEnv) -> bool:
-    """Both workers labelled hyperplan.dev/pool=free, held by no group, schedulable."""
+    """Both workers labelled node-restriction.kubernetes.io/hyperplan-pool=free, held by no group,
+    schedulable."""
     for name in kind.workers:
         node = kind.kubectl.get("node", name)
         labels = node["metadata"]["labels"]
-        if labels.get("hyperplan.dev/pool") != "free" or "hyperplan.dev/instance-group" in labels \
+        if labels.get(LABEL_POOL) != "free" or "hyperplan.dev/instance-group" in labels \
                 or node["spec"].get("unschedulable"):
             return False
     return True

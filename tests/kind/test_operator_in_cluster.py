@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from hyperplan.api.vocabulary import LABEL_POOL
 from hyperplan_dev import build, prometheus
 from tests.kind.conftest import KindEnv
 from tests.kube import eventually
@@ -57,7 +58,7 @@ def test_the_operator_pods_are_running_and_ready(kind: KindEnv) -> None:
     assert len(pods) == _replicas(kind) >= 1
     # Never on a node of the lent pool, whose drains would evict it (deploy/kind-values.yaml).
     nodes = {n["metadata"]["name"]: n["metadata"]["labels"] for n in kind.kubectl.get("nodes")["items"]}
-    assert all("hyperplan.dev/pool" not in nodes[p["spec"]["nodeName"]] for p in pods), \
+    assert all(LABEL_POOL not in nodes[p["spec"]["nodeName"]] for p in pods), \
         [p["spec"]["nodeName"] for p in pods]
     for pod in pods:
         container = pod["spec"]["containers"][0]

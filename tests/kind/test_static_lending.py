@@ -13,6 +13,7 @@ from datetime import timedelta
 
 import pytest
 
+from hyperplan.api.vocabulary import LABEL_POOL, LABEL_TRUSTED_GROUP
 from tests.kind import lending as L
 from tests.kind.conftest import KindEnv
 from tests.kube import eventually
@@ -23,7 +24,7 @@ TAINT_KEY = "example.com/dedicated"
 def user_pod(name: str, ns: str, group: str, app: str) -> dict:
     """A pod of the pause image that selects the group's nodes and tolerates its taint."""
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns, "labels": {"app": app}},
-            "spec": {"nodeSelector": {"hyperplan.dev/instance-group": group},
+            "spec": {"nodeSelector": {LABEL_TRUSTED_GROUP: group},  # a key its kubelet cannot forge
                      "tolerations": [{"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
                      "terminationGracePeriodSeconds": 2,
                      "containers": [{"name": "c", "image": L.PAUSE_IMAGE, "imagePullPolicy": "IfNotPresent"}]}}
@@ -114,8 +115,9 @@ def test_both_workers_carry_the_groups_labels_and_run_the_users_pod(lent: dict, 
     for node in lent["during"]:
         labels = node["metadata"]["labels"]
         assert labels["team"] == f"t-{lent['tag']}"
-        assert labels["hyperplan.dev/pool"] == "held"
+        assert labels[LABEL_POOL] == "held"
         assert labels["hyperplan.dev/instance-group"] == lent["name"]
+        assert labels[LABEL_TRUSTED_GROUP] == lent["name"]
         assert (TAINT_KEY, lent["tag"], "NoSchedule") in {
             (t["key"], t.get("value"), t["effect"]) for t in node["spec"].get("taints", [])}
         assert "hyperplan.dev/lent" in node["metadata"]["annotations"]
@@ -146,8 +148,8 @@ def test_after_the_block_the_workers_carry_nothing_of_the_group(lent: dict, kind
     for name in kind.workers:
         before, after = lent["before"][name], lent["after"][name]
         labels = after["metadata"]["labels"]
-        assert {k for k in labels if k.startswith("hyperplan.dev/")} == {"hyperplan.dev/pool"}
-        assert labels["hyperplan.dev/pool"] == "free"
+        assert {k for k in labels if k.startswith("hyperplan.dev/")} == set()
+        assert labels[LABEL_POOL] == "free" and LABEL_TRUSTED_GROUP not in labels
         assert labels == before["metadata"]["labels"]
         assert "team" not in labels
         assert [t for t in after["spec"].get("taints") or []

@@ -13,6 +13,7 @@ import subprocess
 import time
 import uuid
 
+from hyperplan.api.vocabulary import LABEL_POOL
 from hyperplan_dev.kind import REMOVAL_STEPS
 from tests.kind import lending as L
 from tests.kind.conftest import ROOT, KindEnv
@@ -107,8 +108,8 @@ def test_the_documented_removal_leaves_nothing_of_hyperplan(kind: KindEnv) -> No
     for name in kind.workers:
         node = k.get("node", name)
         labels = node["metadata"]["labels"]
-        assert {key for key in labels if key.startswith("hyperplan.dev/")} == {"hyperplan.dev/pool"}, labels
-        assert labels["hyperplan.dev/pool"] == "free" and "team" not in labels
+        assert {key for key in labels if key.startswith("hyperplan.dev/")} == set(), labels
+        assert labels[LABEL_POOL] == "free" and "team" not in labels
         assert not node["spec"].get("unschedulable")
         assert [t for t in node["spec"].get("taints") or [] if t["key"].startswith("hyperplan.dev/")] == []
     print(f"[lifecycle] workers lent when the removal started: {[n['metadata']['name'] for n in held]}", flush=True)

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hyperplan_dev.kind import KindCluster
+from hyperplan.api.vocabulary import LABEL_POOL, POOL_FREE
+from hyperplan_dev.kind import CREATE, POOL, README_STEPS, KindCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOYED = yaml.safe_load((ROOT / "deploy" / "kind-config.yaml").read_text())
@@ -32,3 +33,13 @@ def test_deploy_config_has_one_control_plane_two_workers_and_the_cgroup_v1_patch
     assert [n["role"] for n in DEPLOYED["nodes"]] == ["control-plane", "worker", "worker"]
     patches = [yaml.safe_load(p) for p in DEPLOYED["kubeadmConfigPatches"]]
     assert {"kind": "KubeletConfiguration", "failCgroupV1": False} in patches
+
+
+def test_the_static_pool_is_labelled_by_the_admin_after_kind_creates_the_cluster() -> None:
+    """A kubelet refuses to start with a node-restriction.kubernetes.io/ key in --node-labels (kind
+    passes a node's ``labels`` that way), and the pool key is one by design: the workers are
+    labelled into the pool by kubectl, right after the cluster is created."""
+    worker_labels = [key for n in DEPLOYED["nodes"] for key in n.get("labels", {})]
+    assert worker_labels and not [k for k in worker_labels if k.startswith("node-restriction.kubernetes.io/")]
+    assert README_STEPS[POOL] == f"kubectl label nodes -l '!node-role.kubernetes.io/control-plane' {LABEL_POOL}={POOL_FREE}"
+    assert POOL == CREATE + 1

@@ -125,6 +125,8 @@ def test_adoption_labels_taints_and_records_what_it_found():
     labels = patch["metadata"]["labels"]
     assert naming.LABEL_HOSTNAME not in labels  # a real node keeps its own hostname
     assert labels[lending.LABEL_POOL] == lending.POOL_HELD and labels[lending.LABEL_NODE_ID] == "hp-g-x-0"
+    # the group again under a key the node's kubelet cannot set itself: what a pod may select by
+    assert labels["node-restriction.kubernetes.io/hyperplan-instance-group"] == "g"
     assert labels["team"] == "frontier"
     assert patch["spec"] == {"taints": [
         {"key": ADMIN_TAINT.key, "value": "sunday", "effect": "PreferNoSchedule"},
@@ -201,6 +203,7 @@ def test_hand_back_restores_the_node_as_it_was_lent(steps, unschedulable, health
                   taints=(ADMIN_TAINT,), annotations={"node.alpha.kubernetes.io/ttl": "0"})
     held = _held(before, *steps)
     assert held.node.labels[naming.LABEL_GROUP] == "g"  # it was really lent
+    assert held.node.labels[lending.LABEL_TRUSTED_GROUP] == "g"  # and goes at hand-back (want_labels lacks it)
     back = lending.hand_back(held.node, held.record, held.cordoned)
     after = applied(held.node, back.patch)
     want_labels = dict(before.labels)

@@ -9,12 +9,14 @@ from typing import Any
 
 import pytest
 
+from hyperplan.api.vocabulary import LABEL_POOL
 from hyperplan.handlers.nodewatch import (
     ADDED, DELETED, MODIFIED, Expired, NodeChange, NodeStore, NodeWatch, _lines,
 )
 
-GROUP, RC, POOL, WORKLOAD, PLAN = ("hyperplan.dev/instance-group", "hyperplan.dev/reserved-capacity",
-                                   "hyperplan.dev/pool", "hyperplan.dev/workload", "hyperplan.dev/training-plan")
+GROUP, RC, WORKLOAD, PLAN = ("hyperplan.dev/instance-group", "hyperplan.dev/reserved-capacity",
+                             "hyperplan.dev/workload", "hyperplan.dev/training-plan")
+POOL = LABEL_POOL
 
 
 def node(name: str = "n1", rv: str = "1", ready: str = "True", heartbeat: str = "2026-01-01T00:00:00Z",

@@ -52,8 +52,8 @@ app.kubernetes.io/component: operator
 
 {{/*
 The pod's affinity: the user's `affinity` value, with two requirements added to every one of its
-required node selector terms (or to a new term if there is none): no `hyperplan.dev/pool` label
-(the static pool hyperplan lends to groups) and no `hyperplan.dev/instance-group` label (a node a
+required node selector terms (or to a new term if there is none): no
+`node-restriction.kubernetes.io/hyperplan-pool` label (the static pool hyperplan lends to groups) and no `hyperplan.dev/instance-group` label (a node a
 group holds). A drain of such a node would evict the operator. Terms are ORed and the expressions
 inside a term ANDed, so adding to each term keeps the user's choice and adds ours to it.
 With several replicas (spreadReplicas), a preferred pod anti-affinity puts them on different
@@ -63,7 +63,7 @@ the user's affinity brings its own podAntiAffinity.
 {{- define "hyperplan.affinity" -}}
 {{- $affinity := deepCopy (.Values.affinity | default dict) }}
 {{- if .Values.avoidLentNodes }}
-{{- $ours := list (dict "key" "hyperplan.dev/pool" "operator" "DoesNotExist") (dict "key" "hyperplan.dev/instance-group" "operator" "DoesNotExist") }}
+{{- $ours := list (dict "key" "node-restriction.kubernetes.io/hyperplan-pool" "operator" "DoesNotExist") (dict "key" "hyperplan.dev/instance-group" "operator" "DoesNotExist") }}
 {{- $nodeAffinity := get $affinity "nodeAffinity" | default dict }}
 {{- $required := get $nodeAffinity "requiredDuringSchedulingIgnoredDuringExecution" | default dict }}
 {{- $terms := get $required "nodeSelectorTerms" | default (list dict) }}

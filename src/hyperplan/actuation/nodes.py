@@ -2,7 +2,7 @@
 
 * :class:`KwokProvider` creates Node objects annotated ``kwok.x-k8s.io/node=fake`` with
   capacity that fits the instance type; KWOK keeps them Ready and runs their pods.
-* :class:`StaticProvider` adopts existing nodes labelled ``hyperplan.dev/pool=free`` of the
+* :class:`StaticProvider` adopts existing nodes labelled ``node-restriction.kubernetes.io/hyperplan-pool=free`` of the
   right instance type and zone (kind's workers, say) and labels and taints them while the
   group holds them; when it lets go it hands them back as it found them (see
   :mod:`hyperplan.planning.lending`). It never creates or deletes a node.
@@ -176,7 +176,8 @@ def kwok_node_body(spec: placement.NodeSpec) -> dict[str, Any]:
     bare client creates, so that its floor makes exactly the operator's objects)."""
     return {
         "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": spec.name, "labels": {**spec.labels, LABEL_NODE_ID: spec.name},
+        "metadata": {"name": spec.name,
+                     "labels": {**spec.labels, LABEL_NODE_ID: spec.name, **lending.trusted_labels(spec.labels)},
                      "annotations": {KWOK_ANNOTATION: "fake"}},
         "spec": {"taints": _taint_body(spec.taints)},
         "status": {"capacity": node_capacity(spec.instance_type),
@@ -536,18 +537,20 @@ def annotate_pods(kube: Kube, node_name: str, annotations: dict[str, str],
 def force_delete_pods(kube: Kube, node_name: str, condition: dict[str, str],
                       me: lending.OperatorIdentity | None = None) -> list[str]:
     """Delete the pods a drain of dead node ``node_name`` waits for, the way the pod garbage
-    collector deletes orphans: first the status (phase ``Failed``, ``condition``), so that a
-    Job's ``podFailurePolicy`` sees the disruption and its controller lets go of the pod, then
-    a delete with grace period 0 (no kubelet is left to wait for)."""
+    collector deletes orphans: first the status (``condition``, and phase ``Failed`` unless the
+    pod already ended), so that a Job's ``podFailurePolicy`` sees the disruption and its
+    controller lets go of the pod, then a delete with grace period 0 (no kubelet is left to wait
+    for). Every pod is marked before its delete, an ended one too: the chart's pod policy lets
+    the operator delete only the pods that carry the mark (docs/security.md, "Admission")."""
     pods = {(p.metadata.namespace, p.metadata.name): p for p in pods_on(kube, node_name)}
     sort = lending.sort_pods_for_drain([pod_view(p) for p in pods.values()], me or lending.OperatorIdentity())
     gone = []
     for view in (*sort.evict, *sort.terminating):
         pod = pods[(view.namespace, view.name)]
+        ended = (pod.status.phase if pod.status else None) in ("Succeeded", "Failed")
+        mark = {"conditions": [condition]} if ended else {"phase": "Failed", "conditions": [condition]}
         try:
-            if (pod.status.phase if pod.status else None) not in ("Succeeded", "Failed"):
-                kube.core.patch_namespaced_pod_status(view.name, view.namespace, {
-                    "status": {"phase": "Failed", "conditions": [condition]}})
+            kube.core.patch_namespaced_pod_status(view.name, view.namespace, {"status": mark})
             kube.core.delete_namespaced_pod(view.name, view.namespace,
                                             body=client.V1DeleteOptions(grace_period_seconds=0))
         except ApiException as e:

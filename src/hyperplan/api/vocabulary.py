@@ -51,7 +51,15 @@ TOPOLOGY_ULTRASERVER_ID = f"{TOPOLOGY_PREFIX}ultraserver-id"
 TOPOLOGY_LAYERS = tuple(f"{TOPOLOGY_PREFIX}network-node-layer-{n}" for n in (1, 2, 3))
 # Static nodes (planning.lending): the node's stable id in a group, and the free pool.
 LABEL_NODE_ID = f"{GROUP}/node-id"
-LABEL_POOL = f"{GROUP}/pool"
+# Keys under node-restriction.kubernetes.io/, which the NodeRestriction admission plugin forbids a
+# kubelet to set, change or remove on its own Node: only an admin (or the operator) can put a node
+# into the pool, and only the operator can say which group a node serves (docs/security.md,
+# "Which node labels a scheduler may trust").
+NODE_RESTRICTION_PREFIX = "node-restriction.kubernetes.io/"
+LABEL_POOL = f"{NODE_RESTRICTION_PREFIX}hyperplan-pool"
+# The group a node serves, as LABEL_GROUP says it, on every node the operator creates or lends: the
+# key a pod that must land on a group's nodes selects by.
+LABEL_TRUSTED_GROUP = f"{NODE_RESTRICTION_PREFIX}hyperplan-instance-group"
 POOL_FREE = "free"
 POOL_HELD = "held"
 # Training-job plans (planning.trainingjobs): the workload a node serves.

@@ -1,7 +1,8 @@
 """Lending existing nodes to instance groups (the ``static`` node provider), decided purely.
 
-A static pool is a set of existing nodes labelled ``hyperplan.dev/pool=free`` (kind's
-workers, say). While a block runs an instance group borrows some of them; when it lets go
+A static pool is a set of existing nodes labelled
+``node-restriction.kubernetes.io/hyperplan-pool=free`` by an admin (kind's workers, say; a kubelet
+cannot set that key on its own Node). While a block runs an instance group borrows some of them; when it lets go
 they are handed back. This module decides, from plain observations and without I/O or a
 clock:
 
@@ -58,11 +59,19 @@ from hyperplan.planning.naming import (
 )
 from hyperplan.planning.nodefacts import HEALTH_KEYS, is_unschedulable
 
-from hyperplan.api.vocabulary import ANNOTATION_LENT, LABEL_NODE_ID, LABEL_POOL, OWN_PREFIX, POOL_FREE, POOL_HELD  # noqa: F401
+from hyperplan.api.vocabulary import (  # noqa: F401
+    ANNOTATION_LENT, LABEL_NODE_ID, LABEL_POOL, LABEL_TRUSTED_GROUP, OWN_PREFIX, POOL_FREE, POOL_HELD,
+)
 
 
 OWNED_LABELS = (LABEL_GROUP, LABEL_PLAN, LABEL_RESERVED_CAPACITY, LABEL_ROLE, LABEL_HEALTH, LABEL_SLOT,
-                LABEL_GENERATION, LABEL_REPLACES, LABEL_NODE_ID)
+                LABEL_GENERATION, LABEL_REPLACES, LABEL_NODE_ID, LABEL_TRUSTED_GROUP)
+
+
+def trusted_labels(labels: Mapping[str, str]) -> dict[str, str]:
+    """The group's label again under a key a kubelet cannot set on its own Node
+    (:data:`LABEL_TRUSTED_GROUP`), for the nodes the operator creates or lends."""
+    return {LABEL_TRUSTED_GROUP: labels[LABEL_GROUP]} if LABEL_GROUP in labels else {}
 """Labels only hyperplan writes on a lent node; they all go at hand-back."""
 ALWAYS_MANAGED_TAINT_KEYS = frozenset({SPARE_TAINT.key, UNHEALTHY_TAINT.key})
 
@@ -275,7 +284,7 @@ def _guarded(node: PoolNode, **metadata: object) -> dict:
 def _group_labels(labels: Mapping[str, str], node_id: str) -> dict[str, str]:
     """The labels a lent node carries: the group's, without the hostname (a real node keeps its own)."""
     want = {k: v for k, v in labels.items() if k != LABEL_HOSTNAME}
-    want.update({LABEL_NODE_ID: node_id, LABEL_POOL: POOL_HELD})
+    want.update({LABEL_NODE_ID: node_id, LABEL_POOL: POOL_HELD, **trusted_labels(labels)})
     return want
 
 
