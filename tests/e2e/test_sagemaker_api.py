@@ -14,6 +14,7 @@ import sys
 import uuid
 from datetime import timedelta
 
+from hyperplan.api.vocabulary import from_rfc3339
 from tests.aws.clients import Endpoint, aws_cli, boto3_call, boto3_calls
 from tests.e2e.scenarios import Context, first_block, group_body, plan_body, pool_body, scenario, ts, utcnow, wait_phase
 from tests.kube import eventually
@@ -226,3 +227,101 @@ def test_the_writes_are_the_callers_and_rbac_judges_them(scenarios) -> None:
     assert record["denied"]["error"]["code"] == "AccessDeniedException"
     assert "ok" in record["updated"], record["updated"]
     assert record["count"] == 1 and record["shrunk"]
+
+
+def grant_buying(ctx: Context, user: str, name: str) -> None:
+    grant_plan_reads(ctx, user, name, {"apiGroups": ["hyperplan.dev"], "resources": ["trainingplans"],
+                                       "verbs": ["create"]})
+
+
+@scenario
+def sagemaker_buy(ctx: Context) -> dict:
+    """Search and buy with boto3, search with the AWS CLI: the plan made is the operator's to buy,
+    which it does from the spec the offering id carries."""
+    k = ctx.kubectl
+    tag = uuid.uuid4().hex[:5]
+    itype, user = f"ml.smb-{tag}.xlarge", f"sm-buyer-{tag}"
+    k.create(pool_body(f"smb-{tag}", itype, 8, az="us-east-1b"))
+    key_id, secret = mint_key(ctx, user)
+    grant_buying(ctx, user, f"sm-buyer-{tag}")
+    endpoint = serving(ctx, key_id, secret)
+    after = (utcnow() + timedelta(seconds=30)).timestamp()
+    found = boto3_call(endpoint, "search_training_plan_offerings", InstanceType=itype, InstanceCount=4,
+                       DurationHours=48, StartTimeAfter=after, TargetResources=["hyperpod-cluster"])
+    assert "ok" in found, found
+    best = found["ok"]["TrainingPlanOfferings"][0]
+    name = f"smb-{tag}"
+    created = boto3_calls(endpoint, [{"op": "create_training_plan", "args": {
+        "TrainingPlanName": name, "TrainingPlanOfferingId": best["TrainingPlanOfferingId"]}}] * 2)
+    scheduled = eventually(lambda: (s := k.get("trainingplan", name).get("status") or {}).get("phase")
+                           in ("Scheduled", "Active") and s, timeout=60, interval=1, what="bought by the operator")
+    described = boto3_call(endpoint, "describe_training_plan", TrainingPlanName=name)
+    cli = aws_cli(endpoint, "sagemaker", "search-training-plan-offerings", "--instance-type", itype,
+                  "--instance-count", "2", "--duration-hours", "24", "--target-resources", "hyperpod-cluster",
+                  "--output", "json")
+    return {"best": best, "created": created, "status": scheduled, "described": described,
+            "spec": k.get("trainingplan", name)["spec"], "cli": (cli.returncode, cli.stdout, cli.stderr)}
+
+
+def test_boto3_buys_the_offering_it_searched_and_the_cli_searches(scenarios) -> None:
+    record = scenarios["sagemaker_buy"].result(timeout=600)
+    first, retry = record["created"]
+    assert "ok" in first and first == retry, record["created"]  # a retry answers the same ARN
+    [block] = record["best"]["ReservedCapacityOfferings"]
+    [bought] = record["status"]["reservedCapacity"]
+    assert (bought["instanceCount"], bought["availabilityZone"]) == (block["InstanceCount"], block["AvailabilityZone"])
+    assert abs(from_rfc3339(bought["startTime"]).timestamp() - block["StartTime"]) < 1
+    assert record["best"]["TrainingPlanOfferingId"].startswith(record["spec"]["offeringId"] + "-")
+    assert record["described"]["ok"]["Status"] in ("Scheduled", "Active")
+    rc, out, err = record["cli"]
+    assert rc == 0, err
+    assert json.loads(out)["TrainingPlanOfferings"][0]["ReservedCapacityOfferings"][0]["InstanceCount"] == 2
+
+
+@scenario
+def sagemaker_buying_race(ctx: Context) -> dict:
+    """50 boto3 clients search a pool of 8 and buy at once: the pool is never overbooked."""
+    k = ctx.kubectl
+    tag = uuid.uuid4().hex[:5]
+    itype, user, pool = f"ml.smx-{tag}.xlarge", f"sm-racer-{tag}", f"smx-{tag}"
+    k.create(pool_body(pool, itype, 8, az="us-east-1c"))
+    key_id, secret = mint_key(ctx, user)
+    grant_buying(ctx, user, f"sm-racer-{tag}")
+    endpoint = serving(ctx, key_id, secret)
+    after = (utcnow() + timedelta(seconds=40)).timestamp()
+    search = {"op": "search_training_plan_offerings", "args": {
+        "InstanceType": itype, "InstanceCount": 2, "DurationHours": 24, "StartTimeAfter": after,
+        "TargetResources": ["hyperpod-cluster"]}}
+    offered = boto3_call(endpoint, search["op"], **search["args"])
+    assert "ok" in offered, offered
+    ids = [o["TrainingPlanOfferingId"] for o in offered["ok"]["TrainingPlanOfferings"]]
+    each = [[{"op": "create_training_plan", "args": {"TrainingPlanName": f"smx-{tag}-{i:02d}",
+                                                     "TrainingPlanOfferingId": ids[i % len(ids)]}}]
+            for i in range(50)]
+    answers = boto3_calls(endpoint, [{"each": each}], timeout=300)[0]["ok"]
+    names = [f"smx-{tag}-{i:02d}" for i in range(50)]
+
+    def settled() -> dict | None:
+        phases = {n: ((k.get_or_none("trainingplan", n) or {}).get("status") or {}).get("phase") for n in names}
+        return phases if all(p not in (None, "Pending") for p in phases.values() if p is not None) and \
+            sum(p is not None for p in phases.values()) == sum("ok" in a[0] for a in answers) else None
+
+    phases = eventually(settled, timeout=180, interval=2, what="every plan bought or refused")
+    ledger = (k.get("capacitypool", pool).get("status") or {}).get("reservations") or []
+    for n in names:
+        k.delete("trainingplan", n)
+    return {"answers": answers, "phases": phases, "ledger": ledger}
+
+
+def test_fifty_clients_buying_at_once_never_overbook_the_pool(scenarios) -> None:
+    record = scenarios["sagemaker_buying_race"].result(timeout=600)
+    assert all("ok" in a[0] or a[0]["error"]["code"] == "ResourceNotFound" for a in record["answers"]), \
+        [a for a in record["answers"] if "ok" not in a[0]][:3]
+    ledger = record["ledger"]
+    bought = [p for p, phase in record["phases"].items() if phase in ("Scheduled", "Active", "Expired")]
+    assert bought, record["phases"]
+    assert len({r["trainingPlan"] for r in ledger}) == len(bought)
+    moments = sorted({from_rfc3339(r["startTime"]) for r in ledger})
+    for t in moments:
+        held = sum(r["instanceCount"] for r in ledger if from_rfc3339(r["startTime"]) <= t < from_rfc3339(r["endTime"]))
+        assert held <= 8, f"{held} of 8 instances reserved at {t}"

@@ -1037,3 +1037,46 @@ def test_helm_uninstall_removes_what_install_created(helm, release, crds: Kubect
     for plural in ("capacitypools", "trainingplans", "instancegroups"):
         assert crds.get_or_none("crd", f"{plural}.hyperplan.dev") is not None
     assert json.loads(helm("list", release["kubeconfig"], "-n", ns, "-o", "json").stdout) == []
+
+
+SAGEMAKER_API = ("--set", "sagemakerApi.enabled=true", "--set", "sagemakerApi.tlsSecret=api-tls",
+                 "--set", "sagemakerApi.identities.users={alice,bob}",
+                 "--set", "sagemakerApi.identities.serviceAccounts[0].namespace=team-a",
+                 "--set", "sagemakerApi.identities.serviceAccounts[0].name=ci")
+
+
+def test_the_sagemaker_api_gets_exactly_its_rights_its_port_and_its_certificate(helm) -> None:
+    """sagemakerApi.enabled adds what hyperplan.sagemaker calls and nothing more: access reviews
+    (access.KubeAccess.allowed), the keys' Secrets listed in the release's namespace
+    (KubeAccess.refresh), and impersonation of exactly the identities listed (access.KubeWrites),
+    a ServiceAccount only in its own namespace; off, none of it is there."""
+    docs = render(helm, *SAGEMAKER_API, namespace="hyperplan-system")
+    plain = render(helm, namespace="hyperplan-system")
+    cluster_role = next(d for d in docs if d["kind"] == "ClusterRole" and component(d) != USER_ROLES)
+    base = next(d for d in plain if d["kind"] == "ClusterRole" and component(d) != USER_ROLES)
+    added = [r for r in cluster_role["rules"] if r not in base["rules"]]
+    assert added == [{"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]},
+                     {"apiGroups": [""], "resources": ["users"], "resourceNames": ["alice", "bob"],
+                      "verbs": ["impersonate"]}]
+    roles = {(d["metadata"]["namespace"], d["metadata"]["name"]): d["rules"] for d in docs if d["kind"] == "Role"}
+    assert roles[("hyperplan-system", "hp-hyperplan-sagemaker-api-keys")] == [
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["list"]}]
+    assert roles[("team-a", "hp-hyperplan-impersonate-ci")] == [
+        {"apiGroups": [""], "resources": ["serviceaccounts"], "resourceNames": ["ci"], "verbs": ["impersonate"]}]
+    bindings = {(d["metadata"]["namespace"], d["metadata"]["name"]) for d in docs if d["kind"] == "RoleBinding"}
+    assert {("hyperplan-system", "hp-hyperplan-sagemaker-api-keys"), ("team-a", "hp-hyperplan-impersonate-ci")} <= bindings
+    service = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"].endswith("-sagemaker-api"))
+    assert service["spec"]["ports"] == [{"name": "https", "port": 443, "targetPort": "sagemaker-api", "protocol": "TCP"}]
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    env = {e["name"]: e.get("value") for e in container(deployment)["env"]}
+    assert env["HYPERPLAN_SAGEMAKER_API_PORT"] == "9443" and env["HYPERPLAN_SAGEMAKER_API_ADDRESS"] == "0.0.0.0"
+    assert env["HYPERPLAN_SAGEMAKER_API_TLS_CERT"].startswith("/etc/hyperplan/sagemaker-api-tls/")
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["sagemaker-api-tls"]["secret"]["secretName"] == "api-tls"
+    assert not any("sagemaker" in (d["metadata"]["name"]) for d in plain)
+    assert "HYPERPLAN_SAGEMAKER_API_PORT" not in {e["name"] for e in container(by_kind(plain)["Deployment"])["env"]}
+
+
+def test_the_sagemaker_api_needs_a_certificate(helm) -> None:
+    done = helm("template", "hp", str(CHART), "--set", "sagemakerApi.enabled=true", check=False)
+    assert done.returncode != 0 and "tlsSecret" in done.stderr

@@ -39,6 +39,7 @@ class FakeAccess:
     def __init__(self) -> None:
         self.keys = {k.key_id: k for k in (KEY, DENIED)}
         self.rights = {("alice", "get", "trainingplans"), ("alice", "list", "trainingplans"),
+                       ("alice", "create", "trainingplans"),
                        ("alice", "list", "instancegroups"), ("alice", "patch", "instancegroups"),
                        ("alice", "patch", "nodes")}
         self.reviews: list[tuple[str, str, str]] = []
@@ -95,6 +96,19 @@ class RecordingWrites:
     def label_node(self, user: str, name: str, labels: dict) -> None:
         self.calls.append(("label_node", user, name, labels))
 
+    def create_plan(self, user: str, body: dict) -> dict | None:
+        self.calls.append(("create_plan", user, body["metadata"]["name"], body["spec"]))
+        if body["metadata"]["name"] in self.plans:
+            return None
+        made = {**body, "metadata": {**body["metadata"], "resourceVersion": "1", "uid": "u"}}
+        self.plans[body["metadata"]["name"]] = [made]  # as the watch brings it
+        return made
+
+
+P5_POOL = {"apiVersion": "hyperplan.dev/v1alpha1", "kind": "CapacityPool",
+           "metadata": {"name": "p5-west", "resourceVersion": "1"},
+           "spec": {"instanceType": "ml.p5.48xlarge", "availabilityZone": "us-west-2a", "instanceCount": 8}}
+
 
 def group(name: str, plan_name: str, count: int) -> dict:
     return {"apiVersion": "hyperplan.dev/v1alpha1", "kind": "InstanceGroup",
@@ -121,8 +135,9 @@ class Server:
                  nodes: dict[tuple, list[dict]] | None = None):
         self.plans = plans
         self.cache = WatchCache()
-        self.cache.bind({PLANS: plans, POOLS: {}, GROUPS: groups or {}, NODES: nodes or {}})
+        self.cache.bind({PLANS: plans, POOLS: {"p5-west": [P5_POOL]}, GROUPS: groups or {}, NODES: nodes or {}})
         self.writes = RecordingWrites()
+        self.writes.plans = plans
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -297,6 +312,84 @@ def test_an_unsigned_request_is_refused_as_an_aws_client_expects(server: Server)
     assert raised.value.code == 403
     assert raised.value.headers["Content-Type"] == "application/x-amz-json-1.1"
     assert json.loads(raised.value.read())["__type"] == "InvalidSignatureException"
+
+
+# --------------------------------------------------------------------------- buying
+
+
+def search_args(**more) -> dict:
+    start = datetime.now(timezone.utc) + timedelta(minutes=2)
+    return {"InstanceType": "ml.p5.48xlarge", "InstanceCount": 4, "DurationHours": 48,
+            "StartTimeAfter": start.timestamp(), "TargetResources": ["hyperpod-cluster"], **more}
+
+
+def test_search_offers_capacity_of_the_pools_and_create_buys_it_as_the_caller(server: Server) -> None:
+    """Under the demo profile a day is a minute, so 48 hours are 2 minutes. The offering's id
+    carries the spec; CreateTrainingPlan makes a TrainingPlan of that spec with the offering's own
+    id, as the caller; a retry answers the same ARN, another offering under the name is refused."""
+    endpoint = signed_in(server)
+    found = ok(boto3_call(endpoint, "search_training_plan_offerings", **search_args()))["TrainingPlanOfferings"]
+    assert 1 <= len(found) <= 3
+    best = found[0]
+    assert re.fullmatch(r"[a-z0-9\-]+", best["TrainingPlanOfferingId"]) and len(best["TrainingPlanOfferingId"]) <= 256
+    [block] = best["ReservedCapacityOfferings"]
+    assert (block["InstanceType"], block["InstanceCount"], block["AvailabilityZone"]) == \
+        ("ml.p5.48xlarge", 4, "us-west-2a")
+    assert block["EndTime"] - block["StartTime"] == 120
+    server.writes.calls.clear()
+    made, again = [ok(a) for a in boto3_calls(endpoint, [
+        {"op": "create_training_plan", "args": {"TrainingPlanName": "bought-here",
+                                                "TrainingPlanOfferingId": best["TrainingPlanOfferingId"]}},
+        {"op": "create_training_plan", "args": {"TrainingPlanName": "bought-here",
+                                                "TrainingPlanOfferingId": best["TrainingPlanOfferingId"]}}])]
+    assert made == again == {"TrainingPlanArn": f"arn:aws:sagemaker:us-west-2:{ACCOUNT}:training-plan/bought-here"}
+    [(verb, user, name, spec)] = server.writes.calls
+    assert (verb, user, name) == ("create_plan", "alice", "bought-here")
+    assert (spec["instanceType"], spec["instanceCount"], spec["duration"], spec["targetResource"]) == \
+        ("ml.p5.48xlarge", 4, "2m", "hyperpod-cluster")
+    assert best["TrainingPlanOfferingId"].startswith(spec["offeringId"] + "-")
+    other = ok(boto3_call(endpoint, "search_training_plan_offerings", **search_args(InstanceCount=2)))
+    taken = boto3_call(endpoint, "create_training_plan", TrainingPlanName="bought-here",
+                       TrainingPlanOfferingId=other["TrainingPlanOfferings"][0]["TrainingPlanOfferingId"])
+    assert taken["error"]["code"] == "ResourceInUse"
+    del server.plans["bought-here"]
+
+
+def forged(offering_id: str, field: int, value: str) -> str:
+    """The offering id with one field of the spec it carries changed (the digest left as it was):
+    0 type, 1 count, 2 UltraServer type, 3 their count, 4 target, 5 duration, 6 and 7 the window."""
+    import base64
+    head, tail = offering_id.rsplit("-", 1)
+    fields = base64.b32decode(tail.upper() + "=" * (-len(tail) % 8)).decode().split("|")
+    fields[field] = value
+    return f"{head}-{base64.b32encode('|'.join(fields).encode()).decode().rstrip('=').lower()}"
+
+
+@pytest.mark.parametrize("make_id", [
+    pytest.param(lambda real: "tpo-20270101t000000-0123456789abcdef", id="no-spec-in-the-id"),
+    pytest.param(lambda real: "made-up", id="not-an-offering-id"),
+    pytest.param(lambda real: forged(real, 1, "8"), id="count-in-the-id-changed"),
+    pytest.param(lambda real: forged(real, 5, "10m"), id="longer-than-offered"),
+    pytest.param(lambda real: forged(real, 0, "ml.p5e.48xlarge"), id="another-type"),
+])
+def test_an_offering_hyperplan_did_not_cut_buys_nothing(server: Server, make_id) -> None:
+    endpoint = signed_in(server)
+    real = ok(boto3_call(endpoint, "search_training_plan_offerings", **search_args()))["TrainingPlanOfferings"][0]
+    server.writes.calls.clear()
+    answer = boto3_call(endpoint, "create_training_plan", TrainingPlanName="forged",
+                        TrainingPlanOfferingId=make_id(real["TrainingPlanOfferingId"]))
+    assert answer["error"]["code"] == "ResourceNotFound", answer
+    assert server.writes.calls == [] and "forged" not in server.plans
+
+
+@pytest.mark.parametrize("args, code", [
+    pytest.param(search_args(InstanceCount=300), "ValidationException", id="count-maximum"),
+    pytest.param(search_args(TargetResources=["endpoint"]), "ValidationException", id="target-not-served"),
+    pytest.param(search_args(DurationHours=100000), "ValidationException", id="duration-maximum"),
+])
+def test_search_errors(server: Server, args: dict, code: str) -> None:
+    answer = boto3_call(signed_in(server), "search_training_plan_offerings", **args)
+    assert answer.get("error", {}).get("code") == code, answer
 
 
 # --------------------------------------------------------------------------- HyperPod

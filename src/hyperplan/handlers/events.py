@@ -71,7 +71,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, *
     trainingplan.register_plan_passes(rt)
     instancegroup.register_group_passes(rt)
     await nodes.start_node_watch(rt)
-    rt.sagemaker_api = await start_api(rt.settings, rt.kube.api, rt.cache, rt.clock)
+    rt.sagemaker_api = await start_api(rt.settings, rt.kube.api, rt.cache, rt.clock, rt.policy)
     logger.info("policy profile %s; watching capacitypools, trainingplans, instancegroups, nodes",
                 rt.policy.name)
 

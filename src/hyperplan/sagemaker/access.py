@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from hyperplan.api.vocabulary import API_KEY_SECRET_TYPE, GROUP, LABEL_API_KEY_USER, VERSION
 from hyperplan.sagemaker.signing import AccessKey
@@ -47,6 +48,8 @@ RIGHTS: dict[str, tuple[str, str, str]] = {
     "ListTrainingPlans": ("list", GROUP, "trainingplans"),
     "DescribeReservedCapacity": ("get", GROUP, "trainingplans"),
     "ListUltraServersByReservedCapacity": ("get", GROUP, "trainingplans"),
+    "SearchTrainingPlanOfferings": ("create", GROUP, "trainingplans"),
+    "CreateTrainingPlan": ("create", GROUP, "trainingplans"),
     "DescribeCluster": ("list", GROUP, "instancegroups"),
     "ListClusters": ("list", GROUP, "instancegroups"),
     "ListClusterNodes": ("list", GROUP, "instancegroups"),
@@ -154,6 +157,10 @@ class Writes(Protocol):
 
     def label_node(self, user: str, name: str, labels: dict[str, str]) -> None: ...
 
+    def create_plan(self, user: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The TrainingPlan created, or None when one of that name exists already."""
+        ...
+
 
 @dataclass
 class KubeWrites:
@@ -174,6 +181,15 @@ class KubeWrites:
     def label_node(self, user: str, name: str, labels: dict[str, str]) -> None:
         with self._as(user) as api:
             client.CoreV1Api(api).patch_node(name, {"metadata": {"labels": labels}})
+
+    def create_plan(self, user: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        with self._as(user) as api:
+            try:
+                return client.CustomObjectsApi(api).create_cluster_custom_object(GROUP, VERSION, "trainingplans", body)
+            except ApiException as e:
+                if e.status == 409:
+                    return None
+                raise
 
 
 # --------------------------------------------------------------------------- making keys

@@ -12,19 +12,26 @@ body or raises :class:`~hyperplan.sagemaker.wire.ApiError`.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from hyperplan.api.models import ReservedCapacity, TrainingPlan
+from hyperplan.api.models import API_VERSION, ReservedCapacity, TrainingPlan, TrainingPlanSpec
+from hyperplan.api.vocabulary import to_rfc3339
+from hyperplan.planning.offerings import Offering, PoolSnapshot, find_offering, search_offerings
+from hyperplan.planning.plans import request_of
+from hyperplan.planning.policy import DEMO, Policy, format_duration, parse_duration
+from hyperplan.planning.tenancy import pools_for_plan
 from hyperplan.sagemaker import hyperpod
 from hyperplan.sagemaker.access import Writes
 from hyperplan.sagemaker.wire import (
-    ApiError, compact, epoch, invalid, matching, not_found, one_of, page, required, time_of,
+    ApiError, bounded, compact, epoch, invalid, matching, not_found, one_of, page, required, time_of,
 )
 
 PLAN_NAME = r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,63}"
@@ -44,6 +51,8 @@ class Fleet(Protocol):
 
     def plan_entries(self) -> list[tuple[str, Any]]: ...
 
+    def pool_snapshots(self) -> list[PoolSnapshot]: ...
+
     def groups(self) -> list[dict[str, Any]]: ...
 
     def group_nodes(self, group_label: str) -> list[dict[str, Any]]: ...
@@ -62,6 +71,7 @@ class Context:
     user: str = ""
     writes: Writes | None = None
     views: "PlanViews | None" = None
+    policy: Policy = DEMO
 
     def arn(self, kind: str, name: str) -> str:
         return f"arn:aws:sagemaker:{self.region}:{self.account}:{kind}/{name}"
@@ -286,7 +296,169 @@ def list_ultra_servers_by_reserved_capacity(body: Mapping[str, Any], ctx: Contex
     return compact({"UltraServers": shown, "NextToken": token})
 
 
+# --------------------------------------------------------------------------- buying
+
+
+def _b32(data: bytes) -> str:
+    return base64.b32encode(data).decode().rstrip("=").lower()
+
+
+def _unb32(text: str) -> bytes:
+    return base64.b32decode(text.upper() + "=" * (-len(text) % 8))
+
+
+_TARGETS = {"training-job": "j", "hyperpod-cluster": "h"}
+
+
+def api_offering_id(offering: Offering, spec: TrainingPlanSpec) -> str:
+    """The ``TrainingPlanOfferingId`` of an offering: hyperplan's own id (its first block's start
+    and the digest of its blocks and the spec), then the spec it was cut for in base 32 (the
+    model's pattern is ``[a-z0-9-]+``, at most 256 characters). CreateTrainingPlan makes a
+    TrainingPlan of exactly that spec with ``offeringId`` set to hyperplan's id; the operator then
+    searches again from the spec and buys only what that search cuts under the id (issue 20,
+    "status is output"), so an id a client made up can buy nothing that a kubectl user with the
+    same rights could not ask for."""
+    def epoch_of(moment: datetime | None) -> str:
+        return "" if moment is None else str(int(moment.timestamp()))
+    fields = [spec.instance_type or "", str(spec.instance_count or ""), spec.ultra_server_type or "",
+              str(spec.ultra_server_count or ""), _TARGETS[spec.target_resource], spec.duration,
+              epoch_of(spec.start_time_after), epoch_of(spec.end_time_before)]
+    return f"{offering.id}-{_b32('|'.join(fields).encode())}"
+
+
+def _spec_of_offering_id(value: str) -> tuple[str, dict[str, Any]] | None:
+    """hyperplan's offering id and the spec an API offering id carries (None: not one of ours)."""
+    parts = value.split("-")
+    if len(parts) != 4:
+        return None
+    try:
+        fields = _unb32(parts[3]).decode().split("|")
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        return None
+    if len(fields) != 8:
+        return None
+    itype, count, ultra, ultra_count, target, duration, after, before = fields
+    targets = {code: name for name, code in _TARGETS.items()}
+    try:
+        spec: dict[str, Any] = {"targetResource": targets[target], "duration": duration}
+        if ultra:
+            spec.update(ultraServerType=ultra, ultraServerCount=int(ultra_count))
+        else:
+            spec.update(instanceType=itype, instanceCount=int(count))
+        for field, text in (("startTimeAfter", after), ("endTimeBefore", before)):
+            if text:
+                spec[field] = to_rfc3339(datetime.fromtimestamp(int(text), tz=timezone.utc))
+    except (KeyError, ValueError, OverflowError, OSError):
+        return None
+    return "-".join(parts[:3]), spec
+
+
+def _requested_spec(body: Mapping[str, Any], ctx: "Context") -> TrainingPlanSpec:
+    """The TrainingPlan spec a search asks for. The API counts hours; the policy counts days (a
+    demo day is a minute), so hours are read in the policy's days: 24 hours are one of its days."""
+    targets = body.get("TargetResources") or ["hyperpod-cluster"]
+    if not isinstance(targets, list) or len(targets) != 1 or targets[0] not in TARGET_RESOURCES:
+        raise invalid("TargetResources must name one of training-job, hyperpod-cluster")
+    if targets[0] not in ("training-job", "hyperpod-cluster"):
+        raise invalid(f"TargetResources {targets[0]} is not served by hyperplan (training-job, hyperpod-cluster)")
+    hours = bounded(body, "DurationHours", 1, 87600)
+    if hours is None:
+        raise invalid("DurationHours is required")
+    duration = ctx.policy.day * hours / 24
+    spec: dict[str, Any] = {"targetResource": targets[0], "duration": format_duration(duration)}
+    ultra = body.get("UltraServerType")
+    if ultra is not None:
+        spec.update(ultraServerType=ultra, ultraServerCount=bounded(body, "UltraServerCount", 1, 256) or 1)
+    else:
+        spec.update(instanceType=matching(body, "InstanceType", r"[a-z0-9.\-]+", high=63)
+                    or required(body, "InstanceType"),
+                    instanceCount=bounded(body, "InstanceCount", 1, 256) or required(body, "InstanceCount"))
+    for member, field in (("StartTimeAfter", "startTimeAfter"), ("EndTimeBefore", "endTimeBefore")):
+        moment = time_of(body, member)
+        if moment is not None:
+            spec[field] = to_rfc3339(moment.replace(microsecond=0))
+    try:
+        return TrainingPlanSpec.model_validate(spec)
+    except ValidationError as e:
+        raise invalid("; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors())[:900]) \
+            from None
+
+
+def _offering_shape(offering: Offering, spec: TrainingPlanSpec) -> dict[str, Any]:
+    hours, minutes = _duration(offering.start, offering.end)
+    blocks = []
+    for b in offering.blocks:
+        h, m = _duration(b.start, b.end)
+        blocks.append(compact({
+            "ReservedCapacityType": "UltraServer" if b.ultra_server_type else "Instance",
+            "UltraServerType": b.ultra_server_type, "UltraServerCount": b.ultra_server_count,
+            "InstanceType": b.instance_type, "InstanceCount": b.instance_count,
+            "AvailabilityZone": b.availability_zone, "DurationHours": h, "DurationMinutes": m,
+            "StartTime": epoch(b.start), "EndTime": epoch(b.end)}))
+    return compact({"TrainingPlanOfferingId": api_offering_id(offering, spec),
+                    "TargetResources": [spec.target_resource],
+                    "RequestedStartTimeAfter": epoch(spec.start_time_after),
+                    "RequestedEndTimeBefore": epoch(spec.end_time_before),
+                    "DurationHours": hours, "DurationMinutes": minutes, "ReservedCapacityOfferings": blocks[:5]})
+
+
+def _pools(ctx: "Context") -> list:
+    return pools_for_plan(ctx.fleet.pool_snapshots(), {})  # a plan made here carries no labels
+
+
+def search_training_plan_offerings(body: Mapping[str, Any], ctx: "Context") -> dict[str, Any]:
+    """The offering search of a TrainingPlan with the spec the request describes, over the pools
+    of the watch cache (at most 3, best first)."""
+    if body.get("TrainingPlanArn"):
+        raise invalid("extension offerings (TrainingPlanArn) are not served yet")
+    spec = _requested_spec(body, ctx)
+    request = request_of(spec, parse_duration(spec.duration))
+    found = search_offerings(request, _pools(ctx), ctx.policy, ctx.now)
+    return {"TrainingPlanOfferings": [_offering_shape(o, spec) for o in found]}
+
+
+def create_training_plan(body: Mapping[str, Any], ctx: "Context") -> dict[str, Any]:
+    """A TrainingPlan of the offering's spec, with ``offeringId`` set, created as the caller.
+    Safe to retry (boto3 retries by itself and the call has no client token): the same name with
+    the same offering answers the same ARN; a name taken otherwise is ``ResourceInUse``."""
+    name = matching(body, "TrainingPlanName", PLAN_NAME, high=64) or required(body, "TrainingPlanName")
+    offering_arg = matching(body, "TrainingPlanOfferingId", r"[a-z0-9\-]+", high=256) \
+        or required(body, "TrainingPlanOfferingId")
+    decoded = _spec_of_offering_id(offering_arg)
+    if decoded is None:
+        raise not_found(f"Training plan offering {offering_arg} not found.")
+    offering_id, wire = decoded
+    try:
+        spec = TrainingPlanSpec.model_validate(wire)
+    except ValidationError:
+        raise not_found(f"Training plan offering {offering_arg} not found.") from None
+    spares = bounded(body, "SpareInstanceCountPerUltraServer", 0, 17)
+    if spares is not None:
+        wire = {**wire, "spareInstancesPerUltraServer": spares}
+    wire = {**wire, "offeringId": offering_id}
+    arn = ctx.arn("training-plan", name)
+    existing = ctx.fleet.plan(name)
+    if existing is not None:
+        if (existing.get("spec") or {}).get("offeringId") == offering_id:
+            return {"TrainingPlanArn": arn}
+        raise ApiError("ResourceInUse", f"Training plan {name} already exists.", 400)
+    request = request_of(spec, parse_duration(spec.duration))
+    if find_offering(request, _pools(ctx), ctx.policy, ctx.now, offering_id) is None:
+        raise not_found(f"Training plan offering {offering_arg} not found (its capacity is sold, or it starts "
+                        "too soon to buy): search again.")
+    created = ctx.writes.create_plan(ctx.user, {"apiVersion": API_VERSION, "kind": "TrainingPlan",
+                                                "metadata": {"name": name}, "spec": wire})
+    if created is None:  # made meanwhile (a retry of ours, or another caller)
+        again = ctx.fleet.plan(name)
+        if again is not None and (again.get("spec") or {}).get("offeringId") == offering_id:
+            return {"TrainingPlanArn": arn}
+        raise ApiError("ResourceInUse", f"Training plan {name} already exists.", 400)
+    return {"TrainingPlanArn": arn}
+
+
 OPERATIONS: dict[str, Operation] = {
+    "SearchTrainingPlanOfferings": search_training_plan_offerings,
+    "CreateTrainingPlan": create_training_plan,
     "DescribeTrainingPlan": describe_training_plan,
     "ListTrainingPlans": list_training_plans,
     "DescribeReservedCapacity": describe_reserved_capacity,
@@ -298,7 +470,7 @@ OPERATIONS: dict[str, Operation] = {
     "UpdateCluster": hyperpod.update_cluster,
     "BatchReplaceClusterNodes": hyperpod.batch_replace_cluster_nodes,
 }
-WRITES = frozenset({"UpdateCluster", "BatchReplaceClusterNodes"})
+WRITES = frozenset({"UpdateCluster", "BatchReplaceClusterNodes", "CreateTrainingPlan"})
 """The operations that write: they run on a thread (their API calls block), reading the watch
 cache through the loop (``WatchCache._on_loop``)."""
 

@@ -25,6 +25,7 @@ from aiohttp import web
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
+from hyperplan.planning.policy import DEMO, Policy
 from hyperplan.sagemaker import operations
 from hyperplan.settings import Settings
 from hyperplan.sagemaker.access import SECRET_TYPE, Access, KubeAccess, KubeWrites, Writes, check_rights
@@ -68,7 +69,8 @@ def refused(e: ApiException) -> ApiError:
 
 
 def make_app(fleet: operations.Fleet, access: Access, account: str, clock: Callable[[], datetime],
-             cluster_name: str = "hyperplan", writes: Writes | None = None) -> web.Application:
+             cluster_name: str = "hyperplan", writes: Writes | None = None,
+             policy: Policy = DEMO) -> web.Application:
     """The application: ``fleet`` is the read side, ``access`` the keys and RBAC's answers,
     ``account`` the 12-digit account id of the ARNs. The keys and the reviews are API calls, made
     on threads; the operation itself runs on the loop (it reads kopf's indexes)."""
@@ -102,7 +104,7 @@ def make_app(fleet: operations.Fleet, access: Access, account: str, clock: Calla
             body = parse_body(raw)
             ctx = operations.Context(fleet=fleet, account=account, region=caller.region, now=clock(),
                                      cluster_name=cluster_name, user=caller.key.user, writes=writes,
-                                     views=None if operation in operations.WRITES else views)
+                                     views=None if operation in operations.WRITES else views, policy=policy)
             if operation in operations.WRITES:
                 result = await asyncio.to_thread(operations.call, operation, body, ctx)
             else:
@@ -139,14 +141,14 @@ async def serve(app: web.Application, address: str, port: int, cert: str | None 
 
 
 async def start_api(settings: Settings, api: ApiClient, fleet: operations.Fleet,
-                    clock: Callable[[], datetime]) -> web.AppRunner | None:
+                    clock: Callable[[], datetime], policy: Policy) -> web.AppRunner | None:
     """Serve the API as ``settings`` say (None when no port is set): keys from the Secrets of
     ``api_key_namespace`` (else the operator's namespace, else ``default``)."""
     if settings.sagemaker_api_port is None:
         return None
     namespace = settings.api_key_namespace or settings.pod_namespace or "default"
     app = make_app(fleet, KubeAccess(api, namespace), settings.aws_account_id, clock, settings.cluster_name,
-                   KubeWrites(api))
+                   KubeWrites(api), policy)
     runner = await serve(app, settings.sagemaker_api_address, settings.sagemaker_api_port,
                          settings.sagemaker_api_tls_cert, settings.sagemaker_api_tls_key)
     scheme = "https" if settings.sagemaker_api_tls_cert else "http"
