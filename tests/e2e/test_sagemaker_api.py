@@ -69,7 +69,9 @@ def sagemaker_api(ctx: Context) -> dict:
     tag = uuid.uuid4().hex[:5]
     itype, name, user = f"ml.sm-{tag}.xlarge", f"sm-api-{tag}", f"sm-reader-{tag}"
     k.create(pool_body(f"sm-{tag}", itype, 4))
-    start = utcnow().replace(microsecond=0) + timedelta(seconds=30)
+    # Far enough ahead that the plan is seen Scheduled however slow the set-up below is on a
+    # loaded machine (each boto3 call is a process of its own).
+    start = utcnow().replace(microsecond=0) + timedelta(seconds=90)
     k.create(plan_body(name, itype, 2, duration="1m", autoPurchase=True, startTimeAfter=ts(start),
                        endTimeBefore=ts(start + timedelta(minutes=10))))
     extra = [f"sm-page-{tag}-{i}" for i in range(7)]  # more plans than a page of 3, in any run
@@ -83,17 +85,20 @@ def sagemaker_api(ctx: Context) -> dict:
     seen: list[str] = []
     described: dict = {}
 
+    order = ["Pending", "Scheduled", "Active", "Expired", "Failed"]
+
     def phase(wanted: str) -> bool:
+        """True once the plan is ``wanted`` or past it (a later phase seen first is in ``seen``)."""
         answer = describe(ctx, endpoint, name)
         assert "ok" in answer, answer
         described.update(answer["ok"])
         if not seen or seen[-1] != answer["ok"]["Status"]:
             seen.append(answer["ok"]["Status"])
-        return answer["ok"]["Status"] == wanted
+        return order.index(answer["ok"]["Status"]) >= order.index(wanted)
 
     eventually(lambda: phase("Scheduled"), timeout=90, interval=1, what="Scheduled through the API")
     scheduled = dict(described)
-    eventually(lambda: phase("Active"), timeout=120, interval=1, what="Active through the API")
+    eventually(lambda: phase("Active"), timeout=180, interval=1, what="Active through the API")
     active = dict(described)
     before = {p["metadata"]["name"] for p in k.get("trainingplans")["items"]}
     pages_answer = boto3_calls(endpoint, [{"op": "list_training_plans", "paginate": True,
@@ -245,7 +250,7 @@ def sagemaker_buy(ctx: Context) -> dict:
     key_id, secret = mint_key(ctx, user)
     grant_buying(ctx, user, f"sm-buyer-{tag}")
     endpoint = serving(ctx, key_id, secret)
-    after = (utcnow() + timedelta(seconds=30)).timestamp()
+    after = (utcnow() + timedelta(seconds=60)).timestamp()
     found = boto3_call(endpoint, "search_training_plan_offerings", InstanceType=itype, InstanceCount=4,
                        DurationHours=48, StartTimeAfter=after, TargetResources=["hyperpod-cluster"])
     assert "ok" in found, found
@@ -288,7 +293,7 @@ def sagemaker_buying_race(ctx: Context) -> dict:
     key_id, secret = mint_key(ctx, user)
     grant_buying(ctx, user, f"sm-racer-{tag}")
     endpoint = serving(ctx, key_id, secret)
-    after = (utcnow() + timedelta(seconds=40)).timestamp()
+    after = (utcnow() + timedelta(seconds=90)).timestamp()
     search = {"op": "search_training_plan_offerings", "args": {
         "InstanceType": itype, "InstanceCount": 2, "DurationHours": 24, "StartTimeAfter": after,
         "TargetResources": ["hyperpod-cluster"]}}

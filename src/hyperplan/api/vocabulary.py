@@ -185,4 +185,4 @@ def from_rfc3339(text: str) -> datetime:
 # The SageMaker API's access keys (hyperplan.sagemaker.access): the type of the Secrets that hold
 # them, and the label naming whose key a Secret is.
 API_KEY_SECRET_TYPE = f"{GROUP}/api-key"
-LABEL_API_KEY_USER = f"{GROUP}/api-key-user"
+SECRET_LABEL_API_KEY_USER = f"{GROUP}/api-key-user"

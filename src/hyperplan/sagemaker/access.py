@@ -32,7 +32,7 @@ from typing import Any, Protocol
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from hyperplan.api.vocabulary import API_KEY_SECRET_TYPE, GROUP, LABEL_API_KEY_USER, VERSION
+from hyperplan.api.vocabulary import API_KEY_SECRET_TYPE, GROUP, SECRET_LABEL_API_KEY_USER, VERSION
 from hyperplan.sagemaker.signing import AccessKey
 from hyperplan.sagemaker.wire import ApiError
 
@@ -210,7 +210,7 @@ def key_secret(key: AccessKey, namespace: str) -> dict[str, Any]:
     data = {"access-key-id": key.key_id, "secret-access-key": key.secret, "user": key.user}
     return {"apiVersion": "v1", "kind": "Secret", "type": SECRET_TYPE,
             "metadata": {"name": f"hyperplan-api-key-{key.key_id.lower()}", "namespace": namespace,
-                         "labels": {LABEL_API_KEY_USER: _label(key.user)}},
+                         "labels": {SECRET_LABEL_API_KEY_USER: _label(key.user)}},
             "stringData": data}
 
 
