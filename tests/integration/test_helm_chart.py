@@ -713,9 +713,15 @@ def _node_meta(kind: str, name: str) -> dict[str, Any]:
 
 
 def _node(kind: str, name: str, **extra_labels: str) -> dict[str, Any]:
-    meta = _node_meta(kind, name)
+    """A node of ``kind``; ``kwok-cordoned``: a kwok node that the node lifecycle controller has
+    tainted node.kubernetes.io/unschedulable (with the timeAdded it stamps)."""
+    meta = _node_meta("kwok" if kind == "kwok-cordoned" else kind, name)
     meta = {**meta, "name": name, "labels": {**meta["labels"], **extra_labels}}
-    return {"apiVersion": "v1", "kind": "Node", "metadata": meta}
+    node = {"apiVersion": "v1", "kind": "Node", "metadata": meta}
+    if kind == "kwok-cordoned":
+        node["spec"] = {"unschedulable": True, "taints": [
+            {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule", "timeAdded": "2026-12-01T00:00:00Z"}]}
+    return node
 
 
 def _status(*conditions: dict[str, str]) -> dict[str, Any]:
@@ -794,6 +800,10 @@ NODE_CASES = [
     ("kwok", ("annotate", "node", "{node}", "hyperplan.dev/cordoned=true"), None),
     ("kwok", ("cordon", "{node}"), None),
     ("kwok", ("status", _status(OWN_CONDITION)), None),
+    # the whole taint list written back, the lifecycle controller's taint without its timeAdded
+    ("kwok-cordoned", ("taints-back", [{"key": "hyperplan.dev/spare", "value": "true", "effect": "NoSchedule"}]), None),
+    ("kwok-cordoned", ("taints", [{"key": "hyperplan.dev/spare", "value": "true", "effect": "NoSchedule"}]),
+     "taints in a domain that belongs to Kubernetes on node {node}: node.kubernetes.io/unschedulable"),
     ("free", ("label", "node", "{node}", f"{POOL}=held", "hyperplan.dev/node-id=hp-g-x-0",
               "hyperplan.dev/instance-group=g", f"{TRUSTED_GROUP}=g", "team=frontier", "--overwrite"), None),
     ("held", ("label", "node", "{node}", f"{POOL}=free", "hyperplan.dev/node-id-", "hyperplan.dev/instance-group-",
@@ -815,6 +825,7 @@ NODE_CASE_IDS = [
     "update-pool-key-to-another-value", "update-taint-node-role", "update-foreign-annotation",
     "status-foreign-condition", "status-allocatable",
     "update-own-labels", "update-own-taint", "update-own-annotation", "update-cordon", "status-own-condition",
+    "taints-written-back-without-time-added", "taints-written-back-without-the-controllers",
     "adopt-free-node", "hand-back-held-node",
     "delete-foreign-node", "delete-forged-node", "delete-free-static-node", "delete-held-static-node",
     "delete-kwok-node-in-static-pool", "delete-kwok-node",
@@ -840,6 +851,15 @@ def test_service_account_may_change_only_nodes_hyperplan_owns(as_operator: Kubec
             proc = as_operator.create(_filled(args[0], name), check=False)
         elif verb == "status":
             proc = as_kubectl_would(lambda: core_api(as_operator).patch_node_status(name, args[0]))
+        elif verb == "taints-back":  # the node's taints as read (the controllers' may change meanwhile), plus ours
+            def written_back() -> None:
+                now = core_api(as_operator).read_node(name).spec.taints or []
+                body = [{k: v for k, v in (("key", t.key), ("value", t.value), ("effect", t.effect)) if v}
+                        for t in now] + args[0]
+                core_api(as_operator).patch_node(name, {"spec": {"taints": body}})
+            proc = as_kubectl_would(written_back)
+        elif verb == "taints":
+            proc = as_kubectl_would(lambda: core_api(as_operator).patch_node(name, {"spec": {"taints": args[0]}}))
         else:
             proc = as_operator.run(verb, *(_filled(a, name) for a in args), check=False)
         if refusal is None:
