@@ -73,6 +73,9 @@ def lent(kind: KindEnv) -> dict:
                             timeout=90, interval=1, what="both workers adopted")
         adopted_at = L.utcnow()
         step("both workers adopted")
+        records = eventually(lambda: (lambda rs: rs if len(rs) == 2 else None)(
+            (k.get("instancegroup", name).get("status") or {}).get("nodes") or []),
+            timeout=30, interval=1, what="both workers in the group's record")
         pods_running = eventually(
             lambda: (lambda ps: ps if all(running(p) for p in ps.values()) else None)(
                 {p: pod_state(kind, p, ns) for p in ("trainer", "guarded")}),
@@ -95,7 +98,8 @@ def lent(kind: KindEnv) -> dict:
         eventually(lambda: L.utcnow() > end + timedelta(seconds=2), timeout=60, interval=0.5)
         after = {n: k.get("node", n) for n in kind.workers}
         ops_after = L.operator_pods(kind)
-        return {"tag": tag, "name": name, "block": block, "start": start, "end": end, "termination": termination,
+        return {"records": records, "tag": tag, "name": name, "block": block, "start": start, "end": end,
+                "termination": termination,
                 "before": before, "during": during, "adopted_at": adopted_at, "pods_running": pods_running,
                 "running_at": running_at, "evicted_at": evicted, "guarded_late": guarded_late,
                 "guarded_node_late": guarded_node_late, "handed_back_at": handed_back, "after": after,
@@ -120,8 +124,13 @@ def test_both_workers_carry_the_groups_labels_and_run_the_users_pod(lent: dict, 
         assert labels[LABEL_TRUSTED_GROUP] == lent["name"]
         assert (TAINT_KEY, lent["tag"], "NoSchedule") in {
             (t["key"], t.get("value"), t["effect"]) for t in node["spec"].get("taints", [])}
-        assert "hyperplan.dev/lent" in node["metadata"]["annotations"]
+        # what the node looked like is the operator's record (the group's status), not the node's
+        assert "hyperplan.dev/lent" not in (node["metadata"].get("annotations") or {})
         assert not node["spec"].get("unschedulable")
+    by_name = {r["name"]: r for r in lent["records"]}
+    assert sorted(by_name) == sorted(kind.workers)
+    for node in lent["during"]:
+        assert by_name[node["metadata"]["name"]]["uid"] == node["metadata"]["uid"]
     for pod in lent["pods_running"].values():
         assert pod["spec"]["nodeName"] in kind.workers
         assert pod["status"]["containerStatuses"][0]["ready"] is True
