@@ -48,6 +48,9 @@ class FakeAccess:
     def key_of(self, key_id: str) -> AccessKey | None:
         return self.keys.get(key_id)
 
+    def stale(self, unknown: bool = False) -> bool:
+        return True  # listed again whenever the server may: in memory, it costs nothing
+
     def refresh(self, force: bool = False) -> None:
         self.refreshes += 1
 

@@ -320,11 +320,6 @@ class WatchCache:
         """The TrainingPlan ``name`` (slim; None when it does not exist)."""
         return self.get(PLANS, "trainingplans", name)
 
-    def plans(self) -> list[dict[str, Any]]:
-        """Every TrainingPlan (slim), sorted by name: each is unpacked, so a caller that reads
-        them all pays a parse per plan (the SageMaker API's listings)."""
-        return self._every(PLANS, "trainingplans")
-
     def plan_entries(self) -> list[tuple[str, Any]]:
         """Every TrainingPlan as the index holds it (a :class:`PackedObject`, unpacked by the
         caller when it needs to), or our write-through copy while that is newer (a dict), sorted

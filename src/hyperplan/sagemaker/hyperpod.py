@@ -104,7 +104,7 @@ def _ultra_type(ctx: Any, group: InstanceGroup) -> str | None:
     return ((plan or {}).get("spec") or {}).get("ultraServerType")
 
 
-def node_summary(ctx: Any, group: InstanceGroup, facts: NodeFacts, node: Mapping[str, Any]) -> dict[str, Any]:
+def node_summary(ctx: Any, group: InstanceGroup, facts: NodeFacts) -> dict[str, Any]:
     ultra = {"Id": facts.ultraserver_id, "Type": _ultra_type(ctx, group)} if facts.ultraserver_id else None
     return compact({
         "InstanceGroupName": group.metadata["name"], "InstanceId": instance_id(facts.name),
@@ -158,7 +158,7 @@ def list_cluster_nodes(body: Mapping[str, Any], ctx: Any) -> dict[str, Any]:
         if (after and (facts.created is None or facts.created <= after)) or \
                 (before and (facts.created is None or facts.created >= before)):
             continue
-        summary = node_summary(ctx, group, facts, node)
+        summary = node_summary(ctx, group, facts)
         created = summary.get("LaunchTime") or 0.0
         key = [created, facts.name] if sort_by == "CREATION_TIME" else [facts.name]
         items.append((key, summary))
@@ -179,7 +179,7 @@ def describe_cluster_node(body: Mapping[str, Any], ctx: Any) -> dict[str, Any]:
     if found is None:
         raise not_found(f"Node {node_id} not found in cluster {ctx.cluster_name}.")
     group, facts, node = found
-    details = node_summary(ctx, group, facts, node)
+    details = node_summary(ctx, group, facts)
     labels = dict((node.get("metadata") or {}).get("labels") or {})
     taints = [compact({"Key": t.get("key"), "Value": t.get("value") or None, "Effect": t.get("effect")})
               for t in (node.get("spec") or {}).get("taints") or []]

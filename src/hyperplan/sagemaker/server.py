@@ -91,11 +91,12 @@ def make_app(fleet: operations.Fleet, access: Access, account: str, clock: Calla
                 return verify(request.method, request.path, request.query_string, request.headers, raw,
                               access.key_of, clock())
 
-            await asyncio.to_thread(access.refresh)
+            if access.stale():  # the listing blocks: a thread, and only when it is due
+                await asyncio.to_thread(access.refresh)
             try:
                 caller = signed_by()
             except ApiError as e:
-                if e.code != "UnrecognizedClientException":
+                if e.code != "UnrecognizedClientException" or not access.stale(unknown=True):
                     raise
                 await asyncio.to_thread(access.refresh, True)  # a key made a moment ago
                 caller = signed_by()
