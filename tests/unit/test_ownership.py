@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 import pytest
 
 from hyperplan.api.models import GroupNode, LentState
-from hyperplan.api.vocabulary import ANNOTATION_CORDONED, ANNOTATION_LENT, LABEL_NODE_ID, LABEL_POOL, POOL_HELD
+from hyperplan.api.vocabulary import ANNOTATION_CLAIM, ANNOTATION_CORDONED, ANNOTATION_LENT, LABEL_NODE_ID, LABEL_POOL, POOL_HELD
 from hyperplan.planning import naming
 from hyperplan.planning import ownership
 from hyperplan.planning.ownership import ListedNode
@@ -103,3 +103,46 @@ def test_the_condition_names_the_unrecorded_nodes_and_goes_when_there_are_none()
         "UnrecordedNodes", "True", "NodeNotOwned", 3)
     assert "25 node(s)" in cond.message and "n00" in cond.message and "and 5 more" in cond.message
     assert ownership.unrecorded_condition([], "g", 3, [cond], NOW) is None
+
+
+NONCE, OTHER_NONCE = "n" * 32, "m" * 32
+CLAIMED = {ANNOTATION_CLAIM: NONCE}
+
+
+@pytest.mark.parametrize("provider, pending_id, nodes, held, unrecorded", [
+    pytest.param("kwok", "hp-g-c", [listed("hp-g-c", annotations={**KWOK, **CLAIMED})], ["hp-g-c"], [],
+                 id="kwok-node-made-before-the-crash-is-held-by-its-claim"),
+    pytest.param("static", "hp-g-c", [listed("w7", annotations=CLAIMED)], ["w7"], [],
+                 id="static-node-adopted-before-the-crash-is-held-by-its-claim"),
+    pytest.param("kwok", "hp-g-c", [listed("hp-g-x", annotations={**KWOK, **CLAIMED})], [], ["hp-g-x"],
+                 id="kwok-claim-on-another-name-holds-nothing"),
+    pytest.param("kwok", "hp-g-c", [listed("hp-g-c", annotations={**KWOK, ANNOTATION_CLAIM: OTHER_NONCE})], [],
+                 ["hp-g-c"], id="a-made-up-nonce-holds-nothing"),
+    pytest.param("static", "hp-g-c", [listed("w7", annotations=CLAIMED), listed("w8", annotations=CLAIMED)], [],
+                 ["w7", "w8"], id="a-nonce-copied-to-a-second-node-holds-neither"),
+    pytest.param("kwok", "hp-g-c", [listed("hp-g-c", annotations=KWOK)], [], ["hp-g-c"],
+                 id="the-right-name-without-the-nonce-holds-nothing"),
+])
+def test_a_pending_claim_holds_the_one_node_that_answers_it(provider, pending_id, nodes, held, unrecorded):
+    record = [*RECORD, ownership.pending_entry(pending_id, NONCE)]
+    found = ownership.sort_nodes(record, [listed("hp-g-a"), listed("hp-g-b"), *nodes], provider)
+    assert [node.name for node, _ in found.held] == ["hp-g-a", "hp-g-b", *held]
+    assert [node.name for node in found.unrecorded] == unrecorded
+    for node, kept in found.held:
+        if node.name in held:  # recorded now as any other: its name and uid, no claim
+            assert (kept.name, kept.uid, kept.node_id, kept.claim) == (node.name, node.uid, pending_id, None)
+
+
+def test_the_record_holds_the_digest_not_the_nonce():
+    pending = ownership.pending_entry("hp-g-c", NONCE)
+    assert pending.claim != NONCE and pending.claim == ownership.claim_digest(NONCE) and pending.uid == ""
+
+
+@pytest.mark.parametrize("fresh, kept", [
+    pytest.param(False, ["hp-g-a", "hp-g-b", "hp-g-c"], id="unanswered-claim-kept-while-the-list-may-lag"),
+    pytest.param(True, ["hp-g-a", "hp-g-b"], id="unanswered-claim-dropped-when-the-api-server-listed"),
+])
+def test_an_unanswered_claim(fresh, kept):
+    found = ownership.sort_nodes([*RECORD, ownership.pending_entry("hp-g-c", NONCE)],
+                                 [listed("hp-g-a"), listed("hp-g-b")], "kwok")
+    assert [e.node_id for e in ownership.next_record(found, listed_fresh=fresh)] == kept

@@ -27,7 +27,7 @@ from hyperplan.actuation.nodes import (
 )
 from hyperplan.planning.lending import LentRecord
 from hyperplan.api.models import CapacityPool
-from hyperplan.api.vocabulary import from_rfc3339
+from hyperplan.api.vocabulary import ANNOTATION_CLAIM, from_rfc3339
 from hyperplan.planning import naming
 from hyperplan.planning import placement
 from hyperplan.planning.offerings import Offering, RuleViolation, recheck_offering
@@ -100,7 +100,7 @@ class FakeProvider:
         if op in self.fail_on:
             raise RuntimeError(f"injected failure in {op}({name})")
 
-    def create(self, spec: placement.NodeSpec) -> MadeNode:
+    def create(self, spec: placement.NodeSpec, claim: str = "") -> MadeNode:
         self._maybe_fail("create", spec.name)
         with self._lock:
             lost = self.adoption_conflicts > 0
@@ -109,6 +109,7 @@ class FakeProvider:
             raise AdoptionConflict(f"{spec.name}: the free node chosen was adopted by another writer")
         self.nodes.setdefault(spec.name, client.V1Node(
             metadata=client.V1ObjectMeta(name=spec.name, labels={**spec.labels, LABEL_NODE_ID: spec.name},
+                                         annotations={ANNOTATION_CLAIM: claim} if claim else None,
                                          creation_timestamp=self.clock(), uid=f"uid-{spec.name}"),
             spec=client.V1NodeSpec(taints=[client.V1Taint(key=t.key, value=t.value, effect=t.effect)
                                            for t in spec.taints])))

@@ -278,9 +278,12 @@ def evacuate_node(provider: NodeProvider, pods: NodePods, node: client.V1Node, a
 
 def apply_decision(provider: NodeProvider, pods: NodePods, d: GroupDecision, raw: Mapping[str, client.V1Node],
                    health_notes: Iterable[tuple[str, str | None]], now: datetime,
-                   clock: Callable[[], datetime], group: str = "", records: Records | None = None) -> Applied:
+                   clock: Callable[[], datetime], group: str = "", records: Records | None = None,
+                   claims: Mapping[str, str] | None = None) -> Applied:
     """Carry out a decision (see the module docstring) on the nodes ``raw`` (by node id), named
-    to the provider as ``records`` (the group's record, by node id) has them. Sync (thread)."""
+    to the provider as ``records`` (the group's record, by node id) has them; each new node
+    carries its nonce from ``claims`` (by node id; the record holds its digest already). Sync
+    (thread)."""
     out = Applied()
 
     def name_of(nid: str) -> str:
@@ -318,7 +321,7 @@ def apply_decision(provider: NodeProvider, pods: NodePods, d: GroupDecision, raw
 
     def create(spec: placement.NodeSpec) -> list[tuple[NodeBody | None, Event]] | None:
         try:
-            node = provider.create(spec)
+            node = provider.create(spec, (claims or {}).get(spec.name, ""))
         except NoFreeNode as e:
             return [(None, Event("Warning", "NoFreeNode", str(e)))]
         except AdoptionConflict as e:  # not an error: the next pass chooses again

@@ -35,7 +35,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from hyperplan.actuation.kube import Kube
-from hyperplan.api.vocabulary import OWN_PREFIX
+from hyperplan.api.vocabulary import ANNOTATION_CLAIM, OWN_PREFIX
 from hyperplan.planning import lending
 from hyperplan.planning import naming
 from hyperplan.planning import placement
@@ -107,7 +107,7 @@ class NodeProvider(Protocol):
     first time (static) or None; ``cordon`` whether it cordoned the node now.
     """
 
-    def create(self, spec: placement.NodeSpec) -> MadeNode: ...
+    def create(self, spec: placement.NodeSpec, claim: str = "") -> MadeNode: ...
 
     def update(self, node: str, spec: placement.NodeSpec, managed_keys: set[str], uid: str = "",
                lent: lending.LentRecord | None = None) -> lending.LentRecord | None: ...
@@ -171,14 +171,16 @@ def promote_spare_patch(current: client.V1Node, replacing: str) -> dict:
                     "spec": {"taints": _taint_body(keep) or None}}, uid_of(current))
 
 
-def kwok_node_body(spec: placement.NodeSpec) -> dict[str, Any]:
+def kwok_node_body(spec: placement.NodeSpec, claim: str = "") -> dict[str, Any]:
     """The Node object :class:`KwokProvider` creates for ``spec`` (also what bench/provisioning.py's
-    bare client creates, so that its floor makes exactly the operator's objects)."""
+    bare client creates, so that its floor makes exactly the operator's objects); ``claim``: the
+    nonce whose digest the group's record holds (``planning.ownership``)."""
+    annotations = {KWOK_ANNOTATION: "fake", **({ANNOTATION_CLAIM: claim} if claim else {})}
     return {
         "apiVersion": "v1", "kind": "Node",
         "metadata": {"name": spec.name,
                      "labels": {**spec.labels, LABEL_NODE_ID: spec.name, **lending.trusted_labels(spec.labels)},
-                     "annotations": {KWOK_ANNOTATION: "fake"}},
+                     "annotations": annotations},
         "spec": {"taints": _taint_body(spec.taints)},
         "status": {"capacity": node_capacity(spec.instance_type),
                    "allocatable": node_capacity(spec.instance_type)},
@@ -191,15 +193,15 @@ class KwokProvider:
     def __init__(self, kube: Kube):
         self.kube = kube
 
-    def create(self, spec: placement.NodeSpec) -> MadeNode:
-        """Create the node; its name and uid. A node of that name that exists already (409) is
+    def create(self, spec: placement.NodeSpec, claim: str = "") -> MadeNode:
+        """Create the node (carrying ``claim``); its name and uid. A node of that name that exists already (409) is
         no error, but its uid is not known (""): only a node this call made is recorded as a
         group's (``actuation.groups`` reports the other, Warning ``NodeNameTaken``)."""
         try:
             # The answer is not read into the client's model, only its uid out of the JSON:
             # parsing 288 Nodes of a group into the model cost the event loop's GIL more than
             # the calls themselves (bench/provisioning.py).
-            answer = self.kube.core.create_node(kwok_node_body(spec), _preload_content=False)
+            answer = self.kube.core.create_node(kwok_node_body(spec, claim), _preload_content=False)
             made = json.loads(answer.read())
             answer.release_conn()
         except ApiException as e:
@@ -343,9 +345,9 @@ class StaticProvider:
         return [pool_node(n) for n in self.kube.list_nodes(
             f"{LABEL_POOL}={POOL_FREE},{naming.LABEL_INSTANCE_TYPE}={instance_type},{naming.LABEL_ZONE}={zone}")]
 
-    def create(self, spec: placement.NodeSpec) -> MadeNode:
+    def create(self, spec: placement.NodeSpec, claim: str = "") -> MadeNode:
         """Adopt a free node for ``spec``: the adopted node's name and uid, and what it looked
-        like before (the group keeps it; nothing of it is written on the node).
+        like before (the group keeps it; nothing of it is written on the node but ``claim``).
 
         Raises :class:`NoFreeNode` when no free node may be lent (saying why each was left
         out) and :class:`AdoptionConflict` when every attempt lost a race (try again later).
@@ -362,6 +364,8 @@ class StaticProvider:
             node = choice.node
             try:
                 lent = lending.adoption_patch(node, spec.name, spec.labels, spec.taints, {t.key for t in spec.taints})
+                if claim:
+                    lent.patch["metadata"].setdefault("annotations", {})[ANNOTATION_CLAIM] = claim
                 self.kube.core.patch_node(node.name, lent.patch)
                 return MadeNode(node.name, node.uid or "", lent.record)
             except ApiException as e:

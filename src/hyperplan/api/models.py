@@ -504,6 +504,9 @@ class GroupNode(Model):
     node_id: Name
     lent: LentState | None = None
     cordoned: bool = False
+    # Set while the create or adoption is under way: the SHA-256 (hex) of the nonce written on the
+    # node (hyperplan.dev/claim); uid is "" until the API server has answered.
+    claim: str | None = Field(default=None, min_length=64, max_length=64, pattern="^[0-9a-f]{64}$")
 
 
 class InstanceGroupStatus(Model):

@@ -92,6 +92,10 @@ ANNOTATION_EVICTING_SINCE = f"{GROUP}/evicting-since"
 node's eviction counts from it, across restarts)."""
 ANNOTATION_LENT = f"{GROUP}/lent"
 """JSON: ``{"labels": {key: value before adoption or null}, "taintKeys": [...], "taints": [...]}``."""
+ANNOTATION_CLAIM = f"{GROUP}/claim"
+"""A nonce the operator writes on a node it creates or adopts, whose SHA-256 the group's record
+holds (``status.nodes[].claim``) from just before the write: after a crash between the write and
+the pass's status patch, the node is recognised as the group's by it (``planning.ownership``)."""
 ANNOTATION_KEEP_ALIVE_UNTIL = f"{GROUP}/keep-alive-until"
 """RFC 3339: when an idle warm node of a training-job plan is released, unless a workload takes it."""
 ANNOTATION_BLOCK_TERMINATION = f"{GROUP}/block-termination-time"

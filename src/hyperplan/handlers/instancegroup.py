@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import secrets
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -116,9 +117,9 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     report_unrecorded(rt, obj, key, held)
     seen = observe_nodes(key, raw, rt.group_memory, now, rt.keys, pod_counts,
                          {entry.name: nid for nid, entry in records.items()})
-    fresh = set(rt.group_memory.note_unreadable(key, [finding for _, finding in seen.unreadable]))
+    first_seen = set(rt.group_memory.note_unreadable(key, [finding for _, finding in seen.unreadable]))
     unreadable = [(node, Event("Warning", REASON_UNREADABLE, finding.message))
-                  for node, finding in seen.unreadable if finding in fresh]  # once per node, key and value
+                  for node, finding in seen.unreadable if finding in first_seen]  # once per node, key and value
     post_events(obj, unreadable)
     decision = decide_group(name, obj["metadata"].get("generation", 1), group.spec, group.status, plan,
                             peers_of(groups, group.spec.training_plan_ref, plan.group_selector if plan else None),
@@ -133,12 +134,22 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     taken = {n.name for n in held.sorted.unrecorded} | (set() if fresh else {e.node_id for e in held.sorted.missing})
     decision.create = [spec for spec in decision.create if spec.name not in taken]
 
+    # Intent first: the record names each node about to be made, with the digest of the nonce the
+    # node will carry, before the node exists (planning.ownership: a crash in between loses nothing).
+    claims = {spec.name: secrets.token_hex(16) for spec in decision.create}
+    if claims:
+        intent = ownership.next_record(held.sorted, [ownership.pending_entry(n, c) for n, c in claims.items()],
+                                       listed_fresh=fresh)
+        written = await in_thread(rt, rt.kube.patch_status, PLURAL, name, {"nodes": [e.wire() for e in intent]})
+        if written:
+            rt.cache.wrote(PLURAL, written)
+
     # Apply, then remember what was done (on the event loop).
     rt.group_memory.note_releasing(key, releases_of(decision))
     writes = bool(decision.create or decision.update or decision.drain or decision.remediation
                   or decision.checkpoint or seen.health_notes)
     applied = (await in_thread(rt, apply_decision, provider, rt.pods, decision, seen.raw, seen.health_notes,
-                               now, rt.clock, name, records) if writes else Applied())
+                               now, rt.clock, name, records, claims) if writes else Applied())
     rt.cache.note_group_wrote(key, writes)
     rt.group_memory.note_short_of_free_nodes(key, applied.short_of_free_nodes)  # see handlers.nodes
 
@@ -152,7 +163,7 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     if unrecorded is not None:
         decision.status.conditions.append(unrecorded)
     desired = decision.status.wire()
-    if desired != status_of(InstanceGroupStatus, obj).wire():
+    if claims or desired != status_of(InstanceGroupStatus, obj).wire():  # claims: the intent is replaced
         written = await in_thread(rt, rt.kube.patch_status, PLURAL, name, desired)
         if written:
             rt.cache.wrote(PLURAL, written)

@@ -39,7 +39,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hyperplan.api.models import KUBERNETES_DOMAINS, LentState, RecordedTaint
-from hyperplan.api.vocabulary import Unreadable
+from hyperplan.api.vocabulary import ANNOTATION_CLAIM, Unreadable
 from hyperplan.planning import reading
 from hyperplan.planning.health import ANNOTATION_EVICTING_SINCE, ANNOTATION_HEALTH_SINCE, DEFAULT_BAD_CONDITIONS
 from hyperplan.planning.naming import (
@@ -379,7 +379,7 @@ def hand_back(node: PoolNode, record: LentRecord | None, cordoned: bool) -> Hand
     if ours:
         spec["unschedulable"] = None
     annotations = {k: None for k in (ANNOTATION_LENT, ANNOTATION_CORDONED, ANNOTATION_HEALTH_SINCE,
-                                      ANNOTATION_EVICTING_SINCE) if k in node.annotations}
+                                      ANNOTATION_EVICTING_SINCE, ANNOTATION_CLAIM) if k in node.annotations}
     metadata: dict = _guarded(node, labels=labels)
     if annotations:
         metadata["annotations"] = annotations

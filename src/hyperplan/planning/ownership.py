@@ -18,21 +18,35 @@ ties a Node to its NodeClaim. This module decides, purely:
   under the group's label, with the lent record an earlier version kept in the node's annotation
   (read once, through ``LentRecord.safe``). A brand-new group records from nothing.
 
-The crash window between a create and the status patch: a node made (or adopted) by a pass whose
-status patch never landed is not in the record. The next pass finds it unrecorded and reports it
-(Warning ``NodeNotOwned``, condition ``UnrecordedNodes``); planning does not make another node of
-that name while it stands. An admin deletes such a KWOK node (the group then makes it again) or
-hands such a static node back (labels ``hyperplan.dev/pool=free``, the group's labels removed).
+The crash window between a create and the status patch is closed the way Karpenter's NodeClaim
+is made before its instance: intent first. A pass that creates or adopts writes, before the
+write to the node, the entries it is about to make (:func:`pending_entry`: the node id, the name
+on KWOK, no uid, and ``claim``: the SHA-256 of a nonce that exists only in the operator's memory
+until it is written on the node as ``hyperplan.dev/claim``). When its status patch after the
+create lands, the entry has its uid and no claim. When the operator died in between, the next
+pass finds the node under the group's label carrying the nonce whose digest the record holds
+(:func:`claimed_by`), and holds it (its uid recorded from the node). Nobody else could have
+written that nonce before the operator did, and a digest names one node: a claim that two
+listed nodes answer (the nonce copied from the node to another) holds neither. What a static
+node looked like before its adoption is lost with the process in that window: its hand-back
+removes what the group set and leaves the rest.
+
+A node that carries the group's label and neither a record entry nor a claim is unrecorded: the
+pass reports it (Warning ``NodeNotOwned``, condition ``UnrecordedNodes``), and planning makes no
+node of that name while it stands. An admin deletes such a KWOK node (the group then makes it
+again) or hands such a static node back (``hyperplan.dev/pool=free``, the group's labels
+removed).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
 from hyperplan.api.models import Condition, GroupNode
-from hyperplan.api.vocabulary import ANNOTATION_CORDONED, ANNOTATION_LENT, LABEL_NODE_ID, POOL_HELD
+from hyperplan.api.vocabulary import ANNOTATION_CLAIM, ANNOTATION_CORDONED, ANNOTATION_LENT, LABEL_NODE_ID, POOL_HELD
 from hyperplan.planning import lending
 from hyperplan.planning.plans import condition
 
@@ -90,19 +104,52 @@ def sort_nodes(record: Sequence[GroupNode] | None, listed: Sequence[ListedNode],
                 if entry is not None and entry.node_id not in ids:
                     ids.add(entry.node_id)
                     record.append(entry)
-    by_name = {entry.name: entry for entry in record}
+    by_name = {entry.name: entry for entry in record if entry.claim is None}
+    claimed = claimed_by([entry for entry in record if entry.claim is not None], listed, provider)
     held, unrecorded, seen = [], [], set()
     for node in listed:
         entry = by_name.get(node.name)
         if entry is not None and entry.uid and entry.uid == node.uid:
             held.append((node, entry))
             seen.add(entry.name)
+        elif node.name in claimed:
+            pending = claimed[node.name]
+            held.append((node, pending.model_copy(update={"name": node.name, "uid": node.uid, "claim": None})))
+            seen.add(pending.name)
         else:
             unrecorded.append(node)
     # A recorded node whose name is listed with another uid is gone (that name is another node now).
     listed_names = {node.name for node in listed}
     missing = tuple(entry for entry in record if entry.name not in seen and entry.name not in listed_names)
     return Sorted(tuple(held), tuple(unrecorded), missing)
+
+
+def claim_digest(nonce: str) -> str:
+    """What the record holds of the nonce written on a node: its SHA-256, hex."""
+    return hashlib.sha256(nonce.encode()).hexdigest()
+
+
+def pending_entry(node_id: str, nonce: str) -> GroupNode:
+    """The record's entry for a node about to be created (KWOK: named ``node_id``) or adopted
+    (static: the name is the chosen free node's, known when the node answers the claim)."""
+    return GroupNode(name=node_id, uid="", node_id=node_id, claim=claim_digest(nonce))
+
+
+def claimed_by(pending: Sequence[GroupNode], listed: Sequence[ListedNode], provider: str) -> dict[str, GroupNode]:
+    """The listed nodes (by name) that answer a pending entry's claim: the node carries the nonce
+    whose digest the entry holds, and on KWOK it has the entry's name. A digest two nodes answer
+    holds neither (the nonce was copied from one to the other)."""
+    by_digest: dict[str, list[ListedNode]] = {}
+    for node in listed:
+        nonce = node.annotations.get(ANNOTATION_CLAIM)
+        if nonce:
+            by_digest.setdefault(claim_digest(nonce), []).append(node)
+    out: dict[str, GroupNode] = {}
+    for entry in pending:
+        nodes = by_digest.get(entry.claim or "", [])
+        if len(nodes) == 1 and (provider == "static" or nodes[0].name == entry.name) and nodes[0].uid:
+            out[nodes[0].name] = entry
+    return out
 
 
 def next_record(found: Sorted, made: Iterable[GroupNode] = (), changed: Mapping[str, GroupNode] | None = None,
@@ -135,8 +182,8 @@ def unrecorded_condition(unrecorded: Sequence[ListedNode], group: str, generatio
     return condition(CONDITION_UNRECORDED, True, REASON_NOT_OWNED,
                      f"{len(names)} node(s) carry the label of group {group} but are not in its record "
                      f"(status.nodes): {shown}; they are left alone (not counted, changed or deleted). "
-                     "A node made in a pass whose status write was lost is one of them: delete it (KWOK) "
-                     "or hand it back (static) and the group makes or adopts it again",
+                     "To have the group make or adopt a node again in the place of one of them, delete it "
+                     "(KWOK) or hand it back (static: hyperplan.dev/pool=free, the group's labels removed)",
                      generation, prior, now)
 
 
