@@ -710,7 +710,7 @@ class Chaos:
                 self.h.create("instancegroups", {
                     "apiVersion": API, "kind": "InstanceGroup", "metadata": {"name": g.name},
                     "spec": {"trainingPlanRef": g.plan, "instanceType": g.itype, "instanceCount": g.count,
-                             "nodeProvider": "kwok", "healthCheck": {"graceSeconds": GRACE, "maxUnhealthy": 2}}})
+                             "nodeProvider": "kwok", "healthCheck": {"graceSeconds": GRACE, "maxUnhealthy": 2, "rebootBudget": 0}}})
             except ApiException as e:
                 if e.status != 409:
                     raise

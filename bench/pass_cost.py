@@ -78,7 +78,7 @@ def measure(ultraservers: int, repeat: int, loops: int) -> dict[str, float]:
     plan = BoundPlan("p", "hyperpod-cluster", None, X72, 1, (block,))
     spec = InstanceGroupSpec(training_plan_ref="p", instance_type=placement.ULTRASERVER_INSTANCE_TYPE,
                              instance_count=17 * ultraservers,
-                             health_check={"graceSeconds": 5, "maxUnhealthy": "20%"})
+                             health_check={"graceSeconds": 5, "maxUnhealthy": "20%", "rebootBudget": 0})
     peers = [Peer("w", spec.instance_count)]
     now = T0 + timedelta(minutes=1)
     first = decide_group("w", 1, spec, InstanceGroupStatus(), plan, peers, [], DEMO, T0 + timedelta(seconds=1))

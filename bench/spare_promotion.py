@@ -107,7 +107,7 @@ def main(h: Harness, args: argparse.Namespace) -> int:
     h.create("instancegroups", {
         "apiVersion": API, "kind": "InstanceGroup", "metadata": {"name": "bench-workers"},
         "spec": {"trainingPlanRef": "bench-gb", "instanceType": ITYPE, "instanceCount": 20,
-                 "healthCheck": {"graceSeconds": args.grace}}})
+                 "healthCheck": {"graceSeconds": args.grace, "rebootBudget": 0}}})
 
     def bought():
         h.tick()

@@ -113,7 +113,7 @@ def main(h: Harness, args: argparse.Namespace) -> int:
         h.create("instancegroups", {
             "apiVersion": API, "kind": "InstanceGroup", "metadata": {"name": name},
             "spec": {"trainingPlanRef": name, "instanceType": GB200, "instanceCount": ACTIVE,
-                     "healthCheck": {"graceSeconds": args.grace, "maxUnhealthy": 3}}})
+                     "healthCheck": {"graceSeconds": args.grace, "maxUnhealthy": 3, "rebootBudget": 0}}})
     step(f"{args.groups} plans of 1 x {X36} and {args.groups} groups of {ACTIVE} active + {SPARES} spares created")
 
     def bought():

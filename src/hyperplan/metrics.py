@@ -79,7 +79,7 @@ SPARE_PROMOTION = Histogram(
 
 # Known label values start at 0, so rates and panels have a series before the first event.
 KINDS = ("TrainingPlan", "InstanceGroup")
-REMEDIATION_ACTIONS = ("mark", "promote", "backfill", "remove")
+REMEDIATION_ACTIONS = ("mark", "promote", "backfill", "remove", "reboot", "recover")
 for _kind in KINDS:
     RECONCILE_DURATION.labels(_kind)
     STATUS_WRITES.labels(_kind)

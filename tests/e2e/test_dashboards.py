@@ -86,7 +86,7 @@ def dashboard_story(ctx: Context) -> dict:
     # A block well ahead: a "next block start" to show all along.
     k.create(plan_body(later_plan, later_type, 2, duration="1m", autoPurchase=True,
                        startTimeAfter=ts(utcnow() + timedelta(minutes=30))))
-    k.create(group_body(group, plan, ITYPE, GROUP_SIZE, healthCheck={"graceSeconds": 5, "maxUnhealthy": 2}))
+    k.create(group_body(group, plan, ITYPE, GROUP_SIZE, healthCheck={"graceSeconds": 5, "maxUnhealthy": 2, "rebootBudget": 0}))
     wait_phase(k, "trainingplan", plan, "Scheduled", timeout=60)
     wait_phase(k, "trainingplan", later_plan, "Scheduled", timeout=60)
     wait_phase(k, "instancegroup", group, "Ready", timeout=150)

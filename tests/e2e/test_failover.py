@@ -58,7 +58,7 @@ def failed_node_evacuated(ctx: Context) -> dict:
                        "startTimeAfter": ts(utcnow() + timedelta(seconds=15))}})
     k.create({"apiVersion": API, "kind": "InstanceGroup", "metadata": {"name": group},
               "spec": {"trainingPlanRef": plan, "instanceType": ITYPE, "instanceCount": 4,
-                       "healthCheck": {"graceSeconds": GRACE, "maxUnhealthy": 1}}})
+                       "healthCheck": {"graceSeconds": GRACE, "maxUnhealthy": 1, "rebootBudget": 0}}})
     eventually(lambda: (k.get("instancegroup", group).get("status") or {}).get("phase") == "Ready",
                timeout=120, what="group Ready")
     k.apply({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": job, "namespace": NS},

@@ -69,7 +69,7 @@ def ultraserver_group(ctx: Context) -> dict:
                        "startTimeAfter": ts(utcnow() + timedelta(seconds=30))}})
     k.create({"apiVersion": API, "kind": "InstanceGroup", "metadata": {"name": group},
               "spec": {"trainingPlanRef": plan, "instanceType": ITYPE, "instanceCount": 20,
-                       "labels": {"team": "research"}, "healthCheck": {"graceSeconds": 5, "maxUnhealthy": 2}}})
+                       "labels": {"team": "research"}, "healthCheck": {"graceSeconds": 5, "maxUnhealthy": 2, "rebootBudget": 0}}})
     bought = eventually(lambda: (s := k.get("trainingplan", plan).get("status") or {}).get("phase") == "Scheduled"
                         and s, timeout=60, what="plan bought")
     block = bought["reservedCapacity"][0]

@@ -104,7 +104,7 @@ def tas_failover(ctx: Context, quota_nodes: int) -> dict:
                        "startTimeAfter": ts(utcnow() + timedelta(seconds=15))}})
     k.create({"apiVersion": API, "kind": "InstanceGroup", "metadata": {"name": group},
               "spec": {"trainingPlanRef": plan, "instanceType": ITYPE, "instanceCount": ACTIVE,
-                       "healthCheck": {"graceSeconds": GRACE, "maxUnhealthy": 2}}})
+                       "healthCheck": {"graceSeconds": GRACE, "maxUnhealthy": 2, "rebootBudget": 0}}})
     k.apply(kueue_objects(tag, group, ns, quota_nodes))
     eventually(lambda: (k.get("instancegroup", group).get("status") or {}).get("phase") == "Ready",
                timeout=120, what="group Ready")

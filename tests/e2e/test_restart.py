@@ -88,7 +88,7 @@ def test_restart_in_the_middle_of_a_grace_neither_judges_early_nor_forgets(scena
     for future in [*scenarios.values(), *late_scenarios.values()]:
         future.exception(timeout=900)
     k, grace = crds, 20
-    group, _ = _setup_group(k, uuid.uuid4().hex[:5], 2, healthCheck={"graceSeconds": grace, "maxUnhealthy": 1})
+    group, _ = _setup_group(k, uuid.uuid4().hex[:5], 2, healthCheck={"graceSeconds": grace, "maxUnhealthy": 1, "rebootBudget": 0})
     victim = k.get("nodes", None, "-l", f"hyperplan.dev/instance-group={group}")["items"][0]["metadata"]["name"]
     t0 = utcnow()
     k.run("label", "node", victim, "sagemaker.amazonaws.com/node-health-status=Unschedulable")

@@ -178,7 +178,7 @@ def sagemaker_replace(ctx: Context) -> dict:
     k.create(pool_body(name, itype, 3, az="us-east-1m"))
     k.create(plan_body(name, itype, 2, duration="3m", autoPurchase=True,
                        startTimeAfter=ts(utcnow() + timedelta(seconds=10))))
-    k.create(group_body(name, name, itype, 2, healthCheck={"graceSeconds": 2, "maxUnhealthy": 1}))
+    k.create(group_body(name, name, itype, 2, healthCheck={"graceSeconds": 2, "maxUnhealthy": 1, "rebootBudget": 0}))
     first_block(k, name)
     wait_phase(k, "instancegroup", name, "Ready", timeout=120)
     key_id, secret = mint_key(ctx, user)

@@ -52,7 +52,7 @@ def status_view(ctx: Context) -> dict:
                        "startTimeAfter": ts(utcnow() + timedelta(seconds=20))}})
     k.create({"apiVersion": API, "kind": "InstanceGroup", "metadata": {"name": group},
               "spec": {"trainingPlanRef": plan, "instanceType": ITYPE, "instanceCount": 4,
-                       "healthCheck": {"graceSeconds": 30, "maxUnhealthy": 2}}})  # the view must catch the failed node
+                       "healthCheck": {"graceSeconds": 30, "maxUnhealthy": 2, "rebootBudget": 0}}})  # the view must catch the failed node
     out: dict = {"plan": plan, "group": group, "pool": f"st-{tag}", "az": f"us-st-{tag}"}
 
     def scheduled() -> dict | None:

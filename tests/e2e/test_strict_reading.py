@@ -41,7 +41,7 @@ def unreadable_values_on_nodes(ctx: Context) -> dict:
     k.create(pool_body(name, itype, 4, az="us-east-1c"))
     k.create(plan_body(name, itype, 4, duration="4m", autoPurchase=True,
                        startTimeAfter=ts(utcnow() + timedelta(seconds=15))))
-    k.create(group_body(name, name, itype, 3, healthCheck={"graceSeconds": 5, "maxUnhealthy": 1}))
+    k.create(group_body(name, name, itype, 3, healthCheck={"graceSeconds": 5, "maxUnhealthy": 1, "rebootBudget": 0}))
     wait_phase(k, "instancegroup", name, "Ready", timeout=120)
     naive_node, huge_node, failing_node = sorted(n["metadata"]["name"] for n in _nodes(k, name))
 

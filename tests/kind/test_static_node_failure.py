@@ -61,7 +61,7 @@ def _lend_freeze_and_check(kind: KindEnv, k: Kubectl, name: str, tag: str, victi
     try:
         k.apply([L.pool(name), L.plan(name, "4m", start_in=15)])
         k.apply(L.group(name, name, 2, labels={"team": f"t-{tag}"},
-                        healthCheck={"graceSeconds": 5, "maxUnhealthy": 1}))
+                        healthCheck={"graceSeconds": 5, "maxUnhealthy": 1, "rebootBudget": 0}))
         eventually(lambda: len(L.held_nodes(kind, name)) == 2, timeout=90, interval=1, what="both workers adopted")
         step("both workers adopted")
         subprocess.run(["docker", "pause", victim], check=True, capture_output=True, timeout=60)

@@ -61,8 +61,9 @@ def pool() -> CapacityPool:
 
 
 def group(finalizers: tuple[str, ...] = (FINALIZER,), **spec: Any) -> dict[str, Any]:
+    # rebootBudget 0: a failed node is replaced at once (the ladder's reboots: test_a_failed_node_is_rebooted_*).
     fields = {"trainingPlanRef": PLAN, "instanceType": ULTRASERVER_INSTANCE_TYPE, "instanceCount": 2,
-              "healthCheck": {"graceSeconds": 5, "maxUnhealthy": 2}, **spec}
+              "healthCheck": {"graceSeconds": 5, "maxUnhealthy": 2, "rebootBudget": 0}, **spec}
     return {"apiVersion": "hyperplan.dev/v1alpha1", "kind": "InstanceGroup",
             "metadata": {"name": GROUP, "uid": "uid-w", "generation": 1, "finalizers": list(finalizers),
                          "creationTimestamp": "2026-12-01T11:00:00Z"},
@@ -448,3 +449,137 @@ def test_a_recorded_node_that_is_gone_leaves_the_record_once_the_api_server_list
     assert recorded == [True, True, True, True, False]
     status = world.rt.cache.group(GROUP)["status"]
     assert sorted(n["name"] for n in status["nodes"]) == sorted(world.provider.nodes)
+
+
+# --------------------------------------------------------------------------- the recovery ladder
+
+LADDER = {"graceSeconds": 5, "maxUnhealthy": 2, "rebootBudget": 1, "rebootWindowSeconds": 3600,
+          "rebootTimeoutSeconds": 30}
+
+
+def record_of(world: World, node: str) -> dict[str, Any]:
+    return next(n for n in world.rt.cache.group(GROUP)["status"]["nodes"] if n["name"] == node)
+
+
+def test_a_failed_node_is_rebooted_and_comes_back_as_its_ultraservers_spare(worlds) -> None:
+    world = worlds(group(healthCheck=LADDER))
+    running(world)
+    failed = ACTIVE[1]
+    set_ready(world, failed, "False", NOW)
+    world.now = NOW + GRACE + timedelta(seconds=1)
+    failed_at = world.now
+
+    run(world)
+
+    # The spare serves at once; the failed node is marked PendingReboot and rebooted, not replaced.
+    calls = world.provider.calls
+    assert sorted(c for c in calls if c[0] in ("mark_unhealthy", "promote_spare", "reboot", "create")) == [
+        ("mark_unhealthy", failed), ("promote_spare", SPARE), ("reboot", failed)]
+    labels = world.provider.nodes[failed].metadata.labels
+    assert labels[naming.LABEL_HEALTH] == "UnschedulablePendingReboot"
+    assert world.provider.nodes[SPARE].metadata.labels[naming.LABEL_ROLE] == naming.ROLE_ACTIVE
+    assert "NodeRebooting" in world.reasons()
+    # The clock is in the record, the intent first (before the node went down).
+    intent, _final = patches(world)
+    [entry] = [n for n in intent["nodes"] if n["name"] == failed]
+    assert entry["recovery"]["rebootingSince"] == "2026-12-01T12:00:16Z"
+    assert record_of(world, failed)["recovery"] == {"reboots": ["2026-12-01T12:00:16Z"],
+                                                    "rebootingSince": "2026-12-01T12:00:16Z", "requested": False}
+
+    # Still down: waited for, nothing else done.
+    world.now += timedelta(seconds=5)
+    run(world)
+    assert [c for c in world.provider.calls if c[0] in ("reboot", "create", "release")] == []
+
+    # Back Ready: it serves again as the UltraServer's spare; no new node was ever made.
+    world.provider.finish_reboot(failed, world.now)
+    world.now += timedelta(seconds=1)
+    run(world)
+    back = world.provider.nodes[failed]
+    assert back.metadata.labels[naming.LABEL_HEALTH] == "Schedulable"
+    assert back.metadata.labels[naming.LABEL_ROLE] == naming.ROLE_SPARE
+    assert naming.SPARE_TAINT in taints_of(back) and naming.UNHEALTHY_TAINT not in taints_of(back)
+    assert "NodeRecovered" in world.reasons()
+    assert sorted(world.provider.nodes) == sorted([*ACTIVE, SPARE])
+    assert record_of(world, failed)["recovery"] == {"reboots": ["2026-12-01T12:00:16Z"], "requested": False}
+    world.now += timedelta(seconds=1)
+    run(world)
+    status = world.rt.cache.group(GROUP)["status"]
+    assert (status["phase"], status["readyCount"], status["spareCount"], status["unhealthyCount"]) == ("Ready", 2, 1, 0)
+    assert failed_at < world.now
+
+
+def test_a_node_that_fails_again_within_the_window_after_its_reboot_is_replaced(worlds) -> None:
+    world = worlds(group(healthCheck=LADDER))
+    running(world)
+    failed = ACTIVE[1]
+    set_ready(world, failed, "False", NOW)
+    world.now = NOW + GRACE + timedelta(seconds=1)
+    run(world)
+    world.provider.finish_reboot(failed, world.now)
+    world.now += timedelta(seconds=1)
+    run(world)
+    run(world)  # the role and taints of a spare
+
+    set_ready(world, failed, "False", world.now)  # the same fault, minutes later
+    world.now += GRACE + timedelta(seconds=1)
+    run(world)
+
+    assert ("reboot", failed) not in world.provider.calls
+    assert ("create", failed + "-g1") in world.provider.calls  # a new spare in its slot
+    assert world.provider.nodes[failed].metadata.labels[naming.LABEL_HEALTH] == "UnschedulablePendingReplacement"
+
+
+def test_a_node_not_back_within_the_reboot_timeout_is_replaced(worlds) -> None:
+    world = worlds(group(healthCheck=LADDER))
+    running(world)
+    failed = ACTIVE[1]
+    set_ready(world, failed, "False", NOW)
+    world.now = NOW + GRACE + timedelta(seconds=1)
+    run(world)
+    world.now += timedelta(seconds=31)
+    run(world)
+    assert world.provider.nodes[failed].metadata.labels[naming.LABEL_HEALTH] == "UnschedulablePendingReplacement"
+    assert ("create", failed + "-g1") in world.provider.calls
+    assert "rebootingSince" not in record_of(world, failed)["recovery"]
+
+
+@pytest.mark.parametrize("key", [naming.LABEL_HEALTH, naming.LABEL_SAGEMAKER_HEALTH],
+                         ids=["hyperplan-key", "sagemaker-key"])
+def test_an_admin_asks_for_a_reboot_with_the_health_label(worlds, key) -> None:
+    world = worlds(group(healthCheck=LADDER, nodeRecovery="None"))  # manual actions act even so
+    running(world)
+    node = ACTIVE[0]
+    world.provider.nodes[node].metadata.labels[key] = "UnschedulablePendingReboot"
+    run(world)  # the label is seen: its grace starts
+    world.now += GRACE + timedelta(seconds=1)
+    run(world)
+    assert ("promote_spare", SPARE) in world.provider.calls and ("reboot", node) in world.provider.calls
+    assert record_of(world, node)["recovery"]["requested"] is True
+
+    world.provider.finish_reboot(node, world.now)
+    world.now += timedelta(seconds=1)
+    run(world)
+    labels = world.provider.nodes[node].metadata.labels
+    assert labels[naming.LABEL_HEALTH] == "Schedulable"
+    if key == naming.LABEL_SAGEMAKER_HEALTH:  # carried out: HyperPod's label says so
+        assert labels[key] == "Schedulable"
+    world.now += timedelta(seconds=1)
+    run(world)
+    assert [c for c in world.provider.calls if c[0] == "reboot"] == []  # not asked again
+
+
+def test_with_node_recovery_none_a_fault_is_only_labelled(worlds) -> None:
+    world = worlds(group(healthCheck=LADDER, nodeRecovery="None"))
+    running(world)
+    failed = ACTIVE[1]
+    set_ready(world, failed, "False", NOW)
+    for _ in range(3):
+        world.now += GRACE + timedelta(seconds=1)
+        run(world)
+    assert world.provider.nodes[failed].metadata.labels[naming.LABEL_HEALTH] == "Unschedulable"
+    assert naming.UNHEALTHY_TAINT in taints_of(world.provider.nodes[failed])
+    assert sorted(world.provider.nodes) == sorted([*ACTIVE, SPARE])
+    assert world.provider.nodes[SPARE].metadata.labels[naming.LABEL_ROLE] == naming.ROLE_SPARE
+    assert not any(op in ("reboot", "promote_spare", "create", "release") for op, _ in world.provider.calls)
+    assert world.rt.cache.group(GROUP)["status"]["unhealthyCount"] == 1

@@ -71,9 +71,13 @@ H = "c64f9691"  # 8 hex of sha256("rc-abc-0"): the block part of node names
 H2 = "1deffe37"  # ... of "rc-abc-1"
 
 
-def spec(count: int = 20, *, instance_type: str = US_TYPE, max_unhealthy: int | str = 2, **kw) -> InstanceGroupSpec:
+def spec(count: int = 20, *, instance_type: str = US_TYPE, max_unhealthy: int | str = 2, reboot_budget: int = 0,
+         **kw) -> InstanceGroupSpec:
+    """The group's spec. ``reboot_budget`` 0 (replace at once): most tests here are about the
+    replacement; the ladder's reboots are tested under "the recovery ladder" below."""
     return InstanceGroupSpec(training_plan_ref="p", instance_type=instance_type, instance_count=count,
-                             health_check={"graceSeconds": 5, "maxUnhealthy": max_unhealthy}, **kw)
+                             health_check={"graceSeconds": 5, "maxUnhealthy": max_unhealthy,
+                                           "rebootBudget": reboot_budget, "rebootTimeoutSeconds": 30}, **kw)
 
 
 SPEC = spec()

@@ -23,7 +23,8 @@ from hyperplan.actuation.ledger import (
     CapacityLedger, PurchaseResult, blocks_of, pool_snapshot, reservations_by_pool,
 )
 from hyperplan.actuation.nodes import (
-    LABEL_NODE_ID, AdoptionConflict, DrainProgress, MadeNode, NodePods, NodeProvider, merged_taints,
+    LABEL_NODE_ID, AdoptionConflict, DrainProgress, MadeNode, NodePods, NodeProvider, mark_healthy_patch,
+    merged_taints,
 )
 from hyperplan.planning.lending import LentRecord
 from hyperplan.api.models import CapacityPool
@@ -150,6 +151,36 @@ class FakeProvider:
         n = self.nodes[node]
         n.metadata.labels.update({naming.LABEL_ROLE: naming.ROLE_ACTIVE, naming.LABEL_REPLACES: replacing})
         n.spec.taints = [t for t in (n.spec.taints or []) if t.key != naming.SPARE_TAINT.key]
+
+    def reboot(self, node: str, uid: str = "") -> None:
+        """The node goes ``Ready=False`` (reason ``Rebooting``) until :meth:`finish_reboot`."""
+        self._maybe_fail("reboot", node)
+        n = self.nodes.get(node)
+        if n is not None:
+            self._set_ready(n, "False", "Rebooting", self.clock())
+
+    def finish_reboot(self, node: str, at: datetime) -> None:
+        """The test's word that the rebooted node is back: ``Ready=True`` since ``at``."""
+        self._set_ready(self.nodes[node], "True", "KubeletReady", at)
+
+    @staticmethod
+    def _set_ready(n: client.V1Node, status: str, reason: str, at: datetime) -> None:
+        others = [c for c in ((n.status.conditions if n.status else None) or []) if c.type != "Ready"]
+        ready = client.V1NodeCondition(type="Ready", status=status, reason=reason, last_transition_time=at)
+        n.status = client.V1NodeStatus(conditions=[*others, ready])
+
+    def mark_healthy(self, node: str, last_seen: client.V1Node | None = None) -> None:
+        self._maybe_fail("mark_healthy", node)
+        n = self.nodes[node]
+        patch = mark_healthy_patch(n)
+        for key, value in patch["metadata"]["labels"].items():
+            if value is None:
+                n.metadata.labels.pop(key, None)
+            else:
+                n.metadata.labels[key] = value
+        for key in patch["metadata"]["annotations"]:
+            (n.metadata.annotations or {}).pop(key, None)
+        n.spec.taints = [t for t in (n.spec.taints or []) if t.key != naming.UNHEALTHY_TAINT.key]
 
     def annotate(self, node: str, annotations: dict[str, str | None], uid: str = "") -> None:
         self._maybe_fail("annotate", node)

@@ -308,6 +308,21 @@ def apply_decision(provider: NodeProvider, pods: NodePods, d: GroupDecision, raw
         return [(node_ref(raw[action.spare]), Event(
             "Normal", "SparePromoted", f"spare {action.spare} ({where}) replaces {action.replacing}"))]
 
+    def recover(action: health.RecoverNode) -> list[tuple[NodeBody | None, Event]]:
+        provider.mark_healthy(name_of(action.node), raw[action.node])
+        metrics.REMEDIATIONS.labels("recover").inc()
+        back = "as its UltraServer's spare" if action.as_spare else "as before"
+        return [(node_ref(raw[action.node]), Event("Normal", "NodeRecovered",
+                                                   f"{action.node} is back Ready after its reboot and serves {back}"))]
+
+    def reboot(action: health.RebootNode) -> list[tuple[NodeBody | None, Event]]:
+        name, uid = target(action.node, raw.get(action.node), records)
+        provider.reboot(name, uid)
+        metrics.REMEDIATIONS.labels("reboot").inc()
+        asked = " (requested)" if action.requested else ""
+        return [(node_ref(raw[action.node]), Event("Warning", "NodeRebooting",
+                                                   f"{action.node}: {action.reason}; rebooting{asked}"))]
+
     def release(nid: str) -> str:
         """Remove a failed node the group holds; one it no longer finds is gone already."""
         node, entry = raw.get(nid), (records or {}).get(nid)
@@ -351,6 +366,8 @@ def apply_decision(provider: NodeProvider, pods: NodePods, d: GroupDecision, raw
             independent.append(functools.partial(mark, action))
         elif isinstance(action, health.PromoteSpare) and action.spare in raw:
             independent.append(functools.partial(promote, action))
+        elif isinstance(action, health.RecoverNode) and action.node in raw:
+            independent.append(functools.partial(recover, action))
     independent += [functools.partial(create, spec) for spec in d.create]
     for outcome in run_together(independent):
         if outcome is None:
@@ -358,8 +375,12 @@ def apply_decision(provider: NodeProvider, pods: NodePods, d: GroupDecision, raw
         else:
             out.events.extend(outcome)
 
-    # Then what depends on the state of others: pods leave a failed node once its replacement
-    # serves, and it goes once they have left (decided across passes; in the remediation's order).
+    # Then what depends on the state of others: a failed node reboots once it is marked (and its
+    # spare promoted); pods leave a failed node once its replacement serves, and it goes once they
+    # have left (decided across passes; in the remediation's order).
+    for outcome in run_together([functools.partial(reboot, action) for action in d.remediation
+                                 if isinstance(action, health.RebootNode) and action.node in raw]):
+        out.events.extend(outcome)
     for action in d.remediation:
         if isinstance(action, health.EvictPods) and action.node in raw:
             out.events.extend(evacuate_node(provider, pods, raw[action.node], action, clock()))

@@ -35,9 +35,12 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from hyperplan.actuation.kube import Kube
-from hyperplan.api.vocabulary import ANNOTATION_CLAIM, OWN_PREFIX
+from hyperplan.api.vocabulary import (
+    ANNOTATION_CLAIM, ANNOTATION_EVICTING_SINCE, ANNOTATION_HEALTH_SINCE, OWN_PREFIX,
+)
 from hyperplan.planning import lending
 from hyperplan.planning import naming
+from hyperplan.planning import nodefacts
 from hyperplan.planning import placement
 
 log = logging.getLogger(__name__)
@@ -130,6 +133,10 @@ class NodeProvider(Protocol):
         ``hyperplan.dev/replaces=<replacing>``, the spare taint removed (other taints kept)."""
         ...
 
+    def mark_healthy(self, node: str, last_seen: client.V1Node | None = None) -> None:
+        """Undo :meth:`mark_unhealthy` for a node back from its reboot (:func:`mark_healthy_patch`)."""
+        ...
+
     def annotate(self, node: str, annotations: dict[str, str | None], uid: str = "") -> None:
         """Set (or, with None, remove) annotations on the node; a node that is gone is no error."""
         ...
@@ -163,6 +170,20 @@ def mark_unhealthy_patch(current: client.V1Node, health_status: str, taint: nami
     taints = merged_taints(current, (taint,), {taint.key})
     return guarded({"metadata": {"labels": {naming.LABEL_HEALTH: health_status}},
                     "spec": {"taints": _taint_body(taints)}}, uid_of(current))
+
+
+def mark_healthy_patch(current: client.V1Node) -> dict:
+    """A node back from its reboot serves again: hyperplan's health label says ``Schedulable``,
+    the unhealthy taint and the operator's notes of its failure (health signal, eviction start)
+    go; a HyperPod health label that says ``Unschedulable*`` (the request the reboot carried out)
+    becomes ``Schedulable`` too, as HyperPod's own recovery leaves it."""
+    labels: dict[str, str | None] = {naming.LABEL_HEALTH: naming.HEALTH_SCHEDULABLE}
+    if nodefacts.is_unschedulable((current.metadata.labels or {}).get(naming.LABEL_SAGEMAKER_HEALTH)):
+        labels[naming.LABEL_SAGEMAKER_HEALTH] = naming.HEALTH_SCHEDULABLE
+    keep = [t for t in taints_of(current) if t.key != naming.UNHEALTHY_TAINT.key]
+    return guarded({"metadata": {"labels": labels, "annotations": {
+        ANNOTATION_HEALTH_SINCE: None, ANNOTATION_EVICTING_SINCE: None}},
+        "spec": {"taints": _taint_body(keep) or None}}, uid_of(current))
 
 
 def promote_spare_patch(current: client.V1Node, replacing: str) -> dict:
@@ -257,6 +278,9 @@ class KwokProvider:
 
     def promote_spare(self, node: str, replacing: str, last_seen: client.V1Node | None = None) -> None:
         self._patch_from(node, last_seen, lambda n: promote_spare_patch(n, replacing))
+
+    def mark_healthy(self, node: str, last_seen: client.V1Node | None = None) -> None:
+        self._patch_from(node, last_seen, mark_healthy_patch)
 
     def _patch_from(self, node: str, last_seen: client.V1Node | None,
                     make: Callable[[client.V1Node], dict]) -> None:
@@ -433,6 +457,11 @@ class StaticProvider:
         current = self._read(node, uid_of(last_seen))
         if current is not None:
             self.kube.core.patch_node(node, promote_spare_patch(current, replacing))
+
+    def mark_healthy(self, node: str, last_seen: client.V1Node | None = None) -> None:
+        current = self._read(node, uid_of(last_seen))
+        if current is not None:
+            self.kube.core.patch_node(node, mark_healthy_patch(current))
 
     def annotate(self, node: str, annotations: dict[str, str | None], uid: str = "") -> None:
         try:

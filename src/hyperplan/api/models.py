@@ -394,6 +394,15 @@ class HealthCheckSpec(Model):
                               " + ' is not Type=True, Type=False or Type=Unknown (a node condition type such as "
                               "GpuHealthy or example.com/GpuHealthy, then = and the status)'")]},
     )
+    # The recovery ladder (planning.recovery): a failed node is rebooted first, at most
+    # rebootBudget times within rebootWindowSeconds, and replaced when it fails again within the
+    # window, or is not back Ready within rebootTimeoutSeconds. 0: replace at once, as before.
+    reboot_budget: int = Field(default=1, ge=0, le=10, description=(
+        "Reboots a failed node may get within rebootWindowSeconds before it is replaced (0: replace at once)."))
+    reboot_window_seconds: int = Field(default=3600, ge=1, le=7 * 24 * 3600, description=(
+        "The window of the reboot budget: a node that fails again within it after a reboot is replaced."))
+    reboot_timeout_seconds: int = Field(default=600, ge=1, le=24 * 3600, description=(
+        "How long a rebooted node has to come back Ready before it is replaced."))
 
 
 class PlacementSpecification(Model):
@@ -447,6 +456,10 @@ class InstanceGroupSpec(Model):
             "self.all(t, self.exists_one(u, u.key == t.key && u.effect == t.effect))",
             "taints must be unique by key and effect (a node refuses two taints with the same pair)")]})
     health_check: HealthCheckSpec = Field(default_factory=HealthCheckSpec)
+    node_recovery: Literal["Automatic", "None"] = Field(default="Automatic", description=(
+        "Automatic: failed nodes are rebooted, then replaced (healthCheck). None: faults are only labelled, "
+        "tainted and reported; only manual actions (the UnschedulablePendingReboot or "
+        "UnschedulablePendingReplacement health label) act."))
     placement: PlacementSpec = Field(default_factory=PlacementSpec)
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
@@ -507,6 +520,20 @@ class GroupNode(Model):
     # Set while the create or adoption is under way: the SHA-256 (hex) of the nonce written on the
     # node (hyperplan.dev/claim); uid is "" until the API server has answered.
     claim: str | None = Field(default=None, min_length=64, max_length=64, pattern="^[0-9a-f]{64}$")
+    recovery: NodeRecovery | None = None
+
+
+class NodeRecovery(Model):
+    """The operator's own clock of a node's reboots (planning.recovery): kept in the group's
+    record, not on the node, so that neither the node nor a condition's lastTransitionTime can
+    reset it, and a restart of the operator keeps it."""
+
+    reboots: list[Time] = Field(default_factory=list, max_length=16)  # starts, within the budget's window
+    rebooting_since: Time | None = None  # a reboot under way, started then
+    requested: bool = False  # the reboot under way was asked for (a health label), not the ladder's
+
+
+GroupNode.model_rebuild()
 
 
 class InstanceGroupStatus(Model):

@@ -37,8 +37,10 @@ from hyperplan.api.vocabulary import FINALIZER  # set by kopf (operator.configur
 from hyperplan.handlers.context import Runtime, status_of
 from hyperplan.handlers.trainingplan import as_the_ledger_holds
 from hyperplan.handlers.workqueue import Pace
+from hyperplan.planning import health
 from hyperplan.planning import naming
 from hyperplan.planning import ownership
+from hyperplan.planning import recovery
 from hyperplan.planning.groups import Peer, BoundPlan, decide_group
 from hyperplan.planning.memory import Vanished
 from hyperplan.planning.nodefacts import NodeFacts, facts_of_v1
@@ -136,10 +138,13 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
 
     # Intent first: the record names each node about to be made, with the digest of the nonce the
     # node will carry, before the node exists (planning.ownership: a crash in between loses nothing).
+    # The same for a reboot: its clock is in the record before the node goes down.
     claims = {spec.name: secrets.token_hex(16) for spec in decision.create}
-    if claims:
-        intent = ownership.next_record(held.sorted, [ownership.pending_entry(n, c) for n, c in claims.items()],
-                                       listed_fresh=fresh)
+    rebooting = any(isinstance(a, health.RebootNode) for a in decision.remediation)
+    if claims or rebooting:
+        intent = recovery.recorded(ownership.next_record(
+            held.sorted, [ownership.pending_entry(n, c) for n, c in claims.items()], listed_fresh=fresh),
+            decision.recovery)
         written = await in_thread(rt, rt.kube.patch_status, PLURAL, name, {"nodes": [e.wire() for e in intent]})
         if written:
             rt.cache.wrote(PLURAL, written)
@@ -156,14 +161,14 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     # One status patch, then the events.
     decision.status.vanished_nodes = [VanishedNode(name=v.name, since=v.since, labels=dict(v.labels))
                                       for v in rt.group_memory.vanished(key)]
-    decision.status.nodes = ownership.next_record(held.sorted, applied.made, applied.changed, applied.released,
-                                                  listed_fresh=fresh)
+    decision.status.nodes = recovery.recorded(ownership.next_record(
+        held.sorted, applied.made, applied.changed, applied.released, listed_fresh=fresh), decision.recovery)
     unrecorded = ownership.unrecorded_condition(held.sorted.unrecorded, name, obj["metadata"].get("generation", 1),
                                                 group.status.conditions, now)
     if unrecorded is not None:
         decision.status.conditions.append(unrecorded)
     desired = decision.status.wire()
-    if claims or desired != status_of(InstanceGroupStatus, obj).wire():  # claims: the intent is replaced
+    if claims or rebooting or desired != status_of(InstanceGroupStatus, obj).wire():  # the intent is replaced
         written = await in_thread(rt, rt.kube.patch_status, PLURAL, name, desired)
         if written:
             rt.cache.wrote(PLURAL, written)

@@ -37,6 +37,7 @@ from hyperplan.api.vocabulary import (  # noqa: F401  (the checkpoint words re-e
 from hyperplan.planning import health
 from hyperplan.planning import naming
 from hyperplan.planning import placement
+from hyperplan.planning import recovery
 from hyperplan.planning import tenancy
 from hyperplan.planning.nodefacts import is_unschedulable
 from hyperplan.planning.plans import Event, condition
@@ -159,6 +160,8 @@ class GroupDecision:
     update: list[placement.NodeSpec] = field(default_factory=list)
     drain: list[Drain] = field(default_factory=list)
     remediation: tuple[health.Action, ...] = ()
+    # The recovery clocks the remediation moved (by node name), for the group's record.
+    recovery: Mapping[str, recovery.RecoveryState] = field(default_factory=dict)
     checkpoint: Checkpoint | None = None  # carried out before the drains
     events: list[Event] = field(default_factory=list)
     wake_at: datetime | None = None
@@ -278,15 +281,19 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
                                      spec.health_check.unhealthy_conditions)
     observations = [n.health for n in on_block]
     verdict = health.evaluate_health(observations, check, now)
+    clocks = {e.name: recovery.RecoveryState.from_record(e.recovery) for e in prior.nodes or () if e.recovery}
     remedy = health.plan_remediation(verdict, observations, ultraservers, block_has_time_left=now < termination,
-                                 uses_spares=bool(ultraservers), max_unhealthy=check.max_unhealthy)
+                                     uses_spares=bool(ultraservers), max_unhealthy=check.max_unhealthy,
+                                     ladder=recovery.Ladder.from_spec(spec.node_recovery, spec.health_check),
+                                     clocks=clocks, now=now)
 
     # Make before break: a failed node goes only once its replacement is up and Ready, so the
     # slot is never empty and the failure stays visible (counts, UltraServer health) until then;
     # and only once its pods have left (evicted as soon as its replacement serves).
     by_slot = {(n.health.slot, n.health.generation): n for n in on_block}
     by_name = {n.name: n for n in on_block}
-    actions, evacuation_check = _evacuate_before_removal(remedy.actions, on_block, by_name, by_slot, policy, now)
+    actions, evacuation_check = _evacuate_before_removal(remedy.actions, on_block, by_name, by_slot, policy, now,
+                                                         remedy.rebooting)
 
     owners = placement.spare_owners(placements)
     slots = placement.slot_states_from_labels(n.labels for n in on_block if not n.deleting)
@@ -295,6 +302,14 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
         promoted = by_name.get(action.spare) if isinstance(action, health.PromoteSpare) else None
         if promoted is not None and promoted.health.slot in slots:
             slots[promoted.health.slot] = dataclasses.replace(slots[promoted.health.slot], role=naming.ROLE_ACTIVE)
+    # A node back from its reboot serves again: as its UltraServer's spare when one took over.
+    recovered = {a.node for a in actions if isinstance(a, health.RecoverNode)}
+    for action in actions:
+        back = by_name.get(action.node) if isinstance(action, health.RecoverNode) else None
+        if back is not None and back.health.slot in slots:
+            state = slots[back.health.slot]
+            slots[back.health.slot] = dataclasses.replace(
+                state, health=naming.HEALTH_SCHEDULABLE, role=naming.ROLE_SPARE if action.as_spare else state.role)
     desired = placement.desired_nodes(
         name, plan.name, block.id, spec.instance_type, block.availability_zone, mine, ultraservers,
         placement.spare_ultraservers(name, owners), spec.labels,
@@ -304,8 +319,8 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
     vanished = {n.name for n in on_block if not n.health.exists}  # deleted from under us
     create = [d for d in desired if d.name not in existing and d.name not in vanished]
     # Nodes with a failure signal leave only through remediation (or at the block's end).
-    being_remediated = set(verdict.unhealthy) | set(verdict.pending) | vanished | {
-        n.name for n in on_block if is_unschedulable(n.health.health_label)}
+    being_remediated = (set(verdict.unhealthy) | set(verdict.pending) | vanished | set(remedy.rebooting) | {
+        n.name for n in on_block if is_unschedulable(n.health.health_label)}) - recovered
     kept = [d for d in desired if d.name in existing]
     promoting = {a.spare for a in actions if isinstance(a, health.PromoteSpare)}  # patched by the action
     hands_off = being_remediated | promoting
@@ -332,12 +347,12 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
                       desired_count=active_wanted, ready_count=ready, spare_count=spares_up,
                       unhealthy_count=len(verdict.unhealthy),
                       next_transition_time=schedule.next_transition_time, extra_conditions=extra),
-        block=block, create=create, update=update, drain=drains, remediation=actions,
+        block=block, create=create, update=update, drain=drains, remediation=actions, recovery=remedy.recovery,
         checkpoint=plan_checkpoint(block.id, termination, policy.checkpoint_lead, on_block, now))
     decision.events += checkpoint_events(decision.checkpoint, on_block)
     signal_at = checkpoint_time(termination, policy.checkpoint_lead)
     # verdict.next_check batches grace ends that fall close together (health.HEALTH_BATCH_WINDOW).
-    decision.wake_at = _min_time(schedule.next_transition_time, verdict.next_check, evacuation_check,
+    decision.wake_at = _min_time(schedule.next_transition_time, verdict.next_check, evacuation_check, remedy.next_check,
                                  now + DRAIN_RETRY if drains else None, signal_at if now < signal_at else None)
     if not remedy.allowed and _reason(prior.conditions, "RemediationAllowed") != remedy.reason:
         decision.events.append(Event("Warning", remedy.reason or "TooManyUnhealthy", remedy.message))
@@ -347,16 +362,25 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
 def _evacuate_before_removal(planned: Sequence[health.Action], on_block: Sequence[ObservedGroupNode],
                              by_name: Mapping[str, ObservedGroupNode],
                              by_slot: Mapping[tuple[str | None, int], ObservedGroupNode], policy: Policy,
-                             now: datetime) -> tuple[tuple[health.Action, ...], datetime | None]:
+                             now: datetime, rebooting: Sequence[str] = ()) -> tuple[tuple[health.Action, ...], datetime | None]:
     """The remediation with each failed node's pods evicted once its replacement serves (a spare
     promoted in its stead, or its backfill Ready) and its removal held until they are gone
-    (:func:`hyperplan.planning.health.evacuate`); and when to look again at pods still leaving."""
+    (:func:`hyperplan.planning.health.evacuate`), and the pods of each ``rebooting`` node whose
+    spare serves evicted too; and when to look again at pods still leaving."""
     serving_for = {a.replacing for a in planned if isinstance(a, health.PromoteSpare)} | {
         n.health.replaces for n in on_block if n.health.exists and n.health.replaces}
     kept: list[health.Action] = []
     evictions: list[health.Action] = []
     removals: list[health.Action] = []
     check = None
+    for name in sorted(set(rebooting) & serving_for):
+        # A spare serves in its place: its pods move there, before and during the reboot.
+        node = by_name.get(name)
+        if node is not None and node.health.exists:
+            evacuation = health.evacuate(node.health, "Rebooting", now, policy.dead_node_eviction_timeout)
+            if evacuation.action is not None:
+                evictions.append(evacuation.action)
+            check = _min_time(check, evacuation.next_check)
     for action in planned:
         if not isinstance(action, health.RemoveNode):
             kept.append(action)

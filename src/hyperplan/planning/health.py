@@ -85,9 +85,12 @@ from hyperplan.api.vocabulary import (  # noqa: F401  (the node memory's keys re
     ANNOTATION_EVICTING_SINCE, ANNOTATION_HEALTH_SINCE, REASON_DELETED_BY_HYPERPLAN, Unreadable, to_rfc3339,
 )
 from hyperplan.planning import reading
+from hyperplan.planning import recovery
 from hyperplan.planning.naming import (
     ANNOTATION_CORDONED,
+    HEALTH_PENDING_REBOOT,
     HEALTH_PENDING_REPLACEMENT,
+    HEALTH_UNSCHEDULABLE,
     ROLE_ACTIVE,
     ROLE_SPARE,
     UNHEALTHY_TAINT,
@@ -419,7 +422,26 @@ class EvictPods:
     force: bool = False
 
 
-Action = MarkUnhealthy | PromoteSpare | Backfill | EvictPods | RemoveNode
+@dataclass(frozen=True)
+class RebootNode:
+    """Reboot ``node`` through its provider (planning.recovery): it goes NotReady and comes back
+    under the same name. ``requested``: an admin asked for it (a health label)."""
+
+    node: str
+    reason: str
+    requested: bool = False
+
+
+@dataclass(frozen=True)
+class RecoverNode:
+    """``node`` is back from its reboot and healthy: its health label and taint go, and it serves
+    again, as a spare when ``as_spare`` (a spare took over its work, or it was one)."""
+
+    node: str
+    as_spare: bool
+
+
+Action = MarkUnhealthy | PromoteSpare | Backfill | EvictPods | RemoveNode | RebootNode | RecoverNode
 
 
 EVICTION_RETRY = timedelta(seconds=1)
@@ -466,6 +488,10 @@ class RemediationPlan:
     reason: str | None
     message: str
     unhealthy_count: int = 0
+    # The recovery clocks the plan moves (by node name; planning.recovery), for the group's record.
+    recovery: Mapping[str, recovery.RecoveryState] = field(default_factory=dict)
+    next_check: datetime | None = None  # a reboot under way times out then
+    rebooting: tuple[str, ...] = ()  # nodes with a reboot under way (after this plan)
 
     def slot_states(self) -> dict[str, SlotState]:
         """The slot states the plan's backfills create, for ``desired_nodes(slots=...)``."""
@@ -504,34 +530,72 @@ def plan_remediation(
     block_has_time_left: bool,
     uses_spares: bool,
     max_unhealthy: int | str = "20%",
+    ladder: recovery.Ladder = recovery.REPLACE_ONLY,
+    clocks: Mapping[str, recovery.RecoveryState] | None = None,
+    now: datetime | None = None,
 ) -> RemediationPlan:
-    """What to do about the group's unhealthy ``nodes`` (see the module docstring).
+    """What to do about the group's unhealthy ``nodes`` (see the module docstring), climbing
+    ``ladder`` (planning.recovery) with each node's recovery clock from ``clocks`` (by name).
 
     ``nodes`` are all of the group's nodes on the block (their count is the base of a
-    percentage ``max_unhealthy``); ``ultraservers`` order spares on other UltraServers.
+    percentage ``max_unhealthy``); ``ultraservers`` order spares on other UltraServers. A node
+    with a reboot under way counts as unhealthy until it has recovered.
     """
+    clocks = clocks or {}
     by_name = {n.name: n for n in nodes}
-    failed = sorted(name for name in verdict.unhealthy if name in by_name)
-    if not failed:
+    rebooting = {name for name, c in clocks.items() if c.rebooting_since is not None and name in by_name}
+    candidates = sorted((set(verdict.unhealthy) & set(by_name)) | rebooting)
+    if not candidates:
         return RemediationPlan(True, (), None, "no unhealthy nodes", 0)
+    already_promoted = {n.replaces for n in nodes if n.exists and n.replaces}
+    when = now or datetime.min
+
+    def covered(node: NodeObservation) -> bool:
+        return (not uses_spares or node.role == ROLE_SPARE or node.name in already_promoted
+                or _pick_spare(node, nodes, verdict, set(), {}) is not None)
+
+    steps = {name: recovery.next_step(
+        exists=by_name[name].exists, conditions=by_name[name].conditions, health_label=by_name[name].health_label,
+        reason=verdict.unhealthy.get(name), state=clocks.get(name, recovery.RecoveryState()), ladder=ladder,
+        covered=covered(by_name[name]), now=when) for name in candidates}
+    recovered = [name for name in candidates if steps[name] is not None and steps[name].kind == recovery.RECOVERED]
+    failed = [name for name in candidates if steps[name] is not None and steps[name].kind != recovery.RECOVERED]
+    moved: dict[str, recovery.RecoveryState] = {}
+    early: list[Action] = []
+    for name in recovered:  # back from a reboot: always allowed (fewer unhealthy nodes)
+        node = by_name[name]
+        early.append(RecoverNode(name, node.role == ROLE_SPARE or name in already_promoted))
+        moved[name] = clocks[name].ended()
+    if not failed:
+        return RemediationPlan(True, tuple(early), None, "no unhealthy nodes", 0, moved)
     allowed, message = remediation_allowed(len(failed), len(nodes), max_unhealthy)
     if not allowed:
-        return RemediationPlan(False, (), REASON_TOO_MANY_UNHEALTHY, message, len(failed))
+        return RemediationPlan(False, tuple(early), REASON_TOO_MANY_UNHEALTHY, message, len(failed), moved,
+                               rebooting=tuple(sorted(rebooting)))
 
     us_index = {u.id: u.index for u in ultraservers}
-    already_promoted = {n.replaces for n in nodes if n.exists and n.replaces}
     taken: set[str] = set()
     marks: list[Action] = []
     promotions: list[Action] = []
+    reboots: list[Action] = []
     backfills: list[Action] = []
     removals: list[Action] = []
     notes: list[str] = []
+    next_check = None
+    still_rebooting: set[str] = set()
 
     for name in failed:
-        node = by_name[name]
-        reason = verdict.unhealthy[name]
-        if node.exists and node.health_label != HEALTH_PENDING_REPLACEMENT:
-            marks.append(MarkUnhealthy(name, reason))
+        node, step = by_name[name], steps[name]
+        reason = verdict.unhealthy.get(name) or step.why
+        state = clocks.get(name, recovery.RecoveryState())
+        label = {recovery.REBOOT: HEALTH_PENDING_REBOOT, recovery.WAIT: HEALTH_PENDING_REBOOT,
+                 recovery.LABEL_ONLY: HEALTH_UNSCHEDULABLE}.get(step.kind, HEALTH_PENDING_REPLACEMENT)
+        if node.exists and node.health_label != label and not (
+                step.kind == recovery.LABEL_ONLY and node.health_label and node.health_label.startswith(HEALTH_UNSCHEDULABLE)):
+            marks.append(MarkUnhealthy(name, reason if step.kind != recovery.REPLACE or not state.rebooting_since
+                                       else step.why, health_status=label))
+        if step.kind == recovery.LABEL_ONLY:
+            continue
 
         promoted = name in already_promoted
         if uses_spares and node.role == ROLE_ACTIVE and not promoted:
@@ -544,6 +608,19 @@ def plan_remediation(
                 promotions.append(PromoteSpare(
                     spare.name, name, spare.ultraserver_id,
                     spare.ultraserver_id == node.ultraserver_id, verdict.grace_ended.get(name)))
+
+        if step.kind == recovery.REBOOT:
+            reboots.append(RebootNode(name, step.why, step.requested))
+            moved[name] = state.started(when, ladder.reboot_window, step.requested)
+            still_rebooting.add(name)
+            next_check = _earliest(next_check, when + ladder.reboot_timeout)
+            continue
+        if step.kind == recovery.WAIT:
+            still_rebooting.add(name)
+            next_check = _earliest(next_check, step.until)
+            continue
+        if state.rebooting_since is not None:  # the reboot did not help: replace
+            moved[name] = state.ended()
 
         replaced = node.slot is not None and any(
             o.exists and o.slot == node.slot and o.generation > node.generation
@@ -562,7 +639,14 @@ def plan_remediation(
         if node.exists and replaced:
             removals.append(RemoveNode(name, reason))
 
-    actions = tuple(marks + promotions + backfills + removals)
+    actions = tuple(early + marks + promotions + reboots + backfills + removals)
+    if still_rebooting:
+        notes.append(f"{len(still_rebooting)} rebooting")
     if notes:
         message = f"{message}; " + "; ".join(notes)
-    return RemediationPlan(True, actions, None, message, len(failed))
+    return RemediationPlan(True, actions, None, message, len(failed), moved, next_check,
+                           tuple(sorted(still_rebooting)))
+
+
+def _earliest(a: datetime | None, b: datetime | None) -> datetime | None:
+    return b if a is None else a if b is None else min(a, b)

@@ -1,0 +1,171 @@
+"""The recovery ladder: what a failed node gets before it is replaced, as HyperPod does it.
+
+In a reserved block a replacement is the dear action: the block's capacity is fixed, so a new
+node comes out of the UltraServer's spare (which is then gone) or from nowhere. A reboot costs
+nothing but the minutes it takes, and most faults (a wedged driver, a kubelet that stopped
+answering) do not survive one. So by default a failed node is rebooted first, and replaced only
+when the reboot did not help. Pure: observations, the node's recovery clock and ``now`` in, one
+:class:`Step` out; :func:`hyperplan.planning.health.plan_remediation` turns the steps into
+actions.
+
+The ladder (README, "Recovery"):
+
+=====================================================  =======================================
+the failed node                                        step
+=====================================================  =======================================
+labelled ``UnschedulablePendingReplacement``           replace (an admin's request, or ours)
+labelled ``UnschedulablePendingReboot``, no reboot     reboot (an admin's request; no budget)
+under way
+``nodeRecovery: None``                                 label only (taint, Event); nothing else
+deleted, or never reported Ready (startup timeout)     replace: nothing to reboot
+rebooted ``rebootBudget`` times within the window      replace: it failed again after a reboot
+an active node of an UltraServer no spare covers       replace: a reboot would leave the job
+                                                       short of its NVLink domain until it ends
+anything else                                          reboot (its spare is promoted first)
+=====================================================  =======================================
+
+A reboot under way (:attr:`RecoveryState.rebooting_since`) ends in one of three ways: the node
+reports ``Ready=True`` with a transition after the reboot started and no fault left but the
+operator's own label (**recovered**: it serves again, as its UltraServer's spare when a spare
+took over its work); ``Ready=True`` with a fault still there (**replace**); or no ``Ready=True``
+within ``rebootTimeoutSeconds`` (**replace**).
+
+The clock of the reboots is the operator's own, kept in the group's record
+(``status.nodes[].recovery``), never read from the node or from a condition's
+``lastTransitionTime``: a condition that flaps cannot reset it, a restart of the operator keeps
+it, and a fault that comes back after a reboot counts against the budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from hyperplan.api.models import GroupNode, HealthCheckSpec, NodeRecovery
+from hyperplan.planning.naming import HEALTH_PENDING_REBOOT, HEALTH_PENDING_REPLACEMENT
+from hyperplan.planning.nodefacts import READY
+
+REBOOT = "Reboot"
+WAIT = "WaitForReboot"
+RECOVERED = "Recovered"
+REPLACE = "Replace"
+LABEL_ONLY = "LabelOnly"
+
+SIGNAL_DELETED = "NodeDeleted"  # health.SIGNAL_DELETED (health imports this module)
+SIGNAL_STARTUP_TIMEOUT = "NodeStartupTimeout"
+LABEL_SIGNAL_PREFIX = "NodeHealthStatus="  # a reason of health's that is only a health label
+
+
+@dataclass(frozen=True)
+class Ladder:
+    """The group's recovery settings (``spec.nodeRecovery`` and ``spec.healthCheck``)."""
+
+    automatic: bool = True
+    reboot_budget: int = 1
+    reboot_window: timedelta = timedelta(hours=1)
+    reboot_timeout: timedelta = timedelta(minutes=10)
+
+    @classmethod
+    def from_spec(cls, node_recovery: str, check: HealthCheckSpec) -> Ladder:
+        return cls(node_recovery != "None", check.reboot_budget, timedelta(seconds=check.reboot_window_seconds),
+                   timedelta(seconds=check.reboot_timeout_seconds))
+
+
+REPLACE_ONLY = Ladder(reboot_budget=0)
+"""Today's one action: every failure is replaced (what a group with ``rebootBudget: 0`` gets)."""
+
+
+@dataclass(frozen=True)
+class RecoveryState:
+    """A node's recovery clock, as the group's record keeps it (:class:`NodeRecovery`)."""
+
+    reboots: tuple[datetime, ...] = ()
+    rebooting_since: datetime | None = None
+    requested: bool = False
+
+    @classmethod
+    def from_record(cls, record: NodeRecovery | None) -> RecoveryState:
+        if record is None:
+            return cls()
+        return cls(tuple(record.reboots), record.rebooting_since, record.requested)
+
+    def to_record(self) -> NodeRecovery | None:
+        if not self.reboots and self.rebooting_since is None:
+            return None
+        return NodeRecovery(reboots=list(self.reboots), rebooting_since=self.rebooting_since,
+                            requested=self.requested)
+
+    def recent(self, now: datetime, window: timedelta) -> tuple[datetime, ...]:
+        """The reboots that count against the budget at ``now``."""
+        return tuple(t for t in self.reboots if t > now - window)
+
+    def started(self, now: datetime, window: timedelta, requested: bool) -> RecoveryState:
+        """The clock once a reboot starts at ``now`` (reboots out of the window are forgotten)."""
+        return RecoveryState((*self.recent(now, window), now)[-16:], now, requested)
+
+    def ended(self) -> RecoveryState:
+        return RecoveryState(self.reboots, None, False)
+
+
+@dataclass(frozen=True)
+class Step:
+    """What the ladder says for one failed node, and why (for the Event and the docs)."""
+
+    kind: str
+    why: str
+    requested: bool = False  # a reboot an admin asked for
+    until: datetime | None = None  # WAIT: when the reboot times out
+
+
+def back_from_reboot(conditions, since: datetime) -> bool:
+    """Whether the node reported ``Ready=True`` with a transition since the reboot started."""
+    ready = next((c for c in conditions if c.type == READY), None)
+    return ready is not None and ready.status == "True" and ready.last_transition_time >= since
+
+
+def next_step(*, exists: bool, conditions, health_label: str | None, reason: str | None,
+              state: RecoveryState, ladder: Ladder, covered: bool, now: datetime) -> Step | None:
+    """The ladder's step for one node (see the module docstring), or None: nothing to do.
+
+    ``reason``: the health verdict's reason when the node is unhealthy, else None (a node with a
+    reboot under way is asked either way). ``covered``: nothing the node serves is lost while it
+    reboots (it is a spare, a spare serves in its place or can be promoted now, or its group has
+    no UltraServers).
+    """
+    if state.rebooting_since is not None:
+        since = state.rebooting_since
+        if exists and back_from_reboot(conditions, since):
+            if reason is not None and not reason.startswith(LABEL_SIGNAL_PREFIX) and reason != f"{READY}=False":
+                return Step(REPLACE, f"{reason} after its reboot")
+            return Step(RECOVERED, "back Ready after its reboot")
+        if not exists:
+            return Step(REPLACE, "deleted during its reboot")
+        if now >= since + ladder.reboot_timeout:
+            return Step(REPLACE, f"not back Ready within {int(ladder.reboot_timeout.total_seconds())}s of its reboot")
+        return Step(WAIT, "rebooting", until=since + ladder.reboot_timeout)
+    if reason is None:
+        return None
+    if health_label == HEALTH_PENDING_REPLACEMENT:
+        return Step(REPLACE, f"{reason}: replacement requested")
+    if health_label == HEALTH_PENDING_REBOOT and exists:
+        return Step(REBOOT, f"{reason}: reboot requested", requested=True)
+    if not ladder.automatic:
+        return Step(LABEL_ONLY, f"{reason}; nodeRecovery is None: labelled only")
+    if not exists or reason in (SIGNAL_DELETED, SIGNAL_STARTUP_TIMEOUT):
+        return Step(REPLACE, f"{reason}: nothing to reboot")
+    recent = state.recent(now, ladder.reboot_window)
+    if len(recent) >= ladder.reboot_budget:
+        if ladder.reboot_budget == 0:
+            return Step(REPLACE, reason)
+        return Step(REPLACE, f"{reason} again: rebooted {len(recent)} time(s) within "
+                             f"{int(ladder.reboot_window.total_seconds())}s (rebootBudget {ladder.reboot_budget})")
+    if not covered:
+        return Step(REPLACE, f"{reason}: no spare covers it during a reboot")
+    return Step(REBOOT, reason)
+
+
+def recorded(entries: Sequence[GroupNode], moved: Mapping[str, RecoveryState]) -> list[GroupNode]:
+    """The group's record with the recovery clocks a pass ``moved`` (by node name)."""
+    return [entry.model_copy(update={"recovery": moved[entry.name].to_record()}) if entry.name in moved else entry
+            for entry in entries]
