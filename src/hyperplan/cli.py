@@ -150,6 +150,51 @@ def cmd_api_key(args: argparse.Namespace) -> int:
     return 0
 
 
+MAX_NODES_PER_CALL = 25  # as BatchRebootClusterNodes and BatchReplaceClusterNodes
+
+
+def cmd_node(args: argparse.Namespace) -> int:
+    """Ask for a reboot or a replacement of nodes, as an admin does with HyperPod's health label:
+    each node gets ``hyperplan.dev/node-health-status=UnschedulablePendingReboot`` (or
+    ``...Replacement``), and its group's pass carries it out (planning.recovery), promoting the
+    spare first when the node is active. Every node is checked to exist before any is labelled."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    from hyperplan.actuation.kube import api_client
+    from hyperplan.planning import naming
+    from hyperplan.settings import Settings
+
+    if len(args.nodes) > MAX_NODES_PER_CALL:
+        print(f"error: at most {MAX_NODES_PER_CALL} nodes a call (as BatchRebootClusterNodes and "
+              f"BatchReplaceClusterNodes), got {len(args.nodes)}: split them into several calls", file=sys.stderr)
+        return 2
+    value = naming.HEALTH_PENDING_REBOOT if args.action == "reboot" else naming.HEALTH_PENDING_REPLACEMENT
+    core = client.CoreV1Api(api_client(args.kubeconfig or Settings().kubeconfig))
+    missing, foreign = [], []
+    for name in dict.fromkeys(args.nodes):
+        try:
+            node = core.read_node(name)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            missing.append(name)
+            continue
+        if naming.LABEL_GROUP not in (node.metadata.labels or {}):
+            foreign.append(name)
+    if missing or foreign:
+        for name in missing:
+            print(f"error: node {name} does not exist", file=sys.stderr)
+        for name in foreign:
+            print(f"error: node {name} is not in an instance group (no {naming.LABEL_GROUP} label)", file=sys.stderr)
+        print("nothing was changed", file=sys.stderr)
+        return 1
+    for name in dict.fromkeys(args.nodes):
+        core.patch_node(name, {"metadata": {"labels": {naming.LABEL_HEALTH: value}}})
+        print(f"{name}: {args.action} requested ({naming.LABEL_HEALTH}={value})")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hyperplan", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -182,6 +227,12 @@ def main(argv: list[str] | None = None) -> int:
                      help="where the key's Secret goes (default: HYPERPLAN_API_KEY_NAMESPACE, $POD_NAMESPACE, default)")
     key.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: $KUBECONFIG, then in-cluster)")
     key.set_defaults(func=cmd_api_key)
+    node = sub.add_parser("node", help="ask for a reboot or a replacement of group nodes (at most 25 a call); "
+                                       "their groups carry it out, the spare promoted first")
+    node.add_argument("action", choices=["reboot", "replace"])
+    node.add_argument("nodes", nargs="+", metavar="NODE")
+    node.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: $KUBECONFIG, then in-cluster)")
+    node.set_defaults(func=cmd_node)
     args = parser.parse_args(argv)
     return args.func(args)
 

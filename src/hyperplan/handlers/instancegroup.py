@@ -106,6 +106,14 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     else:
         listed = rt.cache.group_nodes_v1(naming.label_value(name))
     held = held_nodes(group.spec.node_provider, group.status, listed)
+    if held.sorted.missing and not fresh:
+        # A recorded node the watch cache does not show: made by a pass whose creates the watch
+        # has not shown yet (after a restart: a claim whose create may never have happened), or
+        # gone. Only the API server can say which; without asking, the pass could neither make
+        # it again nor forget it.
+        fresh = True
+        listed = await in_thread(rt, provider.list, name)
+        held = held_nodes(group.spec.node_provider, group.status, listed)
     raw, records = held.raw, held.records
     pod_counts = (await in_thread(rt, count_pods, rt.pods, raw)  # nodes marked for replacement only
                   if any(being_evacuated(n) for n in raw) else {})
