@@ -104,7 +104,7 @@ def test_the_reboot_job_runs_the_admins_command_on_the_node_privileged() -> None
     assert pod["automountServiceAccountToken"] is False
     (c,) = pod["containers"]
     assert (c["image"], c["command"], c["securityContext"]) == ("registry.example/bmc:1", ["bmc", "power-cycle"],
-                                                                 {"privileged": True})
+                                                                 {"privileged": True, "runAsUser": 0, "runAsGroup": 0})
 
 
 def test_the_default_reboot_restarts_the_runtime_and_kubelet_of_a_kind_node() -> None:

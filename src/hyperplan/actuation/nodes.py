@@ -411,7 +411,7 @@ def reboot_job_name(node: str, uid: str) -> str:
 def reboot_job_body(job: RebootJob, node: str, uid: str) -> dict[str, Any]:
     """The Job that runs ``job``'s command on ``node``: bound to it by ``nodeName`` (no
     scheduler, so neither taints nor a cordon keep it off), tolerating every taint (a NoExecute
-    one would evict it), in the host's PID namespace and privileged (to reach the host's
+    one would evict it), in the host's PID namespace, privileged and root (to reach the host's
     systemd), run once (``backoffLimit`` 0: a reboot that failed is not tried again by the Job
     controller; the caller sees the node not come back and decides), without an API token."""
     labels = {"app.kubernetes.io/name": "hyperplan", "app.kubernetes.io/component": REBOOT_JOB_COMPONENT}
@@ -434,7 +434,9 @@ def reboot_job_body(job: RebootJob, node: str, uid: str) -> dict[str, Any]:
                     "terminationGracePeriodSeconds": 5,
                     "containers": [{
                         "name": "reboot", "image": job.image, "command": list(job.command),
-                        "securityContext": {"privileged": True},
+                        # root: an image's USER (the operator's image runs as 10001) would
+                        # leave nsenter and the host's systemctl without the rights they need.
+                        "securityContext": {"privileged": True, "runAsUser": 0, "runAsGroup": 0},
                     }],
                 },
             },
