@@ -10,8 +10,9 @@
 
 Besides creating, changing and releasing nodes, a provider carries out the health actions
 of remediation on them (:meth:`NodeProvider.mark_unhealthy`, :meth:`NodeProvider.promote_spare`,
-:meth:`NodeProvider.reboot`) and keeps the operator's notes on a node (:meth:`NodeProvider.annotate`), so that everything
-the operator writes on a group's nodes goes through one seam. What happens to the pods on a
+:meth:`NodeProvider.reboot`) and keeps the operator's notes on a node
+(:meth:`NodeProvider.annotate`), so that everything the operator writes on a group's nodes goes
+through one seam. What happens to the pods on a
 node (eviction for a drain) goes through :class:`NodePods` (the API server, or a recording fake).
 
 Every node a provider hands out carries the label ``hyperplan.dev/node-id`` with the
@@ -228,8 +229,9 @@ def rebooting(node: client.V1Node) -> bool:
 def kwok_reboot_patches(uid: str, now: datetime, seconds: float) -> tuple[dict, dict]:
     """The two writes of a KWOK node's reboot: the annotation saying when it is back (a node
     patch), then Ready=False reason ``Rebooting`` (a status patch; the other conditions merge by
-    type and stay). The annotation goes first: written second, KWOK would meanwhile match the
-    Rebooting node without it and wait the stage's fixed default instead."""
+    type and stay). The annotation goes first, so that KWOK never sees the Rebooting node
+    without its time (it would schedule the stage's fixed default until the annotation came).
+    The annotation stays after the return: it says when the node last came back."""
     until = now + timedelta(seconds=seconds)
     meta = guarded({"metadata": {"annotations": {ANNOTATION_REBOOT_UNTIL: to_rfc3339(until, micro=True)}}}, uid)
     at = to_rfc3339(now)
