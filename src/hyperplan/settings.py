@@ -7,7 +7,12 @@ from typing import Literal
 from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from hyperplan import __version__
 from hyperplan.api.vocabulary import TOPOLOGY_LAYERS, TOPOLOGY_ULTRASERVER_ID
+
+# Restart containerd and the kubelet on the host: PID 1's namespaces, the host's systemctl.
+DEFAULT_REBOOT_COMMAND = ("nsenter", "--target", "1", "--mount", "--uts", "--ipc", "--net", "--pid", "--",
+                          "systemctl", "restart", "containerd", "kubelet")
 
 
 class Settings(BaseSettings):
@@ -69,6 +74,23 @@ class Settings(BaseSettings):
     """Labels that mark the operator's pods (JSON in the environment); {} protects only this pod."""
 
     verbose: bool = False
+
+    # Reboots through the node provider (actuation/nodes.py, NodeProvider.reboot).
+    kwok_reboot_seconds: float = Field(10.0, gt=0)
+    """Seconds a KWOK node stays NotReady (Ready=False, reason Rebooting) when it is rebooted
+    before KWOK's stage brings it back Ready (src/hyperplan_dev/kwok-stages.yaml)."""
+    reboot_job_image: str = f"hyperplan:{__version__}"
+    """Image of the Job that reboots a static node (the chart: the operator's own image); it
+    needs ``nsenter`` for the default command."""
+    reboot_job_command: list[str] = Field(default_factory=lambda: list(DEFAULT_REBOOT_COMMAND), min_length=1)
+    """Command of that Job (JSON in the environment). The default restarts the container runtime
+    and the kubelet of a kind node: it enters the host's namespaces (the pod has hostPID and is
+    privileged) and runs systemctl there. On a real fleet an admin puts a BMC or cloud call here."""
+    reboot_job_ttl_seconds: int = Field(600, ge=0)
+    """A finished reboot Job is deleted after this long (``ttlSecondsAfterFinished``)."""
+    reboot_job_deadline_seconds: int = Field(600, gt=0)
+    """A reboot Job that has not finished by then fails (``activeDeadlineSeconds``): a node that
+    never runs its pod does not keep the reboot under way for ever."""
 
     # Leader election on a coordination.k8s.io/v1 Lease (actuation/leadership.py): with several
     # replicas one acts and the others stand by, writing nothing and running no daemons.

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import urllib.request
 import uuid
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +27,12 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from hyperplan.actuation.kube import api_client
-from hyperplan.actuation.nodes import KWOK_ANNOTATION, kwok_node_body
+from hyperplan.actuation.kube import Kube, api_client
+from hyperplan.actuation.nodes import (
+    KWOK_ANNOTATION, REBOOT_REASON, kwok_node_body, kwok_reboot_patches, providers, reboot_job_body,
+)
+from hyperplan.planning.lending import OperatorIdentity
+from hyperplan.settings import DEFAULT_REBOOT_COMMAND, Settings
 from hyperplan.api import vocabulary
 from hyperplan.api.models import KUBERNETES_DOMAINS
 from hyperplan.planning import naming, placement
@@ -64,10 +69,20 @@ def admission_policies(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {f"{d['kind']}/{d['metadata']['name']}": d for d in docs if d["kind"] in ADMISSION_KINDS}
 
 
+NODE_JOBS = "-node-jobs"  # the name suffix of the Role (and binding) for the Jobs of node actions
+
+
+def node_jobs(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The Role and RoleBinding for the Jobs of node actions (the reboot of a static node), by kind."""
+    return {d["kind"]: d for d in docs if d["kind"] in ("Role", "RoleBinding")
+            and d["metadata"]["name"].endswith(NODE_JOBS)}
+
+
 def by_kind(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The operator's objects (the roles for people and the admission policies left out:
-    :func:`user_roles`, :func:`admission_policies`), by kind."""
-    docs = [d for d in docs if component(d) != USER_ROLES and d["kind"] not in ADMISSION_KINDS]
+    """The operator's objects (the roles for people, the admission policies and the node-jobs Role
+    left out: :func:`user_roles`, :func:`admission_policies`, :func:`node_jobs`), by kind."""
+    docs = [d for d in docs if component(d) != USER_ROLES and d["kind"] not in ADMISSION_KINDS
+            and not (d["kind"] in ("Role", "RoleBinding") and d["metadata"]["name"].endswith(NODE_JOBS))]
     kinds = [d["kind"] for d in docs]
     assert len(kinds) == len(set(kinds)), f"one object per kind expected, got {kinds}"
     return {d["kind"]: d for d in docs}
@@ -209,6 +224,10 @@ OPERATOR_CALLS = [
     ("coordination.k8s.io", "leases", "update", "leadership.KubeLeaseStore.replace: renew, release"),
     ("coordination.k8s.io", "leases", "list", "leadership.KubeLeaseStore.wait_for_change (metadata.name=)"),
     ("coordination.k8s.io", "leases", "watch", "leadership.KubeLeaseStore.wait_for_change"),
+    # Node actions as Jobs (the node-jobs Role, in the release's namespace).
+    ("batch", "jobs", "create", "nodes.StaticProvider.reboot: the reboot Job"),
+    ("batch", "jobs", "get", "nodes.StaticProvider.reboot: one of that name exists (409)"),
+    ("batch", "jobs", "delete", "nodes.StaticProvider.reboot: a finished one before the next reboot"),
 ]
 
 
@@ -221,7 +240,7 @@ def test_rbac_grants_exactly_what_the_operator_calls(helm) -> None:
     objs = by_kind(render(helm, namespace="hyperplan-system"))
     calls = {(group, resource, verb) for group, resource, verb, _ in OPERATOR_CALLS}
     assert len(calls) == len(OPERATOR_CALLS)
-    granted = _grants(objs["ClusterRole"], objs["Role"])
+    granted = _grants(objs["ClusterRole"], objs["Role"], node_jobs(render(helm, namespace="hyperplan-system"))["Role"])
     assert sorted(granted - calls) == [], "granted but never called"
     assert sorted(calls - granted) == [], "called but not granted"
     assert not any("*" in part for grant in granted for part in grant)
@@ -318,6 +337,8 @@ def test_values_reach_the_operator(helm) -> None:
     assert env["HYPERPLAN_METRICS_PORT"] == "9100" and env["HYPERPLAN_LIVENESS_PORT"] == "9101"
     assert env["HYPERPLAN_WATCH_SERVER_TIMEOUT"] == "120"
     assert c["image"] == "registry.example/hyperplan:dev"
+    # the reboot Job runs the operator's image unless one is given
+    assert env["HYPERPLAN_REBOOT_JOB_IMAGE"] == "registry.example/hyperplan:dev"
     assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"metrics": 9100, "liveness": 9101}
     pod = objs["Deployment"]["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {"kubernetes.io/os": "linux"}
@@ -328,6 +349,29 @@ def test_values_reach_the_operator(helm) -> None:
     assert sm["spec"]["endpoints"][0]["port"] == "metrics"
     assert sm["spec"]["selector"]["matchLabels"].items() <= \
         objs["Service"]["metadata"]["labels"].items()
+
+
+@pytest.mark.parametrize("flags, image, command, seconds", [
+    ((), "hyperplan:0.1.0", list(DEFAULT_REBOOT_COMMAND), 10.0),
+    (("--set", "nodeReboot.job.image=registry.example/bmc:1", "--set", "nodeReboot.job.command={bmc,power-cycle}",
+      "--set", "nodeReboot.kwokSeconds=3", "--set", "nodeReboot.job.ttlSecondsAfterFinished=60"),
+     "registry.example/bmc:1", ["bmc", "power-cycle"], 3.0),
+], ids=["kind-default", "admins-action"])
+def test_the_reboot_settings_reach_the_providers(helm, monkeypatch, flags, image, command, seconds) -> None:
+    """The chart's nodeReboot values, read by the operator as it reads its environment, make the
+    providers' reboot: the Job's image and command in the release's namespace, KWOK's time."""
+    objs = by_kind(render(helm, *flags, namespace="hyperplan-system"))
+    for name, value in env_of(container(objs["Deployment"])).items():
+        if value is not None:
+            monkeypatch.setenv(name, value)
+    monkeypatch.setenv("POD_NAMESPACE", "hyperplan-system")  # the downward API's, in the cluster
+    made = providers(Kube(client.ApiClient()), OperatorIdentity(namespace="hyperplan-system"), Settings())
+    job = made["static"].reboot_job
+    assert (job.image, list(job.command), job.namespace) == (image, command, "hyperplan-system")
+    assert made["kwok"].reboot_seconds == seconds
+    body = reboot_job_body(job, "worker-1", "u-1")
+    assert body["spec"]["template"]["spec"]["containers"][0]["command"] == command
+    assert body["spec"]["ttlSecondsAfterFinished"] == (60 if flags else 600)
 
 
 DIGEST = "sha256:" + "0123456789abcdef" * 4
@@ -378,6 +422,7 @@ def test_the_node_policy_allows_exactly_the_label_keys_the_operator_sets(helm) -
     for domain in KUBERNETES_DOMAINS:
         assert domain.replace(".", "\\\\.") in expressions["refusedLabels"]
     assert f"startsWith('{vocabulary.OWN_PREFIX}')" in expressions["refusedConditions"]
+    assert f"'{REBOOT_REASON}'" in expressions["kwokReboot"] and "variables.oldIsKwok" in expressions["kwokReboot"]
 
 
 def test_the_pod_policy_allows_exactly_the_pod_writes_of_the_code(helm) -> None:
@@ -644,6 +689,11 @@ def test_cluster_role_grants_what_the_operator_needs_and_no_more(release, crds: 
         assert not can_i(crds, user, verb, "leases.coordination.k8s.io/another", None, "-n", ns), verb
     assert can_i(crds, user, "create", "leases.coordination.k8s.io", None, "-n", ns)
     assert not can_i(crds, user, "delete", "leases.coordination.k8s.io/hyperplan-leader", None, "-n", ns)
+    # Reboot Jobs: in the release's namespace only.
+    for verb in ("create", "get", "delete"):
+        assert can_i(crds, user, verb, "jobs.batch", None, "-n", ns), verb
+        assert not can_i(crds, user, verb, "jobs.batch", None, "-n", "default"), verb
+    assert not can_i(crds, user, "list", "jobs.batch", None, "-n", ns)
     # No Lease elsewhere: node heartbeats in kube-node-lease are not read.
     for verb in ("get", "list", "watch"):
         assert not can_i(crds, user, verb, "leases.coordination.k8s.io", None, "-n", "kube-node-lease"), verb
@@ -744,6 +794,8 @@ def core_api(kubectl: Kubectl) -> client.CoreV1Api:
 
 
 OWN_CONDITION = {"type": "hyperplan.dev/BlockTerminating", "status": "True", "reason": "BlockEnding", "message": "m"}
+# What KwokProvider.reboot writes (nodes.kwok_reboot_patches).
+REBOOTING = kwok_reboot_patches("", datetime(2026, 12, 2, tzinfo=timezone.utc), 10)[1]["status"]["conditions"][0]
 CREATE_ONLY = "hyperplan may only create the nodes its kwok provider makes"
 NEITHER = "hyperplan may only change nodes its kwok provider made or nodes in its static pool"
 LABELS = "hyperplan may not set or remove these labels on node {node}: "
@@ -792,6 +844,8 @@ NODE_CASES = [
      "hyperplan may only write hyperplan.dev/* annotations on node {node}: example.com/owner"),
     ("kwok", ("status", _status({"type": "Ready", "status": "False", "reason": "Forged", "message": "m"})),
      "hyperplan may only write its own hyperplan.dev/* conditions in the status of node {node}: Ready"),
+    ("held", ("status", _status(REBOOTING)),
+     "hyperplan may only write its own hyperplan.dev/* conditions in the status of node {node}: Ready"),
     ("kwok", ("status", {"status": {"allocatable": {"nvidia.com/gpu": "64"}}}),
      "not its capacity, allocatable or addresses"),
     # UPDATE: what the operator does
@@ -800,6 +854,7 @@ NODE_CASES = [
     ("kwok", ("annotate", "node", "{node}", "hyperplan.dev/cordoned=true"), None),
     ("kwok", ("cordon", "{node}"), None),
     ("kwok", ("status", _status(OWN_CONDITION)), None),
+    ("kwok", ("status", _status(REBOOTING)), None),
     # the whole taint list written back, the lifecycle controller's taint without its timeAdded
     ("kwok-cordoned", ("taints-back", [{"key": "hyperplan.dev/spare", "value": "true", "effect": "NoSchedule"}]), None),
     ("kwok-cordoned", ("taints", [{"key": "hyperplan.dev/spare", "value": "true", "effect": "NoSchedule"}]),
@@ -823,8 +878,9 @@ NODE_CASE_IDS = [
     "update-add-node-role", "update-add-node-restriction-key", "update-add-unknown-hyperplan-key",
     "update-pool-key-on-kwok-node", "update-remove-admins-node-role", "update-remove-pool-key",
     "update-pool-key-to-another-value", "update-taint-node-role", "update-foreign-annotation",
-    "status-foreign-condition", "status-allocatable",
+    "status-foreign-condition", "status-rebooting-static-node", "status-allocatable",
     "update-own-labels", "update-own-taint", "update-own-annotation", "update-cordon", "status-own-condition",
+    "status-rebooting-kwok-node",
     "taints-written-back-without-time-added", "taints-written-back-without-the-controllers",
     "adopt-free-node", "hand-back-held-node",
     "delete-foreign-node", "delete-forged-node", "delete-free-static-node", "delete-held-static-node",

@@ -23,8 +23,8 @@ from hyperplan.actuation.ledger import (
     CapacityLedger, PurchaseResult, blocks_of, pool_snapshot, reservations_by_pool,
 )
 from hyperplan.actuation.nodes import (
-    LABEL_NODE_ID, AdoptionConflict, DrainProgress, MadeNode, NodePods, NodeProvider, mark_healthy_patch,
-    merged_taints,
+    LABEL_NODE_ID, REBOOT_REASON, AdoptionConflict, DrainProgress, MadeNode, NodePods, NodeProvider,
+    mark_healthy_patch, merged_taints, rebooting,
 )
 from hyperplan.planning.lending import LentRecord
 from hyperplan.api.models import CapacityPool
@@ -87,7 +87,10 @@ class FakeProvider:
 
     ``clock`` stamps the creation time of new nodes (tests pass a fixed one). Each of the next
     ``adoption_conflicts`` creates loses the race for a free node, as a static provider's does
-    when another writer adopts the node first (it raises :class:`AdoptionConflict`, creating nothing)."""
+    when another writer adopts the node first (it raises :class:`AdoptionConflict`, creating nothing).
+
+    :meth:`reboot` sets the node Ready=False reason ``Rebooting`` and leaves it so: a test brings
+    it back with :meth:`finish_reboot` (a node that comes back) or never (one that does not)."""
 
     nodes: dict[str, client.V1Node] = field(default_factory=dict)
     calls: list[tuple[str, str]] = field(default_factory=list)
@@ -152,23 +155,6 @@ class FakeProvider:
         n.metadata.labels.update({naming.LABEL_ROLE: naming.ROLE_ACTIVE, naming.LABEL_REPLACES: replacing})
         n.spec.taints = [t for t in (n.spec.taints or []) if t.key != naming.SPARE_TAINT.key]
 
-    def reboot(self, node: str, uid: str = "") -> None:
-        """The node goes ``Ready=False`` (reason ``Rebooting``) until :meth:`finish_reboot`."""
-        self._maybe_fail("reboot", node)
-        n = self.nodes.get(node)
-        if n is not None:
-            self._set_ready(n, "False", "Rebooting", self.clock())
-
-    def finish_reboot(self, node: str, at: datetime) -> None:
-        """The test's word that the rebooted node is back: ``Ready=True`` since ``at``."""
-        self._set_ready(self.nodes[node], "True", "KubeletReady", at)
-
-    @staticmethod
-    def _set_ready(n: client.V1Node, status: str, reason: str, at: datetime) -> None:
-        others = [c for c in ((n.status.conditions if n.status else None) or []) if c.type != "Ready"]
-        ready = client.V1NodeCondition(type="Ready", status=status, reason=reason, last_transition_time=at)
-        n.status = client.V1NodeStatus(conditions=[*others, ready])
-
     def mark_healthy(self, node: str, last_seen: client.V1Node | None = None) -> None:
         self._maybe_fail("mark_healthy", node)
         n = self.nodes[node]
@@ -209,6 +195,31 @@ class FakeProvider:
         if n.status is None:
             n.status = client.V1NodeStatus()
         n.status.conditions = others + [made]
+
+    def reboot(self, node: str, uid: str = "") -> None:
+        """Recorded as ``("reboot", node)`` each call; a node that is gone, another node (``uid``)
+        or one being rebooted already is left as it is."""
+        self._maybe_fail("reboot", node)
+        n = self.nodes.get(node)
+        if n is None or (uid and n.metadata.uid != uid) or rebooting(n):
+            return
+        self._set_ready(n, "False", REBOOT_REASON, "rebooted by hyperplan", self.clock())
+
+    def finish_reboot(self, node: str, at: datetime | None = None) -> None:
+        """The rebooted node is back: Ready=True (reason KubeletReady) since ``at`` (default: the
+        clock), as KWOK's stage or a real kubelet report it. Not a Protocol method: the test's hand."""
+        n = self.nodes[node]
+        if not rebooting(n):
+            raise AssertionError(f"{node} is not being rebooted")
+        self._set_ready(n, "True", "KubeletReady", "kubelet is posting ready status", at or self.clock())
+
+    @staticmethod
+    def _set_ready(n: client.V1Node, status: str, reason: str, message: str, at: datetime) -> None:
+        made = client.V1NodeCondition(type="Ready", status=status, reason=reason, message=message,
+                                      last_transition_time=at, last_heartbeat_time=at)
+        if n.status is None:
+            n.status = client.V1NodeStatus()
+        n.status.conditions = [c for c in (n.status.conditions or []) if c.type != "Ready"] + [made]
 
 
 # --------------------------------------------------------------------------- pods on nodes

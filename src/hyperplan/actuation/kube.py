@@ -95,6 +95,10 @@ class Kube:
     def policy(self) -> client.PolicyV1Api:
         return client.PolicyV1Api(self.api)
 
+    @property
+    def batch(self) -> client.BatchV1Api:
+        return client.BatchV1Api(self.api)
+
     # ---------------------------------------------------------------- hyperplan objects
 
     def list_objects(self, plural: str) -> list[dict[str, Any]]:

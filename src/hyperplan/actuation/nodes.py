@@ -9,9 +9,10 @@
 * :class:`hyperplan.actuation.fakes.FakeProvider` keeps nodes in memory and records every call, for unit tests.
 
 Besides creating, changing and releasing nodes, a provider carries out the health actions
-of remediation on them (:meth:`NodeProvider.mark_unhealthy`, :meth:`NodeProvider.promote_spare`)
-and keeps the operator's notes on a node (:meth:`NodeProvider.annotate`), so that everything
-the operator writes on a group's nodes goes through one seam. What happens to the pods on a
+of remediation on them (:meth:`NodeProvider.mark_unhealthy`, :meth:`NodeProvider.promote_spare`,
+:meth:`NodeProvider.reboot`) and keeps the operator's notes on a node
+(:meth:`NodeProvider.annotate`), so that everything the operator writes on a group's nodes goes
+through one seam. What happens to the pods on a
 node (eviction for a drain) goes through :class:`NodePods` (the API server, or a recording fake).
 
 Every node a provider hands out carries the label ``hyperplan.dev/node-id`` with the
@@ -25,10 +26,13 @@ patch and a uid precondition on a delete; the API server refuses either for anot
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import re
 import threading
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Protocol, runtime_checkable
 
 from kubernetes import client
@@ -36,12 +40,13 @@ from kubernetes.client.rest import ApiException
 
 from hyperplan.actuation.kube import Kube
 from hyperplan.api.vocabulary import (
-    ANNOTATION_CLAIM, ANNOTATION_EVICTING_SINCE, ANNOTATION_HEALTH_SINCE, OWN_PREFIX,
+    ANNOTATION_CLAIM, ANNOTATION_EVICTING_SINCE, ANNOTATION_HEALTH_SINCE, OWN_PREFIX, to_rfc3339,
 )
 from hyperplan.planning import lending
 from hyperplan.planning import naming
 from hyperplan.planning import nodefacts
 from hyperplan.planning import placement
+from hyperplan.settings import DEFAULT_REBOOT_COMMAND, Settings
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +55,13 @@ LABEL_POOL = lending.LABEL_POOL
 POOL_FREE = lending.POOL_FREE
 POOL_HELD = lending.POOL_HELD
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
+# A rebooted node's Ready condition until it is back (KWOK's stage and the real kubelet replace it).
+REBOOT_REASON = "Rebooting"
+# When a rebooted KWOK node is back: the stage hyperplan-node-reboot of
+# src/hyperplan_dev/kwok-stages.yaml waits until then (an absolute time, so that the node's other
+# changes meanwhile, each of which makes KWOK match its stages again, do not restart the wait).
+ANNOTATION_REBOOT_UNTIL = f"{OWN_PREFIX}reboot-until"
+DEFAULT_KWOK_REBOOT_SECONDS = 10.0
 
 # GPUs (or Trainium chips) per instance type; everything else gets CPU and memory only.
 ACCELERATORS: dict[str, tuple[str, int]] = {
@@ -146,6 +158,19 @@ class NodeProvider(Protocol):
         status, the others kept; a node that is gone is no error."""
         ...
 
+    def reboot(self, node: str, uid: str = "") -> None:
+        """Restart the node: it goes NotReady (Ready=False) and comes back Ready by itself, under
+        the same name and uid with its labels and taints kept (the node lifecycle controller's
+        ``node.kubernetes.io/not-ready`` taint comes and goes meanwhile, as with any NotReady
+        node). The caller watches for the return; nothing more is to be called.
+
+        A node that is gone, or another node of that name (``uid``, as :func:`guarded`), is no
+        error: nothing is done. A second call while a reboot is under way starts no second one:
+        a KWOK node's Ready condition says ``Rebooting`` until it is back; a static node's reboot
+        Job, named from the node's name and uid, has not finished. A call after the reboot ended
+        is a new reboot."""
+        ...
+
 
 def guarded(patch: dict, uid: str | None) -> dict:
     """``patch`` with ``metadata.uid`` set to ``uid`` (when known): the API server refuses a patch
@@ -208,11 +233,49 @@ def kwok_node_body(spec: placement.NodeSpec, claim: str = "") -> dict[str, Any]:
     }
 
 
-class KwokProvider:
-    """Fake nodes that KWOK keeps alive on the local control plane (or any cluster with KWOK)."""
+def _utcnow() -> datetime:
+    return datetime.now(timezone.utc)
 
-    def __init__(self, kube: Kube):
+
+def ready_condition(node: client.V1Node) -> client.V1NodeCondition | None:
+    return next((c for c in ((node.status.conditions if node.status else None) or []) if c.type == "Ready"), None)
+
+
+def rebooting(node: client.V1Node) -> bool:
+    """Whether the node is being rebooted: Ready=False with reason ``Rebooting``."""
+    ready = ready_condition(node)
+    return ready is not None and ready.status == "False" and ready.reason == REBOOT_REASON
+
+
+def kwok_reboot_patches(uid: str, now: datetime, seconds: float) -> tuple[dict, dict]:
+    """The two writes of a KWOK node's reboot: the annotation saying when it is back (a node
+    patch), then Ready=False reason ``Rebooting`` (a status patch; the other conditions merge by
+    type and stay). The annotation goes first, so that KWOK never sees the Rebooting node
+    without its time (it would schedule the stage's fixed default until the annotation came).
+    The annotation stays after the return: it says when the node last came back."""
+    until = now + timedelta(seconds=seconds)
+    meta = guarded({"metadata": {"annotations": {ANNOTATION_REBOOT_UNTIL: to_rfc3339(until, micro=True)}}}, uid)
+    at = to_rfc3339(now)
+    status = guarded({"status": {"conditions": [{
+        "type": "Ready", "status": "False", "reason": REBOOT_REASON,
+        "message": f"rebooted by hyperplan; back at {to_rfc3339(until)}",
+        "lastTransitionTime": at, "lastHeartbeatTime": at}]}}, uid)
+    return meta, status
+
+
+class KwokProvider:
+    """Fake nodes that KWOK keeps alive on the local control plane (or any cluster with KWOK).
+
+    ``reboot_seconds`` (``HYPERPLAN_KWOK_REBOOT_SECONDS``, 10 s): how long a rebooted node stays
+    NotReady. The provider writes the Rebooting condition and the time it is back; KWOK's stage
+    ``hyperplan-node-reboot`` (src/hyperplan_dev/kwok-stages.yaml) sets it Ready again then, and
+    its heartbeat goes on as before. ``clock`` stamps the reboot (tests pass a fixed one)."""
+
+    def __init__(self, kube: Kube, reboot_seconds: float = DEFAULT_KWOK_REBOOT_SECONDS,
+                 clock: Callable[[], datetime] = _utcnow):
         self.kube = kube
+        self.reboot_seconds = reboot_seconds
+        self.clock = clock
 
     def create(self, spec: placement.NodeSpec, claim: str = "") -> MadeNode:
         """Create the node (carrying ``claim``); its name and uid. A node of that name that exists already (409) is
@@ -312,6 +375,26 @@ class KwokProvider:
     def set_condition(self, node: str, condition: dict[str, str], uid: str = "") -> None:
         set_node_condition(self.kube, node, condition, uid)
 
+    def reboot(self, node: str, uid: str = "") -> None:
+        """Read the node (a Rebooting one is left alone: its reboot is under way), then write
+        :func:`kwok_reboot_patches` with the uid read, so that a node made again under the
+        name between the read and the writes is not touched."""
+        try:
+            current = self.kube.core.read_node(node)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            return
+        if (uid and uid_of(current) != uid) or rebooting(current):
+            return
+        meta, status = kwok_reboot_patches(uid_of(current), self.clock(), self.reboot_seconds)
+        try:
+            self.kube.core.patch_node(node, meta)
+            self.kube.core.patch_node_status(node, status)
+        except ApiException as e:
+            if not gone_or_another(e):
+                raise
+
 
 def set_node_condition(kube: Kube, node_name: str, condition: dict[str, str], uid: str = "") -> None:
     """A strategic merge patch of the node's status: conditions merge by ``type``."""
@@ -320,6 +403,77 @@ def set_node_condition(kube: Kube, node_name: str, condition: dict[str, str], ui
     except ApiException as e:
         if not gone_or_another(e):
             raise
+
+
+@dataclass(frozen=True)
+class RebootJob:
+    """The admin's reboot action for static nodes, run as a Job pinned to the node: ``image`` and
+    ``command`` (chart values ``nodeReboot.job``; the default restarts the container runtime
+    and the kubelet of a kind node), in ``namespace`` (the operator's), deleted
+    ``ttl_seconds`` after it finished, failed after ``deadline_seconds`` if it has not."""
+
+    image: str = Settings.model_fields["reboot_job_image"].default
+    command: tuple[str, ...] = DEFAULT_REBOOT_COMMAND
+    namespace: str = "default"
+    ttl_seconds: int = 600
+    deadline_seconds: int = 600
+
+
+REBOOT_JOB_COMPONENT = "node-reboot"  # app.kubernetes.io/component of reboot Jobs and their pods
+ANNOTATION_REBOOT_NODE = f"{OWN_PREFIX}reboot-node"
+ANNOTATION_REBOOT_NODE_UID = f"{OWN_PREFIX}reboot-node-uid"
+_JOB_NAME_MAX = 63  # the Job controller labels its pods job-name=<name>: a label value
+
+
+def reboot_job_name(node: str, uid: str) -> str:
+    """``reboot-<node>-<hash of node and uid>``, at most 63 characters: the same for a retry of
+    one reboot of one node, another for a node made again under that name."""
+    digest = hashlib.sha256(f"{node}/{uid}".encode()).hexdigest()[:10]
+    prefix = re.sub(r"[^a-z0-9-]", "-", node.lower())[: _JOB_NAME_MAX - len("reboot--") - len(digest)]
+    prefix = prefix.strip("-")
+    return f"reboot-{prefix}-{digest}" if prefix else f"reboot-{digest}"
+
+
+def reboot_job_body(job: RebootJob, node: str, uid: str) -> dict[str, Any]:
+    """The Job that runs ``job``'s command on ``node``: bound to it by ``nodeName`` (no
+    scheduler, so neither taints nor a cordon keep it off), tolerating every taint (a NoExecute
+    one would evict it), in the host's PID namespace, privileged and root (to reach the host's
+    systemd), run once (``backoffLimit`` 0: a reboot that failed is not tried again by the Job
+    controller; the caller sees the node not come back and decides), without an API token."""
+    labels = {"app.kubernetes.io/name": "hyperplan", "app.kubernetes.io/component": REBOOT_JOB_COMPONENT}
+    return {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": reboot_job_name(node, uid), "namespace": job.namespace, "labels": labels,
+                     "annotations": {ANNOTATION_REBOOT_NODE: node, ANNOTATION_REBOOT_NODE_UID: uid}},
+        "spec": {
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": job.deadline_seconds,
+            "ttlSecondsAfterFinished": job.ttl_seconds,
+            "template": {
+                "metadata": {"labels": labels, "annotations": {ANNOTATION_REBOOT_NODE: node}},
+                "spec": {
+                    "nodeName": node,
+                    "restartPolicy": "Never",
+                    "hostPID": True,
+                    "automountServiceAccountToken": False,
+                    "tolerations": [{"operator": "Exists"}],
+                    "terminationGracePeriodSeconds": 5,
+                    "containers": [{
+                        "name": "reboot", "image": job.image, "command": list(job.command),
+                        # root: an image's USER (the operator's image runs as 10001) would
+                        # leave nsenter and the host's systemctl without the rights they need.
+                        "securityContext": {"privileged": True, "runAsUser": 0, "runAsGroup": 0},
+                    }],
+                },
+            },
+        },
+    }
+
+
+def job_finished(job: client.V1Job) -> bool:
+    """Whether the Job has ended (condition Complete or Failed True)."""
+    conditions = (job.status.conditions if job.status else None) or []
+    return any(c.type in ("Complete", "Failed") and c.status == "True" for c in conditions)
 
 
 class StaticProvider:
@@ -337,10 +491,13 @@ class StaticProvider:
 
     ADOPT_ATTEMPTS = 5
     CORDON_ATTEMPTS = 3
+    REBOOT_ATTEMPTS = 3
 
-    def __init__(self, kube: Kube, me: lending.OperatorIdentity | None = None):
+    def __init__(self, kube: Kube, me: lending.OperatorIdentity | None = None, reboot_job: RebootJob | None = None):
+        """``reboot_job``: the admin's reboot action (:class:`RebootJob`; the chart's values)."""
         self.kube = kube
         self.me = me or lending.OperatorIdentity()
+        self.reboot_job = reboot_job or RebootJob(namespace=self.me.namespace or "default")
         self._claims: set[str] = set()
         self._lock = threading.Lock()
 
@@ -473,6 +630,39 @@ class StaticProvider:
     def set_condition(self, node: str, condition: dict[str, str], uid: str = "") -> None:
         set_node_condition(self.kube, node, condition, uid)
 
+    def reboot(self, node: str, uid: str = "") -> None:
+        """Create the node's reboot Job (:func:`reboot_job_body`). One that exists already (409)
+        is this reboot, under way, while it has not finished; a finished one is a past reboot:
+        it is deleted (its uid as precondition) and the Job made again."""
+        current = self._read(node, uid)
+        if current is None:
+            return
+        body = reboot_job_body(self.reboot_job, current.metadata.name, uid_of(current))
+        name, namespace = body["metadata"]["name"], self.reboot_job.namespace
+        for _ in range(self.REBOOT_ATTEMPTS):
+            try:
+                self.kube.batch.create_namespaced_job(namespace, body)
+                log.info("node %s: reboot Job %s/%s created", node, namespace, name)
+                return
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+            try:
+                existing = self.kube.batch.read_namespaced_job(name, namespace)
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+                continue  # it went meanwhile (its TTL): create it again
+            if not job_finished(existing):
+                return
+            try:
+                self.kube.batch.delete_namespaced_job(name, namespace, body=client.V1DeleteOptions(
+                    propagation_policy="Background", preconditions=client.V1Preconditions(uid=existing.metadata.uid)))
+            except ApiException as e:
+                if e.status not in (404, 409):
+                    raise
+        log.warning("node %s: reboot Job %s/%s kept changing; not rebooted now", node, namespace, name)
+
 
 OWN_CONDITION_PREFIX = OWN_PREFIX  # node conditions hyperplan sets (planning.groups)
 
@@ -506,8 +696,16 @@ class NoFreeNode(RuntimeError):
     """The static pool has no node left for a group."""
 
 
-def providers(kube: Kube, me: lending.OperatorIdentity | None = None) -> dict[str, NodeProvider]:
-    return {"kwok": KwokProvider(kube), "static": StaticProvider(kube, me)}
+def providers(kube: Kube, me: lending.OperatorIdentity | None = None,
+              settings: Settings | None = None) -> dict[str, NodeProvider]:
+    """The providers by name, with their reboot settings from ``settings`` (unset: read from the
+    environment, ``HYPERPLAN_KWOK_REBOOT_SECONDS`` and ``HYPERPLAN_REBOOT_JOB_*``, which the
+    chart sets). Reboot Jobs run in the operator's namespace (``me``), else ``default``."""
+    s = settings or Settings()
+    job = RebootJob(image=s.reboot_job_image, command=tuple(s.reboot_job_command),
+                    namespace=(me.namespace if me else None) or s.pod_namespace or "default",
+                    ttl_seconds=s.reboot_job_ttl_seconds, deadline_seconds=s.reboot_job_deadline_seconds)
+    return {"kwok": KwokProvider(kube, s.kwok_reboot_seconds), "static": StaticProvider(kube, me, job)}
 
 
 # Each provider satisfies the Protocol, stated the way Go's `var _ NodeProvider = KwokProvider{}` is:
