@@ -100,7 +100,7 @@ def build_runtime(settings: Settings) -> Runtime:
     cache = WatchCache()
     lead = None if settings.checkpoint_lead_seconds is None else timedelta(seconds=settings.checkpoint_lead_seconds)
     return Runtime(settings=settings, policy=get_policy(settings.policy, lead), kube=kube,
-                   ledger=KubeLedger(kube, reads=cache), providers=providers(kube, me), me=me,
+                   ledger=KubeLedger(kube, reads=cache), providers=providers(kube, me, settings), me=me,
                    keys=TopologyKeys(settings.ultraserver_id_label, *layers), cache=cache)
 
 
