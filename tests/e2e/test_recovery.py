@@ -48,10 +48,11 @@ def _fail(kube, node: str, since) -> None:
          "lastHeartbeatTime": when, "lastTransitionTime": when}]}})
 
 
-def _keep_failing(ctx: Context, node: str, since):
-    """A check for ``eventually`` that says the failure again while the operator has not acted on it
-    (KWOK's heartbeat may write back a Ready=True it rendered before the failure was patched)."""
-    def check(acted) -> dict | None:
+def _keep_failing(ctx: Context, node: str, since, acted):
+    """A check for ``eventually``: ``acted(node)`` once the operator has acted on the failure, which
+    is said again meanwhile (KWOK's heartbeat may write back a Ready=True it rendered before the
+    failure was patched)."""
+    def check() -> dict | None:
         n = ctx.kubectl.get_or_none("node", node)
         if n is None:
             return None
@@ -95,8 +96,8 @@ def recovery_ladder(ctx: Context) -> dict:
     # 1. The victim fails: the spare is promoted, the victim rebooted.
     failed_at = utcnow()
     _fail(ctx.kube, victim, failed_at)
-    rebooting = eventually(_keep_failing(ctx, victim, failed_at)(
-        lambda n: n if n["metadata"]["labels"].get(HEALTH) == "UnschedulablePendingReboot"
+    rebooting = eventually(_keep_failing(
+        ctx, victim, failed_at, lambda n: n["metadata"]["labels"].get(HEALTH) == "UnschedulablePendingReboot"
         and (_ready(n) or {}).get("reason") == "Rebooting" and n), timeout=30, interval=0.2, what="victim rebooting")
     out["rebooting"] = rebooting
     out["promoted"] = k.get("node", spare)
@@ -117,8 +118,8 @@ def recovery_ladder(ctx: Context) -> dict:
     # 3. The same node fails again within the window: replaced.
     again_at = utcnow()
     _fail(ctx.kube, victim, again_at)
-    marked = eventually(_keep_failing(ctx, victim, again_at)(
-        lambda n: n if n["metadata"]["labels"].get(HEALTH) == "UnschedulablePendingReplacement" else None),
+    marked = eventually(_keep_failing(
+        ctx, victim, again_at, lambda n: n["metadata"]["labels"].get(HEALTH) == "UnschedulablePendingReplacement" and n),
         timeout=30, interval=0.2, what="victim marked for replacement")
     out["marked_again"] = marked
     eventually(lambda: k.get_or_none("node", victim) is None, timeout=60, what="victim removed")
