@@ -38,7 +38,8 @@ PAST, ACTIVE, NEXT = "past", "active", "next"
 
 # Node states, in the order a node is classified (the first that applies wins).
 UNHEALTHY, DRAINING, PROVISIONING, SPARE, SERVING = "unhealthy", "draining", "provisioning", "spare", "active"
-NODE_STATES = (SERVING, SPARE, PROVISIONING, DRAINING, UNHEALTHY)
+REBOOTING = "rebooting"  # labelled UnschedulablePendingReboot (either key): the recovery ladder's reboot
+NODE_STATES = (SERVING, SPARE, PROVISIONING, DRAINING, REBOOTING, UNHEALTHY)
 
 
 @dataclass
@@ -204,6 +205,8 @@ def _message(conditions: Iterable[Any]) -> str:
 def node_state(facts: NodeFacts) -> str:
     """One node's state in its group's view (see :data:`NODE_STATES`): ``active`` exactly when the
     node serves (``NodeFacts.is_serving``), so that the view agrees with what Kueue admits onto."""
+    if naming.HEALTH_PENDING_REBOOT in (facts.hyperplan_health, facts.sagemaker_health):
+        return REBOOTING
     if facts.is_unhealthy or facts.ready in ("False", "Unknown"):
         return UNHEALTHY
     if facts.cordoned or facts.deleting:
@@ -310,7 +313,7 @@ PHASE_STYLE = {"Active": "bold green", "Ready": "bold green", "Scheduled": "cyan
 HEALTH_STYLE = {naming.STATUS_OK: "bold green", naming.STATUS_IMPAIRED: "bold red",
                 naming.STATUS_INSUFFICIENT_DATA: "yellow"}
 STATE_STYLE = {SERVING: "green", SPARE: "cyan", PROVISIONING: "yellow", DRAINING: "magenta",
-               UNHEALTHY: "bold red"}
+               REBOOTING: "bold yellow", UNHEALTHY: "bold red"}
 
 
 @dataclass(frozen=True)

@@ -115,7 +115,7 @@ def test_snapshot_joins_plans_groups_nodes_and_pools(snap: status.Snapshot) -> N
     assert gb.instance_type == "ml.p6e-gb200.36xlarge"  # from the block: the spec names only the UltraServer type
     assert [u.spare_nodes for u in gb.ultra_servers] == [[], ["hp-demo-workers-1-3"]]
     (group,) = snap.groups
-    assert group.nodes_by_state() == {"active": 20, "spare": 1, "provisioning": 0, "draining": 0, "unhealthy": 1}
+    assert group.nodes_by_state() == {"active": 20, "spare": 1, "provisioning": 0, "draining": 0, "rebooting": 0, "unhealthy": 1}
     assert "hp-other-0" not in [n.name for n in group.nodes]
     pools = {p.name: (p.sold_now, p.unavailable_now, p.free_now) for p in snap.pools}
     assert pools == {"demo-p5": (0, 2, 6), "demo-gb200": (36, 0, 0)}  # a reservation ending at now is over
@@ -148,8 +148,10 @@ SAGEMAKER_HEALTH = "sagemaker.amazonaws.com/node-health-status"
     pytest.param(ACTIVE, "True", True, False, "draining", id="cordoned"),
     pytest.param({**ACTIVE, SAGEMAKER_HEALTH: "Unschedulable"}, "True", False, False, "unhealthy",
                  id="only-sagemaker-says-unschedulable"),
-    pytest.param({**SPARE, SAGEMAKER_HEALTH: "UnschedulablePendingReboot"}, "True", False, False, "unhealthy",
+    pytest.param({**SPARE, SAGEMAKER_HEALTH: "UnschedulablePendingReboot"}, "True", False, False, "rebooting",
                  id="spare-only-sagemaker-says-pending-reboot"),
+    pytest.param({**ACTIVE, "hyperplan.dev/node-health-status": "UnschedulablePendingReboot"}, "False", False, False,
+                 "rebooting", id="rebooted-by-the-ladder"),
     pytest.param({**ACTIVE, "hyperplan.dev/node-health-status": "Schedulable", SAGEMAKER_HEALTH: "Schedulable"},
                  "True", False, False, "active", id="both-labels-schedulable"),
     pytest.param(ACTIVE, "True", False, True, "draining", id="being-deleted"),
@@ -187,7 +189,7 @@ def test_json_has_stable_keys_and_rfc3339_times(snap: status.Snapshot) -> None:
     assert [(u["id"], u["healthStatus"], u["availableSpareInstanceCount"], u["spareNodes"]) for u in us] == [
         ("rc-gb-0-us-0", "impaired", 0, []), ("rc-gb-0-us-1", "ok", 1, ["hp-demo-workers-1-3"])]
     (group,) = doc["groups"]
-    assert group["nodesByState"] == {"active": 20, "spare": 1, "provisioning": 0, "draining": 0, "unhealthy": 1}
+    assert group["nodesByState"] == {"active": 20, "spare": 1, "provisioning": 0, "draining": 0, "rebooting": 0, "unhealthy": 1}
     assert group["trainingPlan"] == "demo-gb200" and len(group["nodes"]) == 22
     assert next(p for p in doc["pools"] if p["name"] == "demo-p5")["freeNow"] == 6
 
