@@ -16,7 +16,7 @@ import pytest
 
 from hyperplan.actuation.ledger import KubeLedger
 from hyperplan.api.models import (
-    PURCHASED_SPEC_FIELDS, CapacityPool, CapacityPoolSpec, Reservation, TrainingPlanSpec, TrainingPlanStatus,
+    PURCHASED_SPEC_FIELDS, to_rfc3339, CapacityPool, CapacityPoolSpec, Reservation, TrainingPlanSpec, TrainingPlanStatus,
 )
 from hyperplan.handlers.trainingplan import reconcile_plan
 from hyperplan.planning.blocks import Block
@@ -260,6 +260,9 @@ def test_the_plan_pass_extends_or_reports_why_not(monkeypatch, rival: bool) -> N
             assert (entry["status"], entry["reservedCapacityId"], entry["durationDays"]) == ("Scheduled", BLOCK.id, 1)
             assert condition["status"] == "True"
             assert [e[2] for e in world.events] == ["Extended"]
+            # what a kubectl user reads to extend again: offerings from the new end
+            assert {o["startTime"] for o in status["extensionOfferings"]} == {to_rfc3339(ext.end)}
+            assert [o["durationDays"] for o in status["extensionOfferings"]] == [1, 7, 182]
         else:
             assert line.end_time == END  # nothing bought
             assert (entry["status"], entry["reason"]) == ("Failed", "OfferingUnavailable")
@@ -269,6 +272,8 @@ def test_the_plan_pass_extends_or_reports_why_not(monkeypatch, rival: bool) -> N
         world.calls.clear()
         world.pool_watch.held = None
         world.run(reconcile_plan, "llama")
-        assert [c[0] for c in world.calls] == []  # bought once, or failed once: never bought again
+        assert "extend" not in [c[0] for c in world.calls]  # bought once, or failed once: never bought again
+        if rival:  # the room sold shows now: no extension is offered any more
+            assert world.status_patches(PLANS_PLURAL)[-1]["extensionOfferings"] == []
     finally:
         world.close()

@@ -272,6 +272,20 @@ class ReservedCapacity(Model):
     ultra_server_count: int | None = None
 
 
+class ExtensionOffering(Model):
+    """An extension a bought plan may buy now (as of its last pass): its last block run on in the
+    same pool from its end for ``durationDays`` of the policy. Put its ``id`` in
+    ``spec.extensions`` to buy it."""
+
+    id: Identifier
+    reserved_capacity_id: Identifier  # the block it extends
+    capacity_pool: Name
+    availability_zone: LabelValue
+    start_time: Time
+    end_time: Time
+    duration_days: int
+
+
 class ExtensionStatus(Model):
     """One entry of ``spec.extensions`` as the operator found it: bought (the block it extends, the
     window it added and where that window stands now), being bought, or failed (and why)."""
@@ -307,10 +321,10 @@ class UltraServerStatus(Model):
 
 class PlanExtension(Model):
     """An extension of the plan's last block, by the id of an extension offering that the operator
-    listed for this plan (``SearchTrainingPlanOfferings`` with ``TrainingPlanArn``, or
-    ``hyperplan extensions``): the same pool, zone, type and count from the block's end on. The
-    operator searches again from the plan's blocks in the ledger and buys only what that search
-    cuts under the id."""
+    listed for this plan (its ``status.extensionOfferings``, or the SageMaker API's
+    ``SearchTrainingPlanOfferings`` with ``TrainingPlanArn``): the same pool, zone, type and count
+    from the block's end on. The operator searches again from the plan's blocks in the ledger and
+    buys only what that search cuts under the id."""
 
     offering_id: str = Field(min_length=1, max_length=MAX_ID, json_schema_extra={"x-kubernetes-validations": [
         cel(f"self.matches('{EXTENSION_ID_PATTERN}')",
@@ -402,6 +416,7 @@ class TrainingPlanStatus(Model):
     total_ultra_server_count: int | None = None
     ultra_servers: list[UltraServerStatus] = Field(default_factory=list, max_length=MAX_FLEET_ENTRIES)
     next_transition_time: Time | None = None
+    extension_offerings: list[ExtensionOffering] = Field(default_factory=list, max_length=MAX_OFFERINGS)
     extensions: list[ExtensionStatus] = Field(default_factory=list, max_length=MAX_EXTENSIONS)
     conditions: list[Condition] = Field(default_factory=list, max_length=MAX_CONDITIONS)
     observed_generation: int | None = None

@@ -24,7 +24,7 @@ from datetime import datetime, timedelta
 from typing import Sequence
 
 from hyperplan.api.models import (
-    Condition, ExtensionStatus, Offering as OfferingStatus, ReservedCapacity, TrainingPlanSpec, TrainingPlanStatus,
+    Condition, ExtensionOffering, ExtensionStatus, Offering as OfferingStatus, ReservedCapacity, TrainingPlanSpec, TrainingPlanStatus,
     UltraServerStatus,
 )
 from hyperplan.planning.blocks import Block
@@ -33,7 +33,7 @@ from hyperplan.api.vocabulary import (
 )
 from hyperplan.planning.offerings import (
     Extension, Offering, OfferingRequest, PoolSnapshot, RuleViolation, extension_held, find_extension, find_offering,
-    could_be_offered, search_offerings, validate_request,
+    could_be_offered, search_extensions, search_offerings, validate_request,
 )
 from hyperplan.planning import counts
 from hyperplan.planning import naming
@@ -123,6 +123,12 @@ def decide_plan(spec: TrainingPlanSpec, generation: int, prior: TrainingPlanStat
     """``uid`` is the plan's metadata.uid: extension offering ids are cut for one plan."""
     if purchased:
         decision = _bought(spec, generation, prior, purchased, policy, now, usage)
+        if uid:
+            decision.status.extension_offerings = [
+                ExtensionOffering(id=e.id, reserved_capacity_id=e.block.id, capacity_pool=e.block.pool,
+                                  availability_zone=e.block.availability_zone, start_time=e.start, end_time=e.end,
+                                  duration_days=e.days)
+                for e in search_extensions(uid, purchased, pools, policy, now)]
         if spec.extensions or prior.extensions:
             _decide_extensions(decision, spec, generation, prior, uid, purchased, pools, policy, now)
         return decision
