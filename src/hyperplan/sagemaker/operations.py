@@ -507,7 +507,7 @@ def _extension_of_id(value: str) -> tuple[str, str] | None:
     return "-".join(parts[:3]), plan
 
 
-def _hours(days: int | None, ctx: "Context") -> int | None:
+def _hours(days: int | None) -> int | None:
     """Policy days as the API's hours (24 to a day, as a search reads ``DurationHours``)."""
     return None if days is None else days * 24
 
@@ -515,14 +515,14 @@ def _hours(days: int | None, ctx: "Context") -> int | None:
 def _extension_shape(ext: Extension, plan: str, ctx: "Context") -> dict[str, Any]:
     return compact({"TrainingPlanExtensionOfferingId": api_extension_id(ext.id, plan),
                     "AvailabilityZone": ext.block.availability_zone, "StartDate": epoch(ext.start),
-                    "EndDate": epoch(ext.end), "DurationHours": _hours(ext.days, ctx)})
+                    "EndDate": epoch(ext.end), "DurationHours": _hours(ext.days)})
 
 
 def _history_shape(entry: ExtensionStatus, plan: str, ctx: "Context") -> dict[str, Any]:
     return compact({"TrainingPlanExtensionOfferingId": api_extension_id(entry.offering_id, plan),
                     "ExtendedAt": epoch(entry.extended_at), "StartDate": epoch(entry.start_time),
                     "EndDate": epoch(entry.end_time), "Status": entry.status,
-                    "AvailabilityZone": entry.availability_zone, "DurationHours": _hours(entry.duration_days, ctx)})
+                    "AvailabilityZone": entry.availability_zone, "DurationHours": _hours(entry.duration_days)})
 
 
 def _search_extensions(body: Mapping[str, Any], ctx: "Context") -> dict[str, Any]:
