@@ -120,7 +120,9 @@ def condition(type_: str, ok: bool, reason: str, message: str, generation: int,
 def decide_plan(spec: TrainingPlanSpec, generation: int, prior: TrainingPlanStatus,
                 purchased: Sequence[Block], pools: Sequence[PoolSnapshot], policy: Policy,
                 now: datetime, usage: PlanUsage = PlanUsage(), uid: str = "") -> PlanDecision:
-    """``uid`` is the plan's metadata.uid: extension offering ids are cut for one plan."""
+    """``uid`` is the plan's metadata.uid: extension offering ids are cut for one plan, so without it
+    (a caller that only searches) a bought plan's extensions are neither offered nor decided, and
+    the status keeps what the last pass wrote of them."""
     if purchased:
         decision = _bought(spec, generation, prior, purchased, policy, now, usage)
         if uid:
@@ -129,7 +131,9 @@ def decide_plan(spec: TrainingPlanSpec, generation: int, prior: TrainingPlanStat
                                   availability_zone=e.block.availability_zone, start_time=e.start, end_time=e.end,
                                   duration_days=e.days)
                 for e in search_extensions(uid, purchased, pools, policy, now)]
-        if spec.extensions or prior.extensions:
+        if not uid:
+            decision.status.extensions = list(prior.extensions)
+        elif spec.extensions or prior.extensions:
             _decide_extensions(decision, spec, generation, prior, uid, purchased, pools, policy, now)
         return decision
     if prior.phase == FAILED and prior.observed_generation == generation:
@@ -305,7 +309,7 @@ def _decide_extensions(decision: PlanDecision, spec: TrainingPlanSpec, generatio
     entries: list[ExtensionStatus] = []
     for entry in spec.extensions:
         wanted, seen = entry.offering_id, before.get(entry.offering_id)
-        held = extension_held(uid, purchased, policy, wanted) if uid else None
+        held = extension_held(uid, purchased, policy, wanted)
         if held is not None:
             state = SCHEDULED if now < held.start else ACTIVE if now < held.end else EXPIRED
             entries.append(_entry(held, state, extended_at=(seen.extended_at if seen and seen.extended_at else now)))
@@ -319,7 +323,7 @@ def _decide_extensions(decision: PlanDecision, spec: TrainingPlanSpec, generatio
             entries.append(ExtensionStatus(offering_id=wanted, reason="Waiting",
                                            message=f"waits for extension {decision.extend.id} before it"))
             continue
-        found = find_extension(uid, purchased, pools, policy, now, wanted) if uid else None
+        found = find_extension(uid, purchased, pools, policy, now, wanted)
         if found is None:
             why = RuleViolation(REASON_EXTENSION_NOT_OFFERED, (
                 f"extension offering {wanted} is not offered for this plan now: a search again from its last "
