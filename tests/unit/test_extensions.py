@@ -277,3 +277,38 @@ def test_the_plan_pass_extends_or_reports_why_not(monkeypatch, rival: bool) -> N
             assert world.status_patches(PLANS_PLURAL)[-1]["extensionOfferings"] == []
     finally:
         world.close()
+
+
+def test_what_the_status_says_of_an_extension_decides_nothing_but_a_failure() -> None:
+    [ext] = search_extensions(UID, [BLOCK], [pool()], SAGEMAKER, NOW, 1)
+    claims = TrainingPlanStatus.model_validate({"extensions": [
+        {"offeringId": ext.id, "status": "Active", "endTime": "2027-06-01T00:00:00Z"}]})
+    # The status claims it bought; the ledger does not hold it: it is bought now.
+    decision = decide_plan(spec(ext.id), 2, claims, [BLOCK], [pool()], SAGEMAKER, NOW, uid=UID)
+    assert decision.extend == ext and entries(decision.status) == [("Pending", "Extending", ext.end)]
+    # A status lost after the purchase: the ledger alone says it is bought (not bought again).
+    lost = decide_plan(spec(ext.id), 2, TrainingPlanStatus(), [replace(BLOCK, end=ext.end)], [pool()], SAGEMAKER,
+                       NOW, uid=UID)
+    assert lost.extend is None and entries(lost.status) == [("Scheduled", None, ext.end)]
+
+
+def test_a_refused_extension_lets_the_pass_decide_the_next_one(monkeypatch) -> None:
+    """The user asked for 7 days, then (the same pass) for 1 day instead: the room after day 1 was
+    sold meanwhile, so the ledger refuses the 7 and the pass goes on to buy the 1."""
+    [one, seven, _] = search_extensions(UID, [BLOCK], [pool()], SAGEMAKER, NOW)
+    world = pass_world(monkeypatch, seven.id, one.id)
+    try:
+        world.pool_watch.pause()
+        world.ledger.pool_objects[0].status.reservations.append(Reservation(
+            training_plan="rival", training_plan_uid="uid-rival", reserved_capacity_id="rc-rival-0",
+            start_time=one.end, end_time=one.end + timedelta(days=30), instance_count=8))
+        world.run(reconcile_plan, "llama")
+        assert [c[0] for c in world.calls] == ["extend", "extend", "patch_status"]
+        [status] = world.status_patches(PLANS_PLURAL)
+        assert [(e["offeringId"], e["status"]) for e in status["extensions"]] == [(seven.id, "Failed"),
+                                                                                 (one.id, "Scheduled")]
+        assert [(e[1], e[2]) for e in world.events] == [("Warning", "OfferingUnavailable"), ("Normal", "Extended")]
+        [line] = [r for r in world.ledger.pool_objects[0].status.reservations if r.training_plan_uid == UID]
+        assert line.end_time == one.end
+    finally:
+        world.close()
