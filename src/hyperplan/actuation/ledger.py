@@ -21,6 +21,9 @@ the ledger as it is now (a lost race is not the end of an auto-purchase).
 Purchases of one process are group-committed: those that arrive while a batch is being written
 wait and go together into the next one, each re-checked against the ledger plus the purchases
 accepted before it, with one status replace per pool for the whole batch.
+
+An extension (:meth:`KubeLedger.extend`) moves the ``endTime`` of the plan's line in place, so the
+block keeps its id; it is re-checked and written the same way, in its own turn.
 """
 
 from __future__ import annotations

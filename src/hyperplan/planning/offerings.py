@@ -25,6 +25,11 @@ How the search works (DESIGN.md section 1):
    the request (`offering_id`). A purchase of a chosen id searches again
    (`find_offering`), opening at the start the id names, and buys what that
    search cuts under the id: never an offering as a plan's status lists it.
+6. Extensions (`search_extensions`): a bought plan's last block run on in the same
+   pool from its end, for whole days, while the pool has room for its count right
+   from that end on. An extension's id is its start and a digest of the plan, the
+   block and the new end; buying one searches again (`find_extension`), and the
+   ledger's blocks alone say which are bought (`extension_held`).
 """
 
 from __future__ import annotations

@@ -15,6 +15,10 @@ Status is output: what a purchase buys is never read from the status. ``spec.off
 an offering by its id, a digest of its blocks and of the spec (``planning.offerings.offering_id``);
 the decision searches again from the spec and the pools and buys the offering with that id, or
 refuses (docs/security.md, "Status is output").
+
+A bought plan is extended by the entries of ``spec.extensions`` (extension offering ids, listed in
+``status.extensionOfferings``): the decision names the next one to buy (``PlanDecision.extend``),
+found again by a search from the ledger's blocks, and derives each entry's state from the ledger.
 """
 
 from __future__ import annotations
