@@ -771,7 +771,8 @@ def search_extensions(plan_uid: str, blocks: Sequence[Block], pools: Sequence[Po
     if days is not None:
         wanted = [days] if policy.min_duration_days <= days <= room else []
     else:
-        wanted = sorted({d for d in EXTENSION_DAYS if policy.min_duration_days <= d <= room} | ({room} if room else set()))
+        wanted = sorted({d for d in EXTENSION_DAYS if policy.min_duration_days <= d <= room}
+                        | ({room} if room else set()))
     offered = [Extension(extension_id(plan_uid, last, last.end + policy.day * d), last, last.end + policy.day * d, d)
                for d in wanted]
     return offered[:MAX_OFFERINGS]

@@ -28,12 +28,13 @@ from datetime import datetime, timedelta
 from typing import Sequence
 
 from hyperplan.api.models import (
-    Condition, ExtensionOffering, ExtensionStatus, Offering as OfferingStatus, ReservedCapacity, TrainingPlanSpec, TrainingPlanStatus,
-    UltraServerStatus,
+    Condition, ExtensionOffering, ExtensionStatus, Offering as OfferingStatus, ReservedCapacity, TrainingPlanSpec,
+    TrainingPlanStatus, UltraServerStatus,
 )
 from hyperplan.planning.blocks import Block
 from hyperplan.api.vocabulary import (
-    REASON_EXTENSION_NOT_OFFERED, REASON_OFFERING_MISMATCH, REASON_OFFERING_NO_LONGER_OFFERED, REASON_OFFERING_NOT_FOUND, to_rfc3339,
+    REASON_EXTENSION_NOT_OFFERED, REASON_OFFERING_MISMATCH, REASON_OFFERING_NO_LONGER_OFFERED,
+    REASON_OFFERING_NOT_FOUND, to_rfc3339,
 )
 from hyperplan.planning.offerings import (
     Extension, Offering, OfferingRequest, PoolSnapshot, RuleViolation, extension_held, find_extension, find_offering,
