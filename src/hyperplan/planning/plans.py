@@ -130,15 +130,15 @@ def decide_plan(spec: TrainingPlanSpec, generation: int, prior: TrainingPlanStat
     the status keeps what the last pass wrote of them."""
     if purchased:
         decision = _bought(spec, generation, prior, purchased, policy, now, usage)
-        if uid:
-            decision.status.extension_offerings = [
-                ExtensionOffering(id=e.id, reserved_capacity_id=e.block.id, capacity_pool=e.block.pool,
-                                  availability_zone=e.block.availability_zone, start_time=e.start, end_time=e.end,
-                                  duration_days=e.days)
-                for e in search_extensions(uid, purchased, pools, policy, now)]
         if not uid:
             decision.status.extensions = list(prior.extensions)
-        elif spec.extensions or prior.extensions:
+            return decision
+        decision.status.extension_offerings = [
+            ExtensionOffering(id=e.id, reserved_capacity_id=e.block.id, capacity_pool=e.block.pool,
+                              availability_zone=e.block.availability_zone, start_time=e.start, end_time=e.end,
+                              duration_days=e.days)
+            for e in search_extensions(uid, purchased, pools, policy, now)]
+        if spec.extensions or prior.extensions:
             _decide_extensions(decision, spec, generation, prior, uid, purchased, pools, policy, now)
         return decision
     if prior.phase == FAILED and prior.observed_generation == generation:
