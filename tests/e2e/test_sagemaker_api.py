@@ -330,3 +330,110 @@ def test_fifty_clients_buying_at_once_never_overbook_the_pool(scenarios) -> None
     for t in moments:
         held = sum(r["instanceCount"] for r in ledger if from_rfc3339(r["startTime"]) <= t < from_rfc3339(r["endTime"]))
         assert held <= 8, f"{held} of 8 instances reserved at {t}"
+
+
+@scenario
+def sagemaker_extend(ctx: Context) -> dict:
+    """A plan the operator bought, extended with boto3: the extension offerings of its last block,
+    ExtendTrainingPlan (twice: a retry), then the plan's end moves (DescribeTrainingPlan, and the
+    block keeps its id, so the group keeps its node past the old end) and the history lists it. A
+    kubectl user's made-up extension fails with a condition and an Event; a removal is refused at
+    apply time."""
+    k = ctx.kubectl
+    tag = uuid.uuid4().hex[:5]
+    itype, name, user = f"ml.sme-{tag}.xlarge", f"sme-{tag}", f"sm-extender-{tag}"
+    k.create(pool_body(name, itype, 2, az="us-east-1e"))
+    k.create(plan_body(name, itype, 1, duration="3m", autoPurchase=True,
+                       startTimeAfter=ts(utcnow() + timedelta(seconds=15))))
+    k.create(group_body(name, name, itype, 1))
+    block = first_block(k, name)
+    old_end = from_rfc3339(block["endTime"])
+    key_id, secret = mint_key(ctx, user)
+    grant_plan_reads(ctx, user, f"sm-extender-{tag}",
+                     {"apiGroups": ["hyperplan.dev"], "resources": ["trainingplans"], "verbs": ["create", "patch"]})
+    endpoint = serving(ctx, key_id, secret)
+    arn = f"arn:aws:sagemaker:us-west-2:{ACCOUNT}:training-plan/{name}"
+    offered = boto3_call(endpoint, "search_training_plan_offerings", TrainingPlanArn=arn, DurationHours=48)
+    assert "ok" in offered, offered
+    [offer] = offered["ok"]["TrainingPlanExtensionOfferings"]
+    extended = boto3_calls(endpoint, [{"op": "extend_training_plan", "args": {
+        "TrainingPlanExtensionOfferingId": offer["TrainingPlanExtensionOfferingId"]}}] * 2)
+    wanted_end = old_end + timedelta(minutes=2)
+
+    def moved() -> dict | None:
+        answer = describe(ctx, endpoint, name)
+        return answer["ok"] if "ok" in answer and answer["ok"].get("EndTime") == wanted_end.timestamp() else None
+
+    described = eventually(moved, timeout=60, interval=1, what="the plan's end moved through the API")
+    wait_phase(k, "instancegroup", name, "Ready", timeout=120)
+    nodes_before = sorted(n["metadata"]["name"] for n in k.get("nodes", None, "-l",
+                                                                f"hyperplan.dev/instance-group={name}")["items"])
+    history = boto3_call(endpoint, "describe_training_plan_extension_history", TrainingPlanArn=arn)
+    removal = k.run("patch", "trainingplan", name, "--type=merge", "-p", '{"spec":{"extensions":[]}}', check=False)
+    malformed = k.run("patch", "trainingplan", name, "--type=json", "-p",
+                      '[{"op":"add","path":"/spec/extensions/-","value":{"offeringId":"tpe-soon"}}]', check=False)
+    made_up = "tpe-20270101t000000-0123456789abcdef"
+    k.run("patch", "trainingplan", name, "--type=json", "-p",
+          json.dumps([{"op": "add", "path": "/spec/extensions/-", "value": {"offeringId": made_up}}]))
+    refused = eventually(lambda: next((e for e in (k.get("trainingplan", name).get("status") or {}).get(
+        "extensions", []) if e["offeringId"] == made_up and e["status"] == "Failed"), None),
+        timeout=60, interval=1, what="the made-up extension failed")
+    events = k.get("events", None, "--field-selector", f"involvedObject.name={name}")["items"]
+    # Past the old end, the block (same id) still runs: the group keeps its node.
+    eventually(lambda: utcnow() > old_end + timedelta(seconds=5), timeout=300, interval=1, what="past the old end")
+    plan_after = k.get("trainingplan", name)
+    nodes_after = sorted(n["metadata"]["name"] for n in k.get("nodes", None, "-l",
+                                                               f"hyperplan.dev/instance-group={name}")["items"])
+    group_after = k.get("instancegroup", name)["status"]
+    k.delete("instancegroup", name)
+    k.delete("trainingplan", name)
+    return {"block": block, "offer": offer, "extended": extended, "described": described, "history": history,
+            "removal": (removal.returncode, removal.stderr), "malformed": (malformed.returncode, malformed.stderr),
+            "refused": refused, "events": [(e["type"], e["reason"]) for e in events], "plan_after": plan_after,
+            "nodes_before": nodes_before, "nodes_after": nodes_after, "group_after": group_after,
+            "wanted_end": wanted_end.timestamp()}
+
+
+def test_boto3_extends_a_plan_and_its_end_moves(scenarios) -> None:
+    record = scenarios["sagemaker_extend"].result(timeout=600)
+    offer, (first, retry) = record["offer"], record["extended"]
+    assert "ok" in first and "ok" in retry, record["extended"]
+    assert first["ok"]["TrainingPlanExtensions"][0]["TrainingPlanExtensionOfferingId"] == \
+        offer["TrainingPlanExtensionOfferingId"]
+    assert offer["StartDate"] == from_rfc3339(record["block"]["endTime"]).timestamp()
+    assert offer["DurationHours"] == 48 and offer["AvailabilityZone"] == "us-east-1e"
+    assert record["described"]["EndTime"] == record["wanted_end"] == offer["EndDate"]
+    [summary] = record["described"]["ReservedCapacitySummaries"]
+    assert summary["ReservedCapacityArn"].endswith("/" + record["block"]["id"])  # the same block, run on
+    spec = record["plan_after"]["spec"]
+    hyperplans_id = offer["TrainingPlanExtensionOfferingId"].rsplit("-", 1)[0]  # without the plan's name
+    assert spec["extensions"][0]["offeringId"] == hyperplans_id
+    assert len(spec["extensions"]) == 2  # the retry added nothing; the second is the made-up one
+
+
+def test_the_extension_history_lists_the_extension(scenarios) -> None:
+    record = scenarios["sagemaker_extend"].result(timeout=600)
+    assert "ok" in record["history"], record["history"]
+    [entry] = record["history"]["ok"]["TrainingPlanExtensions"]
+    assert entry["TrainingPlanExtensionOfferingId"] == record["offer"]["TrainingPlanExtensionOfferingId"]
+    assert entry["Status"] in ("Scheduled", "Active") and entry["EndDate"] == record["wanted_end"]
+    assert "ExtendedAt" in entry and entry["DurationHours"] == 48
+
+
+def test_the_extended_block_keeps_its_nodes_past_its_old_end(scenarios) -> None:
+    record = scenarios["sagemaker_extend"].result(timeout=600)
+    assert record["nodes_before"] and record["nodes_after"] == record["nodes_before"]
+    assert record["group_after"]["phase"] == "Ready"
+    assert record["plan_after"]["status"]["phase"] == "Active"
+
+
+def test_kubectl_extensions_are_checked_at_apply_time_and_a_made_up_one_fails_with_an_event(scenarios) -> None:
+    record = scenarios["sagemaker_extend"].result(timeout=600)
+    rc, err = record["removal"]
+    assert rc != 0 and "extensions may only be added" in err
+    rc, err = record["malformed"]
+    assert rc != 0 and "extension offering id as hyperplan lists them" in err
+    assert record["refused"]["reason"] == "ExtensionNotOffered"
+    assert ("Warning", "ExtensionNotOffered") in record["events"]
+    condition = next(c for c in record["plan_after"]["status"]["conditions"] if c["type"] == "Extended")
+    assert (condition["status"], condition["reason"]) == ("False", "ExtensionNotOffered")

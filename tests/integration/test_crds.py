@@ -269,6 +269,36 @@ def test_a_purchased_plan_cannot_be_modified(crds: Kubectl) -> None:
     crds.delete("trainingplan", name, "--wait=false")
 
 
+EXT_A, EXT_B = "tpe-20270101t113000-0123456789abcdef", "tpe-20270102t113000-fedcba9876543210"
+
+
+@pytest.mark.parametrize("patch, refusal", [
+    ({"spec": {"extensions": [{"offeringId": EXT_A}, {"offeringId": EXT_B}]}}, None),
+    ({"spec": {"extensions": [{"offeringId": EXT_A}], "duration": "96h"}}, "spec is immutable once offeringId is set"),
+    ({"spec": {"extensions": []}}, "extensions may only be added"),
+    ({"spec": {"extensions": [{"offeringId": EXT_B}]}}, "extensions may only be added"),
+    ({"spec": {"extensions": None}}, "only extended (spec.extensions)"),
+    ({"spec": {"extensions": [{"offeringId": EXT_A}, {"offeringId": EXT_A}]}}, "each extension offering may be named once"),
+    ({"spec": {"extensions": [{"offeringId": EXT_A}, {"offeringId": "tpo-20270101t113000-0123456789abcdef"}]}},
+     "extension offering id as hyperplan lists them"),
+], ids=["another-extension", "extension-and-another-change", "all-removed", "one-replaced", "field-dropped",
+        "named-twice", "not-an-extension-id"])
+def test_a_purchased_plan_may_only_be_extended(crds: Kubectl, patch: dict, refusal: str | None) -> None:
+    """Once bought (offeringId set), the spec may change in one way only: extensions added to
+    spec.extensions; none may be changed or removed."""
+    obj = plan(offeringId="tpo-123", extensions=[{"offeringId": EXT_A}])
+    crds.create(obj)
+    name = obj["metadata"]["name"]
+    proc = crds.run("patch", "trainingplan", name, "--type=merge", "-p", json.dumps(patch), check=False)
+    if refusal is None:
+        assert proc.returncode == 0, proc.stderr
+        assert crds.get("trainingplan", name)["spec"]["extensions"] == patch["spec"]["extensions"]
+    else:
+        assert proc.returncode != 0 and refusal in proc.stderr, proc.stderr
+        assert crds.get("trainingplan", name)["spec"]["extensions"] == [{"offeringId": EXT_A}]
+    crds.delete("trainingplan", name, "--wait=false")
+
+
 def test_printer_columns(crds: Kubectl) -> None:
     p, g = plan(), group()
     crds.create(p)

@@ -39,7 +39,7 @@ class FakeAccess:
     def __init__(self) -> None:
         self.keys = {k.key_id: k for k in (KEY, DENIED)}
         self.rights = {("alice", "get", "trainingplans"), ("alice", "list", "trainingplans"),
-                       ("alice", "create", "trainingplans"),
+                       ("alice", "create", "trainingplans"), ("alice", "patch", "trainingplans"),
                        ("alice", "list", "instancegroups"), ("alice", "patch", "instancegroups"),
                        ("alice", "patch", "nodes")}
         self.reviews: list[tuple[str, str, str]] = []
@@ -99,6 +99,13 @@ class RecordingWrites:
     def label_node(self, user: str, name: str, labels: dict) -> None:
         self.calls.append(("label_node", user, name, labels))
 
+    def extend_plan(self, user: str, name: str, extensions: list, resource_version: str | None) -> None:
+        self.calls.append(("extend_plan", user, name, extensions, resource_version))
+        [held] = self.plans[name]
+        version = str(int(held["metadata"]["resourceVersion"]) + 1)
+        self.plans[name] = [{**held, "metadata": {**held["metadata"], "resourceVersion": version},
+                             "spec": {**held["spec"], "extensions": extensions}}]  # as the watch brings it
+
     def create_plan(self, user: str, body: dict) -> dict | None:
         self.calls.append(("create_plan", user, body["metadata"]["name"], body["spec"]))
         if body["metadata"]["name"] in self.plans:
@@ -135,10 +142,11 @@ class Server:
     """The API's aiohttp app on a loopback port, on a loop in a thread of its own."""
 
     def __init__(self, plans: dict[str, list[dict]], groups: dict[str, list[dict]] | None = None,
-                 nodes: dict[tuple, list[dict]] | None = None):
+                 nodes: dict[tuple, list[dict]] | None = None, pools: dict[str, list[dict]] | None = None):
         self.plans = plans
         self.cache = WatchCache()
-        self.cache.bind({PLANS: plans, POOLS: {"p5-west": [P5_POOL]}, GROUPS: groups or {}, NODES: nodes or {}})
+        self.cache.bind({PLANS: plans, POOLS: pools or {"p5-west": [P5_POOL]}, GROUPS: groups or {},
+                         NODES: nodes or {}})
         self.writes = RecordingWrites()
         self.writes.plans = plans
         with socket.socket() as s:

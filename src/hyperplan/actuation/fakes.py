@@ -20,18 +20,18 @@ from kubernetes.client.rest import ApiException
 from hyperplan.actuation.kueue import KueueWrites
 from hyperplan.actuation.leadership import LeaseRecord, LeaseStore
 from hyperplan.actuation.ledger import (
-    CapacityLedger, PurchaseResult, blocks_of, pool_snapshot, reservations_by_pool,
+    CapacityLedger, PurchaseResult, blocks_of, extended_lines, extension_refusal, pool_snapshot, reservations_by_pool,
 )
 from hyperplan.actuation.nodes import (
     LABEL_NODE_ID, REBOOT_REASON, AdoptionConflict, DrainProgress, MadeNode, NodePods, NodeProvider,
     mark_healthy_patch, merged_taints, rebooting,
 )
 from hyperplan.planning.lending import LentRecord
-from hyperplan.api.models import CapacityPool
+from hyperplan.api.models import CapacityPool, Reservation
 from hyperplan.api.vocabulary import ANNOTATION_CLAIM, from_rfc3339
 from hyperplan.planning import naming
 from hyperplan.planning import placement
-from hyperplan.planning.offerings import Offering, RuleViolation, recheck_offering
+from hyperplan.planning.offerings import Extension, Offering, RuleViolation, recheck_offering
 from hyperplan.planning.policy import Policy
 from hyperplan.planning.tenancy import pools_for_plan
 
@@ -61,6 +61,23 @@ class FakeLedger:
         for pool_name, wanted in reservations_by_pool(plan, plan_uid, offering).items():
             have = {r.reserved_capacity_id for r in by_name[pool_name].status.reservations}
             by_name[pool_name].status.reservations.extend(r for r in wanted if r.reserved_capacity_id not in have)
+        return PurchaseResult(blocks=tuple(blocks_of(self.pool_objects, plan_uid)))
+
+    def extend(self, plan: str, plan_uid: str, extension: Extension, policy: Policy,
+               now: datetime, plan_labels: Mapping[str, str] | None = None) -> PurchaseResult:
+        self.calls.append(("extend", (plan, extension.id)))
+        by_name = {p.metadata["name"]: p for p in self.pool_objects}
+        pool = by_name.get(extension.block.pool)
+        lines = [r.wire() for r in pool.status.reservations] if pool is not None else []
+        violation, done = extension_refusal(lines, plan_uid, extension)
+        snapshots = pools_for_plan([pool_snapshot(p, plan_uid) for p in self.pool_objects], plan_labels)
+        if not done:
+            violation = self.fail_with or violation or recheck_offering(extension.as_offering, snapshots, policy, now)
+            if violation:
+                return PurchaseResult(violation=violation, pools=tuple(snapshots))
+            assert pool is not None
+            pool.status.reservations = [Reservation.model_validate(r)
+                                        for r in extended_lines(lines, plan_uid, extension)]
         return PurchaseResult(blocks=tuple(blocks_of(self.pool_objects, plan_uid)))
 
     def release(self, plan_uid: str, now: datetime | None) -> int:

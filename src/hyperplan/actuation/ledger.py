@@ -21,6 +21,9 @@ the ledger as it is now (a lost race is not the end of an auto-purchase).
 Purchases of one process are group-committed: those that arrive while a batch is being written
 wait and go together into the next one, each re-checked against the ledger plus the purchases
 accepted before it, with one status replace per pool for the whole batch.
+
+An extension (:meth:`KubeLedger.extend`) moves the ``endTime`` of the plan's line in place, so the
+block keeps its id; it is re-checked and written the same way, in its own turn.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 from hyperplan.actuation.kube import Kube, is_conflict
 from hyperplan.api.models import API_VERSION, CapacityPool, Reservation
 from hyperplan.planning.blocks import Block
-from hyperplan.planning.offerings import Busy, Offering, PoolSnapshot, RuleViolation, recheck_offering
+from hyperplan.api.vocabulary import REASON_OFFERING_UNAVAILABLE, to_rfc3339
+from hyperplan.planning.offerings import Busy, Extension, Offering, PoolSnapshot, RuleViolation, recheck_offering
 from hyperplan.planning.policy import Policy
 from hyperplan.planning.tenancy import pools_for_plan, selector_of
 
@@ -102,6 +106,43 @@ class CapacityLedger(Protocol):
                  now: datetime, plan_labels: Mapping[str, str] | None = None) -> PurchaseResult: ...
 
     def release(self, plan_uid: str, now: datetime) -> int: ...
+
+    def extend(self, plan: str, plan_uid: str, extension: Extension, policy: Policy,
+               now: datetime, plan_labels: Mapping[str, str] | None = None) -> PurchaseResult: ...
+
+
+def extension_refusal(lines: Sequence[Mapping[str, Any]], plan_uid: str,
+                      extension: Extension) -> tuple[RuleViolation | None, bool]:
+    """Whether the ledger ``lines`` of the extension's pool let ``extension`` be written: (None,
+    True) when the plan's block already runs to the extension's end (bought before: nothing to
+    write), (None, False) when the block ends where the extension starts (write it), else why not."""
+    line = next((r for r in lines if r.get("reservedCapacityId") == extension.block.id
+                 and r.get("trainingPlanUid") == plan_uid), None)
+    if line is None:
+        return RuleViolation(REASON_OFFERING_UNAVAILABLE, (
+            f"extension {extension.id}: block {extension.block.id} is no longer in the ledger of pool "
+            f"{extension.block.pool!r}")), False
+    end = Reservation.model_validate(line).end_time
+    if end >= extension.end:
+        return None, True
+    if end != extension.start:
+        return RuleViolation(REASON_OFFERING_UNAVAILABLE, (
+            f"extension {extension.id}: block {extension.block.id} now ends at {to_rfc3339(end)}, not at the "
+            f"extension's start {to_rfc3339(extension.start)}")), False
+    return None, False
+
+
+def extended_lines(lines: Sequence[Mapping[str, Any]], plan_uid: str, extension: Extension) -> list[dict[str, Any]]:
+    """The ledger ``lines`` with the extended block's line running to the extension's end."""
+    out = []
+    for r in lines:
+        if r.get("reservedCapacityId") == extension.block.id and r.get("trainingPlanUid") == plan_uid:
+            line = Reservation.model_validate(r)
+            line.end_time = extension.end
+            out.append(line.wire())
+        else:
+            out.append(dict(r))
+    return out
 
 
 class KubeLedger:
@@ -229,6 +270,39 @@ class KubeLedger:
             if fresh is not None:
                 self.reads.wrote(PLURAL, fresh)
 
+    def extend(self, plan: str, plan_uid: str, extension: Extension, policy: Policy,
+               now: datetime, plan_labels: Mapping[str, str] | None = None) -> PurchaseResult:
+        """Run the plan's block on to the extension's end, in place: the block keeps its id (and the
+        groups their nodes); its ledger line's ``endTime`` moves. Re-checked as a purchase is (the
+        added window as a block of the same pool, against the ledger without the plan's own lines,
+        only the pools that let the plan buy), written with the resourceVersion read, re-read and
+        re-checked after a 409. Idempotent: a line that already runs to the end is left alone."""
+        with self._turn:
+            for attempt in range(1, MAX_ATTEMPTS + 1):
+                raw = self._pool_objects()
+                obj = raw.get(extension.block.pool)
+                lines = ((obj or {}).get("status") or {}).get("reservations") or []
+                violation, done = extension_refusal(lines, plan_uid, extension)
+                if done:
+                    return PurchaseResult(blocks=tuple(self._blocks(plan_uid, list(raw.values()))))
+                snapshots = pools_for_plan(self._snapshots(raw, plan_uid), plan_labels)
+                violation = violation or recheck_offering(extension.as_offering, snapshots, policy, now)
+                if violation is not None:
+                    return PurchaseResult(violation=violation, pools=tuple(snapshots))
+                assert obj is not None  # extension_refusal found the line in it
+                try:
+                    written = self._write_lines(obj, extended_lines(lines, plan_uid, extension))
+                except Exception as e:  # noqa: BLE001 - only conflicts are retried
+                    if not is_conflict(e):
+                        raise
+                    log.info("ledger conflict extending plan %s (attempt %d); re-reading", plan, attempt)
+                    self._reread([extension.block.pool])
+                    continue
+                after = list({**raw, extension.block.pool: written}.values())
+                return PurchaseResult(blocks=tuple(self._blocks(plan_uid, after)))
+        return PurchaseResult(violation=RuleViolation(
+            "LedgerContention", f"the capacity ledger changed under {MAX_ATTEMPTS} attempts to extend"))
+
     def release(self, plan_uid: str, now: datetime | None) -> int:
         """Remove the plan's reservations that have not ended by ``now`` (all when None)."""
         with self._turn:
@@ -258,10 +332,15 @@ class KubeLedger:
     def _add(self, obj: dict[str, Any], new: list[dict[str, Any]]) -> dict[str, Any]:
         """Append ``new`` (reservations on the wire) to the pool's ledger in one status replace;
         the pool as written."""
-        status = dict(obj.get("status") or {})
         if not new:
             return obj
-        status["reservations"] = list(status.get("reservations", [])) + new
+        return self._write_lines(obj, list((obj.get("status") or {}).get("reservations", [])) + new)
+
+    def _write_lines(self, obj: dict[str, Any], lines: list[dict[str, Any]]) -> dict[str, Any]:
+        """The pool's ledger replaced by ``lines`` in one status replace carrying the resourceVersion
+        read (a 409 when another writer came first); the pool as written."""
+        status = dict(obj.get("status") or {})
+        status["reservations"] = lines
         body = {"apiVersion": obj.get("apiVersion") or API_VERSION, "kind": "CapacityPool",
                 "metadata": {"name": obj["metadata"]["name"], "resourceVersion": obj["metadata"]["resourceVersion"]},
                 "spec": obj.get("spec") or {}, "status": status}

@@ -65,6 +65,9 @@ MAX_RESERVED_CAPACITY = 64  # the blocks of the offering bought
 MAX_UNAVAILABLE_WINDOWS = 1024
 MAX_PLACEMENTS = 1024  # one per UltraServer of a block
 MAX_UNHEALTHY_CONDITIONS = 32
+MAX_EXTENSIONS = 32  # a plan's extensions (spec.extensions and status.extensions): each adds days to its last block
+# An extension offering's id as planning.offerings.extension_id makes it: its start and a digest.
+EXTENSION_ID_PATTERN = r"^tpe-[0-9]{8}t[0-9]{6}-[0-9a-f]{16}$"
 # Lists the operator writes that grow with the fleet (a pool's ledger, a plan's UltraServers, a
 # group's vanished nodes): bounded above what one object can hold under etcd's default request
 # limit of 1.5 MiB, for the smallest entry the operator writes, so the bound never refuses a
@@ -269,6 +272,41 @@ class ReservedCapacity(Model):
     ultra_server_count: int | None = None
 
 
+class ExtensionOffering(Model):
+    """An extension a bought plan may buy now (as of its last pass): its last block run on in the
+    same pool from its end for ``durationDays`` of the policy. Put its ``id`` in
+    ``spec.extensions`` to buy it."""
+
+    id: Identifier
+    reserved_capacity_id: Identifier  # the block it extends
+    capacity_pool: Name
+    availability_zone: LabelValue
+    start_time: Time
+    end_time: Time
+    duration_days: int
+
+
+class ExtensionStatus(Model):
+    """One entry of ``spec.extensions`` as the operator found it: bought (the block it extends, the
+    window it added and where that window stands now), being bought, or failed (and why)."""
+
+    offering_id: Identifier
+    status: Literal["Pending", "Scheduled", "Active", "Expired", "Failed"] = "Pending"
+    reason: str | None = Field(default=None, max_length=MAX_REASON)
+    message: str | None = Field(default=None, max_length=MAX_MESSAGE)
+    extended_at: Time | None = None  # when the operator saw the ledger hold it first
+    reserved_capacity_id: Identifier | None = None  # the block it extends
+    availability_zone: LabelValue | None = None
+    start_time: Time | None = None  # the old end of the block
+    end_time: Time | None = None  # the new end
+    duration_days: int | None = None  # in the policy's days
+
+    @field_validator("message", mode="before")
+    @classmethod
+    def _cut_to_bound(cls, value: Any) -> Any:
+        return truncate(value, MAX_MESSAGE)
+
+
 class UltraServerStatus(Model):
     id: LabelValue  # the UltraServer id label of its nodes
     availability_zone: LabelValue
@@ -279,6 +317,31 @@ class UltraServerStatus(Model):
     available_spare_instance_count: int = 0
     unhealthy_instance_count: int = 0
     health_status: Literal["ok", "impaired", "insufficient-data"] = "insufficient-data"
+
+
+class PlanExtension(Model):
+    """An extension of the plan's last block, by the id of an extension offering that the operator
+    listed for this plan (its ``status.extensionOfferings``, or the SageMaker API's
+    ``SearchTrainingPlanOfferings`` with ``TrainingPlanArn``): the same pool, zone, type and count
+    from the block's end on. The operator searches again from the plan's blocks in the ledger and
+    buys only what that search cuts under the id."""
+
+    offering_id: str = Field(min_length=1, max_length=MAX_ID, json_schema_extra={"x-kubernetes-validations": [
+        cel(f"self.matches('{EXTENSION_ID_PATTERN}')",
+            "offeringId must be an extension offering id as hyperplan lists them (tpe-<start>-<digest>)"),
+    ]})
+
+
+def _cel_unchanged_except(fields: tuple[str, ...]) -> str:
+    """CEL: each of ``fields`` (camelCase) is as it was (both unset, or both set and equal)."""
+    return " && ".join(f"(has(self.{f}) == has(oldSelf.{f}) && (!has(self.{f}) || self.{f} == oldSelf.{f}))"
+                       for f in fields)
+
+
+# What a purchase fixed: every spec field but ``extensions`` (tests/unit/test_extensions.py checks the list).
+PURCHASED_SPEC_FIELDS = ("instanceType", "instanceCount", "ultraServerType", "ultraServerCount", "targetResource",
+                         "duration", "startTimeAfter", "endTimeBefore", "spareInstancesPerUltraServer", "offeringId",
+                         "autoPurchase", "keepAlivePeriodSeconds", "instanceGroupSelector")
 
 
 class TrainingPlanSpec(Model):
@@ -307,6 +370,16 @@ class TrainingPlanSpec(Model):
         default=None,
         description="Which InstanceGroups may bind this plan, by their labels; unset: every group. A group "
                     "that does not match gets Bound=False (NotAllowed) and no nodes.")
+    extensions: list[PlanExtension] = Field(
+        default_factory=list, max_length=MAX_EXTENSIONS,
+        description="Extensions of the plan's last block, oldest first: each names an extension offering the "
+                    "operator listed for this plan; entries may be added, never changed or removed.",
+        json_schema_extra={"x-kubernetes-validations": [
+            cel("self.all(e, self.exists_one(f, f.offeringId == e.offeringId))",
+                "each extension offering may be named once"),
+            cel("self.size() >= oldSelf.size() && oldSelf.all(e, e in self)",
+                "extensions may only be added: an extension bought cannot be taken back or changed"),
+        ]})
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
         cel("!has(self.startTimeAfter) || !has(self.endTimeBefore) || self.endTimeBefore > self.startTimeAfter",
@@ -322,8 +395,10 @@ class TrainingPlanSpec(Model):
             "spareInstancesPerUltraServer must leave at least one usable instance per UltraServer "
             "(at most 17 for ml.u-p6e-gb200x72, 8 for ml.u-p6e-gb200x36)",
             fieldPath=".spareInstancesPerUltraServer"),
-        cel("!has(oldSelf.offeringId) || oldSelf.offeringId == '' || self == oldSelf",
-            "spec is immutable once offeringId is set: a purchased plan cannot be modified"),
+        cel("!has(oldSelf.offeringId) || oldSelf.offeringId == '' || ("
+            + _cel_unchanged_except(PURCHASED_SPEC_FIELDS) + " && (!has(oldSelf.extensions) || has(self.extensions)))",
+            "spec is immutable once offeringId is set: a purchased plan cannot be modified, only extended "
+            "(spec.extensions)"),
     ]})
 
 
@@ -341,6 +416,8 @@ class TrainingPlanStatus(Model):
     total_ultra_server_count: int | None = None
     ultra_servers: list[UltraServerStatus] = Field(default_factory=list, max_length=MAX_FLEET_ENTRIES)
     next_transition_time: Time | None = None
+    extension_offerings: list[ExtensionOffering] = Field(default_factory=list, max_length=MAX_OFFERINGS)
+    extensions: list[ExtensionStatus] = Field(default_factory=list, max_length=MAX_EXTENSIONS)
     conditions: list[Condition] = Field(default_factory=list, max_length=MAX_CONDITIONS)
     observed_generation: int | None = None
 

@@ -129,6 +129,10 @@ nothing is bought (planning.plans)."""
 REASON_OFFERING_NO_LONGER_OFFERED = "OfferingNoLongerOffered"
 """``spec.offeringId`` names an offering the operator did list, but a search again from the spec
 and the pools at the purchase no longer finds it (sold, its pool changed, or too late to buy)."""
+REASON_EXTENSION_NOT_OFFERED = "ExtensionNotOffered"
+"""An entry of ``spec.extensions`` names no extension a search again from the plan's blocks in the
+ledger and the pools cuts now (another plan's or block's id, its room sold, or too late to buy):
+nothing is bought (planning.plans)."""
 REASON_CHECKPOINT = "CheckpointRequested"
 REASON_DELETED_BY_HYPERPLAN = "DeletionByHyperplan"
 """Reason of the ``DisruptionTarget`` pod condition hyperplan sets on a pod it deletes from a dead

@@ -37,7 +37,7 @@ from pydantic import ValidationError
 
 from hyperplan import metrics
 from hyperplan.actuation.ledger import CapacityLedger, PurchaseResult
-from hyperplan.api.models import TrainingPlan, TrainingPlanSpec, TrainingPlanStatus
+from hyperplan.api.models import MAX_EXTENSIONS, TrainingPlan, TrainingPlanSpec, TrainingPlanStatus
 from hyperplan.api.vocabulary import FINALIZER, PLAN_FINALIZER, REASON_OFFERING_UNAVAILABLE
 from hyperplan.handlers.context import Runtime, status_of
 from hyperplan.planning import counts
@@ -46,7 +46,8 @@ from hyperplan.planning.blocks import Block
 from hyperplan.planning.nodefacts import facts_of_dict
 from hyperplan.planning.offerings import Offering, RuleViolation
 from hyperplan.planning.plans import (
-    FAILED, PENDING, Event, PlanDecision, PlanUsage, block_usage, current_block, decide_plan, failed, reserved_capacity,
+    FAILED, PENDING, Event, PlanDecision, PlanUsage, block_usage, current_block, decide_plan, extension_failed, failed,
+    reserved_capacity,
 )
 from hyperplan.planning.policy import Policy
 from hyperplan.planning.tenancy import pools_for_plan
@@ -152,7 +153,7 @@ async def reconcile_plan(rt: Runtime, name: str) -> datetime | None:
     usage = node_usage(rt, plan, purchased, now) if purchased else PlanUsage()
     labels = obj["metadata"].get("labels") or {}
     snapshots = pools_for_plan(rt.cache.pool_snapshots(pools), labels)  # the pools that let it buy
-    decision = decide_plan(plan.spec, generation, plan.status, purchased, snapshots, rt.policy, now, usage)
+    decision = decide_plan(plan.spec, generation, plan.status, purchased, snapshots, rt.policy, now, usage, uid)
 
     if (decision.buy is not None or purchased) and not await _hold_finalizer(rt, obj):
         return None  # deleted meanwhile: nothing was bought
@@ -165,7 +166,7 @@ async def reconcile_plan(rt: Runtime, name: str) -> datetime | None:
             metrics.PURCHASES.labels("Purchased").inc()
             bought = decision.status.model_copy(update={"purchased_offering_id": outcome.offering.id})
             decision = decide_plan(plan.spec, generation, bought, result.blocks,
-                                   snapshots, rt.policy, rt.clock(), usage)
+                                   snapshots, rt.policy, rt.clock(), usage, uid)
             decision.events.insert(0, Event(
                 "Normal", "Purchased",
                 f"bought offering {decision.status.purchased_offering_id}: "
@@ -178,6 +179,8 @@ async def reconcile_plan(rt: Runtime, name: str) -> datetime | None:
         else:
             metrics.PURCHASES.labels(result.violation.reason).inc()
             decision = failed(decision.status, generation, result.violation, rt.clock())
+    elif decision.extend is not None:
+        decision = await _extend(rt, name, uid, plan, generation, decision, purchased, snapshots, usage, labels)
 
     await _write(rt, obj, decision)
     if decision.status.phase in (None, "Pending"):
@@ -185,6 +188,34 @@ async def reconcile_plan(rt: Runtime, name: str) -> datetime | None:
     else:
         rt.unbought_plans.discard(name)
     return decision.wake_at
+
+
+async def _extend(rt: Runtime, name: str, uid: str, plan: TrainingPlan, generation: int, decision: PlanDecision,
+                  purchased: list[Block], snapshots: list, usage: PlanUsage,
+                  labels: Mapping[str, str]) -> PlanDecision:
+    """Buy the extensions the decisions name, one after another (each runs the block on where the
+    one before left it; the ledger re-checks each), deciding again from the blocks as the ledger
+    then holds them. A refusal fails that extension (kept in ``status.extensions``, a condition and
+    a Warning Event), never the pass, and the entries after it are decided on."""
+    prior, blocks, events = plan.status, purchased, list(decision.events)
+    for _ in range(MAX_EXTENSIONS):
+        extension = decision.extend
+        if extension is None:
+            break
+        result = await asyncio.get_running_loop().run_in_executor(
+            rt.purchase_threads, rt.ledger.extend, name, uid, extension, rt.policy, rt.clock(), labels)
+        if result.ok:
+            metrics.PURCHASES.labels("Extended").inc()
+            blocks = list(result.blocks)
+        else:
+            metrics.PURCHASES.labels(result.violation.reason).inc()
+            refused = extension_failed(decision, generation, prior, extension.id, result.violation, rt.clock())
+            events += refused.events
+            prior = refused.status  # remembers the refusal: the next decision moves on
+        decision = decide_plan(plan.spec, generation, prior, blocks, snapshots, rt.policy, rt.clock(), usage, uid)
+        events += decision.events
+    decision.events = list(dict.fromkeys(events))  # the decisions again repeat the first one's events
+    return decision
 
 
 async def _hold_finalizer(rt: Runtime, obj: dict[str, Any]) -> bool:

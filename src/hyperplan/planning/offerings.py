@@ -25,13 +25,18 @@ How the search works (DESIGN.md section 1):
    the request (`offering_id`). A purchase of a chosen id searches again
    (`find_offering`), opening at the start the id names, and buys what that
    search cuts under the id: never an offering as a plan's status lists it.
+6. Extensions (`search_extensions`): a bought plan's last block run on in the same
+   pool from its end, for whole days, while the pool has room for its count right
+   from that end on. An extension's id is its start and a digest of the plan, the
+   block and the new end; buying one searches again (`find_extension`), and the
+   ledger's blocks alone say which are bought (`extension_held`).
 """
 
 from __future__ import annotations
 
 import hashlib
 from bisect import bisect_right
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from datetime import datetime, timedelta, timezone
 from typing import Iterable, Sequence
@@ -676,3 +681,136 @@ def recheck_offering(
 
 def _fmt_time(moment: datetime) -> str:
     return to_rfc3339(moment)
+
+
+# --------------------------------------------------------------------------- extensions
+
+
+EXTENSION_ID_PREFIX = "tpe-"
+EXTENSION_DAYS = (1, 7)  # the durations offered without one asked for, with the longest the room holds
+
+
+@dataclass(frozen=True)
+class Extension:
+    """An extension offering: ``block`` (a bought block of the plan, as the ledger holds it before
+    the extension) runs on in its pool from its end for ``days`` of the policy, until ``end``."""
+
+    id: str
+    block: Block
+    end: datetime
+    days: int
+
+    @property
+    def start(self) -> datetime:
+        return self.block.end
+
+    @property
+    def added(self) -> Block:
+        """The window the extension adds, as a block of the same pool (for the re-check)."""
+        return replace(self.block, start=self.block.end, end=self.end, id="")
+
+    @property
+    def as_offering(self) -> Offering:
+        """The extension as an offering of one block: what ``recheck_offering`` judges."""
+        return Offering(id=self.id, blocks=(self.added,))
+
+
+def extension_id(plan_uid: str, block: Block, end: datetime) -> str:
+    """The id of the extension of ``block`` (bought by the plan ``plan_uid``) until ``end``: the
+    extension's start (the block's end, UTC) and a digest of the plan, the block (id, pool, zone,
+    type, count, times) and the new end. Like :func:`offering_id`, public: it names one extension
+    of one block of one plan, and proves nothing by itself (:func:`find_extension`)."""
+    canonical = "|".join((plan_uid, block.id, block.pool, block.availability_zone, block.instance_type,
+                          str(block.instance_count), block.ultra_server_type or "",
+                          block.start.astimezone(timezone.utc).isoformat(),
+                          block.end.astimezone(timezone.utc).isoformat(), end.astimezone(timezone.utc).isoformat()))
+    start = block.end.astimezone(timezone.utc).strftime(_ID_START)
+    return f"{EXTENSION_ID_PREFIX}{start}-{hashlib.sha256(canonical.encode()).hexdigest()[:16]}"
+
+
+def extension_start_named_by(wanted: str) -> datetime | None:
+    """The start an extension offering id names, or None when it is not one of :func:`extension_id`."""
+    if not wanted.startswith(EXTENSION_ID_PREFIX):
+        return None
+    return start_named_by(ID_PREFIX + wanted[len(EXTENSION_ID_PREFIX):])
+
+
+def _extension_room(plan_uid: str, last: Block, pools: Sequence[PoolSnapshot], policy: Policy,
+                    now: datetime) -> int:
+    """How many whole policy days the pool of ``last`` has room for after it (0: none, or it may not
+    be extended now). Rules: the pool still sells the block's type in its zone (and to this plan:
+    ``pools`` are those that let it buy), the extension starts at the block's end, which must be at
+    least ``min_purchase_lead`` and at most ``max_start_ahead`` ahead, and it is at most
+    ``max_duration_days`` long."""
+    pool = next((p for p in pools if p.name == last.pool), None)
+    if pool is None or pool.instance_type != last.instance_type or pool.availability_zone != last.availability_zone:
+        return 0
+    start = last.end
+    if start - now < policy.min_purchase_lead or start > now + policy.max_start_ahead:
+        return 0
+    # The plan's own lines end by ``start`` (``last`` is its last block), so they take no room.
+    free = free_intervals(pool, last.instance_count, start)
+    if not free or free[0][0] != start:
+        return 0
+    room = free[0][1]
+    most = policy.max_duration_days if room is None else min(policy.max_duration_days, (room - start) // policy.day)
+    return most if most >= policy.min_duration_days else 0
+
+
+def search_extensions(plan_uid: str, blocks: Sequence[Block], pools: Sequence[PoolSnapshot], policy: Policy,
+                      now: datetime, days: int | None = None) -> list[Extension]:
+    """The extension offerings of a bought plan (``blocks``, as the ledger holds them): its last
+    block run on in the same pool from its end, for ``days`` when asked, else for each of
+    :data:`EXTENSION_DAYS` and the longest the room holds, shortest first (at most
+    :data:`MAX_OFFERINGS`). Empty when the plan has no block, the pool has no room right after
+    the last one, or the policy does not allow the extension (see :func:`_extension_room`)."""
+    if not blocks:
+        return []
+    last = max(blocks, key=lambda b: (b.end, b.start))
+    room = _extension_room(plan_uid, last, pools, policy, now)
+    if days is not None:
+        wanted = [days] if policy.min_duration_days <= days <= room else []
+    else:
+        wanted = sorted({d for d in EXTENSION_DAYS if policy.min_duration_days <= d <= room}
+                        | ({room} if room else set()))
+    offered = [Extension(extension_id(plan_uid, last, last.end + policy.day * d), last, last.end + policy.day * d, d)
+               for d in wanted]
+    return offered[:MAX_OFFERINGS]
+
+
+def find_extension(plan_uid: str, blocks: Sequence[Block], pools: Sequence[PoolSnapshot], policy: Policy,
+                   now: datetime, wanted: str) -> Extension | None:
+    """The extension offering whose id is ``wanted``, found by searching again from the plan's
+    blocks and the pools at ``now`` over every duration the room holds, or None when no search
+    would cut it now (a made-up id, an id of another plan or block, capacity sold, too late)."""
+    if not blocks or extension_start_named_by(wanted) is None:
+        return None
+    last = max(blocks, key=lambda b: (b.end, b.start))
+    room = _extension_room(plan_uid, last, pools, policy, now)
+    for d in range(policy.min_duration_days, room + 1):
+        end = last.end + policy.day * d
+        if extension_id(plan_uid, last, end) == wanted:
+            return Extension(wanted, last, end, d)
+    return None
+
+
+def extension_held(plan_uid: str, blocks: Sequence[Block], policy: Policy, wanted: str) -> Extension | None:
+    """The extension ``wanted`` names if the ledger already holds it: one of the plan's ``blocks``
+    runs over the extension's whole window, and the id is that of extending the block as it was
+    before (ending at the start the id names) for some whole number of days. The ledger keeps no
+    record of extensions but the blocks' ends, so this is how a pass (or a restarted operator)
+    knows an extension is bought, from nothing but the ledger."""
+    start = extension_start_named_by(wanted)
+    if start is None:
+        return None
+    for block in blocks:
+        if not block.start < start < block.end:
+            continue
+        before = replace(block, end=start)
+        for d in range(policy.min_duration_days, policy.max_duration_days + 1):
+            end = start + policy.day * d
+            if end > block.end:
+                break
+            if extension_id(plan_uid, before, end) == wanted:
+                return Extension(wanted, before, end, d)
+    return None

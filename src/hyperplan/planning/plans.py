@@ -15,6 +15,10 @@ Status is output: what a purchase buys is never read from the status. ``spec.off
 an offering by its id, a digest of its blocks and of the spec (``planning.offerings.offering_id``);
 the decision searches again from the spec and the pools and buys the offering with that id, or
 refuses (docs/security.md, "Status is output").
+
+A bought plan is extended by the entries of ``spec.extensions`` (extension offering ids, listed in
+``status.extensionOfferings``): the decision names the next one to buy (``PlanDecision.extend``),
+found again by a search from the ledger's blocks, and derives each entry's state from the ledger.
 """
 
 from __future__ import annotations
@@ -24,16 +28,17 @@ from datetime import datetime, timedelta
 from typing import Sequence
 
 from hyperplan.api.models import (
-    Condition, Offering as OfferingStatus, ReservedCapacity, TrainingPlanSpec, TrainingPlanStatus,
-    UltraServerStatus,
+    Condition, ExtensionOffering, ExtensionStatus, Offering as OfferingStatus, ReservedCapacity, TrainingPlanSpec,
+    TrainingPlanStatus, UltraServerStatus,
 )
 from hyperplan.planning.blocks import Block
 from hyperplan.api.vocabulary import (
-    REASON_OFFERING_MISMATCH, REASON_OFFERING_NO_LONGER_OFFERED, REASON_OFFERING_NOT_FOUND, to_rfc3339,
+    REASON_EXTENSION_NOT_OFFERED, REASON_OFFERING_MISMATCH, REASON_OFFERING_NO_LONGER_OFFERED,
+    REASON_OFFERING_NOT_FOUND, to_rfc3339,
 )
 from hyperplan.planning.offerings import (
-    Offering, OfferingRequest, PoolSnapshot, RuleViolation, find_offering, could_be_offered, search_offerings,
-    validate_request,
+    Extension, Offering, OfferingRequest, PoolSnapshot, RuleViolation, extension_held, find_extension, find_offering,
+    could_be_offered, search_extensions, search_offerings, validate_request,
 )
 from hyperplan.planning import counts
 from hyperplan.planning import naming
@@ -68,6 +73,7 @@ class PlanDecision:
     buy: Offering | None = None
     events: list[Event] = field(default_factory=list)
     wake_at: datetime | None = None
+    extend: Extension | None = None  # the extension of spec.extensions to buy now (one per pass)
 
 
 def current_block(purchased: Sequence[Block], target: str, policy: Policy,
@@ -118,9 +124,23 @@ def condition(type_: str, ok: bool, reason: str, message: str, generation: int,
 
 def decide_plan(spec: TrainingPlanSpec, generation: int, prior: TrainingPlanStatus,
                 purchased: Sequence[Block], pools: Sequence[PoolSnapshot], policy: Policy,
-                now: datetime, usage: PlanUsage = PlanUsage()) -> PlanDecision:
+                now: datetime, usage: PlanUsage = PlanUsage(), uid: str = "") -> PlanDecision:
+    """``uid`` is the plan's metadata.uid: extension offering ids are cut for one plan, so without it
+    (a caller that only searches) a bought plan's extensions are neither offered nor decided, and
+    the status keeps what the last pass wrote of them."""
     if purchased:
-        return _bought(spec, generation, prior, purchased, policy, now, usage)
+        decision = _bought(spec, generation, prior, purchased, policy, now, usage)
+        if not uid:
+            decision.status.extensions = list(prior.extensions)
+            return decision
+        decision.status.extension_offerings = [
+            ExtensionOffering(id=e.id, reserved_capacity_id=e.block.id, capacity_pool=e.block.pool,
+                              availability_zone=e.block.availability_zone, start_time=e.start, end_time=e.end,
+                              duration_days=e.days)
+            for e in search_extensions(uid, purchased, pools, policy, now)]
+        if spec.extensions or prior.extensions:
+            _decide_extensions(decision, spec, generation, prior, uid, purchased, pools, policy, now)
+        return decision
     if prior.phase == FAILED and prior.observed_generation == generation:
         return PlanDecision(status=prior)
     try:
@@ -208,6 +228,9 @@ def _pending(spec: TrainingPlanSpec, generation: int, prior: TrainingPlanStatus,
                if found else "no capacity fits the request in the window; searching again when pools change")
     status = TrainingPlanStatus(
         phase=PENDING, offerings=shown, next_transition_time=None, observed_generation=generation,
+        extensions=[ExtensionStatus(offering_id=e.offering_id, reason="NotPurchased",
+                                    message="the plan is not bought yet: only a bought plan can be extended")
+                    for e in spec.extensions],
         conditions=[
             condition("OfferingsAvailable", found, "OfferingsFound" if found else "NoCapacity",
                       message, generation, prior.conditions, now),
@@ -271,3 +294,92 @@ def _phase_message(phase: str, current: ReservedCapacity | None) -> str:
         return (f"block {current.id} runs until {current.end_time.isoformat()} "
                 f"({current.instance_count} x {current.instance_type} in {current.availability_zone})")
     return f"next block {current.id} starts at {current.start_time.isoformat()}"
+
+
+# --------------------------------------------------------------------------- extensions
+
+
+def _decide_extensions(decision: PlanDecision, spec: TrainingPlanSpec, generation: int,
+                       prior: TrainingPlanStatus, uid: str, purchased: Sequence[Block],
+                       pools: Sequence[PoolSnapshot], policy: Policy, now: datetime) -> None:
+    """``status.extensions``, the ``Extended`` condition and the extension to buy, into ``decision``.
+
+    Each entry of ``spec.extensions``, in order: bought when the ledger's blocks already hold it
+    (:func:`~hyperplan.planning.offerings.extension_held`; its status then follows from the
+    clock); failed when the last pass recorded it failed (a remembered verdict, as a plan's
+    ``Failed``: never retried silently); else, for the first such entry, bought now if a search
+    again from the ledger's blocks and the pools cuts it (``find_extension``), failed if not.
+    Later entries wait for it: each extends the block as the one before leaves it."""
+    before = {e.offering_id: e for e in prior.extensions}
+    entries: list[ExtensionStatus] = []
+    for entry in spec.extensions:
+        wanted, seen = entry.offering_id, before.get(entry.offering_id)
+        held = extension_held(uid, purchased, policy, wanted)
+        if held is not None:
+            state = SCHEDULED if now < held.start else ACTIVE if now < held.end else EXPIRED
+            entries.append(_entry(held, state, extended_at=(seen.extended_at if seen and seen.extended_at else now)))
+            if seen is None or seen.status in (PENDING, FAILED):
+                decision.events.append(Event("Normal", "Extended", _extension_text(held, "extended")))
+            continue
+        if seen is not None and seen.status == FAILED:
+            entries.append(seen)
+            continue
+        if decision.extend is not None:
+            entries.append(ExtensionStatus(offering_id=wanted, reason="Waiting",
+                                           message=f"waits for extension {decision.extend.id} before it"))
+            continue
+        found = find_extension(uid, purchased, pools, policy, now, wanted)
+        if found is None:
+            why = RuleViolation(REASON_EXTENSION_NOT_OFFERED, (
+                f"extension offering {wanted} is not offered for this plan now: a search again from its last "
+                "block in the ledger and the pools does not cut it (another plan's or block's id, its room was "
+                "sold, or it starts too soon to buy); nothing was bought"))
+            entries.append(ExtensionStatus(offering_id=wanted, status=FAILED, reason=why.reason, message=why.message))
+            decision.events.append(Event("Warning", why.reason, why.message))
+            continue
+        decision.extend = found
+        entries.append(_entry(found, PENDING, reason="Extending", message=_extension_text(found, "buying")))
+    decision.status.extensions = entries
+    _extension_condition(decision.status, generation, prior, now)
+
+
+def extension_failed(decision: PlanDecision, generation: int, prior: TrainingPlanStatus, wanted: str,
+                     why: RuleViolation, now: datetime) -> PlanDecision:
+    """The decision after the ledger refused the extension ``wanted``: that entry failed (kept so,
+    not retried), the ``Extended`` condition says why, and a Warning Event."""
+    status = decision.status.model_copy(deep=True)
+    for i, e in enumerate(status.extensions):
+        if e.offering_id == wanted:
+            status.extensions[i] = e.model_copy(update={"status": FAILED, "reason": why.reason,
+                                                        "message": f"{why.message}; nothing was bought"})
+    _extension_condition(status, generation, prior, now)
+    return PlanDecision(status=status, events=[*decision.events, Event("Warning", why.reason, why.message)],
+                        wake_at=decision.wake_at)
+
+
+def _entry(ext: Extension, state: str, *, extended_at: datetime | None = None, reason: str | None = None,
+           message: str | None = None) -> ExtensionStatus:
+    return ExtensionStatus(offering_id=ext.id, status=state, reason=reason, message=message,
+                           extended_at=extended_at, reserved_capacity_id=ext.block.id,
+                           availability_zone=ext.block.availability_zone, start_time=ext.start, end_time=ext.end,
+                           duration_days=ext.days)
+
+
+def _extension_text(ext: Extension, verb: str) -> str:
+    return (f"{verb} block {ext.block.id} ({ext.block.instance_count} x {ext.block.instance_type} in "
+            f"{ext.block.availability_zone}) from {to_rfc3339(ext.start)} to {to_rfc3339(ext.end)} "
+            f"(extension {ext.id})")
+
+
+def _extension_condition(status: TrainingPlanStatus, generation: int, prior: TrainingPlanStatus,
+                         now: datetime) -> None:
+    """``Extended``, from the latest entry: True once it is bought, else why not (yet)."""
+    status.conditions = [c for c in status.conditions if c.type != "Extended"]
+    if not status.extensions:
+        return
+    last = status.extensions[-1]
+    bought = last.status in (SCHEDULED, ACTIVE, EXPIRED)
+    message = (f"extension {last.offering_id} runs block {last.reserved_capacity_id} until "
+               f"{to_rfc3339(last.end_time)}" if bought and last.end_time else last.message or "")
+    status.conditions.append(condition("Extended", bought, "Extended" if bought else (last.reason or last.status),
+                                       message, generation, prior.conditions, now))

@@ -50,6 +50,8 @@ RIGHTS: dict[str, tuple[str, str, str]] = {
     "ListUltraServersByReservedCapacity": ("get", GROUP, "trainingplans"),
     "SearchTrainingPlanOfferings": ("create", GROUP, "trainingplans"),
     "CreateTrainingPlan": ("create", GROUP, "trainingplans"),
+    "ExtendTrainingPlan": ("patch", GROUP, "trainingplans"),
+    "DescribeTrainingPlanExtensionHistory": ("get", GROUP, "trainingplans"),
     "DescribeCluster": ("list", GROUP, "instancegroups"),
     "ListClusters": ("list", GROUP, "instancegroups"),
     "ListClusterNodes": ("list", GROUP, "instancegroups"),
@@ -165,6 +167,10 @@ class Writes(Protocol):
         """The TrainingPlan created, or None when one of that name exists already."""
         ...
 
+    def extend_plan(self, user: str, name: str, extensions: list[dict[str, Any]], resource_version: str | None) -> None:
+        """Set the plan's ``spec.extensions`` to ``extensions``, if it is still at ``resource_version``."""
+        ...
+
 
 @dataclass
 class KubeWrites:
@@ -185,6 +191,16 @@ class KubeWrites:
     def label_node(self, user: str, name: str, labels: dict[str, str]) -> None:
         with self._as(user) as api:
             client.CoreV1Api(api).patch_node(name, {"metadata": {"labels": labels}})
+
+    def extend_plan(self, user: str, name: str, extensions: list[dict[str, Any]], resource_version: str | None) -> None:
+        """A merge patch of the whole list (a merge patch replaces lists) with the resourceVersion
+        read: the API server refuses it with 409 if the plan changed since, so an extension written
+        meanwhile by someone else is never lost."""
+        patch: dict[str, Any] = {"spec": {"extensions": extensions}}
+        if resource_version:
+            patch["metadata"] = {"resourceVersion": resource_version}
+        with self._as(user) as api:
+            client.CustomObjectsApi(api).patch_cluster_custom_object(GROUP, VERSION, "trainingplans", name, patch)
 
     def create_plan(self, user: str, body: dict[str, Any]) -> dict[str, Any] | None:
         with self._as(user) as api:

@@ -22,9 +22,14 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from hyperplan.api.models import API_VERSION, ReservedCapacity, TrainingPlan, TrainingPlanSpec
+from hyperplan.api.models import (
+    API_VERSION, MAX_EXTENSIONS, ExtensionStatus, ReservedCapacity, TrainingPlan, TrainingPlanSpec,
+)
 from hyperplan.api.vocabulary import to_rfc3339
-from hyperplan.planning.offerings import Offering, PoolSnapshot, find_offering, search_offerings
+from hyperplan.planning.blocks import Block
+from hyperplan.planning.offerings import (
+    Extension, Offering, PoolSnapshot, find_extension, find_offering, search_extensions, search_offerings,
+)
 from hyperplan.planning.plans import request_of
 from hyperplan.planning.policy import DEMO, Policy, format_duration, parse_duration
 from hyperplan.planning.tenancy import pools_for_plan
@@ -36,6 +41,7 @@ from hyperplan.sagemaker.wire import (
 
 PLAN_NAME = r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,63}"
 PLAN_NAME_OR_ARN = r"(arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]*:[0-9]{12}:training-plan/)?" + PLAN_NAME
+TRAINING_PLAN_ARN = r"arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]*:[0-9]{12}:training-plan/.*"
 RESERVED_CAPACITY_ARN = r"arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]*:[0-9]{12}:reserved-capacity/.*"
 STATUSES = ("Pending", "Active", "Scheduled", "Expired", "Failed")
 HEALTH = {"ok": "OK", "impaired": "Impaired", "insufficient-data": "Insufficient-Data"}
@@ -54,6 +60,10 @@ class Fleet(Protocol):
     def groups(self) -> list[dict[str, Any]]: ...
 
     def group_nodes(self, group_label: str) -> list[dict[str, Any]]: ...
+
+    def blocks_of(self, plan_uid: str) -> list[Block]:
+        """The plan's blocks as the capacity ledger holds them (never its status)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -407,8 +417,8 @@ def _pools(ctx: "Context") -> list:
 def search_training_plan_offerings(body: Mapping[str, Any], ctx: "Context") -> dict[str, Any]:
     """The offering search of a TrainingPlan with the spec the request describes, over the pools
     of the watch cache (at most 3, best first)."""
-    if body.get("TrainingPlanArn"):
-        raise invalid("extension offerings (TrainingPlanArn) are not served yet")
+    if body.get("TrainingPlanArn") is not None:
+        return _search_extensions(body, ctx)
     spec = _requested_spec(body, ctx)
     request = request_of(spec, parse_duration(spec.duration))
     found = search_offerings(request, _pools(ctx), ctx.policy, ctx.now)
@@ -454,9 +464,131 @@ def create_training_plan(body: Mapping[str, Any], ctx: "Context") -> dict[str, A
     return {"TrainingPlanArn": arn}
 
 
+# --------------------------------------------------------------------------- extending
+
+
+def _plan_of_arn(body: Mapping[str, Any], ctx: "Context") -> tuple[dict[str, Any], TrainingPlan]:
+    arn = matching(body, "TrainingPlanArn", TRAINING_PLAN_ARN, low=50) or required(body, "TrainingPlanArn")
+    name = arn.rsplit("/", 1)[-1]
+    obj = ctx.fleet.plan(name)
+    plan = _plan_model(obj) if obj is not None else None
+    if obj is None or plan is None:
+        raise not_found(f"Training plan {arn} not found.")
+    return obj, plan
+
+
+def _extension_ground(obj: Mapping[str, Any], ctx: "Context") -> tuple[str, list[Block], list[PoolSnapshot]]:
+    """What an extension is cut from: the plan's uid, its blocks in the ledger and the pools that
+    let it buy (by its labels), all from the watch cache; never the plan's status."""
+    meta = obj.get("metadata") or {}
+    uid = meta.get("uid") or ""
+    return uid, ctx.fleet.blocks_of(uid), pools_for_plan(ctx.fleet.pool_snapshots(), meta.get("labels") or {})
+
+
+def api_extension_id(extension_id: str, plan: str) -> str:
+    """The ``TrainingPlanExtensionOfferingId`` of an extension: hyperplan's own id (the digest of
+    the plan's uid, its block and the new end) and the plan's name in base 32, since
+    ExtendTrainingPlan names nothing but this id. The operator buys only what a search again
+    from the plan's ledger blocks cuts under hyperplan's id, so a made-up id extends nothing."""
+    return f"{extension_id}-{_b32(plan.encode())}"
+
+
+def _extension_of_id(value: str) -> tuple[str, str] | None:
+    """hyperplan's extension id and the plan's name an API extension offering id carries."""
+    parts = value.split("-")
+    if len(parts) != 4 or parts[0] != "tpe":
+        return None
+    try:
+        plan = _unb32(parts[3]).decode()
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        return None
+    if re.fullmatch(PLAN_NAME, plan) is None:
+        return None
+    return "-".join(parts[:3]), plan
+
+
+def _hours(days: int | None) -> int | None:
+    """Policy days as the API's hours (24 to a day, as a search reads ``DurationHours``)."""
+    return None if days is None else days * 24
+
+
+def _extension_shape(ext: Extension, plan: str, ctx: "Context") -> dict[str, Any]:
+    return compact({"TrainingPlanExtensionOfferingId": api_extension_id(ext.id, plan),
+                    "AvailabilityZone": ext.block.availability_zone, "StartDate": epoch(ext.start),
+                    "EndDate": epoch(ext.end), "DurationHours": _hours(ext.days)})
+
+
+def _history_shape(entry: ExtensionStatus, plan: str, ctx: "Context") -> dict[str, Any]:
+    return compact({"TrainingPlanExtensionOfferingId": api_extension_id(entry.offering_id, plan),
+                    "ExtendedAt": epoch(entry.extended_at), "StartDate": epoch(entry.start_time),
+                    "EndDate": epoch(entry.end_time), "Status": entry.status,
+                    "AvailabilityZone": entry.availability_zone, "DurationHours": _hours(entry.duration_days)})
+
+
+def _search_extensions(body: Mapping[str, Any], ctx: "Context") -> dict[str, Any]:
+    """SearchTrainingPlanOfferings with ``TrainingPlanArn``: the extension offerings of that plan's
+    last block (``planning.offerings.search_extensions``), for ``DurationHours`` when given (whole
+    days: 24 hours are one of the policy's days), else for a few durations, shortest first."""
+    obj, plan = _plan_of_arn(body, ctx)
+    hours = bounded(body, "DurationHours", 1, 87600)
+    if hours is not None and hours % 24:
+        raise invalid(f"DurationHours {hours} of an extension must be whole days (a multiple of 24)")
+    uid, blocks, pools = _extension_ground(obj, ctx)
+    found = search_extensions(uid, blocks, pools, ctx.policy, ctx.now, None if hours is None else hours // 24)
+    return {"TrainingPlanOfferings": [],
+            "TrainingPlanExtensionOfferings": [_extension_shape(e, plan.metadata["name"], ctx) for e in found]}
+
+
+def extend_training_plan(body: Mapping[str, Any], ctx: "Context") -> dict[str, Any]:
+    """ExtendTrainingPlan: the extension offering's id appended to the plan's ``spec.extensions``,
+    written as the caller (with the resourceVersion read: a concurrent change is
+    ``ConflictException``); the operator then buys it. Safe to retry: an id the spec already lists
+    answers its extension again. An id hyperplan did not cut for the plan now is ``ResourceNotFound``."""
+    arg = required(body, "TrainingPlanExtensionOfferingId")
+    if not isinstance(arg, str) or len(arg) > 2048:
+        raise invalid("TrainingPlanExtensionOfferingId must be a string of at most 2048 characters")
+    decoded = _extension_of_id(arg)
+    missing = not_found(f"Training plan extension offering {arg} not found.")
+    if decoded is None:
+        raise missing
+    wanted, name = decoded
+    obj = ctx.fleet.plan(name)
+    plan = _plan_model(obj) if obj is not None else None
+    if obj is None or plan is None:
+        raise missing
+    listed = [e.offering_id for e in plan.spec.extensions]
+    if wanted in listed:  # a retry: answer what the operator made of it
+        entry = next((e for e in plan.status.extensions if e.offering_id == wanted),
+                     ExtensionStatus(offering_id=wanted))
+        return {"TrainingPlanExtensions": [_history_shape(entry, name, ctx)]}
+    uid, blocks, pools = _extension_ground(obj, ctx)
+    found = find_extension(uid, blocks, pools, ctx.policy, ctx.now, wanted)
+    if found is None:
+        raise not_found(f"Training plan extension offering {arg} not found (its room is sold, or it starts too "
+                        "soon to buy): search again.")
+    if len(listed) >= MAX_EXTENSIONS:
+        raise invalid(f"training plan {name} has {len(listed)} extensions, the most it may have")
+    entries = [e.wire() for e in plan.spec.extensions] + [{"offeringId": wanted}]
+    ctx.writes.extend_plan(ctx.user, name, entries, (obj.get("metadata") or {}).get("resourceVersion"))
+    return {"TrainingPlanExtensions": [compact({**_extension_shape(found, name, ctx), "ExtendedAt": epoch(ctx.now),
+                                                "Status": "Pending"})]}
+
+
+def describe_training_plan_extension_history(body: Mapping[str, Any], ctx: "Context") -> dict[str, Any]:
+    """The plan's extensions as ``status.extensions`` records them (bought, being bought or
+    failed), oldest first, paged (at most 100 a page)."""
+    _, plan = _plan_of_arn(body, ctx)
+    name = plan.metadata["name"]
+    items = [([i], _history_shape(e, name, ctx)) for i, e in enumerate(plan.status.extensions)]
+    shown, token = page(items, body)
+    return compact({"TrainingPlanExtensions": shown, "NextToken": token})
+
+
 OPERATIONS: dict[str, Operation] = {
     "SearchTrainingPlanOfferings": search_training_plan_offerings,
     "CreateTrainingPlan": create_training_plan,
+    "ExtendTrainingPlan": extend_training_plan,
+    "DescribeTrainingPlanExtensionHistory": describe_training_plan_extension_history,
     "DescribeTrainingPlan": describe_training_plan,
     "ListTrainingPlans": list_training_plans,
     "DescribeReservedCapacity": describe_reserved_capacity,
@@ -468,7 +600,7 @@ OPERATIONS: dict[str, Operation] = {
     "UpdateCluster": hyperpod.update_cluster,
     "BatchReplaceClusterNodes": hyperpod.batch_replace_cluster_nodes,
 }
-WRITES = frozenset({"UpdateCluster", "BatchReplaceClusterNodes", "CreateTrainingPlan"})
+WRITES = frozenset({"UpdateCluster", "BatchReplaceClusterNodes", "CreateTrainingPlan", "ExtendTrainingPlan"})
 """The operations that write: they run on a thread (their API calls block), reading the watch
 cache through the loop (``WatchCache._on_loop``)."""
 
