@@ -11,7 +11,9 @@ default, ``HYPERPLAN_KWOK_REBOOT_SECONDS``):
 3. the same node fails again within the window: it is replaced (``UnschedulablePendingReplacement``,
    a new spare in its slot, the failed node removed);
 4. ``hyperplan node reboot`` on an active node: the spare is promoted and the node rebooted, whatever
-   the budget, and it comes back as the spare.
+   the budget, and it comes back as the spare;
+5. boto3's ``batch_reboot_cluster_nodes`` (HyperPod's call, hyperplan's SageMaker API) on the other
+   active node: the same, and HyperPod's label says ``Schedulable`` afterwards.
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ import sys
 import uuid
 from datetime import timedelta
 
+from hyperplan.sagemaker.hyperpod import instance_id
+from tests.aws.clients import boto3_call
 from tests.e2e.scenarios import Context, events_for, scenario, ts, utcnow
+from tests.e2e.test_sagemaker_api import grant_plan_reads, mint_key, serving
 from tests.kube import eventually
 
 API = "hyperplan.dev/v1alpha1"
@@ -139,6 +144,24 @@ def recovery_ladder(ctx: Context) -> dict:
         lambda: (n := k.get_or_none("node", asked)) is not None and n["metadata"]["labels"].get(HEALTH) == "Schedulable"
         and n["metadata"]["labels"][ROLE] == "spare" and (_ready(n) or {}).get("status") == "True" and n,
         timeout=60, interval=0.5, what="asked node back as the spare")
+
+    # 5. The same through HyperPod's own call, with boto3.
+    user = f"rb-admin-{tag}"
+    grant_plan_reads(ctx, user, f"rb-admin-{tag}",
+                     {"apiGroups": ["hyperplan.dev"], "resources": ["instancegroups"], "verbs": ["get", "list"]},
+                     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]})
+    endpoint = serving(ctx, *mint_key(ctx, user))
+    nodes = eventually(lambda: (s := k.get("instancegroup", group)["status"]).get("phase") == "Ready"
+                       and s.get("spareCount") == 1 and _nodes(k, group), timeout=60, what="Ready after the CLI reboot")
+    other = sorted(name for name, n in nodes.items() if n["metadata"]["labels"][ROLE] == "active")[0]
+    out["boto3_node"] = other
+    out["boto3"] = boto3_call(endpoint, "batch_reboot_cluster_nodes", ClusterName="hyperplan",
+                              NodeIds=[instance_id(other)])
+    out["boto3_back"] = eventually(
+        lambda: (n := k.get_or_none("node", other)) is not None and n["metadata"]["labels"].get(HEALTH) == "Schedulable"
+        and n["metadata"]["labels"][ROLE] == "spare" and (_ready(n) or {}).get("status") == "True"
+        and n["metadata"]["labels"].get("sagemaker.amazonaws.com/node-health-status") == "Schedulable" and n,
+        timeout=60, interval=0.5, what="the node boto3 rebooted back as the spare")
     out["group_events"] = [e["reason"] for e in events_for(k, group)]
     return out
 
@@ -182,3 +205,9 @@ def test_an_admin_reboots_a_node_from_the_cli(scenarios) -> None:
     assert code == 0, stderr
     assert stdout.strip() == f"{r['asked']}: reboot requested ({HEALTH}=UnschedulablePendingReboot)"
     assert r["asked_back"]["metadata"]["labels"][ROLE] == "spare"
+
+
+def test_boto3_reboots_a_node_through_hyperpods_call(scenarios) -> None:
+    r = _record(scenarios)
+    assert r["boto3"].get("ok", {}).get("Successful") == [instance_id(r["boto3_node"])], r["boto3"]
+    assert r["boto3_back"]["metadata"]["labels"][ROLE] == "spare"

@@ -448,8 +448,10 @@ def test_cluster_nodes_have_stable_instance_ids_status_and_ultraserver(server: S
     pytest.param("update_cluster", {"ClusterName": "lab", "InstanceGroups": [
         {"InstanceGroupName": "trainers", "InstanceCount": 7000, "ExecutionRole": "arn:aws:iam::111122223333:role/hp"}]}, "ValidationException",
         id="count-maximum"),
-    pytest.param("batch_reboot_cluster_nodes", {"ClusterName": "lab", "NodeIds": ["i-0123456789abcdef0"]},
-                 "UnknownOperationException", id="reboot-not-served"),
+    pytest.param("batch_reboot_cluster_nodes", {"ClusterName": "lab", "NodeIds": ["i-0123456789abcdef0"] * 26},
+                 "ValidationException", id="reboot-at-most-25"),
+    pytest.param("batch_reboot_cluster_nodes", {"ClusterName": "elsewhere", "NodeIds": ["i-0123456789abcdef0"]},
+                 "ResourceNotFound", id="reboot-another-cluster"),
 ])
 def test_hyperpod_errors(server: Server, op: str, args: dict, code: str) -> None:
     answer = boto3_call(signed_in(server), op, **args)
@@ -464,17 +466,21 @@ def test_update_cluster_sets_a_groups_count_as_the_caller(server: Server) -> Non
     assert server.writes.calls == [("patch_group", "alice", "trainers", {"spec": {"instanceCount": 5}})]
 
 
-def test_batch_replace_marks_nodes_as_hyperpod_does_and_reports_unknown_ones(server: Server) -> None:
+@pytest.mark.parametrize("op, value", [
+    ("batch_replace_cluster_nodes", "UnschedulablePendingReplacement"),
+    ("batch_reboot_cluster_nodes", "UnschedulablePendingReboot"),
+], ids=["replace", "reboot"])
+def test_batch_replace_and_reboot_mark_nodes_as_hyperpod_does_and_report_unknown_ones(server: Server, op: str,
+                                                                                       value: str) -> None:
     server.writes.calls.clear()
     nodes = ok(boto3_call(signed_in(server), "list_cluster_nodes", ClusterName="lab"))["ClusterNodeSummaries"]
     wanted = nodes[0]["InstanceId"]
-    answer = ok(boto3_call(signed_in(server), "batch_replace_cluster_nodes", ClusterName="lab",
-                           NodeIds=[wanted, "i-00000000000000000"]))
+    answer = ok(boto3_call(signed_in(server), op, ClusterName="lab", NodeIds=[wanted, "i-00000000000000000"]))
     assert answer["Successful"] == [wanted]
     assert answer["Failed"] == [{"NodeId": "i-00000000000000000", "ErrorCode": "InstanceIdNotFound",
                                  "Message": "no node i-00000000000000000 in cluster lab"}]
     assert server.writes.calls == [("label_node", "alice", "trainers-0",
-                                    {"sagemaker.amazonaws.com/node-health-status": "UnschedulablePendingReplacement"})]
+                                    {"sagemaker.amazonaws.com/node-health-status": value})]
 
 
 # --------------------------------------------------------------------------- SigV4, pure

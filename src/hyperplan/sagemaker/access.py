@@ -58,6 +58,7 @@ RIGHTS: dict[str, tuple[str, str, str]] = {
     "DescribeClusterNode": ("list", GROUP, "instancegroups"),
     "UpdateCluster": ("patch", GROUP, "instancegroups"),
     "BatchReplaceClusterNodes": ("patch", "", "nodes"),
+    "BatchRebootClusterNodes": ("patch", "", "nodes"),
 }
 
 

@@ -11,10 +11,11 @@ The writes go to the API server as the key's identity (``access.Writes``):
 * ``UpdateCluster`` sets the ``instanceCount`` of the named groups;
 * ``BatchReplaceClusterNodes`` labels each node as HyperPod's own manual replacement does
   (``sagemaker.amazonaws.com/node-health-status=UnschedulablePendingReplacement``): the group's
-  pass then replaces it with a spare, or a new node, as it replaces any failed node.
-
-``BatchRebootClusterNodes`` is not served: hyperplan has no reboot yet (it answers
-``UnknownOperationException``, as every operation not served does).
+  pass then replaces it with a spare, or a new node, as it replaces any failed node;
+* ``BatchRebootClusterNodes`` labels each node ``UnschedulablePendingReboot``, HyperPod's manual
+  reboot: the group's pass promotes the spare of an active node and reboots the node through its
+  provider, whatever its reboot budget (``planning.recovery``); back Ready, the label says
+  ``Schedulable`` again.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from hyperplan.api.models import InstanceGroup
-from hyperplan.api.vocabulary import HEALTH_PENDING_REPLACEMENT, LABEL_SAGEMAKER_HEALTH, from_rfc3339
+from hyperplan.api.vocabulary import (
+    HEALTH_PENDING_REBOOT, HEALTH_PENDING_REPLACEMENT, LABEL_SAGEMAKER_HEALTH, from_rfc3339,
+)
 from hyperplan.planning import naming
 from hyperplan.planning.nodefacts import NodeFacts, facts_of_dict
 from hyperplan.sagemaker.wire import (
@@ -217,6 +220,16 @@ def update_cluster(body: Mapping[str, Any], ctx: Any) -> dict[str, Any]:
 def batch_replace_cluster_nodes(body: Mapping[str, Any], ctx: Any) -> dict[str, Any]:
     """Mark each node for replacement as HyperPod does, as the caller; a node not in the cluster
     is reported in ``Failed`` (``InstanceIdNotFound``) and the others still go."""
+    return _label_nodes(body, ctx, HEALTH_PENDING_REPLACEMENT)
+
+
+def batch_reboot_cluster_nodes(body: Mapping[str, Any], ctx: Any) -> dict[str, Any]:
+    """Ask for a reboot of each node as HyperPod's manual reboot does, as the caller; the same
+    answers as :func:`batch_replace_cluster_nodes`."""
+    return _label_nodes(body, ctx, HEALTH_PENDING_REBOOT)
+
+
+def _label_nodes(body: Mapping[str, Any], ctx: Any, value: str) -> dict[str, Any]:
     _cluster(body, ctx)
     if body.get("NodeLogicalIds"):
         raise invalid("hyperplan's nodes have no logical ids: give NodeIds")
@@ -231,7 +244,7 @@ def batch_replace_cluster_nodes(body: Mapping[str, Any], ctx: Any) -> dict[str, 
             failed.append({"NodeId": str(node_id), "ErrorCode": "InstanceIdNotFound",
                            "Message": f"no node {node_id} in cluster {ctx.cluster_name}"})
             continue
-        ctx.writes.label_node(ctx.user, facts.name, {LABEL_SAGEMAKER_HEALTH: HEALTH_PENDING_REPLACEMENT})
+        ctx.writes.label_node(ctx.user, facts.name, {LABEL_SAGEMAKER_HEALTH: value})
         done.append(node_id)
     return compact({"Successful": done or None, "Failed": failed})
 

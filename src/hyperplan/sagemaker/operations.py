@@ -599,8 +599,10 @@ OPERATIONS: dict[str, Operation] = {
     "DescribeClusterNode": hyperpod.describe_cluster_node,
     "UpdateCluster": hyperpod.update_cluster,
     "BatchReplaceClusterNodes": hyperpod.batch_replace_cluster_nodes,
+    "BatchRebootClusterNodes": hyperpod.batch_reboot_cluster_nodes,
 }
-WRITES = frozenset({"UpdateCluster", "BatchReplaceClusterNodes", "CreateTrainingPlan", "ExtendTrainingPlan"})
+WRITES = frozenset({"UpdateCluster", "BatchReplaceClusterNodes", "BatchRebootClusterNodes", "CreateTrainingPlan",
+                    "ExtendTrainingPlan"})
 """The operations that write: they run on a thread (their API calls block), reading the watch
 cache through the loop (``WatchCache._on_loop``)."""
 
