@@ -28,6 +28,7 @@ from hyperplan.handlers.context import Runtime
 from hyperplan.handlers.nodes import node_changed
 from hyperplan.handlers.nodewatch import NodeStore
 from hyperplan.handlers.workqueue import WorkQueue
+from hyperplan.planning import naming
 from hyperplan.planning.policy import Policy
 from hyperplan.settings import Settings
 
@@ -150,6 +151,8 @@ def make_world(monkeypatch: Any, now: datetime, policy: Policy, *, plans: list[d
     rt = Runtime(settings=Settings(), policy=policy, kube=kube, ledger=ledger, providers={"kwok": provider},
                  clock=lambda: world.now, cache=cache, pods=pods, node_store=store,
                  queue=WorkQueue(lambda: world.now))
+    for group in groups:  # as the group's watch event does (handlers.instancegroup.group_event)
+        rt.group_names[naming.label_value(group["metadata"]["name"])] = group["metadata"]["name"]
     world = World(rt, plan_watch, pool_watch, kube, ledger, provider, pods, store, now, calls)
     monkeypatch.setattr(kopf, "event", world.record_event)
     monkeypatch.setattr(kopf, "info", lambda obj, *, reason, message="": world.record_event(

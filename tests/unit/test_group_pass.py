@@ -365,6 +365,24 @@ def test_a_node_that_claims_the_group_is_reported_and_left_alone(worlds, make_fo
     assert status["readyCount"] == 2  # the forged node is not counted
 
 
+def test_a_forged_node_cannot_start_another_nodes_grace(worlds) -> None:
+    """The node events key a health label's first sight by the group's record, not by the
+    node-id label: a forged node labelled with a bystander's id and Unschedulable does not make
+    the bystander's own label, minutes later, count as seen long ago."""
+    world = worlds()
+    running(world)
+    world.provider.nodes["forged"] = forged("forged", **{LABEL_NODE_ID: ACTIVE[0],
+                                                         naming.LABEL_HEALTH: "Unschedulable"})
+    world.list_nodes()  # the forged node's event
+    world.now += GRACE + timedelta(seconds=10)
+    world.provider.nodes[ACTIVE[0]].metadata.labels[naming.LABEL_HEALTH] = "Unschedulable"
+    run(world)
+    assert [c for c in world.provider.calls if c[0] in ("mark_unhealthy", "promote_spare")] == []  # its own grace
+    world.now += GRACE + timedelta(seconds=1)
+    run(world)
+    assert ("promote_spare", SPARE) in world.provider.calls
+
+
 def test_a_node_not_owned_is_reported_once_per_node(worlds) -> None:
     world = worlds()
     running(world)

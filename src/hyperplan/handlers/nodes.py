@@ -15,7 +15,7 @@ from kubernetes import client
 
 from hyperplan import metrics
 from hyperplan.actuation.kube import api_client
-from hyperplan.actuation.nodes import LABEL_NODE_ID, LABEL_POOL, POOL_FREE
+from hyperplan.actuation.nodes import LABEL_POOL, POOL_FREE
 from hyperplan.handlers.nodewatch import DELETED, NodeChange, NodeWatch
 from hyperplan.planning.health import removed_by_operator
 from hyperplan.planning.naming import LABEL_GROUP, LABEL_PLAN
@@ -68,21 +68,36 @@ def group_node_changed(rt: Any, name: str, group: str, labels: Mapping[str, str]
     """A change to a group's node wakes that group (heartbeats never get here)."""
     if type is None:
         return  # the first listing: every group gets a pass on start anyway
-    if type == DELETED:
-        node_id = labels.get(LABEL_NODE_ID, name)
+    # The node id from the group's own record (name and uid), never from the node's labels: a node
+    # that carries the group's label and another node's id would otherwise start that node's grace
+    # or report it deleted. A node the record does not hold only wakes the group (it is reported
+    # there, planning.ownership).
+    node_id = recorded_node_id(rt, group, name, (node.get("metadata") or {}).get("uid") or "")
+    if type == DELETED and node_id is not None:
         annotations = node.get("metadata", {}).get("annotations") or {}
         # Unless the operator removed it, the node was deleted from under the group: a failure
         # signal, judged after the grace.
         rt.group_memory.note_deleted(group, node_id, labels, rt.clock(),
                                by_operator=removed_by_operator(labels, annotations))
     bad = unschedulable_health(labels)
-    if bad and type != DELETED and rt.group_memory.holds(group):
+    if bad and type != DELETED and node_id is not None and rt.group_memory.holds(group):
         # The grace of a health label counts from its first sight: the event, not the group's
         # next pass (which may be busy carrying out the last one when a storm of labels comes).
-        rt.group_memory.first_sight(group, labels.get(LABEL_NODE_ID, name), bad, rt.clock())
+        rt.group_memory.first_sight(group, node_id, bad, rt.clock())
     rt.queue.wake("group", group)
     if type == DELETED and labels.get(LABEL_PLAN):  # its group may be gone, with no pass to wake the plan
         rt.queue.wake("plan", labels[LABEL_PLAN])
+
+
+def recorded_node_id(rt: Any, group: str, name: str, uid: str) -> str | None:
+    """The id under which group ``group`` (its label value) records the node named ``name`` with
+    ``uid`` (its ``status.nodes``, from the watch cache), or None when the record does not hold it."""
+    group_name = rt.group_names.get(group)
+    obj = rt.cache.group(group_name) if group_name else None
+    for entry in ((obj or {}).get("status") or {}).get("nodes") or ():
+        if entry.get("name") == name and entry.get("uid") and entry.get("uid") == uid:
+            return entry.get("nodeId")
+    return None
 
 
 def plan_digest(body: Mapping[str, Any]) -> str:
