@@ -431,11 +431,11 @@ def test_nodes_made_by_a_pass_whose_status_patch_was_lost_are_the_groups(worlds,
     world.now = T0
     real, writes = world.kube.patch_status, []
 
-    def lost_after_the_intent(plural, name, status):
+    def lost_after_the_intent(plural, name, status, resource_version=None):
         writes.append(status)
         if len(writes) > 1:
             raise RuntimeError("operator killed")
-        return real(plural, name, status)
+        return real(plural, name, status, resource_version)
     monkeypatch.setattr(world.kube, "patch_status", lost_after_the_intent)
     with pytest.raises(RuntimeError):
         run(world)
@@ -619,3 +619,52 @@ def test_with_node_recovery_none_a_fault_is_only_labelled(worlds) -> None:
     assert world.provider.nodes[SPARE].metadata.labels[naming.LABEL_ROLE] == naming.ROLE_SPARE
     assert not any(op in ("reboot", "promote_spare", "create", "release") for op, _ in world.provider.calls)
     assert world.rt.cache.group(GROUP)["status"]["unhealthyCount"] == 1
+
+
+# --------------------------------------------------------------------------- another writer of the record
+
+
+def cordoned_meanwhile(world: World, monkeypatch, at_call: int) -> list[dict]:
+    """Before the pass's ``at_call``-th status write, another writer (the group's deletion) records
+    a cordon on the first entry, as the deletion handler does between its retries."""
+    real, seen = world.kube.patch_status, []
+
+    def patch(plural, name, status, resource_version=None):
+        seen.append(status)
+        if len(seen) == at_call:
+            held = world.kube.objects[(plural, name)]
+            nodes = [dict(e) for e in held["status"]["nodes"]]
+            nodes[0]["cordoned"] = True
+            real(plural, name, {"nodes": nodes})
+        return real(plural, name, status, resource_version)
+    monkeypatch.setattr(world.kube, "patch_status", patch)
+    return seen
+
+
+def test_a_pass_whose_record_changed_meanwhile_does_nothing_and_looks_again(worlds, monkeypatch) -> None:
+    world = worlds()
+    running(world)
+    failed = ACTIVE[1]
+    set_ready(world, failed, "False", NOW)
+    world.now = NOW + GRACE + timedelta(seconds=1)
+    cordoned_meanwhile(world, monkeypatch, at_call=1)  # at the intent of the backfill
+    wake = run(world)
+    assert wake == world.now + timedelta(seconds=1)
+    assert [c for c in world.provider.calls if c[0] in ("create", "promote_spare", "mark_unhealthy")] == []
+    record = world.kube.objects[(GROUPS_PLURAL, GROUP)]["status"]["nodes"]
+    assert record[0]["cordoned"] is True  # the other writer's cordon is not lost
+
+
+def test_a_status_patch_that_lost_to_another_writer_is_merged_into_the_record_as_it_is_now(worlds,
+                                                                                          monkeypatch) -> None:
+    world = worlds()
+    running(world)
+    failed = ACTIVE[1]
+    set_ready(world, failed, "False", NOW)
+    world.now = NOW + GRACE + timedelta(seconds=1)
+    cordoned_meanwhile(world, monkeypatch, at_call=2)  # after the intent, at the pass's own patch
+    run(world)
+    record = {e["nodeId"]: e for e in world.kube.objects[(GROUPS_PLURAL, GROUP)]["status"]["nodes"]}
+    assert record[ACTIVE[0]]["cordoned"] is True  # the other writer's move is kept
+    made = record[failed + "-g1"]
+    assert (made["uid"], made.get("claim")) == (f"uid-{failed}-g1", None)  # and the pass's

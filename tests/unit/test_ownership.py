@@ -146,3 +146,11 @@ def test_an_unanswered_claim(fresh, kept):
     found = ownership.sort_nodes([*RECORD, ownership.pending_entry("hp-g-c", NONCE)],
                                  [listed("hp-g-a"), listed("hp-g-b")], "kwok")
     assert [e.node_id for e in ownership.next_record(found, listed_fresh=fresh)] == kept
+
+
+def test_a_pass_is_applied_to_the_record_another_writer_left():
+    now = [entry("hp-g-a").model_copy(update={"cordoned": True}), entry("hp-g-b"), entry("hp-g-c")]
+    out = ownership.apply_pass(now, made=[entry("hp-g-d")], changed={"hp-g-b": entry("hp-g-b", uid="uid-b2")},
+                               released=["hp-g-c"])
+    assert [(e.node_id, e.uid, e.cordoned) for e in out] == [
+        ("hp-g-a", "uid-hp-g-a", True), ("hp-g-b", "uid-b2", False), ("hp-g-d", "uid-hp-g-d", False)]

@@ -371,11 +371,14 @@ class FakeKube:
         self.calls.append(("get_object", plural, name, None))
         return self.objects.get((plural, name))
 
-    def patch_status(self, plural: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+    def patch_status(self, plural: str, name: str, status: dict[str, Any],
+                     resource_version: str | None = None) -> dict[str, Any]:
         self.calls.append(("patch_status", plural, name, status))
         held = self.objects.get((plural, name))
         if held is None:
             raise ApiException(status=404, reason="NotFound")
+        if resource_version and resource_version != held["metadata"].get("resourceVersion"):
+            raise ApiException(status=409, reason="Conflict")
         return self._store(plural, {**held, "status": _merged(held.get("status") or {}, status)})
 
     def set_finalizers(self, plural: str, name: str, finalizers: list[str],

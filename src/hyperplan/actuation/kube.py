@@ -117,10 +117,15 @@ class Kube:
         return self.custom.replace_cluster_custom_object_status(
             GROUP, VERSION, plural, body["metadata"]["name"], body)
 
-    def patch_status(self, plural: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
-        """Merge-patch the status; the object as written."""
-        return self.custom.patch_cluster_custom_object_status(
-            GROUP, VERSION, plural, name, {"status": status})
+    def patch_status(self, plural: str, name: str, status: dict[str, Any],
+                     resource_version: str | None = None) -> dict[str, Any]:
+        """Merge-patch the status; the object as written. With ``resource_version`` the patch is
+        refused (409) when the object changed since: a write that replaces a list another writer
+        may have changed meanwhile (an InstanceGroup's record) carries it."""
+        body: dict[str, Any] = {"status": status}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        return self.custom.patch_cluster_custom_object_status(GROUP, VERSION, plural, name, body)
 
     def set_finalizers(self, plural: str, name: str, finalizers: list[str], resource_version: str) -> dict[str, Any] | None:
         """Replace the object's finalizers, refused with 409 when it changed since

@@ -26,13 +26,16 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 import kopf
+from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
 from hyperplan import metrics
 from hyperplan.actuation.groups import (
     Applied, apply_decision, being_evacuated, count_pods, drain_nodes, node_ref, observe_nodes, releases_of,
 )
-from hyperplan.api.models import GROUP, VERSION, InstanceGroup, InstanceGroupStatus, TrainingPlan, VanishedNode
+from hyperplan.api.models import (
+    GROUP, VERSION, GroupNode, InstanceGroup, InstanceGroupStatus, TrainingPlan, VanishedNode,
+)
 from hyperplan.api.vocabulary import FINALIZER  # set by kopf (operator.configure_kopf)
 from hyperplan.handlers.context import Runtime, status_of
 from hyperplan.handlers.trainingplan import as_the_ledger_holds
@@ -55,6 +58,7 @@ PLURAL = "instancegroups"
 # loop. Its own deadlines (grace ends, block boundaries) are never delayed (handlers.workqueue).
 PACE = Pace(start=0.05, most=0.5)
 ADOPTION_RETRY = timedelta(seconds=1)  # after a lost race for a free static node
+RECORD_CONFLICT_RETRY = timedelta(seconds=1)  # after another writer changed the group's status
 REASON_UNREADABLE = "UnreadableValue"  # a node's label or annotation the pass read as absent
 KIND = "group"
 T = TypeVar("T")
@@ -149,13 +153,25 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     # The same for a reboot: its clock is in the record before the node goes down.
     claims = {spec.name: secrets.token_hex(16) for spec in decision.create}
     rebooting = any(isinstance(a, health.RebootNode) for a in decision.remediation)
+    # The record is written only over the one this pass read (resourceVersion): another writer (the
+    # group's deletion, recording its cordons) may have changed it meanwhile, and a list in a merge
+    # patch replaces the whole list.
+    record_rv = obj["metadata"].get("resourceVersion")
     if claims or rebooting:
         intent = recovery.recorded(ownership.next_record(
             held.sorted, [ownership.pending_entry(n, c) for n, c in claims.items()], listed_fresh=fresh),
             decision.recovery)
-        written = await in_thread(rt, rt.kube.patch_status, PLURAL, name, {"nodes": [e.wire() for e in intent]})
+        try:
+            written = await in_thread(rt, rt.kube.patch_status, PLURAL, name, {"nodes": [e.wire() for e in intent]},
+                                      record_rv)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+            log.info("group %s: its status changed since this pass read it; deciding again", name)
+            return now + RECORD_CONFLICT_RETRY  # nothing was done
         if written:
             rt.cache.wrote(PLURAL, written)
+            record_rv = written["metadata"].get("resourceVersion")
 
     # Apply, then remember what was done (on the event loop).
     rt.group_memory.note_releasing(key, releases_of(decision))
@@ -175,9 +191,17 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
                                                 group.status.conditions, now)
     if unrecorded is not None:
         decision.status.conditions.append(unrecorded)
-    desired = decision.status.wire()
-    if claims or rebooting or desired != status_of(InstanceGroupStatus, obj).wire():  # the intent is replaced
-        written = await in_thread(rt, rt.kube.patch_status, PLURAL, name, desired)
+    desired, current = decision.status.wire(), status_of(InstanceGroupStatus, obj).wire()
+    if claims or rebooting or desired != current:  # with claims or a reboot: the intent is replaced
+        record_moved = bool(claims or rebooting) or desired.get("nodes") != current.get("nodes")
+        patch = desired if record_moved else {k: v for k, v in desired.items() if k != "nodes"}
+        try:
+            written = await in_thread(rt, rt.kube.patch_status, PLURAL, name, patch,
+                                      record_rv if record_moved else None)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+            written = await in_thread(rt, record_again, rt, name, applied, decision.recovery, patch)
         if written:
             rt.cache.wrote(PLURAL, written)
         metrics.STATUS_WRITES.labels("InstanceGroup").inc()
@@ -193,6 +217,26 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
         retry = now + ADOPTION_RETRY
         return retry if decision.wake_at is None else min(decision.wake_at, retry)
     return decision.wake_at
+
+
+def record_again(rt: Runtime, name: str, applied: Applied, moved: dict, patch: dict[str, Any]) -> dict[str, Any] | None:
+    """The pass's status patch lost to another writer of the group's status (409): what the pass
+    did to the record (nodes made and released, entries changed, recovery clocks moved) applied to
+    the record as it is now, written over that one. A second conflict leaves it to the next pass
+    (the nodes made carry their claims). Sync (thread)."""
+    obj = rt.kube.get_object(PLURAL, name)
+    if obj is None:
+        return None
+    now_recorded = [GroupNode.model_validate(e) for e in (obj.get("status") or {}).get("nodes") or []]
+    record = ownership.apply_pass(now_recorded, applied.made, applied.changed, applied.released)
+    try:
+        return rt.kube.patch_status(PLURAL, name, {**patch, "nodes": [e.wire() for e in recovery.recorded(record, moved)]},
+                                    obj["metadata"].get("resourceVersion"))
+    except ApiException as e:
+        if e.status != 409:
+            raise
+        log.info("group %s: its status changed twice during a pass; the next pass records again", name)
+        return None
 
 
 class Held:
@@ -307,7 +351,13 @@ async def drain_group(name: str, spec: kopf.Spec, memo: kopf.Memo, body: kopf.Bo
     released = {nid for nid, outcome in drained if outcome.released is not None}
     record = ownership.next_record(held.sorted, changed=changed, released=released)
     if record != (status.nodes or []) or status.nodes is None:  # the cordons a hand-back undoes, across retries
-        await in_thread(rt, rt.kube.patch_status, PLURAL, name, {"nodes": [e.wire() for e in record]})
+        try:  # over the record it read: a pass that wrote meanwhile is read again at the retry
+            await in_thread(rt, rt.kube.patch_status, PLURAL, name, {"nodes": [e.wire() for e in record]},
+                            body.get("metadata", {}).get("resourceVersion"))
+        except ApiException as e:
+            if e.status != 409:
+                raise
+            raise kopf.TemporaryError("the group's status changed meanwhile; reading it again", delay=1) from e
     if record:
         raise kopf.TemporaryError(f"{len(record)} node(s) still draining", delay=1)
     kopf.info(body, reason="Drained", message=f"all nodes of {name} drained and removed")

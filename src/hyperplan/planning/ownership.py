@@ -171,6 +171,18 @@ def next_record(found: Sorted, made: Iterable[GroupNode] = (), changed: Mapping[
     return [out[k] for k in sorted(out)]
 
 
+def apply_pass(record: Sequence[GroupNode], made: Iterable[GroupNode] = (),
+               changed: Mapping[str, GroupNode] | None = None, released: Iterable[str] = ()) -> list[GroupNode]:
+    """What a pass did to the record (the nodes it ``made``, the entries it ``changed`` and the
+    node ids it ``released``, as for :func:`next_record`) applied to ``record`` as another writer
+    left it meanwhile: that writer's entries are kept, the pass's own moves win."""
+    changed, released = changed or {}, set(released)
+    out = {entry.node_id: changed.get(entry.node_id, entry) for entry in record}
+    for entry in made:
+        out[entry.node_id] = entry
+    return [out[k] for k in sorted(out) if k not in released]
+
+
 def unrecorded_condition(unrecorded: Sequence[ListedNode], group: str, generation: int,
                          prior: Sequence[Condition], now: datetime) -> Condition | None:
     """``UnrecordedNodes=True`` (reason ``NodeNotOwned``) naming the nodes that carry the group's
