@@ -497,6 +497,16 @@ def record_of(world: World, node: str) -> dict[str, Any]:
     return next(n for n in world.rt.cache.group(GROUP)["status"]["nodes"] if n["name"] == node)
 
 
+def rebooted(world: World) -> str:
+    """The running group's second active node fails; the pass past its grace reboots it."""
+    running(world)
+    failed = ACTIVE[1]
+    set_ready(world, failed, "False", NOW)
+    world.now = NOW + GRACE + timedelta(seconds=1)
+    run(world)
+    return failed
+
+
 def test_a_failed_node_is_rebooted_and_comes_back_as_its_ultraservers_spare(worlds) -> None:
     world = worlds(group(healthCheck=LADDER))
     running(world)
@@ -547,11 +557,7 @@ def test_a_failed_node_is_rebooted_and_comes_back_as_its_ultraservers_spare(worl
 
 def test_a_node_that_fails_again_within_the_window_after_its_reboot_is_replaced(worlds) -> None:
     world = worlds(group(healthCheck=LADDER))
-    running(world)
-    failed = ACTIVE[1]
-    set_ready(world, failed, "False", NOW)
-    world.now = NOW + GRACE + timedelta(seconds=1)
-    run(world)
+    failed = rebooted(world)
     world.provider.finish_reboot(failed, world.now)
     world.now += timedelta(seconds=1)
     run(world)
@@ -568,11 +574,7 @@ def test_a_node_that_fails_again_within_the_window_after_its_reboot_is_replaced(
 
 def test_a_node_not_back_within_the_reboot_timeout_is_replaced(worlds) -> None:
     world = worlds(group(healthCheck=LADDER))
-    running(world)
-    failed = ACTIVE[1]
-    set_ready(world, failed, "False", NOW)
-    world.now = NOW + GRACE + timedelta(seconds=1)
-    run(world)
+    failed = rebooted(world)
     world.now += timedelta(seconds=31)
     run(world)
     assert world.provider.nodes[failed].metadata.labels[naming.LABEL_HEALTH] == "UnschedulablePendingReplacement"
