@@ -1508,3 +1508,32 @@ def test_an_eviction_start_without_a_timezone_starts_the_eviction_again():
     assert p2.remediation == (health.EvictPods(failed, "Ready=False", start=True),)
     apply(p2, cluster, t)
     assert reading.read_time(cluster[failed].node.metadata.annotations[health.ANNOTATION_EVICTING_SINCE]) == t
+
+
+# --------------------------------------------------------------------------- the recovery ladder
+
+LADDER_SPEC = spec(reboot_budget=1)
+
+
+def test_the_first_failure_is_rebooted_after_its_spare_is_promoted():
+    d = decide(observed(failing("0-1")), now=P1, prior=READY_STATUS, s=LADDER_SPEC)
+    assert d.remediation == (
+        health.MarkUnhealthy(name("0-1"), "Ready=False", health_status="UnschedulablePendingReboot"),
+        health.PromoteSpare(name("0-17"), name("0-1"), US0, True),
+        health.RebootNode(name("0-1"), "Ready=False"),
+        health.EvictPods(name("0-1"), "Rebooting", start=True),  # its pods move to the spare
+    )
+    assert d.create == []  # no new capacity
+    assert d.recovery[name("0-1")].rebooting_since == P1
+
+
+def test_never_more_reboots_at_once_than_spares_to_cover_them():
+    """Two active nodes of one UltraServer fail together and it has one spare: the first is
+    rebooted (its spare takes over), the second replaced, so no job is left short of its domain
+    for the length of a reboot."""
+    d = decide(observed(failing("0-1", "0-2")), now=P1, prior=READY_STATUS, s=LADDER_SPEC)
+    reboots = [a.node for a in d.remediation if isinstance(a, health.RebootNode)]
+    marks = {a.node: a.health_status for a in d.remediation if isinstance(a, health.MarkUnhealthy)}
+    assert reboots == [name("0-1")]
+    assert marks == {name("0-1"): "UnschedulablePendingReboot", name("0-2"): "UnschedulablePendingReplacement"}
+    assert [a.replacing for a in d.remediation if isinstance(a, health.Backfill)] == [name("0-2")]

@@ -588,26 +588,32 @@ def plan_remediation(
         node, step = by_name[name], steps[name]
         reason = verdict.unhealthy.get(name) or step.why
         state = clocks.get(name, recovery.RecoveryState())
-        label = {recovery.REBOOT: HEALTH_PENDING_REBOOT, recovery.WAIT: HEALTH_PENDING_REBOOT,
-                 recovery.LABEL_ONLY: HEALTH_UNSCHEDULABLE}.get(step.kind, HEALTH_PENDING_REPLACEMENT)
-        if node.exists and node.health_label != label and not (
-                step.kind == recovery.LABEL_ONLY and node.health_label and node.health_label.startswith(HEALTH_UNSCHEDULABLE)):
-            marks.append(MarkUnhealthy(name, reason if step.kind != recovery.REPLACE or not state.rebooting_since
-                                       else step.why, health_status=label))
-        if step.kind == recovery.LABEL_ONLY:
-            continue
-
         promoted = name in already_promoted
-        if uses_spares and node.role == ROLE_ACTIVE and not promoted:
+        covered_here = promoted  # a spare of its own UltraServer serves in its place
+        if step.kind != recovery.LABEL_ONLY and uses_spares and node.role == ROLE_ACTIVE and not promoted:
             spare = _pick_spare(node, nodes, verdict, taken, us_index)
             if spare is None:
                 notes.append(f"no healthy spare to replace {name}")
             else:
                 taken.add(spare.name)
                 promoted = True
+                covered_here = spare.ultraserver_id == node.ultraserver_id
                 promotions.append(PromoteSpare(
                     spare.name, name, spare.ultraserver_id,
                     spare.ultraserver_id == node.ultraserver_id, verdict.grace_ended.get(name)))
+        if step.kind == recovery.REBOOT and not step.requested and uses_spares and node.role == ROLE_ACTIVE \
+                and not covered_here:
+            # Its UltraServer's spares went to failures before it in this pass: never more reboots
+            # at once than an UltraServer's spares cover; this one is replaced in its slot.
+            step = recovery.Step(recovery.REPLACE, f"{reason}: no spare of its UltraServer covers it during a reboot")
+        label = {recovery.REBOOT: HEALTH_PENDING_REBOOT, recovery.WAIT: HEALTH_PENDING_REBOOT,
+                 recovery.LABEL_ONLY: HEALTH_UNSCHEDULABLE}.get(step.kind, HEALTH_PENDING_REPLACEMENT)
+        already_unschedulable = bool(node.health_label and node.health_label.startswith(HEALTH_UNSCHEDULABLE))
+        if node.exists and node.health_label != label and not (step.kind == recovery.LABEL_ONLY
+                                                                and already_unschedulable):
+            marks.append(MarkUnhealthy(name, step.why if state.rebooting_since else reason, health_status=label))
+        if step.kind == recovery.LABEL_ONLY:
+            continue
 
         if step.kind == recovery.REBOOT:
             reboots.append(RebootNode(name, step.why, step.requested))
