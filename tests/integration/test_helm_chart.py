@@ -546,9 +546,17 @@ PROMETHEUS_PODS = {"podSelector": {"matchLabels": {"app": "prometheus"}}}
      [{"from": [_namespace("monitoring"), _namespace("sre"), PROMETHEUS_PODS],
        "ports": [{"port": "metrics", "protocol": "TCP"}]},
       {"from": [_namespace("probes")], "ports": [{"port": "liveness", "protocol": "TCP"}]}]),
-], ids=["nobody", "metrics-from-a-namespace", "both-ports-from-namespaces-and-pods"])
+    (("--set", "networkPolicy.enabled=true", "--set", "networkPolicy.sagemakerApi.namespaces={buyers}"), []),
+    (("--set", "networkPolicy.enabled=true", "--set", "sagemakerApi.enabled=true", "--set", "sagemakerApi.tlsSecret=api-tls",
+      "--set", "networkPolicy.sagemakerApi.namespaces={buyers}"),
+     [{"from": [_namespace("buyers")], "ports": [{"port": "sagemaker-api", "protocol": "TCP"}]}]),
+    (("--set", "networkPolicy.enabled=true", "--set", "sagemakerApi.enabled=true", "--set", "sagemakerApi.tlsSecret=api-tls"),
+     []),
+], ids=["nobody", "metrics-from-a-namespace", "both-ports-from-namespaces-and-pods",
+        "sagemaker-api-peers-without-the-api", "sagemaker-api-from-a-namespace", "sagemaker-api-from-nobody"])
 def test_network_policy_lets_in_only_the_chosen_peers(helm, flags, ingress) -> None:
-    objs = by_kind(render(helm, *flags, namespace="hyperplan-system"))
+    # (with the SageMaker API there are two Services, two Roles, ...: pick by kind, not by_kind)
+    objs = {d["kind"]: d for d in render(helm, *flags, namespace="hyperplan-system")}
     policy = objs["NetworkPolicy"]
     assert policy["metadata"]["namespace"] == "hyperplan-system"
     labels = objs["Deployment"]["spec"]["template"]["metadata"]["labels"]
