@@ -530,7 +530,8 @@ def test_a_failed_node_is_rebooted_and_comes_back_as_its_ultraservers_spare(worl
     [entry] = [n for n in intent["nodes"] if n["name"] == failed]
     assert entry["recovery"]["rebootingSince"] == "2026-12-01T12:00:16Z"
     assert record_of(world, failed)["recovery"] == {"reboots": ["2026-12-01T12:00:16Z"],
-                                                    "rebootingSince": "2026-12-01T12:00:16Z", "requested": False}
+                                                    "rebootingSince": "2026-12-01T12:00:16Z", "requested": False,
+                                                    "faults": [{"condition": "Ready", "since": "2026-12-01T12:00:10Z"}]}
 
     # Still down: waited for, nothing else done.
     world.now += timedelta(seconds=5)
@@ -547,7 +548,7 @@ def test_a_failed_node_is_rebooted_and_comes_back_as_its_ultraservers_spare(worl
     assert naming.SPARE_TAINT in taints_of(back) and naming.UNHEALTHY_TAINT not in taints_of(back)
     assert "NodeRecovered" in world.reasons()
     assert sorted(world.provider.nodes) == sorted([*ACTIVE, SPARE])
-    assert record_of(world, failed)["recovery"] == {"reboots": ["2026-12-01T12:00:16Z"], "requested": False}
+    assert record_of(world, failed)["recovery"] == {"reboots": ["2026-12-01T12:00:16Z"], "requested": False, "faults": []}
     world.now += timedelta(seconds=1)
     run(world)
     status = world.rt.cache.group(GROUP)["status"]
@@ -670,3 +671,21 @@ def test_a_status_patch_that_lost_to_another_writer_is_merged_into_the_record_as
     assert record[ACTIVE[0]]["cordoned"] is True  # the other writer's move is kept
     made = record[failed + "-g1"]
     assert (made["uid"], made.get("claim")) == (f"uid-{failed}-g1", None)  # and the pass's
+
+
+def test_a_flapping_condition_does_not_reset_its_grace(worlds) -> None:
+    """NotReady, Ready again within the grace, NotReady again: judged from the first sight of the
+    fault (the group's record keeps it), not from the condition's last transition."""
+    world = worlds()
+    running(world)
+    failed = ACTIVE[1]
+    set_ready(world, failed, "False", NOW)
+    run(world)
+    set_ready(world, failed, "True", NOW + timedelta(seconds=2))
+    world.now = NOW + timedelta(seconds=2)
+    run(world)
+    set_ready(world, failed, "False", NOW + timedelta(seconds=3))
+    world.now = NOW + GRACE + timedelta(seconds=1)  # past the grace from the first sight, not from the last
+    run(world)
+    assert ("mark_unhealthy", failed) in world.provider.calls and ("promote_spare", SPARE) in world.provider.calls
+    assert record_of(world, failed)["recovery"]["faults"][0]["since"] == "2026-12-01T12:00:10Z"

@@ -103,3 +103,30 @@ def test_the_ladder_reads_the_groups_spec():
     spec = HealthCheckSpec.model_validate({"rebootBudget": 2, "rebootWindowSeconds": 600, "rebootTimeoutSeconds": 30})
     assert Ladder.from_spec("Automatic", spec) == Ladder(True, 2, timedelta(minutes=10), timedelta(seconds=30))
     assert Ladder.from_spec("None", spec).automatic is False
+
+
+T = NOW - timedelta(minutes=5)
+HOUR = timedelta(hours=1)
+
+
+@pytest.mark.parametrize("faults, standing, want", [
+    pytest.param((), {"Ready": T}, (("Ready", T, None),), id="a-new-fault-is-clocked-from-its-condition"),
+    pytest.param((("Ready", T, None),), {"Ready": NOW - timedelta(seconds=3)}, (("Ready", T, None),),
+                 id="a-flapping-condition-keeps-its-first-sight"),
+    pytest.param((("Ready", T, None),), {}, (("Ready", T, NOW),), id="a-cleared-fault-is-remembered"),
+    pytest.param((("Ready", T, NOW - timedelta(minutes=2)),), {"Ready": NOW}, (("Ready", T, None),),
+                 id="back-within-the-memory-counts-from-its-first-sight"),
+    pytest.param((("Ready", T - HOUR, NOW - HOUR - timedelta(seconds=1)),), {}, (),
+                 id="cleared-longer-than-the-memory-is-forgotten"),
+    pytest.param((), {"Ready": T, "GpuHealthy": NOW}, (("GpuHealthy", NOW, None), ("Ready", T, None)),
+                 id="each-condition-its-own-clock"),
+])
+def test_clock_faults(faults, standing, want):
+    assert recovery.clock_faults(RecoveryState(faults=faults), standing, NOW, HOUR).faults == want
+
+
+def test_a_fault_clock_moves_the_conditions_transition_back_to_its_first_sight():
+    state = RecoveryState(faults=(("Ready", T, None),))
+    [c] = recovery.clocked(ready("False", NOW - timedelta(seconds=3)), state, {"Ready": NOW - timedelta(seconds=3)})
+    assert c.last_transition_time == T
+    assert recovery.clocked(ready("True", NOW), state, {}) == ready("True", NOW)  # not a fault now: as it is

@@ -600,14 +600,24 @@ class GroupNode(Model):
     recovery: NodeRecovery | None = None
 
 
+class FaultClock(Model):
+    """When a fault (a node condition type in a bad status) was first seen, and when it last
+    cleared (None: it stands)."""
+
+    condition: str = Field(min_length=1, max_length=MAX_CONDITION_TYPE)
+    since: Time
+    cleared: Time | None = None
+
+
 class NodeRecovery(Model):
-    """The operator's own clock of a node's reboots (planning.recovery): kept in the group's
-    record, not on the node, so that neither the node nor a condition's lastTransitionTime can
-    reset it, and a restart of the operator keeps it."""
+    """The operator's own clocks of a node's faults and reboots (planning.recovery): kept in the
+    group's record, not on the node, so that neither the node nor a condition's
+    lastTransitionTime can reset them, and a restart of the operator keeps them."""
 
     reboots: list[Time] = Field(default_factory=list, max_length=16)  # starts, within the budget's window
     rebooting_since: Time | None = None  # a reboot under way, started then
     requested: bool = False  # the reboot under way was asked for (a health label), not the ladder's
+    faults: list[FaultClock] = Field(default_factory=list, max_length=MAX_UNHEALTHY_CONDITIONS + 1)
 
 
 GroupNode.model_rebuild()

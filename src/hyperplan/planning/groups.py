@@ -279,13 +279,28 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
     # Health: verdicts over the group's nodes on this block, then bounded remediation.
     check = health.HealthCheck.from_spec(spec.health_check.grace_seconds, spec.health_check.max_unhealthy,
                                      spec.health_check.unhealthy_conditions)
-    observations = [n.health for n in on_block]
+    # Each fault's grace counts from its first sight, which the group's record keeps (a condition
+    # that flaps does not reset it): the observations carry those times (planning.recovery).
+    ladder = recovery.Ladder.from_spec(spec.node_recovery, spec.health_check)
+    recorded = {e.name: recovery.RecoveryState.from_record(e.recovery) for e in prior.nodes or () if e.recovery}
+    clocks: dict[str, recovery.RecoveryState] = {}
+    fault_moves: dict[str, recovery.RecoveryState] = {}
+    observations = []
+    for n in on_block:
+        seen, state = n.health, recorded.get(n.name, recovery.RecoveryState())
+        standing = health.standing_faults(seen, check)
+        if standing or state.faults:
+            clocked = recovery.clock_faults(state, standing, now, ladder.reboot_window)
+            if clocked != state:
+                fault_moves[n.name] = state = clocked
+            seen = dataclasses.replace(seen, conditions=recovery.clocked(seen.conditions, state, standing))
+        if state != recovery.RecoveryState():
+            clocks[n.name] = state
+        observations.append(seen)
     verdict = health.evaluate_health(observations, check, now)
-    clocks = {e.name: recovery.RecoveryState.from_record(e.recovery) for e in prior.nodes or () if e.recovery}
     remedy = health.plan_remediation(verdict, observations, ultraservers, block_has_time_left=now < termination,
                                      uses_spares=bool(ultraservers), max_unhealthy=check.max_unhealthy,
-                                     ladder=recovery.Ladder.from_spec(spec.node_recovery, spec.health_check),
-                                     clocks=clocks, now=now)
+                                     ladder=ladder, clocks=clocks, now=now)
 
     # Make before break: a failed node goes only once its replacement is up and Ready, so the
     # slot is never empty and the failure stays visible (counts, UltraServer health) until then;
@@ -347,7 +362,8 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
                       desired_count=active_wanted, ready_count=ready, spare_count=spares_up,
                       unhealthy_count=len(verdict.unhealthy),
                       next_transition_time=schedule.next_transition_time, extra_conditions=extra),
-        block=block, create=create, update=update, drain=drains, remediation=actions, recovery=remedy.recovery,
+        block=block, create=create, update=update, drain=drains, remediation=actions,
+        recovery={**fault_moves, **remedy.recovery},
         checkpoint=plan_checkpoint(block.id, termination, policy.checkpoint_lead, on_block, now))
     decision.events += checkpoint_events(decision.checkpoint, on_block)
     signal_at = checkpoint_time(termination, policy.checkpoint_lead)

@@ -258,6 +258,15 @@ def _signals(node: NodeObservation, check: HealthCheck) -> list[_Signal]:
     return out
 
 
+def standing_faults(node: NodeObservation, check: HealthCheck) -> dict[str, datetime]:
+    """The node's conditions in a bad status now (``Ready`` False or Unknown, a configured bad
+    condition), by type, with their transition times: the faults whose first sight the recovery
+    clocks keep (planning.recovery.clock_faults)."""
+    bad = set(check.bad_conditions)
+    return {c.type: c.last_transition_time for c in node.conditions
+            if (c.type == READY and c.status in ("False", "Unknown")) or (c.type, c.status) in bad}
+
+
 def evaluate_health(nodes: Sequence[NodeObservation], check: HealthCheck, now: datetime,
                     batch_window: timedelta = HEALTH_BATCH_WINDOW) -> HealthVerdict:
     """Judge every node at ``now`` (see the module docstring); ``batch_window``: see

@@ -30,19 +30,21 @@ operator's own label (**recovered**: it serves again, as its UltraServer's spare
 took over its work); ``Ready=True`` with a fault still there (**replace**); or no ``Ready=True``
 within ``rebootTimeoutSeconds`` (**replace**).
 
-The clock of the reboots is the operator's own, kept in the group's record
-(``status.nodes[].recovery``), never read from the node or from a condition's
-``lastTransitionTime``: a condition that flaps cannot reset it, a restart of the operator keeps
-it, and a fault that comes back after a reboot counts against the budget.
+The clocks are the operator's own, kept in the group's record (``status.nodes[].recovery``),
+never read from the node: the reboots within the window, and each fault's first sight
+(:func:`clock_faults`): a fault's grace counts from when it was first seen, not from its
+condition's ``lastTransitionTime``, and a fault that clears is remembered for the reboot window,
+so a condition that flaps cannot reset its grace. A restart of the operator keeps both; a fault
+that comes back after a reboot counts against the budget.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from hyperplan.api.models import GroupNode, HealthCheckSpec, NodeRecovery
+from hyperplan.api.models import FaultClock, GroupNode, HealthCheckSpec, NodeRecovery
 from hyperplan.planning.naming import HEALTH_PENDING_REBOOT, HEALTH_PENDING_REPLACEMENT
 from hyperplan.planning.nodefacts import READY
 
@@ -76,25 +78,31 @@ REPLACE_ONLY = Ladder(reboot_budget=0)
 """Today's one action: every failure is replaced (what a group with ``rebootBudget: 0`` gets)."""
 
 
+Fault = tuple[str, datetime, "datetime | None"]  # (condition type, first seen, cleared or None)
+
+
 @dataclass(frozen=True)
 class RecoveryState:
-    """A node's recovery clock, as the group's record keeps it (:class:`NodeRecovery`)."""
+    """A node's recovery clocks, as the group's record keeps them (:class:`NodeRecovery`)."""
 
     reboots: tuple[datetime, ...] = ()
     rebooting_since: datetime | None = None
     requested: bool = False
+    faults: tuple[Fault, ...] = ()
 
     @classmethod
     def from_record(cls, record: NodeRecovery | None) -> RecoveryState:
         if record is None:
             return cls()
-        return cls(tuple(record.reboots), record.rebooting_since, record.requested)
+        return cls(tuple(record.reboots), record.rebooting_since, record.requested,
+                   tuple((f.condition, f.since, f.cleared) for f in record.faults))
 
     def to_record(self) -> NodeRecovery | None:
-        if not self.reboots and self.rebooting_since is None:
+        if not self.reboots and self.rebooting_since is None and not self.faults:
             return None
         return NodeRecovery(reboots=list(self.reboots), rebooting_since=self.rebooting_since,
-                            requested=self.requested)
+                            requested=self.requested,
+                            faults=[FaultClock(condition=c, since=s, cleared=x) for c, s, x in self.faults])
 
     def recent(self, now: datetime, window: timedelta) -> tuple[datetime, ...]:
         """The reboots that count against the budget at ``now``."""
@@ -102,10 +110,39 @@ class RecoveryState:
 
     def started(self, now: datetime, window: timedelta, requested: bool) -> RecoveryState:
         """The clock once a reboot starts at ``now`` (reboots out of the window are forgotten)."""
-        return RecoveryState((*self.recent(now, window), now)[-16:], now, requested)
+        return replace(self, reboots=(*self.recent(now, window), now)[-16:], rebooting_since=now, requested=requested)
 
     def ended(self) -> RecoveryState:
-        return RecoveryState(self.reboots, None, False)
+        """Back from a reboot, or replaced: a fresh start for its faults."""
+        return RecoveryState(self.reboots, None, False, ())
+
+
+def clock_faults(state: RecoveryState, standing: Mapping[str, datetime], now: datetime,
+                 memory: timedelta) -> RecoveryState:
+    """The fault clocks after a pass that saw the faults ``standing`` (condition type -> the
+    condition's lastTransitionTime). A fault keeps the first time it was seen, whatever its
+    condition's transition time says since; one that clears is remembered for ``memory`` (the
+    reboot window), so a condition that flaps cannot reset its grace: when it comes back, its
+    grace still counts from its first sight."""
+    known = {c: (since, cleared) for c, since, cleared in state.faults}
+    out: list[Fault] = []
+    for condition, seen in standing.items():
+        since = known.get(condition, (seen, None))[0]
+        out.append((condition, min(since, seen), None))
+    for condition, (since, cleared) in known.items():
+        if condition not in standing:
+            cleared = cleared or now
+            if now - cleared < memory:
+                out.append((condition, since, cleared))
+    return replace(state, faults=tuple(sorted(out)))
+
+
+def clocked(conditions: Sequence, state: RecoveryState, standing: Mapping[str, datetime]) -> tuple:
+    """``conditions`` with each standing fault's transition time moved back to its first sight."""
+    first = {c: since for c, since, _ in state.faults}
+    return tuple(replace(c, last_transition_time=first[c.type])
+                 if c.type in standing and c.type in first and first[c.type] < c.last_transition_time else c
+                 for c in conditions)
 
 
 @dataclass(frozen=True)
