@@ -290,7 +290,7 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
         seen, state = n.health, recorded.get(n.name, recovery.RecoveryState())
         standing = health.standing_faults(seen, check)
         if standing or state.faults:
-            clocked = recovery.clock_faults(state, standing, now, ladder.reboot_window)
+            clocked = recovery.clock_faults(state, standing, now, check.grace)
             if clocked != state:
                 fault_moves[n.name] = state = clocked
             seen = dataclasses.replace(seen, conditions=recovery.clocked(seen.conditions, state, standing))

@@ -33,8 +33,8 @@ within ``rebootTimeoutSeconds`` (**replace**).
 The clocks are the operator's own, kept in the group's record (``status.nodes[].recovery``),
 never read from the node: the reboots within the window, and each fault's first sight
 (:func:`clock_faults`): a fault's grace counts from when it was first seen, not from its
-condition's ``lastTransitionTime``, and a fault that clears is remembered for the reboot window,
-so a condition that flaps cannot reset its grace. A restart of the operator keeps both; a fault
+condition's ``lastTransitionTime``, and a fault that clears is remembered for the grace, so a
+condition that flaps cannot reset its grace. A restart of the operator keeps both; a fault
 that comes back after a reboot counts against the budget.
 """
 
@@ -122,8 +122,8 @@ def clock_faults(state: RecoveryState, standing: Mapping[str, datetime], now: da
     """The fault clocks after a pass that saw the faults ``standing`` (condition type -> the
     condition's lastTransitionTime). A fault keeps the first time it was seen, whatever its
     condition's transition time says since; one that clears is remembered for ``memory`` (the
-    reboot window), so a condition that flaps cannot reset its grace: when it comes back, its
-    grace still counts from its first sight."""
+    grace), so a condition that flaps (healthy again for less than the grace) cannot reset its
+    grace: when it comes back, its grace still counts from its first sight."""
     known = {c: (since, cleared) for c, since, cleared in state.faults}
     out: list[Fault] = []
     for condition, seen in standing.items():
