@@ -8,16 +8,19 @@ tests/unit/test_groups.py: the demo policy, a two-UltraServer block from T0 to T
 
 from __future__ import annotations
 
+import asyncio
+import types
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+import kopf
 import pytest
 from kubernetes import client
 
 from hyperplan.actuation.nodes import LABEL_NODE_ID, taints_of
 from hyperplan.api.models import CapacityPool
 from hyperplan.api.vocabulary import FINALIZER, ULTRASERVER_INSTANCE_TYPE
-from hyperplan.handlers.instancegroup import ADOPTION_RETRY, reconcile_group
+from hyperplan.handlers.instancegroup import ADOPTION_RETRY, drain_group, reconcile_group
 from hyperplan.handlers.workqueue import WorkQueue
 from hyperplan.planning import health
 from hyperplan.planning import naming
@@ -689,3 +692,42 @@ def test_a_flapping_condition_does_not_reset_its_grace(worlds) -> None:
     run(world)
     assert ("mark_unhealthy", failed) in world.provider.calls and ("promote_spare", SPARE) in world.provider.calls
     assert record_of(world, failed)["recovery"]["faults"][0]["since"] == "2026-12-01T12:00:10Z"
+
+
+# --------------------------------------------------------------------------- the group's deletion
+
+
+def test_the_deletion_records_each_cordon_before_it_and_the_hand_back_of_a_later_attempt_knows_it(
+        worlds, monkeypatch) -> None:
+    """A node whose pods hold the first attempt is handed back by a later one, called with kopf's
+    body from before the first attempt's writes: the record read from the API server says
+    hyperplan cordoned it (written before the cordon), so the hand-back uncordons it."""
+    world = worlds()
+    running(world)
+    stale_body = dict(world.kube.objects[(GROUPS_PLURAL, GROUP)])
+    world.pods.pods[ACTIVE[0]] = ["default/trainer"]
+    world.pods.guarded.add("default/trainer")
+    released: dict[str, bool] = {}
+    real_release = world.provider.release
+
+    def release(node, uid="", lent=None, cordoned=False):
+        released[node] = cordoned
+        return real_release(node, uid, lent, cordoned)
+    monkeypatch.setattr(world.provider, "release", release)
+    world.calls.clear()
+    world.provider.calls.clear()
+    memo = types.SimpleNamespace(runtime=world.rt)
+    spec = stale_body["spec"]
+
+    with pytest.raises(kopf.TemporaryError):
+        asyncio.run(drain_group(GROUP, spec, memo, stale_body))
+    first_write = next(i for i, c in enumerate(world.calls) if c[:2] == ("patch_status", GROUPS_PLURAL))
+    assert all(n["cordoned"] for n in world.calls[first_write][3]["nodes"])  # recorded ...
+    assert world.provider.calls[0][0] == "cordon"  # ... then cordoned (the record was written first)
+    assert ACTIVE[0] not in released
+
+    world.pods.guarded.clear()
+    asyncio.run(drain_group(GROUP, spec, memo, stale_body))  # kopf's old body again
+    assert released == {ACTIVE[1]: True, SPARE: True, ACTIVE[0]: True}
+    assert world.kube.objects[(GROUPS_PLURAL, GROUP)]["status"]["nodes"] == []
+

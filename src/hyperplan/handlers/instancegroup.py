@@ -219,6 +219,22 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     return decision.wake_at
 
 
+def cordoned_already(node: Any) -> bool:
+    return bool(node.spec and node.spec.unschedulable)
+
+
+async def write_record(rt: Runtime, name: str, record: list[GroupNode], rv: str | None) -> str | None:
+    """The deletion handler's write of the group's record, over ``rv``; the new resourceVersion.
+    A conflict (a pass wrote meanwhile) retries the handler, which reads the record again."""
+    try:
+        written = await in_thread(rt, rt.kube.patch_status, PLURAL, name, {"nodes": [e.wire() for e in record]}, rv)
+    except ApiException as e:
+        if e.status != 409:
+            raise
+        raise kopf.TemporaryError("the group's status changed meanwhile; reading it again", delay=1) from e
+    return (written or {}).get("metadata", {}).get("resourceVersion")
+
+
 def record_again(rt: Runtime, name: str, applied: Applied, moved: dict, patch: dict[str, Any]) -> dict[str, Any] | None:
     """The pass's status patch lost to another writer of the group's status (409): what the pass
     did to the record (nodes made and released, entries changed, recovery clocks moved) applied to
@@ -339,25 +355,32 @@ async def drain_group(name: str, spec: kopf.Spec, memo: kopf.Memo, body: kopf.Bo
     await rt.queue.quiet(KIND, key)  # a pass in flight ends first: its nodes are drained too
     kind = spec.get("nodeProvider", "kwok")
     provider = rt.providers[kind]
-    status = status_of(InstanceGroupStatus, dict(body))
-    held = held_nodes(kind, status, await in_thread(rt, provider.list, name))
+    # The record as the API server has it now, not as kopf's body had it: the cordons recorded by
+    # an earlier attempt must reach the hand-back of this one.
+    current = await in_thread(rt, rt.kube.get_object, PLURAL, name) or dict(body)
+    rv = current.get("metadata", {}).get("resourceVersion")
+    status = status_of(InstanceGroupStatus, current)
+    listed = await in_thread(rt, provider.list, name)
+    held = held_nodes(kind, status, listed)
     rt.group_memory.note_releasing(key, list(held.records))
+    # Intent first: the nodes this attempt will cordon are recorded as cordoned by hyperplan before
+    # the cordon (a node someone else cordoned is not), so that the hand-back uncordons exactly
+    # those, whichever attempt hands them back.
+    recorded = status.nodes or []
+    to_cordon = {nid: entry.model_copy(update={"cordoned": True}) for nid, entry in held.records.items()
+                 if not entry.cordoned and not cordoned_already(held.by_name[entry.name])}
+    if to_cordon:
+        recorded = ownership.next_record(held.sorted, changed=to_cordon)
+        rv = await write_record(rt, name, recorded, rv)
+        held = held_nodes(kind, status.model_copy(update={"nodes": recorded}), listed)
     drained = await in_thread(rt, drain_nodes, provider, rt.pods, [(n, "GroupDeleted", None) for n in held.raw],
                               rt.clock(), held.records)
-    changed = {nid: held.records[nid].model_copy(update={"cordoned": True})
-               for nid, outcome in drained if outcome.cordoned and outcome.released is None}
     for _, outcome in drained:
         post_events(dict(body), list(outcome.events))
     released = {nid for nid, outcome in drained if outcome.released is not None}
-    record = ownership.next_record(held.sorted, changed=changed, released=released)
-    if record != (status.nodes or []) or status.nodes is None:  # the cordons a hand-back undoes, across retries
-        try:  # over the record it read: a pass that wrote meanwhile is read again at the retry
-            await in_thread(rt, rt.kube.patch_status, PLURAL, name, {"nodes": [e.wire() for e in record]},
-                            body.get("metadata", {}).get("resourceVersion"))
-        except ApiException as e:
-            if e.status != 409:
-                raise
-            raise kopf.TemporaryError("the group's status changed meanwhile; reading it again", delay=1) from e
+    record = ownership.next_record(held.sorted, released=released)
+    if record != recorded or status.nodes is None:
+        await write_record(rt, name, record, rv)
     if record:
         raise kopf.TemporaryError(f"{len(record)} node(s) still draining", delay=1)
     kopf.info(body, reason="Drained", message=f"all nodes of {name} drained and removed")
