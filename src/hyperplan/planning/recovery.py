@@ -173,7 +173,7 @@ def next_step(*, exists: bool, conditions, health_label: str | None, reason: str
     if state.rebooting_since is not None:
         since = state.rebooting_since
         if exists and back_from_reboot(conditions, since):
-            if reason is not None and not reason.startswith(LABEL_SIGNAL_PREFIX) and reason != f"{READY}=False":
+            if reason is not None and not reason.startswith(LABEL_SIGNAL_PREFIX):  # a fault beside our label
                 return Step(REPLACE, f"{reason} after its reboot")
             return Step(RECOVERED, "back Ready after its reboot")
         if not exists:
@@ -191,10 +191,10 @@ def next_step(*, exists: bool, conditions, health_label: str | None, reason: str
         return Step(LABEL_ONLY, f"{reason}; nodeRecovery is None: labelled only")
     if not exists or reason in (SIGNAL_DELETED, SIGNAL_STARTUP_TIMEOUT):
         return Step(REPLACE, f"{reason}: nothing to reboot")
+    if ladder.reboot_budget == 0:
+        return Step(REPLACE, reason)
     recent = state.recent(now, ladder.reboot_window)
     if len(recent) >= ladder.reboot_budget:
-        if ladder.reboot_budget == 0:
-            return Step(REPLACE, reason)
         return Step(REPLACE, f"{reason} again: rebooted {len(recent)} time(s) within "
                              f"{int(ladder.reboot_window.total_seconds())}s (rebootBudget {ladder.reboot_budget})")
     if not covered:
