@@ -16,6 +16,7 @@ from typing import Any
 import kopf
 import pytest
 from kubernetes import client
+from kubernetes.client.rest import ApiException
 
 from hyperplan.actuation.nodes import LABEL_NODE_ID, taints_of
 from hyperplan.api.models import CapacityPool
@@ -731,3 +732,23 @@ def test_the_deletion_records_each_cordon_before_it_and_the_hand_back_of_a_later
     assert released == {ACTIVE[1]: True, SPARE: True, ACTIVE[0]: True}
     assert world.kube.objects[(GROUPS_PLURAL, GROUP)]["status"]["nodes"] == []
 
+
+
+def test_a_status_patch_that_loses_twice_still_writes_the_phase_and_looks_again_soon(worlds, monkeypatch) -> None:
+    """kopf writes the group too (its finalizer, its annotations): a pass whose record loses twice
+    writes the rest of its status anyway and records at a pass a second later."""
+    world = worlds()
+    running(world)  # a record to guard
+    set_ready(world, ACTIVE[1], "False", NOW)  # a fault: its clock moves the record
+    real = world.kube.patch_status
+
+    def patch(plural, name, status, resource_version=None):
+        if resource_version:
+            raise ApiException(status=409, reason="Conflict")
+        return real(plural, name, status)
+    monkeypatch.setattr(world.kube, "patch_status", patch)
+    wake = run(world)
+    assert wake == world.now + timedelta(seconds=1)
+    status = world.kube.objects[(GROUPS_PLURAL, GROUP)]["status"]
+    assert status["phase"] == "Provisioning"  # written (a node in its grace), the record left as it was
+    assert "faults" not in (record_of(world, ACTIVE[1]).get("recovery") or {})

@@ -195,13 +195,19 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     if claims or rebooting or desired != current:  # with claims or a reboot: the intent is replaced
         record_moved = bool(claims or rebooting) or desired.get("nodes") != current.get("nodes")
         patch = desired if record_moved else {k: v for k, v in desired.items() if k != "nodes"}
+        # Over the record read, when there is one to lose (a new group's first record replaces nothing).
+        guard = record_rv if record_moved and (current.get("nodes") or claims or rebooting) else None
         try:
-            written = await in_thread(rt, rt.kube.patch_status, PLURAL, name, patch,
-                                      record_rv if record_moved else None)
+            written = await in_thread(rt, rt.kube.patch_status, PLURAL, name, patch, guard)
         except ApiException as e:
             if e.status != 409:
                 raise
             written = await in_thread(rt, record_again, rt, name, applied, decision.recovery, patch)
+            if written is None:  # the rest of the status still lands; the record at the next pass
+                written = await in_thread(rt, rt.kube.patch_status, PLURAL, name,
+                                          {k: v for k, v in desired.items() if k != "nodes"})
+                retry = now + RECORD_CONFLICT_RETRY
+                decision.wake_at = retry if decision.wake_at is None else min(decision.wake_at, retry)
         if written:
             rt.cache.wrote(PLURAL, written)
         metrics.STATUS_WRITES.labels("InstanceGroup").inc()
