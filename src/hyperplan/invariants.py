@@ -126,7 +126,10 @@ def ledger_overbooking(pool: Obj) -> list[str]:
     Windows are half open, ``[start, end)``: a block that ends when the next starts does not
     overlap it. One sentence per overbooked stretch, naming what overlaps there.
     """
-    capacity = int((pool.get("spec") or {}).get("instanceCount", 0))
+    spec = pool.get("spec") or {}
+    if spec.get("source"):
+        return []  # a remote pool's lines mirror what the remote sold: its own ledger is the remote's
+    capacity = int(spec.get("instanceCount", 0))
     windows = pool_windows(pool)
     # Sweep over the boundaries; ends sort before starts at the same instant (half open).
     edges = sorted([(w.start, 1, w) for w in windows] + [(w.end, 0, w) for w in windows],

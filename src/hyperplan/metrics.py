@@ -76,6 +76,14 @@ SPARE_PROMOTION = Histogram(
     "hyperplan_spare_promotion_seconds",
     "From the end of a failed node's grace to a spare serving in its place.",
     buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60))
+REMOTE_CALLS = Counter(
+    "hyperplan_remote_calls_total",
+    "Calls to a remote SageMaker endpoint (a pool's spec.source), by operation and result (ok, or the "
+    "error code the endpoint or the client gave).", ["operation", "result"])
+REMOTE_CALL_DURATION = Histogram(
+    "hyperplan_remote_call_duration_seconds", "How long one call to a remote SageMaker endpoint took "
+    "(boto3's own retries included), by operation.", ["operation"],
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
 
 # Known label values start at 0, so rates and panels have a series before the first event.
 KINDS = ("TrainingPlan", "InstanceGroup")

@@ -80,6 +80,13 @@ class FakeLedger:
                                         for r in extended_lines(lines, plan_uid, extension)]
         return PurchaseResult(blocks=tuple(blocks_of(self.pool_objects, plan_uid)))
 
+    def record_remote(self, pool: str, plan: str, plan_uid: str, lines) -> list:
+        self.calls.append(("record_remote", (pool, plan, len(lines))))
+        target = next(p for p in self.pool_objects if p.metadata["name"] == pool)
+        target.status.reservations = [r for r in target.status.reservations if r.training_plan_uid != plan_uid] \
+            + list(lines)
+        return blocks_of(self.pool_objects, plan_uid)
+
     def release(self, plan_uid: str, now: datetime | None) -> int:
         self.calls.append(("release", plan_uid))
         released = 0
@@ -444,3 +451,80 @@ _provider: type[NodeProvider] = FakeProvider
 _pods: type[NodePods] = FakeNodePods
 _lease: type[LeaseStore] = FakeLeaseStore
 _kueue: type[KueueWrites] = RecordingKueueWrites
+
+
+# --------------------------------------------------------------------------- a remote SageMaker endpoint
+
+
+@dataclass
+class FakeRemoteCapacity:
+    """A remote SageMaker endpoint for unit tests, answering as boto3 would (dicts of the service
+    model's shapes): it offers what ``offerings`` holds, makes a Pending plan on CreateTrainingPlan
+    (same name and offering again: the same plan; another offering: ResourceInUse), and holds a
+    plan's blocks once the test says its own purchase ran (:meth:`sell`) or failed (:meth:`fail`).
+    Every call is recorded; ``down`` makes every call fail as a refused connection does."""
+
+    endpoint: str = "http://127.0.0.1:1"
+    offerings: list[dict[str, Any]] = field(default_factory=list)
+    plans: dict[str, dict[str, Any]] = field(default_factory=dict)
+    calls: list[tuple[str, Any]] = field(default_factory=list)
+    down: bool = False
+    account: str = "111122223333"
+
+    def _up(self, operation: str) -> None:
+        from hyperplan.actuation.remote import RemoteError
+        if self.down:
+            raise RemoteError(operation, "EndpointConnectionError",
+                              f'Could not connect to the endpoint URL: "{self.endpoint}/"', self.endpoint)
+
+    def search(self, arguments: Mapping[str, Any]) -> Mapping[str, Any]:
+        self.calls.append(("search", dict(arguments)))
+        self._up("SearchTrainingPlanOfferings")
+        return {"TrainingPlanOfferings": list(self.offerings)}
+
+    def create_plan(self, name: str, offering_id: str, spares: int | None, tags: Mapping[str, str]) -> str:
+        from hyperplan.actuation.remote import RemoteError
+        self.calls.append(("create_plan", (name, offering_id, spares, dict(tags))))
+        self._up("CreateTrainingPlan")
+        arn = f"arn:aws:sagemaker:us-east-1:{self.account}:training-plan/{name}"
+        held = self.plans.get(name)
+        if held is not None:
+            if held["offering"] == offering_id:
+                return arn
+            raise RemoteError("CreateTrainingPlan", "ResourceInUse", f"Training plan {name} already exists.",
+                              self.endpoint)
+        offered = next((o for o in self.offerings if o["TrainingPlanOfferingId"] == offering_id), None)
+        if offered is None:
+            raise RemoteError("CreateTrainingPlan", "ResourceNotFound",
+                              f"Training plan offering {offering_id} not found.", self.endpoint)
+        self.plans[name] = {"offering": offering_id, "offered": offered, "answer": {
+            "TrainingPlanArn": arn, "TrainingPlanName": name, "Status": "Pending"}}
+        return arn
+
+    def sell(self, name: str, status: str = "Scheduled", **block: Any) -> None:
+        """The remote's own purchase ran: the plan holds the offering's blocks (``block`` overrides)."""
+        held = self.plans[name]
+        summaries = []
+        for index, rc in enumerate(held["offered"]["ReservedCapacityOfferings"]):
+            summaries.append({
+                "ReservedCapacityArn": f"arn:aws:sagemaker:us-east-1:{self.account}:reserved-capacity/"
+                                       f"rc-{name[3:15]}-{index}",
+                "InstanceType": rc["InstanceType"], "TotalInstanceCount": rc["InstanceCount"],
+                "Status": status, "AvailabilityZone": rc.get("AvailabilityZone"), "StartTime": rc["StartTime"],
+                "EndTime": rc["EndTime"], **block})
+        held["answer"] = {**held["answer"], "Status": status, "ReservedCapacitySummaries": summaries}
+
+    def fail(self, name: str, message: str = "the offering's capacity was sold") -> None:
+        held = self.plans[name]
+        held["answer"] = {**held["answer"], "Status": "Failed", "StatusMessage": message}
+
+    def describe_plan(self, name: str) -> Mapping[str, Any] | None:
+        self.calls.append(("describe_plan", name))
+        self._up("DescribeTrainingPlan")
+        held = self.plans.get(name)
+        return None if held is None else dict(held["answer"])
+
+    def list_plans(self) -> list[Mapping[str, Any]]:
+        self.calls.append(("list_plans", None))
+        self._up("ListTrainingPlans")
+        return [dict(p["answer"]) for p in self.plans.values()]

@@ -71,7 +71,7 @@ def pool_snapshot(pool: CapacityPool, exclude_plan_uid: str | None = None) -> Po
              if exclude_plan_uid is None or r.training_plan_uid != exclude_plan_uid]
     return PoolSnapshot(
         name=pool.metadata["name"], instance_type=pool.spec.instance_type,
-        availability_zone=pool.spec.availability_zone, instance_count=pool.spec.instance_count,
+        availability_zone=pool.spec.availability_zone, instance_count=pool.spec.instance_count or 0,
         ultra_server_type=pool.spec.ultra_server_type, busy=tuple(busy),
         plan_selector=selector_of(pool.spec.training_plan_selector.wire() if pool.spec.training_plan_selector else None))
 
@@ -109,6 +109,8 @@ class CapacityLedger(Protocol):
 
     def extend(self, plan: str, plan_uid: str, extension: Extension, policy: Policy,
                now: datetime, plan_labels: Mapping[str, str] | None = None) -> PurchaseResult: ...
+
+    def record_remote(self, pool: str, plan: str, plan_uid: str, lines: Sequence[Reservation]) -> list[Block]: ...
 
 
 def extension_refusal(lines: Sequence[Mapping[str, Any]], plan_uid: str,
@@ -302,6 +304,32 @@ class KubeLedger:
                 return PurchaseResult(blocks=tuple(self._blocks(plan_uid, after)))
         return PurchaseResult(violation=RuleViolation(
             "LedgerContention", f"the capacity ledger changed under {MAX_ATTEMPTS} attempts to extend"))
+
+    def record_remote(self, pool: str, plan: str, plan_uid: str, lines: Sequence[Reservation]) -> list[Block]:
+        """Make the plan's lines in the remote ``pool`` exactly ``lines`` (what the remote endpoint
+        holds for it, :func:`hyperplan.planning.remote.mirror_lines`): one status replace over the
+        resourceVersion read, again after a 409. The plan's blocks in every pool afterwards."""
+        wanted = [r.wire() for r in lines]
+        with self._turn:
+            for _ in range(MAX_ATTEMPTS):
+                raw = self._pool_objects()
+                obj = raw.get(pool)
+                if obj is None:
+                    raise LookupError(f"capacity pool {pool!r} is gone")
+                have = list((obj.get("status") or {}).get("reservations") or [])
+                others = [r for r in have if r.get("trainingPlanUid") != plan_uid]
+                mine = [r for r in have if r.get("trainingPlanUid") == plan_uid]
+                if sorted(map(repr, mine)) == sorted(map(repr, wanted)):
+                    return self._blocks(plan_uid, list(raw.values()))
+                try:
+                    written = self._write_lines(obj, others + wanted)
+                except Exception as e:  # noqa: BLE001 - only conflicts are retried
+                    if not is_conflict(e):
+                        raise
+                    self._reread([pool])
+                    continue
+                return self._blocks(plan_uid, list({**raw, pool: written}.values()))
+        raise RuntimeError(f"could not record the remote plan of {plan} in pool {pool}: ledger contention")
 
     def release(self, plan_uid: str, now: datetime | None) -> int:
         """Remove the plan's reservations that have not ended by ``now`` (all when None)."""

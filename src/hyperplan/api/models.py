@@ -52,6 +52,8 @@ MAX_NAME = 253  # an object name: a DNS subdomain
 MAX_UID = 128  # a metadata.uid (the API server's are 36-character UUIDs)
 MAX_ID = 253  # an id the operator makes: an offering, a reserved capacity block
 MAX_LABEL_VALUE = 63
+MAX_ARN = 2048  # an ARN (the model's bound for a TrainingPlanArn)
+MAX_ENDPOINT = 2048
 MAX_TIME = 64  # an RFC 3339 date-time
 MAX_DURATION = 64  # a duration string such as 48h
 MAX_INT_OR_PERCENT = 16  # maxUnhealthy as text: 20%
@@ -210,12 +212,49 @@ class Reservation(Model):
     start_time: Time
     end_time: Time
     instance_count: int = Field(ge=1)
+    remote_training_plan_arn: str | None = Field(default=None, max_length=MAX_ARN, description=(
+        "In a pool with a remote source: the remote training plan this line mirrors (its ARN). The "
+        "operator writes these lines from what the remote endpoint answers; they are its own record."))
+
+
+class SageMakerSource(Model):
+    """A SageMaker Training Plans endpoint that sells the pool's capacity: another hyperplan's
+    SageMaker API or AWS itself (docs/aws.md)."""
+
+    endpoint: str | None = Field(default=None, max_length=MAX_ENDPOINT, description=(
+        "URL of the endpoint (https://..., or http:// on a loopback address); unset: the real AWS "
+        "endpoint of the region."), json_schema_extra={"x-kubernetes-validations": [cel(
+            "self.matches('^https?://[^/ ]+(/.*)?$')", "endpoint must be an http(s) URL")]})
+    region: str = Field(min_length=1, max_length=MAX_LABEL_VALUE, pattern=r"^[a-z0-9-]+$",
+                        description="AWS region, such as us-east-1 (signs every request).")
+    credentials_secret: Name | None = Field(default=None, description=(
+        "A Secret in the operator's namespace with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; "
+        "unset: the operator's own AWS credential chain (IRSA, EKS Pod Identity, the environment)."))
+    max_upfront_fee: str | None = Field(default=None, max_length=32, pattern=r"^[0-9]+(\.[0-9]+)?$", description=(
+        "Offerings whose UpfrontFee is higher are not bought (a purchase spends money): a plan that "
+        "names one fails with UpfrontFeeTooHigh. Unset: no ceiling."))
+
+
+class PoolSource(Model):
+    sage_maker: SageMakerSource
 
 
 class CapacityPoolSpec(Model):
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        cel("has(self.instanceCount) != has(self.source)",
+            "a pool has either instanceCount (it keeps its own ledger) or source (a remote endpoint sells "
+            "its capacity), not both"),
+        cel("!has(self.source) || !has(self.unavailable) || size(self.unavailable) == 0",
+            "a pool with a remote source has no unavailable windows: the remote keeps its own ledger"),
+    ]})
+
     instance_type: str = label_value_field("Instance type; becomes node.kubernetes.io/instance-type.")
     availability_zone: str = label_value_field("AZ; becomes topology.kubernetes.io/zone on nodes.")
-    instance_count: int = Field(ge=1)
+    instance_count: int | None = Field(default=None, ge=1, description=(
+        "Instances the pool holds, sold from its own ledger (status.reservations); unset with source."))
+    source: PoolSource | None = Field(default=None, description=(
+        "Where the capacity is bought instead of from a ledger of the pool's own: a SageMaker "
+        "endpoint. The pool's instanceType and availabilityZone filter what it offers."))
     ultra_server_type: Literal[*ULTRASERVER_TYPES] | None = None
     unavailable: list[UnavailableWindow] = Field(default_factory=list, max_length=MAX_UNAVAILABLE_WINDOWS)
     training_plan_selector: LabelSelector | None = Field(

@@ -11,6 +11,7 @@ from typing import Any, Callable, Mapping, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from hyperplan.actuation.kube import Kube, api_client
+from hyperplan.actuation.remote import RemoteSources, secret_credentials
 from hyperplan.actuation.ledger import CapacityLedger, KubeLedger
 from hyperplan.actuation.nodes import KubeNodePods, NodePods, NodeProvider, providers
 from hyperplan.handlers.cache import WatchCache
@@ -73,6 +74,9 @@ class Runtime:
     group_names: dict[str, str] = field(default_factory=dict)
     # hyperplan's SageMaker API while it is served (an aiohttp runner; hyperplan.sagemaker.server).
     sagemaker_api: Any = None
+    # The endpoints of pools whose capacity a SageMaker endpoint sells (actuation.remote.RemoteSources);
+    # None: remote pools are not followed (unit tests that do not need them).
+    remote: Any = None
 
     def __post_init__(self) -> None:
         if self.pods is None:
@@ -99,9 +103,10 @@ def build_runtime(settings: Settings) -> Runtime:
     _ = kube.core, kube.policy
     cache = WatchCache()
     lead = None if settings.checkpoint_lead_seconds is None else timedelta(seconds=settings.checkpoint_lead_seconds)
+    remote = RemoteSources(secret_credentials(kube.core, settings.pod_namespace or "default"))
     return Runtime(settings=settings, policy=get_policy(settings.policy, lead), kube=kube,
                    ledger=KubeLedger(kube, reads=cache), providers=providers(kube, me, settings), me=me,
-                   keys=TopologyKeys(settings.ultraserver_id_label, *layers), cache=cache)
+                   keys=TopologyKeys(settings.ultraserver_id_label, *layers), cache=cache, remote=remote)
 
 
 M = TypeVar("M", bound=BaseModel)

@@ -39,17 +39,20 @@ from hyperplan import metrics
 from hyperplan.actuation.ledger import CapacityLedger, PurchaseResult
 from hyperplan.api.models import MAX_EXTENSIONS, TrainingPlan, TrainingPlanSpec, TrainingPlanStatus
 from hyperplan.api.vocabulary import FINALIZER, PLAN_FINALIZER, REASON_OFFERING_UNAVAILABLE
+from hyperplan.handlers import remote_plans
 from hyperplan.handlers.context import Runtime, status_of
 from hyperplan.planning import counts
 from hyperplan.planning import naming
 from hyperplan.planning.blocks import Block
 from hyperplan.planning.nodefacts import facts_of_dict
-from hyperplan.planning.offerings import Offering, RuleViolation
+
+from hyperplan.planning.offerings import Offering, OfferingRequest, RuleViolation
+from hyperplan.planning.remote import waiting_for_remote
 from hyperplan.planning.plans import (
     FAILED, PENDING, Event, PlanDecision, PlanUsage, block_usage, current_block, decide_plan, extension_failed, failed,
-    reserved_capacity,
+    request_of, reserved_capacity,
 )
-from hyperplan.planning.policy import Policy
+from hyperplan.planning.policy import Policy, parse_duration
 from hyperplan.planning.tenancy import pools_for_plan
 
 PLURAL = "trainingplans"
@@ -57,6 +60,8 @@ KIND = "plan"
 LOST_RACE = REASON_OFFERING_UNAVAILABLE  # the ledger's re-check: the offered capacity was sold meanwhile
 PURCHASE_SEARCHES = 8  # purchases (a first one and searches again) per pass before trying next pass
 CONTENDED_RETRY = timedelta(seconds=1)
+REMOTE_WAITING = timedelta(seconds=2)  # a plan waiting for a remote endpoint to buy looks again this soon
+REMOTE_FOLLOW = timedelta(minutes=5)  # a plan bought remotely looks at its remote plan at least this often
 log = logging.getLogger("hyperplan.trainingplan")
 
 
@@ -150,14 +155,32 @@ async def reconcile_plan(rt: Runtime, name: str) -> datetime | None:
     uid = obj["metadata"]["uid"]
     pools = rt.cache.pool_objects()
     purchased = rt.cache.blocks_of(uid, pools)
-    usage = node_usage(rt, plan, purchased, now) if purchased else PlanUsage()
     labels = obj["metadata"].get("labels") or {}
     snapshots = pools_for_plan(rt.cache.pool_snapshots(pools), labels)  # the pools that let it buy
-    decision = decide_plan(plan.spec, generation, plan.status, purchased, snapshots, rt.policy, now, usage, uid)
+    holds = {b.pool for b in purchased}
+    remote = remote_plans.remote_pools(pools, {s.name for s in snapshots} | holds) if rt.remote else []
+    seen = remote_plans.RemoteLook()
+    if remote:
+        searching = not purchased and not (plan.status.phase == FAILED and plan.status.observed_generation == generation)
+        seen = await asyncio.get_running_loop().run_in_executor(
+            rt.purchase_threads, remote_plans.look, rt, remote, rt.cache.pool_snapshots(pools), name, uid, plan.spec,
+            _request(plan.spec), holds, searching)
+        for note in seen.notes:
+            log.info("plan %s: %s", name, note)
+        if seen.blocks is not None:
+            purchased = seen.blocks
+    usage = node_usage(rt, plan, purchased, now) if purchased else PlanUsage()
+    decision = decide_plan(plan.spec, generation, plan.status, purchased, snapshots, rt.policy, now, usage, uid,
+                           remote=[o.offering for o in seen.offerings])
+    if seen.waiting is not None and not purchased:
+        decision = _waiting(decision, plan, generation, seen.waiting, rt.clock())
 
-    if (decision.buy is not None or purchased) and not await _hold_finalizer(rt, obj):
+    if (decision.buy is not None or purchased or seen.waiting) and not await _hold_finalizer(rt, obj):
         return None  # deleted meanwhile: nothing was bought
-    if decision.buy is not None:
+    bought_remotely = seen.offering(decision.buy)
+    if bought_remotely is not None:
+        decision = await _buy_remote(rt, obj, plan, generation, decision, bought_remotely, seen, snapshots, usage)
+    elif decision.buy is not None:
         outcome = await asyncio.get_running_loop().run_in_executor(
             rt.purchase_threads, purchase, rt.ledger, name, uid, plan.spec, generation, plan.status,
             decision.buy, rt.policy, rt.clock, PURCHASE_SEARCHES, labels)
@@ -187,7 +210,55 @@ async def reconcile_plan(rt: Runtime, name: str) -> datetime | None:
         rt.unbought_plans.add(name)
     else:
         rt.unbought_plans.discard(name)
+    if remote:  # a remote changes without a local event: look again at least every REMOTE_FOLLOW
+        due = rt.clock() + REMOTE_FOLLOW
+        return min(decision.wake_at, due) if decision.wake_at else due
     return decision.wake_at
+
+
+def _request(spec: TrainingPlanSpec) -> OfferingRequest | None:
+    try:
+        return request_of(spec, parse_duration(spec.duration))
+    except ValueError:
+        return None  # decide_plan says why
+
+
+def _waiting(decision: PlanDecision, plan: TrainingPlan, generation: int, waiting: tuple, now: datetime) -> PlanDecision:
+    remote, endpoint = waiting
+    status = waiting_for_remote(decision.status, plan.status, generation, remote, endpoint, now)
+    return PlanDecision(status=status, events=[e for e in decision.events if e.reason != "OfferingsFound"],
+                        wake_at=now + REMOTE_WAITING)
+
+
+async def _buy_remote(rt: Runtime, obj: dict[str, Any], plan: TrainingPlan, generation: int, decision: PlanDecision,
+                      offering: Any, seen: remote_plans.RemoteLook, snapshots: list, usage: PlanUsage) -> PlanDecision:
+    """Buy a remote pool's offering (handlers.remote_plans.buy) and decide from what it holds then."""
+    name, uid = obj["metadata"]["name"], obj["metadata"]["uid"]
+    pool_name = offering.offering.blocks[0].pool
+    pool = next(p for p in remote_plans.remote_pools(rt.cache.pool_objects(), {pool_name}))
+    outcome = await asyncio.get_running_loop().run_in_executor(
+        rt.purchase_threads, remote_plans.buy, rt, pool, name, uid, plan.spec, offering,
+        seen.next_attempt.get(pool_name, 0))
+    if outcome.violation is not None:
+        metrics.PURCHASES.labels(outcome.violation.reason).inc()
+        if outcome.violation.reason == LOST_RACE:
+            log.info("plan %s: %s; searching again", name, outcome.violation.message)
+            decision.wake_at = rt.clock() + CONTENDED_RETRY
+            decision.buy = None
+            return decision
+        return failed(decision.status, generation, outcome.violation, rt.clock())
+    metrics.PURCHASES.labels("Purchased").inc()
+    bought = decision.status.model_copy(update={"purchased_offering_id": offering.offering.id})
+    if outcome.blocks is None:
+        waiting = _waiting(PlanDecision(status=bought), plan, generation, outcome.waiting, rt.clock())
+        remote, endpoint = outcome.waiting
+        waiting.events.append(Event("Normal", "Purchased", (
+            f"bought offering {offering.offering.id} at {endpoint} as training plan {remote.name}; "
+            "waiting for the remote to hold its blocks")))
+        return waiting
+    after = decide_plan(plan.spec, generation, bought, outcome.blocks, snapshots, rt.policy, rt.clock(), usage, uid)
+    after.events.insert(0, Event("Normal", "Purchased", f"bought offering {offering.offering.id} remotely"))
+    return after
 
 
 async def _extend(rt: Runtime, name: str, uid: str, plan: TrainingPlan, generation: int, decision: PlanDecision,
@@ -242,6 +313,10 @@ async def release_plan(rt: Runtime, obj: dict[str, Any]) -> None:
     finalizers = meta.get("finalizers") or []
     if PLAN_FINALIZER not in finalizers and FINALIZER not in finalizers:
         return
+    kept = remote_plans.kept_message(remote_plans.remote_pools(rt.cache.pool_objects(), set(
+        p["metadata"]["name"] for p in rt.cache.pool_objects())), meta["uid"], rt.clock())
+    if kept:
+        kopf.warn(obj, reason="RemotePlanKept", message=kept)
     released = await asyncio.to_thread(rt.ledger.release, meta["uid"], rt.clock())
     if released:
         kopf.info(obj, reason="Released", message=f"released {released} reservation(s) back to their pools")

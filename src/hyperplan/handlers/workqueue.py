@@ -57,6 +57,7 @@ import kopf
 from kubernetes.client.rest import ApiException
 
 from hyperplan import metrics
+from hyperplan.actuation.remote import RemoteError
 from hyperplan.api.vocabulary import CONDITION_RECONCILED, to_rfc3339
 
 if TYPE_CHECKING:
@@ -368,7 +369,10 @@ def failure_backoff(failures: int) -> timedelta:
 
 def describe_failure(e: BaseException) -> tuple[str, str]:
     """(reason, message) of a failed pass for a condition and an Event: the API server's own
-    message when it refused a call (what ``kubectl`` would print), else the error itself."""
+    message when it refused a call (what ``kubectl`` would print), a remote SageMaker endpoint's
+    (actuation.remote.RemoteError: which endpoint, which call, its error code), else the error itself."""
+    if isinstance(e, RemoteError):
+        return "RemoteUnavailable", str(e)[:1000]
     if isinstance(e, ApiException):
         try:
             message = json.loads(e.body or "{}").get("message") or e.reason

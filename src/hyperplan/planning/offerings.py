@@ -478,7 +478,7 @@ def _peak_usage(busy: Iterable[Busy], start: datetime, end: datetime) -> int:
     return peak
 
 
-def _matching_pools(request: OfferingRequest, pools: Iterable[PoolSnapshot]) -> list[PoolSnapshot]:
+def matching_pools(request: OfferingRequest, pools: Iterable[PoolSnapshot]) -> list[PoolSnapshot]:
     """Pools that can serve the request. UltraServer pools sell only whole UltraServers."""
     if request.is_ultra_server:
         matching = [pool for pool in pools if pool.ultra_server_type == request.ultra_server_type]
@@ -497,7 +497,7 @@ def search_offerings(
     """At most three offerings for `request`, best first. [] means no capacity (or an invalid request)."""
     if validate_request(request, policy, now):
         return []
-    return _best(_candidates(request, pools, policy, _search_window(request, policy, now)))
+    return rank_offerings(_candidates(request, pools, policy, _search_window(request, policy, now)))
 
 
 def find_offering(
@@ -548,7 +548,7 @@ def _candidates(
     assert days is not None
     timelines = [
         _FreeTimeline(pool, count, window.first_start, policy)
-        for pool in _matching_pools(request, pools)
+        for pool in matching_pools(request, pools)
         if pool.instance_count >= count
     ]
 
@@ -610,7 +610,7 @@ def _rank_key(offering: Offering) -> tuple:
     )
 
 
-def _best(candidates: list[Offering]) -> list[Offering]:
+def rank_offerings(candidates: list[Offering]) -> list[Offering]:
     """The best MAX_OFFERINGS candidates, without duplicates or dominated ones."""
     kept: list[Offering] = []
     seen: set[str] = set()

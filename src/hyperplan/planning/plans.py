@@ -38,7 +38,7 @@ from hyperplan.api.vocabulary import (
 )
 from hyperplan.planning.offerings import (
     Extension, Offering, OfferingRequest, PoolSnapshot, RuleViolation, extension_held, find_extension, find_offering,
-    could_be_offered, search_extensions, search_offerings, validate_request,
+    could_be_offered, rank_offerings, search_extensions, search_offerings, validate_request,
 )
 from hyperplan.planning import counts
 from hyperplan.planning import naming
@@ -124,10 +124,13 @@ def condition(type_: str, ok: bool, reason: str, message: str, generation: int,
 
 def decide_plan(spec: TrainingPlanSpec, generation: int, prior: TrainingPlanStatus,
                 purchased: Sequence[Block], pools: Sequence[PoolSnapshot], policy: Policy,
-                now: datetime, usage: PlanUsage = PlanUsage(), uid: str = "") -> PlanDecision:
+                now: datetime, usage: PlanUsage = PlanUsage(), uid: str = "",
+                remote: Sequence[Offering] = ()) -> PlanDecision:
     """``uid`` is the plan's metadata.uid: extension offering ids are cut for one plan, so without it
     (a caller that only searches) a bought plan's extensions are neither offered nor decided, and
-    the status keeps what the last pass wrote of them."""
+    the status keeps what the last pass wrote of them. ``remote`` are the offerings remote pools'
+    endpoints answered in this pass (planning.remote): ranked with the local ones, and the only
+    place an ``offeringId`` of a remote pool is found."""
     if purchased:
         decision = _bought(spec, generation, prior, purchased, policy, now, usage)
         if not uid:
@@ -154,10 +157,12 @@ def decide_plan(spec: TrainingPlanSpec, generation: int, prior: TrainingPlanStat
             violations[0].reason, "; ".join(v.message for v in violations)), now)
 
     offerings = search_offerings(request, pools, policy, now)
+    if remote:
+        offerings = rank_offerings([*offerings, *remote])
     shown = [o.to_status() for o in offerings]
     wake = min((o.start - policy.min_purchase_lead for o in offerings), default=None)
     if spec.offering_id:
-        wanted = next((o for o in offerings if o.id == spec.offering_id), None) \
+        wanted = next((o for o in [*offerings, *remote] if o.id == spec.offering_id), None) \
             or find_offering(request, pools, policy, now, spec.offering_id)
         why = refusal(spec.offering_id, wanted, request, prior.offerings)
         if why is not None:

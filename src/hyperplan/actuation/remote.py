@@ -1,0 +1,250 @@
+"""Capacity bought through a SageMaker endpoint: the calls (issue 23, docs/aws.md).
+
+A CapacityPool with ``spec.source.sageMaker`` is sold by another hyperplan's SageMaker API or by
+AWS; this module makes the calls, with boto3, the maintained SDK (no signing of our own). What the
+answers mean is :mod:`hyperplan.planning.remote`.
+
+**The client, set on purpose** (:func:`client_config`): boto3's ``standard`` retry mode (3
+attempts on throttling, 5xx and dropped connections, with its own backoff), a connect timeout of
+5 s and a read timeout of 20 s (an endpoint that hangs fails the pass, which the work queue backs
+off, instead of holding a purchase thread), and a connection pool as big as the purchase threads
+that may call at once. One client per pool source and credentials, made once and reused.
+
+**Credentials**: the Secret ``credentialsSecret`` names in the operator's namespace
+(``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``), read when the client is made and again when the
+Secret's resourceVersion changes; without one, boto3's own chain (IRSA, EKS Pod Identity, the
+environment).
+
+**Paced reads** (:class:`RemoteFollower`): one ``ListTrainingPlans`` (paged) serves every plan of a
+pool that asks within the age it accepts; a second caller waits for the first's answer instead of
+listing again. Plans waiting for the remote to buy accept a second's age, plans that hold blocks
+look at most at their next boundary and every few minutes (planning.remote.follow_after).
+
+Every call is counted by operation and result (``hyperplan_remote_calls_total``); a failed call
+raises :class:`RemoteError`, which the work queue reports on the plan as ``Reconciled=False``
+with the endpoint and the error, and retries with backoff.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Protocol
+
+from hyperplan import metrics
+from hyperplan.api.models import SageMakerSource
+from hyperplan.planning.remote import RemotePlan, plan_of
+
+log = logging.getLogger("hyperplan.remote")
+
+CONNECT_TIMEOUT = 5.0
+READ_TIMEOUT = 20.0
+RETRY_ATTEMPTS = 3
+POOL_CONNECTIONS = 64  # the purchase threads (handlers.context.Runtime.purchase_threads)
+PAGE = 100  # ListTrainingPlans' MaxResults bound
+
+
+class RemoteError(Exception):
+    """A call to a remote endpoint failed: its code (the endpoint's ``__type``, or the client's
+    error class for a connection that failed) and message."""
+
+    def __init__(self, operation: str, code: str, message: str, endpoint: str) -> None:
+        super().__init__(f"{operation} at {endpoint} failed: {code}: {message}")
+        self.operation, self.code, self.message, self.endpoint = operation, code, message, endpoint
+
+
+class RemoteCapacity(Protocol):
+    """The SageMaker Training Plans calls a remote pool needs (the answers are boto3's dicts)."""
+
+    endpoint: str
+
+    def search(self, arguments: Mapping[str, Any]) -> Mapping[str, Any]: ...
+
+    def create_plan(self, name: str, offering_id: str, spares: int | None,
+                    tags: Mapping[str, str]) -> str: ...
+
+    def describe_plan(self, name: str) -> Mapping[str, Any] | None: ...
+
+    def list_plans(self) -> list[Mapping[str, Any]]: ...
+
+
+def client_config() -> Any:
+    from botocore.config import Config
+    return Config(retries={"mode": "standard", "total_max_attempts": RETRY_ATTEMPTS},
+                  connect_timeout=CONNECT_TIMEOUT, read_timeout=READ_TIMEOUT,
+                  max_pool_connections=POOL_CONNECTIONS, user_agent_extra="hyperplan")
+
+
+class SageMakerCapacity:
+    """A remote pool's endpoint through boto3's SageMaker client. ``client`` is a seam for
+    botocore's Stubber in the unit tests, which checks every request against the service model."""
+
+    def __init__(self, source: SageMakerSource, credentials: tuple[str, str] | None = None,
+                 client: Any = None) -> None:
+        self.source = source
+        if client is None:
+            import boto3
+            session = boto3.session.Session(
+                aws_access_key_id=credentials[0] if credentials else None,
+                aws_secret_access_key=credentials[1] if credentials else None, region_name=source.region)
+            client = session.client("sagemaker", endpoint_url=source.endpoint, config=client_config())
+        self.client = client
+        self.endpoint = source.endpoint or client.meta.endpoint_url
+
+    def _call(self, operation: str, method: str, **arguments: Any) -> Any:
+        from botocore.exceptions import BotoCoreError, ClientError
+        started = time.monotonic()
+        try:
+            answer = getattr(self.client, method)(**arguments)
+        except ClientError as e:
+            error = e.response.get("Error") or {}
+            code = str(error.get("Code") or "ClientError")
+            metrics.REMOTE_CALLS.labels(operation, code).inc()
+            raise RemoteError(operation, code, str(error.get("Message") or e), self.endpoint) from None
+        except BotoCoreError as e:
+            code = type(e).__name__
+            metrics.REMOTE_CALLS.labels(operation, code).inc()
+            raise RemoteError(operation, code, str(e), self.endpoint) from None
+        finally:
+            metrics.REMOTE_CALL_DURATION.labels(operation).observe(time.monotonic() - started)
+        metrics.REMOTE_CALLS.labels(operation, "ok").inc()
+        return answer
+
+    def search(self, arguments: Mapping[str, Any]) -> Mapping[str, Any]:
+        return self._call("SearchTrainingPlanOfferings", "search_training_plan_offerings", **arguments)
+
+    def create_plan(self, name: str, offering_id: str, spares: int | None, tags: Mapping[str, str]) -> str:
+        arguments: dict[str, Any] = {"TrainingPlanName": name, "TrainingPlanOfferingId": offering_id}
+        if spares:
+            arguments["SpareInstanceCountPerUltraServer"] = spares
+        if tags:
+            arguments["Tags"] = [{"Key": k, "Value": v} for k, v in sorted(tags.items())]
+        return str(self._call("CreateTrainingPlan", "create_training_plan", **arguments)["TrainingPlanArn"])
+
+    def describe_plan(self, name: str) -> Mapping[str, Any] | None:
+        try:
+            return self._call("DescribeTrainingPlan", "describe_training_plan", TrainingPlanName=name)
+        except RemoteError as e:
+            if e.code == "ResourceNotFound":
+                return None
+            raise
+
+    def list_plans(self) -> list[Mapping[str, Any]]:
+        out: list[Mapping[str, Any]] = []
+        token: str | None = None
+        while True:
+            arguments: dict[str, Any] = {"MaxResults": PAGE}
+            if token:
+                arguments["NextToken"] = token
+            page = self._call("ListTrainingPlans", "list_training_plans", **arguments)
+            out.extend(page.get("TrainingPlanSummaries") or [])
+            token = page.get("NextToken") or None
+            if token is None:
+                return out
+
+
+@dataclass
+class _Listing:
+    plans: dict[str, RemotePlan] = field(default_factory=dict)
+    at: float | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class RemoteFollower:
+    """The remote plans of each pool as its endpoint last listed them (see the module's doc)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._listings: dict[str, _Listing] = {}
+        self._lock = threading.Lock()
+
+    def _listing(self, pool: str) -> _Listing:
+        with self._lock:
+            return self._listings.setdefault(pool, _Listing())
+
+    def plans(self, pool: str, capacity: RemoteCapacity, max_age: float) -> list[RemotePlan]:
+        """The pool's remote plans, listed at most ``max_age`` seconds ago (sync: a thread)."""
+        listing = self._listing(pool)
+        asked = self.clock()
+        with listing.lock:  # one list at a time per pool: a caller that waited sees the fresh answer
+            if listing.at is None or asked - listing.at > max_age:
+                started = self.clock()
+                listing.plans = {p.name: p for p in map(plan_of, capacity.list_plans())}
+                listing.at = started
+            return list(listing.plans.values())
+
+    def saw(self, pool: str, plan: RemotePlan) -> None:
+        """A plan this process just made or described (its answer is newer than the listing)."""
+        listing = self._listing(pool)
+        with listing.lock:
+            listing.plans[plan.name] = plan
+
+    def forget(self, pool: str) -> None:
+        with self._lock:
+            self._listings.pop(pool, None)
+
+
+Credentials = Callable[[str], "tuple[tuple[str, str], str] | None"]
+
+
+class RemoteSources:
+    """One :class:`RemoteCapacity` per remote pool, made from its ``spec.source`` and the
+    credentials Secret, and made again when either changes. ``credentials(secret)`` answers the
+    Secret's two keys and its resourceVersion (None: no such Secret, which fails the pass with a
+    clear error). ``make`` is the seam for a fake in the unit tests."""
+
+    def __init__(self, credentials: Credentials,
+                 make: Callable[[SageMakerSource, "tuple[str, str] | None"], RemoteCapacity] = SageMakerCapacity,
+                 follower: RemoteFollower | None = None) -> None:
+        self.credentials = credentials
+        self.make = make
+        self.follower = follower or RemoteFollower()
+        self._made: dict[str, tuple[str, RemoteCapacity]] = {}
+        self._lock = threading.Lock()
+
+    def capacity(self, pool: str, source: SageMakerSource) -> RemoteCapacity:
+        """The endpoint of ``pool`` (sync: reads the Secret; a thread)."""
+        creds, version = None, ""
+        if source.credentials_secret:
+            found = self.credentials(source.credentials_secret)
+            if found is None:
+                raise RemoteError("Credentials", "MissingSecret", (
+                    f"the Secret {source.credentials_secret!r} that capacity pool {pool!r} names in "
+                    "spec.source.sageMaker.credentialsSecret is missing, or lacks AWS_ACCESS_KEY_ID and "
+                    "AWS_SECRET_ACCESS_KEY"), source.endpoint or f"sagemaker.{source.region}")
+            creds, version = found
+        key = json.dumps([source.wire(), version], sort_keys=True)
+        with self._lock:
+            made = self._made.get(pool)
+            if made is not None and made[0] == key:
+                return made[1]
+        capacity = self.make(source, creds)
+        with self._lock:
+            self._made[pool] = (key, capacity)
+        self.follower.forget(pool)
+        return capacity
+
+
+def secret_credentials(core_api: Any, namespace: str) -> Credentials:
+    """Read ``AWS_ACCESS_KEY_ID`` and ``AWS_SECRET_ACCESS_KEY`` from a Secret in ``namespace``."""
+    from kubernetes.client.rest import ApiException
+
+    def read(name: str) -> tuple[tuple[str, str], str] | None:
+        try:
+            secret = core_api.read_namespaced_secret(name, namespace)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        data = secret.data or {}
+        try:
+            key_id = base64.b64decode(data["AWS_ACCESS_KEY_ID"]).decode().strip()
+            key = base64.b64decode(data["AWS_SECRET_ACCESS_KEY"]).decode().strip()
+        except (KeyError, ValueError):
+            return None
+        return (key_id, key), str(secret.metadata.resource_version or "")
+    return read

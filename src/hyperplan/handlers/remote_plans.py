@@ -1,0 +1,170 @@
+"""The remote half of a plan's pass: pools whose capacity a SageMaker endpoint sells (issue 23).
+
+A plan that may buy from a remote pool (its ``trainingPlanSelector`` lets it, and the pool sells
+the plan's instance or UltraServer type) looks at the remote in its pass, in a purchase thread:
+
+1. **Follow** (:func:`look`): the remote plans its uid named, from the pool's paced listing
+   (:class:`~hyperplan.actuation.remote.RemoteFollower`). The blocks of the live one are recorded
+   as the plan's lines of the pool's ledger (``KubeLedger.record_remote``), so that the groups,
+   the Kueue controller and the plan's status read them as they read a local pool's; a remote plan
+   that failed or whose blocks changed rewrites the lines. A live remote plan that holds no block
+   yet (the remote buys after CreateTrainingPlan answers) keeps the plan Pending, waiting.
+2. **Search**, only while the plan holds nothing live there: SearchTrainingPlanOfferings with the
+   plan's request, the answers filtered by the pool's type, zone and fee ceiling
+   (planning.remote.offerings_of, within_fee), ranked with the local offerings by decide_plan.
+3. **Buy** (:func:`buy`) when the decision picks a remote offering: CreateTrainingPlan under the
+   name of the next attempt, then DescribeTrainingPlan, recorded as in 1.
+
+Nothing here is read from the plan's status: the remote's answers and the pool's spec decide.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Mapping, Sequence
+
+from hyperplan.actuation.remote import RemoteError
+from hyperplan.api.models import CapacityPool, TrainingPlanSpec
+from hyperplan.api.vocabulary import REASON_OFFERING_UNAVAILABLE
+from hyperplan.planning.blocks import Block
+from hyperplan.planning.offerings import Offering, OfferingRequest, RuleViolation, matching_pools
+from hyperplan.planning.policy import Policy
+from hyperplan.planning.remote import (
+    MAX_ATTEMPTS, RemoteOffering, RemotePlan, mirror_lines, offerings_of, plan_of, remote_plan_name, same_lines,
+    search_arguments, standing_of, within_fee,
+)
+
+log = logging.getLogger("hyperplan.trainingplan")
+
+WAITING_AGE = 1.0  # seconds: how old a listing a plan waiting for the remote to buy accepts
+FOLLOW_AGE = 5.0  # seconds: for a plan that holds blocks (at a boundary, many plans share a listing)
+
+
+@dataclass
+class RemoteLook:
+    """What the remote pools hold and offer for one plan in this pass."""
+
+    blocks: list[Block] | None = None  # the plan's blocks after a record changed them (None: unchanged)
+    waiting: tuple[RemotePlan, str] | None = None  # a live remote plan without blocks yet, and its endpoint
+    offerings: list[RemoteOffering] = field(default_factory=list)
+    next_attempt: dict[str, int] = field(default_factory=dict)  # by pool
+    exhausted: list[str] = field(default_factory=list)  # pools where MAX_ATTEMPTS remote plans failed
+    notes: list[str] = field(default_factory=list)  # what was not believed or not bought, for the log
+
+    def offering(self, offering: Offering | None) -> RemoteOffering | None:
+        return next((r for r in self.offerings if offering is not None and r.offering.id == offering.id), None)
+
+
+def remote_pools(pool_objects: Sequence[Mapping[str, Any]], allowed: set[str]) -> list[CapacityPool]:
+    """The remote pools among ``pool_objects`` whose names are in ``allowed`` (the plan may buy)."""
+    out = []
+    for obj in pool_objects:
+        if not (obj.get("spec") or {}).get("source") or obj["metadata"]["name"] not in allowed:
+            continue
+        try:
+            out.append(CapacityPool.model_validate(obj))
+        except ValueError:
+            continue  # the schema keeps these out; an unreadable one sells nothing
+    return out
+
+
+def look(rt: Any, pools: Sequence[CapacityPool], snapshots: Sequence[Any], name: str, uid: str,
+         spec: TrainingPlanSpec, request: OfferingRequest | None, holds: set[str], search: bool) -> RemoteLook:
+    """Follow the plan's remote plans in ``pools`` and, with ``search``, search the pools where it
+    holds nothing live (sync: a purchase thread). ``holds``: the pools where its lines are now.
+    ``request`` is None when the spec cannot be searched (the decision then says why)."""
+    seen = RemoteLook()
+    by_name = {s.name: s for s in snapshots}
+    sells = {p.name for p in matching_pools(request, [by_name[p.metadata["name"]] for p in pools])} \
+        if request is not None else set()
+    for pool in pools:
+        pool_name, source = pool.metadata["name"], pool.spec.source.sage_maker
+        if pool_name not in holds and pool_name not in sells:
+            continue
+        capacity = rt.remote.capacity(pool_name, source)
+        age = FOLLOW_AGE if pool_name in holds else WAITING_AGE
+        standing = standing_of(rt.remote.follower.plans(pool_name, capacity, age), uid)
+        lines, refused = mirror_lines(standing.live, name, uid, pool.spec.instance_type,
+                                      pool.spec.availability_zone) if standing.live else ([], [])
+        seen.notes += refused
+        mine = [r for r in pool.status.reservations if r.training_plan_uid == uid]
+        if not same_lines([r.wire() for r in mine], [r.wire() for r in lines]):
+            seen.blocks = rt.ledger.record_remote(pool_name, name, uid, lines)
+        if standing.live is not None and standing.live.live and not lines:
+            seen.waiting = (standing.live, capacity.endpoint)
+        seen.next_attempt[pool_name] = standing.next_attempt
+        if standing.exhausted:
+            seen.exhausted.append(pool_name)
+            continue
+        if search and standing.live is None and pool_name in sells and request is not None:
+            answer = capacity.search(search_arguments(request, rt.policy))
+            found = offerings_of(answer, pool_name, pool.spec.instance_type, pool.spec.availability_zone,
+                                 pool.spec.ultra_server_type, request)
+            for offering in found:
+                if within_fee(offering, source.max_upfront_fee):
+                    seen.offerings.append(offering)
+                else:
+                    seen.notes.append(f"offering {offering.offering.id} of pool {pool_name} costs "
+                                      f"{offering.upfront_fee or 'an unknown fee'} {offering.currency or ''}, "
+                                      f"above the pool's maxUpfrontFee {source.max_upfront_fee}")
+    return seen
+
+
+@dataclass(frozen=True)
+class RemoteBuy:
+    blocks: list[Block] | None = None  # bought and recorded
+    waiting: tuple[RemotePlan, str] | None = None  # bought, the remote holds no block yet
+    violation: RuleViolation | None = None  # not bought: why (a lost race searches again)
+
+
+def buy(rt: Any, pool: CapacityPool, name: str, uid: str, spec: TrainingPlanSpec, offering: RemoteOffering,
+        attempt: int) -> RemoteBuy:
+    """CreateTrainingPlan for ``offering`` under the name of ``attempt``, then read back what the
+    remote holds (sync: a purchase thread). Safe to repeat: the same name with the same offering
+    answers the same plan, and a name the listing had not shown yet is found by the next pass."""
+    pool_name = pool.metadata["name"]
+    if attempt >= MAX_ATTEMPTS:
+        return RemoteBuy(violation=RuleViolation("RemotePurchaseFailed", (
+            f"{MAX_ATTEMPTS} remote training plans of this plan failed at pool {pool_name}'s endpoint")))
+    capacity = rt.remote.capacity(pool_name, pool.spec.source.sage_maker)
+    remote_name = remote_plan_name(uid, attempt)
+    try:
+        spares = spec.spare_instances_per_ultra_server if spec.ultra_server_type else None  # plain instances: none
+        capacity.create_plan(remote_name, offering.remote_id, spares,
+                             {"hyperplan.dev/training-plan": name, "hyperplan.dev/training-plan-uid": uid})
+    except RemoteError as e:
+        if e.code in ("ResourceNotFound", "ValidationException"):  # sold meanwhile, or no longer offered
+            return RemoteBuy(violation=RuleViolation(REASON_OFFERING_UNAVAILABLE, (
+                f"the endpoint {e.endpoint} no longer sells offering {offering.offering.id}: {e.message}")))
+        if e.code == "ResourceInUse":  # the name is taken: a plan of ours the listing did not show yet
+            rt.remote.follower.forget(pool_name)
+            return RemoteBuy(violation=RuleViolation(REASON_OFFERING_UNAVAILABLE, (
+                f"the remote training plan {remote_name} exists already; reading it again")))
+        raise
+    answer = capacity.describe_plan(remote_name)
+    if answer is None:  # an endpoint that answers a create and then does not know it: look again
+        rt.remote.follower.forget(pool_name)
+        return RemoteBuy(violation=RuleViolation(REASON_OFFERING_UNAVAILABLE, (
+            f"the endpoint {capacity.endpoint} does not show the remote plan {remote_name} it made yet")))
+    remote = plan_of(answer)
+    rt.remote.follower.saw(pool_name, remote)
+    lines, _ = mirror_lines(remote, name, uid, pool.spec.instance_type, pool.spec.availability_zone)
+    if not lines:
+        return RemoteBuy(waiting=(remote, capacity.endpoint))
+    return RemoteBuy(blocks=rt.ledger.record_remote(pool_name, name, uid, lines))
+
+
+def kept_message(pools: Sequence[CapacityPool], uid: str, now: datetime) -> str | None:
+    """What a deleted plan leaves at its remote endpoints (None: nothing bought remotely): a
+    SageMaker training plan cannot be cancelled, so the remote keeps (and bills) it to its end."""
+    kept = []
+    for pool in pools:
+        for line in pool.status.reservations:
+            if line.training_plan_uid == uid and line.end_time > now and line.remote_training_plan_arn:
+                kept.append(f"{line.remote_training_plan_arn} (until {line.end_time.isoformat()})")
+    if not kept:
+        return None
+    return ("the remote training plan(s) " + ", ".join(sorted(set(kept))) + " stay bought at their endpoint: a "
+            "SageMaker training plan cannot be cancelled; only this cluster's record of them is removed")

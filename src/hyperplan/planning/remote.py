@@ -1,0 +1,270 @@
+"""Capacity bought through a SageMaker endpoint: the pure half (issue 23, docs/aws.md).
+
+A CapacityPool with ``spec.source.sageMaker`` keeps no ledger of its own: another hyperplan's
+SageMaker API, or AWS, sells its capacity. This module turns what that endpoint answers into the
+values the rest of planning works with, and decides what a plan does about the remote plans it
+holds. The calls themselves are :mod:`hyperplan.actuation.remote`.
+
+**Offerings.** A remote ``TrainingPlanOffering`` becomes an :class:`~hyperplan.planning.offerings.Offering`
+whose blocks are in the remote pool, with the local id that :func:`~hyperplan.planning.offerings.offering_id`
+derives from them and the plan's request, as for a local pool, so ``status.offerings`` reads the
+same whatever sells the capacity. The remote's own ``TrainingPlanOfferingId`` is kept beside it
+(:class:`RemoteOffering`) for the purchase of the same pass and is never written anywhere: a plan
+that names an offering (``spec.offeringId``) buys what a search again at the remote yields under
+that local id, never an id taken from status.
+
+**Names, so that a retry never buys twice.** The remote plan's name is derived from the local
+plan's uid and an attempt number (:func:`remote_plan_name`). CreateTrainingPlan has no client token
+and boto3 retries on its own; the same name with the same offering answers the same plan, and before
+any purchase the plan looks for the remote plans its uid named (:func:`standing_of`), so a pass
+killed after the remote bought and before the local record adopts what was bought instead of
+buying again. A remote plan that failed (its offering was sold meanwhile) keeps its name for
+good (training plans cannot be deleted), so the next purchase takes the next attempt's name.
+
+**The record.** What the remote holds for a plan is written as lines of the remote pool's
+``status.reservations`` (:func:`mirror_lines`), by the operator alone, so that groups, the Kueue
+controller and the plan's own status read blocks from one place, whatever sold them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from decimal import Decimal, InvalidOperation
+from typing import Any, Iterable, Mapping, Sequence
+
+from hyperplan.api.models import Reservation
+from hyperplan.planning.blocks import Block
+from hyperplan.planning.offerings import Offering, OfferingRequest
+from hyperplan.planning.policy import Policy
+
+NAME_PREFIX = "hp-"
+MAX_ATTEMPTS = 8  # remote plans one local plan may name: a purchase that failed at the remote 7 times stops
+LIVE = ("Pending", "Scheduled", "Active")  # a remote plan in these states holds (or may yet hold) capacity
+_LABEL_SAFE = re.compile(r"[^a-z0-9.-]+")
+
+
+def remote_plan_name(plan_uid: str, attempt: int) -> str:
+    """``hp-<uid without dashes>-<attempt>``: within the API's ``[a-zA-Z0-9](-*[a-zA-Z0-9]){0,63}``."""
+    return f"{NAME_PREFIX}{plan_uid.replace('-', '').lower()}-{attempt}"
+
+
+def attempt_of(name: str, plan_uid: str) -> int | None:
+    """The attempt number of a remote plan named for ``plan_uid``, or None for another's plan."""
+    stem = f"{NAME_PREFIX}{plan_uid.replace('-', '').lower()}-"
+    if not plan_uid or not name.startswith(stem) or not name[len(stem):].isdigit():
+        return None
+    return int(name[len(stem):])
+
+
+@dataclass(frozen=True)
+class RemoteOffering:
+    offering: Offering  # as the local plan shows and buys it: blocks in the remote pool, local id
+    remote_id: str  # the remote's TrainingPlanOfferingId, passed to CreateTrainingPlan
+    upfront_fee: str | None = None
+    currency: str | None = None
+
+
+@dataclass(frozen=True)
+class RemoteBlock:
+    arn: str  # ReservedCapacityArn
+    instance_type: str
+    instance_count: int
+    availability_zone: str
+    start: datetime
+    end: datetime
+    status: str
+    ultra_server_type: str | None = None
+
+    @property
+    def id(self) -> str:
+        """The block's id on this side (a label value on the nodes): the ARN's resource id when it
+        is label-safe and short (hyperplan's own ``rc-...``), else a readable prefix and a digest."""
+        tail = self.arn.rsplit("/", 1)[-1].lower()
+        safe = _LABEL_SAFE.sub("-", tail).strip("-.")
+        if safe and len(safe) <= 63 and safe == tail:
+            return safe
+        digest = hashlib.sha256(self.arn.encode()).hexdigest()[:12]
+        return f"{safe[:40].strip('-.') or 'rc'}-{digest}"
+
+
+@dataclass(frozen=True)
+class RemotePlan:
+    name: str
+    arn: str
+    status: str  # Pending, Scheduled, Active, Expired, Failed
+    status_message: str = ""
+    blocks: tuple[RemoteBlock, ...] = ()
+
+    @property
+    def live(self) -> bool:
+        return self.status in LIVE
+
+
+@dataclass(frozen=True)
+class RemoteStanding:
+    """What the remote holds for one local plan, from every remote plan its uid named."""
+
+    live: RemotePlan | None  # the newest attempt that did not fail (Expired included): the one to follow
+    failed: tuple[RemotePlan, ...]  # earlier attempts that failed, oldest first
+    next_attempt: int  # the attempt number a new purchase takes
+
+    @property
+    def exhausted(self) -> bool:
+        return self.live is None and self.next_attempt >= MAX_ATTEMPTS
+
+
+def standing_of(plans: Iterable[RemotePlan], plan_uid: str) -> RemoteStanding:
+    mine = sorted(((attempt_of(p.name, plan_uid), p) for p in plans), key=lambda e: e[0] or 0)
+    mine = [(n, p) for n, p in mine if n is not None]
+    live = next((p for _, p in reversed(mine) if p.status != "Failed"), None)
+    failed = tuple(p for _, p in mine if p.status == "Failed")
+    return RemoteStanding(live=live, failed=failed, next_attempt=(mine[-1][0] + 1) if mine else 0)
+
+
+# --------------------------------------------------------------------------- the wire, read
+
+
+def _time(value: Any) -> datetime | None:
+    """boto3 parses timestamps into aware datetimes; a stub or a raw answer may carry epochs."""
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+    return datetime.fromtimestamp(float(value), tz=timezone.utc)
+
+
+def duration_hours(request: OfferingRequest, policy: Policy) -> int:
+    """The request's duration in the API's hours, counted in the policy's days (24 hours are one
+    of its days), as hyperplan's own SageMaker API reads them: under the demo profile, whose day is
+    a minute, 24 hours ask for a minute of capacity. With the production profile they are hours."""
+    return max(1, round(request.duration / policy.day * 24))
+
+
+def search_arguments(request: OfferingRequest, policy: Policy) -> dict[str, Any]:
+    """The SearchTrainingPlanOfferings arguments (boto3's names) for the plan's request."""
+    args: dict[str, Any] = {"TargetResources": [request.target], "DurationHours": duration_hours(request, policy)}
+    if request.is_ultra_server:
+        args.update(UltraServerType=request.ultra_server_type, UltraServerCount=request.ultra_server_count)
+    else:
+        args.update(InstanceType=request.instance_type, InstanceCount=request.instance_count)
+    if request.start_after is not None:
+        args["StartTimeAfter"] = request.start_after
+    if request.end_before is not None:
+        args["EndTimeBefore"] = request.end_before
+    return args
+
+
+def offerings_of(response: Mapping[str, Any], pool: str, instance_type: str, availability_zone: str,
+                 ultra_server_type: str | None, request: OfferingRequest) -> list[RemoteOffering]:
+    """The offerings of a SearchTrainingPlanOfferings answer that the pool sells: every block of
+    the pool's instance type in its zone (a remote that answers others is filtered, not trusted),
+    each as a block of the pool, cut for ``request``. An offering with a block the answer leaves
+    without dates or counts is skipped."""
+    out: list[RemoteOffering] = []
+    for entry in response.get("TrainingPlanOfferings") or []:
+        blocks = []
+        for rc in entry.get("ReservedCapacityOfferings") or []:
+            start, end = _time(rc.get("StartTime")), _time(rc.get("EndTime"))
+            count = rc.get("InstanceCount")
+            if start is None or end is None or not count or end <= start:
+                blocks = []
+                break
+            if rc.get("InstanceType") != instance_type or rc.get("AvailabilityZone", availability_zone) \
+                    != availability_zone or (rc.get("UltraServerType") or None) != ultra_server_type:
+                blocks = []
+                break
+            blocks.append(Block(pool=pool, availability_zone=availability_zone, instance_type=instance_type,
+                                instance_count=int(count), start=start, end=end, ultra_server_type=ultra_server_type))
+        if not blocks or not entry.get("TrainingPlanOfferingId"):
+            continue
+        out.append(RemoteOffering(Offering.from_blocks(blocks, request), str(entry["TrainingPlanOfferingId"]),
+                                  entry.get("UpfrontFee"), entry.get("CurrencyCode")))
+    return out
+
+
+def plan_of(answer: Mapping[str, Any]) -> RemotePlan:
+    """A DescribeTrainingPlan answer, or one TrainingPlanSummary of ListTrainingPlans."""
+    blocks = []
+    for rc in answer.get("ReservedCapacitySummaries") or []:
+        start, end = _time(rc.get("StartTime")), _time(rc.get("EndTime"))
+        if start is None or end is None or not rc.get("TotalInstanceCount"):
+            continue
+        blocks.append(RemoteBlock(arn=str(rc["ReservedCapacityArn"]), instance_type=str(rc["InstanceType"]),
+                                  instance_count=int(rc["TotalInstanceCount"]),
+                                  availability_zone=str(rc.get("AvailabilityZone") or ""), start=start, end=end,
+                                  status=str(rc.get("Status") or ""), ultra_server_type=rc.get("UltraServerType")))
+    return RemotePlan(name=str(answer["TrainingPlanName"]), arn=str(answer["TrainingPlanArn"]),
+                      status=str(answer.get("Status") or ""), status_message=str(answer.get("StatusMessage") or ""),
+                      blocks=tuple(sorted(blocks, key=lambda b: (b.start, b.arn))))
+
+
+# --------------------------------------------------------------------------- decisions
+
+
+def within_fee(offering: RemoteOffering, ceiling: str | None) -> bool:
+    """Whether the offering's upfront fee is at most the pool's ceiling (none: always). A fee the
+    remote leaves out or writes unreadably is taken to be over a ceiling: money is not guessed."""
+    if ceiling is None:
+        return True
+    try:
+        return offering.upfront_fee is not None and Decimal(offering.upfront_fee) <= Decimal(ceiling)
+    except InvalidOperation:
+        return False
+
+
+def mirror_lines(remote: RemotePlan, plan: str, plan_uid: str, instance_type: str,
+                 availability_zone: str) -> tuple[list[Reservation], list[str]]:
+    """The lines of the remote pool's ledger that record what ``remote`` holds for the local plan,
+    and why any block was left out: only blocks of the pool's instance type in its zone are taken
+    (a remote that sells anything else is not believed), and none of a plan that failed."""
+    if remote.status == "Failed":
+        return [], []  # an Expired plan keeps its lines: the blocks were held, and the dates say they ended
+    lines, refused = [], []
+    for b in remote.blocks:
+        if b.instance_type != instance_type or (b.availability_zone and b.availability_zone != availability_zone):
+            refused.append(f"block {b.arn} is {b.instance_count} x {b.instance_type} in "
+                           f"{b.availability_zone or '?'}, not what the pool sells")
+            continue
+        if b.status == "Failed":
+            continue
+        lines.append(Reservation(training_plan=plan, training_plan_uid=plan_uid, reserved_capacity_id=b.id,
+                                 start_time=b.start, end_time=b.end, instance_count=b.instance_count,
+                                 remote_training_plan_arn=remote.arn))
+    return lines, refused
+
+
+def same_lines(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) -> bool:
+    def key(line: Mapping[str, Any]) -> tuple:
+        return tuple(sorted((k, str(v)) for k, v in line.items()))
+    return sorted(map(key, a)) == sorted(map(key, b))
+
+
+def follow_after(now: datetime, next_boundary: datetime | None, waiting: bool, follow: timedelta,
+                 waiting_every: timedelta) -> datetime:
+    """When a plan bought remotely looks at the remote again: soon while the remote has not bought
+    yet (``waiting``: a Pending remote plan), else at its next boundary but at least every
+    ``follow`` (a remote may extend or fail a plan without a local event)."""
+    if waiting:
+        return now + waiting_every
+    due = now + follow
+    return min(due, next_boundary) if next_boundary is not None and next_boundary > now else due
+
+
+def waiting_for_remote(decision_status: Any, prior: Any, generation: int, remote: RemotePlan, endpoint: str,
+                       now: datetime) -> Any:
+    """The status of a plan whose remote plan is bought but holds no block yet (the remote's own
+    purchase runs after CreateTrainingPlan answers): Pending, ``Purchased=False`` with reason
+    ``RemotePurchasing``, and the offerings the pass found kept."""
+    from hyperplan.planning.plans import condition  # plans imports nothing of this module
+    status = decision_status.model_copy(deep=True)
+    status.phase = "Pending"
+    status.observed_generation = generation
+    message = (f"training plan {remote.name} at {endpoint} is {remote.status or 'unknown'}"
+               + (f": {remote.status_message}" if remote.status_message else "")
+               + "; waiting for the remote to hold its blocks")
+    status.conditions = [c for c in status.conditions if c.type != "Purchased"] + [
+        condition("Purchased", False, "RemotePurchasing", message, generation, prior.conditions, now)]
+    return status

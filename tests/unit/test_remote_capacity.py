@@ -1,0 +1,233 @@
+"""The SageMaker client of a remote pool (actuation.remote.SageMakerCapacity) under botocore's
+Stubber, which checks every request against the service model (names, types, required members),
+and the pure reading of its answers (planning.remote). Each call and each error the endpoint may
+answer is covered; the metrics count them by operation and result."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import boto3
+import pytest
+from botocore.stub import Stubber
+
+from hyperplan import metrics
+from hyperplan.actuation.remote import RemoteError, RemoteFollower, SageMakerCapacity, client_config
+from hyperplan.api.models import SageMakerSource
+from hyperplan.planning.offerings import OfferingRequest
+from hyperplan.planning.policy import DEMO, SAGEMAKER
+from hyperplan.planning.remote import (
+    MAX_ATTEMPTS, RemoteBlock, RemotePlan, attempt_of, duration_hours, mirror_lines, offerings_of, plan_of,
+    remote_plan_name, search_arguments, standing_of, within_fee, RemoteOffering,
+)
+
+UTC = timezone.utc
+START = datetime(2027, 1, 5, 11, 30, tzinfo=UTC)
+P5 = "ml.p5.48xlarge"
+UID = "0c6f9a52-1111-4a8e-9d6e-2a41c0ffee00"
+ARN = "arn:aws:sagemaker:us-east-1:111122223333:training-plan/hp-x-0"
+
+
+@pytest.fixture
+def stubbed():
+    client = boto3.session.Session(aws_access_key_id="AKIAEXAMPLE", aws_secret_access_key="secret",
+                                   region_name="us-east-1").client(
+        "sagemaker", endpoint_url="http://127.0.0.1:9", config=client_config())
+    capacity = SageMakerCapacity(SageMakerSource(endpoint="http://127.0.0.1:9", region="us-east-1"), client=client)
+    with Stubber(client) as stub:
+        yield capacity, stub
+        stub.assert_no_pending_responses()
+
+
+def counted(operation: str, result: str) -> float:
+    return metrics.REMOTE_CALLS.labels(operation, result)._value.get()
+
+
+def request(**kw) -> OfferingRequest:
+    fields = dict(instance_type=P5, instance_count=8, ultra_server_type=None, ultra_server_count=None,
+                  target="hyperpod-cluster", duration=timedelta(hours=48))
+    return OfferingRequest(**{**fields, **kw})
+
+
+def summary(name: str, status: str = "Scheduled", **rc) -> dict:
+    return {"TrainingPlanArn": f"arn:aws:sagemaker:us-east-1:111122223333:training-plan/{name}",
+            "TrainingPlanName": name, "Status": status, "ReservedCapacitySummaries": [{
+                "ReservedCapacityArn": "arn:aws:sagemaker:us-east-1:111122223333:reserved-capacity/rc-abc-0",
+                "InstanceType": P5, "TotalInstanceCount": 8, "Status": status, "AvailabilityZone": "use1-az1",
+                "StartTime": START, "EndTime": START + timedelta(hours=48), **rc}]}
+
+
+# --------------------------------------------------------------------------- the calls
+
+
+def test_the_client_is_set_on_purpose() -> None:
+    config = client_config()
+    assert config.retries == {"mode": "standard", "total_max_attempts": 3}
+    assert (config.connect_timeout, config.read_timeout, config.max_pool_connections) == (5.0, 20.0, 64)
+
+
+def test_search_sends_the_plans_request_as_the_model_names_it(stubbed) -> None:
+    capacity, stub = stubbed
+    arguments = search_arguments(request(start_after=START, end_before=START + timedelta(days=7)), SAGEMAKER)
+    stub.add_response("search_training_plan_offerings", {"TrainingPlanOfferings": []}, {
+        "TargetResources": ["hyperpod-cluster"], "DurationHours": 48, "InstanceType": P5, "InstanceCount": 8,
+        "StartTimeAfter": START, "EndTimeBefore": START + timedelta(days=7)})
+    before = counted("SearchTrainingPlanOfferings", "ok")
+
+    assert capacity.search(arguments) == {"TrainingPlanOfferings": []}
+    assert counted("SearchTrainingPlanOfferings", "ok") == before + 1
+
+
+def test_an_ultraserver_search_asks_for_ultraservers() -> None:
+    args = search_arguments(request(instance_type=None, instance_count=None, ultra_server_type="ml.u-p6e-gb200x72",
+                                    ultra_server_count=2), SAGEMAKER)
+    assert args == {"TargetResources": ["hyperpod-cluster"], "DurationHours": 48,
+                    "UltraServerType": "ml.u-p6e-gb200x72", "UltraServerCount": 2}
+
+
+@pytest.mark.parametrize("policy, duration, hours", [
+    (SAGEMAKER, timedelta(days=2), 48),
+    (DEMO, timedelta(minutes=2), 48),  # the demo's day is a minute: the remote reads hours in its days
+], ids=["production-hours", "demo-days-in-minutes"])
+def test_hours_are_counted_in_the_policys_days(policy, duration, hours) -> None:
+    assert duration_hours(request(duration=duration), policy) == hours
+
+
+def test_create_carries_the_name_offering_spares_and_tags(stubbed) -> None:
+    capacity, stub = stubbed
+    stub.add_response("create_training_plan", {"TrainingPlanArn": ARN}, {
+        "TrainingPlanName": "hp-x-0", "TrainingPlanOfferingId": "tpo-1", "SpareInstanceCountPerUltraServer": 1,
+        "Tags": [{"Key": "hyperplan.dev/training-plan", "Value": "llama"}]})
+
+    assert capacity.create_plan("hp-x-0", "tpo-1", 1, {"hyperplan.dev/training-plan": "llama"}) == ARN
+
+
+@pytest.mark.parametrize("code, status", [
+    ("ResourceInUse", 400), ("ResourceNotFound", 400), ("ResourceLimitExceeded", 400),
+    ("ValidationException", 400), ("ThrottlingException", 400), ("InternalFailure", 500),
+], ids=lambda v: str(v))
+def test_every_error_of_create_is_a_remote_error_with_its_code(stubbed, code, status) -> None:
+    capacity, stub = stubbed
+    stub.add_client_error("create_training_plan", service_error_code=code, service_message=f"it said {code}",
+                          http_status_code=status)
+    before = counted("CreateTrainingPlan", code)
+
+    with pytest.raises(RemoteError) as e:
+        capacity.create_plan("hp-x-0", "tpo-1", None, {})
+    assert (e.value.operation, e.value.code, e.value.message) == ("CreateTrainingPlan", code, f"it said {code}")
+    assert "CreateTrainingPlan at http://127.0.0.1:9 failed" in str(e.value)
+    assert counted("CreateTrainingPlan", code) == before + 1
+
+
+def test_describe_answers_none_for_a_plan_the_endpoint_does_not_know(stubbed) -> None:
+    capacity, stub = stubbed
+    stub.add_client_error("describe_training_plan", service_error_code="ResourceNotFound",
+                          expected_params={"TrainingPlanName": "hp-x-0"})
+    stub.add_response("describe_training_plan", summary("hp-x-1"), {"TrainingPlanName": "hp-x-1"})
+
+    assert capacity.describe_plan("hp-x-0") is None
+    assert plan_of(capacity.describe_plan("hp-x-1")).status == "Scheduled"
+
+
+def test_list_pages_through_every_plan(stubbed) -> None:
+    capacity, stub = stubbed
+    stub.add_response("list_training_plans", {"TrainingPlanSummaries": [summary("a")], "NextToken": "t1"},
+                      {"MaxResults": 100})
+    stub.add_response("list_training_plans", {"TrainingPlanSummaries": [summary("b")]},
+                      {"MaxResults": 100, "NextToken": "t1"})
+
+    assert [s["TrainingPlanName"] for s in capacity.list_plans()] == ["a", "b"]
+
+
+def test_one_listing_serves_every_plan_that_asks_within_its_age(stubbed) -> None:
+    capacity, stub = stubbed
+    now = [0.0]
+    follower = RemoteFollower(clock=lambda: now[0])
+    stub.add_response("list_training_plans", {"TrainingPlanSummaries": [summary("a")]}, {"MaxResults": 100})
+    stub.add_response("list_training_plans", {"TrainingPlanSummaries": [summary("a"), summary("b")]},
+                      {"MaxResults": 100})
+
+    first = follower.plans("pool", capacity, max_age=5)
+    now[0] = 4
+    again = follower.plans("pool", capacity, max_age=5)  # no call: the Stubber would refuse a third
+    now[0] = 6
+    later = follower.plans("pool", capacity, max_age=5)
+    assert [p.name for p in first] == [p.name for p in again] == ["a"]
+    assert sorted(p.name for p in later) == ["a", "b"]
+
+
+# --------------------------------------------------------------------------- reading the answers
+
+
+@pytest.mark.parametrize("uid, attempt", [(UID, 0), (UID, 7)], ids=["first", "last"])
+def test_remote_names_fit_the_api_and_name_their_plan(uid, attempt) -> None:
+    import re
+    name = remote_plan_name(uid, attempt)
+    assert re.fullmatch(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,63}", name)
+    assert attempt_of(name, uid) == attempt
+    assert attempt_of(name, "another-uid") is None
+    assert attempt_of(f"{name}x", uid) is None
+
+
+@pytest.mark.parametrize("statuses, live, next_attempt, exhausted", [
+    ([], None, 0, False),
+    (["Pending"], 0, 1, False),
+    (["Failed"], None, 1, False),
+    (["Failed", "Scheduled"], 1, 2, False),
+    (["Failed"] * MAX_ATTEMPTS, None, MAX_ATTEMPTS, True),
+], ids=["none", "one-pending", "one-failed", "failed-then-bought", "every-attempt-failed"])
+def test_the_standing_of_a_plans_remote_attempts(statuses, live, next_attempt, exhausted) -> None:
+    plans = [RemotePlan(remote_plan_name(UID, n), f"arn/{n}", s) for n, s in enumerate(statuses)]
+    plans.append(RemotePlan(remote_plan_name("someone-else", 0), "arn/x", "Active"))  # never ours
+    standing = standing_of(plans, UID)
+    assert (standing.live.name if standing.live else None) == (remote_plan_name(UID, live) if live is not None else None)
+    assert (standing.next_attempt, standing.exhausted) == (next_attempt, exhausted)
+
+
+def test_offerings_keep_only_what_the_pool_sells_and_take_a_local_id() -> None:
+    def entry(oid, itype=P5, zone="use1-az1", **extra):
+        return {"TrainingPlanOfferingId": oid, "TargetResources": ["hyperpod-cluster"], "UpfrontFee": "10",
+                "ReservedCapacityOfferings": [{"InstanceType": itype, "InstanceCount": 8, "AvailabilityZone": zone,
+                                               "StartTime": START, "EndTime": START + timedelta(hours=48), **extra}]}
+    answer = {"TrainingPlanOfferings": [entry("good"), entry("trn", itype="ml.trn1.32xlarge"),
+                                        entry("far", zone="use1-az9"), entry("undated", StartTime=None)]}
+
+    [found] = offerings_of(answer, "remote", P5, "use1-az1", None, request())
+    assert found.remote_id == "good"
+    assert found.offering.id.startswith("tpo-20270105t113000-")
+    assert [(b.pool, b.instance_count) for b in found.offering.blocks] == [("remote", 8)]
+
+
+@pytest.mark.parametrize("fee, ceiling, ok", [
+    ("100.00", None, True), (None, None, True), ("100.00", "100", True), ("100.01", "100", False),
+    (None, "100", False), ("a lot", "100", False),
+], ids=["no-ceiling", "no-fee-no-ceiling", "at-ceiling", "above", "unknown-fee", "unreadable-fee"])
+def test_the_fee_ceiling(fee, ceiling, ok) -> None:
+    offering = RemoteOffering(offering=None, remote_id="x", upfront_fee=fee)  # type: ignore[arg-type]
+    assert within_fee(offering, ceiling) is ok
+
+
+@pytest.mark.parametrize("arn, block_id", [
+    ("arn:aws:sagemaker:us-east-1:111122223333:reserved-capacity/rc-0c6f9a521111-0", "rc-0c6f9a521111-0"),
+    ("arn:aws:sagemaker:us-east-1:111122223333:reserved-capacity/Some_ID/With Spaces", None),
+    ("arn:aws:sagemaker:us-east-1:111122223333:reserved-capacity/" + "x" * 80, None),
+], ids=["hyperplans-own", "not-label-safe", "too-long"])
+def test_block_ids_are_label_values(arn, block_id) -> None:
+    import re
+    got = RemoteBlock(arn, P5, 8, "use1-az1", START, START + timedelta(hours=1), "Scheduled").id
+    assert re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?", got)
+    if block_id is not None:
+        assert got == block_id
+
+
+@pytest.mark.parametrize("status, itype, recorded", [
+    ("Scheduled", P5, 1), ("Active", P5, 1), ("Pending", P5, 1), ("Failed", P5, 0), ("Expired", P5, 1),
+    ("Scheduled", "ml.trn1.32xlarge", 0),
+], ids=["scheduled", "active", "pending-with-blocks", "failed", "expired", "other-type"])
+def test_mirror_lines_record_only_live_blocks_of_the_pools_type(status, itype, recorded) -> None:
+    remote = plan_of(summary("hp-x-0", status, InstanceType=itype))
+    lines, refused = mirror_lines(remote, "llama", UID, P5, "use1-az1")
+    assert len(lines) == recorded
+    assert bool(refused) == (itype != P5)
+    for line in lines:
+        assert line.remote_training_plan_arn == remote.arn and line.reserved_capacity_id == "rc-abc-0"

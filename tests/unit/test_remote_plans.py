@@ -1,0 +1,265 @@
+"""A plan bought through a remote SageMaker endpoint (issue 23): the real plan pass
+(handlers.trainingplan.reconcile_plan) against a Runtime of recording fakes, the remote being
+actuation.fakes.FakeRemoteCapacity, which answers in the service model's shapes.
+
+What a user sees is asserted: the plan's status and Events, the pool's ledger lines, and which
+calls the endpoint got (a retry must never buy twice)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+
+from hyperplan.actuation.fakes import FakeRemoteCapacity
+from hyperplan.actuation.remote import RemoteError, RemoteFollower, RemoteSources
+from hyperplan.api.models import CapacityPool, CapacityPoolSpec, PoolSource, SageMakerSource
+from hyperplan.handlers.trainingplan import reconcile_plan, release_plan
+from hyperplan.handlers.workqueue import describe_failure
+from hyperplan.planning.policy import SAGEMAKER
+from tests.unit.fake_runtime import PLANS_PLURAL, World, make_world
+
+UTC = timezone.utc
+NOW = datetime(2027, 1, 4, 0, 0, tzinfo=UTC)
+START = datetime(2027, 1, 5, 11, 30, tzinfo=UTC)
+P5, ZONE, POOL = "ml.p5.48xlarge", "use1-az1", "remote-p5"
+NAME, UID = "llama", "0c6f9a52-1111-4a8e-9d6e-2a41c0ffee00"
+REMOTE = "hp-0c6f9a5211114a8e9d6e2a41c0ffee00"
+
+
+def remote_pool(**source: Any) -> CapacityPool:
+    return CapacityPool(metadata={"name": POOL}, spec=CapacityPoolSpec(
+        instance_type=P5, availability_zone=ZONE,
+        source=PoolSource(sage_maker=SageMakerSource(endpoint="http://127.0.0.1:1", region="us-east-1", **source))))
+
+
+def offering(oid: str = "tpo-remote-1", count: int = 8, itype: str = P5, zone: str = ZONE,
+             fee: str | None = "1000.00", start: datetime = START) -> dict[str, Any]:
+    answer = {"TrainingPlanOfferingId": oid, "TargetResources": ["hyperpod-cluster"], "DurationHours": 48,
+              "ReservedCapacityOfferings": [{
+                  "ReservedCapacityType": "Instance", "InstanceType": itype, "InstanceCount": count,
+                  "AvailabilityZone": zone, "StartTime": start, "EndTime": start + timedelta(hours=48)}]}
+    if fee is not None:
+        answer.update(UpfrontFee=fee, CurrencyCode="USD")
+    return answer
+
+
+def plan(**spec: Any) -> dict[str, Any]:
+    fields = {"instanceType": P5, "instanceCount": 8, "targetResource": "hyperpod-cluster", "duration": "48h",
+              "autoPurchase": True, **spec}
+    return {"apiVersion": "hyperplan.dev/v1alpha1", "kind": "TrainingPlan",
+            "metadata": {"name": NAME, "uid": UID, "generation": 1}, "spec": fields, "status": {}}
+
+
+@pytest.fixture
+def world(monkeypatch: pytest.MonkeyPatch):
+    made: list[World] = []
+
+    def make(*offerings: dict[str, Any], pool: CapacityPool | None = None, **spec: Any) -> tuple[World, FakeRemoteCapacity]:
+        w = make_world(monkeypatch, NOW, SAGEMAKER, plans=[plan(**spec)], pools=[pool or remote_pool()])
+        remote = FakeRemoteCapacity(offerings=list(offerings))
+        w.rt.remote = RemoteSources(credentials=lambda name: None, make=lambda source, creds: remote,
+                                    follower=RemoteFollower(clock=lambda: (w.now - NOW).total_seconds()))
+        monkeypatch.setattr("kopf.warn", lambda obj, *, reason, message="": w.record_event(
+            obj, type="Warning", reason=reason, message=message))
+        made.append(w)
+        return w, remote
+    yield make
+    for w in made:
+        w.close()
+
+
+def status(w: World) -> dict[str, Any]:
+    return w.kube.objects[(PLANS_PLURAL, NAME)]["status"]
+
+
+def condition(w: World, type_: str) -> dict[str, Any]:
+    return next(c for c in status(w)["conditions"] if c["type"] == type_)
+
+
+def lines(w: World) -> list[tuple[str, str, int, str | None]]:
+    pool = w.ledger.pool_objects[0]
+    return [(r.training_plan, r.reserved_capacity_id, r.instance_count, r.remote_training_plan_arn)
+            for r in pool.status.reservations]
+
+
+def creates(remote: FakeRemoteCapacity) -> list[tuple]:
+    return [args for op, args in remote.calls if op == "create_plan"]
+
+
+def later(w: World, seconds: float) -> None:
+    w.now += timedelta(seconds=seconds)  # the follower's clock too: the listing is as old as the step
+
+
+def test_a_plan_buys_from_the_remote_then_follows_it_until_it_holds_blocks(world) -> None:
+    w, remote = world(offering())
+    wake = w.run(reconcile_plan, NAME)
+
+    # The remote's offering id is passed on; the plan's name there derives from its uid.
+    assert creates(remote) == [(f"{REMOTE}-0", "tpo-remote-1", None,
+                                {"hyperplan.dev/training-plan": NAME, "hyperplan.dev/training-plan-uid": UID})]
+    assert status(w)["phase"] == "Pending"
+    assert condition(w, "Purchased")["reason"] == "RemotePurchasing"
+    assert f"training plan {REMOTE}-0 at http://127.0.0.1:1 is Pending" in condition(w, "Purchased")["message"]
+    assert "Purchased" in w.reasons()
+    assert lines(w) == []
+    assert wake is not None and wake - w.now <= timedelta(seconds=2)  # waits for the remote, soon
+
+    remote.sell(f"{REMOTE}-0")
+    later(w, 2)
+    w.run(reconcile_plan, NAME)
+
+    assert status(w)["phase"] == "Scheduled"
+    [rc] = status(w)["reservedCapacity"]
+    assert (rc["capacityPool"], rc["instanceCount"], rc["availabilityZone"]) == (POOL, 8, ZONE)
+    assert rc["id"] == "rc-0c6f9a521111-0"  # the remote's own id, so both sides name the block alike
+    assert lines(w) == [(NAME, "rc-0c6f9a521111-0", 8,
+                         f"arn:aws:sagemaker:us-east-1:111122223333:training-plan/{REMOTE}-0")]
+    assert len(creates(remote)) == 1
+
+
+def test_a_pass_killed_after_the_remote_bought_adopts_the_remote_plan_and_never_buys_twice(world) -> None:
+    w, remote = world(offering())
+    # An earlier process bought and died before it wrote anything here: no line, no status.
+    remote.create_plan(f"{REMOTE}-0", "tpo-remote-1", None, {})
+    remote.sell(f"{REMOTE}-0")
+    remote.calls.clear()
+
+    w.run(reconcile_plan, NAME)
+
+    assert creates(remote) == []
+    assert [op for op, _ in remote.calls] == ["list_plans"]  # no search either: it holds a live plan
+    assert status(w)["phase"] == "Scheduled"
+    assert [line[1] for line in lines(w)] == ["rc-0c6f9a521111-0"]
+
+
+def test_a_remote_plan_that_failed_is_bought_again_under_the_next_name(world) -> None:
+    w, remote = world(offering())
+    w.run(reconcile_plan, NAME)
+    remote.fail(f"{REMOTE}-0")
+    later(w, 2)
+
+    w.run(reconcile_plan, NAME)
+
+    assert [c[0] for c in creates(remote)] == [f"{REMOTE}-0", f"{REMOTE}-1"]
+    remote.sell(f"{REMOTE}-1")
+    later(w, 4)
+    w.run(reconcile_plan, NAME)
+    assert status(w)["phase"] == "Scheduled"
+    assert [line[3].rsplit("/", 1)[1] for line in lines(w)] == [f"{REMOTE}-1"]
+
+
+def test_a_remote_that_fails_a_held_plan_takes_its_blocks_away(world) -> None:
+    w, remote = world(offering())
+    w.run(reconcile_plan, NAME)
+    remote.sell(f"{REMOTE}-0")
+    later(w, 2)
+    w.run(reconcile_plan, NAME)
+    assert lines(w)
+
+    remote.fail(f"{REMOTE}-0", "capacity withdrawn")
+    remote.offerings.clear()  # and nothing else to buy
+    later(w, 10)
+    w.run(reconcile_plan, NAME)
+
+    assert lines(w) == []
+    assert status(w)["phase"] == "Pending"
+
+
+@pytest.mark.parametrize("answer, why", [
+    (offering(itype="ml.trn1.32xlarge"), "another instance type than the pool sells"),
+    (offering(zone="use1-az9"), "another zone than the pool's"),
+    (offering(fee="25000.00"), "an upfront fee above the pool's ceiling"),
+    (offering(fee=None), "no upfront fee named, with a ceiling set"),
+], ids=["other-instance-type", "other-zone", "fee-above-ceiling", "fee-unknown"])
+def test_offerings_the_pool_does_not_sell_are_never_bought(world, answer: dict, why: str) -> None:
+    w, remote = world(answer, pool=remote_pool(max_upfront_fee="20000"))
+
+    w.run(reconcile_plan, NAME)
+
+    assert creates(remote) == [], why
+    assert status(w)["phase"] == "Pending"
+    assert status(w).get("offerings", []) == []
+    assert condition(w, "OfferingsAvailable")["reason"] == "NoCapacity"
+
+
+def test_a_block_the_remote_holds_outside_what_the_pool_sells_is_not_recorded(world) -> None:
+    w, remote = world(offering())
+    w.run(reconcile_plan, NAME)
+    remote.sell(f"{REMOTE}-0", InstanceType="ml.trn1.32xlarge")
+    later(w, 2)
+
+    w.run(reconcile_plan, NAME)
+
+    assert lines(w) == []
+    assert status(w)["phase"] == "Pending"
+
+
+@pytest.mark.parametrize("still_offered", [True, False], ids=["still-offered", "sold-meanwhile"])
+def test_a_plan_that_names_a_remote_offering_buys_it_only_as_the_remote_offers_it_now(world, still_offered) -> None:
+    w, remote = world(offering("tpo-remote-a"), autoPurchase=False)
+    w.run(reconcile_plan, NAME)
+    assert creates(remote) == []
+    [listed] = [o["id"] for o in status(w)["offerings"]]
+    assert listed.startswith("tpo-2027") and "remote-a" not in str(status(w))  # the remote's id stays unshown
+
+    if not still_offered:
+        remote.offerings.clear()
+    w.kube.objects[(PLANS_PLURAL, NAME)]["spec"]["offeringId"] = listed
+    w.kube.objects[(PLANS_PLURAL, NAME)]["metadata"]["generation"] = 2
+    later(w, 1)
+    w.run(reconcile_plan, NAME)
+
+    if still_offered:
+        assert [c[1] for c in creates(remote)] == ["tpo-remote-a"]
+        assert status(w)["purchasedOfferingId"] == listed
+    else:
+        assert creates(remote) == []
+        assert status(w)["phase"] == "Failed"
+        assert condition(w, "Failed")["reason"] == "OfferingNoLongerOffered"
+
+
+def test_a_lost_race_at_the_remote_searches_again_soon(world) -> None:
+    w, remote = world(offering())
+    original = remote.create_plan
+
+    def sold(name: str, offering_id: str, spares: Any, tags: Any) -> str:
+        remote.offerings.clear()  # another cluster bought it between the search and the create
+        return original(name, offering_id, spares, tags)
+    remote.create_plan = sold  # type: ignore[method-assign]
+
+    wake = w.run(reconcile_plan, NAME)
+
+    assert status(w)["phase"] == "Pending"
+    assert wake is not None and wake - w.now <= timedelta(seconds=2)
+    assert "Failed" not in [c["type"] for c in status(w)["conditions"] if c["status"] == "True"]
+
+
+def test_an_endpoint_that_is_down_fails_the_pass_with_its_error(world) -> None:
+    w, remote = world(offering())
+    remote.down = True
+
+    with pytest.raises(RemoteError) as failed:
+        w.run(reconcile_plan, NAME)
+
+    reason, message = describe_failure(failed.value)
+    assert reason == "RemoteUnavailable"
+    assert "ListTrainingPlans at http://127.0.0.1:1 failed: EndpointConnectionError" in message
+
+
+def test_deleting_a_plan_bought_remotely_says_the_remote_plan_stays(world) -> None:
+    w, remote = world(offering())
+    w.run(reconcile_plan, NAME)
+    remote.sell(f"{REMOTE}-0")
+    later(w, 2)
+    w.run(reconcile_plan, NAME)
+    obj = w.kube.objects[(PLANS_PLURAL, NAME)]
+    obj["metadata"]["deletionTimestamp"] = "2027-01-04T00:00:10Z"
+
+    import asyncio
+    asyncio.run(release_plan(w.rt, obj))
+
+    kept = [m for _, t, r, m in w.events if r == "RemotePlanKept"]
+    assert kept and f"training-plan/{REMOTE}-0" in kept[0] and "cannot be cancelled" in kept[0]
+    assert lines(w) == []
