@@ -1,0 +1,133 @@
+"""A pool whose capacity a SageMaker endpoint sells (docs/aws.md), on the e2e plane: the endpoint is
+the e2e operator's own SageMaker API, reached over HTTP with boto3 and a key minted for a user whose
+RBAC lets it buy, so the plan goes the whole way a training cluster's plan goes to a capacity
+cluster (search, CreateTrainingPlan, the remote's own purchase from its pool, following it), and
+its group gets nodes on the remote's block. A second pool points at a port where nothing answers:
+its plan shows the endpoint's error, then converges once the pool points at a live endpoint.
+
+The selling pool lets only plans without the scenario's label buy (the plans the API makes carry
+no labels), the remote pools only plans with it: no plan buys from the pool that buys from it."""
+
+from __future__ import annotations
+
+import json
+import socket
+import uuid
+from datetime import timedelta
+
+from tests.e2e.scenarios import Context, group_body, plan_body, pool_body, scenario, ts, utcnow, wait_phase
+from tests.e2e.test_sagemaker_api import grant_plan_reads, mint_key, serving
+from tests.kube import eventually
+
+
+def _dead_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again: nothing listens there
+
+
+def _remote_pool(name: str, itype: str, url: str, secret: str, tier: str) -> dict:
+    return {"apiVersion": "hyperplan.dev/v1alpha1", "kind": "CapacityPool", "metadata": {"name": name},
+            "spec": {"instanceType": itype, "availabilityZone": "us-east-1r",
+                     "source": {"sageMaker": {"endpoint": url, "region": "us-west-2", "credentialsSecret": secret}},
+                     "trainingPlanSelector": {"matchLabels": {"tier": tier}}}}
+
+
+def _reconciled(k, name: str) -> dict | None:
+    return next((c for c in (k.get("trainingplan", name).get("status") or {}).get("conditions") or []
+                 if c["type"] == "Reconciled"), None)
+
+
+@scenario
+def remote_capacity(ctx: Context) -> dict:
+    k = ctx.kubectl
+    tag = uuid.uuid4().hex[:5]
+    itype, tier, user = f"ml.rc-{tag}.xlarge", f"training-{tag}", f"rc-buyer-{tag}"
+    key_id, secret = mint_key(ctx, user)
+    grant_plan_reads(ctx, user, f"rc-buyer-{tag}",
+                     {"apiGroups": ["hyperplan.dev"], "resources": ["trainingplans"], "verbs": ["create"]})
+    endpoint = serving(ctx, key_id, secret)
+    k.apply([{"apiVersion": "v1", "kind": "Secret", "metadata": {"name": f"rc-key-{tag}", "namespace": "default"},
+              "stringData": {"AWS_ACCESS_KEY_ID": key_id, "AWS_SECRET_ACCESS_KEY": secret}}])
+    # The fleet that the API sells: plans without the scenario's tier (the API's own) buy from it.
+    k.create(pool_body(f"rc-fleet-{tag}", itype, 4, az="us-east-1r", trainingPlanSelector={
+        "matchExpressions": [{"key": "tier", "operator": "DoesNotExist"}]}))
+    k.create(_remote_pool(f"rc-remote-{tag}", itype, endpoint.url, f"rc-key-{tag}", tier))
+    dead_url = f"http://127.0.0.1:{_dead_port()}"
+    k.create(_remote_pool(f"rc-dead-{tag}", itype, dead_url, f"rc-key-{tag}", f"dead-{tag}"))
+
+    start = utcnow().replace(microsecond=0) + timedelta(seconds=75)
+    window = {"startTimeAfter": ts(start), "endTimeBefore": ts(start + timedelta(minutes=10))}
+    plan = plan_body(f"rc-{tag}", itype, 2, duration="1m", autoPurchase=True, **window)
+    plan["metadata"]["labels"] = {"tier": tier}
+    k.create(plan)
+    k.create(group_body(f"rc-{tag}", f"rc-{tag}", itype, 2))
+    stuck = plan_body(f"rc-stuck-{tag}", itype, 1, duration="1m", autoPurchase=True, **window)
+    stuck["metadata"]["labels"] = {"tier": f"dead-{tag}"}
+    k.create(stuck)
+
+    scheduled = wait_phase(k, "trainingplan", f"rc-{tag}", "Scheduled", timeout=60)
+    remote_name = "hp-" + k.get("trainingplan", f"rc-{tag}")["metadata"]["uid"].replace("-", "") + "-0"
+    remote_plan = k.get("trainingplan", remote_name)
+    fleet = k.get("capacitypool", f"rc-fleet-{tag}")
+    mirror = k.get("capacitypool", f"rc-remote-{tag}")
+    down = eventually(lambda: (c := _reconciled(k, f"rc-stuck-{tag}")) and c["status"] == "False" and c,
+                      timeout=60, what="the plan on a dead endpoint Reconciled=False")
+    # The endpoint comes back: the pool points at a live one.
+    k.run("patch", "capacitypool", f"rc-dead-{tag}", "--type=merge", "-p",
+          json.dumps({"spec": {"source": {"sageMaker": {"endpoint": endpoint.url}}}}))
+    recovered = wait_phase(k, "trainingplan", f"rc-stuck-{tag}", "Scheduled", timeout=120)
+
+    ready = wait_phase(k, "instancegroup", f"rc-{tag}", "Ready", timeout=150)
+    nodes = k.get("nodes", None, "-l", f"hyperplan.dev/instance-group=rc-{tag}")["items"]
+    expired = wait_phase(k, "trainingplan", f"rc-{tag}", "Expired", timeout=180)
+    gone = eventually(lambda: not k.get("nodes", None, "-l", f"hyperplan.dev/instance-group=rc-{tag}")["items"],
+                      timeout=120, what="the group's nodes gone after the remote block")
+    k.delete("trainingplan", f"rc-{tag}")
+    eventually(lambda: k.get_or_none("trainingplan", f"rc-{tag}") is None, timeout=60, what="plan deleted")
+    after_delete = k.get("capacitypool", f"rc-remote-{tag}")
+    return {"tag": tag, "scheduled": scheduled, "remote_name": remote_name, "remote_plan": remote_plan,
+            "fleet": fleet, "mirror": mirror, "down": down, "dead_url": dead_url,
+            "recovered": recovered, "ready": ready, "nodes": nodes, "expired": expired, "gone": gone,
+            "after_delete": after_delete, "stuck_remote": k.get_or_none(
+                "trainingplan", "hp-" + k.get("trainingplan", f"rc-stuck-{tag}")["metadata"]["uid"].replace("-", "")
+                + "-0")}
+
+
+def test_a_plan_buys_through_the_endpoint_and_holds_the_remotes_block(scenarios) -> None:
+    record = scenarios["remote_capacity"].result(timeout=900)
+    # The remote plan was made through the API (as the key's user) and bought from the fleet.
+    remote = record["remote_plan"]
+    assert remote["spec"]["offeringId"].startswith("tpo-")
+    [sold] = [r for r in record["fleet"]["status"]["reservations"] if r["trainingPlan"] == record["remote_name"]]
+    # The plan's block is the remote's block: same id, same dates, recorded in the remote pool.
+    [block] = record["scheduled"]["reservedCapacity"]
+    assert block["id"] == sold["reservedCapacityId"]
+    assert (block["startTime"], block["endTime"], block["instanceCount"]) == (sold["startTime"], sold["endTime"], 2)
+    assert block["capacityPool"] == f"rc-remote-{record['tag']}"
+    [line] = record["mirror"]["status"]["reservations"]
+    assert line["remoteTrainingPlanArn"].endswith(f":training-plan/{record['remote_name']}")
+
+
+def test_the_group_gets_nodes_on_the_remote_block_and_they_go_when_it_ends(scenarios) -> None:
+    record = scenarios["remote_capacity"].result(timeout=900)
+    block = record["scheduled"]["reservedCapacity"][0]["id"]
+    assert record["ready"]["phase"] == "Ready"
+    assert len(record["nodes"]) == 2
+    assert {n["metadata"]["labels"]["hyperplan.dev/reserved-capacity"] for n in record["nodes"]} == {block}
+    assert record["expired"]["phase"] == "Expired" and record["gone"]
+
+
+def test_an_endpoint_that_is_down_shows_its_error_then_converges(scenarios) -> None:
+    record = scenarios["remote_capacity"].result(timeout=900)
+    down = record["down"]
+    assert down["reason"] == "RemoteUnavailable"
+    assert record["dead_url"] in down["message"] and "EndpointConnectionError" in down["message"]
+    assert record["recovered"]["phase"] == "Scheduled"
+    assert record["stuck_remote"] is not None  # bought through the endpoint once it answered
+
+
+def test_deleting_the_plan_removes_only_this_sides_record(scenarios) -> None:
+    record = scenarios["remote_capacity"].result(timeout=900)
+    assert not [r for r in (record["after_delete"].get("status") or {}).get("reservations") or []
+                if r["trainingPlan"] == f"rc-{record['tag']}"]
