@@ -96,6 +96,10 @@ for _kind in KINDS:
 for _action in REMEDIATION_ACTIONS:
     REMEDIATIONS.labels(_action)
 PURCHASES.labels("Purchased")
+REMOTE_OPERATIONS = ("SearchTrainingPlanOfferings", "CreateTrainingPlan", "DescribeTrainingPlan", "ListTrainingPlans")
+for _operation in REMOTE_OPERATIONS:
+    REMOTE_CALLS.labels(_operation, "ok")
+    REMOTE_CALL_DURATION.labels(_operation)
 
 # Group -> the block whose provisioning was already observed (once per group and block).
 _provisioned: dict[str, str] = {}

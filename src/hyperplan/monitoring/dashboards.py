@@ -212,6 +212,22 @@ def overview() -> dash.Dashboard:
         .with_target(_query("histogram_quantile(0.95, sum by (le, kind) "
                             "(rate(hyperplan_reconcile_duration_seconds_bucket[$__rate_interval])))", "{{kind}}"))
         .unit("s").min(0).span_nulls(True))
+    add(
+        timeseries.Panel().title("Remote SageMaker calls").span(12).height(7)
+        .description("Calls to the SageMaker endpoints that sell remote pools' capacity (docs/aws.md), "
+                     "per second by operation and result: ok, or the error code (ResourceNotFound: an "
+                     "offering sold meanwhile; EndpointConnectionError: the endpoint is down).")
+        .with_target(_query("sum by (operation, result) (rate(hyperplan_remote_calls_total[$__rate_interval]))",
+                            "{{operation}} {{result}}"))
+        .unit("reqps").min(0).legend(_legend_right()))
+    add(
+        timeseries.Panel().title("Remote call latency").span(12).height(7)
+        .description("How long calls to remote SageMaker endpoints take, by operation (p95; boto3's own "
+                     "retries included).")
+        .with_target(_query("histogram_quantile(0.95, sum by (le, operation) "
+                            "(rate(hyperplan_remote_call_duration_seconds_bucket[$__rate_interval])))",
+                            "{{operation}}"))
+        .unit("s").min(0).span_nulls(True))
     return d
 
 
