@@ -22,6 +22,19 @@ def pool(**spec) -> dict:
                      "instanceCount": 16, **spec}}
 
 
+def remote_pool(unavailable=None, instanceCount=None, **source) -> dict:
+    """A pool sold by a SageMaker endpoint (``source``); ``None`` leaves a field out."""
+    sage_maker = {k: v for k, v in {"endpoint": "https://capacity.example.com:9443", "region": "us-east-1",
+                                     "credentialsSecret": "fleet-key", **source}.items() if v is not None}
+    body = pool(source={"sageMaker": sage_maker})
+    del body["spec"]["instanceCount"]
+    if instanceCount is not None:
+        body["spec"]["instanceCount"] = instanceCount
+    if unavailable is not None:
+        body["spec"]["unavailable"] = unavailable
+    return body
+
+
 def plan(**spec) -> dict:
     base = {"instanceType": "ml.p5.48xlarge", "instanceCount": 8, "targetResource": "hyperpod-cluster",
             "duration": "48h", "startTimeAfter": "2027-01-01T00:00:00Z",
@@ -71,9 +84,11 @@ def group(**spec) -> dict:
           placement={"placementSpecifications": [{"ultraServerId": "u" * 63, "instanceCount": 1}]}),
     plan(duration="1h" * 32, offeringId="tpo-" + "a" * 249),
     pool(unavailable=[{"start": "2027-01-01T00:00:00Z", "end": "2027-01-02T00:00:00Z", "instanceCount": 1}] * 1024),
+    remote_pool(),
+    remote_pool(endpoint=None, credentialsSecret=None, maxUpfrontFee="250000.50"),
 ], ids=["pool", "pool-ultraserver", "plan", "plan-ultraserver", "plan-training-job", "group",
         "group-full", "group-keys-near-kubernetes-domains", "group-kwok-no-execute", "group-at-bounds",
-        "plan-at-bounds", "pool-at-bounds"])
+        "plan-at-bounds", "pool-at-bounds", "pool-remote", "pool-remote-aws"])
 def test_valid_objects_are_accepted(crds: Kubectl, obj: dict) -> None:
     crds.create(obj)
     stored = crds.get(obj["kind"].lower(), obj["metadata"]["name"])
@@ -86,6 +101,14 @@ def test_valid_objects_are_accepted(crds: Kubectl, obj: dict) -> None:
 
 
 @pytest.mark.parametrize("obj, message", [
+    (remote_pool(instanceCount=4), "a pool has either instanceCount (it keeps its own ledger) or source"),
+    ({**pool(), "spec": {k: v for k, v in pool()["spec"].items() if k != "instanceCount"}},
+     "a pool has either instanceCount (it keeps its own ledger) or source"),
+    (remote_pool(unavailable=[{"start": "2027-01-01T00:00:00Z", "end": "2027-01-02T00:00:00Z", "instanceCount": 1}]),
+     "a pool with a remote source has no unavailable windows"),
+    (remote_pool(endpoint="capacity.example.com"), "endpoint must be an http(s) URL"),
+    (remote_pool(region="US East"), "spec.source.sageMaker.region: Invalid value"),
+    (remote_pool(maxUpfrontFee="$100"), "spec.source.sageMaker.maxUpfrontFee: Invalid value"),
     (plan(instanceCount=3), 'spec.instanceCount: Unsupported value: 3'),
     (plan(instanceCount=128), 'spec.instanceCount: Unsupported value: 128'),
     (plan(targetResource="inference"), 'spec.targetResource: Unsupported value: "inference"'),
