@@ -285,7 +285,8 @@ def test_which_calls_get_the_default_timeout(tmp_path, call, want) -> None:
         def getheader(self, name, default=None):
             return self.getheaders().get(name.lower(), default)
 
-    def request(method, url, headers=None, body=None, post_params=None, _request_timeout=None):
+    def request(method, url, query_params=None, headers=None, body=None, post_params=None, _preload_content=True,
+                _request_timeout=None):  # urllib3's RESTClientObject.request, as kubernetes 36 calls it
         seen.append(_request_timeout)
         return Answer()
 

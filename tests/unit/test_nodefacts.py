@@ -62,7 +62,9 @@ def node_json(name: str = "n", *, role: str | None = "active", ready: str | None
 
 def as_v1(body: dict[str, Any]) -> client.V1Node:
     """The node as the Kubernetes client reads it from the API's JSON."""
-    return client.ApiClient().deserialize(json.dumps(body), "V1Node", "application/json")
+    class Response:  # what the client deserializes: an HTTP response's body in ``data``
+        data = json.dumps(body)
+    return client.ApiClient().deserialize(Response(), "V1Node")
 
 
 # --------------------------------------------------------------------------- both shapes, one set of facts

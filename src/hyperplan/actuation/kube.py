@@ -34,24 +34,28 @@ class TimedApiClient(client.ApiClient):
     hold a handler's thread for ever. Watch streams (``watch=true``) are left without one: they
     are meant to stay open, and the operator's set their own (handlers.nodewatch, the Lease's).
 
-    Every generated API method ends in :meth:`call_api`, so this is the one place that sees them
-    all. A number bounds each wait of the call (connect, then each read), as urllib3 takes it;
-    urllib3 retries an idempotent call (GET, PUT, DELETE) after a read timeout up to 3 times.
+    Every generated API method ends in :meth:`request` (the client of kubernetes 36, which the lock
+    pins: botocore needs a python-dateutil that kubernetes 37 refuses), so this is the one place
+    that sees them all. A number bounds each wait of the call (connect, then each read), as urllib3
+    takes it; urllib3 retries an idempotent call (GET, PUT, DELETE) after a read timeout up to 3 times.
     """
 
     def __init__(self, configuration: client.Configuration, default_timeout: float) -> None:
         super().__init__(configuration)
         self.default_timeout = default_timeout
 
-    def call_api(self, method, url, header_params=None, body=None, post_params=None,  # noqa: ANN001
-                 _request_timeout=None):  # the generated client's names
-        if _request_timeout is None and not is_watch(url):
+    def request(self, method, url, query_params=None, headers=None, post_params=None,  # noqa: ANN001
+                body=None, _preload_content=True, _request_timeout=None):  # the generated client's names
+        if _request_timeout is None and not is_watch(url, query_params):
             _request_timeout = self.default_timeout
-        return super().call_api(method, url, header_params, body, post_params, _request_timeout)
+        return super().request(method, url, query_params=query_params, headers=headers, post_params=post_params,
+                               body=body, _preload_content=_preload_content, _request_timeout=_request_timeout)
 
 
-def is_watch(url: str) -> bool:
-    """Whether the request opens a watch stream."""
+def is_watch(url: str, query_params: Any = None) -> bool:
+    """Whether the request opens a watch stream (``watch=true`` in the URL or the query parameters)."""
+    if any(key == "watch" and str(value).lower() == "true" for key, value in query_params or ()):
+        return True
     return "true" in parse_qs(urlsplit(url).query).get("watch", ())
 
 

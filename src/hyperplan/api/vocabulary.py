@@ -96,6 +96,10 @@ ANNOTATION_CLAIM = f"{GROUP}/claim"
 """A nonce the operator writes on a node it creates or adopts, whose SHA-256 the group's record
 holds (``status.nodes[].claim``) from just before the write: after a crash between the write and
 the pass's status patch, the node is recognised as the group's by it (``planning.ownership``)."""
+# Tags of a training plan bought at a remote SageMaker endpoint (handlers.remote_plans, docs/aws.md):
+# which plan of this cluster bought it.
+TAG_TRAINING_PLAN = f"{GROUP}/training-plan"
+TAG_TRAINING_PLAN_UID = f"{GROUP}/training-plan-uid"
 ANNOTATION_KEEP_ALIVE_UNTIL = f"{GROUP}/keep-alive-until"
 """RFC 3339: when an idle warm node of a training-job plan is released, unless a workload takes it."""
 ANNOTATION_BLOCK_TERMINATION = f"{GROUP}/block-termination-time"

@@ -27,7 +27,7 @@ from typing import Any, Mapping, Sequence
 
 from hyperplan.actuation.remote import RemoteError
 from hyperplan.api.models import CapacityPool, TrainingPlanSpec
-from hyperplan.api.vocabulary import REASON_OFFERING_UNAVAILABLE
+from hyperplan.api.vocabulary import REASON_OFFERING_UNAVAILABLE, TAG_TRAINING_PLAN, TAG_TRAINING_PLAN_UID
 from hyperplan.planning.blocks import Block
 from hyperplan.planning.offerings import Offering, OfferingRequest, RuleViolation, matching_pools
 from hyperplan.planning.policy import Policy
@@ -133,7 +133,7 @@ def buy(rt: Any, pool: CapacityPool, name: str, uid: str, spec: TrainingPlanSpec
     try:
         spares = spec.spare_instances_per_ultra_server if spec.ultra_server_type else None  # plain instances: none
         capacity.create_plan(remote_name, offering.remote_id, spares,
-                             {"hyperplan.dev/training-plan": name, "hyperplan.dev/training-plan-uid": uid})
+                             {TAG_TRAINING_PLAN: name, TAG_TRAINING_PLAN_UID: uid})
     except RemoteError as e:
         if e.code in ("ResourceNotFound", "ValidationException"):  # sold meanwhile, or no longer offered
             return RemoteBuy(violation=RuleViolation(REASON_OFFERING_UNAVAILABLE, (
