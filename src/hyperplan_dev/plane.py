@@ -83,11 +83,13 @@ def check_name(name: str) -> str:
     return name
 
 
-def state_dir(name: str | None = None) -> Path:
-    """The default plane's state folder (``.state/dev``, or ``$HYPERPLAN_STATE_DIR``); a named
-    plane's is inside it, in ``planes/<name>``, which the default plane's ``down`` leaves alone."""
-    env = os.environ.get("HYPERPLAN_STATE_DIR")
-    base = Path(env) if env else project_root() / ".state" / "dev"
+def state_dir(name: str | None = None, base: Path | None = None) -> Path:
+    """The default plane's state folder (``base``, else ``$HYPERPLAN_STATE_DIR``, else
+    ``.state/dev``); a named plane's is inside it, in ``planes/<name>``, which the default
+    plane's ``down`` leaves alone."""
+    if base is None:
+        env = os.environ.get("HYPERPLAN_STATE_DIR")
+        base = Path(env) if env else project_root() / ".state" / "dev"
     return base if name is None else base / "planes" / check_name(name)
 
 
