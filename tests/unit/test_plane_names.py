@@ -47,6 +47,7 @@ def test_a_named_plane_lives_in_the_default_planes_folder_without_kueue(base) ->
     assert "kueue" in Plane(name="capacity", with_kueue=True).processes
     assert "kueue" not in Plane(with_kueue=False).processes
     assert Plane(root=base / "elsewhere", name="capacity").dir == base / "elsewhere"
+    assert state_dir("capacity", base=base / "federation") == base / "federation" / "planes" / "capacity"
 
 
 def write_kubeconfig(plane: Plane, tmp_path) -> dict:
@@ -91,10 +92,33 @@ def test_down_of_one_plane_leaves_the_others_state(base) -> None:
     assert lines[0] == "control plane stopped and its state removed"
 
 
-def test_ports_are_never_handed_out_twice() -> None:
-    """Three planes of nine ports and their operators' ports, picked before any is bound."""
-    picked = [p for _ in range(4) for p in free_ports(9)]
-    assert len(set(picked)) == len(picked) == 36
+class KernelSocket:
+    """A socket whose bind(0) gets the next port of ``KernelSocket.ports``, as the kernel may hand
+    out a port again once the socket that held it is closed."""
+
+    ports: list[int] = []
+
+    def __enter__(self): return self
+    def __exit__(self, *exc): return None
+    def bind(self, address): self.port = KernelSocket.ports.pop(0)
+    def getsockname(self): return ("127.0.0.1", self.port)
+
+
+def test_a_port_handed_out_once_is_not_handed_out_again(monkeypatch) -> None:
+    """Two planes picked before either binds its ports: the second never gets one of the first's,
+    though the kernel offers it again (here 7001, released after the first pick)."""
+    from hyperplan_dev import plane
+
+    monkeypatch.setattr(plane, "_handed_out", set())
+    monkeypatch.setattr(plane, "socket", SimpleNamespace(socket=KernelSocket))
+    KernelSocket.ports = [7001, 7002, 7001, 7003, 7002, 7004]
+    assert free_ports(2) == [7001, 7002]
+    assert free_ports(2) == [7003, 7004]
+
+
+def test_the_real_ports_of_three_planes_are_distinct() -> None:
+    picked = [p for _ in range(3) for p in free_ports(9)]
+    assert len(set(picked)) == len(picked) == 27
 
 
 @pytest.mark.parametrize("argv, code, err", [
