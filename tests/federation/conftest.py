@@ -5,9 +5,10 @@ its own operator process (`hyperplan run`, demo profile, its cluster name the pl
 The capacity cluster's operator serves the SageMaker API on a free port (:attr:`Cluster.
 sagemaker_api_url`), the training clusters' serve none. The three are started side by side, once
 per session, in ``.state/federation/planes/<name>`` (``HYPERPLAN_STATE_DIR=.state/federation
-hyperplan dev status --name capacity`` shows one); whatever an earlier run left there is stopped
-by pid first, so each session starts on empty planes. At the end every operator gets SIGTERM and
-every plane is stopped by the pids it recorded, also when a start failed half way.
+hyperplan dev status --name capacity`` shows one); whatever an earlier run left there (the
+planes' processes and the operators') is stopped by pid first, so each session starts on empty
+planes. At the end every operator gets SIGTERM and every plane is stopped by the pids it
+recorded, also when a start failed half way.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from hyperplan.actuation.kube import Kube, api_client
-from hyperplan_dev.plane import Plane, state_dir
+from hyperplan_dev.plane import Plane, state_dir, stop_process_group
 from tests.e2e.scenarios import Context
 from tests.harness import ROOT, Operator, apply_crds, start_replica, stop_replica
 from tests.kube import Kubectl, eventually
@@ -72,17 +73,38 @@ def federation_plane(name: str) -> Plane:
                  log=lambda line: print(f"[plane {name}] {line}", flush=True))
 
 
+def operator_pid_file(plane: Plane) -> Path:
+    return plane.dir / "operator.pid"
+
+
+def stop_stale_operator(plane: Plane) -> None:
+    """An operator an earlier session left on this plane (killed before its teardown), stopped by
+    the pid it recorded, if that pid still runs `hyperplan run` at this plane's kubeconfig."""
+    pid_file = operator_pid_file(plane)
+    try:
+        pid = int(pid_file.read_text())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except (OSError, ValueError):
+        pid = None
+    if pid and b"hyperplan.cli" in cmdline and f"KUBECONFIG={plane.kubeconfig}".encode() in environ:
+        stop_process_group(pid)
+    pid_file.unlink(missing_ok=True)
+
+
 def start_member(name: str, sagemaker_api: bool, logs: Path) -> Cluster:
     """A fresh plane with the CRDs, and its operator once it holds its leader Lease. A failure
     stops what this call started before it is raised."""
     plane = federation_plane(name)
-    plane.down(quiet=True)  # what an earlier run left, by its recorded pids
+    stop_stale_operator(plane)  # what an earlier run left, by the pids it recorded
+    plane.down(quiet=True)
     try:
         plane.up()
         kubectl = apply_crds(Kubectl(plane.kubeconfig))
         identity = f"{name}-replica-0"
         op = start_replica(plane, logs / f"operator-{name}.log", identity, sagemaker_api=sagemaker_api,
                            env={"HYPERPLAN_CLUSTER_NAME": name, "HYPERPLAN_KUEUE_ENABLED": "false"})
+        operator_pid_file(plane).write_text(str(op.proc.pid))
     except BaseException:
         plane.down(quiet=True)
         raise
@@ -101,6 +123,7 @@ def stop_member(cluster: Cluster) -> None:
         if cluster.operator.proc.poll() is None:
             stop_replica(cluster.operator)
     finally:
+        operator_pid_file(cluster.plane).unlink(missing_ok=True)
         cluster.plane.down(quiet=True)
 
 

@@ -96,6 +96,7 @@ def test_dev_env_and_status_name_each_plane(capacity: Cluster, training_a: Clust
 def test_dev_down_of_one_plane_leaves_the_others_running(capacity: Cluster, training_a: Cluster,
                                                          training_b: Cluster) -> None:
     scratch = federation_plane("scratch")
+    scratch.down(quiet=True)  # what a killed earlier run left
     try:
         up = dev("up", "--name", "scratch")
         assert up.returncode == 0, up.stdout + up.stderr
