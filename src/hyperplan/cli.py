@@ -209,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     run = sub.add_parser("run", help="run the operator (settings from HYPERPLAN_* variables)")
     run.set_defaults(func=cmd_run)
     dev = sub.add_parser("dev", help="the local control plane (etcd, kube-apiserver, KWOK, ...), "
+                                     "a further one with --name, "
                                      "or `dev kind up|down|status`: a kind cluster with the chart "
                                      "(from the checkout: pip install -e .)")
     dev.add_argument("action", choices=["up", "down", "status", "env", "kind"])
