@@ -56,11 +56,12 @@ crds-check: venv
 demo: venv
 	$(BIN)/python -m hyperplan_dev.demo
 
-# The whole suite: unit, integration (real API server), e2e (operator as its own process) and the
-# kind tier (the operator's image and chart on a real kind cluster). One control plane and one
-# kind cluster per run, started by the test session and stopped again at its end.
+# The whole suite: unit, integration (real API server), e2e (operator as its own process),
+# federation (three named planes side by side, an operator on each) and the kind tier (the
+# operator's image and chart on a real kind cluster). The planes and the kind cluster of a run
+# are started by the test session and stopped again at its end.
 test: venv system-deps binaries kind-images
-	$(BIN)/python -m pytest -ra tests/unit tests/integration tests/e2e tests/kind
+	$(BIN)/python -m pytest -ra tests/unit tests/integration tests/e2e tests/federation tests/kind
 
 # The control-plane binaries, built from their Go modules once per machine (~/.cache/hyperplan).
 binaries: venv

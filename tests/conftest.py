@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from hyperplan_dev.plane import Plane
+from tests.harness import apply_crds
 from tests.kube import Kubectl
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,8 +33,4 @@ def kubectl(plane: Plane) -> Kubectl:
 @pytest.fixture(scope="session")
 def crds(kubectl: Kubectl) -> Kubectl:
     """The hyperplan CRDs applied with kubectl and Established."""
-    kubectl.run("apply", "-f", str(ROOT / "crds"))
-    for plural in ("capacitypools", "trainingplans", "instancegroups"):
-        kubectl.run("wait", "--for=condition=Established", "--timeout=60s",
-                    f"crd/{plural}.hyperplan.dev")
-    return kubectl
+    return apply_crds(kubectl)

@@ -63,10 +63,18 @@ def cmd_dev(args: argparse.Namespace) -> int:
         print(f"error: {DEV_TOOLS_MISSING}", file=sys.stderr)
         return 1
     if args.action == "kind":
+        if args.name is not None:
+            print("error: --name is for the local control planes; the kind cluster has no name to choose",
+                  file=sys.stderr)
+            return 2
         return cmd_kind(args.kind_action)
     from hyperplan_dev.plane import Plane
 
-    plane = Plane(log=_say)
+    try:
+        plane = Plane(log=_say, name=args.name)
+    except ValueError as e:  # a bad --name
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     try:
         if args.action == "up":
             plane.up()
@@ -75,7 +83,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
         elif args.action == "status":
             rows = plane.status()
             if not rows:
-                _say("control plane is not running")
+                _say(f"{plane.title} is not running")
                 return 1
             for name, state, where in rows:
                 _say(f"{name:<24} {state:<22} {where}")
@@ -201,12 +209,18 @@ def main(argv: list[str] | None = None) -> int:
     run = sub.add_parser("run", help="run the operator (settings from HYPERPLAN_* variables)")
     run.set_defaults(func=cmd_run)
     dev = sub.add_parser("dev", help="the local control plane (etcd, kube-apiserver, KWOK, ...), "
+                                     "a further one with --name, "
                                      "or `dev kind up|down|status`: a kind cluster with the chart "
                                      "(from the checkout: pip install -e .)")
     dev.add_argument("action", choices=["up", "down", "status", "env", "kind"])
     dev.add_argument("kind_action", nargs="?", choices=["up", "down", "status", "build"],
                      help="with `kind`: create, delete or describe the kind cluster, or only "
                           "build (or pull) what it needs")
+    dev.add_argument("--name", default=None,
+                     help="a further local control plane beside the default one, e.g. capacity or "
+                          "training-a (a DNS label): its own state in .state/dev/planes/NAME and its "
+                          "own free ports; named planes run without Kueue. Without --name: the "
+                          "default plane in .state/dev, with Kueue")
     dev.set_defaults(func=cmd_dev)
     crd = sub.add_parser("crds", help="write (or --check) the CRDs generated from the API models")
     crd.add_argument("--out", default="crds")

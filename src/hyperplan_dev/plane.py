@@ -6,13 +6,20 @@ the process group it started, found by the pid recorded in ``plane.json``. Kueue
 (CRDs, webhooks on loopback, a private mount namespace) is in :mod:`.kueue`. Everything the
 plane writes (certificates, etcd data, logs, the kubeconfig) lives in one state folder
 inside the checkout (``.state/dev``, git-ignored); ``~/.kube/config`` is never touched.
+
+Further planes run beside the default one under a name (``Plane(name="capacity")``, ``hyperplan
+dev up --name capacity``), each with its own state folder (``.state/dev/planes/<name>``), its own
+free ports and no Kueue: a capacity cluster and training clusters on one machine, for the
+federation tests.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -57,15 +64,58 @@ def project_root() -> Path:
     return here
 
 
-def state_dir() -> Path:
-    env = os.environ.get("HYPERPLAN_STATE_DIR")
-    return Path(env) if env else project_root() / ".state" / "dev"
+NAME_PATTERN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+NAME_MAX = 40
+
+
+def check_name(name: str) -> str:
+    """``name`` if it may name a plane, else ValueError saying why.
+
+    A DNS label (lower-case letters, digits and inner dashes), because the name becomes a folder,
+    the kubeconfig's cluster, user and context (``hyperplan-dev-<name>``) and, in the federation
+    tests, the operator's cluster name in HyperPod ARNs; at most 40 characters so that all of
+    these stay within the 63 of a label.
+    """
+    if not NAME_PATTERN.fullmatch(name) or len(name) > NAME_MAX:
+        raise ValueError(f"invalid plane name {name!r}: use 1 to {NAME_MAX} lower-case letters, digits "
+                         "and dashes, starting and ending with a letter or digit (a DNS label, "
+                         "such as capacity or training-a)")
+    return name
+
+
+def state_dir(name: str | None = None, base: Path | None = None) -> Path:
+    """The default plane's state folder (``base``, else ``$HYPERPLAN_STATE_DIR``, else
+    ``.state/dev``); a named plane's is inside it, in ``planes/<name>``, which the default
+    plane's ``down`` leaves alone."""
+    if base is None:
+        env = os.environ.get("HYPERPLAN_STATE_DIR")
+        base = Path(env) if env else project_root() / ".state" / "dev"
+    return base if name is None else base / "planes" / check_name(name)
+
+
+# Ports this process has handed out. A port is free when picked but only taken once its server
+# binds it, seconds later; until then the kernel may hand it out again, to the next plane started
+# beside this one (the federation tests start three) or to an operator's metrics port.
+_handed_out: set[int] = set()
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free loopback ports, none handed out before by this process. Each socket
+    stays bound until all are picked, so the kernel cannot give the same port twice."""
+    with contextlib.ExitStack() as stack:
+        ports: list[int] = []
+        while len(ports) < n:
+            s = stack.enter_context(socket.socket())
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+            if port not in _handed_out:
+                ports.append(port)
+        _handed_out.update(ports)
+        return ports
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 @dataclass
@@ -88,9 +138,16 @@ class PlaneState:
 
 
 class Plane:
-    def __init__(self, root: Path | None = None, log: Log = print, with_kueue: bool = True,
-                 node_status_seconds: int | None = None, audit_writes: bool = False):
-        """``with_kueue=False``: a plane without Kueue (for benchmarks that measure the rest).
+    def __init__(self, root: Path | None = None, log: Log = print, with_kueue: bool | None = None,
+                 node_status_seconds: int | None = None, audit_writes: bool = False,
+                 name: str | None = None):
+        """``name``: a further plane beside the default one (see :func:`check_name`), its state
+        in ``root`` or else ``state_dir(name)``; None: the default plane, as it always was.
+
+        ``with_kueue=False``: a plane without Kueue (for benchmarks that measure the rest).
+        Unset: the default plane starts Kueue, a named one does not. The federation's clusters
+        trade capacity through the SageMaker API and need no admission checks, and each Kueue
+        costs its CRDs (1.4 MB of schema to take in) and a busy controller on a 2-core machine.
 
         ``node_status_seconds``: how often KWOK's fake kubelets report an unchanged node status.
         By default every 20 to 25 s, so that tests see a node that stops reporting soon. A fleet
@@ -106,12 +163,28 @@ class Plane:
         audit level ``Metadata`` to :attr:`audit_log`, one JSON line each with its User-Agent, so
         that a benchmark can tell the operator's writes from the controllers' and KWOK's
         (``apiserver_request_total`` has no label for the client)."""
-        self.dir = root or state_dir()
+        self.name = None if name is None else check_name(name)
+        self.dir = root or state_dir(self.name)
         self.log = log
-        self.with_kueue = with_kueue
+        self.with_kueue = self.name is None if with_kueue is None else with_kueue
         self.node_status_seconds = node_status_seconds
         self.audit_writes = audit_writes
         self._children: dict[str, subprocess.Popen] = {}
+
+    @property
+    def title(self) -> str:
+        """How messages name this plane: "control plane", or "control plane 'capacity'"."""
+        return "control plane" if self.name is None else f"control plane {self.name!r}"
+
+    @property
+    def up_command(self) -> str:
+        return "hyperplan dev up" if self.name is None else f"hyperplan dev up --name {self.name}"
+
+    @property
+    def kubeconfig_name(self) -> str:
+        """The kubeconfig's cluster and context name; distinct per plane, so that the kubeconfigs
+        of several planes can be merged (``KUBECONFIG=a:b:c``) without one hiding another."""
+        return "hyperplan-dev" if self.name is None else f"hyperplan-dev-{self.name}"
 
     @property
     def processes(self) -> tuple[str, ...]:
@@ -140,7 +213,7 @@ class Plane:
     def server(self) -> str:
         st = self.state()
         if st is None:
-            raise RuntimeError("the local control plane is not up; run `hyperplan dev up`")
+            raise RuntimeError(f"the local {self.title} is not up; run `{self.up_command}`")
         return f"https://127.0.0.1:{st.ports['apiserver']}"
 
     # ----------------------------------------------------------------- lifecycle
@@ -149,19 +222,19 @@ class Plane:
         started = time.monotonic()
         st = self.state()
         if st and self._all_alive(st) and self._ready(st):
-            self.log(f"control plane already running at https://127.0.0.1:{st.ports['apiserver']}")
+            self.log(f"{self.title} already running at https://127.0.0.1:{st.ports['apiserver']}")
             return st
         if st:
-            self.log("found a stale control plane; stopping what is left of it")
+            self.log(f"found a stale {self.title}; stopping what is left of it")
             self.down(quiet=True)
         build.ensure_binaries(self.log)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(exist_ok=True)
         self.log("generating certificates")
         pki = certs.generate(self.dir / "pki")
-        st = PlaneState(ports={k: free_port() for k in (
-            "etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler", "kwok",
-            "kueue-webhook", "kueue-health", "kueue-metrics")})
+        keys = ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler", "kwok",
+                "kueue-webhook", "kueue-health", "kueue-metrics")
+        st = PlaneState(ports=dict(zip(keys, free_ports(len(keys)))))
         st.save(self.state_file)
         self._write_kubeconfig(st, pki)
         for name in self.processes:
@@ -180,7 +253,7 @@ class Plane:
                 self.log(f"kueue {build.KUEUE_VERSION} ready in {time.monotonic() - kueue_started:.1f}s "
                          f"(webhooks on https://127.0.0.1:{st.ports['kueue-webhook']})")
         self._wait(lambda: self._default_service_account(st), "the default service account", st)
-        self.log(f"control plane ready at https://127.0.0.1:{st.ports['apiserver']} "
+        self.log(f"{self.title} ready at https://127.0.0.1:{st.ports['apiserver']} "
                  f"in {time.monotonic() - started:.1f}s; kubeconfig {self.kubeconfig}")
         return st
 
@@ -188,7 +261,7 @@ class Plane:
         st = self.state()
         if st is None:
             if not quiet:
-                self.log("control plane is not running")
+                self.log(f"{self.title} is not running")
             return
         self._delete_kueue_webhooks(st, quiet)
         for name in reversed(PROCESS_ORDER):
@@ -201,8 +274,11 @@ class Plane:
             _rmtree(self.dir / sub)
         for f in (self.state_file, self.kubeconfig, self.dir / "kwok-stages.yaml", self.dir / "audit-policy.yaml"):
             f.unlink(missing_ok=True)
+        if self.name is not None:  # its folder too, once empty (so planes/ lists the named planes up)
+            with contextlib.suppress(OSError):
+                self.dir.rmdir()
         if not quiet:
-            self.log("control plane stopped and its state removed")
+            self.log(f"{self.title} stopped and its state removed")
 
     def restart(self, name: str, how: signal.Signals = signal.SIGTERM, timeout: float = 120) -> float:
         """Stop one process of the running plane and start it again; the seconds that took.
@@ -220,7 +296,7 @@ class Plane:
             raise ValueError(f"unknown plane process {name!r}; expected one of {', '.join(PROCESS_ORDER)}")
         st = self.state()
         if st is None:
-            raise RuntimeError("the local control plane is not up; nothing to restart")
+            raise RuntimeError(f"the local {self.title} is not up; nothing to restart")
         started = time.monotonic()
         pid = st.pids.get(name)
         if pid and self._is_ours(name, pid):
@@ -538,19 +614,23 @@ class Plane:
         def b64(p: Path) -> str:
             return base64.b64encode(p.read_bytes()).decode()
 
-        config = {
-            "apiVersion": "v1", "kind": "Config", "current-context": "hyperplan-dev",
-            "clusters": [{"name": "hyperplan-dev", "cluster": {
-                "server": f"https://127.0.0.1:{st.ports['apiserver']}",
-                "certificate-authority-data": b64(pki.ca_cert)}}],
-            "users": [{"name": "hyperplan-admin", "user": {
-                "client-certificate-data": b64(pki.admin_cert),
-                "client-key-data": b64(pki.admin_key)}}],
-            "contexts": [{"name": "hyperplan-dev", "context": {
-                "cluster": "hyperplan-dev", "user": "hyperplan-admin"}}],
-        }
+        config = kubeconfig_document(self.kubeconfig_name, "hyperplan-admin" if self.name is None
+                                     else f"{self.kubeconfig_name}-admin",
+                                     f"https://127.0.0.1:{st.ports['apiserver']}", b64(pki.ca_cert),
+                                     b64(pki.admin_cert), b64(pki.admin_key))
         self.kubeconfig.write_text(yaml.safe_dump(config))
         self.kubeconfig.chmod(0o600)
+
+
+def kubeconfig_document(name: str, user: str, server: str, ca: str, cert: str, key: str) -> dict:
+    """A kubeconfig with one cluster and one context called ``name``, the admin as ``user``
+    (certificates base64-encoded)."""
+    return {
+        "apiVersion": "v1", "kind": "Config", "current-context": name,
+        "clusters": [{"name": name, "cluster": {"server": server, "certificate-authority-data": ca}}],
+        "users": [{"name": user, "user": {"client-certificate-data": cert, "client-key-data": key}}],
+        "contexts": [{"name": name, "context": {"cluster": name, "user": user}}],
+    }
 
 
 def kwok_stages(node_status_seconds: int | None = None) -> str:

@@ -2,90 +2,16 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import urllib.request
-from dataclasses import dataclass
-from pathlib import Path
-
 import pytest
 
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from hyperplan.actuation.kube import Kube, api_client
 from hyperplan_dev import prometheus
-from hyperplan_dev.plane import Plane, free_port
+from hyperplan_dev.plane import Plane
 from tests.e2e.scenarios import LATE_REGISTRY, REGISTRY, Context
+from tests.harness import Operator, start_replica, stop_replica  # noqa: F401 (tests import Operator from here)
 from tests.kube import Kubectl, eventually
-
-
-@dataclass
-class Operator:
-    """The operator process: started, killed and restarted with the same settings."""
-
-    log: Path
-    metrics_port: int
-    liveness_port: int
-    env: dict
-    proc: subprocess.Popen | None = None
-    sagemaker_api_port: int | None = None  # hyperplan's SageMaker API (served by the replica that leads)
-
-    def start(self) -> None:
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "hyperplan.cli", "run"], env=self.env,
-                                         stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-
-    def kill_and_restart(self) -> None:
-        """kill -9 (no chance to clean up), then a new process with the same settings."""
-        os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-        self.start()
-        self.wait_alive()
-
-    def wait_alive(self) -> None:
-        def alive() -> bool:
-            assert self.proc.poll() is None, f"operator exited early:\n{self.log.read_text()[-3000:]}"
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.liveness_port}/healthz", timeout=2) as r:
-                    return r.status == 200
-            except OSError:
-                return False
-
-        eventually(alive, timeout=60, what="operator liveness endpoint")
-
-    def metrics(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
-            return r.read().decode()
-
-
-def start_replica(plane: Plane, log: Path, identity: str) -> Operator:
-    """One `hyperplan run` replica. Its identity in the leader Lease stays the same across
-    :meth:`Operator.kill_and_restart`, as a container restarted in the same pod keeps its name."""
-    metrics_port, liveness_port, api_port = free_port(), free_port(), free_port()
-    env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig), "HYPERPLAN_POLICY": "demo",
-           "HYPERPLAN_METRICS_PORT": str(metrics_port), "HYPERPLAN_LIVENESS_PORT": str(liveness_port),
-           "HYPERPLAN_LEADER_ELECTION_IDENTITY": identity, "HYPERPLAN_SAGEMAKER_API_PORT": str(api_port),
-           "HYPERPLAN_API_KEY_NAMESPACE": "default", "HYPERPLAN_AWS_ACCOUNT_ID": "111122223333"}
-    op = Operator(log, metrics_port, liveness_port, env, sagemaker_api_port=api_port)
-    op.start()
-    op.wait_alive()
-    return op
-
-
-def stop_replica(op: Operator) -> None:
-    """SIGTERM, which must exit 0 within 30 s."""
-    proc = op.proc
-    proc.send_signal(signal.SIGTERM)
-    try:
-        rc = proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        raise AssertionError(f"operator did not stop within 30s of SIGTERM (log {op.log})")
-    print(f"[operator] log: {op.log}")
-    assert rc == 0, f"operator exited {rc} on SIGTERM:\n{op.log.read_text()[-3000:]}"
 
 
 LEADER, STANDBY = "e2e-replica-0", "e2e-replica-1"
