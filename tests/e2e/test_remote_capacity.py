@@ -15,7 +15,7 @@ import socket
 import uuid
 from datetime import timedelta
 
-from tests.e2e.scenarios import Context, group_body, plan_body, pool_body, scenario, ts, utcnow, wait_phase
+from tests.e2e.scenarios import Context, events_for, group_body, plan_body, pool_body, scenario, ts, utcnow, wait_phase
 from tests.e2e.test_sagemaker_api import grant_plan_reads, mint_key, serving
 from tests.kube import eventually
 
@@ -62,6 +62,10 @@ def remote_capacity(ctx: Context) -> dict:
     plan["metadata"]["labels"] = {"tier": tier}
     k.create(plan)
     k.create(group_body(f"rc-{tag}", f"rc-{tag}", itype, 2))
+    ahead = plan_body(f"rc-ahead-{tag}", itype, 1, duration="1m", autoPurchase=True,
+                      startTimeAfter=ts(start + timedelta(minutes=20)))
+    ahead["metadata"]["labels"] = {"tier": tier}
+    k.create(ahead)
     stuck = plan_body(f"rc-stuck-{tag}", itype, 1, duration="1m", autoPurchase=True, **window)
     stuck["metadata"]["labels"] = {"tier": f"dead-{tag}"}
     k.create(stuck)
@@ -83,13 +87,20 @@ def remote_capacity(ctx: Context) -> dict:
     expired = wait_phase(k, "trainingplan", f"rc-{tag}", "Expired", timeout=180)
     gone = eventually(lambda: not k.get("nodes", None, "-l", f"hyperplan.dev/instance-group=rc-{tag}")["items"],
                       timeout=120, what="the group's nodes gone after the remote block")
-    k.delete("trainingplan", f"rc-{tag}")
-    eventually(lambda: k.get_or_none("trainingplan", f"rc-{tag}") is None, timeout=60, what="plan deleted")
+    # A plan bought remotely and deleted before its block: the remote plan stays (it cannot be cancelled).
+    wait_phase(k, "trainingplan", f"rc-ahead-{tag}", "Scheduled", timeout=60)
+    ahead_uid = k.get("trainingplan", f"rc-ahead-{tag}")["metadata"]["uid"]
+    k.delete("trainingplan", f"rc-ahead-{tag}")
+    eventually(lambda: k.get_or_none("trainingplan", f"rc-ahead-{tag}") is None, timeout=60, what="plan deleted")
     after_delete = k.get("capacitypool", f"rc-remote-{tag}")
+    kept_events = eventually(lambda: [e for e in events_for(k, f"rc-ahead-{tag}") if e["reason"] == "RemotePlanKept"],
+                             timeout=30, what="the RemotePlanKept Event")
+    ahead_remote = k.get_or_none("trainingplan", "hp-" + ahead_uid.replace("-", "") + "-0")
     return {"tag": tag, "scheduled": scheduled, "remote_name": remote_name, "remote_plan": remote_plan,
             "fleet": fleet, "mirror": mirror, "down": down, "dead_url": dead_url,
             "recovered": recovered, "ready": ready, "nodes": nodes, "expired": expired, "gone": gone,
-            "after_delete": after_delete, "stuck_remote": k.get_or_none(
+            "after_delete": after_delete, "ahead_uid": ahead_uid, "kept_events": kept_events,
+            "ahead_remote": ahead_remote, "stuck_remote": k.get_or_none(
                 "trainingplan", "hp-" + k.get("trainingplan", f"rc-stuck-{tag}")["metadata"]["uid"].replace("-", "")
                 + "-0")}
 
@@ -105,7 +116,7 @@ def test_a_plan_buys_through_the_endpoint_and_holds_the_remotes_block(scenarios)
     assert block["id"] == sold["reservedCapacityId"]
     assert (block["startTime"], block["endTime"], block["instanceCount"]) == (sold["startTime"], sold["endTime"], 2)
     assert block["capacityPool"] == f"rc-remote-{record['tag']}"
-    [line] = record["mirror"]["status"]["reservations"]
+    [line] = [r for r in record["mirror"]["status"]["reservations"] if r["trainingPlan"] == f"rc-{record['tag']}"]
     assert line["remoteTrainingPlanArn"].endswith(f":training-plan/{record['remote_name']}")
 
 
@@ -127,7 +138,11 @@ def test_an_endpoint_that_is_down_shows_its_error_then_converges(scenarios) -> N
     assert record["stuck_remote"] is not None  # bought through the endpoint once it answered
 
 
-def test_deleting_the_plan_removes_only_this_sides_record(scenarios) -> None:
+def test_deleting_a_plan_removes_only_this_sides_record_and_says_so(scenarios) -> None:
     record = scenarios["remote_capacity"].result(timeout=900)
     assert not [r for r in (record["after_delete"].get("status") or {}).get("reservations") or []
-                if r["trainingPlan"] == f"rc-{record['tag']}"]
+                if r.get("trainingPlanUid") == record["ahead_uid"]]
+    [event] = record["kept_events"]
+    assert event["type"] == "Warning" and "cannot be cancelled" in event["message"]
+    assert record["ahead_remote"] is not None and record["ahead_remote"]["status"]["phase"] == "Scheduled"
+    assert record["ahead_remote"]["metadata"]["name"] in event["message"]

@@ -115,6 +115,7 @@ def test_every_error_of_create_is_a_remote_error_with_its_code(stubbed, code, st
     with pytest.raises(RemoteError) as e:
         capacity.create_plan("hp-x-0", "tpo-1", None, {})
     assert (e.value.operation, e.value.code, e.value.message) == ("CreateTrainingPlan", code, f"it said {code}")
+    assert e.value.refused is (status < 500 and code != "ThrottlingException")  # answered no, or could not
     assert "CreateTrainingPlan at http://127.0.0.1:9 failed" in str(e.value)
     assert counted("CreateTrainingPlan", code) == before + 1
 

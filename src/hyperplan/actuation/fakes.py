@@ -492,11 +492,11 @@ class FakeRemoteCapacity:
             if held["offering"] == offering_id:
                 return arn
             raise RemoteError("CreateTrainingPlan", "ResourceInUse", f"Training plan {name} already exists.",
-                              self.endpoint)
+                              self.endpoint, refused=True)
         offered = next((o for o in self.offerings if o["TrainingPlanOfferingId"] == offering_id), None)
         if offered is None:
             raise RemoteError("CreateTrainingPlan", "ResourceNotFound",
-                              f"Training plan offering {offering_id} not found.", self.endpoint)
+                              f"Training plan offering {offering_id} not found.", self.endpoint, refused=True)
         self.plans[name] = {"offering": offering_id, "offered": offered, "answer": {
             "TrainingPlanArn": arn, "TrainingPlanName": name, "Status": "Pending"}}
         return arn

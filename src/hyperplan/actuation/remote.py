@@ -52,9 +52,12 @@ class RemoteError(Exception):
     """A call to a remote endpoint failed: its code (the endpoint's ``__type``, or the client's
     error class for a connection that failed) and message."""
 
-    def __init__(self, operation: str, code: str, message: str, endpoint: str) -> None:
+    def __init__(self, operation: str, code: str, message: str, endpoint: str, refused: bool = False) -> None:
         super().__init__(f"{operation} at {endpoint} failed: {code}: {message}")
         self.operation, self.code, self.message, self.endpoint = operation, code, message, endpoint
+        # True when the endpoint answered and refused (a 4xx: no right, a bad request), False when it
+        # could not be reached or failed itself (a connection, a timeout, a 5xx, throttling).
+        self.refused = refused
 
 
 class RemoteCapacity(Protocol):
@@ -103,8 +106,10 @@ class SageMakerCapacity:
         except ClientError as e:
             error = e.response.get("Error") or {}
             code = str(error.get("Code") or "ClientError")
+            status = int((e.response.get("ResponseMetadata") or {}).get("HTTPStatusCode") or 0)
             metrics.REMOTE_CALLS.labels(operation, code).inc()
-            raise RemoteError(operation, code, str(error.get("Message") or e), self.endpoint) from None
+            raise RemoteError(operation, code, str(error.get("Message") or e), self.endpoint,
+                              refused=400 <= status < 500 and "Throttl" not in code) from None
         except BotoCoreError as e:
             code = type(e).__name__
             metrics.REMOTE_CALLS.labels(operation, code).inc()

@@ -372,7 +372,7 @@ def describe_failure(e: BaseException) -> tuple[str, str]:
     message when it refused a call (what ``kubectl`` would print), a remote SageMaker endpoint's
     (actuation.remote.RemoteError: which endpoint, which call, its error code), else the error itself."""
     if isinstance(e, RemoteError):
-        return "RemoteUnavailable", str(e)[:1000]
+        return ("RemoteRefused" if e.refused else "RemoteUnavailable"), str(e)[:1000]
     if isinstance(e, ApiException):
         try:
             message = json.loads(e.body or "{}").get("message") or e.reason
