@@ -71,13 +71,24 @@ def _static_nodepool(name: str, nodeclass: str, replicas: int, team: str) -> dic
                     "requirements": [
                         {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": [ITYPE]},
                         {"key": "topology.kubernetes.io/zone", "operator": "In", "values": [ZONE]},
-                        {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]},
+                        {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["reserved"]},
                     ],
                     "expireAfter": "Never",
                 },
             },
         },
     }
+
+
+def _node_of(kubectl: Kubectl, claim: dict) -> dict:
+    """The claim's Node, checked to be the one Karpenter launched for it: the same providerID, and
+    an owner reference to the claim's uid (how hyperplan will tie a Node to its NodeClaim)."""
+    node = kubectl.get("node", claim["status"]["nodeName"])
+    assert node["spec"]["providerID"] == claim["status"]["providerID"]
+    assert node["spec"]["providerID"].startswith("kwok://")
+    assert [(o["kind"], o["uid"]) for o in node["metadata"]["ownerReferences"]] == \
+        [("NodeClaim", claim["metadata"]["uid"])]
+    return node
 
 
 def test_a_static_nodepool_gets_ready_kwok_nodes_and_scales_to_zero(crds: Kubectl, plane: Plane,
@@ -93,15 +104,14 @@ def test_a_static_nodepool_gets_ready_kwok_nodes_and_scales_to_zero(crds: Kubect
 
         claims = eventually(ready_claims, timeout=60, interval=1, what="2 NodeClaims Ready")
         for claim in claims:
-            node = kubectl.get("node", claim["status"]["nodeName"])
+            assert [(o["kind"], o["name"]) for o in claim["metadata"]["ownerReferences"]] == [("NodePool", pool)]
+            node = _node_of(kubectl, claim)
             labels = node["metadata"]["labels"]
             assert _condition(node, "Ready") == "True", node["metadata"]["name"]
             assert node["status"]["phase"] == "Running"
-            assert node["spec"]["providerID"] == claim["status"]["providerID"]
-            assert node["spec"]["providerID"].startswith("kwok://")
             assert (labels["node.kubernetes.io/instance-type"], labels["topology.kubernetes.io/zone"],
                     labels["team"], labels[NODEPOOL_LABEL], labels["karpenter.sh/capacity-type"]) == \
-                (ITYPE, ZONE, team, pool, "on-demand")
+                (ITYPE, ZONE, team, pool, "reserved")
             # The instance type's resources from the file Karpenter was given (hyperplan's shape).
             assert node["status"]["allocatable"]["nvidia.com/gpu"] == "8"
             # Karpenter registered it: its unregistered taint is gone.
@@ -130,3 +140,45 @@ def test_a_static_nodepool_gets_ready_kwok_nodes_and_scales_to_zero(crds: Kubect
     # The plane's own processes were left alone.
     st = plane.state()
     assert all(plane._is_ours(name, st.pids[name]) for name in plane.processes)
+
+
+def test_a_nodeclaim_without_a_nodepool_is_launched_and_goes_when_deleted(crds: Kubectl,
+                                                                          running_karpenter: Karpenter) -> None:
+    """What `nodeProvider: karpenter` could do per slot (docs/karpenter.md): the kwok provider
+    launches a NodeClaim that no NodePool made, as long as it names its instance type."""
+    kubectl = crds
+    tag = uuid.uuid4().hex[:6]
+    nodeclass, name = f"kwok-{tag}", f"alone-{tag}"
+    kubectl.apply(_nodeclass(nodeclass))
+    kubectl.apply({
+        "apiVersion": "karpenter.sh/v1", "kind": "NodeClaim",
+        "metadata": {"name": name, "labels": {"team": f"karpenter-{tag}"}},
+        "spec": {"nodeClassRef": {"group": karpenter.NODECLASS_GROUP, "kind": karpenter.NODECLASS_KIND,
+                                  "name": nodeclass},
+                 "expireAfter": "Never",
+                 "requirements": [
+                     {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["ml.p6e-gb200.36xlarge"]},
+                     {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["us-west-2b"]},
+                     {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["reserved"]}]},
+    })
+    try:
+        claim = eventually(lambda: (c := kubectl.get("nodeclaim", name)) and _condition(c, "Ready") == "True" and c,
+                           timeout=60, interval=1, what="the NodeClaim Ready")
+        node = _node_of(kubectl, claim)
+        labels = node["metadata"]["labels"]
+        assert _condition(node, "Ready") == "True"
+        assert NODEPOOL_LABEL not in labels
+        assert (labels["node.kubernetes.io/instance-type"], labels["topology.kubernetes.io/zone"],
+                labels["karpenter.sh/capacity-type"], labels["team"]) == \
+            ("ml.p6e-gb200.36xlarge", "us-west-2b", "reserved", f"karpenter-{tag}")
+        assert node["status"]["allocatable"]["nvidia.com/gpu"] == "4"
+
+        kubectl.delete("nodeclaim", name, "--wait=true", "--timeout=60s")
+        eventually(lambda: kubectl.get_or_none("node", node["metadata"]["name"]) is None, timeout=60, interval=1,
+                   what="its Node gone with it")
+        # Nothing replaces it: no NodePool holds a count of it.
+        assert not [c for c in kubectl.get("nodeclaims")["items"] if c["metadata"]["labels"].get("team") == f"karpenter-{tag}"]
+    finally:
+        kubectl.delete("nodeclaim", name, "--wait=true", "--timeout=60s")
+        kubectl.delete(f"{karpenter.NODECLASS_KIND.lower()}es.{karpenter.NODECLASS_GROUP}", nodeclass,
+                       "--wait=true", "--timeout=60s")
