@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 import urllib.error
@@ -207,7 +208,9 @@ class Karpenter:
         return seconds
 
     def stop(self) -> None:
-        """Stop the Karpenter this plane started (its process group, by the recorded pid)."""
+        """Stop the Karpenter this plane started (its process group, by the recorded pid), and
+        remove its state folder. A recorded pid that no longer runs ``karpenter-kwok`` (pids get
+        reused) is left alone."""
         st = self.state()
         if st and st.pid and self.plane._is_ours(BINARY, st.pid):
             self.log(f"stopping karpenter (pid {st.pid})")
@@ -215,7 +218,7 @@ class Karpenter:
         if self._child is not None:
             self._child.wait(timeout=10)
             self._child = None
-        self.state_file.unlink(missing_ok=True)
+        shutil.rmtree(self.dir, ignore_errors=True)
 
     def apply_crds(self) -> None:
         """Karpenter's CRDs (server-side apply, as a restart finds them there) and Established."""
@@ -242,6 +245,7 @@ class Karpenter:
             if self.ready():
                 return
             if self._child is not None and self._child.poll() is not None:
+                self._child = None
                 self.state_file.unlink(missing_ok=True)
                 raise RuntimeError(f"karpenter exited ({self._child.returncode}) before it was ready; "
                                    f"see {self.log_file}:\n{self._log_tail()}")

@@ -5,6 +5,7 @@ tests/integration/test_karpenter_plane.py)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import yaml
 
 from hyperplan.actuation.nodes import ACCELERATORS, node_capacity
 from hyperplan_dev import build, karpenter
-from hyperplan_dev.plane import kwok_stages
+from hyperplan_dev.plane import Plane, kwok_stages
 
 
 def _stages() -> dict[str, dict]:
@@ -159,3 +160,16 @@ def test_both_initialise_stages_make_a_node_running_the_same_way_but_for_capacit
     assert theirs.startswith(head + "capacity:\n")
     assert theirs.endswith(tail.split("{{ end }}\n", 1)[1])
     assert "{{ with .status.allocatable }}" in theirs.split("capacity:\n", 1)[1]
+
+
+# ----------------------------------------------------------------- stop
+
+
+def test_stop_leaves_a_recorded_pid_alone_that_no_longer_runs_karpenter(tmp_path: Path) -> None:
+    """A pid in karpenter.json that another program now has (pids get reused) is not signalled."""
+    k = karpenter.Karpenter(Plane(root=tmp_path, log=lambda s: None))
+    k.dir.mkdir(parents=True)
+    karpenter.KarpenterState(pid=os.getpid(), ports={"metrics": 1, "health": 2}).save(k.state_file)
+    assert not k.running()
+    k.stop()  # this test process is still here to see the next line
+    assert k.state() is None and not k.dir.exists()
