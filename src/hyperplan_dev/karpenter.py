@@ -10,8 +10,8 @@ kwok-stages.yaml makes it Ready). What that takes, and why:
 - **Configuration from the environment.** The binary takes no ``--kubeconfig`` flag (an unknown
   flag makes it panic); controller-runtime reads ``KUBECONFIG``. ``SYSTEM_NAMESPACE`` must name
   an existing namespace, leader election is off (one replica, out of cluster), and the metrics
-  and health ports are free loopback ports of this run (Karpenter binds them on all interfaces:
-  ``:<port>`` in pkg/operator/operator.go).
+  and health ports are ports free at start (Karpenter binds them on all interfaces, ``:<port>``
+  in pkg/operator/operator.go; the health port's ``/readyz`` says when it serves).
 - **StaticCapacity on.** NodePools with ``spec.replicas`` (what hyperplan asks for) do nothing
   unless the ``StaticCapacity`` feature gate is on; it is alpha and off by default in v1.15.0.
   The other gates keep Karpenter's defaults (``ReservedCapacity`` on, ``NodeRepair`` off).
@@ -63,7 +63,8 @@ INSTANCE_TYPES: tuple[str, ...] = tuple(ACCELERATORS)
 ZONES: tuple[str, ...] = ("us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d", "us-east-1e",
                           "us-east-1f", "us-east-1k", "us-east-1m", "us-east-1p", "us-west-2b")
 # How many nodes each reserved offering (one instance type in one zone) has room for: the
-# provider's ``ReservationCapacity``, which its scheduler counts down for dynamic NodePools.
+# provider's ``ReservationCapacity``. Karpenter's scheduler counts it for dynamic NodePools only;
+# static NodePools and NodeClaims launch past it (docs/karpenter.md).
 RESERVED_CAPACITY = 512
 # Made-up hourly prices: the provider launches the cheapest compatible offering, so a NodePool
 # that allows both capacity types gets the reserved one (as Karpenter prefers reservations).
