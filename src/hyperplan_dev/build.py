@@ -33,6 +33,13 @@ HELM_VERSION = "v3.22.0"
 # Kueue (docs/kueue.md): the job queueing hyperplan serves as an AdmissionCheck controller.
 KUEUE_VERSION = "v0.17.0"
 KUEUE_MODULE = "sigs.k8s.io/kueue"
+# Karpenter's kwok provider (docs/karpenter.md): Karpenter's own controllers with a cloud provider
+# that makes Node objects for KWOK to run, for `nodeProvider: karpenter` against real Karpenter.
+KARPENTER_VERSION = "v1.15.0"
+KARPENTER_MODULE = "sigs.k8s.io/karpenter"
+# v1.15.0 needs Go >= 1.26.9; the go command fetches this (approved) newer toolchain from the
+# module proxy itself when GOTOOLCHAIN names it. Only this component's build sets it.
+KARPENTER_TOOLCHAIN = "go1.27.3"
 # The kind tier (docs/kind.md): kind itself, and what a locally built node image needs.
 KIND_VERSION = "v0.33.0"
 CRI_TOOLS_VERSION = "v1.37.0"
@@ -182,6 +189,37 @@ def _build_kueue(c: Component, work: Path, out: Path, log: Log) -> None:
          work, log, "go build kueue (about 5 minutes on 2 cores)")
 
 
+def _build_karpenter(c: Component, work: Path, out: Path, log: Log) -> None:
+    """Karpenter's kwok provider (``sigs.k8s.io/karpenter/kwok``), plus its CRDs.
+
+    Built like Kueue, through a wrapper module that requires the command's package, with
+    ``GOTOOLCHAIN`` set to :data:`KARPENTER_TOOLCHAIN` on every go command (the machine's Go is
+    older than the module's ``go`` line, and ``local`` would refuse it). The CRDs are the
+    provider's own: NodePool, NodeClaim, NodeOverlay and CapacityBuffer from ``kwok/charts/crds``
+    and KWOKNodeClass from ``kwok/apis/crds``, copied from the same module version in Go's
+    module cache. The version is stamped into ``pkg/operator.Version``, which Karpenter logs
+    and sends as its User-Agent (``karpenter/<version>``).
+    """
+    go = ["env", f"GOTOOLCHAIN={KARPENTER_TOOLCHAIN}", "go"]
+    (work / "go.mod").write_text("module hyperplan.dev/build/karpenter\n\ngo 1.26\n")
+    _run([*go, "get", f"{KARPENTER_MODULE}/kwok@{c.version}"], work, log,
+         f"resolve modules (Go {KARPENTER_TOOLCHAIN}, fetched on first use)")
+    module_dir = Path(subprocess.run(
+        [*go, "list", "-m", "-f", "{{.Dir}}", KARPENTER_MODULE],
+        cwd=work, env=_go_env(), capture_output=True, text=True, check=True).stdout.strip())
+    crds = sorted([*(module_dir / "kwok" / "charts" / "crds").glob("*.yaml"),
+                   *(module_dir / "kwok" / "apis" / "crds").glob("*.yaml")])
+    if not crds:
+        raise RuntimeError(f"no CRDs found under {module_dir / 'kwok'}")
+    (out / "crds").mkdir()
+    for f in crds:
+        shutil.copyfile(f, out / "crds" / f.name)
+    log(f"  copied {len(crds)} CRDs from {module_dir / 'kwok'}")
+    _run([*go, "build", "-ldflags", f"-s -w -X {KARPENTER_MODULE}/pkg/operator.Version={c.version}",
+          "-o", str(out / "karpenter-kwok"), f"{KARPENTER_MODULE}/kwok"],
+         work, log, "go build karpenter-kwok (about 2 minutes on 2 cores)")
+
+
 def _go_install(pkg: str, ldflags: str) -> Callable[[Component, Path, Path, Log], None]:
     def build(c: Component, work: Path, out: Path, log: Log) -> None:
         env_bin = ["env", f"GOBIN={out}"]
@@ -204,6 +242,9 @@ COMPONENTS: tuple[Component, ...] = (
               _build_kubernetes),
     Component("kueue", KUEUE_VERSION, ("kueue",), _build_kueue,
               files=("webhook-manifests.yaml", "crds/kueue.x-k8s.io_workloads.yaml")),
+    Component("karpenter", KARPENTER_VERSION, ("karpenter-kwok",), _build_karpenter,
+              files=("crds/karpenter.sh_nodepools.yaml", "crds/karpenter.sh_nodeclaims.yaml",
+                     "crds/karpenter.kwok.sh_kwoknodeclasses.yaml")),
 )
 
 
