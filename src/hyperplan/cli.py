@@ -68,6 +68,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 2
         return cmd_kind(args.kind_action)
+    from hyperplan_dev.karpenter import Karpenter
     from hyperplan_dev.plane import Plane
 
     try:
@@ -75,16 +76,25 @@ def cmd_dev(args: argparse.Namespace) -> int:
     except ValueError as e:  # a bad --name
         print(f"error: {e}", file=sys.stderr)
         return 2
+    karpenter = Karpenter(plane)
     try:
         if args.action == "up":
             plane.up()
+            if args.karpenter:
+                karpenter.start()
         elif args.action == "down":
+            if karpenter.running():  # before the API server it talks to
+                karpenter.stop()
             plane.down()
         elif args.action == "status":
             rows = plane.status()
             if not rows:
                 _say(f"{plane.title} is not running")
                 return 1
+            if karpenter.state() is not None:
+                st = karpenter.state()
+                rows.append(("karpenter", f"running (pid {st.pid})" if karpenter.running() else "stopped",
+                             f"health :{st.ports.get('health')}"))
             for name, state, where in rows:
                 _say(f"{name:<24} {state:<22} {where}")
             _say(f"kubeconfig               {plane.kubeconfig}")
@@ -221,6 +231,9 @@ def main(argv: list[str] | None = None) -> int:
                           "training-a (a DNS label): its own state in .state/dev/planes/NAME and its "
                           "own free ports; named planes run without Kueue. Without --name: the "
                           "default plane in .state/dev, with Kueue")
+    dev.add_argument("--karpenter", action="store_true",
+                     help="with `up`: also start Karpenter's kwok provider beside the plane "
+                          "(docs/karpenter.md; `make binaries` builds it); `down` stops it when it runs")
     dev.set_defaults(func=cmd_dev)
     crd = sub.add_parser("crds", help="write (or --check) the CRDs generated from the API models")
     crd.add_argument("--out", default="crds")

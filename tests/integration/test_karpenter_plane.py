@@ -182,3 +182,29 @@ def test_a_nodeclaim_without_a_nodepool_is_launched_and_goes_when_deleted(crds: 
         kubectl.delete("nodeclaim", name, "--wait=true", "--timeout=60s")
         kubectl.delete(f"{karpenter.NODECLASS_KIND.lower()}es.{karpenter.NODECLASS_GROUP}", nodeclass,
                        "--wait=true", "--timeout=60s")
+
+
+def test_dev_up_with_karpenter_starts_it_beside_a_named_plane_and_down_stops_it(tmp_path) -> None:
+    """``hyperplan dev up --name NAME --karpenter`` as a user runs it: Karpenter in ``dev status``,
+    its process gone after ``dev down --name NAME``."""
+    import subprocess
+    import sys
+    env = {**os.environ, "HYPERPLAN_STATE_DIR": str(tmp_path / "state")}
+
+    def dev(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "hyperplan.cli", "dev", *args], capture_output=True, text=True,
+                              timeout=300, env=env)
+    name = f"kp-{uuid.uuid4().hex[:4]}"
+    try:
+        up = dev("up", "--name", name, "--karpenter")
+        assert up.returncode == 0, up.stderr + up.stdout
+        assert "karpenter ready" in up.stdout
+        status = dev("status", "--name", name)
+        [row] = [line for line in status.stdout.splitlines() if line.startswith("karpenter")]
+        pid = int(row.split("pid ")[1].split(")")[0])
+        assert "running" in row and _alive(pid)
+    finally:
+        down = dev("down", "--name", name)
+    assert down.returncode == 0, down.stderr
+    assert "stopping karpenter" in down.stdout
+    eventually(lambda: not _alive(pid), timeout=30, what="karpenter stopped by dev down")
