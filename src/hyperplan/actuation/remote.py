@@ -171,12 +171,13 @@ class RemoteFollower:
         with self._lock:
             return self._listings.setdefault(pool, _Listing())
 
-    def plans(self, pool: str, capacity: RemoteCapacity, max_age: float) -> list[RemotePlan]:
-        """The pool's remote plans, listed at most ``max_age`` seconds ago (sync: a thread)."""
-        listing = self._listing(pool)
+    def plans(self, key: str, capacity: RemoteCapacity, max_age: float) -> list[RemotePlan]:
+        """The remote plans of one endpoint and key, listed at most ``max_age`` seconds ago
+        (sync: a thread)."""
+        listing = self._listing(key)
         asked = self.clock()
         with listing.lock:  # one list at a time per pool: a caller that waited sees the fresh answer
-            if listing.at is None or asked - listing.at > max_age:
+            if listing.at is None or asked - listing.at >= max_age:
                 started = self.clock()
                 listing.plans = {p.name: p for p in map(plan_of, capacity.list_plans())}
                 listing.at = started
@@ -197,10 +198,12 @@ Credentials = Callable[[str], "tuple[tuple[str, str], str] | None"]
 
 
 class RemoteSources:
-    """One :class:`RemoteCapacity` per remote pool, made from its ``spec.source`` and the
-    credentials Secret, and made again when either changes. ``credentials(secret)`` answers the
-    Secret's two keys and its resourceVersion (None: no such Secret, which fails the pass with a
-    clear error). ``make`` is the seam for a fake in the unit tests."""
+    """One :class:`RemoteCapacity` per endpoint and key (pools that name the same endpoint,
+    region and credentials share one client and one listing: ten pools of one capacity cluster
+    cost one ``ListTrainingPlans``), made from the pool's ``spec.source`` and the credentials
+    Secret, and made again when either changes. ``credentials(secret)`` answers the Secret's two
+    keys and its resourceVersion (None: no such Secret, which fails the pass with a clear error).
+    ``make`` is the seam for a fake in the unit tests."""
 
     def __init__(self, credentials: Credentials,
                  make: Callable[[SageMakerSource, "tuple[str, str] | None"], RemoteCapacity] = SageMakerCapacity,
@@ -208,11 +211,10 @@ class RemoteSources:
         self.credentials = credentials
         self.make = make
         self.follower = follower or RemoteFollower()
-        self._made: dict[str, tuple[str, RemoteCapacity]] = {}
+        self._made: dict[str, RemoteCapacity] = {}
         self._lock = threading.Lock()
 
-    def capacity(self, pool: str, source: SageMakerSource) -> RemoteCapacity:
-        """The endpoint of ``pool`` (sync: reads the Secret; a thread)."""
+    def _client(self, pool: str, source: SageMakerSource) -> tuple[str, RemoteCapacity]:
         creds, version = None, ""
         if source.credentials_secret:
             found = self.credentials(source.credentials_secret)
@@ -222,16 +224,27 @@ class RemoteSources:
                     "spec.source.sageMaker.credentialsSecret is missing, or lacks AWS_ACCESS_KEY_ID and "
                     "AWS_SECRET_ACCESS_KEY"), source.endpoint or f"sagemaker.{source.region}")
             creds, version = found
-        key = json.dumps([source.wire(), version], sort_keys=True)
+        key = json.dumps([source.endpoint, source.region, source.credentials_secret, version])
         with self._lock:
-            made = self._made.get(pool)
-            if made is not None and made[0] == key:
-                return made[1]
-        capacity = self.make(source, creds)
-        with self._lock:
-            self._made[pool] = (key, capacity)
-        self.follower.forget(pool)
-        return capacity
+            made = self._made.get(key)
+            if made is None:
+                made = self._made[key] = self.make(source, creds)
+            return key, made
+
+    def capacity(self, pool: str, source: SageMakerSource) -> RemoteCapacity:
+        """The endpoint of ``pool`` (sync: reads the Secret; a thread)."""
+        return self._client(pool, source)[1]
+
+    def plans(self, pool: str, source: SageMakerSource, max_age: float) -> list[RemotePlan]:
+        """The remote plans the pool's endpoint and key see, listed at most ``max_age`` s ago."""
+        key, capacity = self._client(pool, source)
+        return self.follower.plans(key, capacity, max_age)
+
+    def saw(self, pool: str, source: SageMakerSource, plan: RemotePlan) -> None:
+        self.follower.saw(self._client(pool, source)[0], plan)
+
+    def forget(self, pool: str, source: SageMakerSource) -> None:
+        self.follower.forget(self._client(pool, source)[0])
 
 
 def secret_credentials(core_api: Any, namespace: str) -> Credentials:

@@ -38,7 +38,7 @@ from hyperplan.planning.remote import (
 
 log = logging.getLogger("hyperplan.trainingplan")
 
-WAITING_AGE = 1.0  # seconds: how old a listing a plan waiting for the remote to buy accepts
+WAITING_AGE = 2.0  # seconds: how old a listing a plan waiting for the remote to buy accepts (its wait)
 FOLLOW_AGE = 5.0  # seconds: for a plan that holds blocks (at a boundary, many plans share a listing)
 
 
@@ -85,7 +85,7 @@ def look(rt: Any, pools: Sequence[CapacityPool], snapshots: Sequence[Any], name:
             continue
         capacity = rt.remote.capacity(pool_name, source)
         age = FOLLOW_AGE if pool_name in holds else WAITING_AGE
-        standing = standing_of(rt.remote.follower.plans(pool_name, capacity, age), uid)
+        standing = standing_of(rt.remote.plans(pool_name, source, age), uid)
         lines, refused = mirror_lines(standing.live, name, uid, pool.spec.instance_type,
                                       pool.spec.availability_zone) if standing.live else ([], [])
         seen.notes += refused
@@ -128,7 +128,8 @@ def buy(rt: Any, pool: CapacityPool, name: str, uid: str, spec: TrainingPlanSpec
     if attempt >= MAX_ATTEMPTS:
         return RemoteBuy(violation=RuleViolation("RemotePurchaseFailed", (
             f"{MAX_ATTEMPTS} remote training plans of this plan failed at pool {pool_name}'s endpoint")))
-    capacity = rt.remote.capacity(pool_name, pool.spec.source.sage_maker)
+    source = pool.spec.source.sage_maker
+    capacity = rt.remote.capacity(pool_name, source)
     remote_name = remote_plan_name(uid, attempt)
     try:
         spares = spec.spare_instances_per_ultra_server if spec.ultra_server_type else None  # plain instances: none
@@ -139,17 +140,17 @@ def buy(rt: Any, pool: CapacityPool, name: str, uid: str, spec: TrainingPlanSpec
             return RemoteBuy(violation=RuleViolation(REASON_OFFERING_UNAVAILABLE, (
                 f"the endpoint {e.endpoint} no longer sells offering {offering.offering.id}: {e.message}")))
         if e.code == "ResourceInUse":  # the name is taken: a plan of ours the listing did not show yet
-            rt.remote.follower.forget(pool_name)
+            rt.remote.forget(pool_name, source)
             return RemoteBuy(violation=RuleViolation(REASON_OFFERING_UNAVAILABLE, (
                 f"the remote training plan {remote_name} exists already; reading it again")))
         raise
     answer = capacity.describe_plan(remote_name)
     if answer is None:  # an endpoint that answers a create and then does not know it: look again
-        rt.remote.follower.forget(pool_name)
+        rt.remote.forget(pool_name, source)
         return RemoteBuy(violation=RuleViolation(REASON_OFFERING_UNAVAILABLE, (
             f"the endpoint {capacity.endpoint} does not show the remote plan {remote_name} it made yet")))
     remote = plan_of(answer)
-    rt.remote.follower.saw(pool_name, remote)
+    rt.remote.saw(pool_name, source, remote)
     lines, _ = mirror_lines(remote, name, uid, pool.spec.instance_type, pool.spec.availability_zone)
     if not lines:
         return RemoteBuy(waiting=(remote, capacity.endpoint))
