@@ -232,3 +232,33 @@ def test_mirror_lines_record_only_live_blocks_of_the_pools_type(status, itype, r
     assert bool(refused) == (itype != P5)
     for line in lines:
         assert line.remote_training_plan_arn == remote.arn and line.reserved_capacity_id == "rc-abc-0"
+
+
+@pytest.mark.parametrize("waited, every", [(0, 2), (4, 2), (20, 5), (60, 15), (600, 20)],
+                         ids=["just-bought", "a-few-seconds", "twenty-seconds", "a-minute", "ten-minutes"])
+def test_a_plan_waiting_for_the_remote_looks_less_often_the_longer_it_waits(waited, every) -> None:
+    from hyperplan.actuation.remote import RemoteSources
+    sources = RemoteSources(credentials=lambda name: None)
+    sources.waiting_every("uid", True, 1000.0, 2, 20)
+    assert sources.waiting_every("uid", True, 1000.0 + waited, 2, 20) == every
+    assert sources.waiting_every("uid", False, 1000.0 + waited, 2, 20) == 2 and "uid" not in sources.waiting_since
+
+
+def test_a_listing_that_takes_long_is_made_less_often() -> None:
+    class Slow:
+        endpoint = "http://x"
+        calls = 0
+
+        def list_plans(self):
+            Slow.calls += 1
+            import time as _t
+            _t.sleep(0.05)
+            return [summary("a")]
+    now = [0.0]
+    follower = RemoteFollower(clock=lambda: now[0])
+    follower.plans("k", Slow(), max_age=0.1)
+    now[0] = 0.2  # older than asked, younger than 10 x the 0.05 s the listing took
+    follower.plans("k", Slow(), max_age=0.1)
+    now[0] = 0.6
+    follower.plans("k", Slow(), max_age=0.1)
+    assert Slow.calls == 2

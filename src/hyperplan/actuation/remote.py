@@ -156,7 +156,11 @@ class SageMakerCapacity:
 class _Listing:
     plans: dict[str, RemotePlan] = field(default_factory=dict)
     at: float | None = None
+    took: float = 0.0  # seconds the last listing took
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+LISTING_SHARE = 0.1  # a listing is made again no sooner than 10 times as long as the last one took
 
 
 class RemoteFollower:
@@ -176,11 +180,14 @@ class RemoteFollower:
         (sync: a thread)."""
         listing = self._listing(key)
         asked = self.clock()
-        with listing.lock:  # one list at a time per pool: a caller that waited sees the fresh answer
-            if listing.at is None or asked - listing.at >= max_age:
-                started = self.clock()
+        with listing.lock:  # one list at a time per endpoint: a caller that waited sees the fresh answer
+            # No sooner than the caller asks, nor than keeps the listings to a tenth of the time
+            # (an endpoint with 10,000 plans takes long to page through: it is asked less often).
+            if listing.at is None or asked - listing.at >= max(max_age, listing.took / LISTING_SHARE):
+                started = time.monotonic()
+                at = self.clock()
                 listing.plans = {p.name: p for p in map(plan_of, capacity.list_plans())}
-                listing.at = started
+                listing.at, listing.took = at, time.monotonic() - started
             return list(listing.plans.values())
 
     def saw(self, pool: str, plan: RemotePlan) -> None:
@@ -213,6 +220,10 @@ class RemoteSources:
         self.follower = follower or RemoteFollower()
         self._made: dict[str, RemoteCapacity] = {}
         self._lock = threading.Lock()
+        # Since when each plan (by uid) has been waiting for its remote plan to hold blocks: its
+        # passes look less often the longer it waits (waiting_every). Kept in memory: a restart
+        # starts the pacing afresh, which costs a few early looks.
+        self.waiting_since: dict[str, float] = {}
 
     def _client(self, pool: str, source: SageMakerSource) -> tuple[str, RemoteCapacity]:
         creds, version = None, ""
@@ -230,6 +241,16 @@ class RemoteSources:
             if made is None:
                 made = self._made[key] = self.make(source, creds)
             return key, made
+
+    def waiting_every(self, uid: str, waiting: bool, now: float, least: float, most: float) -> float:
+        """Seconds until a plan waiting for the remote looks again: a quarter of how long it has
+        waited, within [least, most] (the remote's own purchase takes a pass or two; 1,000 plans
+        waiting at once must not each look every ``least`` seconds). Forgets a plan not waiting."""
+        if not waiting:
+            self.waiting_since.pop(uid, None)
+            return least
+        since = self.waiting_since.setdefault(uid, now)
+        return min(most, max(least, (now - since) / 4))
 
     def capacity(self, pool: str, source: SageMakerSource) -> RemoteCapacity:
         """The endpoint of ``pool`` (sync: reads the Secret; a thread)."""

@@ -60,7 +60,8 @@ KIND = "plan"
 LOST_RACE = REASON_OFFERING_UNAVAILABLE  # the ledger's re-check: the offered capacity was sold meanwhile
 PURCHASE_SEARCHES = 8  # purchases (a first one and searches again) per pass before trying next pass
 CONTENDED_RETRY = timedelta(seconds=1)
-REMOTE_WAITING = timedelta(seconds=2)  # a plan waiting for a remote endpoint to buy looks again this soon
+REMOTE_WAITING = timedelta(seconds=2)  # a plan waiting for a remote endpoint to buy looks again this soon,
+REMOTE_WAITING_MOST = timedelta(seconds=20)  # and later the longer it waits, up to this
 REMOTE_FOLLOW = timedelta(minutes=5)  # a plan bought remotely looks at its remote plan at least this often
 log = logging.getLogger("hyperplan.trainingplan")
 
@@ -211,8 +212,12 @@ async def reconcile_plan(rt: Runtime, name: str) -> datetime | None:
     else:
         rt.unbought_plans.discard(name)
     if remote:  # a remote changes without a local event: look again at least every REMOTE_FOLLOW
-        due = rt.clock() + REMOTE_FOLLOW
-        return min(decision.wake_at, due) if decision.wake_at else due
+        waiting = any(c.reason == "RemotePurchasing" for c in decision.status.conditions)
+        every = rt.remote.waiting_every(uid, waiting, rt.clock().timestamp(), REMOTE_WAITING.total_seconds(),
+                                        REMOTE_WAITING_MOST.total_seconds())
+        due = rt.clock() + (timedelta(seconds=every) if waiting else REMOTE_FOLLOW)
+        wake = decision.wake_at if decision.wake_at and not waiting else None
+        return min(wake, due) if wake else due
     return decision.wake_at
 
 
