@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import base64
+import bisect
 import hashlib
 import json
 import re
@@ -157,13 +158,18 @@ def page(items: Iterable[tuple[Any, dict[str, Any]]], body: Mapping[str, Any], *
     size = bounded(body, "MaxResults", 1, most) or default
     digest = query_digest(body)
     after = _read_token(body.get("NextToken"), digest)
-    ordered = sorted(items, key=lambda pair: pair[0], reverse=descending)
-    if after is not None:
+    keyed = sorted(((_tuple(key), key, item) for key, item in items), key=lambda entry: entry[0],
+                   reverse=descending)
+    if after is not None:  # the page starts after the key the token names (keys are unique)
         after_key = _tuple(after)
-        ordered = [p for p in ordered if (_tuple(p[0]) < after_key if descending else _tuple(p[0]) > after_key)]
-    shown = ordered[:size]
-    token = _make_token(shown[-1][0], digest) if len(ordered) > size else None
-    return [item for _, item in shown], token
+        if descending:
+            start = next((i for i, e in enumerate(keyed) if e[0] < after_key), len(keyed))
+        else:
+            start = bisect.bisect_right([e[0] for e in keyed], after_key)
+        keyed = keyed[start:]
+    shown = keyed[:size]
+    token = _make_token(shown[-1][1], digest) if len(keyed) > size else None
+    return [item for _, _, item in shown], token
 
 
 def _tuple(key: Any) -> tuple:
