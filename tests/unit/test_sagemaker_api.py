@@ -138,13 +138,39 @@ def node(name: str, group_name: str, *, ready: str = "True", ultraserver: str = 
                                                    "lastTransitionTime": "2027-03-01T02:00:00Z"}]}}
 
 
+class WatchedPlans(dict):
+    """The plans' index as the watch fills it: each change is also a plan event, which moves the
+    cache's ``plans_version`` (handlers.trainingplan.plan_event), so listings see it."""
+
+    cache: WatchCache | None = None
+
+    def _moved(self) -> None:
+        if self.cache is not None:
+            self.cache.plans_version += 1
+
+    def __setitem__(self, key, value) -> None:
+        super().__setitem__(key, value)
+        self._moved()
+
+    def __delitem__(self, key) -> None:
+        super().__delitem__(key)
+        self._moved()
+
+    def pop(self, *args):
+        out = super().pop(*args)
+        self._moved()
+        return out
+
+
 class Server:
     """The API's aiohttp app on a loopback port, on a loop in a thread of its own."""
 
     def __init__(self, plans: dict[str, list[dict]], groups: dict[str, list[dict]] | None = None,
                  nodes: dict[tuple, list[dict]] | None = None, pools: dict[str, list[dict]] | None = None):
+        plans = plans if isinstance(plans, WatchedPlans) else WatchedPlans(plans)
         self.plans = plans
         self.cache = WatchCache()
+        plans.cache = self.cache
         self.cache.bind({PLANS: plans, POOLS: pools or {"p5-west": [P5_POOL]}, GROUPS: groups or {},
                          NODES: nodes or {}})
         self.writes = RecordingWrites()
@@ -572,11 +598,16 @@ def test_a_listing_derives_only_the_plans_that_changed(monkeypatch) -> None:
     first = operations.list_training_plans({}, ctx)
     assert sorted(derived) == [f"p{i}" for i in range(5)]
     derived.clear()
+    walks = []
+    real_entries = cache.plan_entries
+    monkeypatch.setattr(cache, "plan_entries", lambda: walks.append(1) or real_entries())
     again = operations.list_training_plans({}, ctx)
     assert derived == [] and again == first
+    assert walks == []  # nothing changed since the last listing: not even a walk over the plans
     changed = plan("p3", "Expired", 3)
     changed["metadata"]["resourceVersion"] = "2"
     packed["p3"] = [asyncio.run(hp_plans(name="p3", body=changed))["p3"]]
+    cache.plans_version += 1  # the watch's event of the change (handlers.trainingplan.plan_event)
     listed = operations.list_training_plans({}, ctx)
     assert derived == ["p3"]
     assert {s["TrainingPlanName"]: s["Status"] for s in listed["TrainingPlanSummaries"]}["p3"] == "Expired"

@@ -196,6 +196,10 @@ class WatchCache:
     # The loop kopf runs on (set by :meth:`bind`): kopf's indexes are read there (:meth:`_on_loop`).
     _loop: asyncio.AbstractEventLoop | None = None
     _loop_thread: int | None = None
+    # Moves with every plan the watch delivers (handlers.trainingplan.plan_event) or the operator
+    # writes: a reader that derived something from every plan (the SageMaker API's listing, whose
+    # every page walks them) may keep it while this stays the same.
+    plans_version: int = 0
 
     def bind(self, indices: Mapping[str, Any]) -> None:
         """Read from kopf's indexes (and the node store) from now on. Called on the event loop (in
@@ -305,6 +309,8 @@ class WatchCache:
             before = self._written.get(key)
             if before is None or _rv(slim) > _rv(before):
                 self._written[key] = slim
+            if kind == "trainingplans":
+                self.plans_version += 1
 
     def watched(self, kind: str, name: str, resource_version: Any) -> None:
         """The watch delivered ``name`` at ``resource_version``: our write-through copy of it is
