@@ -26,7 +26,7 @@ from datetime import timedelta
 from hyperplan.sagemaker.hyperpod import instance_id
 from tests.aws.clients import boto3_call
 from tests.e2e.scenarios import Context, events_for, scenario, ts, utcnow
-from tests.e2e.test_sagemaker_api import grant_plan_reads, mint_key, serving
+from tests.aws.keys import grant_plan_reads, mint_key, serving
 from tests.kube import eventually
 
 API = "hyperplan.dev/v1alpha1"

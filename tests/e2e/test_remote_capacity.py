@@ -16,7 +16,7 @@ import uuid
 from datetime import timedelta
 
 from tests.e2e.scenarios import Context, events_for, group_body, plan_body, pool_body, scenario, ts, utcnow, wait_phase
-from tests.e2e.test_sagemaker_api import grant_plan_reads, mint_key, serving
+from tests.aws.keys import grant_plan_reads, mint_key, serving
 from tests.kube import eventually
 
 

@@ -16,43 +16,11 @@ from datetime import timedelta
 
 from hyperplan.api.vocabulary import from_rfc3339
 from tests.aws.clients import Endpoint, aws_cli, boto3_call, boto3_calls
+from tests.aws.keys import grant_plan_reads, mint_key, serving  # noqa: F401  (others import them from here too)
 from tests.e2e.scenarios import Context, first_block, group_body, plan_body, pool_body, scenario, ts, utcnow, wait_phase
 from tests.kube import eventually
 
 ACCOUNT = "111122223333"  # HYPERPLAN_AWS_ACCOUNT_ID of the e2e replicas
-
-
-def mint_key(ctx: Context, user: str) -> tuple[str, str]:
-    """``hyperplan api-key create --user USER``: the two lines it prints, as an AWS client reads them."""
-    done = subprocess.run([sys.executable, "-m", "hyperplan.cli", "api-key", "create", "--user", user,
-                           "--namespace", "default"], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "KUBECONFIG": ctx.kubeconfig})
-    assert done.returncode == 0, done.stderr
-    lines = dict(line.split("=", 1) for line in done.stdout.split())
-    return lines["AWS_ACCESS_KEY_ID"], lines["AWS_SECRET_ACCESS_KEY"]
-
-
-def grant_plan_reads(ctx: Context, user: str, name: str, *more: dict) -> None:
-    ctx.kubectl.apply([
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": name},
-         "rules": [{"apiGroups": ["hyperplan.dev"], "resources": ["trainingplans"], "verbs": ["get", "list"]},
-                   *more]},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": name},
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]}])
-
-
-def serving(ctx: Context, key_id: str, secret: str) -> Endpoint:
-    """The endpoint of the replica that serves the API now (the leader; after a restart of the
-    e2e leader, the standby may lead)."""
-    def answering() -> Endpoint | None:
-        for url in ctx.sagemaker_api_urls:
-            endpoint = Endpoint(url, key_id, secret)
-            answer = boto3_call(endpoint, "list_training_plans", MaxResults=1)
-            if "ok" in answer or answer["error"]["code"] not in ("EndpointConnectionError", "ConnectionClosedError"):
-                return endpoint
-        return None
-    return eventually(answering, timeout=120, interval=1, what="a replica serving the SageMaker API")
 
 
 def describe(ctx: Context, endpoint: Endpoint, name: str) -> dict:

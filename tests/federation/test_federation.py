@@ -25,7 +25,7 @@ from datetime import timedelta
 
 from hyperplan.invariants import ledger_overbooking
 from tests.e2e.scenarios import group_body, plan_body, pool_body, ts, utcnow, wait_phase
-from tests.e2e.test_sagemaker_api import grant_plan_reads, mint_key, serving
+from tests.aws.keys import grant_plan_reads, mint_key, serving
 from tests.federation.conftest import Cluster
 from tests.kube import Kubectl, eventually
 

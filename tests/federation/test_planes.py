@@ -14,7 +14,7 @@ import sys
 import uuid
 
 from tests.aws.clients import boto3_call
-from tests.e2e.test_sagemaker_api import grant_plan_reads, mint_key, serving
+from tests.aws.keys import grant_plan_reads, mint_key, serving
 from tests.federation.conftest import FEDERATION_STATE, Cluster, dev, federation_plane
 from tests.kube import Kubectl
 

@@ -1,0 +1,46 @@
+"""Keys and rights for hyperplan's SageMaker API in the tests: a key minted with the CLI as an admin
+does, RBAC for its user, and the endpoint of the replica that serves the API. Shared by the e2e and
+federation tiers; kept out of any test module, so that importing them registers no scenario."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from tests.aws.clients import Endpoint, boto3_call
+from tests.e2e.scenarios import Context
+from tests.kube import eventually
+
+
+def mint_key(ctx: Context, user: str) -> tuple[str, str]:
+    """``hyperplan api-key create --user USER``: the two lines it prints, as an AWS client reads them."""
+    done = subprocess.run([sys.executable, "-m", "hyperplan.cli", "api-key", "create", "--user", user,
+                           "--namespace", "default"], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "KUBECONFIG": ctx.kubeconfig})
+    assert done.returncode == 0, done.stderr
+    lines = dict(line.split("=", 1) for line in done.stdout.split())
+    return lines["AWS_ACCESS_KEY_ID"], lines["AWS_SECRET_ACCESS_KEY"]
+
+
+def grant_plan_reads(ctx: Context, user: str, name: str, *more: dict) -> None:
+    ctx.kubectl.apply([
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": name},
+         "rules": [{"apiGroups": ["hyperplan.dev"], "resources": ["trainingplans"], "verbs": ["get", "list"]},
+                   *more]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": name},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]}])
+
+
+def serving(ctx: Context, key_id: str, secret: str) -> Endpoint:
+    """The endpoint of the replica that serves the API now (the leader; after a restart of the
+    e2e leader, the standby may lead)."""
+    def answering() -> Endpoint | None:
+        for url in ctx.sagemaker_api_urls:
+            endpoint = Endpoint(url, key_id, secret)
+            answer = boto3_call(endpoint, "list_training_plans", MaxResults=1)
+            if "ok" in answer or answer["error"]["code"] not in ("EndpointConnectionError", "ConnectionClosedError"):
+                return endpoint
+        return None
+    return eventually(answering, timeout=120, interval=1, what="a replica serving the SageMaker API")
