@@ -60,10 +60,12 @@ def ultraserver_group(ctx: Context) -> dict:
     tag = uuid.uuid4().hex[:5]
     plan, group = f"gb-{tag}", f"workers-{tag}"
     out: dict = {"plan": plan, "group": group}
+    # The pool sells to this plan only (test_recovery's first-wave plan buys the same UltraServer
+    # type, and offerings come from every pool of a type that lets a plan buy).
     k.create({"apiVersion": API, "kind": "CapacityPool", "metadata": {"name": f"gb-{tag}"},
               "spec": {"instanceType": ITYPE, "ultraServerType": US_TYPE, "availabilityZone": f"us-west-{tag}",
-                       "instanceCount": 36}})
-    k.create({"apiVersion": API, "kind": "TrainingPlan", "metadata": {"name": plan},
+                       "instanceCount": 36, "trainingPlanSelector": {"matchLabels": {"e2e-scenario": plan}}}})
+    k.create({"apiVersion": API, "kind": "TrainingPlan", "metadata": {"name": plan, "labels": {"e2e-scenario": plan}},
               "spec": {"ultraServerType": US_TYPE, "ultraServerCount": 2, "targetResource": "hyperpod-cluster",
                        "duration": "3m", "autoPurchase": True,
                        "startTimeAfter": ts(utcnow() + timedelta(seconds=30))}})

@@ -78,10 +78,13 @@ def recovery_ladder(ctx: Context) -> dict:
     tag = uuid.uuid4().hex[:5]
     plan, group = f"rb-{tag}", f"reboot-{tag}"
     out: dict = {"group": group}
+    # The pool sells to this plan only, and the plan buys from it only: the first wave's other
+    # UltraServer scenario (test_instancegroups) buys the same type, and offerings come from
+    # every pool of a type.
     k.create({"apiVersion": API, "kind": "CapacityPool", "metadata": {"name": f"rb-{tag}"},
               "spec": {"instanceType": ITYPE, "ultraServerType": US_TYPE, "availabilityZone": f"us-rb-{tag}",
-                       "instanceCount": 18}})
-    k.create({"apiVersion": API, "kind": "TrainingPlan", "metadata": {"name": plan},
+                       "instanceCount": 18, "trainingPlanSelector": {"matchLabels": {"e2e-scenario": plan}}}})
+    k.create({"apiVersion": API, "kind": "TrainingPlan", "metadata": {"name": plan, "labels": {"e2e-scenario": plan}},
               "spec": {"ultraServerType": US_TYPE, "ultraServerCount": 1, "targetResource": "hyperpod-cluster",
                        "duration": "4m", "autoPurchase": True,
                        "startTimeAfter": ts(utcnow() + timedelta(seconds=20))}})
