@@ -1,16 +1,17 @@
 """Purchases through a SageMaker endpoint against the same purchases from local pools, in one run.
 
-One plane, one operator (demo profile) that also serves hyperplan's SageMaker API. The fleet is P
-local pools that only plans without the ``tier`` label may buy from (the plans the API makes carry
-none).
+The training cluster is the bench's plane and operator (demo profile); its local fleet is P pools
+that only plans without the ``tier`` label may buy from.
 
 1. Local: N auto-purchasing plans (1 x ml.p5.48xlarge, ``duration: 1m``, a 45-minute window from 5
    minutes ahead) buy from the fleet. Timed from the first create until a raw watch has seen every
    plan settle (Scheduled or Failed). They stay: the fleet has room for both runs.
-2. Remote: N plans labelled ``tier=remote`` buy through a pool whose ``spec.source.sageMaker`` is the
-   operator's own API (boto3, SigV4, a key minted for a user whose RBAC may buy). Each goes the
-   whole remote way: search, CreateTrainingPlan, the API-made plan's purchase from the fleet,
-   following it, the block recorded. Timed the same way.
+2. Remote: N plans labelled ``tier=remote`` buy through pools whose ``spec.source.sageMaker`` is a
+   capacity cluster's API: a second plane with its own operator and the same fleet (boto3, SigV4, a
+   key minted there for a user whose RBAC may buy). Each goes the whole remote way: search,
+   CreateTrainingPlan, the capacity side's purchase, following it, the block recorded. Timed the
+   same way. ``--loopback``: the bench's own operator sells instead (one process, one GIL, serves
+   the API, buys the API's plans and follows them: a harder case, docs/benchmarks.md).
 
 Target (issue 23): the remote figure within 3x the local one. Also printed: the remote calls by
 operation and result, and the plans by phase.
@@ -21,10 +22,13 @@ operation and result, and the plans by phase.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections import Counter
 from datetime import timedelta
 from pathlib import Path
@@ -32,8 +36,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
-    API, GROUP, VERSION, Harness, free_port, loadavg, machine, metric_sum, pool, print_figures, proc_cpu_seconds,
-    run, scrape, step, ts, utcnow, verdict,
+    API, GROUP, PYTHON, ROOT, STATE, VERSION, Harness, Plane, build, free_port, loadavg, machine, metric_sum, pool,
+    print_figures, proc_cpu_seconds, run, scrape, step, stop_process_group, ts, utcnow, verdict, wait_for,
 )
 from purchases import AZS, ITYPE, PhaseTracker, plan_body  # noqa: E402
 
@@ -59,20 +63,85 @@ def settle(h: Harness, tracker: PhaseTracker, names: set[str], t0: float, timeou
         time.sleep(1)
 
 
-def mint_key(h: Harness, user: str) -> tuple[str, str]:
+def mint_key(kubeconfig: Path, user: str) -> tuple[str, str]:
     done = subprocess.run([sys.executable, "-m", "hyperplan.cli", "api-key", "create", "--user", user,
                            "--namespace", "default"], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "KUBECONFIG": str(h.plane.kubeconfig)}, check=True)
+                          env={**os.environ, "KUBECONFIG": str(kubeconfig)}, check=True)
     lines = dict(line.split("=", 1) for line in done.stdout.split())
     return lines["AWS_ACCESS_KEY_ID"], lines["AWS_SECRET_ACCESS_KEY"]
 
 
+class CapacityCluster:
+    """A second plane with its own operator that serves the SageMaker API: the cluster that sells
+    the fleet, in its own processes (``--loopback``: the bench's own operator sells instead)."""
+
+    def __init__(self, pools: int, pool_size: int) -> None:
+        self.plane = Plane(root=STATE / "capacity", name="bench-capacity", log=lambda line: step(f"capacity: {line}"))
+        self.pools, self.pool_size = pools, pool_size
+        self.proc: subprocess.Popen | None = None
+        self.port = free_port()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def kubectl(self, *args: str, input: str | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run([str(build.binary("kubectl")), f"--kubeconfig={self.plane.kubeconfig}", *args],
+                              input=input, capture_output=True, text=True, timeout=120, check=True)
+
+    def __enter__(self) -> "CapacityCluster":
+        self.plane.down(quiet=True)
+        self.plane.up()
+        self.kubectl("apply", "-f", str(ROOT / "crds"))
+        self.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/capacitypools.hyperplan.dev",
+                     "crd/trainingplans.hyperplan.dev")
+        liveness = free_port()
+        env = {**os.environ, "KUBECONFIG": str(self.plane.kubeconfig), "HYPERPLAN_POLICY": "demo",
+               "HYPERPLAN_METRICS_PORT": str(free_port()), "HYPERPLAN_LIVENESS_PORT": str(liveness),
+               "HYPERPLAN_SAGEMAKER_API_PORT": str(self.port), "HYPERPLAN_API_KEY_NAMESPACE": "default",
+               "HYPERPLAN_KUEUE_ENABLED": "false", "HYPERPLAN_CLUSTER_NAME": "bench-capacity"}
+        log = open(STATE / "remote_purchases-capacity-operator.log", "wb")
+        self.proc = subprocess.Popen([str(PYTHON), "-m", "hyperplan.cli", "run"], env=env, cwd=ROOT, stdout=log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        step(f"capacity: operator pid {self.proc.pid}, SageMaker API {self.url}")
+
+        def live() -> bool:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{liveness}/healthz", timeout=2) as r:
+                    return r.status == 200
+            except OSError:
+                return False
+        wait_for(live, timeout=60, what="the capacity cluster's operator")
+        for p in range(self.pools):
+            self.kubectl("create", "-f", "-", input=json.dumps(pool(f"fleet-{p:02d}", ITYPE, self.pool_size,
+                                                                   AZS[p % len(AZS)])))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            if self.proc is not None and self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGTERM)
+                try:
+                    self.proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    stop_process_group(self.proc.pid, timeout=5)
+        finally:
+            self.plane.down(quiet=True)
+
+
 def main(h: Harness, args: argparse.Namespace) -> int:
+    if args.loopback:
+        return run_remote(h, args, None)
+    with CapacityCluster(args.pools, args.pool_size) as capacity:
+        return run_remote(h, args, capacity)
+
+
+def run_remote(h: Harness, args: argparse.Namespace, capacity: "CapacityCluster | None") -> int:
     load_start = loadavg()
     port = free_port()
     op = h.start_operator("demo", extra_env={"HYPERPLAN_SAGEMAKER_API_PORT": str(port),
                                              "HYPERPLAN_API_KEY_NAMESPACE": "default"})
-    url = f"http://127.0.0.1:{port}"
+    url = capacity.url if capacity is not None else f"http://127.0.0.1:{port}"
     for p in range(args.pools):
         body = pool(f"pool-{p:02d}", ITYPE, args.pool_size, AZS[p % len(AZS)])
         body["spec"]["trainingPlanSelector"] = {"matchExpressions": [{"key": "tier", "operator": "DoesNotExist"}]}
@@ -95,8 +164,11 @@ def main(h: Harness, args: argparse.Namespace) -> int:
     # runs, and the remote run works beside 1,000 more objects than the local one did.
 
     # 2. remote, through the operator's own API
-    key_id, secret = mint_key(h, "bench-buyer")
-    h.kubectl("create", "clusterrolebinding", "bench-buyer", "--clusterrole=cluster-admin", "--user=bench-buyer")
+    seller = capacity.plane.kubeconfig if capacity is not None else h.plane.kubeconfig
+    key_id, secret = mint_key(seller, "bench-buyer")
+    subprocess.run([str(build.binary("kubectl")), f"--kubeconfig={seller}", "create", "clusterrolebinding",
+                    "bench-buyer", "--clusterrole=cluster-admin", "--user=bench-buyer"], check=True,
+                   capture_output=True, timeout=60)
     h.kubectl("create", "secret", "generic", "bench-key", "-n", "default",
               f"--from-literal=AWS_ACCESS_KEY_ID={key_id}", f"--from-literal=AWS_SECRET_ACCESS_KEY={secret}")
     for p in range(args.pools):
@@ -152,5 +224,7 @@ if __name__ == "__main__":
     ap.add_argument("--pool-size", type=int, default=64)
     ap.add_argument("--window", type=int, default=45, help="minutes of each plan's window")
     ap.add_argument("--settle-timeout", type=int, default=600)
+    ap.add_argument("--loopback", action="store_true", help="the bench's own operator sells (one process "
+                    "serves the API and follows its plans) instead of a capacity cluster of its own")
     args = ap.parse_args()
     run(lambda h: main(h, args), "remote_purchases", budget=300 + args.plans * 0.6 + 2 * args.settle_timeout)
