@@ -263,3 +263,20 @@ def test_deleting_a_plan_bought_remotely_says_the_remote_plan_stays(world) -> No
     kept = [m for _, t, r, m in w.events if r == "RemotePlanKept"]
     assert kept and f"training-plan/{REMOTE}-0" in kept[0] and "cannot be cancelled" in kept[0]
     assert lines(w) == []
+
+
+@pytest.mark.parametrize("events, wakes", [
+    ([("ADDED", 1, True), ("MODIFIED", 1, True)], [True, False]),
+    ([("ADDED", 1, True), ("MODIFIED", 2, True)], [True, True]),
+    ([("ADDED", 1, False), ("MODIFIED", 1, False)], [True, True]),
+    ([("ADDED", 1, True), ("DELETED", 1, True)], [True, True]),
+], ids=["remote-record-written", "remote-spec-changed", "local-ledger-written", "remote-deleted"])
+def test_only_a_remote_pools_record_changing_wakes_no_plan(events, wakes) -> None:
+    from hyperplan.handlers.events import remote_record_only
+    generations: dict = {}
+    got = []
+    for type_, generation, remote in events:
+        body = {"metadata": {"name": POOL, "generation": generation},
+                "spec": {"source": {"sageMaker": {"region": "us-east-1"}}} if remote else {"instanceCount": 8}}
+        got.append(not remote_record_only(generations, POOL, type_, body))
+    assert got == wakes

@@ -55,6 +55,8 @@ class Runtime:
     # Who needs waking when something changes, so a change wakes only the passes it concerns:
     # plans not bought yet (their offerings depend on the pools).
     unbought_plans: set[str] = field(default_factory=set)
+    # Each pool's metadata.generation as its last event had it (handlers.events.remote_record_only).
+    pool_generations: dict[str, Any] = field(default_factory=dict)
     # The nodes of groups, jobs and the free pool, from the operator's own node watch
     # (handlers.nodewatch; started by handlers.nodes.start_node_watch, which sets node_watch).
     node_store: NodeStore = field(default_factory=NodeStore)
