@@ -140,7 +140,7 @@ def node(name: str, group_name: str, *, ready: str = "True", ultraserver: str = 
 
 class WatchedPlans(dict):
     """The plans' index as the watch fills it: each change is also a plan event, which moves the
-    cache's ``plans_version`` (handlers.trainingplan.plan_event), so listings see it."""
+    cache's ``plans_version`` (handlers.events.plan_event), so listings see it."""
 
     cache: WatchCache | None = None
 
@@ -607,7 +607,7 @@ def test_a_listing_derives_only_the_plans_that_changed(monkeypatch) -> None:
     changed = plan("p3", "Expired", 3)
     changed["metadata"]["resourceVersion"] = "2"
     packed["p3"] = [asyncio.run(hp_plans(name="p3", body=changed))["p3"]]
-    cache.plans_version += 1  # the watch's event of the change (handlers.trainingplan.plan_event)
+    cache.plans_version += 1  # the watch's event of the change (handlers.events.plan_event)
     listed = operations.list_training_plans({}, ctx)
     assert derived == ["p3"]
     assert {s["TrainingPlanName"]: s["Status"] for s in listed["TrainingPlanSummaries"]}["p3"] == "Expired"

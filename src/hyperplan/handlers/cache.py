@@ -196,7 +196,7 @@ class WatchCache:
     # The loop kopf runs on (set by :meth:`bind`): kopf's indexes are read there (:meth:`_on_loop`).
     _loop: asyncio.AbstractEventLoop | None = None
     _loop_thread: int | None = None
-    # Moves with every plan the watch delivers (handlers.trainingplan.plan_event) or the operator
+    # Moves with every plan the watch delivers (handlers.events.plan_event) or the operator
     # writes: a reader that derived something from every plan (the SageMaker API's listing, whose
     # every page walks them) may keep it while this stays the same.
     plans_version: int = 0

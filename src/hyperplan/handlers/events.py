@@ -115,6 +115,7 @@ def caught_up(rt: Runtime, plural: str, name: str, type_: str | None, body: kopf
 async def plan_event(name: str, type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     rt: Runtime = memo.runtime
     caught_up(rt, PLANS, name, type, body)
+    rt.cache.plans_version += 1  # what the SageMaker API derived from every plan is stale now
     observe(metrics.OBSERVED, PLANS, name, type, body)
     if nodes.plan_wakes_groups(rt.plan_digests, name, type, body):
         rt.wake_groups_of(name)  # they compute block times themselves

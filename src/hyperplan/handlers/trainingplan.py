@@ -364,7 +364,6 @@ def plan_event(rt: Runtime, name: str, type: str | None, body: Mapping[str, Any]
     # The workers start inside a kopf handler: their tasks inherit its context, which holds
     # kopf's queue for posting Events (kopf.event fails outside one). Idempotent.
     rt.queue.start()
-    rt.cache.plans_version += 1  # what the SageMaker API derived from every plan is stale now
     if type == "DELETED":
         rt.queue.forget(KIND, name)
         rt.plan_labels.pop(name, None)
