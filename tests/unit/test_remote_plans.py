@@ -280,3 +280,28 @@ def test_only_a_remote_pools_record_changing_wakes_no_plan(events, wakes) -> Non
                 "spec": {"source": {"sageMaker": {"region": "us-east-1"}}} if remote else {"instanceCount": 8}}
         got.append(not remote_record_only(generations, POOL, type_, body))
     assert got == wakes
+
+
+def test_pools_of_one_endpoint_are_one_seller_searched_once_and_recorded_by_zone(monkeypatch) -> None:
+    def zone_pool(name: str, zone: str) -> CapacityPool:
+        return CapacityPool(metadata={"name": name}, spec=CapacityPoolSpec(
+            instance_type=P5, availability_zone=zone,
+            source=PoolSource(sage_maker=SageMakerSource(endpoint="http://127.0.0.1:1", region="us-east-1"))))
+    w = make_world(monkeypatch, NOW, SAGEMAKER, plans=[plan()], pools=[zone_pool("rp-a", "use1-az1"),
+                                                                        zone_pool("rp-b", "use1-az2")])
+    try:
+        remote = FakeRemoteCapacity(offerings=[offering("tpo-b", zone="use1-az2")])
+        w.rt.remote = RemoteSources(credentials=lambda name: None, make=lambda source, creds: remote,
+                                    follower=RemoteFollower(clock=lambda: (w.now - NOW).total_seconds()))
+        w.run(reconcile_plan, NAME)
+        assert [op for op, _ in remote.calls].count("search") == 1  # one seller, one search
+        assert [c[1] for c in creates(remote)] == ["tpo-b"]
+        remote.sell(f"{REMOTE}-0")
+        w.now += timedelta(seconds=2)
+        w.run(reconcile_plan, NAME)
+        by_pool = {p.metadata["name"]: [r.reserved_capacity_id for r in p.status.reservations]
+                   for p in w.ledger.pool_objects}
+        assert by_pool == {"rp-a": [], "rp-b": ["rc-0c6f9a521111-0"]}
+        assert status(w)["phase"] == "Scheduled"
+    finally:
+        w.close()

@@ -70,45 +70,67 @@ def remote_pools(pool_objects: Sequence[Mapping[str, Any]], allowed: set[str]) -
     return out
 
 
+def _endpoint(pool: CapacityPool) -> tuple:
+    source = pool.spec.source.sage_maker
+    return (source.endpoint, source.region, source.credentials_secret)
+
+
 def look(rt: Any, pools: Sequence[CapacityPool], snapshots: Sequence[Any], name: str, uid: str,
          spec: TrainingPlanSpec, request: OfferingRequest | None, holds: set[str], search: bool) -> RemoteLook:
-    """Follow the plan's remote plans in ``pools`` and, with ``search``, search the pools where it
-    holds nothing live (sync: a purchase thread). ``holds``: the pools where its lines are now.
-    ``request`` is None when the spec cannot be searched (the decision then says why)."""
+    """Follow the plan's remote plans in ``pools`` and, with ``search``, search where it holds
+    nothing live (sync: a purchase thread). ``holds``: the pools where its lines are now.
+    ``request`` is None when the spec cannot be searched (the decision then says why).
+
+    Pools that name one endpoint and key (one per zone of a capacity cluster, say) are one
+    seller: its remote plans are listed once, each block is recorded in the pool of its type and
+    zone, and one search serves them all, its answer split by pool."""
     seen = RemoteLook()
     by_name = {s.name: s for s in snapshots}
     sells = {p.name for p in matching_pools(request, [by_name[p.metadata["name"]] for p in pools])} \
         if request is not None else set()
+    sellers: dict[tuple, list[CapacityPool]] = {}
     for pool in pools:
-        pool_name, source = pool.metadata["name"], pool.spec.source.sage_maker
-        if pool_name not in holds and pool_name not in sells:
-            continue
-        capacity = rt.remote.capacity(pool_name, source)
-        age = FOLLOW_AGE if pool_name in holds else WAITING_AGE
-        standing = standing_of(rt.remote.plans(pool_name, source, age), uid)
-        lines, refused = mirror_lines(standing.live, name, uid, pool.spec.instance_type,
-                                      pool.spec.availability_zone) if standing.live else ([], [])
-        seen.notes += refused
-        mine = [r for r in pool.status.reservations if r.training_plan_uid == uid]
-        if not same_lines([r.wire() for r in mine], [r.wire() for r in lines]):
-            seen.blocks = rt.ledger.record_remote(pool_name, name, uid, lines)
-        if standing.live is not None and standing.live.live and not lines:
-            seen.waiting = (standing.live, capacity.endpoint)
-        seen.next_attempt[pool_name] = standing.next_attempt
+        if pool.metadata["name"] in holds or pool.metadata["name"] in sells:
+            sellers.setdefault(_endpoint(pool), []).append(pool)
+    for group in sellers.values():
+        first, source = group[0].metadata["name"], group[0].spec.source.sage_maker
+        capacity = rt.remote.capacity(first, source)
+        age = FOLLOW_AGE if any(p.metadata["name"] in holds for p in group) else WAITING_AGE
+        standing = standing_of(rt.remote.plans(first, source, age), uid)
+        recorded = False
+        for pool in group:
+            lines, _ = mirror_lines(standing.live, name, uid, pool.spec.instance_type,
+                                    pool.spec.availability_zone) if standing.live else ([], [])
+            recorded = recorded or bool(lines)
+            mine = [r for r in pool.status.reservations if r.training_plan_uid == uid]
+            if not same_lines([r.wire() for r in mine], [r.wire() for r in lines]):
+                seen.blocks = rt.ledger.record_remote(pool.metadata["name"], name, uid, lines)
+            seen.next_attempt[pool.metadata["name"]] = standing.next_attempt
+        if standing.live is not None:
+            seen.notes += [f"block {b.arn} is {b.instance_count} x {b.instance_type} in {b.availability_zone or '?'}, "
+                           "not what any pool of its endpoint sells" for b in standing.live.blocks
+                           if not any(mirror_lines(RemotePlan(standing.live.name, standing.live.arn, "Active", "",
+                                                              (b,)), name, uid, p.spec.instance_type,
+                                                   p.spec.availability_zone)[0] for p in group)]
+            if standing.live.live and not recorded:
+                seen.waiting = (standing.live, capacity.endpoint)
         if standing.exhausted:
-            seen.exhausted.append(pool_name)
+            seen.exhausted += [p.metadata["name"] for p in group]
             continue
-        if search and standing.live is None and pool_name in sells and request is not None:
-            answer = capacity.search(search_arguments(request, rt.policy))
-            found = offerings_of(answer, pool_name, pool.spec.instance_type, pool.spec.availability_zone,
-                                 pool.spec.ultra_server_type, request)
-            for offering in found:
-                if within_fee(offering, source.max_upfront_fee):
+        selling = [p for p in group if p.metadata["name"] in sells]
+        if not (search and standing.live is None and selling and request is not None):
+            continue
+        answer = capacity.search(search_arguments(request, rt.policy))
+        for pool in selling:
+            ceiling = pool.spec.source.sage_maker.max_upfront_fee
+            for offering in offerings_of(answer, pool.metadata["name"], pool.spec.instance_type,
+                                         pool.spec.availability_zone, pool.spec.ultra_server_type, request):
+                if within_fee(offering, ceiling):
                     seen.offerings.append(offering)
                 else:
-                    seen.notes.append(f"offering {offering.offering.id} of pool {pool_name} costs "
+                    seen.notes.append(f"offering {offering.offering.id} of pool {pool.metadata['name']} costs "
                                       f"{offering.upfront_fee or 'an unknown fee'} {offering.currency or ''}, "
-                                      f"above the pool's maxUpfrontFee {source.max_upfront_fee}")
+                                      f"above the pool's maxUpfrontFee {ceiling}")
     return seen
 
 
