@@ -305,3 +305,30 @@ def test_pools_of_one_endpoint_are_one_seller_searched_once_and_recorded_by_zone
         assert status(w)["phase"] == "Scheduled"
     finally:
         w.close()
+
+
+def test_a_failing_plans_own_condition_writes_do_not_run_it_again_past_its_backoff() -> None:
+    """Every failed pass writes Reconciled=False, an event of the plan; a plan that never passed has
+    no observedGeneration. Only a new generation (a spec change) wakes it, not its own writes."""
+    from types import SimpleNamespace
+    from hyperplan.handlers.trainingplan import plan_event
+
+    class Queue:
+        def __init__(self) -> None:
+            self.woken = 0
+
+        def start(self) -> None: ...
+
+        def wake(self, kind: str, name: str) -> None:
+            self.woken += 1
+
+    rt = SimpleNamespace(queue=Queue(), unbought_plans={NAME}, plan_labels={}, plan_generations={})
+    body = {"metadata": {"name": NAME, "generation": 1}, "status": {}}
+    plan_event(rt, NAME, "ADDED", body)
+    failed = {"metadata": {"name": NAME, "generation": 1}, "status": {"conditions": [
+        {"type": "Reconciled", "status": "False", "reason": "RemoteUnavailable"}]}}
+    for _ in range(5):
+        plan_event(rt, NAME, "MODIFIED", failed)
+    assert rt.queue.woken == 1
+    plan_event(rt, NAME, "MODIFIED", {**failed, "metadata": {"name": NAME, "generation": 2}})
+    assert rt.queue.woken == 2

@@ -242,7 +242,7 @@ def plan_seen(labels: dict[str, str]) -> dict[str, Any]:
 ])
 def test_a_relabelled_plan_not_bought_yet_searches_again(before: dict, after: dict, unbought: bool,
                                                          wakes: bool) -> None:
-    rt = SimpleNamespace(queue=RecordingQueue(), unbought_plans={NAME} if unbought else set(), plan_labels={})
+    rt = SimpleNamespace(queue=RecordingQueue(), unbought_plans={NAME} if unbought else set(), plan_labels={}, plan_generations={})
     plan_event(rt, NAME, "MODIFIED", plan_seen(before))  # the first event seen: remembered, no pass
     plan_event(rt, NAME, "MODIFIED", plan_seen(after))
 

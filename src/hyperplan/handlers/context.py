@@ -65,6 +65,8 @@ class Runtime:
     # Each plan's labels as its last event had them: a relabelled plan not bought yet searches again,
     # since the pools' trainingPlanSelectors read them (handlers.trainingplan.plan_event).
     plan_labels: dict[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
+    # Each plan's metadata.generation as its last event had it (a spec change is a new one).
+    plan_generations: dict[str, Any] = field(default_factory=dict)
     # Other controllers' callbacks for a plan's watch event (name, type, body), called by
     # handlers.events after the operator's own (the Kueue controller registers one).
     plan_listeners: list[Callable[[str, str | None, Mapping[str, Any]], None]] = field(default_factory=list)

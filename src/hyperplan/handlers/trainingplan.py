@@ -367,12 +367,20 @@ def plan_event(rt: Runtime, name: str, type: str | None, body: Mapping[str, Any]
     if type == "DELETED":
         rt.queue.forget(KIND, name)
         rt.plan_labels.pop(name, None)
+        rt.plan_generations.pop(name, None)
         return
     meta, status = body.get("metadata") or {}, body.get("status") or {}
     labels = tuple(sorted((meta.get("labels") or {}).items()))
     relabelled = rt.plan_labels.get(name, labels) != labels
     rt.plan_labels[name] = labels
+    # A spec change is a generation this handler has not seen yet, which no pass has observed. A
+    # plan whose passes fail has no observedGeneration, and the failure's own condition write is
+    # an event: waking on it ran the failing pass again at once, past the queue's backoff (127
+    # failures in 20 s while a remote endpoint was down, then 5 minutes' rest once it was back).
+    generation = meta.get("generation")
+    new_generation = rt.plan_generations.get(name) != generation
+    rt.plan_generations[name] = generation
     if type in (None, "ADDED") or meta.get("deletionTimestamp") \
-            or meta.get("generation") != status.get("observedGeneration") \
+            or (new_generation and generation != status.get("observedGeneration")) \
             or (relabelled and name in rt.unbought_plans):  # the pools that sell to it may differ
         rt.queue.wake(KIND, name)
