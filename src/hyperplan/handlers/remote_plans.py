@@ -32,7 +32,8 @@ from hyperplan.planning.blocks import Block
 from hyperplan.planning.offerings import Offering, OfferingRequest, RuleViolation, matching_pools
 from hyperplan.planning.policy import Policy
 from hyperplan.planning.remote import (
-    MAX_ATTEMPTS, RemoteOffering, RemotePlan, mirror_lines, offerings_of, plan_of, remote_plan_name, same_lines,
+    MAX_ATTEMPTS, RemoteOffering, RemotePlan, mirror_lines, offerings_of, plan_of, pool_sells, remote_plan_name,
+    same_lines,
     search_arguments, standing_of, within_fee,
 )
 
@@ -109,9 +110,7 @@ def look(rt: Any, pools: Sequence[CapacityPool], snapshots: Sequence[Any], name:
         if standing.live is not None:
             seen.notes += [f"block {b.arn} is {b.instance_count} x {b.instance_type} in {b.availability_zone or '?'}, "
                            "not what any pool of its endpoint sells" for b in standing.live.blocks
-                           if not any(mirror_lines(RemotePlan(standing.live.name, standing.live.arn, "Active", "",
-                                                              (b,)), name, uid, p.spec.instance_type,
-                                                   p.spec.availability_zone)[0] for p in group)]
+                           if not any(pool_sells(b, p.spec.instance_type, p.spec.availability_zone) for p in group)]
             if standing.live.live and not recorded:
                 seen.waiting = (standing.live, capacity.endpoint)
         if standing.exhausted:

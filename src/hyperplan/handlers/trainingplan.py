@@ -318,8 +318,9 @@ async def release_plan(rt: Runtime, obj: dict[str, Any]) -> None:
     finalizers = meta.get("finalizers") or []
     if PLAN_FINALIZER not in finalizers and FINALIZER not in finalizers:
         return
-    kept = remote_plans.kept_message(remote_plans.remote_pools(rt.cache.pool_objects(), set(
-        p["metadata"]["name"] for p in rt.cache.pool_objects())), meta["uid"], rt.clock())
+    pools = rt.cache.pool_objects()
+    kept = remote_plans.kept_message(remote_plans.remote_pools(pools, {p["metadata"]["name"] for p in pools}),
+                                     meta["uid"], rt.clock())
     if kept:
         kopf.warn(obj, reason="RemotePlanKept", message=kept)
     released = await asyncio.to_thread(rt.ledger.release, meta["uid"], rt.clock())

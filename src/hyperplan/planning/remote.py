@@ -215,16 +215,23 @@ def within_fee(offering: RemoteOffering, ceiling: str | None) -> bool:
         return False
 
 
+def pool_sells(block: RemoteBlock, instance_type: str, availability_zone: str) -> bool:
+    """Whether a remote block is of the pool's instance type in its zone (a block the remote names
+    no zone for counts as the pool's): the only blocks recorded (a remote that sells anything else
+    is not believed)."""
+    return block.instance_type == instance_type and block.availability_zone in ("", availability_zone)
+
+
 def mirror_lines(remote: RemotePlan, plan: str, plan_uid: str, instance_type: str,
                  availability_zone: str) -> tuple[list[Reservation], list[str]]:
     """The lines of the remote pool's ledger that record what ``remote`` holds for the local plan,
-    and why any block was left out: only blocks of the pool's instance type in its zone are taken
-    (a remote that sells anything else is not believed), and none of a plan that failed."""
+    and why any block was left out: only blocks the pool sells (:func:`pool_sells`), and none of a
+    plan that failed."""
     if remote.status == "Failed":
         return [], []  # an Expired plan keeps its lines: the blocks were held, and the dates say they ended
     lines, refused = [], []
     for b in remote.blocks:
-        if b.instance_type != instance_type or (b.availability_zone and b.availability_zone != availability_zone):
+        if not pool_sells(b, instance_type, availability_zone):
             refused.append(f"block {b.arn} is {b.instance_count} x {b.instance_type} in "
                            f"{b.availability_zone or '?'}, not what the pool sells")
             continue
