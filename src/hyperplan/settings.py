@@ -79,6 +79,15 @@ class Settings(BaseSettings):
     kwok_reboot_seconds: float = Field(10.0, gt=0)
     """Seconds a KWOK node stays NotReady (Ready=False, reason Rebooting) when it is rebooted
     before KWOK's stage brings it back Ready (src/hyperplan_dev/kwok-stages.yaml)."""
+    karpenter_node_class: str = Field("karpenter.kwok.sh/KWOKNodeClass/default",
+                                      pattern=r"^[a-z0-9.-]+/[A-Za-z0-9]+/[a-z0-9.-]+$")
+    """The node class every NodeClaim of a ``nodeProvider: karpenter`` group names, as
+    ``group/Kind/name`` (on AWS: ``karpenter.k8s.aws/EC2NodeClass/<name>``)."""
+    karpenter_capacity_type: Literal["reserved", "on-demand"] = "reserved"
+    """The ``karpenter.sh/capacity-type`` a karpenter group's NodeClaims require."""
+    karpenter_launch_timeout_seconds: float = Field(300.0, gt=0)
+    """How long a NodeClaim may stay without a registered Node before the operator deletes it and
+    makes the slot's claim again (Karpenter's own liveness timeout is a fixed 15 minutes)."""
     reboot_job_image: str = f"hyperplan:{__version__}"
     """Image of the Job that reboots a static node (the chart: the operator's own image); it
     needs ``nsenter`` for the default command."""

@@ -246,9 +246,9 @@ class Karpenter:
             if self.ready():
                 return
             if self._child is not None and self._child.poll() is not None:
-                self._child = None
+                code, self._child = self._child.returncode, None
                 self.state_file.unlink(missing_ok=True)
-                raise RuntimeError(f"karpenter exited ({self._child.returncode}) before it was ready; "
+                raise RuntimeError(f"karpenter exited ({code}) before it was ready; "
                                    f"see {self.log_file}:\n{self._log_tail()}")
             time.sleep(0.2)
         self.stop()

@@ -342,13 +342,17 @@ def apply_decision(provider: NodeProvider, pods: NodePods, d: GroupDecision, raw
         except AdoptionConflict as e:  # not an error: the next pass chooses again
             log.info("group %s: %s", group, e)
             return None
+        made = f"{spec.name} ({spec.role}) in {spec.availability_zone}"
+        if node.node_claim is not None:  # karpenter: the claim now, its Node when Karpenter registers it
+            with made_lock:
+                out.made.append(GroupNode(name=node.name, uid="", node_id=spec.name, node_claim=node.node_claim))
+            return [(None, Event("Normal", "NodeClaimCreated", f"{made}: NodeClaim {node.node_claim.name}"))]
         if not node.uid:  # there already, not made by this call: not the group's, left alone
             return [(None, Event("Warning", "NodeNameTaken",
                                  f"node {node.name} exists and is not in the group's record: left alone"))]
         with made_lock:
             out.made.append(GroupNode(name=node.name, uid=node.uid, node_id=spec.name,
                                       lent=node.lent.state() if node.lent is not None else None))
-        made = f"{spec.name} ({spec.role}) in {spec.availability_zone}"
         made_as = node.name
         if made_as == spec.name:
             return [(None, Event("Normal", "NodeCreated", made))]

@@ -39,6 +39,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from hyperplan.actuation.kube import Kube
+from hyperplan.api.models import NodeClaimRef
 from hyperplan.api.vocabulary import (
     ANNOTATION_CLAIM, ANNOTATION_EVICTING_SINCE, ANNOTATION_HEALTH_SINCE, OWN_PREFIX, to_rfc3339,
 )
@@ -109,6 +110,8 @@ class MadeNode:
     name: str
     uid: str
     lent: lending.LentRecord | None = None
+    # karpenter: the NodeClaim made (its Node comes later; name is the node id, uid "" until then)
+    node_claim: NodeClaimRef | None = None
 
 
 @runtime_checkable
@@ -705,7 +708,10 @@ def providers(kube: Kube, me: lending.OperatorIdentity | None = None,
     job = RebootJob(image=s.reboot_job_image, command=tuple(s.reboot_job_command),
                     namespace=(me.namespace if me else None) or s.pod_namespace or "default",
                     ttl_seconds=s.reboot_job_ttl_seconds, deadline_seconds=s.reboot_job_deadline_seconds)
-    return {"kwok": KwokProvider(kube, s.kwok_reboot_seconds), "static": StaticProvider(kube, me, job)}
+    from hyperplan.actuation.karpenter import KarpenterProvider  # it builds on KwokProvider
+    return {"kwok": KwokProvider(kube, s.kwok_reboot_seconds), "static": StaticProvider(kube, me, job),
+            "karpenter": KarpenterProvider(kube, s.karpenter_node_class, s.karpenter_capacity_type,
+                                           s.kwok_reboot_seconds, job)}
 
 
 # Each provider satisfies the Protocol, stated the way Go's `var _ NodeProvider = KwokProvider{}` is:

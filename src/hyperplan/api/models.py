@@ -535,7 +535,10 @@ class InstanceGroupSpec(Model):
     training_plan_ref: str = Field(min_length=1, max_length=MAX_NAME)
     instance_type: str = label_value_field("Instance type of the group's nodes (the plan's type).")
     instance_count: int = Field(ge=0)
-    node_provider: Literal["kwok", "static"] = "kwok"
+    node_provider: Literal["kwok", "static", "karpenter"] = Field(default="kwok", description=(
+        "Where the group's nodes come from. kwok: Node objects the operator writes for KWOK. static: existing "
+        "nodes of the free pool, lent while a block runs. karpenter: one Karpenter NodeClaim per slot, which "
+        "Karpenter launches (docs/karpenter.md)."))
     labels: dict[str, str] = Field(
         default_factory=dict, max_length=MAX_GROUP_LABELS,
         description="Labels the operator puts on the group's nodes (and removes when it hands them back).",
@@ -637,6 +640,16 @@ class GroupNode(Model):
     # node (hyperplan.dev/claim); uid is "" until the API server has answered.
     claim: str | None = Field(default=None, min_length=64, max_length=64, pattern="^[0-9a-f]{64}$")
     recovery: NodeRecovery | None = None
+    # karpenter: the NodeClaim made for the slot (name and uid, as the API server answered). Until
+    # its Node registers, name is the node id and uid "": no Node is held yet.
+    node_claim: NodeClaimRef | None = None
+
+
+class NodeClaimRef(Model):
+    """A Karpenter NodeClaim the operator made, by name and uid."""
+
+    name: Name
+    uid: str = Field(min_length=1, max_length=MAX_UID)
 
 
 class FaultClock(Model):

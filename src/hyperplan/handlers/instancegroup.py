@@ -109,7 +109,8 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
         listed = await in_thread(rt, provider.list, name)
     else:
         listed = rt.cache.group_nodes_v1(naming.label_value(name))
-    held = held_nodes(group.spec.node_provider, group.status, listed)
+    node_claims = await claims_of(rt, group, provider, name)
+    held = held_nodes(group.spec.node_provider, group.status, listed, node_claims, rt.clock(), launch_timeout(rt))
     if held.sorted.missing and not fresh:
         # A recorded node the watch cache does not show: made by a pass whose creates the watch
         # has not shown yet (after a restart: a claim whose create may never have happened), or
@@ -117,7 +118,7 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
         # it again nor forget it.
         fresh = True
         listed = await in_thread(rt, provider.list, name)
-        held = held_nodes(group.spec.node_provider, group.status, listed)
+        held = held_nodes(group.spec.node_provider, group.status, listed, node_claims, rt.clock(), launch_timeout(rt))
     raw, records = held.raw, held.records
     pod_counts = (await in_thread(rt, count_pods, rt.pods, raw)  # nodes marked for replacement only
                   if any(being_evacuated(n) for n in raw) else {})
@@ -146,6 +147,10 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     # No node of a name another node holds (KWOK would refuse it) or that the record holds but the
     # watch cache does not show yet.
     taken = {n.name for n in held.sorted.unrecorded} | (set() if fresh else {e.node_id for e in held.sorted.missing})
+    # A NodeClaim still launching holds its slot while planning still wants the slot; one it no
+    # longer wants (the block ended, the count went down), or that timed out, is deleted now.
+    launching, let_go = held.launching_wanted({spec.name for spec in decision.create})
+    taken |= {e.node_id for e in launching}
     decision.create = [spec for spec in decision.create if spec.name not in taken]
 
     # Intent first: the record names each node about to be made, with the digest of the nonce the
@@ -159,8 +164,8 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     record_rv = obj["metadata"].get("resourceVersion")
     if claims or rebooting:
         intent = recovery.recorded(ownership.next_record(
-            held.sorted, [ownership.pending_entry(n, c) for n, c in claims.items()], listed_fresh=fresh),
-            decision.recovery)
+            held.sorted, [ownership.pending_entry(n, c) for n, c in claims.items()], listed_fresh=fresh,
+            launching=launching), decision.recovery)
         try:
             written = await in_thread(rt, rt.kube.patch_status, PLURAL, name, {"nodes": [e.wire() for e in intent]},
                                       record_rv)
@@ -179,6 +184,9 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
                   or decision.checkpoint or seen.health_notes)
     applied = (await in_thread(rt, apply_decision, provider, rt.pods, decision, seen.raw, seen.health_notes,
                                now, rt.clock, name, records, claims) if writes else Applied())
+    if let_go:
+        applied.events.extend(await in_thread(rt, delete_claims, provider, let_go))
+        applied.released.update(e.node_id for e, _ in let_go)
     rt.cache.note_group_wrote(key, writes)
     rt.group_memory.note_short_of_free_nodes(key, applied.short_of_free_nodes)  # see handlers.nodes
 
@@ -186,7 +194,8 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     decision.status.vanished_nodes = [VanishedNode(name=v.name, since=v.since, labels=dict(v.labels))
                                       for v in rt.group_memory.vanished(key)]
     decision.status.nodes = recovery.recorded(ownership.next_record(
-        held.sorted, applied.made, applied.changed, applied.released, listed_fresh=fresh), decision.recovery)
+        held.sorted, applied.made, applied.changed, applied.released, listed_fresh=fresh,
+        launching=launching), decision.recovery)
     unrecorded = ownership.unrecorded_condition(held.sorted.unrecorded, name, obj["metadata"].get("generation", 1),
                                                 group.status.conditions, now)
     if unrecorded is not None:
@@ -219,10 +228,13 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     if plan is not None and (nodes_moved or decision.create or decision.drain or decision.remediation
                              or decision.update):
         rt.queue.wake("plan", plan.name)  # its counts follow the nodes (see handlers.nodes)
+    wake_at = decision.wake_at
+    if launching and held.launch_deadline is not None:  # a claim whose Node never comes is let go then
+        wake_at = held.launch_deadline if wake_at is None else min(wake_at, held.launch_deadline)
     if applied.lost_race:  # another writer adopted the free node first: choose again shortly
         retry = now + ADOPTION_RETRY
-        return retry if decision.wake_at is None else min(decision.wake_at, retry)
-    return decision.wake_at
+        return retry if wake_at is None else min(wake_at, retry)
+    return wake_at
 
 
 def cordoned_already(node: Any) -> bool:
@@ -263,23 +275,70 @@ def record_again(rt: Runtime, name: str, applied: Applied, moved: dict, patch: d
 
 class Held:
     """The listed nodes the group holds by its record (``raw``, and ``records`` by node id), and
-    the sort they came from (``sorted``: the unrecorded and missing ones too)."""
+    the sort they came from (``sorted``: the unrecorded and missing ones too). For a karpenter
+    group, the NodeClaims tied to their Nodes first (``binding``)."""
 
-    def __init__(self, found: ownership.Sorted, by_name: dict[str, Any]):
+    def __init__(self, found: ownership.Sorted, by_name: dict[str, Any], binding: ownership.Binding | None = None,
+                 launch_deadline: datetime | None = None):
         self.sorted = found
         self.raw = [by_name[node.name] for node, _ in found.held]
         self.records = {entry.node_id: entry for _, entry in found.held}
         self.by_name = by_name
+        self.binding = binding
+        self.launch_deadline = launch_deadline
+
+    def launching_wanted(self, wanted: set[str]) -> tuple[list[GroupNode], list[tuple[GroupNode, str]]]:
+        """The launching NodeClaims kept (planning still wants their slots), and the ones to let go
+        with the reason: expired, or a slot no longer wanted."""
+        if self.binding is None:
+            return [], []
+        keep = [e for e in self.binding.launching if e.node_id in wanted]
+        let_go = [(e, "no Node registered within the launch timeout") for e in self.binding.expired]
+        let_go += [(e, "its slot is no longer wanted") for e in self.binding.launching if e.node_id not in wanted]
+        return keep, let_go
 
 
-def held_nodes(provider: str, status: InstanceGroupStatus, listed: list) -> Held:
+def held_nodes(provider: str, status: InstanceGroupStatus, listed: list,
+               claims: list[ownership.ListedClaim] | None = None, now: datetime | None = None,
+               timeout: timedelta | None = None) -> Held:
     """Sort the nodes listed under the group's label by the group's record (a group whose status
-    was written before the record existed is recorded now, see ``planning.ownership``)."""
+    was written before the record existed is recorded now, see ``planning.ownership``). With
+    ``claims`` (a karpenter group's NodeClaims, listed because its record waits on one), each
+    claim is tied to its Node first (``ownership.bind_claims``)."""
     migrating = status.nodes is None and status.observed_generation is not None
     views = [ownership.ListedNode(n.metadata.name, n.metadata.uid or "", dict(n.metadata.labels or {}),
-                                  dict(n.metadata.annotations or {})) for n in listed]
-    found = ownership.sort_nodes(status.nodes, views, provider, migrating)
-    return Held(found, {n.metadata.name: n for n in listed})
+                                  dict(n.metadata.annotations or {}),
+                                  (n.spec.provider_id if n.spec else None) or "",
+                                  bool(n.metadata.deletion_timestamp)) for n in listed]
+    record, binding, deadline = status.nodes, None, None
+    if claims is not None and now is not None and timeout is not None:
+        binding = ownership.bind_claims(status.nodes, claims, views, now, timeout)
+        record, deadline = binding.record, binding.launch_deadline(timeout, claims)
+    found = ownership.sort_nodes(record, views, provider, migrating)
+    return Held(found, {n.metadata.name: n for n in listed}, binding, deadline)
+
+
+def launch_timeout(rt: Runtime) -> timedelta:
+    return timedelta(seconds=rt.settings.karpenter_launch_timeout_seconds)
+
+
+async def claims_of(rt: Runtime, group: InstanceGroup, provider: Any, name: str) -> list[ownership.ListedClaim] | None:
+    """A karpenter group's NodeClaims, when its record needs them (``ownership.needs_claims``:
+    a claim waits for its Node, or a create's answer was never recorded); None otherwise."""
+    if group.spec.node_provider != "karpenter" or not ownership.needs_claims(group.status.nodes):
+        return None
+    return await in_thread(rt, provider.list_claims, name)
+
+
+def delete_claims(provider: Any, let_go: list[tuple[GroupNode, str]]) -> list[tuple[dict | None, Event]]:
+    """Delete the NodeClaims of launching entries let go; an Event each. Sync (thread)."""
+    out: list[tuple[dict | None, Event]] = []
+    for entry, why in let_go:
+        assert entry.node_claim is not None
+        what = provider.delete_claim(entry.node_claim.name, entry.node_claim.uid)
+        out.append((None, Event("Normal" if "no longer wanted" in why else "Warning", "NodeClaimDeleted",
+                                f"{entry.node_id}: {why}; {what}")))
+    return out
 
 
 def report_unrecorded(rt: Runtime, obj: dict[str, Any], key: str, held: Held) -> None:
@@ -367,7 +426,16 @@ async def drain_group(name: str, spec: kopf.Spec, memo: kopf.Memo, body: kopf.Bo
     rv = current.get("metadata", {}).get("resourceVersion")
     status = status_of(InstanceGroupStatus, current)
     listed = await in_thread(rt, provider.list, name)
-    held = held_nodes(kind, status, listed)
+    claims = (await in_thread(rt, provider.list_claims, name)
+              if kind == "karpenter" and ownership.needs_claims(status.nodes) else None)
+    held = held_nodes(kind, status, listed, claims, rt.clock(), launch_timeout(rt))
+    if held.binding is not None and (held.binding.launching or held.binding.expired or held.binding.gone):
+        # NodeClaims whose Nodes never came (or are gone): deleted, and out of the record.
+        let_go = [(e, "its group is being deleted") for e in held.binding.launching + held.binding.expired]
+        post_events(dict(body), await in_thread(rt, delete_claims, provider, let_go))
+        status = status.model_copy(update={"nodes": held.binding.record})
+        rv = await write_record(rt, name, held.binding.record, rv)
+        held = held_nodes(kind, status, listed)
     rt.group_memory.note_releasing(key, list(held.records))
     # Intent first: the nodes this attempt will cordon are recorded as cordoned by hyperplan before
     # the cordon (a node someone else cordoned is not), so that the hand-back uncordons exactly

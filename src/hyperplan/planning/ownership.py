@@ -43,9 +43,9 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
-from hyperplan.api.models import Condition, GroupNode
+from hyperplan.api.models import Condition, GroupNode, NodeClaimRef
 from hyperplan.api.vocabulary import ANNOTATION_CLAIM, ANNOTATION_CORDONED, ANNOTATION_LENT, LABEL_NODE_ID, POOL_HELD
 from hyperplan.planning import lending
 from hyperplan.planning.plans import condition
@@ -64,6 +64,8 @@ class ListedNode:
     uid: str
     labels: Mapping[str, str]
     annotations: Mapping[str, str]
+    provider_id: str = ""  # spec.providerID (karpenter: how a Node is tied to its NodeClaim)
+    deleting: bool = False
 
 
 @dataclass(frozen=True)
@@ -116,7 +118,7 @@ def sort_nodes(record: Sequence[GroupNode] | None, listed: Sequence[ListedNode],
             pending = claimed[node.name]
             held.append((node, pending.model_copy(update={"name": node.name, "uid": node.uid, "claim": None})))
             seen.add(pending.name)
-        else:
+        elif not node.deleting:  # one on its way out (a NodeClaim's Node Karpenter terminates) is no stray
             unrecorded.append(node)
     # A recorded node whose name is listed with another uid is gone (that name is another node now).
     listed_names = {node.name for node in listed}
@@ -153,14 +155,16 @@ def claimed_by(pending: Sequence[GroupNode], listed: Sequence[ListedNode], provi
 
 
 def next_record(found: Sorted, made: Iterable[GroupNode] = (), changed: Mapping[str, GroupNode] | None = None,
-                released: Iterable[str] = (), listed_fresh: bool = True) -> list[GroupNode]:
+                released: Iterable[str] = (), listed_fresh: bool = True,
+                launching: Iterable[GroupNode] = ()) -> list[GroupNode]:
     """The record a pass writes: the nodes it held (``changed`` by node id: the entries whose lent
-    record or cordon the pass moved), the nodes it ``made`` (with the uid the API answered), less
+    record or cordon the pass moved), the NodeClaims still ``launching`` (:func:`bind_claims`), the
+    nodes it ``made`` (with the uid the API answered), less
     the node ids it ``released``. A recorded node that was not listed is kept while the list came
     from the watch cache (it may lag behind the pass's own creates) and dropped when it came from
     the API server (``listed_fresh``): the node is gone."""
     changed, released = changed or {}, set(released)
-    entries = [changed.get(entry.node_id, entry) for _, entry in found.held]
+    entries = [changed.get(entry.node_id, entry) for _, entry in found.held] + list(launching)
     if not listed_fresh:
         entries += list(found.missing)
     entries += list(made)
@@ -205,3 +209,97 @@ def not_owned_message(node: ListedNode, group: str) -> str:
     as_id = f" as node id {claimed}" if claimed and claimed != node.name else ""
     return (f"node {node.name} (uid {node.uid}) carries the label of group {group}{as_id} but is not in the "
             "group's record: the operator leaves it alone")
+
+
+# --------------------------------------------------------------------------- Karpenter's NodeClaims
+
+
+@dataclass(frozen=True)
+class ListedClaim:
+    """A NodeClaim listed under the group's label, as ownership needs it: what Karpenter wrote in
+    its status (``providerID`` once launched, ``nodeName`` once its Node registered)."""
+
+    name: str
+    uid: str
+    annotations: Mapping[str, str]
+    node_id: str  # its hyperplan.dev/node-id label (a hint to match a claim of a pending entry; not proof)
+    created: datetime | None
+    provider_id: str = ""
+    node_name: str = ""
+    deleting: bool = False
+
+
+@dataclass(frozen=True)
+class Binding:
+    """The record of a karpenter group with each NodeClaim tied to its Node where Karpenter
+    registered one (``record``: what :func:`sort_nodes` sorts), the claims still waiting for their
+    Node (``launching``: kept in the record, their slots taken), and the entries to let go:
+    ``expired`` (no Node within the launch timeout: the pass deletes the claim and makes the slot
+    again) and ``gone`` (the claim no longer exists)."""
+
+    record: list[GroupNode]
+    launching: tuple[GroupNode, ...] = ()
+    expired: tuple[GroupNode, ...] = ()
+    gone: tuple[GroupNode, ...] = ()
+
+    def launch_deadline(self, timeout: timedelta, claims: Sequence[ListedClaim]) -> datetime | None:
+        """When the first launching claim times out (None: none launching)."""
+        created = {c.uid: c.created for c in claims}
+        times = [t + timeout for e in self.launching if e.node_claim and (t := created.get(e.node_claim.uid))]
+        return min(times) if times else None
+
+
+def needs_claims(record: Sequence[GroupNode] | None) -> bool:
+    """Whether a karpenter group's pass must list its NodeClaims: an entry is pending (its claim
+    may exist, made by a pass that died before its record) or waits for its claim's Node."""
+    return any(entry.claim is not None or (entry.node_claim is not None and not entry.uid)
+               for entry in record or ())
+
+
+def bind_claims(record: Sequence[GroupNode] | None, claims: Sequence[ListedClaim], nodes: Sequence[ListedNode],
+                now: datetime, launch_timeout: timedelta) -> Binding:
+    """Tie a karpenter group's NodeClaims to their Nodes, the way Karpenter does, from what only
+    the operator and Karpenter write; never from a Node's labels:
+
+    * a pending entry (intent written, create under way when the process died) holds the claim
+      that carries the nonce of its digest and the entry's node id label (one claim only, as for
+      nodes, :func:`claimed_by`);
+    * an entry with a claim (by name and uid) and no Node yet holds the Node the claim's status
+      names (``nodeName``) once that Node's ``providerID`` is the claim's: the entry's name and uid
+      become the Node's. A Node that says it is the claim's, by labels, owner references or a name,
+      is not enough;
+    * a claim not listed any more is gone; one without its Node past ``launch_timeout`` from its
+      creation has expired (Karpenter killed mid-launch never makes that Node)."""
+    by_uid = {c.uid: c for c in claims if c.uid}
+    by_digest: dict[str, list[ListedClaim]] = {}
+    for c in claims:
+        if nonce := c.annotations.get(ANNOTATION_CLAIM):
+            by_digest.setdefault(claim_digest(nonce), []).append(c)
+    nodes_by_name = {n.name: n for n in nodes}
+    out: list[GroupNode] = []
+    launching: list[GroupNode] = []
+    expired: list[GroupNode] = []
+    gone: list[GroupNode] = []
+    for entry in record or ():
+        if entry.claim is not None:
+            answers = [c for c in by_digest.get(entry.claim, []) if c.node_id == entry.node_id and c.uid]
+            if len(answers) != 1:
+                out.append(entry)  # sort_nodes keeps it while the claim may still be under way
+                continue
+            entry = entry.model_copy(update={"claim": None, "node_claim": NodeClaimRef(
+                name=answers[0].name, uid=answers[0].uid)})
+        if entry.node_claim is None or entry.uid:
+            out.append(entry)
+            continue
+        listed = by_uid.get(entry.node_claim.uid)
+        if listed is None or listed.name != entry.node_claim.name:
+            gone.append(entry)
+            continue
+        node = nodes_by_name.get(listed.node_name) if listed.node_name else None
+        if node is not None and node.uid and listed.provider_id and node.provider_id == listed.provider_id:
+            out.append(entry.model_copy(update={"name": node.name, "uid": node.uid}))
+        elif not listed.deleting and (listed.created is None or now < listed.created + launch_timeout):
+            launching.append(entry)
+        else:
+            expired.append(entry)
+    return Binding(out, tuple(launching), tuple(expired), tuple(gone))

@@ -1,0 +1,214 @@
+"""Nodes launched by Karpenter: one NodeClaim per slot (``nodeProvider: karpenter``).
+
+hyperplan decides which slots exist (planning, as for KWOK); for each new slot it creates a
+NodeClaim that names the instance type, the block's zone and the capacity type (``reserved``), with
+the slot's labels and taints, and Karpenter launches it through its cloud provider (on the local
+plane: Karpenter's kwok provider, whose Nodes the plane's KWOK runs). Why one NodeClaim per slot
+and not a static NodePool: docs/design-decisions.md, "Karpenter: a NodeClaim per slot".
+
+What is whose (see ``planning.ownership.bind_claims``):
+
+* the group's record holds each claim by name and uid (:class:`~hyperplan.api.models.NodeClaimRef`),
+  from the answer to the create;
+* a claim's Node is the one Karpenter names in the claim's status (``nodeName``) whose
+  ``providerID`` is the claim's; once tied, the record holds the Node's name and uid, and every
+  Node write goes, as for KWOK, to that name with that uid;
+* releasing a node deletes its NodeClaim (the one the Node's owner reference names, checked
+  against the claim's ``providerID``, with the claim's uid as precondition): Karpenter drains and
+  terminates it. hyperplan has drained it before (after the checkpoint signal), at its own
+  termination time, not at Karpenter's 40 minutes before a capacity block's end.
+
+Karpenter's own disruption is kept off: the claims name no NodePool (consolidation, drift and
+repair act on NodePool claims only), ``expireAfter: Never``, and ``karpenter.sh/do-not-disrupt``.
+
+Node-level writes (labels, taints, cordon, conditions, annotations) are the KWOK provider's, on the
+Node; a reboot is KWOK's on a KWOK node, else the admin's reboot Job, as for static nodes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from hyperplan.actuation.kube import Kube
+from hyperplan.actuation.nodes import (
+    KWOK_ANNOTATION, DEFAULT_KWOK_REBOOT_SECONDS, KwokProvider, MadeNode, NodeProvider, RebootJob, StaticProvider,
+    gone_or_another, uid_of,
+)
+from hyperplan.api.models import NodeClaimRef
+from hyperplan.api.vocabulary import ANNOTATION_CLAIM, LABEL_NODE_ID
+from hyperplan.planning.reading import time_or_none
+from hyperplan.planning import lending
+from hyperplan.planning import naming
+from hyperplan.planning import ownership
+from hyperplan.planning import placement
+
+log = logging.getLogger(__name__)
+
+KARPENTER_GROUP = "karpenter.sh"
+KARPENTER_VERSION = "v1"
+NODECLAIMS = "nodeclaims"
+DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
+CAPACITY_TYPE = "karpenter.sh/capacity-type"
+INSTANCE_TYPE = "node.kubernetes.io/instance-type"
+ZONE = "topology.kubernetes.io/zone"
+NAME_SUFFIX = 6  # hex characters of the claim's nonce in its name
+
+
+def claim_name(node_id: str, nonce: str) -> str:
+    """The NodeClaim's name for slot ``node_id``: the id and the first characters of the create's
+    nonce. A retry of one create names the same claim; the slot's next claim (after one expired, or
+    while the last one terminates) another, so that it never waits for a name."""
+    return f"{node_id}-{nonce[:NAME_SUFFIX]}" if nonce else node_id
+
+
+def node_class_ref(setting: str) -> dict[str, str]:
+    """``group/Kind/name`` (the setting ``karpenter_node_class``) as a NodeClaim's ``nodeClassRef``."""
+    group, kind, name = setting.split("/")
+    return {"group": group, "kind": kind, "name": name}
+
+
+def nodeclaim_body(spec: placement.NodeSpec, nonce: str, node_class: str, capacity_type: str) -> dict[str, Any]:
+    """The NodeClaim for ``spec``: Karpenter launches one instance of the type in the zone with the
+    capacity type, and registers its Node with the claim's labels (the slot's, its node id, the
+    group under the label a kubelet cannot set), taints and annotations (do-not-disrupt, the nonce
+    whose digest the group's record holds until the create's answer is recorded)."""
+    labels = {**spec.labels, LABEL_NODE_ID: spec.name, **lending.trusted_labels(spec.labels)}
+    for key in (INSTANCE_TYPE, ZONE):  # the requirements say them; Karpenter labels the Node with them
+        labels.pop(key, None)
+    annotations = {DO_NOT_DISRUPT: "true", **({ANNOTATION_CLAIM: nonce} if nonce else {})}
+    return {
+        "apiVersion": f"{KARPENTER_GROUP}/{KARPENTER_VERSION}", "kind": "NodeClaim",
+        "metadata": {"name": claim_name(spec.name, nonce), "labels": labels, "annotations": annotations},
+        "spec": {
+            "nodeClassRef": node_class_ref(node_class),
+            "expireAfter": "Never",
+            "requirements": [
+                {"key": INSTANCE_TYPE, "operator": "In", "values": [spec.instance_type]},
+                {"key": ZONE, "operator": "In", "values": [spec.availability_zone]},
+                {"key": CAPACITY_TYPE, "operator": "In", "values": [capacity_type]},
+            ],
+            "taints": [{"key": t.key, "value": t.value, "effect": t.effect} if t.value
+                       else {"key": t.key, "effect": t.effect} for t in spec.taints],
+        },
+    }
+
+
+def listed_claim(obj: dict[str, Any]) -> ownership.ListedClaim:
+    meta, status = obj.get("metadata") or {}, obj.get("status") or {}
+    return ownership.ListedClaim(
+        name=meta.get("name", ""), uid=meta.get("uid", ""), annotations=dict(meta.get("annotations") or {}),
+        node_id=(meta.get("labels") or {}).get(LABEL_NODE_ID, ""),
+        created=time_or_none(meta.get("creationTimestamp")),
+        provider_id=status.get("providerID") or "", node_name=status.get("nodeName") or "",
+        deleting=bool(meta.get("deletionTimestamp")))
+
+
+class KarpenterProvider(KwokProvider):
+    """A group's nodes as NodeClaims that Karpenter launches (module docstring).
+
+    ``node_class``: ``group/Kind/name`` of the node class every claim names; ``capacity_type``: the
+    ``karpenter.sh/capacity-type`` they require; ``reboot_job``: the admin's reboot action for
+    nodes that are not KWOK's."""
+
+    def __init__(self, kube: Kube, node_class: str = "karpenter.kwok.sh/KWOKNodeClass/default",
+                 capacity_type: str = "reserved", reboot_seconds: float = DEFAULT_KWOK_REBOOT_SECONDS,
+                 reboot_job: RebootJob | None = None, clock: Callable[[], datetime] | None = None):
+        super().__init__(kube, reboot_seconds, **({"clock": clock} if clock else {}))
+        self.node_class = node_class
+        self.capacity_type = capacity_type
+        self._jobs = StaticProvider(kube, reboot_job=reboot_job)
+
+    # ------------------------------------------------------------------ claims
+
+    def create(self, spec: placement.NodeSpec, claim: str = "") -> MadeNode:
+        """Create the slot's NodeClaim; the node id as the name (no Node yet) and the claim's ref.
+        A claim of that name that exists already (409) is this create's when it carries the same
+        nonce (a retry after the answer was lost), else not the group's (no ref)."""
+        body = nodeclaim_body(spec, claim, self.node_class, self.capacity_type)
+        name = body["metadata"]["name"]
+        try:
+            made = self.kube.custom.create_cluster_custom_object(KARPENTER_GROUP, KARPENTER_VERSION, NODECLAIMS, body)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+            made = self.read_claim(name)
+            if made is None or not claim or (made["metadata"].get("annotations") or {}).get(ANNOTATION_CLAIM) != claim:
+                return MadeNode(spec.name, "")
+        return MadeNode(spec.name, "", node_claim=NodeClaimRef(name=name, uid=made["metadata"]["uid"]))
+
+    def read_claim(self, name: str) -> dict[str, Any] | None:
+        try:
+            return self.kube.custom.get_cluster_custom_object(KARPENTER_GROUP, KARPENTER_VERSION, NODECLAIMS, name)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def list_claims(self, group: str) -> list[ownership.ListedClaim]:
+        """The NodeClaims under the group's label (the record decides which are the group's)."""
+        answer = self.kube.custom.list_cluster_custom_object(
+            KARPENTER_GROUP, KARPENTER_VERSION, NODECLAIMS,
+            label_selector=f"{naming.LABEL_GROUP}={naming.label_value(group)}")
+        return [listed_claim(obj) for obj in answer.get("items") or []]
+
+    def delete_claim(self, name: str, uid: str) -> str:
+        """Delete the NodeClaim of that name if its uid is ``uid``; what became of it, in words."""
+        try:
+            self.kube.custom.delete_cluster_custom_object(
+                KARPENTER_GROUP, KARPENTER_VERSION, NODECLAIMS, name,
+                body=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid)))
+        except ApiException as e:
+            if e.status == 404:
+                return f"NodeClaim {name} gone already"
+            if gone_or_another(e):
+                return f"NodeClaim {name} is another claim now (its uid is not {uid}): left alone"
+            raise
+        return f"NodeClaim {name} deleted (Karpenter terminates its node)"
+
+    # ------------------------------------------------------------------ nodes
+
+    def release(self, node: str, uid: str = "", lent: lending.LentRecord | None = None,
+                cordoned: bool = False) -> str:
+        """Delete the NodeClaim of the Node (the one its owner reference names, if that claim's
+        status has the Node's providerID). A Node that is gone is released; one that no claim of
+        ours stands behind is left alone."""
+        try:
+            current = self.kube.core.read_node(node)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            return f"{node} is gone already"
+        if uid and uid_of(current) != uid:
+            return f"{node} is another node now (its uid is not {uid}): left alone"
+        provider_id = (current.spec.provider_id if current.spec else None) or ""
+        for ref in current.metadata.owner_references or []:
+            if ref.kind != "NodeClaim" or not ref.api_version.startswith(f"{KARPENTER_GROUP}/"):
+                continue
+            claim = self.read_claim(ref.name)
+            if claim is None or claim["metadata"].get("uid") != ref.uid:
+                continue
+            if provider_id and (claim.get("status") or {}).get("providerID") == provider_id:
+                return f"{node}: " + self.delete_claim(ref.name, ref.uid)
+        return f"{node}: no NodeClaim with its providerID owns it: left alone"
+
+    def reboot(self, node: str, uid: str = "") -> None:
+        """KWOK's reboot on a node KWOK runs (Karpenter's kwok provider), else the reboot Job."""
+        try:
+            current = self.kube.core.read_node(node)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            return
+        if (current.metadata.annotations or {}).get(KWOK_ANNOTATION) == "fake":
+            super().reboot(node, uid)
+        else:
+            self._jobs.reboot(node, uid)
+
+
+_karpenter: type[NodeProvider] = KarpenterProvider  # it satisfies the Protocol (see actuation.nodes)
