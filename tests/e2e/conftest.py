@@ -7,7 +7,8 @@ import pytest
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from hyperplan.actuation.kube import Kube, api_client
-from hyperplan_dev import prometheus
+from hyperplan_dev import build, prometheus
+from hyperplan_dev import karpenter as karpenter_plane
 from hyperplan_dev.plane import Plane
 from tests.e2e.scenarios import LATE_REGISTRY, REGISTRY, Context
 from tests.harness import Operator, start_replica, stop_replica  # noqa: F401 (tests import Operator from here)
@@ -15,12 +16,17 @@ from tests.kube import Kubectl, eventually
 
 
 LEADER, STANDBY = "e2e-replica-0", "e2e-replica-1"
+# The karpenter scenarios' zones (Karpenter reads its instance types and zones once, at its start),
+# and how long a NodeClaim may wait for its Node before the operator makes it again (the settings'
+# 5 minutes would outlast a scenario's block).
+KARPENTER_ZONES = ("us-karp-a", "us-karp-b")
+OPERATOR_ENV = {"HYPERPLAN_KARPENTER_LAUNCH_TIMEOUT_SECONDS": "20"}
 
 
 @pytest.fixture(scope="session")
 def operator(plane: Plane, crds: Kubectl, tmp_path_factory: pytest.TempPathFactory) -> Operator:
     """The acting replica for all e2e scenarios: the first to take the leader Lease."""
-    op = start_replica(plane, tmp_path_factory.mktemp("operator") / "operator.log", LEADER)
+    op = start_replica(plane, tmp_path_factory.mktemp("operator") / "operator.log", LEADER, env=OPERATOR_ENV)
     eventually(lambda: (crds.get_or_none("lease", "hyperplan-leader") or {}).get("spec", {})
                .get("holderIdentity") == LEADER, timeout=30, what=f"{LEADER} holding the lease")
     yield op
@@ -31,7 +37,7 @@ def operator(plane: Plane, crds: Kubectl, tmp_path_factory: pytest.TempPathFacto
 def standby(operator: Operator, plane: Plane, tmp_path_factory: pytest.TempPathFactory) -> Operator:
     """A second replica beside the leader for the whole run, as the chart runs two: it must
     stand by, writing nothing, while the leader lives."""
-    op = start_replica(plane, tmp_path_factory.mktemp("standby") / "operator.log", STANDBY)
+    op = start_replica(plane, tmp_path_factory.mktemp("standby") / "operator.log", STANDBY, env=OPERATOR_ENV)
     yield op
     stop_replica(op)
 
@@ -44,10 +50,26 @@ def session_prometheus(operator: Operator, tmp_path_factory: pytest.TempPathFact
     p.stop()
 
 
+@pytest.fixture(scope="session")
+def karpenter(plane: Plane, crds: Kubectl) -> karpenter_plane.Karpenter:
+    """Real Karpenter (its kwok provider) beside the plane for the whole run, with the node class
+    the operator's NodeClaims name (``karpenter_node_class``'s default); stopped by its pid."""
+    if not build.component("karpenter").is_built():
+        pytest.fail(f"Karpenter {build.KARPENTER_VERSION} is not in the binary cache; `make binaries` builds it",
+                    pytrace=False)
+    k = karpenter_plane.Karpenter(plane, log=lambda line: print(f"[karpenter] {line}", flush=True),
+                                  zones=(*karpenter_plane.ZONES, *KARPENTER_ZONES))
+    k.start()
+    crds.apply({"apiVersion": f"{karpenter_plane.NODECLASS_GROUP}/v1alpha1", "kind": karpenter_plane.NODECLASS_KIND,
+                "metadata": {"name": "default"}})
+    yield k
+    k.stop()
+
+
 def side_by_side(registry: dict, operator: Operator, crds: Kubectl, plane: Plane, name: str,
                  replicas: tuple[Operator, ...] = ()):
     """Start every scenario of ``registry`` at once on the one operator; yield their futures."""
-    ctx = Context(kubectl=crds, kube=Kube(api_client(str(plane.kubeconfig))), operator=operator,
+    ctx = Context(kubectl=crds, kube=Kube(api_client(str(plane.kubeconfig))), operator=operator, plane=plane,
                   metrics=operator.metrics,
                   sagemaker_api_urls=tuple(f"http://127.0.0.1:{op.sagemaker_api_port}" for op in (operator, *replicas)),
                   kubeconfig=str(plane.kubeconfig))
@@ -58,7 +80,7 @@ def side_by_side(registry: dict, operator: Operator, crds: Kubectl, plane: Plane
 
 @pytest.fixture(scope="session")
 def scenarios(operator: Operator, standby: Operator, crds: Kubectl, plane: Plane,
-              session_prometheus: prometheus.Prometheus) -> dict[str, Future]:
+              session_prometheus: prometheus.Prometheus, karpenter: karpenter_plane.Karpenter) -> dict[str, Future]:
     """Every registered scenario, started at once on the one operator; tests read their records."""
     yield from side_by_side(REGISTRY, operator, crds, plane, "scenario", (standby,))
 

@@ -44,6 +44,7 @@ class Context:
     # hyperplan's SageMaker API on each replica (the one that leads serves it), and the plane's kubeconfig
     sagemaker_api_urls: tuple[str, ...] = ()
     kubeconfig: str = ""
+    plane: Any = None  # hyperplan_dev.plane.Plane (a scenario that restarts a plane component needs it)
 
 
 def utcnow() -> datetime:

@@ -450,6 +450,31 @@ def test_both_admission_policies_follow_the_switch(helm, flags: tuple[str, ...],
             assert spec["validationActions"] == ["Deny"] and spec["policyName"] == name.split("/")[1]
 
 
+KARPENTER_CALLS = [  # karpenter.enabled
+    ("karpenter.sh", "nodeclaims", "create", "karpenter.KarpenterProvider.create"),
+    ("karpenter.sh", "nodeclaims", "list", "karpenter.KarpenterProvider.list_claims"),
+    ("karpenter.sh", "nodeclaims", "get", "karpenter.KarpenterProvider.read_claim: a 409, and before a release"),
+    ("karpenter.sh", "nodeclaims", "delete", "karpenter.KarpenterProvider.delete_claim"),
+]
+
+
+@pytest.mark.parametrize("flags, enabled", [
+    ((), False), (("--set", "karpenter.enabled=true"), True), (("--set", "karpenter.enabled=false"), False),
+], ids=["default-off", "on", "off"])
+def test_karpenter_rules_and_settings_follow_karpenter_enabled(helm, flags: tuple[str, ...], enabled: bool) -> None:
+    """`karpenter.enabled` grants exactly the NodeClaim calls of actuation.karpenter (no NodePools,
+    no patch: Karpenter owns a claim's status and finalizers) and passes the node class, capacity
+    type and launch timeout to the operator; off, neither."""
+    objs = by_kind(render(helm, *flags, "--set", "karpenter.nodeClass=karpenter.k8s.aws/EC2NodeClass/gpu"))
+    granted = {(g, r, v) for g, r, v in _grants(objs["ClusterRole"]) if g == "karpenter.sh"}
+    assert granted == ({(g, r, v) for g, r, v, _ in KARPENTER_CALLS} if enabled else set())
+    env = env_of(container(objs["Deployment"]))
+    assert env.get("HYPERPLAN_KARPENTER_NODE_CLASS") == ("karpenter.k8s.aws/EC2NodeClass/gpu" if enabled else None)
+    if enabled:
+        assert (env["HYPERPLAN_KARPENTER_CAPACITY_TYPE"], env["HYPERPLAN_KARPENTER_LAUNCH_TIMEOUT_SECONDS"]) == (
+            "reserved", "300")
+
+
 @pytest.mark.parametrize("flags, enabled", [
     ((), True), (("--set", "kueue.enabled=true"), True), (("--set", "kueue.enabled=false"), False),
 ], ids=["default-on", "on", "off"])

@@ -59,6 +59,9 @@ PLURAL = "instancegroups"
 PACE = Pace(start=0.05, most=0.5)
 ADOPTION_RETRY = timedelta(seconds=1)  # after a lost race for a free static node
 RECORD_CONFLICT_RETRY = timedelta(seconds=1)  # after another writer changed the group's status
+# While a NodeClaim waits for its Node: no watch event says when Karpenter writes the claim's
+# status (the operator watches Nodes, not claims), so the pass looks again at this pace.
+LAUNCH_POLL = timedelta(seconds=2)
 REASON_UNREADABLE = "UnreadableValue"  # a node's label or annotation the pass read as absent
 KIND = "group"
 T = TypeVar("T")
@@ -229,8 +232,11 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
                              or decision.update):
         rt.queue.wake("plan", plan.name)  # its counts follow the nodes (see handlers.nodes)
     wake_at = decision.wake_at
-    if launching and held.launch_deadline is not None:  # a claim whose Node never comes is let go then
-        wake_at = held.launch_deadline if wake_at is None else min(wake_at, held.launch_deadline)
+    if launching:  # Karpenter writes the claim's nodeName after the Node's labels: look again shortly
+        again = now + LAUNCH_POLL
+        if held.launch_deadline is not None:  # and a claim whose Node never comes is let go then
+            again = min(again, held.launch_deadline)
+        wake_at = again if wake_at is None else min(wake_at, again)
     if applied.lost_race:  # another writer adopted the free node first: choose again shortly
         retry = now + ADOPTION_RETRY
         return retry if wake_at is None else min(wake_at, retry)
