@@ -77,6 +77,15 @@ def test_a_bound_node_is_held_by_sort_nodes_and_a_forged_one_is_unrecorded():
     assert [n.name for n in found.unrecorded] == ["forged"]
 
 
+def test_a_node_on_its_way_to_a_launching_claim_is_neither_held_nor_a_stray():
+    arriving = node(name="kwok-g-0-ab12cd-x1")  # made by the provider; the claim's nodeName not written yet
+    b = ownership.bind_claims([WAITING], [claim(pid=PID)], [arriving], NOW, TIMEOUT)
+    assert len(b.launching) == 1 and b.arriving == {PID}
+    found = ownership.sort_nodes(b.record, b.not_arriving([arriving, node(name="other", uid="o", pid="kwok://o")]),
+                                 "karpenter")
+    assert found.held == () and [n.name for n in found.unrecorded] == ["other"]
+
+
 def test_a_deleting_node_outside_the_record_is_no_stray():
     going = ListedNode("kwok-old", "u", {naming.LABEL_GROUP: "g"}, {}, "kwok://kwok-old", deleting=True)
     assert ownership.sort_nodes([], [going], "karpenter").unrecorded == ()

@@ -320,6 +320,7 @@ def held_nodes(provider: str, status: InstanceGroupStatus, listed: list,
     if claims is not None and now is not None and timeout is not None:
         binding = ownership.bind_claims(status.nodes, claims, views, now, timeout)
         record, deadline = binding.record, binding.launch_deadline(timeout, claims)
+        views = binding.not_arriving(views)
     found = ownership.sort_nodes(record, views, provider, migrating)
     return Held(found, {n.metadata.name: n for n in listed}, binding, deadline)
 

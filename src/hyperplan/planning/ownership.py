@@ -241,6 +241,13 @@ class Binding:
     launching: tuple[GroupNode, ...] = ()
     expired: tuple[GroupNode, ...] = ()
     gone: tuple[GroupNode, ...] = ()
+    # The providerIDs of the launching claims: a Node with one is on its way to registration (the
+    # provider makes it before Karpenter writes the claim's nodeName); it is neither held nor a stray yet.
+    arriving: frozenset[str] = frozenset()
+
+    def not_arriving(self, nodes: Sequence[ListedNode]) -> list[ListedNode]:
+        """``nodes`` less those on their way to a launching claim (see ``arriving``)."""
+        return [n for n in nodes if not (n.provider_id and n.provider_id in self.arriving)]
 
     def launch_deadline(self, timeout: timedelta, claims: Sequence[ListedClaim]) -> datetime | None:
         """When the first launching claim times out (None: none launching)."""
@@ -280,6 +287,7 @@ def bind_claims(record: Sequence[GroupNode] | None, claims: Sequence[ListedClaim
     launching: list[GroupNode] = []
     expired: list[GroupNode] = []
     gone: list[GroupNode] = []
+    arriving: set[str] = set()
     for entry in record or ():
         if entry.claim is not None:
             answers = [c for c in by_digest.get(entry.claim, []) if c.node_id == entry.node_id and c.uid]
@@ -300,6 +308,8 @@ def bind_claims(record: Sequence[GroupNode] | None, claims: Sequence[ListedClaim
             out.append(entry.model_copy(update={"name": node.name, "uid": node.uid}))
         elif not listed.deleting and (listed.created is None or now < listed.created + launch_timeout):
             launching.append(entry)
+            if listed.provider_id:
+                arriving.add(listed.provider_id)
         else:
             expired.append(entry)
-    return Binding(out, tuple(launching), tuple(expired), tuple(gone))
+    return Binding(out, tuple(launching), tuple(expired), tuple(gone), frozenset(arriving))
