@@ -73,7 +73,7 @@ def _ready_with(k, group: str, active: int, spares: int) -> dict | None:
 
 
 def _nodeclass_delay(k, delay: str) -> None:
-    k.run("patch", f"{karpenter_plane.NODECLASS_KIND.lower()}s.{karpenter_plane.NODECLASS_GROUP}", "default",
+    k.run("patch", f"kwoknodeclasses.{karpenter_plane.NODECLASS_GROUP}", "default",
           "--type=merge", "-p", json.dumps({"spec": {"nodeRegistrationDelay": delay}}))
 
 
@@ -139,7 +139,8 @@ def karpenter_group(ctx: Context) -> dict:
     victim = sorted(n for n, node in nodes.items() if node["metadata"]["labels"][ROLE] == "active")[0]
     spare = next(n for n, node in nodes.items() if node["metadata"]["labels"][ROLE] == "spare")
     victim_claim = next(ref["name"] for ref in nodes[victim]["metadata"]["ownerReferences"] if ref["kind"] == "NodeClaim")
-    out.update(victim=victim, spare=spare, victim_claim=victim_claim)
+    out.update(victim=victim, spare=spare, victim_claim=victim_claim,
+               victim_id=nodes[victim]["metadata"]["labels"][NODE_ID])
 
     def failed_and_acted():
         n = k.get_or_none("node", victim)
@@ -231,7 +232,7 @@ def test_a_node_karpenter_launched_outside_hyperplan_is_reported_and_not_adopted
 def test_a_failed_node_has_its_spare_promoted_and_its_nodeclaim_replaced(scenarios) -> None:
     r = _record(scenarios)
     promoted = r["promoted"]["metadata"]["labels"]
-    assert (promoted[ROLE], promoted["hyperplan.dev/replaces"]) == ("active", r["victim"])
+    assert (promoted[ROLE], promoted["hyperplan.dev/replaces"]) == ("active", r["victim_id"])  # by node id
     assert r["victim"] not in r["nodes_after_failure"] and r["victim_claim"] not in r["claims_after_failure"]
     assert len(r["nodes_after_failure"]) == 3 and len(r["claims_after_failure"]) == 3
     made = [n for n in r["nodes_after_failure"].values() if n["metadata"]["labels"]["hyperplan.dev/generation"] == "1"]

@@ -143,3 +143,10 @@ def test_a_listed_claim_reads_karpenters_status():
         "c", "u", "g-0", "kwok://n", "n", True)
     assert seen.created == NOW
     assert listed_claim({"metadata": {"name": "c", "uid": "u", "creationTimestamp": "not a time"}}).created is None
+
+
+def test_a_node_made_before_its_claim_has_a_provider_id_is_not_reported_in_that_moment():
+    early = node(name="kwok-g-0-ab12cd-x1", **{LABEL_NODE_ID: "g-0"})
+    b = ownership.bind_claims([WAITING], [claim()], [early], NOW, TIMEOUT)  # no providerID in the claim yet
+    assert b.unlaunched == {"g-0"} and b.not_arriving([early]) == []
+    assert b.not_arriving([node(name="stray", uid="s", pid="kwok://s", **{LABEL_NODE_ID: "g-7"})]) != []

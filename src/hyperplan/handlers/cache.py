@@ -96,7 +96,9 @@ def slim_node(body: Mapping[str, Any]) -> dict[str, Any]:
     spec, status = body.get("spec") or {}, body.get("status") or {}
     return {"metadata": _metadata(body.get("metadata") or {}, with_annotations=True),
             "spec": {"taints": [dict(t) for t in spec.get("taints") or []],
-                     "unschedulable": bool(spec.get("unschedulable"))},
+                     "unschedulable": bool(spec.get("unschedulable")),
+                     # how a karpenter group ties a Node to its NodeClaim (planning.ownership.bind_claims)
+                     **({"providerID": spec["providerID"]} if spec.get("providerID") else {})},
             "status": {"conditions": [{"type": c.get("type"), "status": c.get("status"),
                                        "lastTransitionTime": c.get("lastTransitionTime")}
                                       for c in status.get("conditions") or []]}}
@@ -511,7 +513,7 @@ def v1_node(node: Mapping[str, Any]) -> client.V1Node:
         spec=client.V1NodeSpec(
             taints=[client.V1Taint(key=t.get("key"), value=t.get("value"), effect=t.get("effect"))
                     for t in spec.get("taints") or []] or None,
-            unschedulable=bool(spec.get("unschedulable")) or None),
+            unschedulable=bool(spec.get("unschedulable")) or None, provider_id=spec.get("providerID")),
         status=client.V1NodeStatus(conditions=[
             client.V1NodeCondition(type=c.get("type"), status=c.get("status"),
                                    last_transition_time=_time(c.get("lastTransitionTime")))

@@ -188,8 +188,8 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     applied = (await in_thread(rt, apply_decision, provider, rt.pods, decision, seen.raw, seen.health_notes,
                                now, rt.clock, name, records, claims) if writes else Applied())
     if let_go:
+        # (their entries are out of the record already; the slot's new claim, made above, is in it)
         applied.events.extend(await in_thread(rt, delete_claims, provider, let_go))
-        applied.released.update(e.node_id for e, _ in let_go)
     rt.cache.note_group_wrote(key, writes)
     rt.group_memory.note_short_of_free_nodes(key, applied.short_of_free_nodes)  # see handlers.nodes
 
@@ -232,7 +232,9 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
                              or decision.update):
         rt.queue.wake("plan", plan.name)  # its counts follow the nodes (see handlers.nodes)
     wake_at = decision.wake_at
-    if launching:  # Karpenter writes the claim's nodeName after the Node's labels: look again shortly
+    if launching or any(e.node_claim is not None for e in applied.made):
+        # A claim waits for its Node (made now, or before): no watch event says when Karpenter ties
+        # them (the Node's labels come before the claim's nodeName), or that it never will.
         again = now + LAUNCH_POLL
         if held.launch_deadline is not None:  # and a claim whose Node never comes is let go then
             again = min(again, held.launch_deadline)

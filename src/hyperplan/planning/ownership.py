@@ -244,10 +244,15 @@ class Binding:
     # The providerIDs of the launching claims: a Node with one is on its way to registration (the
     # provider makes it before Karpenter writes the claim's nodeName); it is neither held nor a stray yet.
     arriving: frozenset[str] = frozenset()
+    # The node ids of launching claims whose providerID Karpenter has not written yet: the provider
+    # may make the Node a moment before. A Node labelled with one is not reported as a stray in that
+    # moment (it is not held either: a label proves nothing).
+    unlaunched: frozenset[str] = frozenset()
 
     def not_arriving(self, nodes: Sequence[ListedNode]) -> list[ListedNode]:
         """``nodes`` less those on their way to a launching claim (see ``arriving``)."""
-        return [n for n in nodes if not (n.provider_id and n.provider_id in self.arriving)]
+        return [n for n in nodes if not (n.provider_id and n.provider_id in self.arriving)
+                and n.labels.get(LABEL_NODE_ID) not in self.unlaunched]
 
     def launch_deadline(self, timeout: timedelta, claims: Sequence[ListedClaim]) -> datetime | None:
         """When the first launching claim times out (None: none launching)."""
@@ -288,6 +293,7 @@ def bind_claims(record: Sequence[GroupNode] | None, claims: Sequence[ListedClaim
     expired: list[GroupNode] = []
     gone: list[GroupNode] = []
     arriving: set[str] = set()
+    unlaunched: set[str] = set()
     for entry in record or ():
         if entry.claim is not None:
             answers = [c for c in by_digest.get(entry.claim, []) if c.node_id == entry.node_id and c.uid]
@@ -310,6 +316,8 @@ def bind_claims(record: Sequence[GroupNode] | None, claims: Sequence[ListedClaim
             launching.append(entry)
             if listed.provider_id:
                 arriving.add(listed.provider_id)
+            else:
+                unlaunched.add(entry.node_id)
         else:
             expired.append(entry)
-    return Binding(out, tuple(launching), tuple(expired), tuple(gone), frozenset(arriving))
+    return Binding(out, tuple(launching), tuple(expired), tuple(gone), frozenset(arriving), frozenset(unlaunched))
