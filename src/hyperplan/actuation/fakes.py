@@ -28,7 +28,7 @@ from hyperplan.actuation.nodes import (
 )
 from hyperplan.planning.lending import LentRecord
 from hyperplan.api.models import CapacityPool, Reservation
-from hyperplan.api.vocabulary import ANNOTATION_CLAIM, from_rfc3339
+from hyperplan.api.vocabulary import ANNOTATION_CLAIM, from_rfc3339, to_rfc3339
 from hyperplan.planning import naming
 from hyperplan.planning import placement
 from hyperplan.planning.offerings import Extension, Offering, RuleViolation, recheck_offering
@@ -244,6 +244,79 @@ class FakeProvider:
         if n.status is None:
             n.status = client.V1NodeStatus()
         n.status.conditions = [c for c in (n.status.conditions or []) if c.type != "Ready"] + [made]
+
+
+@dataclass
+class FakeKarpenterProvider(FakeProvider):
+    """NodeClaims in memory, Karpenter played by the test (:meth:`launch`, :meth:`register`):
+    ``create`` records a claim (no Node yet) as :class:`~hyperplan.actuation.karpenter.KarpenterProvider`
+    does; ``release`` deletes the claim standing behind the Node, and its Node; the Node-level
+    calls are :class:`FakeProvider`'s, on the Nodes ``register`` made (give it the kwok fake's
+    ``nodes`` to share one node store)."""
+
+    claims: dict[str, dict[str, Any]] = field(default_factory=dict)  # by claim name
+
+    def create(self, spec: placement.NodeSpec, claim: str = "") -> MadeNode:
+        from hyperplan.actuation.karpenter import claim_name, nodeclaim_body
+        from hyperplan.api.models import NodeClaimRef
+        self._maybe_fail("create", spec.name)
+        body = nodeclaim_body(spec, claim, "karpenter.kwok.sh/KWOKNodeClass/default", "reserved")
+        name = body["metadata"]["name"]
+        with self._lock:
+            if name not in self.claims:
+                body["metadata"].update(uid=f"uid-{name}", creationTimestamp=to_rfc3339(self.clock()))
+                self.claims[name] = body
+        return MadeNode(spec.name, "", node_claim=NodeClaimRef(name=name, uid=self.claims[name]["metadata"]["uid"]))
+
+    def list_claims(self, group: str) -> list:
+        from hyperplan.actuation.karpenter import listed_claim
+        self.calls.append(("list_claims", group))
+        return [listed_claim(c) for c in self.claims.values()
+                if c["metadata"]["labels"].get(naming.LABEL_GROUP) == naming.label_value(group)]
+
+    def delete_claim(self, name: str, uid: str) -> str:
+        self._maybe_fail("delete_claim", name)
+        claim = self.claims.get(name)
+        if claim is None or claim["metadata"]["uid"] != uid:
+            return f"NodeClaim {name} gone already"
+        del self.claims[name]
+        node = claim.get("status", {}).get("nodeName")
+        if node:
+            self.nodes.pop(node, None)  # Karpenter terminates it
+        return f"NodeClaim {name} deleted (Karpenter terminates its node)"
+
+    def release(self, node: str, uid: str = "", lent: LentRecord | None = None, cordoned: bool = False) -> str:
+        self._maybe_fail("release", node)
+        for name, claim in list(self.claims.items()):
+            if claim.get("status", {}).get("nodeName") == node:
+                return f"{node}: " + self.delete_claim(name, claim["metadata"]["uid"])
+        return f"{node}: no NodeClaim with its providerID owns it: left alone"
+
+    # Karpenter, played by the test.
+
+    def launch(self, name: str) -> str:
+        """The claim is Launched: its providerID written; the providerID."""
+        provider_id = f"kwok://kwok-{name}"
+        self.claims[name].setdefault("status", {})["providerID"] = provider_id
+        return provider_id
+
+    def register(self, name: str, ready_since: datetime | None = None) -> str:
+        """The claim's Node made and registered (the claim's labels and taints, its providerID, the
+        claim's ``nodeName``), Ready since ``ready_since`` (None: no conditions); the Node's name."""
+        claim = self.claims[name]
+        provider_id = claim.get("status", {}).get("providerID") or self.launch(name)
+        node = f"kwok-{name}"
+        self.nodes[node] = client.V1Node(
+            metadata=client.V1ObjectMeta(name=node, uid=f"uid-{node}", labels=dict(claim["metadata"]["labels"]),
+                                         annotations=dict(claim["metadata"]["annotations"]),
+                                         creation_timestamp=self.clock()),
+            spec=client.V1NodeSpec(provider_id=provider_id, taints=[
+                client.V1Taint(key=t["key"], value=t.get("value"), effect=t["effect"]) for t in claim["spec"]["taints"]]
+                or None),
+            status=client.V1NodeStatus(conditions=[client.V1NodeCondition(
+                type="Ready", status="True", last_transition_time=ready_since)] if ready_since else None))
+        claim["status"]["nodeName"] = node
+        return node
 
 
 # --------------------------------------------------------------------------- pods on nodes
