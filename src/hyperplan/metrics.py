@@ -3,7 +3,8 @@
 Two kinds of metric live here:
 
 - **Event metrics** (counters and histograms) that handlers update as things happen:
-  reconciles, status writes, purchases, remediations, transition lag, latencies.
+  reconciles, status writes, purchases, remediations, reboots and their results, transition
+  lag, latencies (the time to recover among them).
 - **Object metrics** (gauges per plan, group, pool and UltraServer) that are not stored as
   Prometheus samples: they are rendered at scrape time from :class:`ObservedObjects`, which
   keeps of each object only what its series show, updated on each watch event (a plan: its
@@ -11,7 +12,8 @@ Two kinds of metric live here:
   A deleted object leaves that copy, so it leaves no stale series behind by construction, and
   time-relative values (seconds to a block's termination, what a pool has free now) are
   computed at the moment Prometheus asks. Cardinality is bounded by the objects: per plan 5
-  phase series, per UltraServer 3 health and 6 count series, per pool 2 + 1, per group 6 + 2.
+  phase series, per UltraServer 3 health and 6 count series, per pool 2 + 1, per group
+  6 + 2 + 5 (its nodes' health states).
 
 ``serve`` answers ``/metrics`` with the registry's event metrics followed by the object
 metrics written straight to the text format (:func:`render_object_metrics`), not through
@@ -47,7 +49,11 @@ from hyperplan.api.models import (
 )
 from hyperplan.api import vocabulary
 from hyperplan.planning import offerings
-from hyperplan.planning.naming import label_value
+from hyperplan.planning.naming import (
+    HEALTH_PENDING_REBOOT, HEALTH_PENDING_REPLACEMENT, HEALTH_SCHEDULABLE, HEALTH_UNSCHEDULABLE, label_value,
+)
+from hyperplan.planning.nodefacts import is_unschedulable
+from hyperplan.planning.recovery import REBOOT_RECOVERED, REBOOT_RESULTS
 
 # --------------------------------------------------------------------------- event metrics
 
@@ -76,6 +82,20 @@ SPARE_PROMOTION = Histogram(
     "hyperplan_spare_promotion_seconds",
     "From the end of a failed node's grace to a spare serving in its place.",
     buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60))
+REBOOTS = Counter(
+    "hyperplan_reboots_total",
+    "Reboots of failed nodes that ended, by result: recovered (back Ready with no fault left: it serves "
+    "again), timeout (not back Ready within rebootTimeoutSeconds: replaced), failed (back Ready with its "
+    "fault still there: replaced).", ["result"])
+REBOOT_BUDGET_EXHAUSTED = Counter(
+    "hyperplan_reboot_budget_exhausted_total",
+    "Failed nodes the recovery ladder replaced because they failed again after rebootBudget reboots within "
+    "rebootWindowSeconds, by instance group.", ["group"])
+RECOVERY = Histogram(
+    "hyperplan_recovery_seconds",
+    "From a fault's first sight to the node or its replacement serving again, by action: reboot (the "
+    "rebooted node serves again), promote (a spare serves in its place), replace (its replacement Ready).",
+    ["action"], buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600))
 REMOTE_CALLS = Counter(
     "hyperplan_remote_calls_total",
     "Calls to a remote SageMaker endpoint (a pool's spec.source), by operation and result (ok, or the "
@@ -88,6 +108,7 @@ REMOTE_CALL_DURATION = Histogram(
 # Known label values start at 0, so rates and panels have a series before the first event.
 KINDS = ("TrainingPlan", "InstanceGroup")
 REMEDIATION_ACTIONS = ("mark", "promote", "backfill", "remove", "reboot", "recover")
+RECOVERY_ACTIONS = ("reboot", "replace", "promote")
 for _kind in KINDS:
     RECONCILE_DURATION.labels(_kind)
     STATUS_WRITES.labels(_kind)
@@ -95,6 +116,10 @@ for _kind in KINDS:
         RECONCILES.labels(_kind, _result)
 for _action in REMEDIATION_ACTIONS:
     REMEDIATIONS.labels(_action)
+for _result in REBOOT_RESULTS:
+    REBOOTS.labels(_result)
+for _action in RECOVERY_ACTIONS:
+    RECOVERY.labels(_action)
 PURCHASES.labels("Purchased")
 REMOTE_OPERATIONS = ("SearchTrainingPlanOfferings", "CreateTrainingPlan", "DescribeTrainingPlan", "ListTrainingPlans")
 for _operation in REMOTE_OPERATIONS:
@@ -114,6 +139,7 @@ def observe_group_pass(group: str, prior: InstanceGroupStatus, status: InstanceG
     not provisioning. The memory is in-process; after a restart a group already Ready is
     not observed again (its prior status says Ready), one still provisioning is.
     """
+    REBOOT_BUDGET_EXHAUSTED.labels(group)  # 0 from the group's first pass on: its panel has a series
     block = status.reserved_capacity_id
     if status.phase != "Ready" or block is None or block_start is None:
         return
@@ -126,15 +152,42 @@ def observe_group_pass(group: str, prior: InstanceGroupStatus, status: InstanceG
     GROUP_PROVISIONING.observe(max(0.0, (now - block_start).total_seconds()))
 
 
-def observe_spare_promotion(grace_ended: datetime | None, now: datetime) -> None:
-    """A spare now serves in place of a node whose grace ended at ``grace_ended``."""
+def observe_spare_promotion(grace_ended: datetime | None, now: datetime, fault_since: datetime | None = None) -> None:
+    """A spare now serves in place of a node whose grace ended at ``grace_ended``, its fault first
+    seen at ``fault_since``."""
     if grace_ended is not None:
         SPARE_PROMOTION.observe(max(0.0, (now - grace_ended).total_seconds()))
+    observe_recovery("promote", fault_since, now)
+
+
+def observe_recovery(action: str, fault_since: datetime | None, serving: datetime | None) -> None:
+    """The node (or what took its place) serves again at ``serving`` after ``action``, its fault
+    first seen at ``fault_since`` (either unknown: nothing to observe, e.g. a record from before
+    the operator kept the first sight)."""
+    if fault_since is not None and serving is not None:
+        RECOVERY.labels(action).observe(max(0.0, (serving - fault_since).total_seconds()))
+
+
+def observe_recovered(fault_since: datetime | None, now: datetime) -> None:
+    """A rebooted node is back and serves again at ``now``."""
+    REBOOTS.labels(REBOOT_RECOVERED).inc()
+    observe_recovery("reboot", fault_since, now)
+
+
+def observe_mark(group: str, reboot_result: str | None, over_budget: bool) -> None:
+    """A failed node of ``group`` marked for what the ladder does next: the end of a reboot that
+    did not help (``reboot_result``), or a replacement past the reboot budget."""
+    if reboot_result is not None:
+        REBOOTS.labels(reboot_result).inc()
+    if over_budget:
+        REBOOT_BUDGET_EXHAUSTED.labels(group).inc()
 
 
 def forget_group(group: str) -> None:
     with _provisioned_lock:
         _provisioned.pop(group, None)
+    with contextlib.suppress(KeyError):
+        REBOOT_BUDGET_EXHAUSTED.remove(group)
 
 
 # --------------------------------------------------------------------------- object metrics
@@ -144,6 +197,9 @@ PLAN_COUNTS = ("total", "in_use", "available", "spare", "unhealthy")
 ULTRASERVER_STATUSES = ("ok", "impaired", "insufficient-data")
 ULTRASERVER_COUNTS = ("total", "in_use", "available", "spare", "configured_spare", "unhealthy")
 GROUP_STATES = ("desired", "ready", "spare", "unhealthy", "present")
+REBOOTING = "rebooting"
+NODE_HEALTH_STATES = (HEALTH_SCHEDULABLE, HEALTH_UNSCHEDULABLE, HEALTH_PENDING_REBOOT, HEALTH_PENDING_REPLACEMENT,
+                      REBOOTING)
 POOL_STATES = ("sold", "free")
 
 # name -> (help, label names): every family ObjectMetrics serves, with or without samples.
@@ -175,6 +231,11 @@ OBJECT_FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "hyperplan_instance_group_nodes": (
         "Nodes of an instance group: desired, ready (active and Ready), spare (Ready), unhealthy "
         "(from its status) and present (nodes that exist, draining ones included).", ("group", "state")),
+    "hyperplan_instance_group_node_health": (
+        "Nodes of an instance group by health: the node's health label (either key; none counts as "
+        "Schedulable): Schedulable, Unschedulable, UnschedulablePendingReboot, "
+        "UnschedulablePendingReplacement; and rebooting, the nodes with a reboot under way by the group's "
+        "record (they are UnschedulablePendingReboot too).", ("group", "state")),
     "hyperplan_instance_group_remediation_blocked": (
         "1 while maxUnhealthy stops remediation of a group (RemediationAllowed=False), else 0.", ("group",)),
     "hyperplan_instance_group_info": (
@@ -247,7 +308,7 @@ class ObservedObjects:
     plans: dict[str, _Plan] = field(default_factory=dict)
     groups: dict[str, _Group] = field(default_factory=dict)
     pools: dict[str, offerings.PoolSnapshot] = field(default_factory=dict)
-    nodes: dict[str, str] = field(default_factory=dict)  # node name -> its instance group
+    nodes: dict[str, tuple[str, str]] = field(default_factory=dict)  # node name -> (its group, its health state)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def put_plan(self, name: str, body: dict[str, Any]) -> None:
@@ -273,10 +334,13 @@ class ObservedObjects:
         with self._lock:
             self.pools[name] = snapshot
 
-    def put_node(self, name: str, group: str | None) -> None:
+    def put_node(self, name: str, group: str | None, health: str | None = None) -> None:
+        """A node of ``group`` (None: of none, or deleted) whose health label says ``health`` (the
+        effective value of either key, planning.nodefacts)."""
+        state = node_health_state(health)
         with self._lock:
             if group:
-                self.nodes[name] = group
+                self.nodes[name] = (group, state)
             else:
                 self.nodes.pop(name, None)
 
@@ -287,6 +351,14 @@ class ObservedObjects:
     def copy(self) -> "ObservedObjects":
         with self._lock:
             return ObservedObjects(dict(self.plans), dict(self.groups), dict(self.pools), dict(self.nodes))
+
+
+def node_health_state(value: str | None) -> str:
+    """A node's health label value as one of the first four :data:`NODE_HEALTH_STATES`: an
+    ``Unschedulable*`` value not among them counts as Unschedulable, anything else as Schedulable."""
+    if value in NODE_HEALTH_STATES[:4]:
+        return value
+    return HEALTH_UNSCHEDULABLE if is_unschedulable(value) else HEALTH_SCHEDULABLE
 
 
 def _current_and_next(blocks: tuple[tuple[datetime, datetime, datetime | None], ...], now: datetime):
@@ -341,13 +413,19 @@ def object_samples(view: ObservedObjects, now: datetime) -> dict[str, list[tuple
                 max(0.0, (free[0][0] - now).total_seconds()), **where)
 
     present: dict[str, int] = {}
-    for group in view.nodes.values():  # nodes carry the group's name as a label value
+    by_health: dict[tuple[str, str], int] = {}
+    for group, state in view.nodes.values():  # nodes carry the group's name as a label value
         present[group] = present.get(group, 0) + 1
+        by_health[group, state] = by_health.get((group, state), 0) + 1
     for name, g in sorted(view.groups.items()):
         st = g.status
         for state, value in zip(GROUP_STATES, (st.desired_count, st.ready_count, st.spare_count,
                                                st.unhealthy_count, present.get(label_value(name), 0))):
             add("hyperplan_instance_group_nodes", value, group=name, state=state)
+        rebooting = sum(1 for e in st.nodes or () if e.recovery is not None and e.recovery.rebooting_since is not None)
+        for state in NODE_HEALTH_STATES:
+            value = rebooting if state == REBOOTING else by_health.get((label_value(name), state), 0)
+            add("hyperplan_instance_group_node_health", value, group=name, state=state)
         blocked = any(c.type == "RemediationAllowed" and c.status == "False" for c in st.conditions)
         add("hyperplan_instance_group_remediation_blocked", 1 if blocked else 0, group=name)
         add("hyperplan_instance_group_info", 1, group=name, plan=g.plan)

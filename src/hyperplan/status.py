@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Iterable
 
@@ -27,7 +27,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from hyperplan.api.models import (CapacityPoolSpec, CapacityPoolStatus, InstanceGroupStatus,
+from hyperplan.api.models import (CapacityPoolSpec, CapacityPoolStatus, HealthCheckSpec, InstanceGroupStatus,
                                   TrainingPlanStatus, from_rfc3339, to_rfc3339)
 from hyperplan.planning import naming
 from hyperplan.planning.nodefacts import NodeFacts, facts_of_v1
@@ -98,6 +98,9 @@ class Node:
     role: str
     state: str
     ultra_server: str | None
+    # A reboot under way started then, by the group's record (status.nodes[].recovery): a node
+    # labelled UnschedulablePendingReboot without it is asked for a reboot that has not started.
+    rebooting_since: datetime | None = None
 
 
 @dataclass
@@ -112,6 +115,11 @@ class InstanceGroup:
     unhealthy_count: int
     nodes: list[Node] = field(default_factory=list)
     message: str = ""
+    reboot_timeout_seconds: int = HealthCheckSpec().reboot_timeout_seconds
+
+    def rebooting(self) -> list[Node]:
+        """The nodes the recovery ladder reboots, or is asked to (state ``rebooting``)."""
+        return [n for n in self.nodes if n.state == REBOOTING]
 
     def nodes_by_state(self) -> dict[str, int]:
         """Every state of :data:`NODE_STATES` with its count (zeros included: stable keys)."""
@@ -278,12 +286,16 @@ def snapshot_from_objects(pools: list[dict], plans: list[dict], groups: list[dic
         name = obj["metadata"]["name"]
         spec = obj.get("spec") or {}
         st: InstanceGroupStatus = _parse(InstanceGroupStatus, obj.get("status"))
+        rebooting = {e.name: e.recovery.rebooting_since for e in st.nodes or ()
+                     if e.recovery is not None and e.recovery.rebooting_since is not None}
+        members = [replace(n, rebooting_since=_time(rebooting[n.name])) if n.name in rebooting else n
+                   for n in by_group.get(naming.label_value(name), [])]
         snap.groups.append(InstanceGroup(
             name=name, training_plan=spec.get("trainingPlanRef", ""), phase=st.phase or "",
             availability_zone=st.availability_zone or "", desired_count=st.desired_count,
             ready_count=st.ready_count, spare_count=st.spare_count, unhealthy_count=st.unhealthy_count,
-            nodes=sorted(by_group.get(naming.label_value(name), []), key=lambda n: n.name),
-            message=_message(st.conditions)))
+            nodes=sorted(members, key=lambda n: n.name), message=_message(st.conditions),
+            reboot_timeout_seconds=_parse(HealthCheckSpec, spec.get("healthCheck")).reboot_timeout_seconds))
     return snap
 
 
@@ -486,6 +498,26 @@ def groups_table(snap: Snapshot) -> Table:
     return table
 
 
+def rebooting_table(snap: Snapshot, now: datetime) -> Table | None:
+    """One row per node the recovery ladder reboots or is asked to, with the group's record of
+    when the reboot started and when it times out (then the node is replaced); None when no node
+    is rebooting. (Deep health checks, which would show here as checking, do not exist yet.)"""
+    rows = [(g, n) for g in snap.groups for n in g.rebooting()]
+    if not rows:
+        return None
+    table = Table(title="Rebooting nodes", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in ("group", "node", "role", "UltraServer", "reboot", "replaced if not back"):
+        table.add_column(name, no_wrap=True)
+    for g, n in rows:
+        if n.rebooting_since is None:
+            started, deadline = Text("asked (health label), not started", style="yellow"), "-"
+        else:
+            started = Text(f"started {relative(n.rebooting_since, now)}", style=STATE_STYLE[REBOOTING])
+            deadline = relative(n.rebooting_since + timedelta(seconds=g.reboot_timeout_seconds), now)
+        table.add_row(g.name, n.name, n.role or "-", n.ultra_server or "-", started, deadline)
+    return table
+
+
 def pools_table(snap: Snapshot) -> Table:
     table = Table(title="Capacity pools", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for name, justify in (("pool", "left"), ("type", "left"), ("AZ", "left"), ("instances", "right"),
@@ -536,6 +568,8 @@ class View:
             yield notes
         yield ultraservers_table(snap)
         yield groups_table(snap)
+        if (rebooting := rebooting_table(snap, now)) is not None:
+            yield rebooting
         yield pools_table(snap)
 
 

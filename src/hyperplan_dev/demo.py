@@ -15,7 +15,11 @@
    marks the Workload Finished;
 6. once the GB200 group is Ready, fails one of its nodes (Ready=False, as an agent would) so
    that a spare takes over;
-7. stops when both plans have expired (Ctrl-C stops earlier), then writes a picture of the run
+7. once the group is whole again, asks for a reboot of one of its active nodes the way an admin
+   does (``hyperplan node reboot NODE``): after the label's grace the node's UltraServer spare is
+   promoted, the node reboots (KWOK keeps it NotReady for 10 s) and comes back as that
+   UltraServer's spare, which the demo says and marks in the picture;
+8. stops when both plans have expired (Ctrl-C stops earlier), then writes a picture of the run
    from Prometheus's data (``.state/demo/overview-<time>.png``, see :mod:`hyperplan_dev.demo_report`)
    and prints its path. Everything it started (the operator, Prometheus, and the plane if it was
    not already running) is stopped again, by pid.
@@ -52,6 +56,8 @@ UNITS = {"s": "seconds", "m": "minutes", "h": "hours"}
 GROUP = "demo-workers"
 JOB_NAMESPACE, JOB = "default", "demo-train"  # queued through Kueue by 40-kueue.yaml
 JOB_RUNS_FOR = 30.0  # seconds the job's pods run before the demo reports them finished
+REBOOT_AFTER = 5.0  # seconds the group is seen whole again after the failure before the demo asks for a reboot
+ASKED, REBOOTING, BACK = "asked", "rebooting", "back"  # the demo's reboot, as the status view shows it
 PRINT_EVERY = 15.0  # seconds between printed views when the output is not a terminal
 REFRESH_EVERY = 2.0  # seconds between reads of the API for the view
 
@@ -101,6 +107,28 @@ def describe_job(workload: dict | None, pods: list[dict]) -> str:
     return f"waiting in Kueue's queue: {reserved.get('message') or 'no quota reserved yet'}"
 
 
+def reboot_candidate(group: status.InstanceGroup, busy: set[str]) -> str | None:
+    """The node the demo asks to reboot: an active node serving on an UltraServer that has a spare
+    to take its work (so the job keeps its NVLink domain), running none of the job's pods (``busy``:
+    their nodes); the first by name, None when there is none."""
+    spared = {n.ultra_server for n in group.nodes if n.state == status.SPARE}
+    return next((n.name for n in sorted(group.nodes, key=lambda n: n.name)
+                 if n.state == status.SERVING and n.ultra_server in spared and n.name not in busy), None)
+
+
+def reboot_progress(stage: str, node: status.Node | None) -> str:
+    """Where the demo's reboot is, from the node in the status view: asked (labelled, its grace
+    running), rebooting (the group's record has a reboot under way: its spare promoted, the node
+    NotReady), back (serving as its UltraServer's spare again)."""
+    if node is None:
+        return stage
+    if stage == ASKED and node.state == status.REBOOTING and node.rebooting_since is not None:
+        return REBOOTING
+    if stage == REBOOTING and node.state == status.SPARE:
+        return BACK
+    return stage
+
+
 def render(text: str, now: datetime) -> str:
     """Fill ``${NOW+90s}`` placeholders with RFC 3339 times relative to ``now``."""
     def repl(m: re.Match) -> str:
@@ -124,9 +152,14 @@ class Demo:
         self.live: Live | None = None
         self.snapshot: status.Snapshot | None = None
         self.victim = ""
+        self.spares = 0  # the group's spares when the failure was injected: whole again with as many
         self.failed_at = datetime.now(timezone.utc)
         self.job_line = ""
         self.job_running_since: float | None = None
+        self.job_nodes: set[str] = set()
+        self.rebooted = ""  # the node the demo asked to reboot
+        self.reboot_stage = ""
+        self.whole_since: float | None = None
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
         proc = subprocess.run([str(build.binary("kubectl")), f"--kubeconfig={self.plane.kubeconfig}", *args],
@@ -257,9 +290,12 @@ class Demo:
                 ready_since = time.monotonic()
             if not failed and ready_since is not None and time.monotonic() - ready_since > 10:
                 failed = True  # let the Ready group be seen for a moment first
+                self.spares = group.spare_count
                 self.inject_failure()
             elif failed:
                 self.keep_failing(self.snapshot)
+                if group is not None:
+                    self.follow_reboot(group)
             plans = self.snapshot.plans
             if plans and all(p.phase in ("Expired", "Failed") for p in plans):
                 say("both plans have expired: the demo is over")
@@ -283,6 +319,7 @@ class Demo:
             o.get("kind") == "Job" and o.get("name") == JOB
             for o in w["metadata"].get("ownerReferences") or [])), None)
         line = describe_job(workload, pods)
+        self.job_nodes = {(p.get("spec") or {}).get("nodeName") for p in pods} - {None}
         running = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
         if line.startswith("admitted") and running and len(running) == len(pods):
             if self.job_running_since is None:
@@ -297,6 +334,42 @@ class Demo:
                 self.moments.append(demo_report.Moment(datetime.now(timezone.utc), f"job {JOB} admitted"))
             self.job_line = line
             say(f"Kueue job {JOB_NAMESPACE}/{JOB}: {line}")
+
+    def follow_reboot(self, group: status.InstanceGroup) -> None:
+        """Once the group is whole again after the failure (its failed node gone, no unhealthy node,
+        its spares back) for a few seconds, ask for a reboot of an active node through the CLI, as
+        an admin does; then say when the ladder has it rebooting and when it is back as a spare."""
+        if not self.rebooted:
+            whole = (group.phase == "Ready" and group.unhealthy_count == 0 and group.spare_count >= self.spares
+                     and all(n.name != self.victim for n in group.nodes))
+            self.whole_since = (self.whole_since or time.monotonic()) if whole else None
+            if self.whole_since is not None and time.monotonic() - self.whole_since > REBOOT_AFTER:
+                node = reboot_candidate(group, self.job_nodes)
+                if node is not None:
+                    self.ask_reboot(node)
+            return
+        stage = reboot_progress(self.reboot_stage, next((n for n in group.nodes if n.name == self.rebooted), None))
+        if stage == self.reboot_stage:
+            return
+        self.reboot_stage = stage
+        if stage == REBOOTING:
+            say(f"{self.rebooted} is rebooting: its UltraServer's spare serves in its place")
+        elif stage == BACK:
+            self.moments.append(demo_report.Moment(datetime.now(timezone.utc), f"{self.rebooted} back as a spare"))
+            say(f"{self.rebooted} is back from its reboot and is its UltraServer's spare: no new node was needed")
+
+    def ask_reboot(self, node: str) -> None:
+        """``hyperplan node reboot NODE``, the admin's way (it labels the node UnschedulablePendingReboot)."""
+        proc = subprocess.run([sys.executable, "-m", "hyperplan.cli", "node", "reboot", node,
+                               "--kubeconfig", str(self.plane.kubeconfig)], capture_output=True, text=True, timeout=60)
+        self.rebooted, self.reboot_stage = node, ASKED
+        if proc.returncode != 0:
+            say(f"hyperplan node reboot {node} failed: {(proc.stderr or proc.stdout).strip()}")
+            self.reboot_stage = BACK  # nothing more to follow
+            return
+        self.moments.append(demo_report.Moment(datetime.now(timezone.utc), f"reboot asked: {node}"))
+        say(f"$ hyperplan node reboot {node}\n{proc.stdout.strip()}\nafter the label's grace its UltraServer's "
+            "spare is promoted and the node rebooted; it comes back as the spare")
 
     def finish_pods(self, pods: list[dict]) -> None:
         now = to_rfc3339(datetime.now(timezone.utc))

@@ -8,11 +8,16 @@ dashboard (``deploy/grafana/``):
 1. each plan's phase over time (``hyperplan_training_plan_phase{plan,phase} == 1``), a state timeline;
 2. each UltraServer's health over time (``hyperplan_ultraserver_health{plan,ultraserver,status} == 1``);
 3. the group's nodes by state (``hyperplan_instance_group_nodes{group,state}``);
-4. remediations: a marker per action (mark, promote, backfill, remove) where
+4. the group's nodes by health (``hyperplan_instance_group_node_health{group,state}``): the node the
+   demo reboots shows as ``rebooting`` and ``UnschedulablePendingReboot`` until it is back
+   ``Schedulable``, with the reboots by result (``hyperplan_reboots_total``) and the mean time to
+   recover per action (``hyperplan_recovery_seconds``) in the panel's title;
+5. remediations: a marker per action (mark, promote, backfill, remove, reboot, recover) where
    ``hyperplan_remediations_total{action}`` rose during the run, with the spare promotion latency
    (``hyperplan_spare_promotion_seconds``) in the panel's title.
 
-The demo's own moments (the injected failure) are drawn as vertical lines on every panel. A
+The demo's own moments (the injected failure, the reboot it asks for and the node back as a
+spare) are drawn as vertical lines on every panel. A
 metric without data gives its panel a "no data" note rather than an error, so the picture is
 written even when a metric is missing.
 """
@@ -30,6 +35,7 @@ matplotlib.use("Agg")  # files only: no display on a build machine
 
 import matplotlib.dates as mdates  # noqa: E402
 import matplotlib.patches  # noqa: E402,F401 - matplotlib.patches.Patch for legends
+import matplotlib.ticker  # noqa: E402,F401 - the health panel's tick labels
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
@@ -42,6 +48,10 @@ QUERIES = {
     "remediations": "hyperplan_remediations_total",
     "promotion_sum": "sum(hyperplan_spare_promotion_seconds_sum)",
     "promotion_count": "sum(hyperplan_spare_promotion_seconds_count)",
+    "node_health": "hyperplan_instance_group_node_health",
+    "reboots": "sum by (result) (hyperplan_reboots_total)",
+    "recovery_sum": "sum by (action) (hyperplan_recovery_seconds_sum)",
+    "recovery_count": "sum by (action) (hyperplan_recovery_seconds_count)",
 }
 
 PHASE_COLORS = {"Pending": "#e6b800", "Scheduled": "#4c9be8", "Active": "#2ca02c", "Expired": "#9e9e9e",
@@ -49,7 +59,11 @@ PHASE_COLORS = {"Pending": "#e6b800", "Scheduled": "#4c9be8", "Active": "#2ca02c
 HEALTH_COLORS = {"ok": "#2ca02c", "impaired": "#d62728", "insufficient-data": "#bdbdbd"}
 STATE_COLORS = {"desired": "#555555", "ready": "#2ca02c", "spare": "#4c9be8", "unhealthy": "#d62728",
                 "present": "#9467bd"}
-ACTION_COLORS = {"mark": "#d62728", "promote": "#2ca02c", "backfill": "#4c9be8", "remove": "#9e9e9e"}
+ACTION_COLORS = {"mark": "#d62728", "promote": "#2ca02c", "backfill": "#4c9be8", "remove": "#9e9e9e",
+                 "reboot": "#ff7f0e", "recover": "#17becf"}
+HEALTH_STATE_COLORS = {"Schedulable": "#2ca02c", "Unschedulable": "#8c564b", "UnschedulablePendingReboot": "#ff7f0e",
+                       "UnschedulablePendingReplacement": "#d62728", "rebooting": "#e6b800"}
+RECOVERY_ACTIONS = ("reboot", "promote", "replace")
 
 
 @dataclass
@@ -146,6 +160,33 @@ def promotion_summary(data: RunData) -> str:
     return f"{count:.0f} spare promotion{plural}, mean {total / count:.1f} s from grace end to spare serving"
 
 
+def _last(series: Series) -> float:
+    values = series.get("values") or []
+    return float(values[-1][1]) if values else 0.0
+
+
+def _first(series: Series) -> float:
+    values = series.get("values") or []
+    return float(values[0][1]) if values else 0.0
+
+
+def recovery_summary(data: RunData) -> str:
+    """``1 reboot recovered; time to recover: reboot 21.4 s, promote 10.2 s`` from the counters and
+    histograms as the run left them (what rose during the run: the first sample is subtracted)."""
+    reboots = {s["metric"].get("result", "?"): _last(s) - _first(s) for s in data.series.get("reboots") or []}
+    parts = [f"{n:.0f} reboot{'s' if n != 1 else ''} {result}" for result, n in reboots.items() if n > 0]
+    sums = {s["metric"].get("action", "?"): s for s in data.series.get("recovery_sum") or []}
+    counts = {s["metric"].get("action", "?"): s for s in data.series.get("recovery_count") or []}
+    means = []
+    for action in RECOVERY_ACTIONS:
+        if action in sums and action in counts:
+            n = _last(counts[action]) - _first(counts[action])
+            if n > 0:
+                means.append(f"{action} {(_last(sums[action]) - _first(sums[action])) / n:.1f} s")
+    text = "; ".join(parts) if parts else "no reboot recorded"
+    return f"{text}; mean time to recover: {', '.join(means)}" if means else text
+
+
 # ----------------------------------------------------------------------------- drawing
 
 
@@ -177,9 +218,9 @@ def _state_timeline(ax: Any, series: list[Series], lane_label: str, state_label:
 
 def draw_overview(data: RunData, moments: Sequence[Moment] = (), title: str = "hyperplan demo") -> Figure:
     """The overview figure of one run (see the module docstring for its panels)."""
-    fig, axes = plt.subplots(4, 1, figsize=(12, 11), sharex=True,
-                             gridspec_kw={"height_ratios": [1.2, 1, 1.4, 1.2]})
-    phase_ax, health_ax, nodes_ax, rem_ax = axes
+    fig, axes = plt.subplots(5, 1, figsize=(12, 13.5), sharex=True,
+                             gridspec_kw={"height_ratios": [1.2, 1, 1.4, 1.2, 1.2]})
+    phase_ax, health_ax, nodes_ax, node_health_ax, rem_ax = axes
 
     phase_ax.set_title("Plan phase over time")
     if data.series.get("plan_phase"):
@@ -207,6 +248,29 @@ def draw_overview(data: RunData, moments: Sequence[Moment] = (), title: str = "h
         nodes_ax.legend(loc="upper left", bbox_to_anchor=(1.005, 1), fontsize=8, frameon=False)
     else:
         _no_data(nodes_ax, "hyperplan_instance_group_nodes")
+
+    node_health_ax.set_title(f"Nodes by health ({recovery_summary(data)})")
+    if data.series.get("node_health"):
+        # Only the states a node was in during the run: four of the five are 0 most of the time.
+        shown = [s for s in data.series["node_health"] if any(float(v) for _, v in s.get("values", []))]
+        groups = {s["metric"].get("group", "?") for s in shown}
+        order = list(HEALTH_STATE_COLORS)
+        for s in sorted(shown, key=lambda s: (s["metric"].get("group", ""),
+                                              order.index(s["metric"].get("state")) if s["metric"].get("state")
+                                              in order else 99)):
+            m = s["metric"]
+            label = m.get("state", "?") if len(groups) == 1 else f"{m.get('group')} {m.get('state')}"
+            node_health_ax.step([_t(ts) for ts, _ in s["values"]], [float(v) for _, v in s["values"]], where="post",
+                                label=label, color=HEALTH_STATE_COLORS.get(m.get("state", "")), linewidth=1.8)
+        node_health_ax.set_ylabel("nodes")
+        node_health_ax.set_yscale("symlog", linthresh=2)  # 20 Schedulable beside 1 rebooting: both readable
+        top = max(float(v) for s in shown for _, v in s["values"])
+        node_health_ax.set_yticks([t for t in (0, 1, 2, 5, 10, 20, 50, 100, 200, 500) if t <= max(2.0, top)])
+        node_health_ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        node_health_ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+        node_health_ax.legend(loc="upper left", bbox_to_anchor=(1.005, 1), fontsize=8, frameon=False)
+    else:
+        _no_data(node_health_ax, "hyperplan_instance_group_node_health")
 
     rem_ax.set_title(f"Remediations ({promotion_summary(data)})")
     actions = {s["metric"].get("action", "?"): increments(s["values"]) for s in data.series.get("remediations", [])}

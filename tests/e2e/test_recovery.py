@@ -14,15 +14,26 @@ default, ``HYPERPLAN_KWOK_REBOOT_SECONDS``):
    the budget, and it comes back as the spare;
 5. boto3's ``batch_reboot_cluster_nodes`` (HyperPod's call, hyperplan's SageMaker API) on the other
    active node: the same, and HyperPod's label says ``Schedulable`` afterwards.
+
+Along the way the operator's ``/metrics`` is read (the group's nodes per health state, the reboots
+by result, the replacement past the budget, the time to recover per action), and at the end the
+overview dashboard's recovery panels are asked of the session's real Prometheus over the scenario.
 """
 
 from __future__ import annotations
 
+import json
+import math
+import re
 import subprocess
 import sys
 import uuid
 from datetime import timedelta
+from pathlib import Path
 
+from prometheus_client.parser import text_string_to_metric_families
+
+from hyperplan.monitoring.dashboards import targets
 from hyperplan.sagemaker.hyperpod import instance_id
 from tests.aws.clients import boto3_call
 from tests.e2e.scenarios import Context, events_for, scenario, ts, utcnow
@@ -68,6 +79,30 @@ def _keep_failing(ctx: Context, node: str, since, acted):
     return check
 
 
+def _samples(text: str) -> dict[tuple, float]:
+    """The ``hyperplan_`` samples of a /metrics text: (name, sorted labels) -> value."""
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text)
+            if f.name.startswith("hyperplan_") for s in f.samples}
+
+
+def _read(ctx: Context) -> dict[tuple, float]:
+    def read() -> dict[tuple, float] | None:
+        try:
+            return _samples(ctx.metrics())
+        except OSError:  # another test restarted the operator meanwhile
+            return None
+    return eventually(read, timeout=60, what="the operator's /metrics")
+
+
+def _value(samples: dict[tuple, float], name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def _health(samples: dict[tuple, float], group: str) -> dict[str, float]:
+    return {dict(labels)["state"]: v for (name, labels), v in samples.items()
+            if name == "hyperplan_instance_group_node_health" and dict(labels).get("group") == group}
+
+
 def _spare_of(nodes: dict[str, dict]) -> str:
     return next(name for name, n in nodes.items() if n["metadata"]["labels"][ROLE] == "spare")
 
@@ -77,7 +112,7 @@ def recovery_ladder(ctx: Context) -> dict:
     k = ctx.kubectl
     tag = uuid.uuid4().hex[:5]
     plan, group = f"rb-{tag}", f"reboot-{tag}"
-    out: dict = {"group": group}
+    out: dict = {"group": group, "start": utcnow()}
     # The pool sells to this plan only, and the plan buys from it only: the first wave's other
     # UltraServer scenario (test_instancegroups) buys the same type, and offerings come from
     # every pool of a type.
@@ -100,6 +135,7 @@ def recovery_ladder(ctx: Context) -> dict:
     victim = sorted(name for name, n in nodes.items() if n["metadata"]["labels"][ROLE] == "active")[0]
     uid = nodes[victim]["metadata"]["uid"]
     out.update(victim=victim, spare=spare)
+    out["metrics_before"] = _read(ctx)
 
     # 1. The victim fails: the spare is promoted, the victim rebooted.
     failed_at = utcnow()
@@ -110,6 +146,8 @@ def recovery_ladder(ctx: Context) -> dict:
     out["rebooting"] = rebooting
     out["promoted"] = k.get("node", spare)
     out["rebooting_record"] = next(e for e in k.get("instancegroup", group)["status"]["nodes"] if e["name"] == victim)
+    out["health_rebooting"] = eventually(lambda: (h := _health(_read(ctx), group)).get("rebooting") == 1 and h,
+                                         timeout=10, interval=0.3, what="/metrics shows the victim rebooting")
 
     # 2. Back from the reboot: the UltraServer's spare, and no node was made.
     back = eventually(lambda: (n := k.get_or_none("node", victim)) is not None
@@ -122,6 +160,8 @@ def recovery_ladder(ctx: Context) -> dict:
     out["after_reboot_status"] = eventually(
         lambda: (s := k.get("instancegroup", group)["status"]).get("phase") == "Ready" and s.get("spareCount") == 1
         and s, timeout=30, what="group Ready with its spare again")
+    out["metrics_back"] = eventually(lambda: (m := _read(ctx)) and _health(m, group).get("Schedulable") == 3 and m,
+                                     timeout=10, interval=0.3, what="/metrics shows the three nodes Schedulable")
 
     # 3. The same node fails again within the window: replaced.
     again_at = utcnow()
@@ -132,6 +172,7 @@ def recovery_ladder(ctx: Context) -> dict:
     out["marked_again"] = marked
     eventually(lambda: k.get_or_none("node", victim) is None, timeout=60, what="victim removed")
     out["replaced_nodes"] = _nodes(k, group)
+    out["metrics_replaced"] = _read(ctx)
 
     # 4. An admin asks for a reboot of an active node from the CLI.
     nodes = eventually(lambda: (s := k.get("instancegroup", group)["status"]).get("phase") == "Ready"
@@ -166,6 +207,9 @@ def recovery_ladder(ctx: Context) -> dict:
         and n["metadata"]["labels"].get("sagemaker.amazonaws.com/node-health-status") == "Schedulable" and n,
         timeout=60, interval=0.5, what="the node boto3 rebooted back as the spare")
     out["group_events"] = [e["reason"] for e in events_for(k, group)]
+    out["metrics_after"] = _read(ctx)
+    out["end"] = utcnow() + timedelta(seconds=3)
+    eventually(lambda: utcnow() > out["end"], timeout=10, interval=0.5, what="last scrapes")
     return out
 
 
@@ -214,3 +258,83 @@ def test_boto3_reboots_a_node_through_hyperpods_call(scenarios) -> None:
     r = _record(scenarios)
     assert r["boto3"].get("ok", {}).get("Successful") == [instance_id(r["boto3_node"])], r["boto3"]
     assert r["boto3_back"]["metadata"]["labels"][ROLE] == "spare"
+
+
+# --------------------------------------------------------------------------- metrics and dashboards
+
+
+def _moved(r: dict, name: str, after: str = "metrics_after", **labels: str) -> float:
+    return _value(r[after], name, **labels) - _value(r["metrics_before"], name, **labels)
+
+
+def test_the_groups_nodes_per_health_state_show_the_reboot_and_its_end(scenarios) -> None:
+    r = _record(scenarios)
+    assert _health(r["metrics_before"], r["group"]) == {
+        "Schedulable": 3, "Unschedulable": 0, "UnschedulablePendingReboot": 0, "UnschedulablePendingReplacement": 0,
+        "rebooting": 0}
+    rebooting = r["health_rebooting"]
+    assert (rebooting["rebooting"], rebooting["UnschedulablePendingReboot"], rebooting["Schedulable"]) == (1, 1, 2)
+    assert _health(r["metrics_back"], r["group"])["rebooting"] == 0
+
+
+def test_reboots_are_counted_by_result_and_the_replacement_past_the_budget_by_group(scenarios) -> None:
+    r = _record(scenarios)
+    # The victim, the node the CLI asked for and the one boto3 asked for came back; other scenarios
+    # of the session may reboot too, so at least.
+    assert _moved(r, "hyperplan_reboots_total", result="recovered") >= 3
+    assert _moved(r, "hyperplan_reboots_total", "metrics_back", result="recovered") >= 1
+    # Exactly one node of this group failed again within the window after its reboot.
+    assert _value(r["metrics_before"], "hyperplan_reboot_budget_exhausted_total", group=r["group"]) == 0
+    assert _value(r["metrics_replaced"], "hyperplan_reboot_budget_exhausted_total", group=r["group"]) == 1
+    assert _value(r["metrics_after"], "hyperplan_reboot_budget_exhausted_total", group=r["group"]) == 1
+
+
+def test_the_time_to_recover_is_observed_per_action(scenarios) -> None:
+    r = _record(scenarios)
+    counts = {a: _moved(r, "hyperplan_recovery_seconds_count", action=a) for a in ("reboot", "promote", "replace")}
+    assert counts["reboot"] >= 3 and counts["promote"] >= 3 and counts["replace"] >= 1, counts
+    # Every KWOK reboot keeps the node NotReady for 10 s, after a grace of 3 s here (other scenarios'
+    # reboots too take their KWOK reboot at least): from the fault's first sight, at least 10 s.
+    mean = _moved(r, "hyperplan_recovery_seconds_sum", action="reboot") / counts["reboot"]
+    assert 10 <= mean <= 60, mean
+    back = _moved(r, "hyperplan_recovery_seconds_sum", "metrics_back", action="reboot")
+    assert 13 <= back <= r["back_after"] + 1  # the victim's: the grace, the reboot, until it was seen back
+
+
+ROOT = Path(__file__).resolve().parents[2]
+OVERVIEW = json.loads((ROOT / "deploy" / "grafana" / "hyperplan-overview.json").read_text())
+
+
+def _panel(title: str, ref: str = "A") -> str:
+    return next(expr for t, rf, expr in targets(OVERVIEW) if t == title and rf == ref)
+
+
+def _over_the_scenario(prom, expr: str, r: dict) -> list[dict]:
+    # The group's name is letters, digits and dashes: as a regex it matches itself.
+    filled = re.sub(r"\$(\w+)", lambda m: {"group": r["group"], "__rate_interval": "15s"}[m.group(1)], expr)
+    return prom.api("query_range", query=filled, start=str(r["start"].timestamp()), end=str(r["end"].timestamp()),
+                    step="1")["result"]
+
+
+def _peak(series: list[dict], **labels: str) -> float:
+    values = [float(v) for s in series if all(s["metric"].get(k) == v for k, v in labels.items())
+              for _, v in s["values"] if math.isfinite(float(v))]
+    return max(values, default=0.0)
+
+
+def test_the_dashboards_recovery_panels_show_the_reboot(scenarios, session_prometheus) -> None:
+    """The overview's recovery row, asked of the real Prometheus that scraped the operator every
+    second through the scenario: what a viewer reads off each panel."""
+    r = _record(scenarios)
+    health = _over_the_scenario(session_prometheus, _panel("Nodes by health"), r)
+    # (Marked for replacement, the victim may be gone within a scrape: KWOK's new node is Ready at once.)
+    assert _peak(health, group=r["group"], state="rebooting") == 1
+    assert _peak(health, group=r["group"], state="UnschedulablePendingReboot") == 1
+    assert _peak(health, group=r["group"], state="Schedulable") == 3
+    reboots = _over_the_scenario(session_prometheus, _panel("Reboots by result"), r)
+    assert _peak(reboots, result="recovered") > 0
+    budget = _over_the_scenario(session_prometheus, _panel("Replaced past the reboot budget"), r)
+    assert _peak(budget, group=r["group"]) > 0
+    for ref in ("A", "B"):
+        times = _over_the_scenario(session_prometheus, _panel("Time to recover", ref), r)
+        assert _peak(times, action="reboot") >= 10, ref

@@ -51,6 +51,25 @@ def run() -> demo_report.RunData:
         ],
         "promotion_sum": [series({}, every(112, 300, 2.5))],
         "promotion_count": [series({}, every(112, 300, 1))],
+        # the demo's reboot: asked at 150 s, its spare promoted and the node rebooting from 160 s,
+        # back as a spare at 172 s
+        "node_health": [
+            series({"group": "demo-workers", "state": "Schedulable"}, every(30, 160, 22) + every(160, 172, 21)
+                   + every(172, 300, 22)),
+            series({"group": "demo-workers", "state": "UnschedulablePendingReboot"}, every(30, 150, 0)
+                   + every(150, 172, 1) + every(172, 300, 0)),
+            series({"group": "demo-workers", "state": "rebooting"}, every(30, 160, 0) + every(160, 172, 1)
+                   + every(172, 300, 0)),
+            series({"group": "demo-workers", "state": "UnschedulablePendingReplacement"}, every(30, 300, 0)),
+        ],
+        "reboots": [series({"result": "recovered"}, every(0, 172, 0) + every(172, 300, 1)),
+                    series({"result": "timeout"}, every(0, 300, 0))],
+        "recovery_sum": [series({"action": "reboot"}, every(0, 172, 0) + every(172, 300, 22.5)),
+                         series({"action": "promote"}, every(0, 112, 0) + every(112, 160, 12.5)
+                                + every(160, 300, 23.5))],
+        "recovery_count": [series({"action": "reboot"}, every(0, 172, 0) + every(172, 300, 1)),
+                           series({"action": "promote"}, every(0, 112, 0) + every(112, 160, 1)
+                                  + every(160, 300, 2))],
     })
 
 
@@ -58,12 +77,16 @@ def texts(fig) -> list[str]:
     return [t.get_text() for ax in fig.axes for t in ax.texts] + [ax.get_title() for ax in fig.axes]
 
 
-def test_the_overview_has_the_four_panels_with_their_lanes_and_legends() -> None:
+def test_the_overview_has_the_five_panels_with_their_lanes_and_legends() -> None:
     fig = demo_report.draw_overview(run(), [demo_report.Moment(T0 + timedelta(seconds=100), "failure injected")])
-    phase, health, nodes, rem = fig.axes
+    phase, health, nodes, node_health, rem = fig.axes
     assert [ax.get_title() for ax in fig.axes] == [
         "Plan phase over time", "UltraServer health", "Group nodes by state",
+        "Nodes by health (1 reboot recovered; mean time to recover: reboot 22.5 s, promote 11.8 s)",
         "Remediations (1 spare promotion, mean 2.5 s from grace end to spare serving)"]
+    # the states a node was in during the run, in their natural order (never-used ones left out)
+    assert [t.get_text() for t in node_health.get_legend().get_texts()] == [
+        "Schedulable", "UnschedulablePendingReboot", "rebooting"]
     assert [t.get_text() for t in phase.get_yticklabels()] == ["demo-gb200", "demo-split"]
     assert [t.get_text() for t in health.get_yticklabels()] == ["rc-1-us-0", "rc-1-us-1"]
     assert [t.get_text() for t in phase.get_legend().get_texts()] == ["Scheduled", "Active", "Expired"]
@@ -91,7 +114,7 @@ def test_the_phase_timeline_draws_each_run_of_a_phase_as_a_bar_in_its_colour() -
 def test_remediations_are_markers_where_their_counters_rose() -> None:
     data = run()
     data.series["remediations"].append(series({"action": "backfill"}, every(100, 120, 3) + every(120, 300, 5)))
-    rem = demo_report.draw_overview(data).axes[3]
+    rem = demo_report.draw_overview(data).axes[4]
     assert [t.get_text() for t in rem.get_yticklabels()] == ["mark", "promote", "backfill"]
     points = {c.get_label(): [(mdates.num2date(x), y) for x, y in c.get_offsets()] for c in rem.collections}
     assert points["mark"] == [(T0 + timedelta(seconds=110), 0)]
@@ -105,6 +128,7 @@ def test_remediations_are_markers_where_their_counters_rose() -> None:
     pytest.param("ultraserver_health", "no data for hyperplan_ultraserver_health", id="health"),
     pytest.param("group_nodes", "no data for hyperplan_instance_group_nodes", id="nodes"),
     pytest.param("remediations", "no data for hyperplan_remediations_total", id="remediations"),
+    pytest.param("node_health", "no data for hyperplan_instance_group_node_health", id="node-health"),
 ])
 def test_a_metric_without_data_gets_a_note_not_an_error(missing: str, note: str) -> None:
     data = run()
@@ -115,7 +139,37 @@ def test_a_metric_without_data_gets_a_note_not_an_error(missing: str, note: str)
 def test_no_promotion_is_said_in_the_title() -> None:
     data = run()
     data.series["promotion_count"] = [series({}, every(0, 300, 0))]
-    assert demo_report.draw_overview(data).axes[3].get_title() == "Remediations (no spare promotion recorded)"
+    assert demo_report.draw_overview(data).axes[4].get_title() == "Remediations (no spare promotion recorded)"
+
+
+def test_the_node_back_from_its_reboot_shows_in_the_health_panel() -> None:
+    node_health = demo_report.draw_overview(run()).axes[3]
+    lines = {line.get_label(): line for line in node_health.get_lines() if not line.get_label().startswith("_")}
+    rebooting = lines["rebooting"]
+    ys = dict(zip([mdates.date2num(t) for t in rebooting.get_xdata()], rebooting.get_ydata()))
+    at = lambda s: ys[mdates.date2num(T0 + timedelta(seconds=s))]  # noqa: E731
+    assert (at(150), at(165), at(180)) == (0, 1, 0)
+    assert list(lines["Schedulable"].get_ydata())[-1] == 22  # every node Schedulable again at the end
+
+
+@pytest.mark.parametrize("reboots, sums, counts, expected", [
+    pytest.param([], [], [], "no reboot recorded", id="nothing"),
+    pytest.param([({"result": "recovered"}, [0, 1])], [({"action": "reboot"}, [0, 21.4])],
+                 [({"action": "reboot"}, [0, 1])], "1 reboot recovered; mean time to recover: reboot 21.4 s",
+                 id="one-reboot-back"),
+    pytest.param([({"result": "recovered"}, [0, 2]), ({"result": "timeout"}, [0, 1])],
+                 [({"action": "replace"}, [5, 45]), ({"action": "reboot"}, [0, 40])],
+                 [({"action": "replace"}, [1, 3]), ({"action": "reboot"}, [0, 2])],
+                 "2 reboots recovered; 1 reboot timeout; mean time to recover: reboot 20.0 s, replace 20.0 s",
+                 id="what-rose-during-the-run-in-action-order"),
+    pytest.param([({"result": "failed"}, [1, 1])], [], [], "no reboot recorded", id="before-the-run-only"),
+])
+def test_recovery_summary(reboots, sums, counts, expected) -> None:
+    def of(items):
+        return [series(m, [(i, v) for i, v in enumerate(vs)]) for m, vs in items]
+    data = demo_report.RunData(T0, END, 1.0, {"reboots": of(reboots), "recovery_sum": of(sums),
+                                              "recovery_count": of(counts)})
+    assert demo_report.recovery_summary(data) == expected
 
 
 @pytest.mark.parametrize("points, expected", [

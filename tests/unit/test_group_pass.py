@@ -535,7 +535,8 @@ def test_a_failed_node_is_rebooted_and_comes_back_as_its_ultraservers_spare(worl
     assert entry["recovery"]["rebootingSince"] == "2026-12-01T12:00:16Z"
     assert record_of(world, failed)["recovery"] == {"reboots": ["2026-12-01T12:00:16Z"],
                                                     "rebootingSince": "2026-12-01T12:00:16Z", "requested": False,
-                                                    "faults": [{"condition": "Ready", "since": "2026-12-01T12:00:10Z"}]}
+                                                    "faults": [{"condition": "Ready", "since": "2026-12-01T12:00:10Z"}],
+                                                    "faultSince": "2026-12-01T12:00:10Z"}
 
     # Still down: waited for, nothing else done.
     world.now += timedelta(seconds=5)

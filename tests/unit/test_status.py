@@ -320,3 +320,63 @@ def test_a_narrow_console_drops_columns_but_keeps_the_whole_time_axis(snap: stat
     bar = line_with(text, "demo-split", "Scheduled").split()[-1]
     assert len(bar) >= 16 and bar.count("│") == 1 and "…" not in bar
     assert all(len(line) <= width for line in text.splitlines())
+
+
+# ----------------------------------------------------------------------------- rebooting nodes
+
+REBOOTING_GROUP = {
+    "metadata": {"name": "demo-workers"},
+    "spec": {"trainingPlanRef": "demo-gb200", "instanceType": "ml.p6e-gb200.36xlarge", "instanceCount": 20,
+             "healthCheck": {"rebootTimeoutSeconds": 60}},
+    "status": {"phase": "Ready", "desiredCount": 20, "readyCount": 19, "spareCount": 0, "unhealthyCount": 2,
+               "nodes": [{"name": "hp-demo-workers-0-16", "uid": "u16", "nodeId": "hp-demo-workers-0-16",
+                          "recovery": {"reboots": [at(-12)], "rebootingSince": at(-12)}},
+                         {"name": "hp-demo-workers-0-15", "uid": "u15", "nodeId": "hp-demo-workers-0-15",
+                          "recovery": {"reboots": [at(-3600)]}}]}}
+
+
+def rebooting_nodes() -> list[tuple[str, status.Node]]:
+    out = [(g, n) for g, n in nodes() if n.name not in ("hp-demo-workers-0-16", "hp-demo-workers-0-15")]
+    return out + [("demo-workers", status.Node("hp-demo-workers-0-16", "active", status.REBOOTING, "rc-gb-0-us-0")),
+                  ("demo-workers", status.Node("hp-demo-workers-0-15", "active", status.REBOOTING, "rc-gb-0-us-0"))]
+
+
+@pytest.fixture
+def rebooting_snap() -> status.Snapshot:
+    return status.snapshot_from_objects(POOLS, PLANS, [REBOOTING_GROUP], rebooting_nodes(), NOW)
+
+
+def test_a_reboot_under_way_is_read_from_the_groups_record(rebooting_snap: status.Snapshot) -> None:
+    (group,) = rebooting_snap.groups
+    assert group.reboot_timeout_seconds == 60
+    assert {n.name: n.rebooting_since for n in group.rebooting()} == {
+        "hp-demo-workers-0-15": None,  # an old reboot is no reboot under way: the label asks for one
+        "hp-demo-workers-0-16": NOW - timedelta(seconds=12)}
+    assert group.nodes_by_state()["rebooting"] == 2
+    assert status.snapshot_from_objects(POOLS, PLANS, GROUPS, nodes(), NOW).groups[0].reboot_timeout_seconds == 600
+
+
+@pytest.mark.parametrize("node, words", [
+    pytest.param("hp-demo-workers-0-16", ["demo-workers", "active", "rc-gb-0-us-0", "started 12s ago", "in 48s"],
+                 id="rebooting-since-and-its-timeout"),
+    pytest.param("hp-demo-workers-0-15", ["demo-workers", "asked (health label), not started", " - "],
+                 id="asked-not-started"),
+])
+def test_view_shows_the_rebooting_nodes_of_each_group(rebooting_snap: status.Snapshot, node: str,
+                                                       words: list[str]) -> None:
+    text = text_of(rebooting_snap, width=170)
+    assert "Rebooting nodes" in text
+    row = line_with(text, node, "demo-workers")
+    assert all(w in row for w in words), row
+    assert "rebooting 2" in line_with(text, "demo-workers", "Ready", "demo-gb200")
+
+
+def test_no_rebooting_table_without_a_rebooting_node(snap: status.Snapshot) -> None:
+    assert "Rebooting nodes" not in text_of(snap)
+
+
+def test_json_says_when_each_reboot_started_and_the_groups_timeout(rebooting_snap: status.Snapshot) -> None:
+    (group,) = json.loads(json.dumps(rebooting_snap.to_dict()))["groups"]
+    assert group["rebootTimeoutSeconds"] == 60
+    since = {n["name"]: n["rebootingSince"] for n in group["nodes"] if n["state"] == "rebooting"}
+    assert since == {"hp-demo-workers-0-15": None, "hp-demo-workers-0-16": "2027-01-01T11:59:48Z"}

@@ -297,13 +297,14 @@ def apply_decision(provider: NodeProvider, pods: NodePods, d: GroupDecision, raw
     def mark(action: health.MarkUnhealthy) -> list[tuple[NodeBody | None, Event]]:
         provider.mark_unhealthy(name_of(action.node), action.health_status, action.taint, raw[action.node])
         metrics.REMEDIATIONS.labels("mark").inc()
+        metrics.observe_mark(group, action.reboot_result, action.over_budget)
         return [(node_ref(raw[action.node]), Event(
             "Warning", "NodeUnhealthy", f"{action.node}: {action.reason}; marked {action.health_status}"))]
 
     def promote(action: health.PromoteSpare) -> list[tuple[NodeBody | None, Event]]:
         provider.promote_spare(name_of(action.spare), action.replacing, raw[action.spare])
         metrics.REMEDIATIONS.labels("promote").inc()
-        metrics.observe_spare_promotion(action.grace_ended, clock())
+        metrics.observe_spare_promotion(action.grace_ended, clock(), action.fault_since)
         where = "same UltraServer" if action.same_ultraserver else f"UltraServer {action.ultraserver_id}"
         return [(node_ref(raw[action.spare]), Event(
             "Normal", "SparePromoted", f"spare {action.spare} ({where}) replaces {action.replacing}"))]
@@ -311,6 +312,7 @@ def apply_decision(provider: NodeProvider, pods: NodePods, d: GroupDecision, raw
     def recover(action: health.RecoverNode) -> list[tuple[NodeBody | None, Event]]:
         provider.mark_healthy(name_of(action.node), raw[action.node])
         metrics.REMEDIATIONS.labels("recover").inc()
+        metrics.observe_recovered(action.fault_since, clock())
         back = "as its UltraServer's spare" if action.as_spare else "as before"
         return [(node_ref(raw[action.node]), Event("Normal", "NodeRecovered",
                                                    f"{action.node} is back Ready after its reboot and serves {back}"))]
@@ -392,6 +394,7 @@ def apply_decision(provider: NodeProvider, pods: NodePods, d: GroupDecision, raw
             what = release(action.node)
             out.events.append((None, Event("Normal", "NodeRemoved", f"{action.node} removed: {action.reason}; {what}")))
             metrics.REMEDIATIONS.labels("remove").inc()
+            metrics.observe_recovery("replace", action.fault_since, action.serving_since)
     out.short_of_free_nodes = any(ev.reason == "NoFreeNode" for _, ev in out.events)
     backfills = sum(1 for a in d.remediation if isinstance(a, health.Backfill))
     if backfills:

@@ -670,6 +670,9 @@ class NodeRecovery(Model):
     rebooting_since: Time | None = None  # a reboot under way, started then
     requested: bool = False  # the reboot under way was asked for (a health label), not the ladder's
     faults: list[FaultClock] = Field(default_factory=list, max_length=MAX_UNHEALTHY_CONDITIONS + 1)
+    # The first sight of the fault the recovery under way answers, from the ladder's first action
+    # until the node serves again or is removed: the time to recover counts from it.
+    fault_since: Time | None = None
 
 
 GroupNode.model_rebuild()

@@ -19,7 +19,7 @@ from hyperplan.actuation.nodes import LABEL_POOL, POOL_FREE
 from hyperplan.handlers.nodewatch import DELETED, NodeChange, NodeWatch
 from hyperplan.planning.health import removed_by_operator
 from hyperplan.planning.naming import LABEL_GROUP, LABEL_PLAN
-from hyperplan.planning.nodefacts import unschedulable_health
+from hyperplan.planning.nodefacts import effective_health, unschedulable_health
 
 log = logging.getLogger("hyperplan.nodes")
 
@@ -51,7 +51,7 @@ def node_changed(rt: Any, change: NodeChange) -> None:
     group, then the wake-ups of its group, of the groups waiting for a free node, and of the
     other listeners (the Kueue controller's job nodes)."""
     group = change.labels.get(LABEL_GROUP)
-    metrics.OBSERVED.put_node(change.name, None if change.type == DELETED else group)
+    metrics.OBSERVED.put_node(change.name, None if change.type == DELETED else group, effective_health(change.labels))
     if group:
         group_node_changed(rt, change.name, group, change.labels, change.node, change.type)
     if change.left_group:  # relabelled or handed back: the group it left counts without it

@@ -100,6 +100,26 @@ RULES: list[dict[str, Any]] = [
                            "RemediationAllowed=False). Look for a common cause before raising the bound.",
         },
     },
+    # The recovery ladder never reboots a node past its group's budget: a node that fails again
+    # after rebootBudget reboots within the window is replaced. So the honest signal of a node
+    # "rebooted past its budget" is that replacement, counted when the ladder decides it (a count of
+    # reboots per node would need a series per node, and an admin's requested reboots have no budget).
+    {
+        "alert": "HyperplanRebootBudgetExhausted",
+        "expr": "sum by (group) (increase(hyperplan_reboot_budget_exhausted_total[1h])) > 0",
+        "labels": {"severity": "warning"},
+        "annotations": {
+            "summary": "A node of instance group {{ $labels.group }} failed again after its reboots and was replaced",
+            "description": "At least one node of instance group {{ $labels.group }} failed again in the last hour "
+                           "after using its reboot budget (healthCheck.rebootBudget reboots within "
+                           "rebootWindowSeconds). The recovery ladder replaced it, at the cost of its "
+                           "UltraServer's spare or of new capacity: a reboot no longer helps it. A node that "
+                           "keeps failing after reboots points to its hardware, several in one group to a "
+                           "common cause; the group's NodeUnhealthy Events name the nodes. (This counts the "
+                           "ladder's replacements: it never reboots past the budget itself, and an admin's "
+                           "requested reboots have no budget.)",
+        },
+    },
     {
         "alert": "HyperplanPurchaseFailed",
         "expr": 'sum by (result) (increase(hyperplan_purchases_total{result!="Purchased"}[30m])) > 0',

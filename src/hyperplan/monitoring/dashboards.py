@@ -2,7 +2,8 @@
 
 :func:`overview` is the wall-screen dashboard of reserved capacity: which plans are in which
 phase and how that changed, how long until blocks end or start, how full each pool is, each
-group's nodes, UltraServer health and spares, and how fast failures were handled. Every panel's
+group's nodes, UltraServer health and spares, how failed nodes recovered (reboots and their
+results, the time to recover per action, nodes per health state), and how fast failures were handled. Every panel's
 PromQL uses only metrics of :mod:`hyperplan.metrics`; ``$plan``, ``$group`` and ``$pool`` are
 template variables (multi-value, "All" by default). The committed JSON (``deploy/grafana/``)
 is :func:`rendered` output; a unit test fails when it drifts, and an e2e test runs every
@@ -168,11 +169,46 @@ def overview() -> dash.Dashboard:
             "{{plan}} {{ultraserver}} {{count}}"))
         .min(0).decimals(0).legend(_legend_right()))
 
+    d.with_row(dash.Row("Recovery: reboot before replace"))
+    add(
+        timeseries.Panel().title("Nodes by health").span(12).height(8)
+        .description("Each group's nodes by their health label (either key: Schedulable, Unschedulable, "
+                     "UnschedulablePendingReboot, UnschedulablePendingReplacement), and rebooting: the nodes "
+                     "with a reboot under way (they are UnschedulablePendingReboot too).")
+        .with_target(_query(f"sum by (group, state) (hyperplan_instance_group_node_health{{{GROUP}}})",
+                            "{{group}} {{state}}"))
+        .min(0).decimals(0).legend(_legend_right()))
+    add(
+        timeseries.Panel().title("Time to recover").span(12).height(8)
+        .description("From a fault's first sight to the node or its replacement serving again, by action "
+                     "(p50, p95): reboot (the rebooted node serves again), promote (a spare serves in its "
+                     "place), replace (its replacement Ready).")
+        .with_target(_query("histogram_quantile(0.5, sum by (le, action) "
+                            "(rate(hyperplan_recovery_seconds_bucket[$__rate_interval])))", "{{action}} p50"))
+        .with_target(_query("histogram_quantile(0.95, sum by (le, action) "
+                            "(rate(hyperplan_recovery_seconds_bucket[$__rate_interval])))", "{{action}} p95", "B"))
+        .unit("s").min(0).span_nulls(True).legend(_legend_right()))
+    add(
+        timeseries.Panel().title("Reboots by result").span(12).height(7)
+        .description("Reboots of failed nodes that ended: recovered (back Ready with no fault left, serving "
+                     "again: no capacity spent), timeout (not back within rebootTimeoutSeconds) and failed "
+                     "(back with its fault still there), both replaced.")
+        .with_target(_query("sum by (result) (increase(hyperplan_reboots_total[$__rate_interval]))", "{{result}}"))
+        .draw_style(common.GraphDrawStyle.BARS).fill_opacity(60).min(0).legend(_legend_right()))
+    add(
+        timeseries.Panel().title("Replaced past the reboot budget").span(12).height(7)
+        .description("Nodes replaced because they failed again after rebootBudget reboots within "
+                     "rebootWindowSeconds (alert HyperplanRebootBudgetExhausted): a node that keeps failing "
+                     "after reboots points to its hardware.")
+        .with_target(_query(f"sum by (group) (increase(hyperplan_reboot_budget_exhausted_total{{{GROUP}}}"
+                            "[$__rate_interval]))", "{{group}}"))
+        .draw_style(common.GraphDrawStyle.BARS).fill_opacity(60).min(0).decimals(0).legend(_legend_right()))
+
     d.with_row(dash.Row("Failures and the operator"))
     add(
         timeseries.Panel().title("Remediations").span(8).height(7)
         .description("Remediation actions taken: failed nodes marked, spares promoted, replacements "
-                     "created (backfill), failed nodes removed.")
+                     "created (backfill), failed nodes removed, nodes rebooted and back from a reboot (recover).")
         .with_target(_query("sum by (action) (increase(hyperplan_remediations_total[$__rate_interval]))",
                             "{{action}}"))
         .draw_style(common.GraphDrawStyle.BARS).fill_opacity(60).min(0).legend(_legend_right()))

@@ -39,7 +39,7 @@ from hyperplan.planning import naming
 from hyperplan.planning import placement
 from hyperplan.planning import recovery
 from hyperplan.planning import tenancy
-from hyperplan.planning.nodefacts import is_unschedulable
+from hyperplan.planning.nodefacts import READY as CONDITION_READY, is_unschedulable
 from hyperplan.planning.plans import Event, condition
 from hyperplan.planning.policy import Policy
 from hyperplan.planning.schedule import plan_block_schedule
@@ -409,7 +409,7 @@ def _evacuate_before_removal(planned: Sequence[health.Action], on_block: Sequenc
         if evacuation.action is not None:
             evictions.append(evacuation.action)
         if evacuation.done and ready:
-            removals.append(action)
+            removals.append(dataclasses.replace(action, serving_since=_serving_since(failed, by_slot)))
         check = _min_time(check, evacuation.next_check)
     return tuple(kept + evictions + removals), check
 
@@ -420,6 +420,14 @@ def _replacement_ready(failed: ObservedGroupNode | None,
         return True
     successor = by_slot.get((failed.health.slot, failed.health.generation + 1))
     return successor is not None and successor.ready
+
+
+def _serving_since(failed: ObservedGroupNode,
+                   by_slot: Mapping[tuple[str | None, int], ObservedGroupNode]) -> datetime | None:
+    """When the failed node's replacement reported Ready (None: it has no replacement)."""
+    successor = by_slot.get((failed.health.slot, failed.health.generation + 1)) if failed.health.slot else None
+    ready = successor.health.condition(CONDITION_READY) if successor is not None else None
+    return ready.last_transition_time if ready is not None and ready.status == "True" else None
 
 
 def _reason(conditions: Sequence[Condition], type_: str) -> str | None:

@@ -78,7 +78,7 @@ on a node that no longer exists. When the eviction started is kept on the node
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from hyperplan.api.vocabulary import (  # noqa: F401  (the node memory's keys re-exported)
@@ -223,7 +223,8 @@ class HealthVerdict:
     nodes with a signal still inside its grace, or held (``held``: when each one's grace
     ended) to be judged with a close deadline; ``next_check`` when to judge them (``None``:
     nothing pending), see "Batching close deadlines" in the module docstring;
-    ``grace_ended`` when the grace of each unhealthy node's signal ended (when known)."""
+    ``grace_ended`` when the grace of each unhealthy node's signal ended (when known), and
+    ``first_seen`` when that signal started (its first sight: the grace counts from it)."""
 
     unhealthy: Mapping[str, str]
     healthy: tuple[str, ...]
@@ -231,6 +232,7 @@ class HealthVerdict:
     next_check: datetime | None
     grace_ended: Mapping[str, datetime] = field(default_factory=dict)
     held: Mapping[str, datetime] = field(default_factory=dict)
+    first_seen: Mapping[str, datetime] = field(default_factory=dict)
 
 
 _Signal = tuple[str, datetime | None, timedelta]
@@ -273,17 +275,18 @@ def evaluate_health(nodes: Sequence[NodeObservation], check: HealthCheck, now: d
     :data:`HEALTH_BATCH_WINDOW` (zero judges every node at its own deadline)."""
     unhealthy: dict[str, str] = {}
     grace_ended: dict[str, datetime] = {}
+    first_seen: dict[str, datetime] = {}
     pending: dict[str, str] = {}
     deadlines: dict[str, datetime] = {}  # of the pending nodes: when the first signal's grace ends
     fresh: dict[str, datetime] = {}  # unhealthy, grace ended within the window, remediation not started
     healthy: list[str] = []
     for node in sorted(nodes, key=lambda n: n.name):
-        expired: list[tuple[datetime | None, int, str]] = []
+        expired: list[tuple[datetime | None, int, str, timedelta]] = []
         waiting: list[tuple[datetime, int, str]] = []
         for i, (reason, since, timeout) in enumerate(_signals(node, check)):
             deadline = None if since is None else since + timeout
             if deadline is None or deadline <= now:
-                expired.append((deadline, i, reason))
+                expired.append((deadline, i, reason, timeout))
             else:
                 waiting.append((deadline, i, reason))
         if expired:
@@ -293,6 +296,7 @@ def evaluate_health(nodes: Sequence[NodeObservation], check: HealthCheck, now: d
             unhealthy[node.name] = reason
             if ended is not None:
                 grace_ended[node.name] = ended
+                first_seen[node.name] = ended - expired[0][3]
                 if ended > now - batch_window and node.health_label != HEALTH_PENDING_REPLACEMENT:
                     fresh[node.name] = ended
             continue
@@ -312,11 +316,11 @@ def evaluate_health(nodes: Sequence[NodeObservation], check: HealthCheck, now: d
             held = fresh
             for name in held:
                 pending[name] = unhealthy.pop(name)
-                del grace_ended[name]
+                del grace_ended[name], first_seen[name]
             healthy = sorted(healthy + list(held))
     if next_check is None and deadlines:
         next_check = batch_end(deadlines.values(), min(deadlines.values()), batch_window)
-    return HealthVerdict(unhealthy, tuple(healthy), pending, next_check, grace_ended, held)
+    return HealthVerdict(unhealthy, tuple(healthy), pending, next_check, grace_ended, held, first_seen)
 
 
 def batch_end(deadlines: Iterable[datetime], anchor: datetime, window: timedelta) -> datetime | None:
@@ -380,6 +384,10 @@ class MarkUnhealthy:
     reason: str
     health_status: str = HEALTH_PENDING_REPLACEMENT
     taint: Taint = UNHEALTHY_TAINT
+    # For the metrics, not compared: how the reboot under way ended when this mark ends one
+    # (planning.recovery.REBOOT_RESULTS), and whether the node is replaced past its reboot budget.
+    reboot_result: str | None = field(default=None, compare=False)
+    over_budget: bool = field(default=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -391,8 +399,10 @@ class PromoteSpare:
     replacing: str
     ultraserver_id: str | None
     same_ultraserver: bool
-    # When the failed node's grace ended (for the promotion-latency histogram); not compared.
+    # When the failed node's grace ended and its fault was first seen (for the latency
+    # histograms); not compared.
     grace_ended: datetime | None = field(default=None, compare=False)
+    fault_since: datetime | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -417,6 +427,10 @@ class Backfill:
 class RemoveNode:
     node: str
     reason: str
+    # For the time to recover (not compared): the first sight of the node's fault, and when its
+    # replacement reported Ready (planning.groups sets it once the replacement serves).
+    fault_since: datetime | None = field(default=None, compare=False)
+    serving_since: datetime | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -448,6 +462,7 @@ class RecoverNode:
 
     node: str
     as_spare: bool
+    fault_since: datetime | None = field(default=None, compare=False)  # for the time to recover
 
 
 Action = MarkUnhealthy | PromoteSpare | Backfill | EvictPods | RemoveNode | RebootNode | RecoverNode
@@ -573,8 +588,8 @@ def plan_remediation(
     early: list[Action] = []
     for name in recovered:  # back from a reboot: always allowed (fewer unhealthy nodes)
         node = by_name[name]
-        early.append(RecoverNode(name, node.role == ROLE_SPARE or name in already_promoted))
-        moved[name] = clocks[name].ended()
+        early.append(RecoverNode(name, node.role == ROLE_SPARE or name in already_promoted, clocks[name].since))
+        moved[name] = clocks[name].recovered()
     if not failed:
         return RemediationPlan(True, tuple(early), None, "no unhealthy nodes", 0, moved)
     allowed, message = remediation_allowed(len(failed), len(nodes), max_unhealthy)
@@ -597,6 +612,7 @@ def plan_remediation(
         node, step = by_name[name], steps[name]
         reason = verdict.unhealthy.get(name) or step.why
         state = clocks.get(name, recovery.RecoveryState())
+        first = state.since or verdict.first_seen.get(name) or when  # the fault's first sight
         promoted = name in already_promoted
         covered_here = promoted  # a spare of its own UltraServer serves in its place
         if step.kind != recovery.LABEL_ONLY and uses_spares and node.role == ROLE_ACTIVE and not promoted:
@@ -609,7 +625,7 @@ def plan_remediation(
                 covered_here = spare.ultraserver_id == node.ultraserver_id
                 promotions.append(PromoteSpare(
                     spare.name, name, spare.ultraserver_id,
-                    spare.ultraserver_id == node.ultraserver_id, verdict.grace_ended.get(name)))
+                    spare.ultraserver_id == node.ultraserver_id, verdict.grace_ended.get(name), first))
         if step.kind == recovery.REBOOT and not step.requested and uses_spares and node.role == ROLE_ACTIVE \
                 and not covered_here:
             # Its UltraServer's spares went to failures before it in this pass: never more reboots
@@ -620,13 +636,14 @@ def plan_remediation(
         already_unschedulable = bool(node.health_label and node.health_label.startswith(HEALTH_UNSCHEDULABLE))
         if node.exists and node.health_label != label and not (step.kind == recovery.LABEL_ONLY
                                                                 and already_unschedulable):
-            marks.append(MarkUnhealthy(name, step.why if state.rebooting_since else reason, health_status=label))
+            marks.append(MarkUnhealthy(name, step.why if state.rebooting_since else reason, health_status=label,
+                                       reboot_result=step.result, over_budget=step.over_budget))
         if step.kind == recovery.LABEL_ONLY:
             continue
 
         if step.kind == recovery.REBOOT:
             reboots.append(RebootNode(name, step.why, step.requested))
-            moved[name] = state.started(when, ladder.reboot_window, step.requested)
+            moved[name] = state.started(when, ladder.reboot_window, step.requested, first)
             still_rebooting.add(name)
             next_check = _earliest(next_check, when + ladder.reboot_timeout)
             continue
@@ -634,8 +651,8 @@ def plan_remediation(
             still_rebooting.add(name)
             next_check = _earliest(next_check, step.until)
             continue
-        if state.rebooting_since is not None:  # the reboot did not help: replace
-            moved[name] = state.ended()
+        if state.rebooting_since is not None or state.since is None:  # the reboot did not help, or none ran
+            moved[name] = state = replace(state.ended() if state.rebooting_since is not None else state, since=first)
 
         replaced = node.slot is not None and any(
             o.exists and o.slot == node.slot and o.generation > node.generation
@@ -652,7 +669,7 @@ def plan_remediation(
                                           node.ultraserver_id))
                 replaced = True
         if node.exists and replaced:
-            removals.append(RemoveNode(name, reason))
+            removals.append(RemoveNode(name, reason, state.since))
 
     actions = tuple(early + marks + promotions + reboots + backfills + removals)
     if still_rebooting:

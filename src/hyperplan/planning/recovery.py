@@ -35,7 +35,11 @@ never read from the node: the reboots within the window, and each fault's first 
 (:func:`clock_faults`): a fault's grace counts from when it was first seen, not from its
 condition's ``lastTransitionTime``, and a fault that clears is remembered for the grace, so a
 condition that flaps cannot reset its grace. A restart of the operator keeps both; a fault
-that comes back after a reboot counts against the budget.
+that comes back after a reboot counts against the budget. The record also keeps, from the
+ladder's first action on a node until it serves again or is removed, the first sight of the
+fault that recovery answers (:attr:`RecoveryState.since`): a fault's own clock is forgotten once
+it clears (its condition may clear during the reboot), and the time to recover
+(``hyperplan_recovery_seconds``) counts from it.
 """
 
 from __future__ import annotations
@@ -57,6 +61,12 @@ LABEL_ONLY = "LabelOnly"
 SIGNAL_DELETED = "NodeDeleted"  # health.SIGNAL_DELETED (health imports this module)
 SIGNAL_STARTUP_TIMEOUT = "NodeStartupTimeout"
 LABEL_SIGNAL_PREFIX = "NodeHealthStatus="  # a reason of health's that is only a health label
+
+# How a reboot ended (Step.result; the metric hyperplan_reboots_total).
+REBOOT_RECOVERED = "recovered"  # back Ready with no fault left: it serves again
+REBOOT_TIMEOUT = "timeout"  # not back Ready within rebootTimeoutSeconds: replaced
+REBOOT_FAILED = "failed"  # back Ready with its fault still there, or deleted meanwhile: replaced
+REBOOT_RESULTS = (REBOOT_RECOVERED, REBOOT_TIMEOUT, REBOOT_FAILED)
 
 
 @dataclass(frozen=True)
@@ -89,32 +99,42 @@ class RecoveryState:
     rebooting_since: datetime | None = None
     requested: bool = False
     faults: tuple[Fault, ...] = ()
+    since: datetime | None = None  # the first sight of the fault the recovery under way answers
 
     @classmethod
     def from_record(cls, record: NodeRecovery | None) -> RecoveryState:
         if record is None:
             return cls()
         return cls(tuple(record.reboots), record.rebooting_since, record.requested,
-                   tuple((f.condition, f.since, f.cleared) for f in record.faults))
+                   tuple((f.condition, f.since, f.cleared) for f in record.faults), record.fault_since)
 
     def to_record(self) -> NodeRecovery | None:
-        if not self.reboots and self.rebooting_since is None and not self.faults:
+        if not self.reboots and self.rebooting_since is None and not self.faults and self.since is None:
             return None
         return NodeRecovery(reboots=list(self.reboots), rebooting_since=self.rebooting_since,
                             requested=self.requested,
-                            faults=[FaultClock(condition=c, since=s, cleared=x) for c, s, x in self.faults])
+                            faults=[FaultClock(condition=c, since=s, cleared=x) for c, s, x in self.faults],
+                            fault_since=self.since)
 
     def recent(self, now: datetime, window: timedelta) -> tuple[datetime, ...]:
         """The reboots that count against the budget at ``now``."""
         return tuple(t for t in self.reboots if t > now - window)
 
-    def started(self, now: datetime, window: timedelta, requested: bool) -> RecoveryState:
-        """The clock once a reboot starts at ``now`` (reboots out of the window are forgotten)."""
-        return replace(self, reboots=(*self.recent(now, window), now)[-16:], rebooting_since=now, requested=requested)
+    def started(self, now: datetime, window: timedelta, requested: bool,
+                since: datetime | None = None) -> RecoveryState:
+        """The clock once a reboot starts at ``now`` (reboots out of the window are forgotten), for
+        a fault first seen at ``since`` (kept when the recovery's first sight is known already)."""
+        return replace(self, reboots=(*self.recent(now, window), now)[-16:], rebooting_since=now, requested=requested,
+                       since=self.since or since)
 
     def ended(self) -> RecoveryState:
-        """Back from a reboot, or replaced: a fresh start for its faults."""
-        return RecoveryState(self.reboots, None, False, ())
+        """A reboot over without help, the node to be replaced: a fresh start for its faults; the
+        recovery's first sight stays until the node is removed."""
+        return RecoveryState(self.reboots, None, False, (), self.since)
+
+    def recovered(self) -> RecoveryState:
+        """Back from a reboot and serving: of this recovery only its reboots are left."""
+        return RecoveryState(self.reboots)
 
 
 def clock_faults(state: RecoveryState, standing: Mapping[str, datetime], now: datetime,
@@ -153,6 +173,8 @@ class Step:
     why: str
     requested: bool = False  # a reboot an admin asked for
     until: datetime | None = None  # WAIT: when the reboot times out
+    result: str | None = None  # how the reboot under way ended (REBOOT_RESULTS), when this step ends one
+    over_budget: bool = False  # REPLACE: it failed again after rebootBudget reboots within the window
 
 
 def back_from_reboot(conditions, since: datetime) -> bool:
@@ -174,12 +196,13 @@ def next_step(*, exists: bool, conditions, health_label: str | None, reason: str
         since = state.rebooting_since
         if exists and back_from_reboot(conditions, since):
             if reason is not None and not reason.startswith(LABEL_SIGNAL_PREFIX):  # a fault beside our label
-                return Step(REPLACE, f"{reason} after its reboot")
-            return Step(RECOVERED, "back Ready after its reboot")
+                return Step(REPLACE, f"{reason} after its reboot", result=REBOOT_FAILED)
+            return Step(RECOVERED, "back Ready after its reboot", result=REBOOT_RECOVERED)
         if not exists:
-            return Step(REPLACE, "deleted during its reboot")
+            return Step(REPLACE, "deleted during its reboot", result=REBOOT_FAILED)
         if now >= since + ladder.reboot_timeout:
-            return Step(REPLACE, f"not back Ready within {int(ladder.reboot_timeout.total_seconds())}s of its reboot")
+            return Step(REPLACE, f"not back Ready within {int(ladder.reboot_timeout.total_seconds())}s of its reboot",
+                        result=REBOOT_TIMEOUT)
         return Step(WAIT, "rebooting", until=since + ladder.reboot_timeout)
     if reason is None:
         return None
@@ -196,7 +219,8 @@ def next_step(*, exists: bool, conditions, health_label: str | None, reason: str
     recent = state.recent(now, ladder.reboot_window)
     if len(recent) >= ladder.reboot_budget:
         return Step(REPLACE, f"{reason} again: rebooted {len(recent)} time(s) within "
-                             f"{int(ladder.reboot_window.total_seconds())}s (rebootBudget {ladder.reboot_budget})")
+                             f"{int(ladder.reboot_window.total_seconds())}s (rebootBudget {ladder.reboot_budget})",
+                    over_budget=True)
     if not covered:
         return Step(REPLACE, f"{reason}: no spare covers it during a reboot")
     return Step(REBOOT, reason)
