@@ -32,7 +32,6 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from hyperplan.actuation.kube import Kube
