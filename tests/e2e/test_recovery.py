@@ -207,7 +207,11 @@ def recovery_ladder(ctx: Context) -> dict:
         and n["metadata"]["labels"].get("sagemaker.amazonaws.com/node-health-status") == "Schedulable" and n,
         timeout=60, interval=0.5, what="the node boto3 rebooted back as the spare")
     out["group_events"] = [e["reason"] for e in events_for(k, group)]
-    out["metrics_after"] = _read(ctx)
+    # The node's labels are written a moment before the pass counts its return: read until it has.
+    recovered = ("hyperplan_reboots_total", (("result", "recovered"),))
+    out["metrics_after"] = eventually(
+        lambda: (m := _read(ctx)).get(recovered, 0.0) - out["metrics_before"].get(recovered, 0.0) >= 3 and m,
+        timeout=15, what="the third reboot counted")
     out["end"] = utcnow() + timedelta(seconds=3)
     eventually(lambda: utcnow() > out["end"], timeout=10, interval=0.5, what="last scrapes")
     return out
