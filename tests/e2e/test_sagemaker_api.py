@@ -224,16 +224,24 @@ def sagemaker_buy(ctx: Context) -> dict:
     assert "ok" in found, found
     best = found["ok"]["TrainingPlanOfferings"][0]
     name = f"smb-{tag}"
+    tags = [{"Key": "team", "Value": f"buyers-{tag}"}, {"Key": "cost centre", "Value": "ml/42"}]
     created = boto3_calls(endpoint, [{"op": "create_training_plan", "args": {
-        "TrainingPlanName": name, "TrainingPlanOfferingId": best["TrainingPlanOfferingId"]}}] * 2)
+        "TrainingPlanName": name, "TrainingPlanOfferingId": best["TrainingPlanOfferingId"], "Tags": tags}}] * 2)
     scheduled = eventually(lambda: (s := k.get("trainingplan", name).get("status") or {}).get("phase")
                            in ("Scheduled", "Active") and s, timeout=60, interval=1, what="bought by the operator")
     described = boto3_call(endpoint, "describe_training_plan", TrainingPlanName=name)
+    listed_tags = boto3_call(endpoint, "list_tags",
+                             ResourceArn=f"arn:aws:sagemaker:us-west-2:{ACCOUNT}:training-plan/{name}")
+    bad_tags = boto3_call(endpoint, "create_training_plan", TrainingPlanName=f"smb-{tag}-bad",
+                          TrainingPlanOfferingId=best["TrainingPlanOfferingId"], Tags=[{"Key": "aws:x", "Value": "y"}])
     cli = aws_cli(endpoint, "sagemaker", "search-training-plan-offerings", "--instance-type", itype,
                   "--instance-count", "2", "--duration-hours", "24", "--target-resources", "hyperpod-cluster",
                   "--output", "json")
-    return {"best": best, "created": created, "status": scheduled, "described": described,
-            "spec": k.get("trainingplan", name)["spec"], "cli": (cli.returncode, cli.stdout, cli.stderr)}
+    plan = k.get("trainingplan", name)
+    return {"best": best, "created": created, "status": scheduled, "described": described, "spec": plan["spec"],
+            "cli": (cli.returncode, cli.stdout, cli.stderr), "tags": tags, "listed_tags": listed_tags,
+            "annotations": plan["metadata"].get("annotations") or {}, "bad_tags": bad_tags,
+            "bad_made": k.get_or_none("trainingplan", f"smb-{tag}-bad") is not None}
 
 
 def test_boto3_buys_the_offering_it_searched_and_the_cli_searches(scenarios) -> None:
@@ -249,6 +257,13 @@ def test_boto3_buys_the_offering_it_searched_and_the_cli_searches(scenarios) -> 
     rc, out, err = record["cli"]
     assert rc == 0, err
     assert json.loads(out)["TrainingPlanOfferings"][0]["ReservedCapacityOfferings"][0]["InstanceCount"] == 2
+
+
+def test_the_tags_of_a_purchase_are_kept_and_listed(scenarios) -> None:
+    record = scenarios["sagemaker_buy"].result(timeout=600)
+    assert record["listed_tags"] == {"ok": {"Tags": record["tags"]}}, record["listed_tags"]
+    assert json.loads(record["annotations"]["hyperplan.dev/sagemaker-tags"]) == record["tags"]
+    assert record["bad_tags"]["error"]["code"] == "ValidationException" and not record["bad_made"]
 
 
 @scenario

@@ -392,6 +392,93 @@ def test_search_offers_capacity_of_the_pools_and_create_buys_it_as_the_caller(se
     del server.plans["bought-here"]
 
 
+PLAN_ARN = f"arn:aws:sagemaker:us-west-2:{ACCOUNT}:training-plan/"
+
+
+def test_the_tags_of_a_purchase_are_kept_on_the_plan_and_listed_by_its_arn(server: Server) -> None:
+    """CreateTrainingPlan's Tags go into the plan's annotation as JSON, in their order; ListTags on
+    the plan's ARN reads them from the watch cache (the slim copy keeps the annotation); a retry
+    answers the same ARN and writes nothing more."""
+    from hyperplan.handlers.cache import hp_plans
+    from hyperplan.sagemaker.operations import ANNOTATION_TAGS
+
+    endpoint = signed_in(server)
+    best = ok(boto3_call(endpoint, "search_training_plan_offerings", **search_args()))["TrainingPlanOfferings"][0]
+    tags = [{"Key": "team", "Value": "vision"}, {"Key": "cost centre", "Value": "ml/42 = über+@"},
+            {"Key": "empty", "Value": ""}]
+    server.writes.calls.clear()
+    create = {"TrainingPlanName": "tagged", "TrainingPlanOfferingId": best["TrainingPlanOfferingId"], "Tags": tags}
+    made, again, listed = [ok(a) for a in boto3_calls(endpoint, [
+        {"op": "create_training_plan", "args": create}, {"op": "create_training_plan", "args": create},
+        {"op": "list_tags", "args": {"ResourceArn": PLAN_ARN + "tagged"}}])]
+    try:
+        assert made == again == {"TrainingPlanArn": PLAN_ARN + "tagged"}
+        assert [c[0] for c in server.writes.calls] == ["create_plan"]  # the retry found it made
+        [held] = server.plans["tagged"]
+        assert json.loads(held["metadata"]["annotations"][ANNOTATION_TAGS]) == tags
+        assert listed == {"Tags": tags}
+        slim = asyncio.run(hp_plans(name="tagged", body=held))["tagged"].unpack()
+        assert json.loads(slim["metadata"]["annotations"][ANNOTATION_TAGS]) == tags
+        untagged = ok(boto3_call(endpoint, "list_tags", ResourceArn=PLAN_ARN + "plan-001"))
+        assert untagged.get("Tags", []) == []
+    finally:
+        del server.plans["tagged"]
+
+
+def tag_list(n: int, **tag: str) -> list[dict]:
+    return [{"Key": f"k{i}", "Value": "v", **tag} for i in range(n)]
+
+
+@pytest.mark.parametrize("tags", [
+    pytest.param(tag_list(51), id="more-than-50"),
+    pytest.param(tag_list(1, Key="k" * 129), id="key-longer-than-128"),
+    pytest.param(tag_list(1, Value="v" * 257), id="value-longer-than-256"),
+    pytest.param(tag_list(1, Key="team#1"), id="key-pattern"),
+    pytest.param(tag_list(1, Value="a;b"), id="value-pattern"),
+    pytest.param(tag_list(1, Key="aws:created-by"), id="aws-prefix-reserved"),
+    pytest.param([{"Key": "team", "Value": "a"}, {"Key": "team", "Value": "b"}], id="key-twice"),
+])
+def test_tags_are_checked_as_the_model_says_and_nothing_is_created(server: Server, tags: list) -> None:
+    endpoint = signed_in(server)
+    best = ok(boto3_call(endpoint, "search_training_plan_offerings", **search_args()))["TrainingPlanOfferings"][0]
+    server.writes.calls.clear()
+    answer = boto3_call(endpoint, "create_training_plan", TrainingPlanName="badly-tagged",
+                        TrainingPlanOfferingId=best["TrainingPlanOfferingId"], Tags=tags)
+    assert answer.get("error", {}).get("code") == "ValidationException", answer
+    assert server.writes.calls == [] and "badly-tagged" not in server.plans
+
+
+def test_fifty_tags_of_the_longest_are_kept() -> None:
+    from hyperplan.sagemaker.operations import tags_of
+
+    tags = [{"Key": f"{i:02d}" + "k" * 126, "Value": "é" * 256} for i in range(50)]
+    assert tags_of({"Tags": tags}) == tags
+
+
+@pytest.mark.parametrize("arn, code", [
+    pytest.param(PLAN_ARN + "nope", "ResourceNotFound", id="unknown-plan"),
+    pytest.param(f"arn:aws:sagemaker:us-west-2:{ACCOUNT}:cluster/abcdefabcdef", "ValidationException",
+                 id="not-a-training-plan"),
+    pytest.param("arn:aws:s3:::bucket", "ValidationException", id="arn-pattern"),
+])
+def test_list_tags_errors(server: Server, arn: str, code: str) -> None:
+    answer = boto3_call(signed_in(server), "list_tags", ResourceArn=arn)
+    assert answer.get("error", {}).get("code") == code, answer
+
+
+@pytest.mark.parametrize("annotation, expect", [
+    pytest.param('[{"Key": "a", "Value": "b"}]', [{"Key": "a", "Value": "b"}], id="as-written"),
+    pytest.param("not json", [], id="unreadable"),
+    pytest.param('{"Key": "a"}', [], id="not-a-list"),
+    pytest.param('[{"Key": "a", "Value": 1}, {"Key": "b", "Value": "c"}]', [{"Key": "b", "Value": "c"}],
+                 id="a-value-not-a-string"),
+])
+def test_the_tags_a_plan_holds_are_read_defensively(annotation: str, expect: list) -> None:
+    from hyperplan.sagemaker.operations import ANNOTATION_TAGS, held_tags
+
+    assert held_tags({"metadata": {"annotations": {ANNOTATION_TAGS: annotation}}}) == expect
+
+
 def forged(offering_id: str, field: int, value: str) -> str:
     """The offering id with one field of the spec it carries changed (the digest left as it was):
     0 type, 1 count, 2 UltraServer type, 3 their count, 4 target, 5 duration, 6 and 7 the window."""

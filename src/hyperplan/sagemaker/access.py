@@ -52,6 +52,7 @@ RIGHTS: dict[str, tuple[str, str, str]] = {
     "CreateTrainingPlan": ("create", GROUP, "trainingplans"),
     "ExtendTrainingPlan": ("patch", GROUP, "trainingplans"),
     "DescribeTrainingPlanExtensionHistory": ("get", GROUP, "trainingplans"),
+    "ListTags": ("get", GROUP, "trainingplans"),  # of a training plan: the only tagged resource here
     "DescribeCluster": ("list", GROUP, "instancegroups"),
     "ListClusters": ("list", GROUP, "instancegroups"),
     "ListClusterNodes": ("list", GROUP, "instancegroups"),
