@@ -866,3 +866,31 @@ def test_the_standbys_indexes_hold_what_kopfs_hold() -> None:
         change()
     assert stores["trainingplans"].index == {} and stores["capacitypools"].index == {}
 
+
+
+def test_the_pages_of_a_listing_are_cut_from_one_order_per_change_of_the_plans(monkeypatch) -> None:
+    """Paging through every plan sorts them once, not once a page; a change of the plans (the
+    watch's event) sorts them again, and the next page still follows the token."""
+    from hyperplan.sagemaker import operations
+
+    plans = {f"p{i:03d}": [plan(f"p{i:03d}", "Active", i)] for i in range(250)}
+    cache = WatchCache()
+    cache.bind({PLANS: plans, POOLS: {}, GROUPS: {}, NODES: {}})
+    sorts: list[int] = []
+    real = operations.ordered
+    monkeypatch.setattr(operations, "ordered", lambda items: sorts.append(1) or real(items))
+    ctx = operations.Context(fleet=cache, account=ACCOUNT, region="us-west-2", now=NOW, views=operations.PlanViews())
+    for order in ("Ascending", "Descending"):
+        sorts.clear()
+        body, names = {"SortBy": "TrainingPlanName", "SortOrder": order, "MaxResults": 40}, []
+        while True:
+            out = operations.list_training_plans(body, ctx)
+            names += [s["TrainingPlanName"] for s in out["TrainingPlanSummaries"]]
+            if "NextToken" not in out:
+                break
+            if len(names) == 120:  # a plan changes mid-listing: sorted again, and the pages go on
+                plans["p000"] = [plan("p000", "Expired", 0)]
+                cache.plans_version += 1
+            body = {**body, "NextToken": out["NextToken"]}
+        assert names == sorted(plans, reverse=order == "Descending")
+        assert len(sorts) == 2, sorts
