@@ -894,3 +894,23 @@ def test_the_pages_of_a_listing_are_cut_from_one_order_per_change_of_the_plans(m
             body = {**body, "NextToken": out["NextToken"]}
         assert names == sorted(plans, reverse=order == "Descending")
         assert len(sorts) == 2, sorts
+
+
+def test_a_held_review_is_answered_on_the_loop_and_an_old_one_is_asked_again() -> None:
+    """While RBAC's answer for the key's identity is held, the server checks on the event loop
+    (no API call, no thread); once it is older than REVIEW_SECONDS it is asked again."""
+    from hyperplan.sagemaker.access import REVIEW_SECONDS, KubeAccess, check_rights, rights_known
+
+    now = [100.0]
+    access = KubeAccess(api=None, namespace="default", clock=lambda: now[0])  # no API: any call would fail
+    assert not rights_known(access, KEY, "ListTrainingPlans")
+    access._reviews[("alice", "list", "hyperplan.dev", "trainingplans")] = (100.0, True)
+    access._reviews[("alice", "get", "hyperplan.dev", "trainingplans")] = (100.0, False)
+    assert rights_known(access, KEY, "ListTrainingPlans") and rights_known(access, KEY, "DescribeTrainingPlan")
+    check_rights(access, KEY, "ListTrainingPlans")
+    with pytest.raises(ApiError) as refused:
+        check_rights(access, KEY, "DescribeTrainingPlan")
+    assert refused.value.code == "AccessDeniedException"
+    now[0] += REVIEW_SECONDS + 1
+    assert not rights_known(access, KEY, "ListTrainingPlans")
+    assert rights_known(access, KEY, "NoSuchOperation")  # stands for no right: answered by name
