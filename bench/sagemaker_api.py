@@ -94,6 +94,7 @@ def worker() -> None:
         time.sleep(0.005)
     end = cfg["start_at"] + cfg["seconds"]
     token, pass_start, seen = None, time.perf_counter(), 0
+    cpu = time.process_time()
     while time.time() < end:
         t = time.perf_counter()
         try:
@@ -113,7 +114,7 @@ def worker() -> None:
         if op == "list" and not token:
             passes.append((done - pass_start, seen))
             pass_start, seen = done, 0
-    json.dump({"calls": calls, "passes": passes, "errors": errors}, sys.stdout)
+    json.dump({"calls": calls, "passes": passes, "errors": errors, "cpu": time.process_time() - cpu}, sys.stdout)
 
 
 if __name__ == "__main__" and "--worker" in sys.argv:
@@ -179,7 +180,7 @@ def readers(h: Harness, args: argparse.Namespace, client: str, op: str, names: l
         proc.stdin.close()
         proc.stdin = None  # communicate() must not touch it again
         procs.append(proc)
-    out = {"calls": [], "passes": [], "errors": []}
+    out = {"calls": [], "passes": [], "errors": [], "cpu": 0.0}
     for proc in procs:
         stdout, stderr = proc.communicate(timeout=args.seconds + 120)
         if proc.returncode != 0:
@@ -192,7 +193,9 @@ def readers(h: Harness, args: argparse.Namespace, client: str, op: str, names: l
     out["p50"] = percentile(calls, 50) if calls else float("nan")
     out["p99"] = percentile(calls, 99) if calls else float("nan")
     out["rate"] = len(calls) / args.seconds
-    shown = f"{len(calls)} calls, p50 {out['p50'] * 1000:.1f} ms, p99 {out['p99'] * 1000:.1f} ms, {out['rate']:.1f}/s"
+    out["cpu_per_call"] = out["cpu"] / max(1, len(calls))
+    shown = (f"{len(calls)} calls, p50 {out['p50'] * 1000:.1f} ms, p99 {out['p99'] * 1000:.1f} ms, {out['rate']:.1f}/s, "
+             f"client CPU {out['cpu_per_call'] * 1000:.2f} ms a call")
     if op == "list":
         full = [t for t, n in out["passes"]]
         out["pass_p50"] = percentile(full, 50) if full else float("nan")
@@ -286,6 +289,8 @@ def main(h: Harness, args: argparse.Namespace) -> int:
         rows.append((f"{names_of[o]} calls/s, API vs floor", f"{a['rate']:.1f} vs {f['rate']:.1f}"
                      + (f" (errors {len(a['errors'])} / {len(f['errors'])})" if a["errors"] or f["errors"] else ""),
                      "", ""))
+        rows.append(("  the client's own CPU a call: boto3 vs the Kubernetes client",
+                     f"{a['cpu_per_call'] * 1000:.2f} ms vs {f['cpu_per_call'] * 1000:.2f} ms", "", ""))
         if o == "list":
             whole = lambda r: "none done" if r["pass_p50"] != r["pass_p50"] else f"{r['pass_p50']:.2f} s"  # noqa: E731
             rows.append((f"  a whole listing of {args.plans} plans, p50 (in {args.seconds:.0f} s)",
@@ -295,7 +300,8 @@ def main(h: Harness, args: argparse.Namespace) -> int:
               verdict(not fleet_reads)),
              ("  other requests then (keys, reviews, the plane's own)",
               ", ".join(f"{v} {r} {n:.0f}" for (v, r), n in sorted(other.items())) or "none", "", ""),
-             ("operator CPU during the API's phases", f"{cpu:.1f} s of {3 * args.seconds:.0f} s", "", ""),
+             ("operator CPU during the API's phases", f"{cpu:.1f} s of {3 * args.seconds:.0f} s "
+              f"({cpu / max(1, sum(len(api[o]['calls']) for o in OPS)) * 1000:.2f} ms a call)", "", ""),
              ("operator RSS at the end", f"{proc_rss_mib(op.pid):.0f} MiB", "", "")]
     print_figures("sagemaker_api", rows)
     return 0 if ok else 1
