@@ -5,7 +5,8 @@ operator-level memo before the operator starts; kopf hands each handler a copy o
 memo, so there are no module-level clients.
 
 With leader election on (the default), kopf starts only once this replica holds the Lease:
-a standby serves ``/healthz`` and ``/metrics`` and nothing else. On SIGTERM the leader stops
+a standby serves ``/healthz``, ``/metrics`` and the SageMaker API (from a read-only watch of its
+own, :mod:`hyperplan.sagemaker.replica`) and does nothing else. On SIGTERM the leader stops
 kopf and releases the Lease, so a rolling upgrade hands over at the standby's next attempt;
 when it cannot renew the Lease it stops acting and exits 1 (the kubelet restarts it as a
 standby), as controller-runtime managers do.
@@ -72,6 +73,11 @@ async def run_elected(hp: Settings, runtime) -> int:
     elector = build_elector(hp, api_client(hp.kubeconfig)) if hp.leader_election else None
     liveness = await serve_liveness(hp.liveness_port, elector, hp.liveness_address)
     trimming = asyncio.create_task(allocator.trim_after_busy_spells())  # before kopf: it would cancel it
+    # The SageMaker API is served in both roles, from before the election (hyperplan.sagemaker.replica).
+    from hyperplan.sagemaker.replica import ReplicaApi  # imports the handlers, as run_operator does
+    sagemaker_api = runtime.sagemaker_api = ReplicaApi.of(hp, runtime)
+    if sagemaker_api is not None:
+        sagemaker_api.start()  # a task made before kopf's start
     try:
         if elector is not None:
             store = elector.store
@@ -121,6 +127,8 @@ async def run_elected(hp: Settings, runtime) -> int:
         return 0
     finally:
         trimming.cancel()
+        if sagemaker_api is not None:
+            await sagemaker_api.cleanup()
         if liveness is not None:
             await liveness.cleanup()
 

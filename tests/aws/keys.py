@@ -34,8 +34,8 @@ def grant_plan_reads(ctx: Context, user: str, name: str, *more: dict) -> None:
 
 
 def serving(ctx: Context, key_id: str, secret: str) -> Endpoint:
-    """The endpoint of the replica that serves the API now (the leader; after a restart of the
-    e2e leader, the standby may lead)."""
+    """The endpoint of the first replica that answers (both serve the API: the leader's first;
+    while a replica restarts, the other)."""
     def answering() -> Endpoint | None:
         for url in ctx.sagemaker_api_urls:
             endpoint = Endpoint(url, key_id, secret)

@@ -224,16 +224,24 @@ def sagemaker_buy(ctx: Context) -> dict:
     assert "ok" in found, found
     best = found["ok"]["TrainingPlanOfferings"][0]
     name = f"smb-{tag}"
+    tags = [{"Key": "team", "Value": f"buyers-{tag}"}, {"Key": "cost centre", "Value": "ml/42"}]
     created = boto3_calls(endpoint, [{"op": "create_training_plan", "args": {
-        "TrainingPlanName": name, "TrainingPlanOfferingId": best["TrainingPlanOfferingId"]}}] * 2)
+        "TrainingPlanName": name, "TrainingPlanOfferingId": best["TrainingPlanOfferingId"], "Tags": tags}}] * 2)
     scheduled = eventually(lambda: (s := k.get("trainingplan", name).get("status") or {}).get("phase")
                            in ("Scheduled", "Active") and s, timeout=60, interval=1, what="bought by the operator")
     described = boto3_call(endpoint, "describe_training_plan", TrainingPlanName=name)
+    listed_tags = boto3_call(endpoint, "list_tags",
+                             ResourceArn=f"arn:aws:sagemaker:us-west-2:{ACCOUNT}:training-plan/{name}")
+    bad_tags = boto3_call(endpoint, "create_training_plan", TrainingPlanName=f"smb-{tag}-bad",
+                          TrainingPlanOfferingId=best["TrainingPlanOfferingId"], Tags=[{"Key": "aws:x", "Value": "y"}])
     cli = aws_cli(endpoint, "sagemaker", "search-training-plan-offerings", "--instance-type", itype,
                   "--instance-count", "2", "--duration-hours", "24", "--target-resources", "hyperpod-cluster",
                   "--output", "json")
-    return {"best": best, "created": created, "status": scheduled, "described": described,
-            "spec": k.get("trainingplan", name)["spec"], "cli": (cli.returncode, cli.stdout, cli.stderr)}
+    plan = k.get("trainingplan", name)
+    return {"best": best, "created": created, "status": scheduled, "described": described, "spec": plan["spec"],
+            "cli": (cli.returncode, cli.stdout, cli.stderr), "tags": tags, "listed_tags": listed_tags,
+            "annotations": plan["metadata"].get("annotations") or {}, "bad_tags": bad_tags,
+            "bad_made": k.get_or_none("trainingplan", f"smb-{tag}-bad") is not None}
 
 
 def test_boto3_buys_the_offering_it_searched_and_the_cli_searches(scenarios) -> None:
@@ -249,6 +257,13 @@ def test_boto3_buys_the_offering_it_searched_and_the_cli_searches(scenarios) -> 
     rc, out, err = record["cli"]
     assert rc == 0, err
     assert json.loads(out)["TrainingPlanOfferings"][0]["ReservedCapacityOfferings"][0]["InstanceCount"] == 2
+
+
+def test_the_tags_of_a_purchase_are_kept_and_listed(scenarios) -> None:
+    record = scenarios["sagemaker_buy"].result(timeout=600)
+    assert record["listed_tags"] == {"ok": {"Tags": record["tags"]}}, record["listed_tags"]
+    assert json.loads(record["annotations"]["hyperplan.dev/sagemaker-tags"]) == record["tags"]
+    assert record["bad_tags"]["error"]["code"] == "ValidationException" and not record["bad_made"]
 
 
 @scenario
@@ -405,3 +420,77 @@ def test_kubectl_extensions_are_checked_at_apply_time_and_a_made_up_one_fails_wi
     assert ("Warning", "ExtensionNotOffered") in record["events"]
     condition = next(c for c in record["plan_after"]["status"]["conditions"] if c["type"] == "Extended")
     assert (condition["status"], condition["reason"]) == ("False", "ExtensionNotOffered")
+
+
+@scenario
+def sagemaker_standby(ctx: Context) -> dict:
+    """boto3 against the standby's port, which runs no kopf: it lists and describes plans from
+    its own read-only watch (a plan kubectl made and the leader bought is seen there Scheduled,
+    with its block; a listing pages through plans made a moment before), and buys one: the plan
+    it creates as the caller is the leader's to buy."""
+    k = ctx.kubectl
+    tag = uuid.uuid4().hex[:5]
+    itype, user = f"ml.sms-{tag}.xlarge", f"sm-standby-{tag}"
+    assert len(ctx.sagemaker_api_urls) == 2, ctx.sagemaker_api_urls  # the leader's, then the standby's
+    k.create(pool_body(f"sms-{tag}", itype, 4, az="us-east-1s"))
+    by_kubectl = f"sms-{tag}-kubectl"
+    k.create(plan_body(by_kubectl, itype, 1, duration="1m", autoPurchase=True,
+                       startTimeAfter=ts(utcnow() + timedelta(minutes=5))))
+    extra = [f"sms-{tag}-page-{i}" for i in range(5)]
+    for other in extra:
+        k.create(plan_body(other, itype, 1, duration="1m", startTimeAfter=ts(utcnow() + timedelta(hours=1))))
+    key_id, secret = mint_key(ctx, user)
+    grant_buying(ctx, user, f"sm-standby-{tag}")
+    standby = Endpoint(ctx.sagemaker_api_urls[1], key_id, secret)
+
+    def described(name: str, *phases: str) -> dict | None:
+        answer = boto3_call(standby, "describe_training_plan", TrainingPlanName=name)
+        return answer["ok"] if answer.get("ok", {}).get("Status") in phases else None
+
+    seen = eventually(lambda: described(by_kubectl, "Scheduled", "Active"), timeout=120, interval=1,
+                      what="the leader's purchase seen through the standby")
+    block = first_block(k, by_kubectl)
+    pages = boto3_calls(standby, [{"op": "list_training_plans", "paginate": True, "args": {
+        "SortBy": "TrainingPlanName", "SortOrder": "Ascending", "PaginationConfig": {"PageSize": 2}}}])[0]
+    after = (utcnow() + timedelta(seconds=60)).timestamp()
+    found = boto3_call(standby, "search_training_plan_offerings", InstanceType=itype, InstanceCount=2,
+                       DurationHours=24, StartTimeAfter=after, TargetResources=["hyperpod-cluster"])
+    assert "ok" in found, found
+    offering = found["ok"]["TrainingPlanOfferings"][0]["TrainingPlanOfferingId"]
+    bought, tags = f"sms-{tag}-bought", [{"Key": "replica", "Value": "standby"}]
+    created = boto3_calls(standby, [{"op": "create_training_plan", "args": {
+        "TrainingPlanName": bought, "TrainingPlanOfferingId": offering, "Tags": tags}}] * 2)
+    status = eventually(lambda: (s := k.get("trainingplan", bought).get("status") or {}).get("phase")
+                        in ("Scheduled", "Active") and s, timeout=90, interval=1, what="bought by the leader")
+    through_standby = eventually(lambda: described(bought, "Scheduled", "Active"), timeout=60, interval=1,
+                                 what="the purchase seen through the standby")
+    listed_tags = boto3_call(standby, "list_tags",
+                             ResourceArn=f"arn:aws:sagemaker:us-west-2:{ACCOUNT}:training-plan/{bought}")
+    for name in (by_kubectl, bought, *extra):
+        k.delete("trainingplan", name)
+    return {"seen": seen, "block": block, "pages": pages, "extra": extra, "created": created, "status": status,
+            "through_standby": through_standby, "tags": tags, "listed_tags": listed_tags, "bought": bought,
+            "lease": k.get("lease", "hyperplan-leader")["spec"]["holderIdentity"]}
+
+
+def test_the_standby_serves_from_its_own_watch_and_buys_through_the_api_server(scenarios, operator, standby) -> None:
+    from tests.e2e.conftest import LEADER
+
+    record = scenarios["sagemaker_standby"].result(timeout=600)
+    assert record["lease"] == LEADER  # the standby stood by the whole scenario
+    [summary] = record["seen"]["ReservedCapacitySummaries"]
+    assert summary["ReservedCapacityArn"].endswith("/" + record["block"]["id"])
+    assert summary["StartTime"] == from_rfc3339(record["block"]["startTime"]).timestamp()
+    assert "ok" in record["pages"], record["pages"]
+    names = [s["TrainingPlanName"] for p in record["pages"]["ok"] for s in p["TrainingPlanSummaries"]]
+    assert len(names) == len(set(names)) and set(record["extra"]) <= set(names)
+    first, retry = record["created"]
+    assert "ok" in first and first == retry, record["created"]
+    [bought] = record["status"]["reservedCapacity"]
+    assert bought["instanceCount"] == 2
+    assert record["through_standby"]["ReservedCapacitySummaries"][0]["ReservedCapacityArn"].endswith("/" + bought["id"])
+    assert record["listed_tags"] == {"ok": {"Tags": record["tags"]}}
+    log, leader_log = standby.log.read_text(), operator.log.read_text()
+    assert "SageMaker API: own watch cache of" in log and "SageMaker API on http://" in log
+    assert "leading as" not in log and "reading kopf's indexes now" not in log
+    assert "SageMaker API: reading kopf's indexes now" in leader_log  # the leader reads one copy, kopf's

@@ -26,6 +26,7 @@ from hyperplan.sagemaker.server import check_address, make_app, serve
 from hyperplan.sagemaker.signing import AccessKey, canonical_request, signing_key, verify
 from hyperplan.sagemaker.wire import ApiError
 from tests.aws.clients import Endpoint, boto3_call, boto3_calls
+from tests.kube import eventually
 
 ACCOUNT = "123456789012"
 KEY = AccessKey("AKIAHYPERPLANTEST001", "s3cr3t/with+chars", "alice")
@@ -392,6 +393,93 @@ def test_search_offers_capacity_of_the_pools_and_create_buys_it_as_the_caller(se
     del server.plans["bought-here"]
 
 
+PLAN_ARN = f"arn:aws:sagemaker:us-west-2:{ACCOUNT}:training-plan/"
+
+
+def test_the_tags_of_a_purchase_are_kept_on_the_plan_and_listed_by_its_arn(server: Server) -> None:
+    """CreateTrainingPlan's Tags go into the plan's annotation as JSON, in their order; ListTags on
+    the plan's ARN reads them from the watch cache (the slim copy keeps the annotation); a retry
+    answers the same ARN and writes nothing more."""
+    from hyperplan.handlers.cache import hp_plans
+    from hyperplan.sagemaker.operations import ANNOTATION_TAGS
+
+    endpoint = signed_in(server)
+    best = ok(boto3_call(endpoint, "search_training_plan_offerings", **search_args()))["TrainingPlanOfferings"][0]
+    tags = [{"Key": "team", "Value": "vision"}, {"Key": "cost centre", "Value": "ml/42 = über+@"},
+            {"Key": "empty", "Value": ""}]
+    server.writes.calls.clear()
+    create = {"TrainingPlanName": "tagged", "TrainingPlanOfferingId": best["TrainingPlanOfferingId"], "Tags": tags}
+    made, again, listed = [ok(a) for a in boto3_calls(endpoint, [
+        {"op": "create_training_plan", "args": create}, {"op": "create_training_plan", "args": create},
+        {"op": "list_tags", "args": {"ResourceArn": PLAN_ARN + "tagged"}}])]
+    try:
+        assert made == again == {"TrainingPlanArn": PLAN_ARN + "tagged"}
+        assert [c[0] for c in server.writes.calls] == ["create_plan"]  # the retry found it made
+        [held] = server.plans["tagged"]
+        assert json.loads(held["metadata"]["annotations"][ANNOTATION_TAGS]) == tags
+        assert listed == {"Tags": tags}
+        slim = asyncio.run(hp_plans(name="tagged", body=held))["tagged"].unpack()
+        assert json.loads(slim["metadata"]["annotations"][ANNOTATION_TAGS]) == tags
+        untagged = ok(boto3_call(endpoint, "list_tags", ResourceArn=PLAN_ARN + "plan-001"))
+        assert untagged.get("Tags", []) == []
+    finally:
+        del server.plans["tagged"]
+
+
+def tag_list(n: int, **tag: str) -> list[dict]:
+    return [{"Key": f"k{i}", "Value": "v", **tag} for i in range(n)]
+
+
+@pytest.mark.parametrize("tags", [
+    pytest.param(tag_list(51), id="more-than-50"),
+    pytest.param(tag_list(1, Key="k" * 129), id="key-longer-than-128"),
+    pytest.param(tag_list(1, Value="v" * 257), id="value-longer-than-256"),
+    pytest.param(tag_list(1, Key="team#1"), id="key-pattern"),
+    pytest.param(tag_list(1, Value="a;b"), id="value-pattern"),
+    pytest.param(tag_list(1, Key="aws:created-by"), id="aws-prefix-reserved"),
+    pytest.param([{"Key": "team", "Value": "a"}, {"Key": "team", "Value": "b"}], id="key-twice"),
+])
+def test_tags_are_checked_as_the_model_says_and_nothing_is_created(server: Server, tags: list) -> None:
+    endpoint = signed_in(server)
+    best = ok(boto3_call(endpoint, "search_training_plan_offerings", **search_args()))["TrainingPlanOfferings"][0]
+    server.writes.calls.clear()
+    answer = boto3_call(endpoint, "create_training_plan", TrainingPlanName="badly-tagged",
+                        TrainingPlanOfferingId=best["TrainingPlanOfferingId"], Tags=tags)
+    assert answer.get("error", {}).get("code") == "ValidationException", answer
+    assert server.writes.calls == [] and "badly-tagged" not in server.plans
+
+
+def test_fifty_tags_of_the_longest_are_kept() -> None:
+    from hyperplan.sagemaker.operations import tags_of
+
+    tags = [{"Key": f"{i:02d}" + "k" * 126, "Value": "é" * 256} for i in range(50)]
+    assert tags_of({"Tags": tags}) == tags
+
+
+@pytest.mark.parametrize("arn, code", [
+    pytest.param(PLAN_ARN + "nope", "ResourceNotFound", id="unknown-plan"),
+    pytest.param(f"arn:aws:sagemaker:us-west-2:{ACCOUNT}:cluster/abcdefabcdef", "ValidationException",
+                 id="not-a-training-plan"),
+    pytest.param("arn:aws:s3:::bucket", "ValidationException", id="arn-pattern"),
+])
+def test_list_tags_errors(server: Server, arn: str, code: str) -> None:
+    answer = boto3_call(signed_in(server), "list_tags", ResourceArn=arn)
+    assert answer.get("error", {}).get("code") == code, answer
+
+
+@pytest.mark.parametrize("annotation, expect", [
+    pytest.param('[{"Key": "a", "Value": "b"}]', [{"Key": "a", "Value": "b"}], id="as-written"),
+    pytest.param("not json", [], id="unreadable"),
+    pytest.param('{"Key": "a"}', [], id="not-a-list"),
+    pytest.param('[{"Key": "a", "Value": 1}, {"Key": "b", "Value": "c"}]', [{"Key": "b", "Value": "c"}],
+                 id="a-value-not-a-string"),
+])
+def test_the_tags_a_plan_holds_are_read_defensively(annotation: str, expect: list) -> None:
+    from hyperplan.sagemaker.operations import ANNOTATION_TAGS, held_tags
+
+    assert held_tags({"metadata": {"annotations": {ANNOTATION_TAGS: annotation}}}) == expect
+
+
 def forged(offering_id: str, field: int, value: str) -> str:
     """The offering id with one field of the spec it carries changed (the digest left as it was):
     0 type, 1 count, 2 UltraServer type, 3 their count, 4 target, 5 duration, 6 and 7 the window."""
@@ -611,3 +699,218 @@ def test_a_listing_derives_only_the_plans_that_changed(monkeypatch) -> None:
     listed = operations.list_training_plans({}, ctx)
     assert derived == ["p3"]
     assert {s["TrainingPlanName"]: s["Status"] for s in listed["TrainingPlanSummaries"]}["p3"] == "Expired"
+
+
+# --------------------------------------------------------------------------- both replicas serve
+
+
+class FakeResponse:
+    """A raw response of the Kubernetes client: a listing's body, or a watch stream that yields
+    the events put on ``events`` until it is closed (as ``NodeWatch.close`` closes it)."""
+
+    def __init__(self, data: bytes = b"", events=None) -> None:
+        self.data, self.events, self.closed = data, events, threading.Event()
+
+    def stream(self, amt, decode_content=True):
+        import queue
+        while not self.closed.is_set():
+            try:
+                yield (json.dumps(self.events.get(timeout=0.02)) + "\n").encode()
+            except queue.Empty:
+                continue
+
+    def shutdown(self) -> None:
+        self.closed.set()
+
+    def close(self) -> None:
+        self.closed.set()
+
+    def release_conn(self) -> None:
+        pass
+
+
+class FakeKind:
+    """One kind as a NodeWatch lists and watches it (``list_node``), with the calls counted."""
+
+    def __init__(self, items: list[dict]) -> None:
+        import queue
+        self.items, self.events, self.lists, self.watches = items, queue.Queue(), 0, 0
+
+    def list_node(self, watch: bool = False, **_) -> FakeResponse:
+        if watch:
+            self.watches += 1
+            return FakeResponse(events=self.events)
+        self.lists += 1
+        return FakeResponse(json.dumps({"metadata": {"resourceVersion": "5"}, "items": self.items}).encode())
+
+
+class ReplicaServer:
+    """A ReplicaApi (the API as a standby serves it) on a loopback port, on a loop of its own,
+    over fake listings of each kind."""
+
+    def __init__(self, kinds: dict[str, FakeKind]) -> None:
+        from hyperplan.planning.policy import DEMO
+        from hyperplan.sagemaker.replica import ReplicaApi, ReplicaCache
+        from hyperplan.settings import Settings
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.kinds = kinds
+        self.writes = RecordingWrites()
+        self.writes.plans = {}
+        settings = Settings(sagemaker_api_port=self.port, aws_account_id=ACCOUNT, cluster_name="lab")
+        self.own = ReplicaCache(None, lister_of=kinds.__getitem__)
+        self.api = ReplicaApi(settings, None, lambda: datetime.now(timezone.utc), DEMO, own=self.own,
+                              access=FakeAccess(), writes=self.writes)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.task = asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(10)
+        asyncio.run_coroutine_threadsafe(asyncio.wait_for(asyncio.shield(self.task), 10), self.loop).result(15)
+
+    async def _start(self):
+        return self.api.start()
+
+    def on_loop(self, fn):
+        async def run():
+            return fn()
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(10)
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.api.cleanup(), self.loop).result(20)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+def test_a_standby_serves_from_a_read_only_watch_of_its_own_until_kopf_has_listed() -> None:
+    """The API of a replica without kopf: its own listing of every kind, then the watch's events
+    (a plan modified, a plan deleted) are what boto3 reads; a write goes through the writes as the
+    caller; nothing is handed on to reconcile. Once kopf has listed (``indexed``), the API reads
+    kopf's cache and its own watches stop."""
+    from hyperplan.handlers.cache import hp_plans
+
+    kinds = {"trainingplans": FakeKind([plan("seen", "Scheduled", 1), plan("going", "Active", 2)]),
+             "capacitypools": FakeKind([P5_POOL]),
+             "instancegroups": FakeKind([group("trainers", "seen", 1)]),
+             "nodes": FakeKind([node("trainers-0", "trainers")])}
+    server = ReplicaServer(kinds)
+    try:
+        endpoint = Endpoint(f"http://127.0.0.1:{server.port}", KEY.key_id, KEY.secret)
+        listed, described, nodes = [ok(a) for a in boto3_calls(endpoint, [
+            {"op": "list_training_plans", "args": {"SortBy": "TrainingPlanName"}},
+            {"op": "describe_training_plan", "args": {"TrainingPlanName": "seen"}},
+            {"op": "list_cluster_nodes", "args": {"ClusterName": "lab"}}])]
+        assert [s["TrainingPlanName"] for s in listed["TrainingPlanSummaries"]] == ["going", "seen"]
+        assert described["Status"] == "Scheduled"
+        assert [n["PrivateDnsHostname"] for n in nodes["ClusterNodeSummaries"]] == ["trainers-0"]
+
+        active = plan("seen", "Active", 1)
+        active["metadata"]["resourceVersion"] = "6"
+        kinds["trainingplans"].events.put({"type": "MODIFIED", "object": active})
+        kinds["trainingplans"].events.put({"type": "DELETED", "object": plan("going", "Active", 2)})
+
+        def caught_up() -> bool:
+            names = [s["TrainingPlanName"] for s in ok(boto3_call(endpoint, "list_training_plans"))["TrainingPlanSummaries"]]
+            return names == ["seen"]
+        eventually(caught_up, timeout=20, interval=0.2, what="the standby's watch caught up")
+        assert ok(boto3_call(endpoint, "describe_training_plan", TrainingPlanName="seen"))["Status"] == "Active"
+
+        best = ok(boto3_call(endpoint, "search_training_plan_offerings", **search_args()))["TrainingPlanOfferings"][0]
+        made = ok(boto3_call(endpoint, "create_training_plan", TrainingPlanName="bought-on-the-standby",
+                             TrainingPlanOfferingId=best["TrainingPlanOfferingId"]))
+        assert made["TrainingPlanArn"].endswith(":training-plan/bought-on-the-standby")
+        assert [c[:3] for c in server.writes.calls] == [("create_plan", "alice", "bought-on-the-standby")]
+        assert all((k.lists, k.watches) == (1, 1) for k in kinds.values()), {p: (k.lists, k.watches)
+                                                                              for p, k in kinds.items()}
+
+        kopfs = WatchCache()  # kopf's indexes, once listed on this replica (it leads now)
+        kopfs.bind({PLANS: {"from-kopf": [asyncio.run(hp_plans(name="from-kopf", body=plan("from-kopf", "Active", 3)))
+                                          ["from-kopf"]]}, POOLS: {}, GROUPS: {}, NODES: {}})
+        server.on_loop(lambda: server.api.indexed(kopfs))
+        server.on_loop(lambda: server.api.indexed(kopfs))  # every later event: nothing more
+        after = ok(boto3_call(endpoint, "list_training_plans"))["TrainingPlanSummaries"]
+        assert [s["TrainingPlanName"] for s in after] == ["from-kopf"]  # not a view of the own cache's listing
+        eventually(lambda: all(not w._thread.is_alive() for w in server.own.watches), timeout=20,
+                   what="the own watches stopped")
+    finally:
+        server.close()
+
+
+def test_the_standbys_indexes_hold_what_kopfs_hold() -> None:
+    """The own watch's index of each kind holds exactly what kopf's index handler makes of an
+    object (plans packed, pools and groups slim), so every operation reads the same shapes."""
+    from hyperplan.handlers.cache import hp_groups, hp_plans
+    from hyperplan.sagemaker.replica import KindStore
+
+    posted: list = []
+    cache = WatchCache()
+    stores = {p: KindStore(p, cache, posted.append) for p in ("trainingplans", "capacitypools", "instancegroups")}
+    body = plan("p", "Active", 1)
+    body["metadata"]["managedFields"] = [{"manager": "kubectl"}]
+    stores["trainingplans"].replace([body], True)
+    stores["instancegroups"].apply("ADDED", group("g", "p", 1))
+    stores["capacitypools"].apply("ADDED", P5_POOL)
+    assert all(s.index == {} for s in stores.values())  # nothing changes until the loop runs it
+    before = cache.plans_version
+    for change in posted:
+        change()
+    assert stores["trainingplans"].index["p"][0].unpack() == asyncio.run(hp_plans(name="p", body=body))["p"].unpack()
+    assert stores["instancegroups"].index["g"] == [asyncio.run(hp_groups(name="g", body=group("g", "p", 1)))["g"]]
+    assert stores["capacitypools"].index["p5-west"][0]["spec"] == P5_POOL["spec"]
+    assert cache.plans_version == before + 1
+    posted.clear()
+    stores["trainingplans"].apply("DELETED", body)
+    stores["capacitypools"].replace([], False)  # a relisting without the pool: it went meanwhile
+    for change in posted:
+        change()
+    assert stores["trainingplans"].index == {} and stores["capacitypools"].index == {}
+
+
+
+def test_the_pages_of_a_listing_are_cut_from_one_order_per_change_of_the_plans(monkeypatch) -> None:
+    """Paging through every plan sorts them once, not once a page; a change of the plans (the
+    watch's event) sorts them again, and the next page still follows the token."""
+    from hyperplan.sagemaker import operations
+
+    plans = {f"p{i:03d}": [plan(f"p{i:03d}", "Active", i)] for i in range(250)}
+    cache = WatchCache()
+    cache.bind({PLANS: plans, POOLS: {}, GROUPS: {}, NODES: {}})
+    sorts: list[int] = []
+    real = operations.ordered
+    monkeypatch.setattr(operations, "ordered", lambda items: sorts.append(1) or real(items))
+    ctx = operations.Context(fleet=cache, account=ACCOUNT, region="us-west-2", now=NOW, views=operations.PlanViews())
+    for order in ("Ascending", "Descending"):
+        sorts.clear()
+        body, names = {"SortBy": "TrainingPlanName", "SortOrder": order, "MaxResults": 40}, []
+        while True:
+            out = operations.list_training_plans(body, ctx)
+            names += [s["TrainingPlanName"] for s in out["TrainingPlanSummaries"]]
+            if "NextToken" not in out:
+                break
+            if len(names) == 120:  # a plan changes mid-listing: sorted again, and the pages go on
+                plans["p000"] = [plan("p000", "Expired", 0)]
+                cache.plans_version += 1
+            body = {**body, "NextToken": out["NextToken"]}
+        assert names == sorted(plans, reverse=order == "Descending")
+        assert len(sorts) == 2, sorts
+
+
+def test_a_held_review_is_answered_on_the_loop_and_an_old_one_is_asked_again() -> None:
+    """While RBAC's answer for the key's identity is held, the server checks on the event loop
+    (no API call, no thread); once it is older than REVIEW_SECONDS it is asked again."""
+    from hyperplan.sagemaker.access import REVIEW_SECONDS, KubeAccess, check_rights, rights_known
+
+    now = [100.0]
+    access = KubeAccess(api=None, namespace="default", clock=lambda: now[0])  # no API: any call would fail
+    assert not rights_known(access, KEY, "ListTrainingPlans")
+    access._reviews[("alice", "list", "hyperplan.dev", "trainingplans")] = (100.0, True)
+    access._reviews[("alice", "get", "hyperplan.dev", "trainingplans")] = (100.0, False)
+    assert rights_known(access, KEY, "ListTrainingPlans") and rights_known(access, KEY, "DescribeTrainingPlan")
+    check_rights(access, KEY, "ListTrainingPlans")
+    with pytest.raises(ApiError) as refused:
+        check_rights(access, KEY, "DescribeTrainingPlan")
+    assert refused.value.code == "AccessDeniedException"
+    now[0] += REVIEW_SECONDS + 1
+    assert not rights_known(access, KEY, "ListTrainingPlans")
+    assert rights_known(access, KEY, "NoSuchOperation")  # stands for no right: answered by name

@@ -36,7 +36,6 @@ from hyperplan.handlers import instancegroup, nodes, trainingplan
 from hyperplan.handlers.cache import NODES, slim_object
 from hyperplan.handlers.context import Runtime
 from hyperplan.planning.offerings import PoolSnapshot
-from hyperplan.sagemaker.server import start_api
 from hyperplan.settings import Settings
 
 PLANS, GROUPS, POOLS = "trainingplans", "instancegroups", "capacitypools"
@@ -62,8 +61,9 @@ def configure_kopf(settings: kopf.OperatorSettings, hp: Settings) -> None:
 
 @kopf.on.startup()
 async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **indexes: Any) -> None:
-    """Wire the runtime: kopf's settings, the read side, every kind's passes, the node watch, and
-    the SageMaker API when a port is set (it reads the same watch cache, on this loop)."""
+    """Wire the runtime: kopf's settings, the read side, every kind's passes, the node watch. (The
+    SageMaker API is served from before the election, hyperplan.sagemaker.replica; it reads this
+    watch cache from kopf's first resource event on, see :func:`caught_up`.)"""
     rt: Runtime = memo.runtime
     configure_kopf(settings, rt.settings)
     # kopf hands its indexes (filled before any other handler) to startup handlers by name.
@@ -71,7 +71,6 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, *
     trainingplan.register_plan_passes(rt)
     instancegroup.register_group_passes(rt)
     await nodes.start_node_watch(rt)
-    rt.sagemaker_api = await start_api(rt.settings, rt.kube.api, rt.cache, rt.clock, rt.policy)
     logger.info("policy profile %s; watching capacitypools, trainingplans, instancegroups, nodes",
                 rt.policy.name)
 
@@ -104,7 +103,11 @@ def observe(observed: metrics.ObservedObjects, plural: str, name: str, type_: st
 
 
 def caught_up(rt: Runtime, plural: str, name: str, type_: str | None, body: kopf.Body) -> None:
-    """The watch delivered ``name``: the read side's write-through copy of it is no newer."""
+    """The watch delivered ``name``: the read side's write-through copy of it is no newer. And
+    kopf has listed every indexed kind (it hands no event on before): the SageMaker API reads
+    its indexes from now on (hyperplan.sagemaker.replica.ReplicaApi.indexed)."""
+    if rt.sagemaker_api is not None:
+        rt.sagemaker_api.indexed(rt.cache)
     if type_ == "DELETED":
         rt.cache.forget(plural, name)
     else:

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import re
+import unicodedata
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -25,7 +27,7 @@ from pydantic import ValidationError
 from hyperplan.api.models import (
     API_VERSION, MAX_EXTENSIONS, ExtensionStatus, ReservedCapacity, TrainingPlan, TrainingPlanSpec,
 )
-from hyperplan.api.vocabulary import to_rfc3339
+from hyperplan.api.vocabulary import OWN_PREFIX, to_rfc3339
 from hyperplan.planning.blocks import Block
 from hyperplan.planning.offerings import (
     Extension, Offering, PoolSnapshot, find_extension, find_offering, search_extensions, search_offerings,
@@ -36,7 +38,8 @@ from hyperplan.planning.tenancy import pools_for_plan
 from hyperplan.sagemaker import hyperpod
 from hyperplan.sagemaker.access import Writes
 from hyperplan.sagemaker.wire import (
-    ApiError, bounded, compact, epoch, invalid, matching, not_found, one_of, page, required, time_of,
+    ApiError, Ordered, bounded, compact, epoch, invalid, matching, not_found, one_of, ordered, page, query_digest,
+    required, time_of,
 )
 
 PLAN_NAME = r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,63}"
@@ -46,6 +49,11 @@ RESERVED_CAPACITY_ARN = r"arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]*:[0-9]{12}:reserv
 STATUSES = ("Pending", "Active", "Scheduled", "Expired", "Failed")
 HEALTH = {"ok": "OK", "impaired": "Impaired", "insufficient-data": "Insufficient-Data"}
 TARGET_RESOURCES = ("training-job", "hyperpod-cluster", "endpoint", "studio-apps")
+# The Tags of CreateTrainingPlan, kept on the plan it creates as JSON (docs/sagemaker-api.md,
+# "Tags"): ``[{"Key": ..., "Value": ...}, ...]`` in the order given.
+ANNOTATION_TAGS = f"{OWN_PREFIX}sagemaker-tags"
+MAX_TAGS, MAX_TAG_KEY, MAX_TAG_VALUE = 50, 128, 256  # the model's TagList, TagKey and TagValue
+TAG_PATTERN = r"([\p{L}\p{Z}\p{N}_.:/=+\-@]*)"  # the model's, as its messages quote it
 
 
 class Fleet(Protocol):
@@ -189,6 +197,8 @@ class PlanViews:
     def __init__(self) -> None:
         self._held: dict[tuple[Any, str], PlanView | None] = {}
         self._last: tuple[Any, str, list[PlanView]] | None = None
+        self._orders: dict[str, Ordered] = {}
+        self._orders_of: tuple[Any, str] | None = None
 
     def views(self, ctx: "Context") -> list[PlanView]:
         """Every plan's view. A fleet that counts its plans' changes (``plans_version``: the watch
@@ -202,6 +212,21 @@ class PlanViews:
         if version is not None:
             self._last = (version, ctx.region, out)
         return out
+
+    def ordered(self, ctx: "Context", query: str, make: Callable[[], Ordered]) -> Ordered:
+        """The listing ``query`` (its digest: filters, bounds and sort) in order, made once per
+        change of the plans (``plans_version``) and kept for the next pages: each page of a
+        listing of 10,000 plans is then a bisection, where sorting them all took 70 ms a page
+        (docs/benchmarks.md, "The SageMaker API's reads"). Without a version, made every time."""
+        version = getattr(ctx.fleet, "plans_version", None)
+        if version is None:
+            return make()
+        if self._orders_of != (version, ctx.region) or len(self._orders) >= 64:
+            self._orders, self._orders_of = {}, (version, ctx.region)
+        found = self._orders.get(query)
+        if found is None:
+            found = self._orders[query] = make()
+        return found
 
     def _walk(self, ctx: "Context") -> list[PlanView]:
         held, kept, out = self._held, {}, []
@@ -250,18 +275,23 @@ def list_training_plans(body: Mapping[str, Any], ctx: Context) -> dict[str, Any]
             raise invalid("the only filter name is Status")
         one_of(f, "Value", STATUSES)
         wanted.add(f["Value"])
-    summaries = []
-    for view in _views(ctx):
-        summary = view.summary
-        if wanted and summary["Status"] not in wanted:
-            continue
-        start = summary.get("StartTime")
-        if after is not None and (start is None or start <= after.timestamp()):
-            continue
-        if before is not None and (start is None or start >= before.timestamp()):
-            continue
-        summaries.append((SORT_KEYS[sort_by](summary), summary))
-    shown, token = page(summaries, body, descending=order == "Descending")
+
+    def make() -> Ordered:
+        summaries = []
+        for view in _views(ctx):
+            summary = view.summary
+            if wanted and summary["Status"] not in wanted:
+                continue
+            start = summary.get("StartTime")
+            if after is not None and (start is None or start <= after.timestamp()):
+                continue
+            if before is not None and (start is None or start >= before.timestamp()):
+                continue
+            summaries.append((SORT_KEYS[sort_by](summary), summary))
+        return ordered(summaries)
+
+    listing = ctx.views.ordered(ctx, query_digest(body), make) if ctx.views is not None else make()
+    shown, token = page(listing, body, descending=order == "Descending")
     return compact({"TrainingPlanSummaries": shown, "NextToken": token})
 
 
@@ -440,9 +470,11 @@ def search_training_plan_offerings(body: Mapping[str, Any], ctx: "Context") -> d
 
 
 def create_training_plan(body: Mapping[str, Any], ctx: "Context") -> dict[str, Any]:
-    """A TrainingPlan of the offering's spec, with ``offeringId`` set, created as the caller.
-    Safe to retry (boto3 retries by itself and the call has no client token): the same name with
-    the same offering answers the same ARN; a name taken otherwise is ``ResourceInUse``."""
+    """A TrainingPlan of the offering's spec, with ``offeringId`` set, created as the caller,
+    with the request's ``Tags`` in the annotation :data:`ANNOTATION_TAGS`. Safe to retry (boto3
+    retries by itself and the call has no client token): the same name with the same offering
+    answers the same ARN (and keeps the tags the first call wrote); a name taken otherwise is
+    ``ResourceInUse``."""
     name = matching(body, "TrainingPlanName", PLAN_NAME, high=64) or required(body, "TrainingPlanName")
     offering_arg = matching(body, "TrainingPlanOfferingId", r"[a-z0-9\-]+", high=256) \
         or required(body, "TrainingPlanOfferingId")
@@ -455,6 +487,7 @@ def create_training_plan(body: Mapping[str, Any], ctx: "Context") -> dict[str, A
     except ValidationError:
         raise not_found(f"Training plan offering {offering_arg} not found.") from None
     spares = bounded(body, "SpareInstanceCountPerUltraServer", 0, 17)
+    tags = tags_of(body)
     if spares is not None:
         wire = {**wire, "spareInstancesPerUltraServer": spares}
     wire = {**wire, "offeringId": offering_id}
@@ -468,14 +501,95 @@ def create_training_plan(body: Mapping[str, Any], ctx: "Context") -> dict[str, A
     if find_offering(request, _pools(ctx), ctx.policy, ctx.now, offering_id) is None:
         raise not_found(f"Training plan offering {offering_arg} not found (its capacity is sold, or it starts "
                         "too soon to buy): search again.")
+    metadata: dict[str, Any] = {"name": name}
+    if tags:
+        metadata["annotations"] = {ANNOTATION_TAGS: json.dumps(tags, ensure_ascii=False, separators=(",", ":"))}
     created = ctx.writes.create_plan(ctx.user, {"apiVersion": API_VERSION, "kind": "TrainingPlan",
-                                                "metadata": {"name": name}, "spec": wire})
+                                                "metadata": metadata, "spec": wire})
     if created is None:  # made meanwhile (a retry of ours, or another caller)
         again = ctx.fleet.plan(name)
         if again is not None and (again.get("spec") or {}).get("offeringId") == offering_id:
             return {"TrainingPlanArn": arn}
         raise ApiError("ResourceInUse", f"Training plan {name} already exists.", 400)
     return {"TrainingPlanArn": arn}
+
+
+# --------------------------------------------------------------------------- tags
+
+
+def _tag_text(text: str) -> bool:
+    """Whether ``text`` matches the model's tag pattern: letters, separators (spaces), numbers
+    (Unicode's L, Z and N categories, as ``\\p{L}\\p{Z}\\p{N}``) and ``_.:/=+-@``."""
+    return all(unicodedata.category(c)[0] in "LZN" or c in "_.:/=+-@" for c in text)
+
+
+def tags_of(body: Mapping[str, Any]) -> list[dict[str, str]]:
+    """The request's ``Tags``, checked as the model says (at most 50; a key of 1 to 128
+    characters and a value of at most 256, both of the tag pattern) and as AWS does (keys unique
+    in a request; ``aws:`` is AWS's own prefix): a ``ValidationException`` naming the member."""
+    tags = body.get("Tags")
+    if tags is None:
+        return []
+    if not isinstance(tags, list) or len(tags) > MAX_TAGS:
+        raise invalid(f"1 validation error detected: Value at 'tags' failed to satisfy constraint: Member must have "
+                      f"length less than or equal to {MAX_TAGS}")
+    out: list[dict[str, str]] = []
+    seen: set[str] = set()
+    for i, tag in enumerate(tags, 1):
+        if not isinstance(tag, dict):
+            raise invalid(f"Tags.{i} must be a structure of Key and Value")
+        key, value = tag.get("Key"), tag.get("Value")
+        for member, text, low, high in (("key", key, 1, MAX_TAG_KEY), ("value", value, 0, MAX_TAG_VALUE)):
+            where = f"tags.{i}.member.{member}"
+            if not isinstance(text, str):
+                raise invalid(f"1 validation error detected: Value null at '{where}' failed to satisfy constraint: "
+                              "Member must not be null")
+            if not low <= len(text) <= high:
+                raise invalid(f"1 validation error detected: Value '{text[:300]}' at '{where}' failed to satisfy "
+                              f"constraint: Member must have length between {low} and {high}")
+            if not _tag_text(text):
+                raise invalid(f"1 validation error detected: Value '{text[:300]}' at '{where}' failed to satisfy "
+                              f"constraint: Member must satisfy regular expression pattern: {TAG_PATTERN}")
+        if key.lower().startswith("aws:"):
+            raise invalid(f"Tag key {key!r}: the aws: prefix is reserved for AWS's own tags")
+        if key in seen:
+            raise invalid(f"Tag key {key!r} is given more than once; tag keys must be unique per resource")
+        seen.add(key)
+        out.append({"Key": key, "Value": value})
+    return out
+
+
+def held_tags(obj: Mapping[str, Any]) -> list[dict[str, str]]:
+    """The tags a plan holds (:data:`ANNOTATION_TAGS`); none when the annotation is absent or not
+    a list of string keys and values (a kubectl user may write anything there)."""
+    text = ((obj.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_TAGS)
+    try:
+        tags = json.loads(text) if text else []
+    except (TypeError, ValueError):
+        return []
+    if not isinstance(tags, list):
+        return []
+    return [{"Key": t["Key"], "Value": t["Value"]} for t in tags
+            if isinstance(t, dict) and isinstance(t.get("Key"), str) and isinstance(t.get("Value"), str)]
+
+
+RESOURCE_ARN = r"arn:aws[a-z-]*:sagemaker:[a-z0-9-]*:[0-9]{12}:.+"
+
+
+def list_tags(body: Mapping[str, Any], ctx: "Context") -> dict[str, Any]:
+    """ListTags of a training plan's ARN: the tags CreateTrainingPlan kept, in their order, paged
+    (``MaxResults`` at least 50, as the model says: one page holds every tag a plan may have).
+    Only training plans are tagged here; another kind of ARN is a ``ValidationException``."""
+    arn = matching(body, "ResourceArn", RESOURCE_ARN, low=0, high=256) or required(body, "ResourceArn")
+    kind, _, name = arn.split(":", 5)[-1].partition("/")
+    if kind != "training-plan":
+        raise invalid(f"hyperplan keeps the tags of training plans only, not of {kind!r} resources")
+    obj = ctx.fleet.plan(name) if re.fullmatch(PLAN_NAME, name) else None
+    if obj is None:
+        raise not_found(f"Training plan {arn} not found.")
+    items = [([i], tag) for i, tag in enumerate(held_tags(obj))]
+    shown, token = page(items, body, most=1 << 31, default=MAX_TAGS)
+    return compact({"Tags": shown, "NextToken": token})
 
 
 # --------------------------------------------------------------------------- extending
@@ -607,6 +721,7 @@ OPERATIONS: dict[str, Operation] = {
     "ListTrainingPlans": list_training_plans,
     "DescribeReservedCapacity": describe_reserved_capacity,
     "ListUltraServersByReservedCapacity": list_ultra_servers_by_reserved_capacity,
+    "ListTags": list_tags,
     "DescribeCluster": hyperpod.describe_cluster,
     "ListClusters": hyperpod.list_clusters,
     "ListClusterNodes": hyperpod.list_cluster_nodes,

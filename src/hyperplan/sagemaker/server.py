@@ -1,7 +1,8 @@
 """The HTTP side of hyperplan's SageMaker API: one aiohttp application on its own port.
 
-It runs on the operator's event loop, so its reads of the watch cache are reads of kopf's
-indexes on the loop (no copy, no API call). A request is verified (SigV4,
+It runs on the operator's event loop, so its reads of the watch cache are reads of the indexes
+on the loop (kopf's on the leader, the replica's own before that: :mod:`hyperplan.sagemaker.replica`;
+no copy, no API call). A request is verified (SigV4,
 :mod:`hyperplan.sagemaker.signing`) before its body is parsed; then the operation runs
 (:mod:`hyperplan.sagemaker.operations`) and the answer is JSON 1.1. Whatever fails inside an
 operation is answered as ``InternalFailure`` (500) and logged; the server goes on.
@@ -22,13 +23,11 @@ from datetime import datetime
 from typing import Any
 
 from aiohttp import web
-from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
 from hyperplan.planning.policy import DEMO, Policy
 from hyperplan.sagemaker import operations
-from hyperplan.settings import Settings
-from hyperplan.sagemaker.access import SECRET_TYPE, Access, KubeAccess, KubeWrites, Writes, check_rights
+from hyperplan.sagemaker.access import Access, Writes, check_rights, rights_known
 from hyperplan.sagemaker.signing import Caller, verify
 from hyperplan.sagemaker.wire import CONTENT_TYPE, ApiError, operation_of, parse_body
 
@@ -101,7 +100,10 @@ def make_app(fleet: operations.Fleet, access: Access, account: str, clock: Calla
                 await asyncio.to_thread(access.refresh, True)  # a key made a moment ago
                 caller = signed_by()
             operation = operation_of(request.headers.get("X-Amz-Target"))
-            await asyncio.to_thread(check_rights, access, caller.key, operation)
+            if rights_known(access, caller.key, operation):
+                check_rights(access, caller.key, operation)  # a review held: no API call, no thread
+            else:
+                await asyncio.to_thread(check_rights, access, caller.key, operation)
             body = parse_body(raw)
             ctx = operations.Context(fleet=fleet, account=account, region=caller.region, now=clock(),
                                      cluster_name=cluster_name, user=caller.key.user, writes=writes,
@@ -138,21 +140,4 @@ async def serve(app: web.Application, address: str, port: int, cert: str | None 
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, address, port, ssl_context=context).start()
-    return runner
-
-
-async def start_api(settings: Settings, api: ApiClient, fleet: operations.Fleet,
-                    clock: Callable[[], datetime], policy: Policy) -> web.AppRunner | None:
-    """Serve the API as ``settings`` say (None when no port is set): keys from the Secrets of
-    ``api_key_namespace`` (else the operator's namespace, else ``default``)."""
-    if settings.sagemaker_api_port is None:
-        return None
-    namespace = settings.api_key_namespace or settings.pod_namespace or "default"
-    app = make_app(fleet, KubeAccess(api, namespace), settings.aws_account_id, clock, settings.cluster_name,
-                   KubeWrites(api), policy)
-    runner = await serve(app, settings.sagemaker_api_address, settings.sagemaker_api_port,
-                         settings.sagemaker_api_tls_cert, settings.sagemaker_api_tls_key)
-    scheme = "https" if settings.sagemaker_api_tls_cert else "http"
-    log.info("SageMaker API on %s://%s:%d (keys: Secrets of type %s in %s)", scheme, settings.sagemaker_api_address,
-             settings.sagemaker_api_port, SECRET_TYPE, namespace)
     return runner

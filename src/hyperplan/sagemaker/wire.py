@@ -151,25 +151,42 @@ def query_digest(body: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(rest, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def page(items: Iterable[tuple[Any, dict[str, Any]]], body: Mapping[str, Any], *, most: int = 100,
+@dataclass(frozen=True)
+class Ordered:
+    """Items sorted by their keys, ascending (:func:`ordered`), to take many pages of: a reader
+    that keeps one while its items do not change pages through 10,000 plans with a bisection a
+    page, not a sort of all of them (``operations.PlanViews``)."""
+
+    keys: list[tuple]  # each item's key as a comparable tuple, ascending
+    raw: list[Any]  # the keys as given (what a token carries)
+    items: list[dict[str, Any]]
+
+
+def ordered(items: Iterable[tuple[Any, dict[str, Any]]]) -> Ordered:
+    """``items`` (pairs of a sort key, JSON-comparable and unique, and the item), sorted by key."""
+    keyed = sorted(((_tuple(key), key, item) for key, item in items), key=lambda entry: entry[0])
+    return Ordered([e[0] for e in keyed], [e[1] for e in keyed], [e[2] for e in keyed])
+
+
+def page(items: Iterable[tuple[Any, dict[str, Any]]] | Ordered, body: Mapping[str, Any], *, most: int = 100,
          default: int = 100, descending: bool = False) -> tuple[list[dict[str, Any]], str | None]:
-    """One page of ``items`` (pairs of a sort key, JSON-comparable and unique, and the item) and
-    the token of the next page (None on the last one). The items are sorted here by key."""
+    """One page of ``items`` (pairs of a sort key, JSON-comparable and unique, and the item, or
+    an :class:`Ordered` of them) and the token of the next page (None on the last one)."""
+    order = items if isinstance(items, Ordered) else ordered(items)
     size = bounded(body, "MaxResults", 1, most) or default
     digest = query_digest(body)
     after = _read_token(body.get("NextToken"), digest)
-    keyed = sorted(((_tuple(key), key, item) for key, item in items), key=lambda entry: entry[0],
-                   reverse=descending)
-    if after is not None:  # the page starts after the key the token names (keys are unique)
-        after_key = _tuple(after)
-        if descending:
-            start = next((i for i, e in enumerate(keyed) if e[0] < after_key), len(keyed))
-        else:
-            start = bisect.bisect_right([e[0] for e in keyed], after_key)
-        keyed = keyed[start:]
-    shown = keyed[:size]
-    token = _make_token(shown[-1][1], digest) if len(keyed) > size else None
-    return [item for _, _, item in shown], token
+    n = len(order.keys)
+    if not descending:  # the page starts after the key the token names (keys are unique)
+        begin = 0 if after is None else bisect.bisect_right(order.keys, _tuple(after))
+        end = min(n, begin + size)
+        shown, more = range(begin, end), end < n
+    else:  # from the largest key below the token's, down
+        stop = n if after is None else bisect.bisect_left(order.keys, _tuple(after))
+        begin = max(0, stop - size)
+        shown, more = range(stop - 1, begin - 1, -1), begin > 0
+    token = _make_token(order.raw[shown[-1]], digest) if more and len(shown) else None
+    return [order.items[i] for i in shown], token
 
 
 def _tuple(key: Any) -> tuple:
