@@ -18,7 +18,9 @@ operator does not reset the clock):
   says ``Unschedulable*`` (since ``health_label_since``);
 * the node was deleted from under the group (since ``deleted_since``);
 * the node never reported a ``Ready`` condition within ``startup_timeout`` of ``created``
-  (Cluster API's ``nodeStartupTimeout``).
+  (Cluster API's ``nodeStartupTimeout``);
+* the node failed its deep health checks (``check_failed``, from the group's record,
+  :mod:`hyperplan.planning.deepchecks`): judged at once, without a grace (the checks are the verdict).
 
 A label or deletion whose start time the caller does not know (``None``) counts as having
 started long ago: it is judged at once rather than never. A node whose signals clear
@@ -141,6 +143,7 @@ REASON_TOO_MANY_UNHEALTHY = "TooManyUnhealthy"
 REASON_INVALID_MAX_UNHEALTHY = "InvalidMaxUnhealthy"
 SIGNAL_DELETED = "NodeDeleted"
 SIGNAL_STARTUP_TIMEOUT = "NodeStartupTimeout"
+SIGNAL_DEEP_CHECK_FAILED = recovery.SIGNAL_DEEP_CHECK_FAILED
 
 HEALTH_BATCH_WINDOW = timedelta(milliseconds=500)
 """How late a failure may be judged so that it goes in one pass with a close one (see "Batching
@@ -180,6 +183,10 @@ class NodeObservation:
     replaces: str | None = None
     pods_left: int | None = None  # pods a drain would wait for; None: not counted this pass
     evicting_since: datetime | None = None  # see ANNOTATION_EVICTING_SINCE
+    # Its deep health checks (planning.deepchecks, by the group's record): running (it is no spare
+    # to promote meanwhile), or failed at that time (a signal without grace).
+    checking: bool = False
+    check_failed: datetime | None = None
 
     def condition(self, type_: str) -> NodeCondition | None:
         for c in self.conditions:
@@ -257,6 +264,8 @@ def _signals(node: NodeObservation, check: HealthCheck) -> list[_Signal]:
                     check.grace))
     if ready is None and check.startup_timeout is not None and node.created is not None:
         out.append((SIGNAL_STARTUP_TIMEOUT, node.created, check.startup_timeout))
+    if node.check_failed is not None:
+        out.append((SIGNAL_DEEP_CHECK_FAILED, node.check_failed, timedelta(0)))
     return out
 
 
@@ -527,7 +536,7 @@ def _pick_spare(failed: NodeObservation, nodes: Sequence[NodeObservation],
                 us_index: Mapping[str, int]) -> NodeObservation | None:
     candidates = [
         n for n in nodes
-        if n.role == ROLE_SPARE and n.exists and n.name not in taken
+        if n.role == ROLE_SPARE and n.exists and n.name not in taken and not n.checking
         and n.name not in verdict.unhealthy and n.name not in verdict.held  # held: its grace has ended
     ]
     if not candidates:
