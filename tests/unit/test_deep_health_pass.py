@@ -164,16 +164,47 @@ def test_a_node_that_fails_its_checks_is_replaced_with_the_output_in_an_event(wo
 
     set_ready(world, backfill, "True", world.now)
     world.now += timedelta(seconds=1)
-    run(world)  # the failed node goes; its successor's checks start, alone on its UltraServer: it reaches itself
-    assert failed not in world.provider.nodes
+    run(world)  # its successor's checks start, alone on its UltraServer: it reaches itself
     [connectivity] = world.checks.of(backfill, INSTANCE_CONNECTIVITY)
     assert world.checks.made[connectivity].job.peers == (backfill,)
     assert (status(world)["readyCount"], status(world)["spareCount"]) == (2, 0)
+    assert failed in world.provider.nodes  # its successor does not serve yet: Ready, but not checked
 
     passed(world, backfill)
+    run(world)  # the successor serves: the failed node goes
+    assert failed not in world.provider.nodes
+    world.now += timedelta(seconds=1)
+    run(world)
     s = status(world)
     assert (s["phase"], s["readyCount"], s["spareCount"], s["unhealthyCount"]) == ("Ready", 2, 1, 0)
     assert check_taint(world, backfill) is None
+
+
+def test_a_spare_still_in_its_checks_is_not_promoted_and_the_new_node_serves_once_checked(worlds) -> None:
+    world = worlds(group(onStartDeepHealthChecks=BOTH))
+    up(world)
+    failed, backfill = ACTIVE[1], ACTIVE[1] + "-g1"
+    finish(world, failed, fail="exit code 1: reached 0 of 2 peer(s)", check=INSTANCE_CONNECTIVITY)
+    world.now += timedelta(seconds=1)
+    run(world)
+    run(world)  # replaced: no checked spare to promote, so a new active node in its slot
+    assert ("promote_spare", SPARE) not in world.provider.calls
+    assert labels(world, backfill)[naming.LABEL_ROLE] == "active"
+
+    passed(world, ACTIVE[0], SPARE)  # the spare passes now: it stays the spare, the slot has its new node
+    run(world)
+    assert ("promote_spare", SPARE) not in world.provider.calls and failed in world.provider.nodes
+    set_ready(world, backfill, "True", world.now)
+    world.now += timedelta(seconds=1)
+    run(world)
+    passed(world, backfill)
+    run(world)
+    world.now += timedelta(seconds=1)
+    run(world)
+    assert failed not in world.provider.nodes
+    assert (labels(world, backfill)[naming.LABEL_ROLE], labels(world, SPARE)[naming.LABEL_ROLE]) == ("active", "spare")
+    s = status(world)
+    assert (s["phase"], s["readyCount"], s["spareCount"], s["unhealthyCount"]) == ("Ready", 2, 1, 0)
 
 
 def test_a_check_job_that_is_gone_is_made_again(worlds) -> None:
@@ -243,3 +274,23 @@ def test_a_connectivity_job_is_pinned_to_its_node_and_named_under_its_runs_servi
     assert service["spec"]["selector"].items() <= body["spec"]["template"]["metadata"]["labels"].items()
     assert service["metadata"]["ownerReferences"] == [
         {"apiVersion": "batch/v1", "kind": "Job", "name": "dhc-a-c-0123456789", "uid": "uid-j"}]
+
+
+def test_kwoks_stages_end_a_check_pod_by_the_keys_the_code_names() -> None:
+    """On KWOK a check pod passes after 5 s, or fails at once with the exit code and output a test
+    wrote on it: the stages select by the component label and annotations the code names."""
+    import yaml
+
+    from hyperplan.actuation.deepchecks import ANNOTATION_KWOK_EXIT_CODE, ANNOTATION_KWOK_OUTPUT, CHECK_COMPONENT
+    from hyperplan_dev.plane import kwok_stages
+    stages = {s["metadata"]["name"]: s["spec"] for s in yaml.safe_load_all(kwok_stages())}
+    passing, failing = stages["hyperplan-deep-health-check-pass"], stages["hyperplan-deep-health-check-fail"]
+    for stage, operator in ((passing, "DoesNotExist"), (failing, "Exists")):
+        keys = {e["key"]: e for e in stage["selector"]["matchExpressions"]}
+        assert keys['.metadata.labels["app.kubernetes.io/component"]']["values"] == [CHECK_COMPONENT]
+        assert keys[f'.metadata.annotations["{ANNOTATION_KWOK_EXIT_CODE}"]']["operator"] == operator
+        assert keys[".status.phase"]["values"] == ["Running"]
+    assert passing["delay"]["durationMilliseconds"] == 5000 and "phase: Succeeded" in passing["next"]["statusTemplate"]
+    assert "delay" not in failing and "phase: Failed" in failing["next"]["statusTemplate"]
+    assert f'"{ANNOTATION_KWOK_OUTPUT}"' in failing["next"]["statusTemplate"]
+    assert f'"{ANNOTATION_KWOK_EXIT_CODE}"' in failing["next"]["statusTemplate"]

@@ -202,13 +202,16 @@ def test_the_ladder_replaces_a_node_that_failed_its_checks(ladder, step) -> None
     assert got.kind == step
 
 
-@pytest.mark.parametrize("spare_checking, promoted", [(False, True), (True, False)],
-                         ids=["a-checked-spare-is-promoted", "a-spare-still-in-its-checks-is-not"])
-def test_a_spare_serves_only_once_checked(spare_checking, promoted) -> None:
+@pytest.mark.parametrize("spare_checking, backfilled, promoted", [
+    (False, False, True), (True, False, False), (False, True, False),
+], ids=["a-checked-spare-is-promoted", "a-spare-still-in-its-checks-is-not",
+        "nor-one-checked-later-for-a-slot-that-has-its-new-node"])
+def test_a_spare_serves_only_once_checked(spare_checking, backfilled, promoted) -> None:
     failed = NodeObservation("a", conditions=(NodeCondition("Ready", "False", NOW - timedelta(minutes=5)),),
                              ultraserver_id="us-0", slot="0-0")
     spare = ready_node("s", role="spare", ultraserver_id="us-0", slot="0-1", checking=spare_checking)
-    nodes = [failed, spare]
+    nodes = [failed, spare] + ([ready_node("a-g1", ultraserver_id="us-0", slot="0-0", generation=1, checking=True)]
+                               if backfilled else [])
     verdict = evaluate_health(nodes, HealthCheck(), NOW)
     remedy = plan_remediation(verdict, nodes, block_has_time_left=True, uses_spares=True, max_unhealthy=1,
                               ladder=recovery.REPLACE_ONLY, now=NOW)

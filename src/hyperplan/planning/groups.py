@@ -320,7 +320,7 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
     by_slot = {(n.health.slot, n.health.generation): n for n in on_block}
     by_name = {n.name: n for n in on_block}
     actions, evacuation_check = _evacuate_before_removal(remedy.actions, on_block, by_name, by_slot, policy, now,
-                                                         remedy.rebooting)
+                                                         remedy.rebooting, checked)
 
     owners = placement.spare_owners(placements)
     slots = placement.slot_states_from_labels(n.labels for n in on_block if not n.deleting)
@@ -402,9 +402,12 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
 def _evacuate_before_removal(planned: Sequence[health.Action], on_block: Sequence[ObservedGroupNode],
                              by_name: Mapping[str, ObservedGroupNode],
                              by_slot: Mapping[tuple[str | None, int], ObservedGroupNode], policy: Policy,
-                             now: datetime, rebooting: Sequence[str] = ()) -> tuple[tuple[health.Action, ...], datetime | None]:
+                             now: datetime, rebooting: Sequence[str] = (),
+                             checked: Mapping[str, deepchecks.CheckState] | None = None,
+                             ) -> tuple[tuple[health.Action, ...], datetime | None]:
     """The remediation with each failed node's pods evicted once its replacement serves (a spare
-    promoted in its stead, or its backfill Ready) and its removal held until they are gone
+    promoted in its stead, or its backfill Ready and, with deep health checks, checked: ``checked``
+    by node id) and its removal held until they are gone
     (:func:`hyperplan.planning.health.evacuate`), and the pods of each ``rebooting`` node whose
     spare serves evicted too; and when to look again at pods still leaving."""
     serving_for = {a.replacing for a in planned if isinstance(a, health.PromoteSpare)} | {
@@ -426,32 +429,41 @@ def _evacuate_before_removal(planned: Sequence[health.Action], on_block: Sequenc
             kept.append(action)
             continue
         failed = by_name.get(action.node)
-        ready = _replacement_ready(failed, by_slot)
+        ready = _replacement_ready(failed, by_slot, checked)
         if failed is None or not (ready or failed.name in serving_for):
             continue
         evacuation = health.evacuate(failed.health, action.reason, now, policy.dead_node_eviction_timeout)
         if evacuation.action is not None:
             evictions.append(evacuation.action)
         if evacuation.done and ready:
-            removals.append(dataclasses.replace(action, serving_since=_serving_since(failed, by_slot)))
+            removals.append(dataclasses.replace(action, serving_since=_serving_since(failed, by_slot, checked)))
         check = _min_time(check, evacuation.next_check)
     return tuple(kept + evictions + removals), check
 
 
 def _replacement_ready(failed: ObservedGroupNode | None,
-                       by_slot: Mapping[tuple[str | None, int], ObservedGroupNode]) -> bool:
+                       by_slot: Mapping[tuple[str | None, int], ObservedGroupNode],
+                       checked: Mapping[str, deepchecks.CheckState] | None = None) -> bool:
+    """Whether the failed node's replacement serves: Ready, and past its deep health checks."""
     if failed is None or failed.health.slot is None:
         return True
     successor = by_slot.get((failed.health.slot, failed.health.generation + 1))
-    return successor is not None and successor.ready
+    run = (checked or {}).get(successor.name) if successor is not None else None
+    return successor is not None and successor.ready and (run is None or run.serving)
 
 
 def _serving_since(failed: ObservedGroupNode,
-                   by_slot: Mapping[tuple[str | None, int], ObservedGroupNode]) -> datetime | None:
-    """When the failed node's replacement reported Ready (None: it has no replacement)."""
+                   by_slot: Mapping[tuple[str | None, int], ObservedGroupNode],
+                   checked: Mapping[str, deepchecks.CheckState] | None = None) -> datetime | None:
+    """When the failed node's replacement reported Ready, or passed its deep health checks if that
+    came later (None: it has no replacement)."""
     successor = by_slot.get((failed.health.slot, failed.health.generation + 1)) if failed.health.slot else None
     ready = successor.health.condition(CONDITION_READY) if successor is not None else None
-    return ready.last_transition_time if ready is not None and ready.status == "True" else None
+    if ready is None or ready.status != "True":
+        return None
+    run = (checked or {}).get(successor.name)
+    return max(ready.last_transition_time, run.finished) if run is not None and run.finished else \
+        ready.last_transition_time
 
 
 def _reason(conditions: Sequence[Condition], type_: str) -> str | None:

@@ -53,8 +53,9 @@ says ``TooManyUnhealthy``.
 A plan lists actions phase by phase, each phase in the failed nodes' name order:
 ``MarkUnhealthy`` (label ``UnschedulablePendingReplacement`` and the NoSchedule taint
 :data:`UNHEALTHY_TAINT`), ``PromoteSpare`` (a spare takes over a failed active node: the
-healthiest spare on the same UltraServer, else on another of the group's UltraServers),
-``Backfill`` (a new node in the failed node's slot with the next generation: a spare on
+healthiest spare on the same UltraServer, else on another of the group's UltraServers; none
+that is still in its deep health checks, and none for a failed node whose slot has its
+replacement already), ``Backfill`` (a new node in the failed node's slot with the next generation: a spare on
 UltraServer groups that promoted one, otherwise an active node) and ``RemoveNode``.
 Backfill comes before RemoveNode on purpose (make before break): until the replacement
 exists the failed node stays, cordoned, carrying its slot and generation, so a crash
@@ -624,7 +625,13 @@ def plan_remediation(
         first = state.since or verdict.first_seen.get(name) or when  # the fault's first sight
         promoted = name in already_promoted
         covered_here = promoted  # a spare of its own UltraServer serves in its place
-        if step.kind != recovery.LABEL_ONLY and uses_spares and node.role == ROLE_ACTIVE and not promoted:
+        # A replacement made in its slot already (no spare could serve when it failed: none was
+        # healthy, or checked) takes its place: a spare that can serve later is not promoted for it
+        # too, which would leave one active node too many and the spare demoted again.
+        backfilled = node.slot is not None and any(
+            o.exists and o.slot == node.slot and o.generation > node.generation for o in nodes)
+        if step.kind != recovery.LABEL_ONLY and uses_spares and node.role == ROLE_ACTIVE and not promoted \
+                and not backfilled:
             spare = _pick_spare(node, nodes, verdict, taken, us_index)
             if spare is None:
                 notes.append(f"no healthy spare to replace {name}")
