@@ -174,9 +174,10 @@ def test_the_record_keeps_a_run_and_gives_it_back() -> None:
     assert record[0].deep_health_check is None
     assert deepchecks.states_of(record) == {"b": state}
     assert GroupNode.model_validate(record[1].wire()).deep_health_check == state.to_record()
-    assert not deepchecks.jobs_to_read(record)
-    assert deepchecks.jobs_to_read(deepchecks.recorded(entries, {"a": running()}))
-    assert not deepchecks.jobs_to_read(deepchecks.recorded(entries, {"a": new()}))
+    assert deepchecks.awaited(record) == set()  # failed: nothing to wait for
+    assert deepchecks.awaited(deepchecks.recorded(entries, {"a": running()})) == {
+        job_name("a", c, running()) for c in BOTH}
+    assert deepchecks.awaited(deepchecks.recorded(entries, {"a": new()})) == set()  # no Job made yet
 
 
 # --------------------------------------------------------------------------- health and the ladder

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Collection, Mapping, Protocol, Sequence, runtime_checkable
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -162,8 +162,9 @@ def termination_message(pod: client.V1Pod) -> str:
 class DeepCheckJobs(Protocol):
     """The check Jobs of instance groups (a recording fake in tests)."""
 
-    def list(self, group: str) -> dict[str, deepchecks.JobResult]:
-        """The group's check Jobs by name, each with its state and, when it failed, its output."""
+    def list(self, group: str, awaited: Collection[str] = ()) -> dict[str, deepchecks.JobResult]:
+        """The group's check Jobs by name, each with its state and, for a failed one of
+        ``awaited`` (the Jobs a run waits for), its output."""
         ...
 
     def start(self, group: str, targets: Sequence[Target]) -> list[str]:
@@ -179,7 +180,7 @@ class KubeDeepCheckJobs:
         self.kube = kube
         self.settings = settings
 
-    def list(self, group: str) -> dict[str, deepchecks.JobResult]:
+    def list(self, group: str, awaited: Collection[str] = ()) -> dict[str, deepchecks.JobResult]:
         selector = (f"app.kubernetes.io/component={CHECK_COMPONENT},"
                     f"{LABEL_GROUP}={naming.label_value(group)}")
         jobs = self.kube.batch.list_namespaced_job(self.settings.namespace, label_selector=selector).items
@@ -187,7 +188,7 @@ class KubeDeepCheckJobs:
         for job in jobs:
             state, reason = job_state(job)
             output = ""
-            if state == deepchecks.FAILED:
+            if state == deepchecks.FAILED and job.metadata.name in awaited:  # its pods: one call
                 output = self._output(job.metadata.name) or reason
             out[job.metadata.name] = deepchecks.JobResult(job.metadata.name, state, output)
         return out

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -383,9 +383,10 @@ class FakeDeepCheckJobs:
     services: dict[str, list[str]] = field(default_factory=dict)  # a run's Service: its owner Jobs
     calls: list[tuple[str, str]] = field(default_factory=list)
 
-    def list(self, group: str) -> dict[str, deepchecks.JobResult]:
+    def list(self, group: str, awaited: Collection[str] = ()) -> dict[str, deepchecks.JobResult]:
         self.calls.append(("list", group))
-        return {name: r for name, r in self.jobs.items() if self.groups[name] == group}
+        return {name: r if name in awaited else replace(r, output="")
+                for name, r in self.jobs.items() if self.groups[name] == group}
 
     def start(self, group: str, targets: Sequence[Target]) -> list[str]:
         made = []

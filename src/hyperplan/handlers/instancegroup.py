@@ -127,7 +127,8 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     pod_counts = (await in_thread(rt, count_pods, rt.pods, raw)  # nodes marked for replacement only
                   if any(being_evacuated(n) for n in raw) else {})
     # The deep health checks' Jobs, while one runs (their ends wake no pass: the pass polls).
-    check_jobs = (await in_thread(rt, rt.checks.list, name) if deepchecks.jobs_to_read(group.status.nodes) else None)
+    awaited = deepchecks.awaited(group.status.nodes)
+    check_jobs = await in_thread(rt, rt.checks.list, name, awaited) if awaited else None
 
     # Decide.
     now, key = rt.clock(), naming.label_value(name)

@@ -41,6 +41,7 @@ from hyperplan.api.vocabulary import (
     LABEL_DEEP_HEALTH_CHECK, LABEL_SAGEMAKER_DEEP_HEALTH_CHECK, TAINT_DEEP_HEALTH_CHECK, to_rfc3339,
 )
 from hyperplan.planning.naming import Taint
+from hyperplan.planning.placement import NodeSpec
 
 POLL = timedelta(seconds=2)
 """How often a pass looks at the Jobs while a check runs: a Job's end wakes no group (no watch)."""
@@ -94,10 +95,12 @@ def states_of(record: Sequence[GroupNode] | None) -> dict[str, CheckState]:
     return {e.node_id: CheckState.from_record(e.deep_health_check) for e in record or () if e.deep_health_check}
 
 
-def jobs_to_read(record: Sequence[GroupNode] | None) -> bool:
-    """Whether a pass must list the group's check Jobs: a node's checks run."""
-    return any(e.deep_health_check is not None and e.deep_health_check.status == CHECK_IN_PROGRESS
-               and e.deep_health_check.started is not None for e in record or ())
+def awaited(record: Sequence[GroupNode] | None) -> set[str]:
+    """The names of the check Jobs whose end the record waits for (a pass lists the group's Jobs
+    only while there are any, and reads the output of these only)."""
+    return {job_name(e.node_id, check, state) for e in record or () if e.deep_health_check is not None
+            for state in [CheckState.from_record(e.deep_health_check)]
+            if state.status == CHECK_IN_PROGRESS and state.started is not None for check in state.checks}
 
 
 def recorded(entries: Sequence[GroupNode], moved: Mapping[str, CheckState]) -> list[GroupNode]:
@@ -106,7 +109,7 @@ def recorded(entries: Sequence[GroupNode], moved: Mapping[str, CheckState]) -> l
             if entry.node_id in moved else entry for entry in entries]
 
 
-def dressed(spec, state: CheckState | None):
+def dressed(spec: NodeSpec, state: CheckState | None) -> NodeSpec:
     """A desired node (``placement.NodeSpec``) with the labels and taint of its check ``state``:
     the status under both keys, and :func:`check_taint` until it passed."""
     if state is None:
@@ -230,11 +233,12 @@ def plan_checks(checks: Sequence[str], states: Mapping[str, CheckState], nodes: 
     ``recovered``: the ones back from a reboot now; ``jobs``: the group's check Jobs by name (None:
     not listed this pass, as no check had started).
     """
+    created, recovered = set(created), set(recovered)
     out = dict(states)
     moved: dict[str, CheckState] = {}
     checks = tuple(c for c in (INSTANCE_STRESS, INSTANCE_CONNECTIVITY) if c in checks)
     if checks:
-        for nid in set(created) | set(recovered):
+        for nid in sorted(created | recovered):
             prior = states.get(nid)
             if nid in created and prior is not None and prior.status == CHECK_IN_PROGRESS and prior.started is None:
                 continue  # its create is still to come: the same run
