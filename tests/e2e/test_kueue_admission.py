@@ -213,6 +213,8 @@ def test_workload_waits_through_the_first_block_and_runs_in_the_second(scenarios
         assert labels["hyperplan.dev/reserved-capacity"] == r["second"]["id"], (name, labels)
         assert labels["topology.kubernetes.io/zone"] == r["second"]["availabilityZone"]
         assert labels["hyperplan.dev/workload"] == f"{r['names']['ns']}.{r['workload']['metadata']['name']}"
+        # ... and under the key a kubelet cannot set on itself, which the pods are steered by
+        assert labels["node-restriction.kubernetes.io/hyperplan-workload"] == labels["hyperplan.dev/workload"]
     reasons = [reason for reason, _ in r["events"]]
     assert "AdmissionCheckRetry" in reasons and "AdmissionCheckReady" in reasons, r["events"]
     ready_message = next(m for reason, m in r["events"] if reason == "AdmissionCheckReady")

@@ -9,7 +9,7 @@ from hyperplan.planning import admission
 
 NOW = datetime(2027, 1, 1, 12, 0, tzinfo=timezone.utc)
 SETS = (admission.PodSetView("main", 2), admission.PodSetView("workers", 4))
-SELECTOR = {"hyperplan.dev/workload": "team.job-train"}
+SELECTOR = {"node-restriction.kubernetes.io/hyperplan-workload": "team.job-train"}
 
 
 def test_ready_entry_pins_every_pod_set_to_the_workload_nodes() -> None:

@@ -80,7 +80,7 @@ def workload(name: str, *, state: str = "Pending", admitted: bool = False, finis
     entry: dict[str, Any] = {"name": check, "state": state, "lastTransitionTime": created}
     if state == "Ready":
         entry["podSetUpdates"] = [{"name": "main", "labels": {naming.LABEL_RESERVED_CAPACITY: BLOCK},
-                                   "nodeSelector": {trainingjobs.LABEL_WORKLOAD: trainingjobs.workload_label_value(NS, name)}}]
+                                   "nodeSelector": {trainingjobs.LABEL_TRUSTED_WORKLOAD: trainingjobs.workload_label_value(NS, name)}}]
     return {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
             "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}", "resourceVersion": rv,
                          "creationTimestamp": created},

@@ -265,6 +265,26 @@ def test_deleting_a_plan_bought_remotely_says_the_remote_plan_stays(world) -> No
     assert lines(w) == []
 
 
+@pytest.mark.parametrize("down, warned", [(False, True), (True, False)], ids=["endpoint-answers", "endpoint-down"])
+def test_deleting_a_plan_whose_remote_plan_is_still_pending_says_it_stays(world, down, warned) -> None:
+    w, remote = world(offering())
+    w.run(reconcile_plan, NAME)  # CreateTrainingPlan answered; the remote plan is Pending, no block yet
+    assert lines(w) == [] and any(c[0] == "create_plan" for c in remote.calls)
+    obj = w.kube.objects[(PLANS_PLURAL, NAME)]
+    obj["metadata"]["deletionTimestamp"] = "2027-01-04T00:00:10Z"
+    remote.down = down
+    later(w, 60)  # the listing is older than the deletion accepts: it asks again
+
+    import asyncio
+    asyncio.run(release_plan(w.rt, obj))  # never held up by an endpoint that is down
+
+    kept = [m for _, t, r, m in w.events if r == "RemotePlanKept"]
+    if warned:
+        assert kept and f"training-plan/{REMOTE}-0 (Pending)" in kept[0] and "will be bought" in kept[0]
+    else:
+        assert kept == []
+
+
 @pytest.mark.parametrize("events, wakes", [
     ([("ADDED", 1, True), ("MODIFIED", 1, True)], [True, False]),
     ([("ADDED", 1, True), ("MODIFIED", 2, True)], [True, True]),

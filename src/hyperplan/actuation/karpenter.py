@@ -32,13 +32,12 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from hyperplan.actuation.kube import Kube
 from hyperplan.actuation.nodes import (
     KWOK_ANNOTATION, DEFAULT_KWOK_REBOOT_SECONDS, KwokProvider, MadeNode, NodeProvider, RebootJob, StaticProvider,
-    gone_or_another, uid_of,
+    delete_guarded, uid_of,
 )
 from hyperplan.api.models import NodeClaimRef
 from hyperplan.api.vocabulary import ANNOTATION_CLAIM, LABEL_NODE_ID
@@ -159,16 +158,12 @@ class KarpenterProvider(KwokProvider):
 
     def delete_claim(self, name: str, uid: str) -> str:
         """Delete the NodeClaim of that name if its uid is ``uid``; what became of it, in words."""
-        try:
-            self.kube.custom.delete_cluster_custom_object(
-                KARPENTER_GROUP, KARPENTER_VERSION, NODECLAIMS, name,
-                body=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid)))
-        except ApiException as e:
-            if e.status == 404:
-                return f"NodeClaim {name} gone already"
-            if gone_or_another(e):
-                return f"NodeClaim {name} is another claim now (its uid is not {uid}): left alone"
-            raise
+        done = delete_guarded(lambda options: self.kube.custom.delete_cluster_custom_object(
+            KARPENTER_GROUP, KARPENTER_VERSION, NODECLAIMS, name, body=options), uid)
+        if done == "gone":
+            return f"NodeClaim {name} gone already"
+        if done == "another":
+            return f"NodeClaim {name} is another claim now (its uid is not {uid}): left alone"
         return f"NodeClaim {name} deleted (Karpenter terminates its node)"
 
     # ------------------------------------------------------------------ nodes

@@ -21,7 +21,7 @@ from kubernetes import client
 from hyperplan import metrics
 from hyperplan.actuation.kube import Kube
 from hyperplan.planning import naming
-from hyperplan.planning.trainingjobs import ANNOTATION_KEEP_ALIVE_UNTIL, LABEL_WORKLOAD
+from hyperplan.planning.trainingjobs import ANNOTATION_KEEP_ALIVE_UNTIL, LABEL_TRUSTED_WORKLOAD, LABEL_WORKLOAD
 
 KUEUE_GROUP = "kueue.x-k8s.io"
 KUEUE_VERSION = "v1beta2"
@@ -83,7 +83,8 @@ class KubeKueueWrites:
         return out if isinstance(out, dict) else None
 
     def set_node_workload(self, node: str, workload: str, keep_alive_until: str | None) -> None:
-        self.kube.core.patch_node(node, {"metadata": {"labels": {LABEL_WORKLOAD: workload},
+        self.kube.core.patch_node(node, {"metadata": {"labels": {LABEL_WORKLOAD: workload,
+                                                                 LABEL_TRUSTED_WORKLOAD: workload},
                                                       "annotations": {ANNOTATION_KEEP_ALIVE_UNTIL: keep_alive_until}}})
 
     def list_job_nodes(self, plan_label: str) -> list[client.V1Node]:

@@ -320,15 +320,8 @@ class KwokProvider:
 
     def release(self, node: str, uid: str = "", lent: lending.LentRecord | None = None,
                 cordoned: bool = False) -> str:
-        options = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid)) if uid else None
-        try:
-            self.kube.core.delete_node(node, body=options)
-        except ApiException as e:
-            if e.status == 404:
-                return f"{node} deleted"
-            if gone_or_another(e):
-                return f"{node} is another node now (its uid is not {uid}): left alone"
-            raise
+        if delete_guarded(lambda options: self.kube.core.delete_node(node, body=options), uid) == "another":
+            return f"{node} is another node now (its uid is not {uid}): left alone"
         return f"{node} deleted"
 
     def list(self, group: str) -> list[client.V1Node]:
@@ -397,6 +390,21 @@ class KwokProvider:
         except ApiException as e:
             if not gone_or_another(e):
                 raise
+
+
+def delete_guarded(delete: Callable[[client.V1DeleteOptions | None], Any], uid: str) -> str:
+    """``delete(options)`` with ``uid`` as its precondition (none when ""): ``"deleted"``, ``"gone"``
+    (404), or ``"another"`` (an object of that name with another uid now, left alone)."""
+    options = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid)) if uid else None
+    try:
+        delete(options)
+    except ApiException as e:
+        if e.status == 404:
+            return "gone"
+        if gone_or_another(e):
+            return "another"
+        raise
+    return "deleted"
 
 
 def set_node_condition(kube: Kube, node_name: str, condition: dict[str, str], uid: str = "") -> None:

@@ -67,8 +67,10 @@ LABEL_POOL = f"{NODE_RESTRICTION_PREFIX}hyperplan-pool"
 LABEL_TRUSTED_GROUP = f"{NODE_RESTRICTION_PREFIX}hyperplan-instance-group"
 POOL_FREE = "free"
 POOL_HELD = "held"
-# Training-job plans (planning.trainingjobs): the workload a node serves.
+# Training-job plans (planning.trainingjobs): the workload a node serves; and the same under the
+# key a kubelet cannot set on its own Node, which Kueue's admission steers the workload's pods by.
 LABEL_WORKLOAD = f"{GROUP}/workload"
+LABEL_TRUSTED_WORKLOAD = f"{NODE_RESTRICTION_PREFIX}hyperplan-workload"
 
 ROLE_ACTIVE = "active"
 ROLE_SPARE = "spare"

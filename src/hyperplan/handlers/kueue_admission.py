@@ -228,7 +228,9 @@ async def reconcile_plan_workloads(rt: Runtime, plan_name: str) -> datetime | No
 
     for w, decision in decided.decisions:
         wl, check = w.ref
-        selector = ({trainingjobs.LABEL_WORKLOAD: trainingjobs.workload_label_value(w.view.namespace, w.view.name)}
+        # The key a kubelet cannot set on its own Node: a node that labels itself with the workload
+        # does not attract its pods (docs/security.md, "Which node labels a scheduler may trust").
+        selector = ({trainingjobs.LABEL_TRUSTED_WORKLOAD: trainingjobs.workload_label_value(w.view.namespace, w.view.name)}
                     if target == admission.TRAINING_JOB else {naming.LABEL_PLAN: naming.label_value(plan_name)})
         labels = {naming.LABEL_RESERVED_CAPACITY: naming.label_value(decision.block_id)} if decision.block_id else {}
         prior = _entry(wl, check)

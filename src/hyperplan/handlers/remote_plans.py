@@ -190,3 +190,29 @@ def kept_message(pools: Sequence[CapacityPool], uid: str, now: datetime) -> str 
         return None
     return ("the remote training plan(s) " + ", ".join(sorted(set(kept))) + " stay bought at their endpoint: a "
             "SageMaker training plan cannot be cancelled; only this cluster's record of them is removed")
+
+
+def pending_kept_message(rt: Any, pools: Sequence[CapacityPool], uid: str) -> str | None:
+    """For a deleted plan that holds no remote block yet: the remote plans its uid named that are
+    still live at their endpoints (a CreateTrainingPlan answered, the remote still Pending), read
+    from each endpoint's listing (at most 30 s old: the plan's own following keeps one fresh).
+    None when there is none, or when no endpoint answered (the deletion is never held up by an
+    endpoint that is down; that is said in the log). Sync (a thread)."""
+    kept, seen = [], set()
+    for pool in pools:
+        source = pool.spec.source.sage_maker if pool.spec.source else None
+        if source is None or (source.endpoint, source.region, source.credentials_secret) in seen:
+            continue
+        seen.add((source.endpoint, source.region, source.credentials_secret))
+        try:
+            live = standing_of(rt.remote.plans(pool.metadata["name"], source, 30.0), uid).live
+        except Exception as e:  # noqa: BLE001 - any failure: the deletion goes on without the warning
+            log.warning("plan uid %s deleted: could not ask %s for its remote plans: %s", uid,
+                        source.endpoint or "AWS", e)
+            continue
+        if live is not None:
+            kept.append(f"{live.arn} ({live.status})")
+    if not kept:
+        return None
+    return ("the remote training plan(s) " + ", ".join(sorted(kept)) + " stay at their endpoint: a SageMaker training "
+            "plan cannot be cancelled, and one still being bought will be bought; only this cluster's record is removed")

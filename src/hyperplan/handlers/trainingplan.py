@@ -319,8 +319,12 @@ async def release_plan(rt: Runtime, obj: dict[str, Any]) -> None:
     if PLAN_FINALIZER not in finalizers and FINALIZER not in finalizers:
         return
     pools = rt.cache.pool_objects()
-    kept = remote_plans.kept_message(remote_plans.remote_pools(pools, {p["metadata"]["name"] for p in pools}),
-                                     meta["uid"], rt.clock())
+    remote_pools = remote_plans.remote_pools(pools, {p["metadata"]["name"] for p in pools})
+    kept = remote_plans.kept_message(remote_pools, meta["uid"], rt.clock())
+    if not kept and remote_pools and rt.remote is not None and not rt.cache.blocks_of(meta["uid"]):
+        # Nothing bought remotely in the ledger yet, but a CreateTrainingPlan may have been answered:
+        # its remote plan goes on (Pending, then bought) whatever happens to this one.
+        kept = await asyncio.to_thread(remote_plans.pending_kept_message, rt, remote_pools, meta["uid"])
     if kept:
         kopf.warn(obj, reason="RemotePlanKept", message=kept)
     released = await asyncio.to_thread(rt.ledger.release, meta["uid"], rt.clock())

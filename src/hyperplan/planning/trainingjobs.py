@@ -44,7 +44,7 @@ from hyperplan.planning import placement
 from hyperplan.planning import reading
 
 from hyperplan.api.vocabulary import (  # noqa: F401  (the keys re-exported)
-    ANNOTATION_KEEP_ALIVE_UNTIL, LABEL_WORKLOAD, to_rfc3339,
+    ANNOTATION_KEEP_ALIVE_UNTIL, LABEL_TRUSTED_WORKLOAD, LABEL_WORKLOAD, to_rfc3339,
 )
 
 
@@ -133,6 +133,7 @@ def node_spec(plan: str, block: JobBlock, server: placement.UltraServer | None, 
         naming.LABEL_SLOT: slot,
         naming.LABEL_GENERATION: "0",
         LABEL_WORKLOAD: workload,
+        LABEL_TRUSTED_WORKLOAD: workload,
     }
     if server is not None:
         labels.update(placement.topology_labels(block.availability_zone, block.id, server, keys))
