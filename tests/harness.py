@@ -37,7 +37,7 @@ class Operator:
     liveness_port: int
     env: dict
     proc: subprocess.Popen | None = None
-    sagemaker_api_port: int | None = None  # hyperplan's SageMaker API (served by the replica that leads)
+    sagemaker_api_port: int | None = None  # hyperplan's SageMaker API (both replicas serve it)
 
     def start(self) -> None:
         with open(self.log, "ab") as out:
