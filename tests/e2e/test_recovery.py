@@ -135,7 +135,9 @@ def recovery_ladder(ctx: Context) -> dict:
     victim = sorted(name for name, n in nodes.items() if n["metadata"]["labels"][ROLE] == "active")[0]
     uid = nodes[victim]["metadata"]["uid"]
     out.update(victim=victim, spare=spare)
-    out["metrics_before"] = _read(ctx)
+    # The gauge is set by the pass after the one whose status said Ready: read until it shows the three.
+    out["metrics_before"] = eventually(lambda: (m := _read(ctx)) and _health(m, group).get("Schedulable") == 3 and m,
+                                       timeout=10, interval=0.3, what="/metrics shows the three nodes Schedulable")
 
     # 1. The victim fails: the spare is promoted, the victim rebooted.
     failed_at = utcnow()
@@ -166,9 +168,15 @@ def recovery_ladder(ctx: Context) -> dict:
     # 3. The same node fails again within the window: replaced.
     again_at = utcnow()
     _fail(ctx.kube, victim, again_at)
-    marked = eventually(_keep_failing(
-        ctx, victim, again_at, lambda n: n["metadata"]["labels"].get(HEALTH) == "UnschedulablePendingReplacement" and n),
-        timeout=30, interval=0.2, what="victim marked for replacement")
+    still_failing = _keep_failing(
+        ctx, victim, again_at, lambda n: n["metadata"]["labels"].get(HEALTH) == "UnschedulablePendingReplacement" and n)
+
+    def marked_or_replaced():
+        # The replacement may be Ready, and the victim gone, between two polls: then the Event says it.
+        return still_failing() or (k.get_or_none("node", victim) is None and next(
+            (e for e in events_for(k, victim) if e.get("reason") == "NodeUnhealthy"
+             and "UnschedulablePendingReplacement" in e.get("message", "")), None))
+    marked = eventually(marked_or_replaced, timeout=30, interval=0.2, what="victim marked for replacement")
     out["marked_again"] = marked
     eventually(lambda: k.get_or_none("node", victim) is None, timeout=60, what="victim removed")
     out["replaced_nodes"] = _nodes(k, group)
