@@ -87,7 +87,16 @@ def ultraserver_group(ctx: Context) -> dict:
     nodes = _nodes(k, group)
     out["nodes"] = nodes
     out["ready_status"] = _group_status(k, group)
-    out["plan_while_ready"] = k.get("trainingplan", plan)["status"]
+    # The plan counts the group's nodes on its own pass, a moment after the group is Ready: the last
+    # status read within 30 s, and the assertions say what it lacked if it never settled.
+    def plan_counts_settled() -> bool:
+        out["plan_while_ready"] = k.get("trainingplan", plan)["status"]
+        return (out["plan_while_ready"].get("inUseInstanceCount"),
+                out["plan_while_ready"].get("availableSpareInstanceCount")) == (20, 2)
+    try:
+        eventually(plan_counts_settled, timeout=30, what="the plan's counts")
+    except AssertionError:
+        pass
 
     # 2. Pods that need a whole node's GPUs land on active nodes only.
     pods = [{"apiVersion": "v1", "kind": "Pod",

@@ -12,7 +12,7 @@ import pytest
 from hyperplan.handlers.instancegroup import LAUNCH_POLL, drain_group, reconcile_group
 from tests.unit.fake_runtime import GROUPS_PLURAL
 from tests.unit.test_group_pass import (  # noqa: F401 (the fixture)
-    ACTIVE, GROUP, NOW, SPARE, T0, TERMINATION, group, patches, run, worlds,
+    ACTIVE, GRACE, GROUP, LADDER, NOW, SPARE, T0, TERMINATION, group, patches, run, set_ready, worlds,
 )
 
 SLOTS = sorted([*ACTIVE, SPARE])
@@ -148,3 +148,37 @@ def test_deleting_the_group_deletes_its_claims_launching_or_not(worlds) -> None:
         except kopf.TemporaryError:
             world.list_nodes()
     assert world.karpenter.claims == {} and world.provider.nodes == {}
+
+
+def test_the_recovery_ladder_keeps_a_karpenter_nodes_clocks_under_its_slot(worlds) -> None:
+    """A Karpenter Node's name is not its slot: the reboot's clock is kept in the record under the
+    slot's entry, so that the node failing again within the window is replaced, not rebooted again."""
+    world = worlds(group(nodeProvider="karpenter", healthCheck=LADDER))
+    world.now = T0
+    run(world)
+    for name in world.karpenter.claims:
+        world.karpenter.register(name, ready_since=T0)
+    world.now = NOW
+    run(world)
+    failed_slot = ACTIVE[1]
+    failed = next(e["name"] for e in record(world) if e["nodeId"] == failed_slot)
+    assert failed != failed_slot
+    set_ready(world, failed, "False", NOW)
+    world.now = NOW + GRACE + timedelta(seconds=1)
+    run(world)
+    assert ("reboot", failed) in world.karpenter.calls
+    entry = next(e for e in record(world) if e["nodeId"] == failed_slot)
+    assert entry["recovery"]["rebootingSince"] == "2026-12-01T12:00:16Z"
+    assert entry["recovery"]["reboots"] == ["2026-12-01T12:00:16Z"]
+
+    world.karpenter.finish_reboot(failed, world.now)
+    world.now += timedelta(seconds=1)
+    run(world)
+    run(world)
+    set_ready(world, failed, "False", world.now)  # the same fault again, within the window
+    world.now += GRACE + timedelta(seconds=1)
+    world.karpenter.calls.clear()
+    run(world)
+    assert ("reboot", failed) not in world.karpenter.calls  # past its budget: replaced
+    assert world.provider.nodes[failed].metadata.labels["hyperplan.dev/node-health-status"] == \
+        "UnschedulablePendingReplacement"

@@ -160,7 +160,7 @@ class GroupDecision:
     update: list[placement.NodeSpec] = field(default_factory=list)
     drain: list[Drain] = field(default_factory=list)
     remediation: tuple[health.Action, ...] = ()
-    # The recovery clocks the remediation moved (by node name), for the group's record.
+    # The recovery clocks the remediation moved (by node id), for the group's record.
     recovery: Mapping[str, recovery.RecoveryState] = field(default_factory=dict)
     checkpoint: Checkpoint | None = None  # carried out before the drains
     events: list[Event] = field(default_factory=list)
@@ -282,7 +282,8 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
     # Each fault's grace counts from its first sight, which the group's record keeps (a condition
     # that flaps does not reset it): the observations carry those times (planning.recovery).
     ladder = recovery.Ladder.from_spec(spec.node_recovery, spec.health_check)
-    recorded = {e.name: recovery.RecoveryState.from_record(e.recovery) for e in prior.nodes or () if e.recovery}
+    # By node id, as the observations name nodes (a static or Karpenter node's name is not its id).
+    recorded = {e.node_id: recovery.RecoveryState.from_record(e.recovery) for e in prior.nodes or () if e.recovery}
     clocks: dict[str, recovery.RecoveryState] = {}
     fault_moves: dict[str, recovery.RecoveryState] = {}
     observations = []

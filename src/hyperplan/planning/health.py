@@ -512,7 +512,7 @@ class RemediationPlan:
     reason: str | None
     message: str
     unhealthy_count: int = 0
-    # The recovery clocks the plan moves (by node name; planning.recovery), for the group's record.
+    # The recovery clocks the plan moves (by node id; planning.recovery), for the group's record.
     recovery: Mapping[str, recovery.RecoveryState] = field(default_factory=dict)
     next_check: datetime | None = None  # a reboot under way times out then
     rebooting: tuple[str, ...] = ()  # nodes with a reboot under way (after this plan)
@@ -559,7 +559,7 @@ def plan_remediation(
     now: datetime | None = None,
 ) -> RemediationPlan:
     """What to do about the group's unhealthy ``nodes`` (see the module docstring), climbing
-    ``ladder`` (planning.recovery) with each node's recovery clock from ``clocks`` (by name).
+    ``ladder`` (planning.recovery) with each node's recovery clock from ``clocks`` (by node id).
 
     ``nodes`` are all of the group's nodes on the block (their count is the base of a
     percentage ``max_unhealthy``); ``ultraservers`` order spares on other UltraServers. A node

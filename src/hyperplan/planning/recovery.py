@@ -227,6 +227,7 @@ def next_step(*, exists: bool, conditions, health_label: str | None, reason: str
 
 
 def recorded(entries: Sequence[GroupNode], moved: Mapping[str, RecoveryState]) -> list[GroupNode]:
-    """The group's record with the recovery clocks a pass ``moved`` (by node name)."""
-    return [entry.model_copy(update={"recovery": moved[entry.name].to_record()}) if entry.name in moved else entry
-            for entry in entries]
+    """The group's record with the recovery clocks a pass ``moved`` (by node id: planning names a
+    node by its id, which is a static or Karpenter node's slot, not its name)."""
+    return [entry.model_copy(update={"recovery": moved[entry.node_id].to_record()}) if entry.node_id in moved
+            else entry for entry in entries]
