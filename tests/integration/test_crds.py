@@ -257,9 +257,10 @@ def _conditions(count: int, message: str = "") -> list[dict]:
     ({"conditions": _conditions(63) + [{**_conditions(1, "m" * 32768)[0], "type": "Long"}]}, None),
     ({"conditions": _conditions(65)}, "status.conditions: Too many: 65: must have at most 64 items"),
     ({"conditions": _conditions(1, "m" * 32769)}, "status.conditions[0].message: Too long: may not be more than 32768"),
-    ({"vanishedNodes": [{"name": "n" * 254, "since": "2027-01-01T00:00:00Z"}]},
-     "status.vanishedNodes[0].name: Too long: may not be more than 253"),
-], ids=["at-bounds", "too-many-conditions", "message-too-long", "vanished-name-too-long"])
+    ({"nodes": [{"name": "n", "uid": "u", "nodeId": "n", "vanished": {
+        "since": "2027-01-01T00:00:00Z", "labels": {f"k{i}": "v" for i in range(17)}}}]},
+     "status.nodes[0].vanished.labels: Too many: 17: must have at most 16 items"),
+], ids=["at-bounds", "too-many-conditions", "message-too-long", "vanished-labels-too-many"])
 def test_status_writes_are_bounded(crds: Kubectl, status: dict, refusal: str | None) -> None:
     """The status subresource holds the same bounds (the operator's own writes stay under them:
     tests/unit/test_crd_bounds.py)."""
@@ -338,7 +339,8 @@ def test_printer_columns(crds: Kubectl) -> None:
 
 
 @pytest.mark.parametrize("status, field", [
-    ({"vanishedNodes": [{"name": "n", "since": "2027-01-01T00:00:00"}]}, "status.vanishedNodes[0].since"),
+    ({"nodes": [{"name": "n", "uid": "u", "nodeId": "n", "vanished": {"since": "2027-01-01T00:00:00"}}]},
+     "status.nodes[0].vanished.since"),
     ({"conditions": [{**_conditions(1)[0], "lastTransitionTime": "2027-01-01T00:00:00"}]},
      "status.conditions[0].lastTransitionTime"),
     ({"nextTransitionTime": "2027-01-01T00:00:00"}, "status.nextTransitionTime"),

@@ -14,9 +14,9 @@ from hyperplan.api import crds, models
 
 # The API server owns these (apiVersion, kind, metadata) and bounds them itself.
 SERVER_OWNED = {"apiVersion", "kind", "metadata"}
-# A vanished node's labels are the node's own labels, as many as the node had (documented on
-# VanishedNode): each value is bounded, their number is not.
-UNBOUNDED_MAPS = {"InstanceGroup": {".status.vanishedNodes[].labels"}}
+# Every map is bounded (a vanished node's record keeps a bounded few of its labels:
+# planning.memory.vanished_labels).
+UNBOUNDED_MAPS: dict[str, set[str]] = {}
 
 
 def _nodes(schema: dict[str, Any], path: str) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -79,9 +79,6 @@ def _smallest_entries() -> list[tuple[str, models.Model, int]]:
         ("TrainingPlan status.ultraServers",
          models.UltraServerStatus(id="u", availability_zone="a"),
          models.TrainingPlanStatus.model_fields["ultra_servers"].metadata[0].max_length),
-        ("InstanceGroup status.vanishedNodes",
-         models.VanishedNode(name="n", since=T, labels={models.OWN_PREFIX + "instance-group": "g"}),
-         models.InstanceGroupStatus.model_fields["vanished_nodes"].metadata[0].max_length),
     ]
 
 

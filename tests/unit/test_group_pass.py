@@ -25,6 +25,7 @@ from hyperplan.handlers.instancegroup import ADOPTION_RETRY, drain_group, reconc
 from hyperplan.handlers.workqueue import WorkQueue
 from hyperplan.planning import health
 from hyperplan.planning import naming
+from hyperplan.planning.memory import GroupMemory
 from hyperplan.planning.policy import DEMO
 from tests.unit.fake_runtime import GROUPS_PLURAL, World, make_world
 
@@ -299,7 +300,8 @@ def test_a_remediation_pass_marks_promotes_and_backfills_then_the_next_removes_t
     world.now += timedelta(seconds=1)
     run(world)
     # not taken for a node deleted from under the group: nothing to replace, nothing to warn of
-    assert world.kube.objects[(GROUPS_PLURAL, GROUP)]["status"]["vanishedNodes"] == []
+    record = world.kube.objects[(GROUPS_PLURAL, GROUP)]["status"]["nodes"]
+    assert failed not in [e["name"] for e in record] and not [e for e in record if "vanished" in e]
     assert world.provider.calls == [] and [e for e in world.events if e[1] == "Warning"] == []
 
 
@@ -459,15 +461,79 @@ def test_nodes_made_by_a_pass_whose_status_patch_was_lost_are_the_groups(worlds,
 
 def test_a_recorded_node_the_watch_cache_does_not_show_is_asked_of_the_api_server(worlds) -> None:
     """An entry whose node was deleted behind the group's back: the watch cache may only lag
-    behind the pass's own creates, so the pass lists the API server, and the entry goes."""
+    behind the pass's own creates, so the pass lists the API server; the node is gone, and the
+    entry stays in the record marked vanished until its slot is replaced."""
     world = worlds()
     running(world)
     del world.provider.nodes[ACTIVE[0]]
     world.now += timedelta(seconds=2)
     run(world)
-    status = world.rt.cache.group(GROUP)["status"]
-    assert ACTIVE[0] not in {n["name"] for n in status["nodes"]}
-    assert sorted(n["name"] for n in status["nodes"]) == sorted(world.provider.nodes)
+    entries = {n["name"]: n for n in world.rt.cache.group(GROUP)["status"]["nodes"]}
+    assert entries[ACTIVE[0]]["vanished"]["since"] == "2026-12-01T12:00:12Z"
+    assert [n for n, e in entries.items() if "vanished" in e] == [ACTIVE[0]]
+
+
+def vanished(world: World, node: str) -> dict[str, Any] | None:
+    return next((e.get("vanished") for e in world.kube.objects[(GROUPS_PLURAL, GROUP)]["status"]["nodes"]
+                 if e["name"] == node), None)
+
+
+@pytest.mark.parametrize("restart", [False, True], ids=["same-process", "restarted-in-between"])
+def test_a_node_deleted_from_under_the_group_is_replaced_once_from_its_record(worlds, restart) -> None:
+    """The record keeps a vanished node (when, and a bounded few of its labels) until its slot
+    holds a replacement: a restarted operator, whose memory is empty, still counts the grace from
+    the first sight and replaces it once; then the entry goes."""
+    world = worlds()
+    running(world)
+    gone = ACTIVE[1]
+    world.provider.nodes[gone].metadata.labels.update({f"nfd.example.com/f{i}": "true" for i in range(40)})
+    run(world)
+    del world.provider.nodes[gone]
+    world.now += timedelta(seconds=1)
+    run(world)
+    record = vanished(world, gone)
+    assert record["since"] == "2026-12-01T12:00:11Z"
+    assert record["labels"][naming.LABEL_SLOT] and not any(k.startswith("nfd.") for k in record["labels"])
+    assert len(record["labels"]) <= 16
+    assert not [c for c in world.provider.calls if c[0] == "create"]  # within its grace
+    if restart:
+        world.rt.group_memory = GroupMemory()
+    world.now += GRACE + timedelta(seconds=1)
+    run(world)
+    assert ("promote_spare", SPARE) in world.provider.calls and ("create", gone + "-g1") in world.provider.calls
+    assert vanished(world, gone) is not None  # until the replacement is in its slot, listed
+    run(world)
+    assert vanished(world, gone) is None and gone not in [e["name"] for e in
+                                                           world.kube.objects[(GROUPS_PLURAL, GROUP)]["status"]["nodes"]]
+    run(world)
+    assert not [c for c in world.provider.calls if c[0] in ("create", "promote_spare")]  # replaced once
+
+
+@pytest.mark.parametrize("forge", ["on-a-node-that-is-there", "without-a-uid", "with-its-slots-generation"])
+def test_a_forged_vanished_record_changes_nothing(worlds, forge) -> None:
+    """Only an entry the record holds by name and uid, whose node is not there, and that no node
+    of its slot and generation contradicts, is taken as a node deleted from under the group."""
+    world = worlds()
+    running(world)
+    obj = world.kube.objects[(GROUPS_PLURAL, GROUP)]
+    entries = obj["status"]["nodes"]
+    victim = next(e for e in entries if e["name"] == ACTIVE[0])
+    labels = {k: v for k, v in world.provider.nodes[ACTIVE[0]].metadata.labels.items()
+              if k.startswith("hyperplan.dev/")}
+    forged = {"since": "2026-12-01T11:00:00Z", "labels": labels}
+    if forge == "on-a-node-that-is-there":
+        victim["vanished"] = forged
+    elif forge == "without-a-uid":
+        entries.append({"name": "ghost", "uid": "", "nodeId": "ghost", "vanished": forged})
+    else:
+        entries.append({"name": "ghost", "uid": "uid-ghost", "nodeId": "ghost", "vanished": forged})
+    world.kube.put(GROUPS_PLURAL, obj)
+    world.rt.group_memory = GroupMemory()  # as a restarted operator reads it
+    run(world)
+    assert not [c for c in world.provider.calls if c[0] in ("create", "promote_spare", "mark_unhealthy", "release")]
+    status = world.kube.objects[(GROUPS_PLURAL, GROUP)]["status"]
+    assert [e["name"] for e in status["nodes"] if "vanished" in e] == []
+    assert (status["readyCount"], status["spareCount"], status["unhealthyCount"]) == (2, 1, 0)
 
 
 def test_a_claim_whose_create_never_happened_does_not_stall_the_group(worlds) -> None:

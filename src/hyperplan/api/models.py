@@ -590,15 +590,18 @@ class InstanceGroupSpec(Model):
     ]})
 
 
-class VanishedNode(Model):
-    """A node of the group deleted from under it (not by the operator), kept in the status until
-    its slot is replaced, so that a restarted operator still counts the grace from ``since``."""
+MAX_VANISHED_LABELS = 16  # planning.memory.VANISHED_KEYS and the four topology keys, with room
 
-    name: Name
+
+class VanishedRecord(Model):
+    """A recorded node found gone from under the group (deleted, not by the operator): when, and
+    what planning reads of its last labels (``planning.memory.vanished_labels``: its block, slot,
+    generation, role, health and topology). Kept in the node's record entry until its slot holds
+    a replacement, so that a restarted operator counts the grace from ``since`` and replaces it
+    once; only an entry the record holds by name and uid can carry it."""
+
     since: Time
-    # The node's labels as it last was: each key and value already bounded by the API server; their
-    # number is the node's (NodeFeatureDiscovery puts hundreds on a node), so it is not bounded here.
-    labels: dict[str, LabelValue] = Field(default_factory=dict)
+    labels: dict[str, LabelValue] = Field(default_factory=dict, max_length=MAX_VANISHED_LABELS)
 
 
 MAX_RECORDED_LABELS = 256  # the group's labels, the topology keys and the operator's own, with room
@@ -643,6 +646,8 @@ class GroupNode(Model):
     # karpenter: the NodeClaim made for the slot (name and uid, as the API server answered). Until
     # its Node registers, name is the node id and uid "": no Node is held yet.
     node_claim: NodeClaimRef | None = None
+    # The node is gone from under the group and its slot not replaced yet (see VanishedRecord).
+    vanished: VanishedRecord | None = None
 
 
 class NodeClaimRef(Model):
@@ -689,7 +694,6 @@ class InstanceGroupStatus(Model):
     next_transition_time: Time | None = None
     conditions: list[Condition] = Field(default_factory=list, max_length=MAX_CONDITIONS)
     observed_generation: int | None = None
-    vanished_nodes: list[VanishedNode] = Field(default_factory=list, max_length=MAX_FLEET_ENTRIES)
     # The nodes the group holds (None: never written, a group from before the record existed; see
     # planning.ownership for what its first pass records).
     nodes: list[GroupNode] | None = Field(default=None, max_length=MAX_FLEET_ENTRIES)

@@ -34,7 +34,7 @@ from hyperplan.actuation.groups import (
     Applied, apply_decision, being_evacuated, count_pods, drain_nodes, node_ref, observe_nodes, releases_of,
 )
 from hyperplan.api.models import (
-    GROUP, VERSION, GroupNode, InstanceGroup, InstanceGroupStatus, TrainingPlan, VanishedNode,
+    GROUP, VERSION, GroupNode, InstanceGroup, InstanceGroupStatus, TrainingPlan, VanishedRecord,
 )
 from hyperplan.api.vocabulary import FINALIZER  # set by kopf (operator.configure_kopf)
 from hyperplan.handlers.context import Runtime, status_of
@@ -45,7 +45,7 @@ from hyperplan.planning import naming
 from hyperplan.planning import ownership
 from hyperplan.planning import recovery
 from hyperplan.planning.groups import Peer, BoundPlan, decide_group
-from hyperplan.planning.memory import Vanished
+from hyperplan.planning.memory import Vanished, vanished_labels
 from hyperplan.planning.nodefacts import NodeFacts, facts_of_v1
 from hyperplan.planning.plans import Event
 from hyperplan.planning.tenancy import Selector, allows, selector_of
@@ -114,7 +114,7 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
         listed = rt.cache.group_nodes_v1(naming.label_value(name))
     node_claims = await claims_of(rt, group, provider, name)
     held = held_nodes(group.spec.node_provider, group.status, listed, node_claims, rt.clock(), launch_timeout(rt))
-    if held.sorted.missing and not fresh:
+    if held.sorted.unaccounted and not fresh:
         # A recorded node the watch cache does not show: made by a pass whose creates the watch
         # has not shown yet (after a restart: a claim whose create may never have happened), or
         # gone. Only the API server can say which; without asking, the pass could neither make
@@ -131,7 +131,10 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     plan = bound_plan(as_the_ledger_holds(rt, plan_obj, now)) if plan_obj else None  # blocks: the ledger's
     rt.group_memory.bind(key, group.spec.training_plan_ref)
     nodes_moved = rt.group_memory.note_nodes_read(key, node_fingerprint(raw))
-    rt.group_memory.restore_vanished(key, [Vanished(v.name, v.labels, v.since) for v in group.status.vanished_nodes])
+    # Nodes deleted from under the group, as its record keeps them (an entry held by name and uid,
+    # never a list of names anyone with the status could write; a time to come counts as now).
+    rt.group_memory.restore_vanished(key, [Vanished(e.node_id, e.vanished.labels, min(e.vanished.since, now))
+                                           for e in group.status.nodes or () if e.vanished is not None and e.uid])
     report_unrecorded(rt, obj, key, held)
     seen = observe_nodes(key, raw, rt.group_memory, now, rt.keys, pod_counts,
                          {entry.name: nid for nid, entry in records.items()})
@@ -168,7 +171,7 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     if claims or rebooting:
         intent = recovery.recorded(ownership.next_record(
             held.sorted, [ownership.pending_entry(n, c) for n, c in claims.items()], listed_fresh=fresh,
-            launching=launching), decision.recovery)
+            launching=launching, vanished=vanished_records(rt, key)), decision.recovery)
         try:
             written = await in_thread(rt, rt.kube.patch_status, PLURAL, name, {"nodes": [e.wire() for e in intent]},
                                       record_rv)
@@ -194,11 +197,9 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     rt.group_memory.note_short_of_free_nodes(key, applied.short_of_free_nodes)  # see handlers.nodes
 
     # One status patch, then the events.
-    decision.status.vanished_nodes = [VanishedNode(name=v.name, since=v.since, labels=dict(v.labels))
-                                      for v in rt.group_memory.vanished(key)]
     decision.status.nodes = recovery.recorded(ownership.next_record(
         held.sorted, applied.made, applied.changed, applied.released, listed_fresh=fresh,
-        launching=launching), decision.recovery)
+        launching=launching, vanished=vanished_records(rt, key)), decision.recovery)
     unrecorded = ownership.unrecorded_condition(held.sorted.unrecorded, name, obj["metadata"].get("generation", 1),
                                                 group.status.conditions, now)
     if unrecorded is not None:
@@ -243,6 +244,13 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
         retry = now + ADOPTION_RETRY
         return retry if wake_at is None else min(wake_at, retry)
     return wake_at
+
+
+def vanished_records(rt: Runtime, key: str) -> dict[str, VanishedRecord]:
+    """The group's nodes deleted from under it whose slots are not replaced yet, by node id, as
+    their record entries keep them."""
+    return {v.name: VanishedRecord(since=v.since, labels=vanished_labels(v.labels, rt.keys))
+            for v in rt.group_memory.vanished(key)}
 
 
 def cordoned_already(node: Any) -> bool:

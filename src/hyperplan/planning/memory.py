@@ -6,8 +6,8 @@ A group's pass reads its nodes from the API; a few facts cannot be read there an
   signal counts from it; the node also keeps it in an annotation, for restarts);
 * the nodes the group held at its last pass, so that one missing now, and not released by
   the operator, is known to have been deleted from under the group (a failure signal);
-* those vanished nodes, until their slot holds a replacement (also written to the group's
-  ``status.vanishedNodes`` for restarts);
+* those vanished nodes, until their slot holds a replacement (also kept in the group's record,
+  ``status.nodes[].vanished``, for restarts: only a node the record holds by name and uid);
 * the nodes the operator is removing itself, so that their absence is no failure;
 * the plan each group is bound to, whether its last pass found no free static node, and what
   nodes it read, so that a change wakes only the daemons it concerns.
@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from hyperplan.api.vocabulary import LABEL_NODE_ID
 from hyperplan.planning import naming
 from hyperplan.planning.reading import Finding, generation_of, slot_of
 
@@ -48,6 +49,20 @@ class PresentNode:
     @property
     def generation(self) -> int:
         return generation_of(self.labels)
+
+
+# What planning reads of a vanished node's last labels (actuation.groups.vanished_observation and
+# placement.slot_states_from_labels): the record keeps these and the topology keys, nothing else.
+VANISHED_KEYS = (naming.LABEL_GROUP, naming.LABEL_PLAN, naming.LABEL_RESERVED_CAPACITY, LABEL_NODE_ID,
+                 naming.LABEL_SLOT, naming.LABEL_GENERATION, naming.LABEL_ROLE, naming.LABEL_REPLACES,
+                 naming.LABEL_HEALTH)
+
+
+def vanished_labels(labels: Mapping[str, str], keys: naming.TopologyKeys) -> dict[str, str]:
+    """The labels of a vanished node that its record entry keeps (:data:`VANISHED_KEYS` and the
+    topology keys): a bounded few, whatever else the node carried."""
+    kept = (*VANISHED_KEYS, keys.ultraserver_id, keys.layer1, keys.layer2, keys.layer3)
+    return {k: labels[k] for k in kept if k in labels}
 
 
 @dataclass(frozen=True)
@@ -156,7 +171,7 @@ class GroupMemory:
         state.vanished.setdefault(node, (dict(labels), now))
 
     def restore_vanished(self, group: str, entries: Iterable[Vanished]) -> None:
-        """What an earlier process recorded in the group's status (``status.vanishedNodes``)."""
+        """What an earlier process (or pass) kept in the group's record (``status.nodes[].vanished``)."""
         gone = self._group(group).vanished
         for v in entries:
             gone.setdefault(v.name, (dict(v.labels), v.since))
@@ -166,7 +181,9 @@ class GroupMemory:
 
         A node held at the last pass, missing now and not being released by the operator has
         vanished (even if its deletion event is late). A vanished entry is dropped once its
-        slot holds a newer generation (it was replaced) or the node is back under its name.
+        slot holds a newer generation (it was replaced), or a node of its slot and generation
+        (which only that node could be: an entry restored from a record that says otherwise is
+        wrong), or the node is back under its name.
         """
         state = self._group(group)
         present = list(present)
@@ -180,7 +197,7 @@ class GroupMemory:
             newest[n.slot] = max(newest.get(n.slot, -1), n.generation)
         out = []
         for node, (labels, since) in list(state.vanished.items()):
-            if node in names or newest.get(slot_of(labels), -1) > generation_of(labels):
+            if node in names or newest.get(slot_of(labels), -1) >= generation_of(labels):
                 del state.vanished[node]
                 continue
             out.append(Vanished(node, labels, since))

@@ -45,7 +45,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from hyperplan.api.models import Condition, GroupNode, NodeClaimRef
+from hyperplan.api.models import Condition, GroupNode, NodeClaimRef, VanishedRecord
 from hyperplan.api.vocabulary import ANNOTATION_CLAIM, ANNOTATION_CORDONED, ANNOTATION_LENT, LABEL_NODE_ID, POOL_HELD
 from hyperplan.planning import lending
 from hyperplan.planning.plans import condition
@@ -73,6 +73,12 @@ class Sorted:
     held: tuple[tuple[ListedNode, GroupNode], ...]  # listed and in the record, same uid
     unrecorded: tuple[ListedNode, ...]  # listed, carry the group's label, not in the record
     missing: tuple[GroupNode, ...]  # in the record, its name not listed at all
+
+    @property
+    def unaccounted(self) -> tuple[GroupNode, ...]:
+        """The missing entries not recorded as vanished: made by a pass whose creates a watch
+        cache may not show yet, or gone; only a listing from the API server says which."""
+        return tuple(entry for entry in self.missing if entry.vanished is None)
 
 
 def migrated_entry(node: ListedNode, provider: str) -> GroupNode | None:
@@ -156,17 +162,27 @@ def claimed_by(pending: Sequence[GroupNode], listed: Sequence[ListedNode], provi
 
 def next_record(found: Sorted, made: Iterable[GroupNode] = (), changed: Mapping[str, GroupNode] | None = None,
                 released: Iterable[str] = (), listed_fresh: bool = True,
-                launching: Iterable[GroupNode] = ()) -> list[GroupNode]:
+                launching: Iterable[GroupNode] = (), vanished: Mapping[str, VanishedRecord] | None = None
+                ) -> list[GroupNode]:
     """The record a pass writes: the nodes it held (``changed`` by node id: the entries whose lent
     record or cordon the pass moved), the NodeClaims still ``launching`` (:func:`bind_claims`), the
-    nodes it ``made`` (with the uid the API answered), less
-    the node ids it ``released``. A recorded node that was not listed is kept while the list came
-    from the watch cache (it may lag behind the pass's own creates) and dropped when it came from
-    the API server (``listed_fresh``): the node is gone."""
-    changed, released = changed or {}, set(released)
-    entries = [changed.get(entry.node_id, entry) for _, entry in found.held] + list(launching)
-    if not listed_fresh:
-        entries += list(found.missing)
+    nodes it ``made`` (with the uid the API answered), less the node ids it ``released``.
+
+    A recorded node that was not listed is kept with its ``vanished`` record (by node id: the
+    group's memory says it was deleted from under the group and its slot is not replaced yet).
+    Otherwise it is kept while the list came from the watch cache (it may lag behind the pass's
+    own creates) and dropped when it came from the API server (``listed_fresh``): the node is gone.
+    An entry that was marked vanished and is no longer is dropped either way (its slot holds a
+    replacement). A held node is not vanished."""
+    changed, released, vanished = changed or {}, set(released), vanished or {}
+    entries = [changed.get(entry.node_id, entry).model_copy(update={"vanished": None})
+               if entry.vanished is not None else changed.get(entry.node_id, entry) for _, entry in found.held]
+    entries += list(launching)
+    for entry in found.missing:
+        if entry.node_id in vanished:
+            entries.append(entry.model_copy(update={"vanished": vanished[entry.node_id]}))
+        elif not listed_fresh and entry.vanished is None:
+            entries.append(entry)
     entries += list(made)
     out: dict[str, GroupNode] = {}
     for entry in entries:
