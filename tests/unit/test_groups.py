@@ -1217,6 +1217,18 @@ def test_a_deletion_event_is_a_failure_only_when_the_operator_did_not_remove_the
     assert [v.name for v in m.vanished("g")] == (["a"] if vanished else [])
 
 
+@pytest.mark.parametrize("labels, recorded_cordon, want", [
+    pytest.param({}, True, True, id="the-record-says-the-drain-cordoned-it"),
+    pytest.param({naming.LABEL_HEALTH: naming.HEALTH_PENDING_REPLACEMENT}, False, True, id="marked-for-replacement"),
+    pytest.param({}, False, False, id="neither-a-failure"),
+    pytest.param({naming.LABEL_HEALTH: naming.HEALTH_SCHEDULABLE}, False, False, id="schedulable-a-failure"),
+])
+def test_whose_deletion_it_was_comes_from_the_record_not_an_annotation(labels, recorded_cordon, want):
+    """A kubelet may write hyperplan.dev/cordoned on its own Node; only the group's record says
+    that the drain's cordon was the operator's (handlers.nodes reads its entry's ``cordoned``)."""
+    assert health.removed_by_operator(labels, recorded_cordon) is want
+
+
 # =========================================================================== checkpoint before drain
 
 

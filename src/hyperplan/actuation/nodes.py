@@ -308,10 +308,10 @@ class KwokProvider:
         return None
 
     def cordon(self, node: str, uid: str = "") -> bool:
-        # The annotation outlives this process: a deletion of a node that carries it is ours.
+        # That the cordon was the operator's is kept in the group's record (status.nodes[].cordoned),
+        # not on the node, whose kubelet could write it.
         try:
-            self.kube.core.patch_node(node, guarded({"metadata": {"annotations": {naming.ANNOTATION_CORDONED: "true"}},
-                                                     "spec": {"unschedulable": True}}, uid))
+            self.kube.core.patch_node(node, guarded({"spec": {"unschedulable": True}}, uid))
         except ApiException as e:
             if not gone_or_another(e):
                 raise

@@ -72,13 +72,13 @@ def group_node_changed(rt: Any, name: str, group: str, labels: Mapping[str, str]
     # that carries the group's label and another node's id would otherwise start that node's grace
     # or report it deleted. A node the record does not hold only wakes the group (it is reported
     # there, planning.ownership).
-    node_id = recorded_node_id(rt, group, name, (node.get("metadata") or {}).get("uid") or "")
+    entry = recorded_entry(rt, group, name, (node.get("metadata") or {}).get("uid") or "")
+    node_id = entry.get("nodeId") if entry is not None else None
     if type == DELETED and node_id is not None:
-        annotations = node.get("metadata", {}).get("annotations") or {}
         # Unless the operator removed it, the node was deleted from under the group: a failure
         # signal, judged after the grace.
         rt.group_memory.note_deleted(group, node_id, labels, rt.clock(),
-                               by_operator=removed_by_operator(labels, annotations))
+                                     by_operator=removed_by_operator(labels, entry.get("cordoned") is True))
     bad = unschedulable_health(labels)
     if bad and type != DELETED and node_id is not None and rt.group_memory.holds(group):
         # The grace of a health label counts from its first sight: the event, not the group's
@@ -89,14 +89,15 @@ def group_node_changed(rt: Any, name: str, group: str, labels: Mapping[str, str]
         rt.queue.wake("plan", labels[LABEL_PLAN])
 
 
-def recorded_node_id(rt: Any, group: str, name: str, uid: str) -> str | None:
-    """The id under which group ``group`` (its label value) records the node named ``name`` with
-    ``uid`` (its ``status.nodes``, from the watch cache), or None when the record does not hold it."""
+def recorded_entry(rt: Any, group: str, name: str, uid: str) -> Mapping[str, Any] | None:
+    """The entry under which group ``group`` (its label value) records the node named ``name``
+    with ``uid`` (its ``status.nodes``, from the watch cache: ``nodeId``, ``cordoned``, ...), or
+    None when the record does not hold it."""
     group_name = rt.group_names.get(group)
     obj = rt.cache.group(group_name) if group_name else None
     for entry in ((obj or {}).get("status") or {}).get("nodes") or ():
         if entry.get("name") == name and entry.get("uid") and entry.get("uid") == uid:
-            return entry.get("nodeId")
+            return entry
     return None
 
 

@@ -87,7 +87,6 @@ from hyperplan.api.vocabulary import (  # noqa: F401  (the node memory's keys re
 from hyperplan.planning import reading
 from hyperplan.planning import recovery
 from hyperplan.planning.naming import (
-    ANNOTATION_CORDONED,
     HEALTH_PENDING_REBOOT,
     HEALTH_PENDING_REPLACEMENT,
     HEALTH_UNSCHEDULABLE,
@@ -131,11 +130,13 @@ def health_label_since(value: str | None, recorded: str | None, first_seen: date
 
 
 
-def removed_by_operator(labels: Mapping[str, str], annotations: Mapping[str, str]) -> bool:
+def removed_by_operator(labels: Mapping[str, str], cordoned_by_operator: bool) -> bool:
     """Whether a node that was deleted had been put on its way out by the operator: cordoned by
-    a drain (:data:`ANNOTATION_CORDONED`) or marked for replacement. Read from the node's last
-    state, so it holds after a restart; anything else deleted from under a group is a failure."""
-    return annotations.get(ANNOTATION_CORDONED) == "true" or marked_for_replacement(labels)
+    its drain (``cordoned_by_operator``: the group's record says so, ``status.nodes[].cordoned``;
+    never an annotation on the node, which its kubelet could write) or marked for replacement
+    (the label asks for the replacement that its deletion gets anyway). Both outlive a restart;
+    anything else deleted from under a group is a failure."""
+    return cordoned_by_operator or marked_for_replacement(labels)
 
 REASON_TOO_MANY_UNHEALTHY = "TooManyUnhealthy"
 REASON_INVALID_MAX_UNHEALTHY = "InvalidMaxUnhealthy"
