@@ -210,6 +210,7 @@ def test_a_block_start_makes_a_ready_karpenter_group_with_ultraserver_labels_and
         assert record[name]["uid"] == node["metadata"]["uid"]  # the record holds the Node ...
         assert record[name]["nodeClaim"] == {"name": claim["metadata"]["name"], "uid": owner["uid"]}  # ... and its claim
         assert labels["karpenter.sh/capacity-type"] == "reserved"
+        assert labels.get("kubernetes.io/hostname") != labels["hyperplan.dev/node-id"]  # its own, not the slot's
         assert (labels["topology.kubernetes.io/zone"], labels["node.kubernetes.io/instance-type"]) == (ZONE, ITYPE)
         assert labels["topology.k8s.aws/ultraserver-id"] and labels["hyperplan.dev/reserved-capacity"] == r["block"]["id"]
         spare_taint = {"key": "hyperplan.dev/spare", "value": "true", "effect": "NoSchedule"}

@@ -112,7 +112,8 @@ def test_claims_are_listed_only_while_the_record_waits_on_one(record, needed):
 
 SPEC = NodeSpec(name="hp-g-us1-0", labels={naming.LABEL_GROUP: "g", naming.LABEL_ROLE: "spare",
                                            "node.kubernetes.io/instance-type": "ml.p6e-gb200.36xlarge",
-                                           "topology.kubernetes.io/zone": "us-east-1c", "team": "a"},
+                                           "topology.kubernetes.io/zone": "us-east-1c", "team": "a",
+                                           "kubernetes.io/hostname": "hp-g-us1-0"},
                 taints=(naming.SPARE_TAINT,), role="spare", ultraserver_id="us1",
                 instance_type="ml.p6e-gb200.36xlarge", availability_zone="us-east-1c")
 
@@ -125,6 +126,7 @@ def test_the_nodeclaim_asks_for_the_slot_and_keeps_karpenters_disruption_off():
     assert meta["labels"][LABEL_NODE_ID] == SPEC.name and meta["labels"]["team"] == "a"
     assert "karpenter.sh/nodepool" not in meta["labels"]  # no NodePool: consolidation, drift, repair pass it by
     assert "node.kubernetes.io/instance-type" not in meta["labels"]  # the requirement says it
+    assert "kubernetes.io/hostname" not in meta["labels"]  # a Node's hostname is its own
     assert meta["annotations"] == {DO_NOT_DISRUPT: "true", ANNOTATION_CLAIM: NONCE}
     assert spec["expireAfter"] == "Never"
     assert spec["nodeClassRef"] == {"group": "karpenter.kwok.sh", "kind": "KWOKNodeClass", "name": "default"}

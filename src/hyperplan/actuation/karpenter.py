@@ -56,6 +56,7 @@ DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 CAPACITY_TYPE = "karpenter.sh/capacity-type"
 INSTANCE_TYPE = "node.kubernetes.io/instance-type"
 ZONE = "topology.kubernetes.io/zone"
+HOSTNAME = "kubernetes.io/hostname"
 NAME_SUFFIX = 6  # hex characters of the claim's nonce in its name
 
 
@@ -78,8 +79,8 @@ def nodeclaim_body(spec: placement.NodeSpec, nonce: str, node_class: str, capaci
     group under the label a kubelet cannot set), taints and annotations (do-not-disrupt, the nonce
     whose digest the group's record holds until the create's answer is recorded)."""
     labels = {**spec.labels, LABEL_NODE_ID: spec.name, **lending.trusted_labels(spec.labels)}
-    for key in (INSTANCE_TYPE, ZONE):  # the requirements say them; Karpenter labels the Node with them
-        labels.pop(key, None)
+    for key in (INSTANCE_TYPE, ZONE, HOSTNAME):  # the requirements say the first two, and a Node's
+        labels.pop(key, None)                    # hostname is its own
     annotations = {DO_NOT_DISRUPT: "true", **({ANNOTATION_CLAIM: nonce} if nonce else {})}
     return {
         "apiVersion": f"{KARPENTER_GROUP}/{KARPENTER_VERSION}", "kind": "NodeClaim",

@@ -330,6 +330,11 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
         name, plan.name, block.id, spec.instance_type, block.availability_zone, mine, ultraservers,
         placement.spare_ultraservers(name, owners), spec.labels,
         [naming.Taint(t.key, t.value, t.effect) for t in spec.taints], keys, slots)
+    if spec.node_provider == "karpenter":
+        # A Karpenter node's hostname is its own (the kubelet's, or the cloud provider's): the slot
+        # is its node id, never written over kubernetes.io/hostname.
+        desired = [dataclasses.replace(d, labels={k: v for k, v in d.labels.items() if k != naming.LABEL_HOSTNAME})
+                   for d in desired]
     wanted = {d.name: d for d in desired}
     existing = {n.name: n for n in on_block if n.health.exists}
     vanished = {n.name for n in on_block if not n.health.exists}  # deleted from under us
