@@ -37,7 +37,7 @@ from kubernetes.client.rest import ApiException
 from hyperplan.actuation.kube import Kube
 from hyperplan.actuation.nodes import (
     KWOK_ANNOTATION, DEFAULT_KWOK_REBOOT_SECONDS, KwokProvider, MadeNode, NodeProvider, RebootJob, StaticProvider,
-    delete_guarded, uid_of,
+    delete_guarded, read_node_or_none, uid_of,
 )
 from hyperplan.api.models import NodeClaimRef
 from hyperplan.api.vocabulary import ANNOTATION_CLAIM, LABEL_NODE_ID
@@ -174,11 +174,8 @@ class KarpenterProvider(KwokProvider):
         """Delete the NodeClaim of the Node (the one its owner reference names, if that claim's
         status has the Node's providerID). A Node that is gone is released; one that no claim of
         ours stands behind is left alone."""
-        try:
-            current = self.kube.core.read_node(node)
-        except ApiException as e:
-            if e.status != 404:
-                raise
+        current = read_node_or_none(self.kube, node)
+        if current is None:
             return f"{node} is gone already"
         if uid and uid_of(current) != uid:
             return f"{node} is another node now (its uid is not {uid}): left alone"
@@ -195,11 +192,8 @@ class KarpenterProvider(KwokProvider):
 
     def reboot(self, node: str, uid: str = "") -> None:
         """KWOK's reboot on a node KWOK runs (Karpenter's kwok provider), else the reboot Job."""
-        try:
-            current = self.kube.core.read_node(node)
-        except ApiException as e:
-            if e.status != 404:
-                raise
+        current = read_node_or_none(self.kube, node)
+        if current is None:
             return
         if (current.metadata.annotations or {}).get(KWOK_ANNOTATION) == "fake":
             super().reboot(node, uid)

@@ -375,13 +375,8 @@ class KwokProvider:
         """Read the node (a Rebooting one is left alone: its reboot is under way), then write
         :func:`kwok_reboot_patches` with the uid read, so that a node made again under the
         name between the read and the writes is not touched."""
-        try:
-            current = self.kube.core.read_node(node)
-        except ApiException as e:
-            if e.status != 404:
-                raise
-            return
-        if (uid and uid_of(current) != uid) or rebooting(current):
+        current = read_node_or_none(self.kube, node)
+        if current is None or (uid and uid_of(current) != uid) or rebooting(current):
             return
         meta, status = kwok_reboot_patches(uid_of(current), self.clock(), self.reboot_seconds)
         try:
@@ -390,6 +385,16 @@ class KwokProvider:
         except ApiException as e:
             if not gone_or_another(e):
                 raise
+
+
+def read_node_or_none(kube: Kube, node: str) -> client.V1Node | None:
+    """The node of that name, None when it is gone (404)."""
+    try:
+        return kube.core.read_node(node)
+    except ApiException as e:
+        if e.status != 404:
+            raise
+        return None
 
 
 def delete_guarded(delete: Callable[[client.V1DeleteOptions | None], Any], uid: str) -> str:
@@ -514,13 +519,8 @@ class StaticProvider:
 
     def _read(self, node: str, uid: str = "") -> client.V1Node | None:
         """The node of that name, if it is the one the group holds (``uid``; "" takes any)."""
-        try:
-            current = self.kube.core.read_node(node)
-        except ApiException as e:
-            if e.status != 404:
-                raise
-            return None
-        return current if not uid or uid_of(current) == uid else None
+        current = read_node_or_none(self.kube, node)
+        return current if current is not None and (not uid or uid_of(current) == uid) else None
 
     def operator_nodes(self) -> set[str]:
         """Nodes that run a pod of the operator (this one or another replica)."""
