@@ -91,6 +91,10 @@ REBOOT_BUDGET_EXHAUSTED = Counter(
     "hyperplan_reboot_budget_exhausted_total",
     "Failed nodes the recovery ladder replaced because they failed again after rebootBudget reboots within "
     "rebootWindowSeconds, by instance group.", ["group"])
+DEEP_HEALTH_CHECKS = Counter(
+    "hyperplan_deep_health_checks_total",
+    "Nodes whose deep health checks (onStartDeepHealthChecks, after the node was made or rebooted) ended, "
+    "by result: passed (it serves), failed (it is replaced).", ["result"])
 RECOVERY = Histogram(
     "hyperplan_recovery_seconds",
     "From a fault's first sight to the node or its replacement serving again, by action: reboot (the "
@@ -120,6 +124,8 @@ for _result in REBOOT_RESULTS:
     REBOOTS.labels(_result)
 for _action in RECOVERY_ACTIONS:
     RECOVERY.labels(_action)
+for _result in ("passed", "failed"):
+    DEEP_HEALTH_CHECKS.labels(_result)
 PURCHASES.labels("Purchased")
 REMOTE_OPERATIONS = ("SearchTrainingPlanOfferings", "CreateTrainingPlan", "DescribeTrainingPlan", "ListTrainingPlans")
 for _operation in REMOTE_OPERATIONS:

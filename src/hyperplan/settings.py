@@ -15,6 +15,13 @@ DEFAULT_REBOOT_COMMAND = ("nsenter", "--target", "1", "--mount", "--uts", "--ipc
                           "systemctl", "restart", "containerd", "kubelet")
 
 
+# The deep health checks' default commands: hyperplan.deepcheck in the operator's image.
+DEFAULT_DEEP_HEALTH_CHECK_COMMANDS = {
+    "InstanceStress": ("python", "-m", "hyperplan.deepcheck", "InstanceStress"),
+    "InstanceConnectivity": ("python", "-m", "hyperplan.deepcheck", "InstanceConnectivity"),
+}
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="HYPERPLAN_", extra="ignore")
 
@@ -100,6 +107,26 @@ class Settings(BaseSettings):
     reboot_job_deadline_seconds: int = Field(600, gt=0)
     """A reboot Job that has not finished by then fails (``activeDeadlineSeconds``): a node that
     never runs its pod does not keep the reboot under way for ever."""
+
+    # Deep health checks (spec.onStartDeepHealthChecks; actuation/deepchecks.py): Jobs pinned to the node.
+    deep_health_check_image: str = f"hyperplan:{__version__}"
+    """Image of the check Jobs (the chart: the operator's own image, whose ``hyperplan.deepcheck``
+    the default commands run)."""
+    deep_health_check_commands: dict[Literal["InstanceStress", "InstanceConnectivity"], list[str]] = Field(
+        default_factory=lambda: {check: list(command) for check, command in DEFAULT_DEEP_HEALTH_CHECK_COMMANDS.items()})
+    """Command of each check's Job (JSON in the environment; a check left out keeps its default). The
+    defaults: a CPU and memory stress of the node, and a TCP exchange with the other nodes of the
+    run over the pod network. On GPUs an admin puts DCGM's diagnostic (``dcgmi diag -r 2``) or an
+    NCCL test here; the Job's environment says the check, the node and the run's peers."""
+    deep_health_check_seconds: int = Field(60, gt=0)
+    """How long a check may take before it fails (the Job's command reads it as
+    ``HYPERPLAN_CHECK_SECONDS``: the stress's length is a sixth of it, the connectivity's wait for
+    its peers all of it); the Job fails 60 s past it (``activeDeadlineSeconds``) if its pod never ran."""
+    deep_health_check_port: int = Field(7946, ge=1024, le=65535)
+    """TCP port the InstanceConnectivity check listens on in its pod."""
+    deep_health_check_ttl_seconds: int = Field(600, ge=0)
+    """A finished check Job is deleted after this long (``ttlSecondsAfterFinished``); its run's
+    Service goes with the last of its Jobs (owner references)."""
 
     # Leader election on a coordination.k8s.io/v1 Lease (actuation/leadership.py): with several
     # replicas one acts and the others stand by, writing nothing and running no daemons.

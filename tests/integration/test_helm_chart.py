@@ -228,6 +228,8 @@ OPERATOR_CALLS = [
     ("batch", "jobs", "create", "nodes.StaticProvider.reboot: the reboot Job"),
     ("batch", "jobs", "get", "nodes.StaticProvider.reboot: one of that name exists (409)"),
     ("batch", "jobs", "delete", "nodes.StaticProvider.reboot: a finished one before the next reboot"),
+    ("batch", "jobs", "list", "deepchecks.KubeDeepCheckJobs.list: a group's check Jobs"),
+    ("", "services", "create", "deepchecks.KubeDeepCheckJobs.start: an InstanceConnectivity run's Service"),
 ]
 
 
@@ -372,6 +374,29 @@ def test_the_reboot_settings_reach_the_providers(helm, monkeypatch, flags, image
     body = reboot_job_body(job, "worker-1", "u-1")
     assert body["spec"]["template"]["spec"]["containers"][0]["command"] == command
     assert body["spec"]["ttlSecondsAfterFinished"] == (60 if flags else 600)
+
+
+@pytest.mark.parametrize("flags, image, stress, port", [
+    ((), "hyperplan:0.1.0", ["python", "-m", "hyperplan.deepcheck", "InstanceStress"], 7946),
+    (("--set", "deepHealthChecks.job.image=registry.example/dcgm:3",
+      "--set", "deepHealthChecks.job.commands.InstanceStress={dcgmi,diag,--run,short}", "--set", "deepHealthChecks.job.port=9000"),
+     "registry.example/dcgm:3", ["dcgmi", "diag", "--run", "short"], 9000),
+], ids=["the-operators-image", "an-admins-check"])
+def test_the_deep_health_check_values_reach_the_check_jobs(helm, monkeypatch, flags, image, stress, port) -> None:
+    """The chart's deepHealthChecks values, read by the operator as it reads its environment, make
+    the check Jobs, in the release's namespace; a command left out keeps its default."""
+    from hyperplan.actuation.deepchecks import CheckJobSettings, Target, check_job_body
+    from hyperplan.planning.deepchecks import CheckJob
+    objs = by_kind(render(helm, *flags, namespace="hyperplan-system"))
+    for name, value in env_of(container(objs["Deployment"])).items():
+        if value is not None:
+            monkeypatch.setenv(name, value)
+    made = CheckJobSettings.from_settings(Settings(), "hyperplan-system")
+    assert (made.image, list(made.commands["InstanceStress"]), made.port, made.namespace) == (
+        image, stress, port, "hyperplan-system")
+    assert list(made.commands["InstanceConnectivity"]) == ["python", "-m", "hyperplan.deepcheck", "InstanceConnectivity"]
+    body = check_job_body(made, "g", Target(CheckJob("dhc-x-s-1", "x", "InstanceStress"), "worker-1", "u-1"))
+    assert body["spec"]["template"]["spec"]["containers"][0]["command"] == stress
 
 
 DIGEST = "sha256:" + "0123456789abcdef" * 4
@@ -722,11 +747,15 @@ def test_cluster_role_grants_what_the_operator_needs_and_no_more(release, crds: 
         assert not can_i(crds, user, verb, "leases.coordination.k8s.io/another", None, "-n", ns), verb
     assert can_i(crds, user, "create", "leases.coordination.k8s.io", None, "-n", ns)
     assert not can_i(crds, user, "delete", "leases.coordination.k8s.io/hyperplan-leader", None, "-n", ns)
-    # Reboot Jobs: in the release's namespace only.
-    for verb in ("create", "get", "delete"):
+    # Reboot and deep health check Jobs, and the checks' Services: in the release's namespace only.
+    for verb in ("create", "get", "list", "delete"):
         assert can_i(crds, user, verb, "jobs.batch", None, "-n", ns), verb
         assert not can_i(crds, user, verb, "jobs.batch", None, "-n", "default"), verb
-    assert not can_i(crds, user, "list", "jobs.batch", None, "-n", ns)
+    assert not can_i(crds, user, "watch", "jobs.batch", None, "-n", ns)
+    assert can_i(crds, user, "create", "services", None, "-n", ns)
+    assert not can_i(crds, user, "create", "services", None, "-n", "default")
+    for verb in ("get", "delete", "patch"):
+        assert not can_i(crds, user, verb, "services", None, "-n", ns), verb
     # No Lease elsewhere: node heartbeats in kube-node-lease are not read.
     for verb in ("get", "list", "watch"):
         assert not can_i(crds, user, verb, "leases.coordination.k8s.io", None, "-n", "kube-node-lease"), verb

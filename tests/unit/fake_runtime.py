@@ -21,7 +21,9 @@ from typing import Any, Iterator
 import kopf
 from kubernetes import client
 
-from hyperplan.actuation.fakes import FakeKarpenterProvider, FakeKube, FakeLedger, FakeNodePods, FakeProvider
+from hyperplan.actuation.fakes import (
+    FakeDeepCheckJobs, FakeKarpenterProvider, FakeKube, FakeLedger, FakeNodePods, FakeProvider,
+)
 from hyperplan.api.models import CapacityPool
 from hyperplan.handlers.cache import GROUPS, NODES, PLANS, POOLS, WatchCache
 from hyperplan.handlers.context import Runtime
@@ -102,6 +104,7 @@ class World:
     calls: list[tuple] = field(default_factory=list)
     events: list[tuple[str, str, str, str]] = field(default_factory=list)  # (object, type, reason, message)
     karpenter: Any = None  # actuation.fakes.FakeKarpenterProvider, for nodeProvider: karpenter
+    checks: Any = None  # actuation.fakes.FakeDeepCheckJobs: the deep health checks' Jobs
 
     def record_event(self, obj: Any, *, type: str, reason: str, message: str = "") -> None:
         name = (obj.get("metadata") or {}).get("name", "") if isinstance(obj, dict) else obj.metadata.name
@@ -144,6 +147,7 @@ def make_world(monkeypatch: Any, now: datetime, policy: Policy, *, plans: list[d
     provider = FakeProvider(clock=lambda: world.now)
     karpenter = FakeKarpenterProvider(nodes=provider.nodes, clock=lambda: world.now)  # one node store
     pods = FakeNodePods()
+    checks = FakeDeepCheckJobs()
     store = NodeStore()
     cache = WatchCache()
     pool_watch = WatchedPools(ledger)
@@ -151,11 +155,12 @@ def make_world(monkeypatch: Any, now: datetime, policy: Policy, *, plans: list[d
     cache.bind({PLANS: plan_watch, GROUPS: Watched(kube, GROUPS_PLURAL),
                 POOLS: pool_watch, NODES: store})
     rt = Runtime(settings=Settings(), policy=policy, kube=kube, ledger=ledger, providers={"kwok": provider, "karpenter": karpenter},
-                 clock=lambda: world.now, cache=cache, pods=pods, node_store=store,
+                 clock=lambda: world.now, cache=cache, pods=pods, checks=checks, node_store=store,
                  queue=WorkQueue(lambda: world.now))
     for group in groups:  # as the group's watch event does (handlers.instancegroup.group_event)
         rt.group_names[naming.label_value(group["metadata"]["name"])] = group["metadata"]["name"]
-    world = World(rt, plan_watch, pool_watch, kube, ledger, provider, pods, store, now, calls, karpenter=karpenter)
+    world = World(rt, plan_watch, pool_watch, kube, ledger, provider, pods, store, now, calls, karpenter=karpenter,
+                  checks=checks)
     monkeypatch.setattr(kopf, "event", world.record_event)
     monkeypatch.setattr(kopf, "info", lambda obj, *, reason, message="": world.record_event(
         obj, type="Normal", reason=reason, message=message))

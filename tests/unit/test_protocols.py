@@ -6,8 +6,9 @@ import inspect
 
 import pytest
 
+from hyperplan.actuation.deepchecks import DeepCheckJobs, KubeDeepCheckJobs
 from hyperplan.actuation.fakes import (
-    FakeKube, FakeLedger, FakeLeaseStore, FakeNodePods, FakeProvider, RecordingKueueWrites,
+    FakeDeepCheckJobs, FakeKube, FakeLedger, FakeLeaseStore, FakeNodePods, FakeProvider, RecordingKueueWrites,
 )
 from hyperplan.actuation.kube import Kube
 from hyperplan.actuation.kueue import KubeKueueWrites, KueueWrites
@@ -26,6 +27,7 @@ def _methods(proto: type) -> list[str]:
     (KubeLedger, CapacityLedger), (FakeLedger, CapacityLedger),
     (KubeLeaseStore, LeaseStore), (FakeLeaseStore, LeaseStore),
     (KubeKueueWrites, KueueWrites), (RecordingKueueWrites, KueueWrites),
+    (KubeDeepCheckJobs, DeepCheckJobs), (FakeDeepCheckJobs, DeepCheckJobs),
 ], ids=lambda x: x.__name__)
 def test_implementation_matches_protocol(impl: type, proto: type) -> None:
     assert _methods(proto), f"{proto.__name__} declares no methods"

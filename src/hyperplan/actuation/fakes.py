@@ -12,11 +12,12 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from hyperplan.actuation.deepchecks import DeepCheckJobs, Target
 from hyperplan.actuation.kueue import KueueWrites
 from hyperplan.actuation.leadership import LeaseRecord, LeaseStore
 from hyperplan.actuation.ledger import (
@@ -29,6 +30,7 @@ from hyperplan.actuation.nodes import (
 from hyperplan.planning.lending import LentRecord
 from hyperplan.api.models import CapacityPool, Reservation
 from hyperplan.api.vocabulary import ANNOTATION_CLAIM, from_rfc3339, to_rfc3339
+from hyperplan.planning import deepchecks
 from hyperplan.planning import naming
 from hyperplan.planning import placement
 from hyperplan.planning.offerings import Extension, Offering, RuleViolation, recheck_offering
@@ -366,6 +368,53 @@ class FakeNodePods:
         return gone
 
 
+# --------------------------------------------------------------------------- deep health check Jobs
+
+
+@dataclass
+class FakeDeepCheckJobs:
+    """Check Jobs in memory: ``start`` records each Job as running (a name made again is no new
+    Job, as the API server's 409) and a run's Service once; the test ends a Job with :meth:`finish`.
+    Records calls as ``(verb, name)``."""
+
+    jobs: dict[str, deepchecks.JobResult] = field(default_factory=dict)
+    made: dict[str, Target] = field(default_factory=dict)  # by Job name
+    groups: dict[str, str] = field(default_factory=dict)  # the group of each Job
+    services: dict[str, list[str]] = field(default_factory=dict)  # a run's Service: its owner Jobs
+    calls: list[tuple[str, str]] = field(default_factory=list)
+
+    def list(self, group: str, awaited: Collection[str] = ()) -> dict[str, deepchecks.JobResult]:
+        self.calls.append(("list", group))
+        return {name: r if name in awaited else replace(r, output="")
+                for name, r in self.jobs.items() if self.groups[name] == group}
+
+    def start(self, group: str, targets: Sequence[Target]) -> list[str]:
+        made = []
+        for t in targets:
+            self.calls.append(("start", t.job.name))
+            if t.job.name in self.jobs:
+                continue
+            self.jobs[t.job.name] = deepchecks.JobResult(t.job.name, deepchecks.RUNNING)
+            self.made[t.job.name], self.groups[t.job.name] = t, group
+            made.append(t.job.name)
+            if t.job.cohort:
+                self.services.setdefault(t.job.cohort, []).append(t.job.name)
+        return made
+
+    def of(self, node: str, check: str | None = None) -> list[str]:
+        """The Jobs made on ``node`` (its name), of ``check`` when given, in the order made."""
+        return [n for n, t in self.made.items() if t.node == node and (check is None or t.job.check == check)]
+
+    def finish(self, name: str, passed: bool = True, output: str = "") -> None:
+        """The Job ended: Complete, or Failed with ``output`` (its pod's termination message)."""
+        self.jobs[name] = deepchecks.JobResult(name, deepchecks.SUCCEEDED if passed else deepchecks.FAILED,
+                                               "" if passed else output)
+
+    def remove(self, name: str) -> None:
+        """The Job is gone (deleted by someone, or its TTL)."""
+        self.jobs.pop(name, None)
+
+
 # --------------------------------------------------------------------------- leases
 
 
@@ -524,6 +573,7 @@ _provider: type[NodeProvider] = FakeProvider
 _pods: type[NodePods] = FakeNodePods
 _lease: type[LeaseStore] = FakeLeaseStore
 _kueue: type[KueueWrites] = RecordingKueueWrites
+_checks: type[DeepCheckJobs] = FakeDeepCheckJobs
 
 
 # --------------------------------------------------------------------------- a remote SageMaker endpoint

@@ -10,7 +10,9 @@
   (``planning.ownership``: each provider call names the node by the name and uid recorded,
   never by a label): first, together (each writes a node no other
   one writes), the health-signal notes, marks, spare promotions and creates; then evictions and
-  removals, the updates, the checkpoint signal (pods annotated, node condition set), the drains. It
+  removals, the updates, the deep health checks' Jobs (through
+  :class:`~hyperplan.actuation.deepchecks.DeepCheckJobs`), the checkpoint signal (pods annotated,
+  node condition set), the drains. It
   returns what it did (:class:`Applied`): the events to post, whether a create lost a race
   for a free static node or found none to lend, and what the group's record gains and loses
   (the nodes made, with their uids; cordons and lent records moved; the nodes released). It never touches the operator's memory; the
@@ -36,6 +38,7 @@ from kubernetes import client
 
 from hyperplan import metrics
 from hyperplan.api.vocabulary import to_rfc3339
+from hyperplan.actuation.deepchecks import DeepCheckJobs, Target
 from hyperplan.actuation.nodes import (
     AdoptionConflict, DrainProgress, NodePods, NodeProvider, NoFreeNode, taints_of,
 )
@@ -43,6 +46,7 @@ from hyperplan.api.models import GroupNode
 from hyperplan.planning.lending import LentRecord
 from hyperplan.planning.memory import GroupMemory, PresentNode, Vanished
 from hyperplan.planning import reading
+from hyperplan.planning import deepchecks
 from hyperplan.planning import health
 from hyperplan.planning import naming
 from hyperplan.planning import nodefacts
@@ -279,11 +283,11 @@ def evacuate_node(provider: NodeProvider, pods: NodePods, node: client.V1Node, a
 def apply_decision(provider: NodeProvider, pods: NodePods, d: GroupDecision, raw: Mapping[str, client.V1Node],
                    health_notes: Iterable[tuple[str, str | None]], now: datetime,
                    clock: Callable[[], datetime], group: str = "", records: Records | None = None,
-                   claims: Mapping[str, str] | None = None) -> Applied:
+                   claims: Mapping[str, str] | None = None, checks: DeepCheckJobs | None = None) -> Applied:
     """Carry out a decision (see the module docstring) on the nodes ``raw`` (by node id), named
     to the provider as ``records`` (the group's record, by node id) has them; each new node
-    carries its nonce from ``claims`` (by node id; the record holds its digest already). Sync
-    (thread)."""
+    carries its nonce from ``claims`` (by node id; the record holds its digest already); the
+    deep health checks' Jobs go through ``checks``. Sync (thread)."""
     out = Applied()
 
     def name_of(nid: str) -> str:
@@ -406,6 +410,8 @@ def apply_decision(provider: NodeProvider, pods: NodePods, d: GroupDecision, raw
         after = provider.update(name, spec, managed_taint_keys(spec), uid, before)
         if entry is not None and after is not None and after != before:
             out.changed[spec.name] = entry.model_copy(update={"lent": after.state()})
+    if d.checks is not None:
+        out.events.extend(apply_checks(checks, d, raw, records, group))
     if d.checkpoint is not None:  # before the drains: every pod is asked before it is evicted
         signal = [raw[n] for n in d.checkpoint.nodes if n in raw]
         for pod_events in run_together([functools.partial(signal_checkpoint, provider, pods, n, d.checkpoint, now)
@@ -420,6 +426,38 @@ def apply_decision(provider: NodeProvider, pods: NodePods, d: GroupDecision, raw
         elif outcome.cordoned and entry is not None:
             out.changed[nid] = entry.model_copy(update={"cordoned": True})
     return out
+
+
+def apply_checks(checks: DeepCheckJobs | None, d: GroupDecision, raw: Mapping[str, client.V1Node],
+                 records: Records | None, group: str) -> list[tuple[NodeBody | None, Event]]:
+    """Make the check Jobs the decision asks for, on the nodes as the record names them, and say
+    which runs began and ended (an Event each, on the node and the group; the failed checks'
+    output in the failure's)."""
+    plan = d.checks
+    assert plan is not None
+    events: list[tuple[NodeBody | None, Event]] = []
+    targets = [Target(job, *target(job.node_id, raw.get(job.node_id), records)) for job in plan.start
+               if job.node_id in raw]
+    if targets and checks is not None:
+        checks.start(group, targets)
+
+    def on(nid: str) -> NodeBody | None:
+        return node_ref(raw[nid]) if nid in raw else None
+
+    for nid in plan.began:
+        state = plan.states[nid]
+        events.append((on(nid), Event("Normal", "DeepHealthCheckStarted",
+                                      f"{nid}: {', '.join(state.checks)} started; tainted "
+                                      f"{deepchecks.TAINT_DEEP_HEALTH_CHECK} until they pass")))
+    for end in plan.finished:
+        metrics.DEEP_HEALTH_CHECKS.labels("passed" if end.passed else "failed").inc()
+        if end.passed:
+            events.append((on(end.node_id), Event("Normal", "DeepHealthCheckPassed", f"{end.node_id}: {end.message}; "
+                                                                               "it serves")))
+        else:
+            events.append((on(end.node_id), Event("Warning", "DeepHealthCheckFailed",
+                                                  f"{end.node_id}: {end.message}; it does not serve")))
+    return events
 
 
 _NODE_WRITES: ThreadPoolExecutor | None = None

@@ -18,7 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
 from hyperplan.api.vocabulary import (  # noqa: F401  (re-exported: the models' callers use them with the models)
-    API_VERSION, GROUP, LABEL_HOSTNAME, LABEL_INSTANCE_TYPE, LABEL_SAGEMAKER_HEALTH, LABEL_ZONE, OWN_PREFIX,
+    API_VERSION, CHECK_FAILED, CHECK_IN_PROGRESS, CHECK_PASSED, DEEP_HEALTH_CHECKS, GROUP, LABEL_HOSTNAME,
+    LABEL_INSTANCE_TYPE, LABEL_SAGEMAKER_DEEP_HEALTH_CHECK, LABEL_SAGEMAKER_HEALTH, LABEL_ZONE, OWN_PREFIX,
     TARGET_RESOURCES, TOPOLOGY_PREFIX, ULTRASERVER_TYPES, VERSION, from_rfc3339, to_rfc3339,
 )
 
@@ -34,7 +35,8 @@ QUALIFIED_NAME_PATTERN = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9
 # Keys the operator owns on its nodes. A group may not set them through `labels` or `taints`:
 # they would fight with (or forge) what the operator writes and what schedulers read.
 RESERVED_KEY_PREFIXES = (OWN_PREFIX, TOPOLOGY_PREFIX)
-RESERVED_KEYS = (LABEL_INSTANCE_TYPE, LABEL_ZONE, LABEL_HOSTNAME, LABEL_SAGEMAKER_HEALTH)
+RESERVED_KEYS = (LABEL_INSTANCE_TYPE, LABEL_ZONE, LABEL_HOSTNAME, LABEL_SAGEMAKER_HEALTH,
+                 LABEL_SAGEMAKER_DEEP_HEALTH_CHECK)
 # Domains that belong to Kubernetes: a key whose prefix is one of them or a subdomain of one
 # (node-role.kubernetes.io/worker, foo.k8s.io/x) steers the kubelet, the scheduler or admission, so a
 # group may not put it on nodes through `labels` or `taints`, as Karpenter refuses these domains in
@@ -580,6 +582,20 @@ class InstanceGroupSpec(Model):
         "tainted and reported; only manual actions (the UnschedulablePendingReboot or "
         "UnschedulablePendingReplacement health label) act."))
     placement: PlacementSpec = Field(default_factory=PlacementSpec)
+    on_start_deep_health_checks: list[Literal[*DEEP_HEALTH_CHECKS]] = Field(
+        default_factory=list, max_length=len(DEEP_HEALTH_CHECKS), description=(
+            "HyperPod's OnStartDeepHealthChecks: the checks every new node and every node back from a reboot "
+            "runs, as Jobs pinned to it, before it serves (tainted and labelled deep-health-check-status="
+            "InProgress until then). InstanceStress: a stress of the node itself. InstanceConnectivity: the "
+            "UltraServer's new nodes reach each other over the pod network. A node that fails is replaced."),
+        json_schema_extra={"x-kubernetes-list-type": "set"})
+
+    @field_validator("on_start_deep_health_checks")
+    @classmethod
+    def _checks_once(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError("each deep health check may be listed once")
+        return value
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
         # A static group adopts nodes that already run pods: a NoExecute taint would evict them at
@@ -648,6 +664,22 @@ class GroupNode(Model):
     node_claim: NodeClaimRef | None = None
     # The node is gone from under the group and its slot not replaced yet (see VanishedRecord).
     vanished: VanishedRecord | None = None
+    # The node's deep health checks of its latest start (planning.deepchecks): from this record and
+    # the check Jobs, never from the node's labels.
+    deep_health_check: DeepHealthCheck | None = None
+
+
+class DeepHealthCheck(Model):
+    """A node's deep health checks since it started (it was made, or came back from a reboot):
+    which ran, how they stand, and the InstanceConnectivity run it shares with the other new nodes
+    of its UltraServer (the name of that run's Service; every node of the run has it)."""
+
+    status: Literal[CHECK_IN_PROGRESS, CHECK_PASSED, CHECK_FAILED]
+    since: Time  # the start the checks answer
+    checks: list[Literal[*DEEP_HEALTH_CHECKS]] = Field(default_factory=list, max_length=len(DEEP_HEALTH_CHECKS))
+    started: Time | None = None  # when its Jobs were first made (None: not yet)
+    cohort: str | None = Field(default=None, max_length=63)
+    finished: Time | None = None
 
 
 class NodeClaimRef(Model):

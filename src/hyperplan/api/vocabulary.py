@@ -41,6 +41,11 @@ LABEL_ROLE = f"{GROUP}/role"
 LABEL_HEALTH = f"{GROUP}/node-health-status"
 # HyperPod's own health key: read beside hyperplan's (planning.nodefacts decides from both).
 LABEL_SAGEMAKER_HEALTH = "sagemaker.amazonaws.com/node-health-status"
+# A node's deep health checks (planning.deepchecks): written under both keys, HyperPod's beside
+# hyperplan's, for schedulers and job templates that select by either. Output only: the operator
+# reads a node's checks from its own Jobs and the group's record, never from these labels.
+LABEL_DEEP_HEALTH_CHECK = f"{GROUP}/deep-health-check-status"
+LABEL_SAGEMAKER_DEEP_HEALTH_CHECK = "sagemaker.amazonaws.com/deep-health-check-status"
 LABEL_SLOT = f"{GROUP}/slot"
 LABEL_GENERATION = f"{GROUP}/generation"
 LABEL_REPLACES = f"{GROUP}/replaces"
@@ -75,6 +80,14 @@ HEALTH_SCHEDULABLE = "Schedulable"
 HEALTH_UNSCHEDULABLE = "Unschedulable"
 HEALTH_PENDING_REPLACEMENT = "UnschedulablePendingReplacement"
 HEALTH_PENDING_REBOOT = "UnschedulablePendingReboot"
+
+# HyperPod's deep health checks (spec.onStartDeepHealthChecks) and their states.
+INSTANCE_STRESS = "InstanceStress"
+INSTANCE_CONNECTIVITY = "InstanceConnectivity"
+DEEP_HEALTH_CHECKS = (INSTANCE_STRESS, INSTANCE_CONNECTIVITY)
+CHECK_IN_PROGRESS = "InProgress"
+CHECK_PASSED = "Passed"
+CHECK_FAILED = "Failed"
 
 # An UltraServer's health status (a plan's status.ultraServers[].healthStatus).
 STATUS_OK = "ok"
@@ -113,6 +126,8 @@ ANNOTATION_LAST_HANDLED = f"{GROUP}/last-handled-configuration"  # kopf's diff b
 
 TAINT_SPARE = f"{GROUP}/spare"  # value "true", NoSchedule (planning.naming.SPARE_TAINT)
 TAINT_UNHEALTHY = f"{GROUP}/unhealthy"  # value "true", NoSchedule (planning.naming.UNHEALTHY_TAINT)
+# Value the check state (InProgress, Failed), NoSchedule, until a node passes its deep health checks.
+TAINT_DEEP_HEALTH_CHECK = f"{GROUP}/deep-health-check"
 CONDITION_BLOCK_TERMINATING = f"{GROUP}/BlockTerminating"
 """Node condition, ``True`` from the checkpoint signal on: the node's block is about to terminate."""
 # Taints the node lifecycle controller sets (they follow a condition or the cordon).

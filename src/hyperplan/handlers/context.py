@@ -10,6 +10,7 @@ from typing import Any, Callable, Mapping, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from hyperplan.actuation.deepchecks import CheckJobSettings, DeepCheckJobs, KubeDeepCheckJobs
 from hyperplan.actuation.kube import Kube, api_client
 from hyperplan.actuation.remote import RemoteSources, secret_credentials
 from hyperplan.actuation.ledger import CapacityLedger, KubeLedger
@@ -52,6 +53,8 @@ class Runtime:
     group_memory: GroupMemory = field(default_factory=GroupMemory)
     # What a drain does to the pods on a node (the Eviction API; a recording fake in tests).
     pods: NodePods | None = None
+    # The deep health checks' Jobs (actuation.deepchecks; a recording fake in tests).
+    checks: DeepCheckJobs | None = None
     # Who needs waking when something changes, so a change wakes only the passes it concerns:
     # plans not bought yet (their offerings depend on the pools).
     unbought_plans: set[str] = field(default_factory=set)
@@ -85,6 +88,9 @@ class Runtime:
     def __post_init__(self) -> None:
         if self.pods is None:
             self.pods = KubeNodePods(self.kube, self.me)
+        if self.checks is None:  # in the operator's namespace, as the reboot Jobs
+            namespace = self.me.namespace or self.settings.pod_namespace or "default"
+            self.checks = KubeDeepCheckJobs(self.kube, CheckJobSettings.from_settings(self.settings, namespace))
         if self.queue is None:
             self.queue = WorkQueue(self.clock, report=functools.partial(report_failure, self))
 

@@ -40,11 +40,12 @@ from hyperplan.api.vocabulary import FINALIZER  # set by kopf (operator.configur
 from hyperplan.handlers.context import Runtime, status_of
 from hyperplan.handlers.trainingplan import as_the_ledger_holds
 from hyperplan.handlers.workqueue import Pace
+from hyperplan.planning import deepchecks
 from hyperplan.planning import health
 from hyperplan.planning import naming
 from hyperplan.planning import ownership
 from hyperplan.planning import recovery
-from hyperplan.planning.groups import Peer, BoundPlan, decide_group
+from hyperplan.planning.groups import BoundPlan, GroupDecision, Peer, decide_group
 from hyperplan.planning.memory import Vanished, vanished_labels
 from hyperplan.planning.nodefacts import NodeFacts, facts_of_v1
 from hyperplan.planning.plans import Event
@@ -125,6 +126,9 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     raw, records = held.raw, held.records
     pod_counts = (await in_thread(rt, count_pods, rt.pods, raw)  # nodes marked for replacement only
                   if any(being_evacuated(n) for n in raw) else {})
+    # The deep health checks' Jobs, while one runs (their ends wake no pass: the pass polls).
+    awaited = deepchecks.awaited(group.status.nodes)
+    check_jobs = await in_thread(rt, rt.checks.list, name, awaited) if awaited else None
 
     # Decide.
     now, key = rt.clock(), naming.label_value(name)
@@ -144,7 +148,7 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     post_events(obj, unreadable)
     decision = decide_group(name, obj["metadata"].get("generation", 1), group.spec, group.status, plan,
                             peers_of(groups, group.spec.training_plan_ref, plan.group_selector if plan else None),
-                            seen.nodes, rt.policy, now, rt.keys, obj["metadata"].get("labels") or {})
+                            seen.nodes, rt.policy, now, rt.keys, obj["metadata"].get("labels") or {}, check_jobs)
     if decision.create and FINALIZER not in obj["metadata"].get("finalizers", []):
         # kopf adds the finalizer on its first pass over a new group; no node exists before it,
         # so deleting the group can never orphan one.
@@ -169,9 +173,9 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     # patch replaces the whole list.
     record_rv = obj["metadata"].get("resourceVersion")
     if claims or rebooting:
-        intent = recovery.recorded(ownership.next_record(
+        intent = recorded(ownership.next_record(
             held.sorted, [ownership.pending_entry(n, c) for n, c in claims.items()], listed_fresh=fresh,
-            launching=launching, vanished=vanished_records(rt, key)), decision.recovery)
+            launching=launching, vanished=vanished_records(rt, key)), decision)
         try:
             written = await in_thread(rt, rt.kube.patch_status, PLURAL, name, {"nodes": [e.wire() for e in intent]},
                                       record_rv)
@@ -186,10 +190,12 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
 
     # Apply, then remember what was done (on the event loop).
     rt.group_memory.note_releasing(key, releases_of(decision))
+    checking = decision.checks is not None and bool(decision.checks.start or decision.checks.finished
+                                                     or decision.checks.began)
     writes = bool(decision.create or decision.update or decision.drain or decision.remediation
-                  or decision.checkpoint or seen.health_notes)
+                  or decision.checkpoint or seen.health_notes or checking)
     applied = (await in_thread(rt, apply_decision, provider, rt.pods, decision, seen.raw, seen.health_notes,
-                               now, rt.clock, name, records, claims) if writes else Applied())
+                               now, rt.clock, name, records, claims, rt.checks) if writes else Applied())
     if let_go:
         # (their entries are out of the record already; the slot's new claim, made above, is in it)
         applied.events.extend(await in_thread(rt, delete_claims, provider, let_go))
@@ -197,9 +203,9 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     rt.group_memory.note_short_of_free_nodes(key, applied.short_of_free_nodes)  # see handlers.nodes
 
     # One status patch, then the events.
-    decision.status.nodes = recovery.recorded(ownership.next_record(
+    decision.status.nodes = recorded(ownership.next_record(
         held.sorted, applied.made, applied.changed, applied.released, listed_fresh=fresh,
-        launching=launching, vanished=vanished_records(rt, key)), decision.recovery)
+        launching=launching, vanished=vanished_records(rt, key)), decision)
     unrecorded = ownership.unrecorded_condition(held.sorted.unrecorded, name, obj["metadata"].get("generation", 1),
                                                 group.status.conditions, now)
     if unrecorded is not None:
@@ -215,7 +221,7 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
         except ApiException as e:
             if e.status != 409:
                 raise
-            written = await in_thread(rt, record_again, rt, name, applied, decision.recovery, patch)
+            written = await in_thread(rt, record_again, rt, name, applied, decision, patch)
             if written is None:  # the rest of the status still lands; the record at the next pass
                 written = await in_thread(rt, rt.kube.patch_status, PLURAL, name,
                                           {k: v for k, v in desired.items() if k != "nodes"})
@@ -269,18 +275,24 @@ async def write_record(rt: Runtime, name: str, record: list[GroupNode], rv: str 
     return (written or {}).get("metadata", {}).get("resourceVersion")
 
 
-def record_again(rt: Runtime, name: str, applied: Applied, moved: dict, patch: dict[str, Any]) -> dict[str, Any] | None:
+def recorded(entries: list[GroupNode], decision: GroupDecision) -> list[GroupNode]:
+    """The record with what the decision moved in it: recovery clocks and deep health checks."""
+    return recovery.recorded(deepchecks.recorded(entries, decision.checks.moved if decision.checks else {}),
+                             decision.recovery)
+
+
+def record_again(rt: Runtime, name: str, applied: Applied, decision: GroupDecision, patch: dict[str, Any]) -> dict[str, Any] | None:
     """The pass's status patch lost to another writer of the group's status (409): what the pass
-    did to the record (nodes made and released, entries changed, recovery clocks moved) applied to
-    the record as it is now, written over that one. A second conflict leaves it to the next pass
-    (the nodes made carry their claims). Sync (thread)."""
+    did to the record (nodes made and released, entries changed, recovery clocks and checks moved)
+    applied to the record as it is now, written over that one. A second conflict leaves it to the
+    next pass (the nodes made carry their claims). Sync (thread)."""
     obj = rt.kube.get_object(PLURAL, name)
     if obj is None:
         return None
     now_recorded = [GroupNode.model_validate(e) for e in (obj.get("status") or {}).get("nodes") or []]
     record = ownership.apply_pass(now_recorded, applied.made, applied.changed, applied.released)
     try:
-        return rt.kube.patch_status(PLURAL, name, {**patch, "nodes": [e.wire() for e in recovery.recorded(record, moved)]},
+        return rt.kube.patch_status(PLURAL, name, {**patch, "nodes": [e.wire() for e in recorded(record, decision)]},
                                     obj["metadata"].get("resourceVersion"))
     except ApiException as e:
         if e.status != 409:

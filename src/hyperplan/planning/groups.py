@@ -20,7 +20,10 @@ The rules (DESIGN.md sections 1-2):
   ``hyperpod-cluster``, and the count must fit what the plan's block offers beside the
   other groups (placement says so); a group that breaks a rule gets ``Failed``, a
   condition, an event and no nodes;
-* health verdicts and bounded remediation come from :mod:`hyperplan.planning.health`.
+* health verdicts and bounded remediation come from :mod:`hyperplan.planning.health`;
+* deep health checks (:mod:`hyperplan.planning.deepchecks`): a node made, or back from its
+  reboot, is tainted and not counted Ready until its checks pass; one that fails them is
+  remediated as a failed node.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from hyperplan.api.models import Condition, InstanceGroupSpec, InstanceGroupStat
 from hyperplan.api.vocabulary import (  # noqa: F401  (the checkpoint words re-exported)
     ANNOTATION_BLOCK_TERMINATION, CONDITION_BLOCK_TERMINATING, HYPERPOD_CLUSTER, REASON_CHECKPOINT, to_rfc3339,
 )
+from hyperplan.planning import deepchecks
 from hyperplan.planning import health
 from hyperplan.planning import naming
 from hyperplan.planning import placement
@@ -163,6 +167,7 @@ class GroupDecision:
     # The recovery clocks the remediation moved (by node id), for the group's record.
     recovery: Mapping[str, recovery.RecoveryState] = field(default_factory=dict)
     checkpoint: Checkpoint | None = None  # carried out before the drains
+    checks: deepchecks.ChecksPlan | None = None  # the deep health checks' Jobs and record moves
     events: list[Event] = field(default_factory=list)
     wake_at: datetime | None = None
 
@@ -203,8 +208,10 @@ def place_on_block(block: ReservedCapacity, plan: BoundPlan, peers: Sequence[Pee
 def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: InstanceGroupStatus,
                  plan: BoundPlan | None, peers: Sequence[Peer], nodes: Sequence[ObservedGroupNode],
                  policy: Policy, now: datetime, keys: naming.TopologyKeys = naming.TopologyKeys(),
-                 labels: Mapping[str, str] | None = None) -> GroupDecision:
-    """What the group ``name`` (its ``metadata.labels`` are ``labels``) should hold at ``now``."""
+                 labels: Mapping[str, str] | None = None,
+                 check_jobs: Mapping[str, deepchecks.JobResult] | None = None) -> GroupDecision:
+    """What the group ``name`` (its ``metadata.labels`` are ``labels``) should hold at ``now``;
+    ``check_jobs``: the group's deep health check Jobs by name (None: not listed this pass)."""
     conds = prior.conditions
     broken = check_binding(spec, plan, labels) if plan is not None else None
     # Bound=False names the rule a group breaks against its plan (NotAllowed among them); a group
@@ -286,9 +293,14 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
     recorded = {e.node_id: recovery.RecoveryState.from_record(e.recovery) for e in prior.nodes or () if e.recovery}
     clocks: dict[str, recovery.RecoveryState] = {}
     fault_moves: dict[str, recovery.RecoveryState] = {}
+    checked = deepchecks.states_of(prior.nodes)  # by node id, which the observations are named by
     observations = []
     for n in on_block:
         seen, state = n.health, recorded.get(n.name, recovery.RecoveryState())
+        run = checked.get(n.name)
+        if run is not None and not run.serving:
+            seen = dataclasses.replace(seen, checking=run.status == deepchecks.CHECK_IN_PROGRESS,
+                                       check_failed=run.finished if run.status == deepchecks.CHECK_FAILED else None)
         standing = health.standing_faults(seen, check)
         if standing or state.faults:
             clocked = recovery.clock_faults(state, standing, now, check.grace)
@@ -309,7 +321,7 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
     by_slot = {(n.health.slot, n.health.generation): n for n in on_block}
     by_name = {n.name: n for n in on_block}
     actions, evacuation_check = _evacuate_before_removal(remedy.actions, on_block, by_name, by_slot, policy, now,
-                                                         remedy.rebooting)
+                                                         remedy.rebooting, checked)
 
     owners = placement.spare_owners(placements)
     slots = placement.slot_states_from_labels(n.labels for n in on_block if not n.deleting)
@@ -335,10 +347,18 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
         # is its node id, never written over kubernetes.io/hostname.
         desired = [dataclasses.replace(d, labels={k: v for k, v in d.labels.items() if k != naming.LABEL_HOSTNAME})
                    for d in desired]
-    wanted = {d.name: d for d in desired}
     existing = {n.name: n for n in on_block if n.health.exists}
     vanished = {n.name for n in on_block if not n.health.exists}  # deleted from under us
-    create = [d for d in desired if d.name not in existing and d.name not in vanished]
+    new = [d.name for d in desired if d.name not in existing and d.name not in vanished]
+    # Deep health checks: a node made now or back from its reboot now starts them; the labels and
+    # taint of each node's checks go on it with its other labels (a new node is born with them).
+    checks = deepchecks.plan_checks(
+        spec.on_start_deep_health_checks, checked,
+        [deepchecks.CheckNode(n.name, n.health.exists and not n.deleting, n.health.ultraserver_id) for n in on_block],
+        new, recovered, check_jobs, now)
+    desired = [deepchecks.dressed(d, checks.states.get(d.name)) for d in desired]
+    wanted = {d.name: d for d in desired}
+    create = [d for d in desired if d.name in new]
     # Nodes with a failure signal leave only through remediation (or at the block's end).
     being_remediated = (set(verdict.unhealthy) | set(verdict.pending) | vanished | set(remedy.rebooting) | {
         n.name for n in on_block if is_unschedulable(n.health.health_label)}) - recovered
@@ -352,7 +372,8 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
               and not n.deleting]
     drains += [Drain(n.name, now, "OtherBlock") for n in stray if not n.deleting and n.health.exists]
 
-    up = [d for d in kept if existing[d.name].ready and d.name not in being_remediated]
+    checking = checks.not_serving() & set(existing)  # only checked nodes count
+    up = [d for d in kept if existing[d.name].ready and d.name not in being_remediated and d.name not in checking]
     ready = sum(1 for d in up if d.role == naming.ROLE_ACTIVE)
     spares_up = sum(1 for d in up if d.role == naming.ROLE_SPARE)
     active_wanted = mine.instance_count
@@ -362,6 +383,8 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
                        remedy.message, generation, conds, now)]
     message = (f"{ready}/{active_wanted} active nodes Ready, {spares_up} spare(s) in "
                f"{block.availability_zone} on block {block.id}")
+    if checking:
+        message += f"; {len(checking)} node(s) in deep health checks or failed them"
     decision = GroupDecision(
         status=status(phase, "NodesReady" if phase == READY else "Provisioning", message,
                       availability_zone=block.availability_zone, reserved_capacity_id=block.id,
@@ -369,13 +392,14 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
                       unhealthy_count=len(verdict.unhealthy),
                       next_transition_time=schedule.next_transition_time, extra_conditions=extra),
         block=block, create=create, update=update, drain=drains, remediation=actions,
-        recovery={**fault_moves, **remedy.recovery},
+        recovery={**fault_moves, **remedy.recovery}, checks=checks,
         checkpoint=plan_checkpoint(block.id, termination, policy.checkpoint_lead, on_block, now))
     decision.events += checkpoint_events(decision.checkpoint, on_block)
     signal_at = checkpoint_time(termination, policy.checkpoint_lead)
     # verdict.next_check batches grace ends that fall close together (health.HEALTH_BATCH_WINDOW).
     decision.wake_at = _min_time(schedule.next_transition_time, verdict.next_check, evacuation_check, remedy.next_check,
-                                 now + DRAIN_RETRY if drains else None, signal_at if now < signal_at else None)
+                                 now + DRAIN_RETRY if drains else None, signal_at if now < signal_at else None,
+                                 checks.next_check)
     if not remedy.allowed and _reason(prior.conditions, "RemediationAllowed") != remedy.reason:
         decision.events.append(Event("Warning", remedy.reason or "TooManyUnhealthy", remedy.message))
     return _with_events(decision, prior)
@@ -384,9 +408,12 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
 def _evacuate_before_removal(planned: Sequence[health.Action], on_block: Sequence[ObservedGroupNode],
                              by_name: Mapping[str, ObservedGroupNode],
                              by_slot: Mapping[tuple[str | None, int], ObservedGroupNode], policy: Policy,
-                             now: datetime, rebooting: Sequence[str] = ()) -> tuple[tuple[health.Action, ...], datetime | None]:
+                             now: datetime, rebooting: Sequence[str] = (),
+                             checked: Mapping[str, deepchecks.CheckState] | None = None,
+                             ) -> tuple[tuple[health.Action, ...], datetime | None]:
     """The remediation with each failed node's pods evicted once its replacement serves (a spare
-    promoted in its stead, or its backfill Ready) and its removal held until they are gone
+    promoted in its stead, or its backfill Ready and, with deep health checks, checked: ``checked``
+    by node id) and its removal held until they are gone
     (:func:`hyperplan.planning.health.evacuate`), and the pods of each ``rebooting`` node whose
     spare serves evicted too; and when to look again at pods still leaving."""
     serving_for = {a.replacing for a in planned if isinstance(a, health.PromoteSpare)} | {
@@ -408,32 +435,41 @@ def _evacuate_before_removal(planned: Sequence[health.Action], on_block: Sequenc
             kept.append(action)
             continue
         failed = by_name.get(action.node)
-        ready = _replacement_ready(failed, by_slot)
+        ready = _replacement_ready(failed, by_slot, checked)
         if failed is None or not (ready or failed.name in serving_for):
             continue
         evacuation = health.evacuate(failed.health, action.reason, now, policy.dead_node_eviction_timeout)
         if evacuation.action is not None:
             evictions.append(evacuation.action)
         if evacuation.done and ready:
-            removals.append(dataclasses.replace(action, serving_since=_serving_since(failed, by_slot)))
+            removals.append(dataclasses.replace(action, serving_since=_serving_since(failed, by_slot, checked)))
         check = _min_time(check, evacuation.next_check)
     return tuple(kept + evictions + removals), check
 
 
 def _replacement_ready(failed: ObservedGroupNode | None,
-                       by_slot: Mapping[tuple[str | None, int], ObservedGroupNode]) -> bool:
+                       by_slot: Mapping[tuple[str | None, int], ObservedGroupNode],
+                       checked: Mapping[str, deepchecks.CheckState] | None = None) -> bool:
+    """Whether the failed node's replacement serves: Ready, and past its deep health checks."""
     if failed is None or failed.health.slot is None:
         return True
     successor = by_slot.get((failed.health.slot, failed.health.generation + 1))
-    return successor is not None and successor.ready
+    run = (checked or {}).get(successor.name) if successor is not None else None
+    return successor is not None and successor.ready and (run is None or run.serving)
 
 
 def _serving_since(failed: ObservedGroupNode,
-                   by_slot: Mapping[tuple[str | None, int], ObservedGroupNode]) -> datetime | None:
-    """When the failed node's replacement reported Ready (None: it has no replacement)."""
+                   by_slot: Mapping[tuple[str | None, int], ObservedGroupNode],
+                   checked: Mapping[str, deepchecks.CheckState] | None = None) -> datetime | None:
+    """When the failed node's replacement reported Ready, or passed its deep health checks if that
+    came later (None: it has no replacement)."""
     successor = by_slot.get((failed.health.slot, failed.health.generation + 1)) if failed.health.slot else None
     ready = successor.health.condition(CONDITION_READY) if successor is not None else None
-    return ready.last_transition_time if ready is not None and ready.status == "True" else None
+    if ready is None or ready.status != "True":
+        return None
+    run = (checked or {}).get(successor.name)
+    return max(ready.last_transition_time, run.finished) if run is not None and run.finished else \
+        ready.last_transition_time
 
 
 def _reason(conditions: Sequence[Condition], type_: str) -> str | None:
@@ -450,7 +486,8 @@ def _with_events(d: GroupDecision, prior: InstanceGroupStatus, warning: bool = F
 
 def managed_taint_keys(want: placement.NodeSpec) -> set[str]:
     """Taint keys the operator owns on a node: its own and the group's; others are left alone."""
-    return {t.key for t in want.taints} | {naming.SPARE_TAINT.key, naming.UNHEALTHY_TAINT.key}
+    return {t.key for t in want.taints} | {naming.SPARE_TAINT.key, naming.UNHEALTHY_TAINT.key,
+                                           deepchecks.CHECK_TAINT.key}
 
 
 def _differs(want: placement.NodeSpec, have: ObservedGroupNode) -> bool:

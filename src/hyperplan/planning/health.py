@@ -18,7 +18,9 @@ operator does not reset the clock):
   says ``Unschedulable*`` (since ``health_label_since``);
 * the node was deleted from under the group (since ``deleted_since``);
 * the node never reported a ``Ready`` condition within ``startup_timeout`` of ``created``
-  (Cluster API's ``nodeStartupTimeout``).
+  (Cluster API's ``nodeStartupTimeout``);
+* the node failed its deep health checks (``check_failed``, from the group's record,
+  :mod:`hyperplan.planning.deepchecks`): judged at once, without a grace (the checks are the verdict).
 
 A label or deletion whose start time the caller does not know (``None``) counts as having
 started long ago: it is judged at once rather than never. A node whose signals clear
@@ -51,8 +53,9 @@ says ``TooManyUnhealthy``.
 A plan lists actions phase by phase, each phase in the failed nodes' name order:
 ``MarkUnhealthy`` (label ``UnschedulablePendingReplacement`` and the NoSchedule taint
 :data:`UNHEALTHY_TAINT`), ``PromoteSpare`` (a spare takes over a failed active node: the
-healthiest spare on the same UltraServer, else on another of the group's UltraServers),
-``Backfill`` (a new node in the failed node's slot with the next generation: a spare on
+healthiest spare on the same UltraServer, else on another of the group's UltraServers; none
+that is still in its deep health checks, and none for a failed node whose slot has its
+replacement already), ``Backfill`` (a new node in the failed node's slot with the next generation: a spare on
 UltraServer groups that promoted one, otherwise an active node) and ``RemoveNode``.
 Backfill comes before RemoveNode on purpose (make before break): until the replacement
 exists the failed node stays, cordoned, carrying its slot and generation, so a crash
@@ -142,6 +145,7 @@ REASON_TOO_MANY_UNHEALTHY = "TooManyUnhealthy"
 REASON_INVALID_MAX_UNHEALTHY = "InvalidMaxUnhealthy"
 SIGNAL_DELETED = "NodeDeleted"
 SIGNAL_STARTUP_TIMEOUT = "NodeStartupTimeout"
+SIGNAL_DEEP_CHECK_FAILED = recovery.SIGNAL_DEEP_CHECK_FAILED
 
 HEALTH_BATCH_WINDOW = timedelta(milliseconds=500)
 """How late a failure may be judged so that it goes in one pass with a close one (see "Batching
@@ -181,6 +185,10 @@ class NodeObservation:
     replaces: str | None = None
     pods_left: int | None = None  # pods a drain would wait for; None: not counted this pass
     evicting_since: datetime | None = None  # see ANNOTATION_EVICTING_SINCE
+    # Its deep health checks (planning.deepchecks, by the group's record): running (it is no spare
+    # to promote meanwhile), or failed at that time (a signal without grace).
+    checking: bool = False
+    check_failed: datetime | None = None
 
     def condition(self, type_: str) -> NodeCondition | None:
         for c in self.conditions:
@@ -258,6 +266,8 @@ def _signals(node: NodeObservation, check: HealthCheck) -> list[_Signal]:
                     check.grace))
     if ready is None and check.startup_timeout is not None and node.created is not None:
         out.append((SIGNAL_STARTUP_TIMEOUT, node.created, check.startup_timeout))
+    if node.check_failed is not None:
+        out.append((SIGNAL_DEEP_CHECK_FAILED, node.check_failed, timedelta(0)))
     return out
 
 
@@ -528,7 +538,7 @@ def _pick_spare(failed: NodeObservation, nodes: Sequence[NodeObservation],
                 us_index: Mapping[str, int]) -> NodeObservation | None:
     candidates = [
         n for n in nodes
-        if n.role == ROLE_SPARE and n.exists and n.name not in taken
+        if n.role == ROLE_SPARE and n.exists and n.name not in taken and not n.checking
         and n.name not in verdict.unhealthy and n.name not in verdict.held  # held: its grace has ended
     ]
     if not candidates:
@@ -616,7 +626,13 @@ def plan_remediation(
         first = state.since or verdict.first_seen.get(name) or when  # the fault's first sight
         promoted = name in already_promoted
         covered_here = promoted  # a spare of its own UltraServer serves in its place
-        if step.kind != recovery.LABEL_ONLY and uses_spares and node.role == ROLE_ACTIVE and not promoted:
+        # A replacement made in its slot already (no spare could serve when it failed: none was
+        # healthy, or checked) takes its place: a spare that can serve later is not promoted for it
+        # too, which would leave one active node too many and the spare demoted again.
+        backfilled = node.slot is not None and any(
+            o.exists and o.slot == node.slot and o.generation > node.generation for o in nodes)
+        if step.kind != recovery.LABEL_ONLY and uses_spares and node.role == ROLE_ACTIVE and not promoted \
+                and not backfilled:
             spare = _pick_spare(node, nodes, verdict, taken, us_index)
             if spare is None:
                 notes.append(f"no healthy spare to replace {name}")

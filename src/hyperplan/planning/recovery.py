@@ -18,6 +18,8 @@ labelled ``UnschedulablePendingReboot``, no reboot     reboot (an admin's reques
 under way
 ``nodeRecovery: None``                                 label only (taint, Event); nothing else
 deleted, or never reported Ready (startup timeout)     replace: nothing to reboot
+failed its deep health checks (planning.deepchecks)    replace: it was just made or just
+                                                       rebooted; another reboot would not help
 rebooted ``rebootBudget`` times within the window      replace: it failed again after a reboot
 an active node of an UltraServer no spare covers       replace: a reboot would leave the job
                                                        short of its NVLink domain until it ends
@@ -60,6 +62,7 @@ LABEL_ONLY = "LabelOnly"
 
 SIGNAL_DELETED = "NodeDeleted"  # health.SIGNAL_DELETED (health imports this module)
 SIGNAL_STARTUP_TIMEOUT = "NodeStartupTimeout"
+SIGNAL_DEEP_CHECK_FAILED = "DeepHealthCheckFailed"  # the node failed its deep health checks (planning.deepchecks)
 LABEL_SIGNAL_PREFIX = "NodeHealthStatus="  # a reason of health's that is only a health label
 
 # How a reboot ended (Step.result; the metric hyperplan_reboots_total).
@@ -214,6 +217,8 @@ def next_step(*, exists: bool, conditions, health_label: str | None, reason: str
         return Step(LABEL_ONLY, f"{reason}; nodeRecovery is None: labelled only")
     if not exists or reason in (SIGNAL_DELETED, SIGNAL_STARTUP_TIMEOUT):
         return Step(REPLACE, f"{reason}: nothing to reboot")
+    if reason == SIGNAL_DEEP_CHECK_FAILED:
+        return Step(REPLACE, f"{reason}: a node that fails its deep health checks is replaced")
     if ladder.reboot_budget == 0:
         return Step(REPLACE, reason)
     recent = state.recent(now, ladder.reboot_window)
