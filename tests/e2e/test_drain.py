@@ -59,5 +59,6 @@ def test_a_pdb_holds_its_pod_until_the_block_ends(scenarios) -> None:
     node_gone = next(when for when, present in r["node"] if not present)
     # The guarded node stays (its eviction refused) well past the termination time, and goes by the end.
     assert node_gone >= r["termination"] + timedelta(seconds=10)
-    # (+5 s: the deletion is at the end; the kubectl recorder sees it up to a few seconds later on a loaded machine)
-    assert node_gone <= r["end"] + timedelta(seconds=5)
+    # (+10 s: the deletion is at the end; the kubectl recorder, a process per poll, has seen it 5.6 s
+    # later on a machine loaded with benches beside the suite)
+    assert node_gone <= r["end"] + timedelta(seconds=10)

@@ -182,3 +182,27 @@ def test_the_recovery_ladder_keeps_a_karpenter_nodes_clocks_under_its_slot(world
     assert ("reboot", failed) not in world.karpenter.calls  # past its budget: replaced
     assert world.provider.nodes[failed].metadata.labels["hyperplan.dev/node-health-status"] == \
         "UnschedulablePendingReplacement"
+
+
+def test_a_replacement_under_way_holds_when_the_fault_clears_within_the_marks_grace(worlds) -> None:
+    """Seen in e2e: the failed node's Ready came back (KWOK's heartbeat) a moment after the pass
+    that marked it UnschedulablePendingReplacement and made its slot's new claim. The mark is the
+    ladder's verdict on a fault first seen earlier (the record's faultSince), so its label has no
+    grace of its own: the launching claim is kept, not let go and made again."""
+    world = worlds(group(nodeProvider="karpenter"))
+    world.now = T0
+    run(world)
+    for name in world.karpenter.claims:
+        world.karpenter.register(name, ready_since=T0)
+    world.now = NOW
+    run(world)
+    failed = next(e["name"] for e in record(world) if e["nodeId"] == ACTIVE[0])
+    set_ready(world, failed, "False", NOW)
+    world.now = NOW + GRACE + timedelta(seconds=1)
+    run(world)
+    backfill = claims_by_slot(world)[ACTIVE[0] + "-g1"]
+    set_ready(world, failed, "True", world.now)  # the fault clears within the label's grace
+    world.now += timedelta(seconds=2)
+    run(world)
+    assert "NodeClaimDeleted" not in world.reasons()
+    assert claims_by_slot(world)[ACTIVE[0] + "-g1"] == backfill

@@ -301,6 +301,13 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
         if run is not None and not run.serving:
             seen = dataclasses.replace(seen, checking=run.status == deepchecks.CHECK_IN_PROGRESS,
                                        check_failed=run.finished if run.status == deepchecks.CHECK_FAILED else None)
+        if state.since is not None and seen.health_label == naming.HEALTH_PENDING_REPLACEMENT \
+                and seen.health_label_since is not None:
+            # The ladder chose to replace this node for a fault first seen then (its record's
+            # faultSince): the mark is that verdict, judged from the fault's first sight, not a new
+            # signal with a grace of its own, which would stop the replacement (a launching
+            # NodeClaim let go, then made again) when the fault clears meanwhile.
+            seen = dataclasses.replace(seen, health_label_since=min(seen.health_label_since, state.since))
         standing = health.standing_faults(seen, check)
         if standing or state.faults:
             clocked = recovery.clock_faults(state, standing, now, check.grace)
