@@ -12,9 +12,12 @@ turn (e.g. ``1000,2000,4000``; the plans are added to those of the round before)
 2. The operator is started and timed from its process start to its first reconcile
    (``hyperplan_reconciles_total`` of kind TrainingPlan, scraped every 0.25 s) and until every plan
    has had a pass (that counter at the plan count: every plan listed at start gets one); its CPU
-   over that time is shown beside. Then it is stopped (SIGTERM) before the next round's writes.
+   over that time is shown beside, and the plan status writes it made (the first start writes the
+   status of each plan new in the round once: the bench's is not exactly the operator's). Then it
+   is stopped (SIGTERM) before the next round's writes. With ``--restart`` it is started and timed
+   once more on the fleet as it left it: what a failover or a restart meets.
 
-    .venv/bin/python bench/start.py [--plans 1000,2000,4000] [--pools 10] [--pool-size 64]
+    .venv/bin/python bench/start.py [--plans 1000,2000,4000] [--pools 10] [--pool-size 64] [--restart]
 """
 
 from __future__ import annotations
@@ -94,6 +97,7 @@ def timed_start(h: Harness, n: int, timeout: float) -> dict:
     t0 = time.monotonic()
     op = h.start_operator("demo", extra_env={"HYPERPLAN_KUEUE_ENABLED": "false"})
     first = every = None
+    writes = 0.0
     cpu_first = cpu_every = None
     last_report = time.monotonic()
     while every is None:
@@ -104,8 +108,9 @@ def timed_start(h: Harness, n: int, timeout: float) -> dict:
             raise BenchError(f"{n} plans: not every plan had a pass within {timeout:.0f} s of the operator's start "
                              f"(first pass: {'none' if first is None else f'{first:.1f} s'})")
         try:
-            passes = metric_sum(op.metrics(timeout=2), "hyperplan_reconciles_total",
-                                lambda labels: labels.get("kind") == "TrainingPlan")
+            text = op.metrics(timeout=2)
+            passes = metric_sum(text, "hyperplan_reconciles_total", lambda labels: labels.get("kind") == "TrainingPlan")
+            writes = metric_sum(text, "hyperplan_status_writes_total", lambda labels: labels.get("kind") == "TrainingPlan")
         except OSError:
             passes = 0.0
         if passes > 0 and first is None:
@@ -118,9 +123,10 @@ def timed_start(h: Harness, n: int, timeout: float) -> dict:
             step(f"  {now - t0:.0f} s: {passes:.0f} plan passes; operator CPU {proc_cpu_seconds(op.pid):.0f} s, "
                  f"RSS {proc_rss_mib(op.pid):.0f} MiB, load {loadavg()}")
         time.sleep(0.25)
-    step(f"  every plan had a pass {every:.1f} s after the start (operator CPU {cpu_every:.1f} s)")
+    step(f"  every plan had a pass {every:.1f} s after the start (operator CPU {cpu_every:.1f} s, "
+         f"{writes:.0f} plan status writes)")
     out = {"first": first, "every": every, "cpu_first": cpu_first, "cpu_every": cpu_every,
-           "rss": proc_rss_mib(op.pid)}
+           "rss": proc_rss_mib(op.pid), "writes": writes}
     h.stop_operator()
     h.operator = None
     return out
@@ -135,15 +141,17 @@ def main(h: Harness, args: argparse.Namespace) -> int:
     results = {}
     for n in counts:
         fleet.grow_to(n)
-        results[n] = timed_start(h, n, args.timeout)
+        results[f"{n} plans"] = timed_start(h, n, args.timeout)
+        if args.restart:  # the fleet as the operator left it: what a failover or a restart meets
+            results[f"{n} plans, restarted"] = timed_start(h, n, args.timeout)
     rows = [("machine", machine(), "", ""),
             ("load average at the start / the end", f"{load_start} / {loadavg()}", "", ""),
             ("pools / pool size", f"{args.pools} / {args.pool_size}", "", "")]
     for n, r in results.items():
-        rows.append((f"{n} plans: first plan pass / every plan passed, from the operator's start",
+        rows.append((f"{n}: first plan pass / every plan passed, from the operator's start",
                      f"{r['first']:.1f} s / {r['every']:.1f} s", "", ""))
-        rows.append(("  operator CPU at the first pass / at every pass; RSS then",
-                     f"{r['cpu_first']:.1f} s / {r['cpu_every']:.1f} s; {r['rss']:.0f} MiB", "", ""))
+        rows.append(("  operator CPU at the first pass / at every pass; RSS then; plan status writes",
+                     f"{r['cpu_first']:.1f} s / {r['cpu_every']:.1f} s; {r['rss']:.0f} MiB; {r['writes']:.0f}", "", ""))
     print_figures("start", rows)
     return 0
 
@@ -156,6 +164,9 @@ if __name__ == "__main__":
     ap.add_argument("--threads", type=int, default=8, help="clients writing the plans")
     ap.add_argument("--ahead", type=int, default=40, help="minutes from now to the plans' window")
     ap.add_argument("--window", type=int, default=15, help="minutes of the plans' window")
+    ap.add_argument("--restart", action="store_true", help="after each round's start, start the operator "
+                    "again on the fleet as it left it (no status to write: a failover's start)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds a start may take")
     args = ap.parse_args()
-    run(lambda h: main(h, args), "start", budget=600 + len(args.plans.split(",")) * (args.timeout + 300))
+    run(lambda h: main(h, args), "start",
+        budget=600 + len(args.plans.split(",")) * ((2 if args.restart else 1) * args.timeout + 300))
