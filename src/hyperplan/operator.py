@@ -26,7 +26,7 @@ import time
 import kopf
 from aiohttp import web
 
-from hyperplan import allocator, metrics
+from hyperplan import allocator, kopf_readiness, metrics
 from hyperplan.actuation.kube import api_client
 from hyperplan.actuation.leadership import KubeLeaseStore, LeaderElector, Timing
 from hyperplan.settings import Settings
@@ -148,6 +148,9 @@ def run_operator() -> int:
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
 
     from hyperplan import handlers  # noqa: F401  (registers the handlers with kopf)
+    # kopf's index readiness woke every listed object's worker on every object listed: a start with
+    # 10,000 plans made no pass for minutes (issue 22, hyperplan.kopf_readiness).
+    kopf_readiness.install()
     from hyperplan.handlers.context import build_runtime
 
     runtime = build_runtime(hp)
