@@ -174,6 +174,10 @@ def buy(rt: Any, pool: CapacityPool, name: str, uid: str, spec: TrainingPlanSpec
     return RemoteBuy(blocks=rt.ledger.record_remote(pool_name, name, uid, lines))
 
 
+def _a(noun: str) -> str:
+    return f"{'an' if noun[:1] in 'AEIOU' else 'a'} {noun}"
+
+
 def kept_message(pools: Sequence[CapacityPool], uid: str, now: datetime) -> str | None:
     """What a deleted plan leaves at its remote sources (None: nothing bought remotely): neither a
     SageMaker training plan nor an EC2 Capacity Block can be cancelled, so the remote keeps (and
@@ -188,7 +192,7 @@ def kept_message(pools: Sequence[CapacityPool], uid: str, now: datetime) -> str 
                     f"{line.remote_training_plan_arn} (until {line.end_time.isoformat()})")
     if not kept:
         return None
-    return "; ".join(f"the remote {noun}(s) " + ", ".join(sorted(arns)) + f" stay bought at their endpoint: a {noun} "
+    return "; ".join(f"the remote {noun}(s) " + ", ".join(sorted(arns)) + f" stay bought at their endpoint: {_a(noun)} "
                      "cannot be cancelled; only this cluster's record of them is removed"
                      for noun, arns in sorted(kept.items()))
 
@@ -216,6 +220,6 @@ def pending_kept_message(rt: Any, pools: Sequence[CapacityPool], uid: str) -> st
             kept.setdefault(source.noun, []).append(f"{live.arn} ({live.status})")
     if not kept:
         return None
-    return "; ".join(f"the remote {noun}(s) " + ", ".join(sorted(arns)) + f" stay at their endpoint: a {noun} cannot "
+    return "; ".join(f"the remote {noun}(s) " + ", ".join(sorted(arns)) + f" stay at their endpoint: {_a(noun)} cannot "
                      "be cancelled, and one still being bought will be bought; only this cluster's record is removed"
                      for noun, arns in sorted(kept.items()))
