@@ -364,3 +364,23 @@ def test_stubbed_requests_carry_no_retry_or_token_of_our_own(stubbed) -> None:
     stub.add_response("purchase_capacity_block", {"CapacityReservations": [reservation(state="payment-pending")]},
                       {"CapacityBlockOfferingId": "cbo-x", "InstancePlatform": "Linux/UNIX", "TagSpecifications": ANY})
     assert blocks.buy(NAME, UID, remote_offering("cbo-x"), None, TAGS).arn.endswith(RID)
+
+
+def test_one_describe_serves_every_plan_that_asks_within_its_age(stubbed) -> None:
+    from hyperplan.actuation.remote import RemoteFollower
+    blocks, stub, _ = stubbed
+    now = [0.0]
+    follower = RemoteFollower(clock=lambda: now[0])
+    listing = {"Filters": [{"Name": "tag-key", "Values": ["hyperplan.dev/remote-plan"]}], "MaxResults": 1000}
+    stub.add_response("describe_capacity_reservations", {"CapacityReservations": [reservation()]}, listing)
+    stub.add_response("describe_capacity_reservations", {"CapacityReservations": [
+        reservation(), reservation("cr-0000000000000000b", name=remote_plan_name("another-uid", 0), uid="another-uid")]},
+        listing)
+
+    first = follower.plans("k", blocks, max_age=5)
+    now[0] = 4
+    again = follower.plans("k", blocks, max_age=5)  # another plan's pass: no call (the Stubber would refuse one)
+    now[0] = 6
+    later = follower.plans("k", blocks, max_age=5)
+    assert [p.name for p in first] == [p.name for p in again] == [NAME]
+    assert len(later) == 2
