@@ -35,6 +35,14 @@ def remote_pool(unavailable=None, instanceCount=None, **source) -> dict:
     return body
 
 
+def blocks_pool(**source) -> dict:
+    """A pool sold by EC2 Capacity Blocks; ``source`` adds to (or, as ``sageMaker``, beside) it."""
+    body = pool(instanceType="p5.48xlarge", source={"ec2CapacityBlocks": {"region": "us-east-1",
+                                                                          "maxUpfrontFee": "40000"}, **source})
+    del body["spec"]["instanceCount"]
+    return body
+
+
 def plan(**spec) -> dict:
     base = {"instanceType": "ml.p5.48xlarge", "instanceCount": 8, "targetResource": "hyperpod-cluster",
             "duration": "48h", "startTimeAfter": "2027-01-01T00:00:00Z",
@@ -86,9 +94,10 @@ def group(**spec) -> dict:
     pool(unavailable=[{"start": "2027-01-01T00:00:00Z", "end": "2027-01-02T00:00:00Z", "instanceCount": 1}] * 1024),
     remote_pool(),
     remote_pool(endpoint=None, credentialsSecret=None, maxUpfrontFee="250000.50"),
+    blocks_pool(),
 ], ids=["pool", "pool-ultraserver", "plan", "plan-ultraserver", "plan-training-job", "group",
         "group-full", "group-keys-near-kubernetes-domains", "group-kwok-no-execute", "group-at-bounds",
-        "plan-at-bounds", "pool-at-bounds", "pool-remote", "pool-remote-aws"])
+        "plan-at-bounds", "pool-at-bounds", "pool-remote", "pool-remote-aws", "pool-ec2-capacity-blocks"])
 def test_valid_objects_are_accepted(crds: Kubectl, obj: dict) -> None:
     crds.create(obj)
     stored = crds.get(obj["kind"].lower(), obj["metadata"]["name"])
@@ -107,6 +116,9 @@ def test_valid_objects_are_accepted(crds: Kubectl, obj: dict) -> None:
     (remote_pool(unavailable=[{"start": "2027-01-01T00:00:00Z", "end": "2027-01-02T00:00:00Z", "instanceCount": 1}]),
      "a pool with a remote source has no unavailable windows"),
     (remote_pool(endpoint="capacity.example.com"), "endpoint must be an http(s) URL"),
+    (blocks_pool(sageMaker={"region": "us-east-1"}), "a source is exactly one of sageMaker or ec2CapacityBlocks"),
+    ({**blocks_pool(), "spec": {**blocks_pool()["spec"], "source": {}}},
+     "a source is exactly one of sageMaker or ec2CapacityBlocks"),
     (remote_pool(region="US East"), "spec.source.sageMaker.region: Invalid value"),
     (remote_pool(maxUpfrontFee="$100"), "spec.source.sageMaker.maxUpfrontFee: Invalid value"),
     (plan(instanceCount=3), 'spec.instanceCount: Unsupported value: 3'),
@@ -221,7 +233,8 @@ def test_valid_objects_are_accepted(crds: Kubectl, obj: dict) -> None:
     (pool(unavailable=[{"start": "2027-01-01T00:00:00Z", "end": "2027-01-02T00:00:00Z", "instanceCount": 1}] * 1025),
      "spec.unavailable: Too many: 1025: must have at most 1024 items"),
 ], ids=["pool-remote-with-count", "pool-neither-count-nor-source", "pool-remote-with-unavailable",
-        "pool-remote-endpoint-not-a-url", "pool-remote-region", "pool-remote-fee",
+        "pool-remote-endpoint-not-a-url", "pool-source-both-kinds", "pool-source-no-kind", "pool-remote-region",
+        "pool-remote-fee",
         "plan-count-3", "plan-count-128", "plan-target", "plan-duration-word", "plan-duration-zero",
         "plan-duration-negative", "plan-window-reversed", "plan-window-empty", "plan-count-and-ultraserver",
         "plan-no-type", "plan-negative-spares", "plan-spares-fill-ultraserver", "group-no-plan", "group-empty-plan", "group-negative-count",

@@ -249,11 +249,11 @@ def test_a_listing_that_takes_long_is_made_less_often() -> None:
         endpoint = "http://x"
         calls = 0
 
-        def list_plans(self):
+        def remote_plans(self):
             Slow.calls += 1
             import time as _t
             _t.sleep(0.05)
-            return [summary("a")]
+            return [plan_of(summary("a"))]
     now = [0.0]
     follower = RemoteFollower(clock=lambda: now[0])
     follower.plans("k", Slow(), max_age=0.1)

@@ -28,6 +28,7 @@ from hyperplan.actuation.nodes import (
     mark_healthy_patch, merged_taints, rebooting,
 )
 from hyperplan.planning.lending import LentRecord
+from hyperplan.actuation.remote import CapacitySeller, NotBought, SageMakerSelling
 from hyperplan.api.models import CapacityPool, Reservation
 from hyperplan.api.vocabulary import ANNOTATION_CLAIM, from_rfc3339, to_rfc3339
 from hyperplan.planning import deepchecks
@@ -580,7 +581,7 @@ _checks: type[DeepCheckJobs] = FakeDeepCheckJobs
 
 
 @dataclass
-class FakeRemoteCapacity:
+class FakeRemoteCapacity(SageMakerSelling):
     """A remote SageMaker endpoint for unit tests, answering as boto3 would (dicts of the service
     model's shapes): it offers what ``offerings`` holds, makes a Pending plan on CreateTrainingPlan
     (same name and offering again: the same plan; another offering: ResourceInUse), and holds a
@@ -651,3 +652,82 @@ class FakeRemoteCapacity:
         self.calls.append(("list_plans", None))
         self._up("ListTrainingPlans")
         return [dict(p["answer"]) for p in self.plans.values()]
+
+
+# --------------------------------------------------------------------------- EC2 Capacity Blocks
+
+
+@dataclass
+class FakeCapacityBlocks:
+    """EC2 Capacity Blocks behind the :class:`~hyperplan.actuation.remote.CapacitySeller` protocol,
+    for the plan pass's unit tests: it offers the ``CapacityBlockOffering`` dicts of ``offered``,
+    and a purchase makes a ``payment-pending`` capacity reservation (``CapacityReservation`` dicts,
+    tagged as the real purchase tags them) and takes the offering off sale; :meth:`pay` moves a
+    reservation on (scheduled, active, payment-failed ...). Like EC2 behind the real seller, a
+    purchase for a plan that holds a live reservation answers that one and buys nothing. Every call
+    of the protocol is recorded; ``down`` makes each fail as a refused connection does."""
+
+    endpoint: str = "https://ec2.us-east-1.amazonaws.com"
+    region: str = "us-east-1"
+    offered: list[dict[str, Any]] = field(default_factory=list)
+    reservations: dict[str, dict[str, Any]] = field(default_factory=dict)  # by CapacityReservationId
+    calls: list[tuple[str, Any]] = field(default_factory=list)
+    down: bool = False
+    account: str = "111122223333"
+
+    def _up(self, operation: str) -> None:
+        from hyperplan.actuation.remote import RemoteError
+        if self.down:
+            raise RemoteError(operation, "EndpointConnectionError",
+                              f'Could not connect to the endpoint URL: "{self.endpoint}/"', self.endpoint)
+
+    def find_offerings(self, request: Any, policy: Any, pools: Any) -> list[Any]:
+        from hyperplan.planning import capacity_blocks as cb
+        self.calls.append(("find_offerings", [p.name for p in pools]))
+        self._up("DescribeCapacityBlockOfferings")
+        return [o for p in pools for o in cb.offerings_of(self.offered, p.name, p.instance_type,
+                                                          p.availability_zone, request)]
+
+    def _mine(self, plan_uid: str) -> list[dict[str, Any]]:
+        from hyperplan.planning import capacity_blocks as cb
+        return [r for r in self.reservations.values() if cb.tags_of(r).get(cb.TAG_TRAINING_PLAN_UID) == plan_uid]
+
+    def buy(self, name: str, plan_uid: str, offering: Any, spares: int | None, tags: Mapping[str, str]) -> Any:
+        from hyperplan.planning import capacity_blocks as cb
+        from hyperplan.planning.remote import standing_of
+        self.calls.append(("buy", (name, offering.remote_id, dict(tags))))
+        self._up("PurchaseCapacityBlock")
+        live = standing_of(cb.plans_of(self._mine(plan_uid), self.region), plan_uid).live
+        if live is not None:
+            return live
+        entry = next((o for o in self.offered if o["CapacityBlockOfferingId"] == offering.remote_id), None)
+        if entry is None:
+            raise NotBought(f"EC2 no longer sells capacity block offering {offering.offering.id}: "
+                            "InsufficientInstanceCapacity")
+        self.offered.remove(entry)
+        rid = f"cr-{len(self.reservations):017x}"
+        [spec] = cb.purchase_tags(name, tags)
+        self.reservations[rid] = {
+            "CapacityReservationId": rid, "OwnerId": self.account,
+            "CapacityReservationArn": f"arn:aws:ec2:{self.region}:{self.account}:capacity-reservation/{rid}",
+            "InstanceType": entry["InstanceType"], "AvailabilityZone": entry["AvailabilityZone"],
+            "TotalInstanceCount": entry["InstanceCount"], "AvailableInstanceCount": entry["InstanceCount"],
+            "StartDate": entry["StartDate"], "EndDate": entry["EndDate"], "State": "payment-pending",
+            "ReservationType": "capacity-block", "Tags": spec["Tags"]}
+        return cb.plan_from(name, [self.reservations[rid]], self.region)
+
+    def pay(self, plan_uid: str, state: str = "scheduled") -> str:
+        """Moves the plan's newest reservation to ``state``; answers its id."""
+        newest = sorted(self._mine(plan_uid), key=lambda r: r["CapacityReservationId"])[-1]
+        newest["State"] = state
+        return str(newest["CapacityReservationId"])
+
+    def remote_plans(self) -> list[Any]:
+        from hyperplan.planning import capacity_blocks as cb
+        self.calls.append(("remote_plans", None))
+        self._up("DescribeCapacityReservations")
+        return cb.plans_of(self.reservations.values(), self.region)
+
+
+_seller: type[CapacitySeller] = FakeCapacityBlocks
+_sagemaker_seller: type[CapacitySeller] = FakeRemoteCapacity

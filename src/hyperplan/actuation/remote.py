@@ -1,8 +1,11 @@
-"""Capacity bought through a SageMaker endpoint: the calls (issue 23, docs/aws.md).
+"""Capacity bought from a remote source: the calls (issue 23, docs/aws.md).
 
 A CapacityPool with ``spec.source.sageMaker`` is sold by another hyperplan's SageMaker API or by
 AWS; this module makes the calls, with boto3, the maintained SDK (no signing of our own). What the
-answers mean is :mod:`hyperplan.planning.remote`.
+answers mean is :mod:`hyperplan.planning.remote`. A pool with ``spec.source.ec2CapacityBlocks``
+is sold by EC2 Capacity Blocks (:mod:`hyperplan.actuation.capacity_blocks`). The plan pass sees
+either through one protocol, :class:`CapacitySeller` (find_offerings, buy, remote_plans), made for a pool's source
+by :func:`make_seller`.
 
 **The client, set on purpose** (:func:`client_config`): boto3's ``standard`` retry mode (3
 attempts on throttling, 5xx and dropped connections, with its own backoff), a connect timeout of
@@ -33,11 +36,13 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from hyperplan import metrics
-from hyperplan.api.models import SageMakerSource
-from hyperplan.planning.remote import RemotePlan, plan_of
+from hyperplan.api.models import Ec2CapacityBlocksSource, RemoteSource, SageMakerSource
+from hyperplan.planning.offerings import OfferingRequest
+from hyperplan.planning.policy import Policy
+from hyperplan.planning.remote import PoolTerms, RemoteOffering, RemotePlan, offerings_of, plan_of, search_arguments
 
 log = logging.getLogger("hyperplan.remote")
 
@@ -60,6 +65,38 @@ class RemoteError(Exception):
         self.refused = refused
 
 
+class NotBought(Exception):
+    """A purchase the remote did not make and that is no error of the pass: the offering was sold
+    meanwhile, or the remote holds (or held) something under the attempt's name that the pass's
+    listing did not show. The pass reads the remote again and searches again."""
+
+
+class CapacitySeller(Protocol):
+    """What the plan pass asks of a remote source of capacity, in planning's values, whatever the
+    source: a SageMaker Training Plans endpoint (:class:`SageMakerCapacity`) or EC2 Capacity Blocks
+    (:class:`hyperplan.actuation.capacity_blocks.CapacityBlocks`). :func:`make_seller` is the one
+    place that tells them apart."""
+
+    endpoint: str
+
+    def find_offerings(self, request: OfferingRequest, policy: Policy,
+                  pools: Sequence[PoolTerms]) -> list[RemoteOffering]:
+        """One search for ``request``; the answers each of ``pools`` sells, as offerings of that pool."""
+        ...
+
+    def buy(self, name: str, plan_uid: str, offering: RemoteOffering, spares: int | None,
+            tags: Mapping[str, str]) -> RemotePlan:
+        """Buy ``offering`` for the local plan ``plan_uid`` under the attempt's ``name`` and answer
+        what the remote holds for it then. Never buys twice for one name: a remote that already
+        holds a live purchase of the plan answers that one. Raises :class:`NotBought` or
+        :class:`RemoteError`."""
+        ...
+
+    def remote_plans(self) -> list[RemotePlan]:
+        """Every purchase the key sees at the remote (one listing; the follower paces it)."""
+        ...
+
+
 class RemoteCapacity(Protocol):
     """The SageMaker Training Plans calls a remote pool needs (the answers are boto3's dicts)."""
 
@@ -75,41 +112,42 @@ class RemoteCapacity(Protocol):
     def list_plans(self) -> list[Mapping[str, Any]]: ...
 
 
-def client_config() -> Any:
+def client_config(attempts: int = RETRY_ATTEMPTS) -> Any:
     from botocore.config import Config
-    return Config(retries={"mode": "standard", "total_max_attempts": RETRY_ATTEMPTS},
+    return Config(retries={"mode": "standard", "total_max_attempts": attempts},
                   connect_timeout=CONNECT_TIMEOUT, read_timeout=READ_TIMEOUT,
                   max_pool_connections=POOL_CONNECTIONS, user_agent_extra="hyperplan")
 
 
-class SageMakerCapacity:
-    """A remote pool's endpoint through boto3's SageMaker client. ``client`` is a seam for
-    botocore's Stubber in the unit tests, which checks every request against the service model."""
+def make_client(source: RemoteSource, credentials: tuple[str, str] | None, attempts: int = RETRY_ATTEMPTS) -> Any:
+    """A boto3 client of the source's service, region and endpoint, set as :func:`client_config` says."""
+    import boto3
+    session = boto3.session.Session(
+        aws_access_key_id=credentials[0] if credentials else None,
+        aws_secret_access_key=credentials[1] if credentials else None, region_name=source.region)
+    return session.client(source.service, endpoint_url=source.endpoint, config=client_config(attempts))
 
-    def __init__(self, source: SageMakerSource, credentials: tuple[str, str] | None = None,
-                 client: Any = None) -> None:
-        self.source = source
-        if client is None:
-            import boto3
-            session = boto3.session.Session(
-                aws_access_key_id=credentials[0] if credentials else None,
-                aws_secret_access_key=credentials[1] if credentials else None, region_name=source.region)
-            client = session.client("sagemaker", endpoint_url=source.endpoint, config=client_config())
-        self.client = client
-        self.endpoint = source.endpoint or client.meta.endpoint_url
 
-    def _call(self, operation: str, method: str, **arguments: Any) -> Any:
+class RemoteCalls:
+    """One remote endpoint's client and how its calls are made: counted by operation and result,
+    timed, and every failure a :class:`RemoteError`."""
+
+    client: Any
+    endpoint: str
+
+    def _call(self, operation: str, method: str, client: Any = None, **arguments: Any) -> Any:
         from botocore.exceptions import BotoCoreError, ClientError
         started = time.monotonic()
         try:
-            answer = getattr(self.client, method)(**arguments)
+            answer = getattr(client or self.client, method)(**arguments)
         except ClientError as e:
             error = e.response.get("Error") or {}
             code = str(error.get("Code") or "ClientError")
             status = int((e.response.get("ResponseMetadata") or {}).get("HTTPStatusCode") or 0)
             metrics.REMOTE_CALLS.labels(operation, code).inc()
+            refused = 400 <= status < 500 and "Throttl" not in code and code != "RequestLimitExceeded"
             raise RemoteError(operation, code, str(error.get("Message") or e), self.endpoint,
-                              refused=400 <= status < 500 and "Throttl" not in code) from None
+                              refused=refused) from None
         except BotoCoreError as e:
             code = type(e).__name__
             metrics.REMOTE_CALLS.labels(operation, code).inc()
@@ -118,6 +156,55 @@ class SageMakerCapacity:
             metrics.REMOTE_CALL_DURATION.labels(operation).observe(time.monotonic() - started)
         metrics.REMOTE_CALLS.labels(operation, "ok").inc()
         return answer
+
+
+class SageMakerSelling:
+    """:class:`CapacitySeller` over the SageMaker Training Plans calls (:class:`RemoteCapacity`):
+    shared by the real client and the unit tests' fake endpoint (actuation.fakes)."""
+
+    endpoint: str
+    search: Callable[[Mapping[str, Any]], Mapping[str, Any]]
+    create_plan: Callable[..., str]
+    describe_plan: Callable[[str], "Mapping[str, Any] | None"]
+    list_plans: Callable[[], "list[Mapping[str, Any]]"]
+
+    def find_offerings(self, request: OfferingRequest, policy: Policy,
+                  pools: Sequence[PoolTerms]) -> list[RemoteOffering]:
+        answer = self.search(search_arguments(request, policy))
+        return [o for p in pools for o in offerings_of(answer, p.name, p.instance_type, p.availability_zone,
+                                                       p.ultra_server_type, request)]
+
+    def buy(self, name: str, plan_uid: str, offering: RemoteOffering, spares: int | None,
+            tags: Mapping[str, str]) -> RemotePlan:
+        """CreateTrainingPlan, then DescribeTrainingPlan. The same name with the same offering
+        answers the same plan (so boto3's own retries are safe); a taken name is read again."""
+        try:
+            self.create_plan(name, offering.remote_id, spares, tags)
+        except RemoteError as e:
+            if e.code in ("ResourceNotFound", "ValidationException"):  # sold meanwhile, or no longer offered
+                raise NotBought(f"the endpoint {e.endpoint} no longer sells offering {offering.offering.id}: "
+                                f"{e.message}") from None
+            if e.code == "ResourceInUse":  # the name is taken: a plan of ours the listing did not show yet
+                raise NotBought(f"the remote training plan {name} exists already; reading it again") from None
+            raise
+        answer = self.describe_plan(name)
+        if answer is None:  # an endpoint that answers a create and then does not know it: look again
+            raise NotBought(f"the endpoint {self.endpoint} does not show the remote plan {name} it made yet")
+        return plan_of(answer)
+
+    def remote_plans(self) -> list[RemotePlan]:
+        return [plan_of(answer) for answer in self.list_plans()]
+
+
+class SageMakerCapacity(RemoteCalls, SageMakerSelling):
+    """A remote pool's endpoint through boto3's SageMaker client. ``client`` is a seam for
+    botocore's Stubber in the unit tests, which checks every request against the service model."""
+
+    def __init__(self, source: SageMakerSource, credentials: tuple[str, str] | None = None,
+                 client: Any = None) -> None:
+        self.source = source
+        self.client = client if client is not None else make_client(source, credentials)
+        self.endpoint = source.endpoint or self.client.meta.endpoint_url
 
     def search(self, arguments: Mapping[str, Any]) -> Mapping[str, Any]:
         return self._call("SearchTrainingPlanOfferings", "search_training_plan_offerings", **arguments)
@@ -152,6 +239,15 @@ class SageMakerCapacity:
                 return out
 
 
+def make_seller(source: RemoteSource, credentials: tuple[str, str] | None) -> CapacitySeller:
+    """The seller of a pool's source: the one place that tells the kinds of source apart."""
+    if isinstance(source, Ec2CapacityBlocksSource):
+        from hyperplan.actuation.capacity_blocks import CapacityBlocks
+        return CapacityBlocks(source, credentials)
+    assert isinstance(source, SageMakerSource), source
+    return SageMakerCapacity(source, credentials)
+
+
 @dataclass
 class _Listing:
     plans: dict[str, RemotePlan] = field(default_factory=dict)
@@ -175,7 +271,7 @@ class RemoteFollower:
         with self._lock:
             return self._listings.setdefault(pool, _Listing())
 
-    def plans(self, key: str, capacity: RemoteCapacity, max_age: float) -> list[RemotePlan]:
+    def plans(self, key: str, capacity: CapacitySeller, max_age: float) -> list[RemotePlan]:
         """The remote plans of one endpoint and key, listed at most ``max_age`` seconds ago
         (sync: a thread)."""
         listing = self._listing(key)
@@ -186,7 +282,7 @@ class RemoteFollower:
             if listing.at is None or asked - listing.at >= max(max_age, listing.took / LISTING_SHARE):
                 started = time.monotonic()
                 at = self.clock()
-                listing.plans = {p.name: p for p in map(plan_of, capacity.list_plans())}
+                listing.plans = {p.name: p for p in capacity.remote_plans()}
                 listing.at, listing.took = at, time.monotonic() - started
             return list(listing.plans.values())
 
@@ -205,7 +301,7 @@ Credentials = Callable[[str], "tuple[tuple[str, str], str] | None"]
 
 
 class RemoteSources:
-    """One :class:`RemoteCapacity` per endpoint and key (pools that name the same endpoint,
+    """One :class:`CapacitySeller` per endpoint and key (pools that name the same endpoint,
     region and credentials share one client and one listing: ten pools of one capacity cluster
     cost one ``ListTrainingPlans``), made from the pool's ``spec.source`` and the credentials
     Secret, and made again when either changes. ``credentials(secret)`` answers the Secret's two
@@ -213,29 +309,29 @@ class RemoteSources:
     ``make`` is the seam for a fake in the unit tests."""
 
     def __init__(self, credentials: Credentials,
-                 make: Callable[[SageMakerSource, "tuple[str, str] | None"], RemoteCapacity] = SageMakerCapacity,
+                 make: Callable[[RemoteSource, "tuple[str, str] | None"], CapacitySeller] = make_seller,
                  follower: RemoteFollower | None = None) -> None:
         self.credentials = credentials
         self.make = make
         self.follower = follower or RemoteFollower()
-        self._made: dict[str, RemoteCapacity] = {}
+        self._made: dict[str, CapacitySeller] = {}
         self._lock = threading.Lock()
         # Since when each plan (by uid) has been waiting for its remote plan to hold blocks: its
         # passes look less often the longer it waits (waiting_every). Kept in memory: a restart
         # starts the pacing afresh, which costs a few early looks.
         self.waiting_since: dict[str, float] = {}
 
-    def _client(self, pool: str, source: SageMakerSource) -> tuple[str, RemoteCapacity]:
+    def _client(self, pool: str, source: RemoteSource) -> tuple[str, CapacitySeller]:
         creds, version = None, ""
         if source.credentials_secret:
             found = self.credentials(source.credentials_secret)
             if found is None:
                 raise RemoteError("Credentials", "MissingSecret", (
                     f"the Secret {source.credentials_secret!r} that capacity pool {pool!r} names in "
-                    "spec.source.sageMaker.credentialsSecret is missing, or lacks AWS_ACCESS_KEY_ID and "
-                    "AWS_SECRET_ACCESS_KEY"), source.endpoint or f"sagemaker.{source.region}")
+                    f"spec.source.{source.field_name}.credentialsSecret is missing, or lacks AWS_ACCESS_KEY_ID "
+                    "and AWS_SECRET_ACCESS_KEY"), source.endpoint or f"{source.service}.{source.region}")
             creds, version = found
-        key = json.dumps([source.endpoint, source.region, source.credentials_secret, version])
+        key = json.dumps([source.field_name, source.endpoint, source.region, source.credentials_secret, version])
         with self._lock:
             made = self._made.get(key)
             if made is None:
@@ -252,19 +348,19 @@ class RemoteSources:
         since = self.waiting_since.setdefault(uid, now)
         return min(most, max(least, (now - since) / 4))
 
-    def capacity(self, pool: str, source: SageMakerSource) -> RemoteCapacity:
+    def capacity(self, pool: str, source: RemoteSource) -> CapacitySeller:
         """The endpoint of ``pool`` (sync: reads the Secret; a thread)."""
         return self._client(pool, source)[1]
 
-    def plans(self, pool: str, source: SageMakerSource, max_age: float) -> list[RemotePlan]:
+    def plans(self, pool: str, source: RemoteSource, max_age: float) -> list[RemotePlan]:
         """The remote plans the pool's endpoint and key see, listed at most ``max_age`` s ago."""
         key, capacity = self._client(pool, source)
         return self.follower.plans(key, capacity, max_age)
 
-    def saw(self, pool: str, source: SageMakerSource, plan: RemotePlan) -> None:
+    def saw(self, pool: str, source: RemoteSource, plan: RemotePlan) -> None:
         self.follower.saw(self._client(pool, source)[0], plan)
 
-    def forget(self, pool: str, source: SageMakerSource) -> None:
+    def forget(self, pool: str, source: RemoteSource) -> None:
         self.follower.forget(self._client(pool, source)[0])
 
 

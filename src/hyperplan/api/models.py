@@ -12,9 +12,9 @@ by the planners instead.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from hyperplan.api.vocabulary import (  # noqa: F401  (re-exported: the models' callers use them with the models)
@@ -219,9 +219,14 @@ class Reservation(Model):
         "operator writes these lines from what the remote endpoint answers; they are its own record."))
 
 
-class SageMakerSource(Model):
-    """A SageMaker Training Plans endpoint that sells the pool's capacity: another hyperplan's
-    SageMaker API or AWS itself (docs/aws.md)."""
+class RemoteSource(Model):
+    """What every remote source of a pool names: where to call, as whom, and how dear an offering
+    it may buy (``PoolSource.remote``)."""
+
+    # The source's field under spec.source, and what it sells (for messages and Events).
+    field_name: ClassVar[str] = ""
+    noun: ClassVar[str] = ""
+    service: ClassVar[str] = ""  # boto3's service name
 
     endpoint: str | None = Field(default=None, max_length=MAX_ENDPOINT, description=(
         "URL of the endpoint (https://..., or http:// on a loopback address); unset: the real AWS "
@@ -237,8 +242,49 @@ class SageMakerSource(Model):
         "names one fails with UpfrontFeeTooHigh. Unset: no ceiling."))
 
 
+class SageMakerSource(RemoteSource):
+    """A SageMaker Training Plans endpoint that sells the pool's capacity: another hyperplan's
+    SageMaker API or AWS itself (docs/aws.md)."""
+
+    field_name: ClassVar[str] = "sageMaker"
+    noun: ClassVar[str] = "SageMaker training plan"
+    service: ClassVar[str] = "sagemaker"
+
+
+class Ec2CapacityBlocksSource(RemoteSource):
+    """EC2 Capacity Blocks for ML that sell the pool's capacity, for a cluster that launches the
+    EC2 instances itself (Karpenter): the pool's instanceType is the EC2 name (p5.48xlarge) and its
+    availabilityZone the zone's name (us-east-1a), as the nodes' labels carry them (docs/aws.md)."""
+
+    field_name: ClassVar[str] = "ec2CapacityBlocks"
+    noun: ClassVar[str] = "EC2 Capacity Block"
+    service: ClassVar[str] = "ec2"
+
+
 class PoolSource(Model):
-    sage_maker: SageMakerSource
+    """Exactly one remote source."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        cel("has(self.sageMaker) != has(self.ec2CapacityBlocks)",
+            "a source is exactly one of sageMaker or ec2CapacityBlocks"),
+    ]})
+
+    sage_maker: SageMakerSource | None = Field(default=None, description=(
+        "A SageMaker Training Plans endpoint: another hyperplan's SageMaker API or AWS."))
+    ec2_capacity_blocks: Ec2CapacityBlocksSource | None = Field(default=None, description=(
+        "EC2 Capacity Blocks for ML (DescribeCapacityBlockOfferings, PurchaseCapacityBlock): the "
+        "block's id on the nodes is the capacity reservation's id (cr-...)."))
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> "PoolSource":
+        if (self.sage_maker is None) == (self.ec2_capacity_blocks is None):
+            raise ValueError("a source is exactly one of sageMaker or ec2CapacityBlocks")
+        return self
+
+    @property
+    def remote(self) -> RemoteSource:
+        """The one source set."""
+        return self.sage_maker or self.ec2_capacity_blocks  # type: ignore[return-value]
 
 
 class CapacityPoolSpec(Model):
@@ -256,7 +302,7 @@ class CapacityPoolSpec(Model):
         "Instances the pool holds, sold from its own ledger (status.reservations); unset with source."))
     source: PoolSource | None = Field(default=None, description=(
         "Where the capacity is bought instead of from a ledger of the pool's own: a SageMaker "
-        "endpoint. The pool's instanceType and availabilityZone filter what it offers."))
+        "endpoint or EC2 Capacity Blocks. The pool's instanceType and availabilityZone filter what it offers."))
     ultra_server_type: Literal[*ULTRASERVER_TYPES] | None = None
     unavailable: list[UnavailableWindow] = Field(default_factory=list, max_length=MAX_UNAVAILABLE_WINDOWS)
     training_plan_selector: LabelSelector | None = Field(

@@ -1,4 +1,10 @@
-"""The remote half of a plan's pass: pools whose capacity a SageMaker endpoint sells (issue 23).
+"""The remote half of a plan's pass: pools whose capacity a remote source sells (issue 23).
+
+A remote source is a SageMaker Training Plans endpoint or EC2 Capacity Blocks; this module sees
+either through one protocol (:class:`~hyperplan.actuation.remote.CapacitySeller`: find_offerings, buy,
+remote plans), made for the pool's ``spec.source`` by ``rt.remote`` (actuation.remote.RemoteSources),
+and never asks which kind it is. Below, "remote plan" is a SageMaker training plan, or the capacity
+reservations one EC2 purchase made (planning.capacity_blocks).
 
 A plan that may buy from a remote pool (its ``trainingPlanSelector`` lets it, and the pool sells
 the plan's instance or UltraServer type) looks at the remote in its pass, in a purchase thread:
@@ -9,11 +15,12 @@ the plan's instance or UltraServer type) looks at the remote in its pass, in a p
    the Kueue controller and the plan's status read them as they read a local pool's; a remote plan
    that failed or whose blocks changed rewrites the lines. A live remote plan that holds no block
    yet (the remote buys after CreateTrainingPlan answers) keeps the plan Pending, waiting.
-2. **Search**, only while the plan holds nothing live there: SearchTrainingPlanOfferings with the
-   plan's request, the answers filtered by the pool's type, zone and fee ceiling
-   (planning.remote.offerings_of, within_fee), ranked with the local offerings by decide_plan.
-3. **Buy** (:func:`buy`) when the decision picks a remote offering: CreateTrainingPlan under the
-   name of the next attempt, then DescribeTrainingPlan, recorded as in 1.
+2. **Search**, only while the plan holds nothing live there: one search with the plan's request
+   (SearchTrainingPlanOfferings, DescribeCapacityBlockOfferings), the answers filtered by the
+   pool's type and zone (by the seller) and its fee ceiling (planning.remote.within_fee), ranked
+   with the local offerings by decide_plan.
+3. **Buy** (:func:`buy`) when the decision picks a remote offering, under the name of the next
+   attempt (the seller never buys twice for a plan: see CapacitySeller.buy), recorded as in 1.
 
 Nothing here is read from the plan's status: the remote's answers and the pool's spec decide.
 """
@@ -25,16 +32,15 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Mapping, Sequence
 
-from hyperplan.actuation.remote import RemoteError
+from hyperplan.actuation.remote import NotBought
 from hyperplan.api.models import CapacityPool, TrainingPlanSpec
 from hyperplan.api.vocabulary import REASON_OFFERING_UNAVAILABLE, TAG_TRAINING_PLAN, TAG_TRAINING_PLAN_UID
 from hyperplan.planning.blocks import Block
 from hyperplan.planning.offerings import Offering, OfferingRequest, RuleViolation, matching_pools
 from hyperplan.planning.policy import Policy
 from hyperplan.planning.remote import (
-    MAX_ATTEMPTS, RemoteOffering, RemotePlan, mirror_lines, offerings_of, plan_of, pool_sells, remote_plan_name,
-    same_lines,
-    search_arguments, standing_of, within_fee,
+    MAX_ATTEMPTS, PoolTerms, RemoteOffering, RemotePlan, mirror_lines, pool_sells, remote_plan_name, same_lines,
+    standing_of, within_fee,
 )
 
 log = logging.getLogger("hyperplan.trainingplan")
@@ -72,8 +78,8 @@ def remote_pools(pool_objects: Sequence[Mapping[str, Any]], allowed: set[str]) -
 
 
 def _endpoint(pool: CapacityPool) -> tuple:
-    source = pool.spec.source.sage_maker
-    return (source.endpoint, source.region, source.credentials_secret)
+    source = pool.spec.source.remote
+    return (source.field_name, source.endpoint, source.region, source.credentials_secret)
 
 
 def look(rt: Any, pools: Sequence[CapacityPool], snapshots: Sequence[Any], name: str, uid: str,
@@ -94,7 +100,7 @@ def look(rt: Any, pools: Sequence[CapacityPool], snapshots: Sequence[Any], name:
         if pool.metadata["name"] in holds or pool.metadata["name"] in sells:
             sellers.setdefault(_endpoint(pool), []).append(pool)
     for group in sellers.values():
-        first, source = group[0].metadata["name"], group[0].spec.source.sage_maker
+        first, source = group[0].metadata["name"], group[0].spec.source.remote
         capacity = rt.remote.capacity(first, source)
         age = FOLLOW_AGE if any(p.metadata["name"] in holds for p in group) else WAITING_AGE
         standing = standing_of(rt.remote.plans(first, source, age), uid)
@@ -119,17 +125,20 @@ def look(rt: Any, pools: Sequence[CapacityPool], snapshots: Sequence[Any], name:
         selling = [p for p in group if p.metadata["name"] in sells]
         if not (search and standing.live is None and selling and request is not None):
             continue
-        answer = capacity.search(search_arguments(request, rt.policy))
-        for pool in selling:
-            ceiling = pool.spec.source.sage_maker.max_upfront_fee
-            for offering in offerings_of(answer, pool.metadata["name"], pool.spec.instance_type,
-                                         pool.spec.availability_zone, pool.spec.ultra_server_type, request):
-                if within_fee(offering, ceiling):
-                    seen.offerings.append(offering)
-                else:
-                    seen.notes.append(f"offering {offering.offering.id} of pool {pool.metadata['name']} costs "
-                                      f"{offering.upfront_fee or 'an unknown fee'} {offering.currency or ''}, "
-                                      f"above the pool's maxUpfrontFee {ceiling}")
+        terms = [PoolTerms(p.metadata["name"], p.spec.instance_type, p.spec.availability_zone,
+                           p.spec.ultra_server_type) for p in selling]
+        ceilings = {p.metadata["name"]: p.spec.source.remote.max_upfront_fee for p in selling}
+        for offering in capacity.find_offerings(request, rt.policy, terms):
+            pool_name = offering.offering.blocks[0].pool
+            ceiling = ceilings.get(pool_name)
+            if pool_name not in ceilings:
+                continue  # a seller that answers for a pool it was not asked about is not believed
+            if within_fee(offering, ceiling):
+                seen.offerings.append(offering)
+            else:
+                seen.notes.append(f"offering {offering.offering.id} of pool {pool_name} costs "
+                                  f"{offering.upfront_fee or 'an unknown fee'} {offering.currency or ''}, "
+                                  f"above the pool's maxUpfrontFee {ceiling}")
     return seen
 
 
@@ -142,35 +151,22 @@ class RemoteBuy:
 
 def buy(rt: Any, pool: CapacityPool, name: str, uid: str, spec: TrainingPlanSpec, offering: RemoteOffering,
         attempt: int) -> RemoteBuy:
-    """CreateTrainingPlan for ``offering`` under the name of ``attempt``, then read back what the
-    remote holds (sync: a purchase thread). Safe to repeat: the same name with the same offering
-    answers the same plan, and a name the listing had not shown yet is found by the next pass."""
+    """Buy ``offering`` under the name of ``attempt`` and record what the remote holds then (sync: a
+    purchase thread). Safe to repeat: the seller answers what it holds for the plan instead of
+    buying again, and a name the listing had not shown yet is found by the next pass."""
     pool_name = pool.metadata["name"]
     if attempt >= MAX_ATTEMPTS:
         return RemoteBuy(violation=RuleViolation("RemotePurchaseFailed", (
             f"{MAX_ATTEMPTS} remote training plans of this plan failed at pool {pool_name}'s endpoint")))
-    source = pool.spec.source.sage_maker
+    source = pool.spec.source.remote
     capacity = rt.remote.capacity(pool_name, source)
     remote_name = remote_plan_name(uid, attempt)
+    spares = spec.spare_instances_per_ultra_server if spec.ultra_server_type else None  # plain instances: none
     try:
-        spares = spec.spare_instances_per_ultra_server if spec.ultra_server_type else None  # plain instances: none
-        capacity.create_plan(remote_name, offering.remote_id, spares,
-                             {TAG_TRAINING_PLAN: name, TAG_TRAINING_PLAN_UID: uid})
-    except RemoteError as e:
-        if e.code in ("ResourceNotFound", "ValidationException"):  # sold meanwhile, or no longer offered
-            return RemoteBuy(violation=RuleViolation(REASON_OFFERING_UNAVAILABLE, (
-                f"the endpoint {e.endpoint} no longer sells offering {offering.offering.id}: {e.message}")))
-        if e.code == "ResourceInUse":  # the name is taken: a plan of ours the listing did not show yet
-            rt.remote.forget(pool_name, source)
-            return RemoteBuy(violation=RuleViolation(REASON_OFFERING_UNAVAILABLE, (
-                f"the remote training plan {remote_name} exists already; reading it again")))
-        raise
-    answer = capacity.describe_plan(remote_name)
-    if answer is None:  # an endpoint that answers a create and then does not know it: look again
+        remote = capacity.buy(remote_name, uid, offering, spares, {TAG_TRAINING_PLAN: name, TAG_TRAINING_PLAN_UID: uid})
+    except NotBought as e:  # sold meanwhile, or something of ours the listing did not show: read it again
         rt.remote.forget(pool_name, source)
-        return RemoteBuy(violation=RuleViolation(REASON_OFFERING_UNAVAILABLE, (
-            f"the endpoint {capacity.endpoint} does not show the remote plan {remote_name} it made yet")))
-    remote = plan_of(answer)
+        return RemoteBuy(violation=RuleViolation(REASON_OFFERING_UNAVAILABLE, str(e)))
     rt.remote.saw(pool_name, source, remote)
     lines, _ = mirror_lines(remote, name, uid, pool.spec.instance_type, pool.spec.availability_zone)
     if not lines:
@@ -178,41 +174,52 @@ def buy(rt: Any, pool: CapacityPool, name: str, uid: str, spec: TrainingPlanSpec
     return RemoteBuy(blocks=rt.ledger.record_remote(pool_name, name, uid, lines))
 
 
+def _a(noun: str) -> str:
+    return f"{'an' if noun[:1] in 'AEIOU' else 'a'} {noun}"
+
+
 def kept_message(pools: Sequence[CapacityPool], uid: str, now: datetime) -> str | None:
-    """What a deleted plan leaves at its remote endpoints (None: nothing bought remotely): a
-    SageMaker training plan cannot be cancelled, so the remote keeps (and bills) it to its end."""
-    kept = []
+    """What a deleted plan leaves at its remote sources (None: nothing bought remotely): neither a
+    SageMaker training plan nor an EC2 Capacity Block can be cancelled, so the remote keeps (and
+    bills) it to its end."""
+    kept: dict[str, set[str]] = {}
     for pool in pools:
+        if pool.spec.source is None:
+            continue
         for line in pool.status.reservations:
             if line.training_plan_uid == uid and line.end_time > now and line.remote_training_plan_arn:
-                kept.append(f"{line.remote_training_plan_arn} (until {line.end_time.isoformat()})")
+                kept.setdefault(pool.spec.source.remote.noun, set()).add(
+                    f"{line.remote_training_plan_arn} (until {line.end_time.isoformat()})")
     if not kept:
         return None
-    return ("the remote training plan(s) " + ", ".join(sorted(set(kept))) + " stay bought at their endpoint: a "
-            "SageMaker training plan cannot be cancelled; only this cluster's record of them is removed")
+    return "; ".join(f"the remote {noun}(s) " + ", ".join(sorted(arns)) + f" stay bought at their endpoint: {_a(noun)} "
+                     "cannot be cancelled; only this cluster's record of them is removed"
+                     for noun, arns in sorted(kept.items()))
 
 
 def pending_kept_message(rt: Any, pools: Sequence[CapacityPool], uid: str) -> str | None:
     """For a deleted plan that holds no remote block yet: the remote plans its uid named that are
-    still live at their endpoints (a CreateTrainingPlan answered, the remote still Pending), read
-    from each endpoint's listing (at most 30 s old: the plan's own following keeps one fresh).
-    None when there is none, or when no endpoint answered (the deletion is never held up by an
-    endpoint that is down; that is said in the log). Sync (a thread)."""
-    kept, seen = [], set()
+    still live at their sources (bought, the remote still Pending: a SageMaker plan being bought, an
+    EC2 Capacity Block being paid), read from each source's listing (at most 30 s old: the plan's
+    own following keeps one fresh). None when there is none, or when no source answered (the
+    deletion is never held up by an endpoint that is down; that is said in the log). Sync (a thread)."""
+    kept: dict[str, list[str]] = {}
+    seen: set[tuple] = set()
     for pool in pools:
-        source = pool.spec.source.sage_maker if pool.spec.source else None
-        if source is None or (source.endpoint, source.region, source.credentials_secret) in seen:
+        if pool.spec.source is None or _endpoint(pool) in seen:
             continue
-        seen.add((source.endpoint, source.region, source.credentials_secret))
+        seen.add(_endpoint(pool))
+        source = pool.spec.source.remote
         try:
             live = standing_of(rt.remote.plans(pool.metadata["name"], source, 30.0), uid).live
         except Exception as e:  # noqa: BLE001 - any failure: the deletion goes on without the warning
             log.warning("plan uid %s deleted: could not ask %s for its remote plans: %s", uid,
-                        source.endpoint or "AWS", e)
+                        source.endpoint or f"AWS {source.service}", e)
             continue
         if live is not None:
-            kept.append(f"{live.arn} ({live.status})")
+            kept.setdefault(source.noun, []).append(f"{live.arn} ({live.status})")
     if not kept:
         return None
-    return ("the remote training plan(s) " + ", ".join(sorted(kept)) + " stay at their endpoint: a SageMaker training "
-            "plan cannot be cancelled, and one still being bought will be bought; only this cluster's record is removed")
+    return "; ".join(f"the remote {noun}(s) " + ", ".join(sorted(arns)) + f" stay at their endpoint: {_a(noun)} cannot "
+                     "be cancelled, and one still being bought will be bought; only this cluster's record is removed"
+                     for noun, arns in sorted(kept.items()))

@@ -258,7 +258,7 @@ async def _buy_remote(rt: Runtime, obj: dict[str, Any], plan: TrainingPlan, gene
         waiting = _waiting(PlanDecision(status=bought), plan, generation, outcome.waiting, rt.clock())
         remote, endpoint = outcome.waiting
         waiting.events.append(Event("Normal", "Purchased", (
-            f"bought offering {offering.offering.id} at {endpoint} as training plan {remote.name}; "
+            f"bought offering {offering.offering.id} at {endpoint} as {remote.noun} {remote.name}; "
             "waiting for the remote to hold its blocks")))
         return waiting
     after = decide_plan(plan.spec, generation, bought, outcome.blocks, snapshots, rt.policy, rt.clock(), usage, uid)

@@ -60,6 +60,16 @@ def attempt_of(name: str, plan_uid: str) -> int | None:
 
 
 @dataclass(frozen=True)
+class PoolTerms:
+    """What a remote pool sells, by which its seller filters a search's answer."""
+
+    name: str
+    instance_type: str
+    availability_zone: str
+    ultra_server_type: str | None = None
+
+
+@dataclass(frozen=True)
 class RemoteOffering:
     offering: Offering  # as the local plan shows and buys it: blocks in the remote pool, local id
     remote_id: str  # the remote's TrainingPlanOfferingId, passed to CreateTrainingPlan
@@ -97,6 +107,7 @@ class RemotePlan:
     status: str  # Pending, Scheduled, Active, Expired, Failed
     status_message: str = ""
     blocks: tuple[RemoteBlock, ...] = ()
+    noun: str = "training plan"  # what the remote calls it, for messages ("capacity block" for EC2)
 
     @property
     def live(self) -> bool:
@@ -269,7 +280,7 @@ def waiting_for_remote(decision_status: Any, prior: Any, generation: int, remote
     status = decision_status.model_copy(deep=True)
     status.phase = "Pending"
     status.observed_generation = generation
-    message = (f"training plan {remote.name} at {endpoint} is {remote.status or 'unknown'}"
+    message = (f"{remote.noun} {remote.name} at {endpoint} is {remote.status or 'unknown'}"
                + (f": {remote.status_message}" if remote.status_message else "")
                + "; waiting for the remote to hold its blocks")
     status.conditions = [c for c in status.conditions if c.type != "Purchased"] + [

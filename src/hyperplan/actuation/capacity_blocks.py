@@ -1,0 +1,168 @@
+"""EC2 Capacity Blocks as a remote source of a pool: the calls (issue 23, docs/aws.md).
+
+:class:`CapacityBlocks` is the :class:`~hyperplan.actuation.remote.CapacitySeller` of a pool with
+``spec.source.ec2CapacityBlocks``: it searches with ``DescribeCapacityBlockOfferings``, buys with
+``PurchaseCapacityBlock`` and follows with ``DescribeCapacityReservations``, through boto3's EC2
+client set as the SageMaker one is (actuation.remote.client_config). What the answers mean is
+:mod:`hyperplan.planning.capacity_blocks`.
+
+**A purchase spends money and EC2 has no client token for it**, so buying twice is kept out three
+ways:
+
+1. Right before ``PurchaseCapacityBlock``, a fresh ``DescribeCapacityReservations`` filtered by the
+   local plan's uid tag (not the paced listing): a reservation of the plan that is live or being
+   paid is answered instead of buying (a pass killed after EC2 bought and before this cluster
+   recorded it adopts what was bought), and an attempt's name that was used is never used again.
+2. ``PurchaseCapacityBlock`` goes through a client of its own **without boto3's retries**: a retry
+   after a lost answer (a timeout, a 5xx, a dropped connection) would buy a second block.
+3. EC2's describe calls are eventually consistent: what this process bought is kept for
+   :data:`UNCERTAIN_FOR` and added to what the describes show until they show it (so a listing
+   that lags never makes a plan buy again), and a purchase whose outcome is unknown (that same
+   lost answer) holds every further purchase of the plan for as long while the uid check does not
+   show a reservation: the pass fails with ``PurchaseOutcomeUnknown`` and is retried with the work
+   queue's backoff. Kept in memory: after a restart, step 1 is the guard.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+from hyperplan.actuation.remote import NotBought, RemoteCalls, RemoteError, make_client
+from hyperplan.api.models import Ec2CapacityBlocksSource
+from hyperplan.planning import capacity_blocks as cb
+from hyperplan.planning.offerings import OfferingRequest
+from hyperplan.planning.policy import Policy
+from hyperplan.planning.remote import PoolTerms, RemoteOffering, RemotePlan, standing_of
+
+PAGE = 1000  # DescribeCapacityReservations' and DescribeCapacityBlockOfferings' MaxResults bound
+UNCERTAIN_FOR = 120.0  # seconds a purchase of unknown outcome holds the plan's next one
+# What PurchaseCapacityBlock answers when the offering is no longer there to buy (sold to someone
+# else since the search, or expired): not the pass's error, the plan searches again.
+OFFERING_GONE = ("InsufficientInstanceCapacity", "InsufficientCapacity", "InsufficientCapacityBlockCapacity",
+                 "CapacityBlockOfferingNotFound", "InvalidCapacityBlockOfferingId.NotFound",
+                 "InvalidCapacityBlockOfferingId", "OfferingNotFound")
+
+
+class CapacityBlocks(RemoteCalls):
+    """EC2 Capacity Blocks of one region and key. ``client`` (and ``buy_client``, which defaults to
+    it) are seams for botocore's Stubber in the unit tests."""
+
+    def __init__(self, source: Ec2CapacityBlocksSource, credentials: tuple[str, str] | None = None,
+                 client: Any = None, buy_client: Any = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.source = source
+        if client is None:
+            client = make_client(source, credentials)
+            buy_client = make_client(source, credentials, attempts=1)  # never retried: see the module's doc
+        self.client = client
+        self.buy_client = buy_client if buy_client is not None else client
+        self.endpoint = source.endpoint or client.meta.endpoint_url
+        self.clock = clock
+        self._uncertain: dict[str, float] = {}  # plan uid -> when a purchase of unknown outcome was made
+        self._bought: dict[str, tuple[str, float, RemotePlan]] = {}  # attempt name -> (plan uid, when, plan)
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ the calls
+
+    def describe_offerings(self, arguments: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+        """DescribeCapacityBlockOfferings, every page."""
+        out: list[Mapping[str, Any]] = []
+        token: str | None = None
+        while True:
+            page_args: dict[str, Any] = {**arguments, "MaxResults": PAGE}
+            if token:
+                page_args["NextToken"] = token
+            page = self._call("DescribeCapacityBlockOfferings", "describe_capacity_block_offerings", **page_args)
+            out.extend(page.get("CapacityBlockOfferings") or [])
+            token = page.get("NextToken") or None
+            if token is None:
+                return out
+
+    def describe_reservations(self, filters: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+        """DescribeCapacityReservations with ``filters``, every page."""
+        out: list[Mapping[str, Any]] = []
+        token: str | None = None
+        while True:
+            arguments: dict[str, Any] = {"Filters": list(filters), "MaxResults": PAGE}
+            if token:
+                arguments["NextToken"] = token
+            page = self._call("DescribeCapacityReservations", "describe_capacity_reservations", **arguments)
+            out.extend(page.get("CapacityReservations") or [])
+            token = page.get("NextToken") or None
+            if token is None:
+                return out
+
+    def purchase(self, offering_id: str, tag_specifications: list[dict[str, Any]]) -> Mapping[str, Any]:
+        """PurchaseCapacityBlock, once (its client makes no retries)."""
+        return self._call("PurchaseCapacityBlock", "purchase_capacity_block", client=self.buy_client,
+                          CapacityBlockOfferingId=offering_id, InstancePlatform=cb.PLATFORM,
+                          TagSpecifications=tag_specifications)
+
+    # ------------------------------------------------------------------ CapacitySeller
+
+    def find_offerings(self, request: OfferingRequest, policy: Policy,
+                  pools: Sequence[PoolTerms]) -> list[RemoteOffering]:
+        arguments = cb.search_arguments(request, policy)
+        if arguments is None or not pools:
+            return []
+        answer = self.describe_offerings(arguments)
+        return [o for p in pools for o in cb.offerings_of(answer, p.name, p.instance_type, p.availability_zone,
+                                                          request)]
+
+    def _recent(self, plan_uid: str | None = None) -> list[RemotePlan]:
+        """What this process bought in the last UNCERTAIN_FOR seconds (of one plan, or of all)."""
+        now = self.clock()
+        with self._lock:
+            for name, (_, at, _plan) in list(self._bought.items()):
+                if now - at >= UNCERTAIN_FOR:
+                    del self._bought[name]
+            return [p for uid, _, p in self._bought.values() if plan_uid is None or uid == plan_uid]
+
+    def remote_plans(self) -> list[RemotePlan]:
+        """Every reservation a hyperplan purchase tagged, by attempt, and what this process bought
+        lately that EC2 does not show yet (its describe calls are eventually consistent)."""
+        listed = cb.plans_of(self.describe_reservations(cb.listing_filter()), self.source.region)
+        names = {p.name for p in listed}
+        return listed + [p for p in self._recent() if p.name not in names]
+
+    def buy(self, name: str, plan_uid: str, offering: RemoteOffering, spares: int | None,
+            tags: Mapping[str, str]) -> RemotePlan:
+        mine = cb.plans_of(self.describe_reservations(cb.uid_filter(plan_uid)), self.source.region)
+        names = {p.name for p in mine}
+        mine += [p for p in self._recent(plan_uid) if p.name not in names]
+        standing = standing_of(mine, plan_uid)
+        if standing.live is not None:  # bought before (a pass killed, an answer lost): adopt it, buy nothing
+            with self._lock:
+                self._uncertain.pop(plan_uid, None)
+            return standing.live
+        if any(p.name == name for p in mine):
+            raise NotBought(f"the capacity block attempt {name} was used already; reading the reservations again")
+        with self._lock:
+            since = self._uncertain.get(plan_uid)
+        if since is not None and self.clock() - since < UNCERTAIN_FOR:
+            raise RemoteError("PurchaseCapacityBlock", "PurchaseOutcomeUnknown", (
+                f"an earlier purchase for this plan got no answer; EC2 does not show its reservation yet, and "
+                f"nothing is bought again for {UNCERTAIN_FOR:.0f} s"), self.endpoint)
+        try:
+            answer = self.purchase(offering.remote_id, cb.purchase_tags(name, tags))
+        except RemoteError as e:
+            if e.code in OFFERING_GONE:
+                raise NotBought(f"EC2 no longer sells capacity block offering {offering.offering.id}: "
+                                f"{e.code}: {e.message}") from None
+            if not e.refused:  # no answer, or a failure of EC2's own: it may have bought
+                with self._lock:
+                    self._uncertain[plan_uid] = self.clock()
+            raise
+        reservations = cb.bought(answer)
+        with self._lock:
+            self._uncertain.pop(plan_uid, None)
+            if not reservations:  # bought, but unnamed: nothing more for this plan until EC2 shows it
+                self._uncertain[plan_uid] = self.clock()
+        if not reservations:
+            raise NotBought(f"EC2 answered the purchase of offering {offering.offering.id} without a capacity "
+                            "reservation; reading the reservations again")
+        plan = cb.plan_from(name, reservations, self.source.region)
+        with self._lock:
+            self._bought[name] = (plan_uid, self.clock(), plan)
+        return plan

@@ -1,0 +1,180 @@
+"""EC2 Capacity Blocks as a remote source of a pool: the pure half (issue 23, docs/aws.md).
+
+A CapacityPool with ``spec.source.ec2CapacityBlocks`` is sold by EC2 itself, for a cluster that
+launches its instances (through Karpenter). This module turns what EC2 answers into the values
+the SageMaker source yields too (:mod:`hyperplan.planning.remote`: ``RemoteOffering``,
+``RemotePlan``, ``RemoteBlock``), so that the plan pass reads both alike. The calls are
+:mod:`hyperplan.actuation.capacity_blocks`.
+
+**Offerings.** A ``CapacityBlockOffering`` (one block: an instance type, a count and a zone for a
+window; an offering split in ``CapacityBlockOfferingSegments`` is one block per segment) becomes an
+offering of the pool with the local id planning derives from its blocks, as for any pool; its
+``CapacityBlockOfferingId`` is kept beside it for the purchase of the same pass only.
+
+**Remote plans.** EC2 has no plan: what one purchase bought is one capacity reservation (several
+for an UltraServer block). A purchase tags them (:func:`purchase_tags`) with the name a
+SageMaker plan would have had (``hp-<uid>-<attempt>``, planning.remote.remote_plan_name) and the
+local plan's name and uid; the reservations that carry one name are one :class:`RemotePlan`
+(:func:`plans_of`), so the standing of a plan's attempts, the ledger lines and the pacing are the
+SageMaker source's. The block's id is the capacity reservation's id (``cr-...``): the tail of its
+ARN, which is what :attr:`RemoteBlock.id` takes.
+
+**States** (:data:`STATES`): a reservation bought but not paid yet (``payment-pending``, and
+``pending``/``assessing``/``delayed``) holds no block yet, so the plan waits; ``scheduled``,
+``active`` and ``expired`` hold their block; ``payment-failed``, ``failed``, ``cancelled``,
+``cancelling``, ``unavailable`` and ``unsupported`` hold nothing, and the next attempt may buy
+again (at most planning.remote.MAX_ATTEMPTS).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Iterable, Mapping
+
+from hyperplan.api.vocabulary import GROUP, TAG_TRAINING_PLAN_UID
+from hyperplan.planning.blocks import Block
+from hyperplan.planning.offerings import Offering, OfferingRequest
+from hyperplan.planning.policy import Policy
+from hyperplan.planning.remote import RemoteBlock, RemoteOffering, RemotePlan, _time, duration_hours
+
+TAG_REMOTE_PLAN = f"{GROUP}/remote-plan"  # the name of the attempt that bought the reservation
+PLATFORM = "Linux/UNIX"  # the nodes Karpenter launches into the block
+NOUN = "capacity block"
+
+# A reservation's State as the remote plan's status (planning.remote.RemotePlan.status), and
+# whether it holds its block (an unpaid one does not, yet).
+STATES: dict[str, tuple[str, bool]] = {
+    "payment-pending": ("Pending", False), "pending": ("Pending", False), "assessing": ("Pending", False),
+    "delayed": ("Pending", False),
+    "scheduled": ("Scheduled", True), "active": ("Active", True), "expired": ("Expired", True),
+    "payment-failed": ("Failed", False), "failed": ("Failed", False), "cancelled": ("Failed", False),
+    "cancelling": ("Failed", False), "unavailable": ("Failed", False), "unsupported": ("Failed", False),
+}
+_STATUS_ORDER = ("Pending", "Active", "Scheduled", "Expired", "Failed")  # a plan's status: its first reservation's
+
+
+def search_arguments(request: OfferingRequest, policy: Policy) -> dict[str, Any] | None:
+    """The DescribeCapacityBlockOfferings arguments (boto3's names) for the plan's request; None for
+    an UltraServer request (not sold through this source yet)."""
+    if request.is_ultra_server:
+        return None
+    args: dict[str, Any] = {"InstanceType": request.instance_type, "InstanceCount": request.instance_count,
+                            "CapacityDurationHours": duration_hours(request, policy)}
+    if request.start_after is not None:
+        args["StartDateRange"] = request.start_after
+    if request.end_before is not None:
+        args["EndDateRange"] = request.end_before
+    return args
+
+
+def _blocks_of(entry: Mapping[str, Any], pool: str, instance_type: str, availability_zone: str) -> list[Block]:
+    """The blocks of one offering, all of the pool's type in its zone, or none."""
+    parts = entry.get("CapacityBlockOfferingSegments") or [entry]
+    blocks = []
+    for part in parts:
+        start, end = _time(part.get("StartDate")), _time(part.get("EndDate"))
+        count = part.get("InstanceCount")
+        itype = part.get("InstanceType") or entry.get("InstanceType")
+        zone = part.get("AvailabilityZone") or entry.get("AvailabilityZone")
+        if start is None or end is None or not count or end <= start:
+            return []
+        in_zone = zone in (availability_zone, None) or part.get("AvailabilityZoneId") == availability_zone
+        if itype != instance_type or not in_zone:
+            return []
+        blocks.append(Block(pool=pool, availability_zone=availability_zone, instance_type=instance_type,
+                            instance_count=int(count), start=start, end=end))
+    return blocks
+
+
+def offerings_of(answer: Iterable[Mapping[str, Any]], pool: str, instance_type: str, availability_zone: str,
+                 request: OfferingRequest) -> list[RemoteOffering]:
+    """The offerings among ``answer`` (CapacityBlockOfferings, every page) that the pool sells: of
+    its instance type in its zone (by name, or by id for a segment that names it), each cut for
+    ``request``; an offering without an id, dates or a count is skipped, and so is an UltraServer one."""
+    out = []
+    for entry in answer:
+        if entry.get("UltraserverType") or not entry.get("CapacityBlockOfferingId"):
+            continue
+        blocks = _blocks_of(entry, pool, instance_type, availability_zone)
+        if not blocks:
+            continue
+        out.append(RemoteOffering(Offering.from_blocks(blocks, request), str(entry["CapacityBlockOfferingId"]),
+                                  entry.get("UpfrontFee"), entry.get("CurrencyCode")))
+    return out
+
+
+def purchase_tags(remote_name: str, tags: Mapping[str, str]) -> list[dict[str, Any]]:
+    """PurchaseCapacityBlock's TagSpecifications: the reservations carry the attempt's name and the
+    local plan's name and uid, which is how a pass finds them again (:func:`plans_of`)."""
+    pairs = {**tags, TAG_REMOTE_PLAN: remote_name}
+    return [{"ResourceType": "capacity-reservation",
+             "Tags": [{"Key": k, "Value": v} for k, v in sorted(pairs.items())]}]
+
+
+def uid_filter(plan_uid: str) -> list[dict[str, Any]]:
+    """DescribeCapacityReservations' Filters for the reservations one local plan's purchases tagged."""
+    return [{"Name": f"tag:{TAG_TRAINING_PLAN_UID}", "Values": [plan_uid]}]
+
+
+def listing_filter() -> list[dict[str, Any]]:
+    """DescribeCapacityReservations' Filters for every reservation a hyperplan purchase tagged."""
+    return [{"Name": "tag-key", "Values": [TAG_REMOTE_PLAN]}]
+
+
+def tags_of(reservation: Mapping[str, Any]) -> dict[str, str]:
+    return {str(t.get("Key")): str(t.get("Value")) for t in reservation.get("Tags") or [] if t.get("Key")}
+
+
+def arn_of(reservation: Mapping[str, Any], region: str) -> str:
+    """The reservation's ARN (its tail is the id, ``cr-...``, which becomes the block's id)."""
+    arn = reservation.get("CapacityReservationArn")
+    if arn:
+        return str(arn)
+    owner = reservation.get("OwnerId") or ""
+    return f"arn:aws:ec2:{region}:{owner}:capacity-reservation/{reservation.get('CapacityReservationId')}"
+
+
+def plan_from(name: str, reservations: Iterable[Mapping[str, Any]], region: str) -> RemotePlan:
+    """The reservations one attempt bought, as one remote plan: its status the most pressing of
+    theirs (one unpaid: Pending; else Active, Scheduled, Expired; all gone: Failed), its blocks
+    those that hold theirs."""
+    blocks, statuses, messages = [], [], []
+    ordered = sorted(reservations, key=lambda r: str(r.get("CapacityReservationId") or ""))
+    for r in ordered:
+        state = str(r.get("State") or "")
+        status, holds = STATES.get(state, ("Pending", False))  # a state EC2 adds later: wait, hold nothing
+        statuses.append(status)
+        if state not in ("scheduled", "active"):
+            messages.append(f"capacity reservation {r.get('CapacityReservationId')} is {state or 'unknown'}")
+        start, end = _time(r.get("StartDate")), _time(r.get("EndDate"))
+        if not holds or start is None or end is None or not r.get("TotalInstanceCount"):
+            continue
+        blocks.append(RemoteBlock(arn=arn_of(r, region), instance_type=str(r.get("InstanceType") or ""),
+                                  instance_count=int(r["TotalInstanceCount"]),
+                                  availability_zone=str(r.get("AvailabilityZone") or ""), start=start, end=end,
+                                  status=status))
+    status = next((s for s in _STATUS_ORDER if s in statuses), "Pending")
+    return RemotePlan(name=name, arn=arn_of(ordered[0], region) if ordered else "", status=status,
+                      status_message="; ".join(messages), blocks=tuple(sorted(blocks, key=lambda b: (b.start, b.arn))),
+                      noun=NOUN)
+
+
+def plans_of(reservations: Iterable[Mapping[str, Any]], region: str) -> list[RemotePlan]:
+    """DescribeCapacityReservations' reservations, grouped by the attempt that bought them (its
+    tag); reservations without the tag are not hyperplan's and are left out."""
+    by_name: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for r in reservations:
+        name = tags_of(r).get(TAG_REMOTE_PLAN)
+        if name:
+            by_name[name].append(r)
+    return [plan_from(name, rs, region) for name, rs in sorted(by_name.items())]
+
+
+def bought(answer: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The reservations a PurchaseCapacityBlock answer names (one, or several for an UltraServer)."""
+    found = {str(r.get("CapacityReservationId")): r for r in answer.get("CapacityReservations") or []}
+    one = answer.get("CapacityReservation")
+    if one and one.get("CapacityReservationId") and str(one["CapacityReservationId"]) not in found:
+        found[str(one["CapacityReservationId"])] = one
+    return list(found.values())
+

@@ -1,0 +1,280 @@
+"""A plan bought as EC2 Capacity Blocks (issue 23): the real plan pass
+(handlers.trainingplan.reconcile_plan) against a Runtime of recording fakes, the remote being
+actuation.fakes.FakeCapacityBlocks, a recording fake of the CapacitySeller protocol that answers
+with EC2's shapes; and once through the real CapacityBlocks client under botocore's Stubber.
+
+What a user sees is asserted: the plan's status and Events, the pool's ledger lines (the block's
+id is the capacity reservation's id), and which calls the seller got (a retry never buys twice)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+
+from hyperplan.actuation.fakes import FakeCapacityBlocks
+from hyperplan.actuation.remote import RemoteError, RemoteFollower, RemoteSources
+from hyperplan.api.models import CapacityPool, CapacityPoolSpec, Ec2CapacityBlocksSource, PoolSource
+from hyperplan.handlers.trainingplan import reconcile_plan, release_plan
+from hyperplan.handlers.workqueue import describe_failure
+from hyperplan.planning.policy import SAGEMAKER
+from hyperplan.planning.remote import remote_plan_name
+from tests.unit.fake_runtime import PLANS_PLURAL, World, make_world
+
+UTC = timezone.utc
+NOW = datetime(2027, 1, 4, 0, 0, tzinfo=UTC)
+START = datetime(2027, 1, 5, 11, 30, tzinfo=UTC)
+P5, ZONE, POOL = "p5.48xlarge", "us-east-1a", "cb-p5"
+NAME, UID = "llama", "0c6f9a52-1111-4a8e-9d6e-2a41c0ffee00"
+RID = "cr-00000000000000000"  # FakeCapacityBlocks numbers its reservations
+
+
+def blocks_pool(**source: Any) -> CapacityPool:
+    return CapacityPool(metadata={"name": POOL}, spec=CapacityPoolSpec(
+        instance_type=P5, availability_zone=ZONE,
+        source=PoolSource(ec2_capacity_blocks=Ec2CapacityBlocksSource(region="us-east-1", **source))))
+
+
+def offering(oid: str = "cbo-0123456789abcdef0", zone: str = ZONE, fee: str | None = "35000.00",
+             start: datetime = START) -> dict[str, Any]:
+    answer = {"CapacityBlockOfferingId": oid, "InstanceType": P5, "AvailabilityZone": zone, "InstanceCount": 8,
+              "StartDate": start, "EndDate": start + timedelta(hours=48), "CapacityBlockDurationHours": 48}
+    if fee is not None:
+        answer.update(UpfrontFee=fee, CurrencyCode="USD")
+    return answer
+
+
+def plan(**spec: Any) -> dict[str, Any]:
+    fields = {"instanceType": P5, "instanceCount": 8, "targetResource": "hyperpod-cluster", "duration": "48h",
+              "autoPurchase": True, **spec}
+    return {"apiVersion": "hyperplan.dev/v1alpha1", "kind": "TrainingPlan",
+            "metadata": {"name": NAME, "uid": UID, "generation": 1}, "spec": fields, "status": {}}
+
+
+def sources(w: World, seller: Any) -> RemoteSources:
+    return RemoteSources(credentials=lambda name: None, make=lambda source, creds: seller,
+                         follower=RemoteFollower(clock=lambda: (w.now - NOW).total_seconds()))
+
+
+@pytest.fixture
+def world(monkeypatch: pytest.MonkeyPatch):
+    made: list[World] = []
+
+    def make(*offered: dict[str, Any], pool: CapacityPool | None = None, **spec: Any) -> tuple[World, FakeCapacityBlocks]:
+        w = make_world(monkeypatch, NOW, SAGEMAKER, plans=[plan(**spec)], pools=[pool or blocks_pool()])
+        seller = FakeCapacityBlocks(offered=list(offered))
+        w.rt.remote = sources(w, seller)
+        monkeypatch.setattr("kopf.warn", lambda obj, *, reason, message="": w.record_event(
+            obj, type="Warning", reason=reason, message=message))
+        made.append(w)
+        return w, seller
+    yield make
+    for w in made:
+        w.close()
+
+
+def status(w: World) -> dict[str, Any]:
+    return w.kube.objects[(PLANS_PLURAL, NAME)]["status"]
+
+
+def condition(w: World, type_: str) -> dict[str, Any]:
+    return next(c for c in status(w)["conditions"] if c["type"] == type_)
+
+
+def lines(w: World) -> list[tuple[str, str, int, str | None]]:
+    pool = w.ledger.pool_objects[0]
+    return [(r.training_plan, r.reserved_capacity_id, r.instance_count, r.remote_training_plan_arn)
+            for r in pool.status.reservations]
+
+
+def buys(seller: FakeCapacityBlocks) -> list[tuple]:
+    return [args for op, args in seller.calls if op == "buy"]
+
+
+def later(w: World, seconds: float) -> None:
+    w.now += timedelta(seconds=seconds)
+
+
+def test_a_plan_buys_a_capacity_block_waits_for_its_payment_then_holds_the_reservation(world) -> None:
+    w, seller = world(offering())
+    wake = w.run(reconcile_plan, NAME)
+
+    assert buys(seller) == [(remote_plan_name(UID, 0), "cbo-0123456789abcdef0",
+                             {"hyperplan.dev/training-plan": NAME, "hyperplan.dev/training-plan-uid": UID})]
+    assert status(w)["phase"] == "Pending"
+    assert condition(w, "Purchased")["reason"] == "RemotePurchasing"
+    message = condition(w, "Purchased")["message"]
+    assert f"capacity block {remote_plan_name(UID, 0)} at {seller.endpoint} is Pending" in message
+    assert f"capacity reservation {RID} is payment-pending" in message
+    assert "Purchased" in w.reasons() and lines(w) == []
+    assert wake is not None and wake - w.now <= timedelta(seconds=2)
+
+    seller.pay(UID, "scheduled")
+    later(w, 2)
+    w.run(reconcile_plan, NAME)
+
+    assert status(w)["phase"] == "Scheduled"
+    [rc] = status(w)["reservedCapacity"]
+    assert (rc["id"], rc["capacityPool"], rc["availabilityZone"], rc["instanceCount"]) == (RID, POOL, ZONE, 8)
+    assert lines(w) == [(NAME, RID, 8, f"arn:aws:ec2:us-east-1:111122223333:capacity-reservation/{RID}")]
+    assert len(buys(seller)) == 1
+
+
+def test_a_pass_killed_after_ec2_bought_adopts_the_tagged_reservation_and_buys_nothing(world) -> None:
+    w, seller = world(offering())
+    # An earlier process bought and died before it recorded anything here.
+    seller.buy(remote_plan_name(UID, 0), UID, _remote_offering(), None, {"hyperplan.dev/training-plan-uid": UID})
+    seller.pay(UID, "active")
+    seller.calls.clear()
+
+    w.run(reconcile_plan, NAME)
+
+    assert [op for op, _ in seller.calls] == ["remote_plans"]  # neither a search nor a purchase
+    assert status(w)["phase"] == "Scheduled"  # the block starts tomorrow: EC2's "active" is its own word
+    assert [line[1] for line in lines(w)] == [RID]
+
+
+def test_a_payment_that_failed_buys_again_under_the_next_name(world) -> None:
+    w, seller = world(offering("cbo-a"), offering("cbo-b"))
+    w.run(reconcile_plan, NAME)
+    seller.pay(UID, "payment-failed")
+    later(w, 2)
+
+    w.run(reconcile_plan, NAME)
+
+    assert [b[0] for b in buys(seller)] == [remote_plan_name(UID, 0), remote_plan_name(UID, 1)]
+    seller.pay(UID, "scheduled")
+    later(w, 4)
+    w.run(reconcile_plan, NAME)
+    assert status(w)["phase"] == "Scheduled"
+    assert [line[1] for line in lines(w)] == ["cr-00000000000000001"]
+
+
+@pytest.mark.parametrize("answer, why", [
+    (offering(zone="us-east-1b"), "another zone than the pool's"),
+    (offering(fee="50000.00"), "an upfront fee above the pool's ceiling"),
+    (offering(fee=None), "no upfront fee named, with a ceiling set"),
+], ids=["other-zone", "fee-above-ceiling", "fee-unknown"])
+def test_offerings_the_pool_does_not_sell_are_never_bought(world, answer: dict, why: str) -> None:
+    w, seller = world(answer, pool=blocks_pool(max_upfront_fee="40000"))
+
+    w.run(reconcile_plan, NAME)
+
+    assert buys(seller) == [], why
+    assert status(w)["phase"] == "Pending"
+    assert condition(w, "OfferingsAvailable")["reason"] == "NoCapacity"
+
+
+def test_an_offering_sold_between_the_search_and_the_purchase_searches_again_soon(world) -> None:
+    w, seller = world(offering())
+    original = seller.buy
+
+    def sold(*args: Any) -> Any:
+        seller.offered.clear()  # another account bought it
+        return original(*args)
+    seller.buy = sold  # type: ignore[method-assign]
+
+    wake = w.run(reconcile_plan, NAME)
+
+    assert status(w)["phase"] == "Pending"
+    assert wake is not None and wake - w.now <= timedelta(seconds=2)
+    assert seller.reservations == {}
+
+
+def test_ec2_down_fails_the_pass_with_its_error(world) -> None:
+    w, seller = world(offering())
+    seller.down = True
+    with pytest.raises(RemoteError) as failed:
+        w.run(reconcile_plan, NAME)
+    reason, message = describe_failure(failed.value)
+    assert reason == "RemoteUnavailable"
+    assert "DescribeCapacityReservations at https://ec2.us-east-1.amazonaws.com failed" in message
+
+
+def test_deleting_a_plan_says_the_capacity_block_stays_bought(world) -> None:
+    w, seller = world(offering())
+    w.run(reconcile_plan, NAME)
+    seller.pay(UID, "scheduled")
+    later(w, 2)
+    w.run(reconcile_plan, NAME)
+    obj = w.kube.objects[(PLANS_PLURAL, NAME)]
+    obj["metadata"]["deletionTimestamp"] = "2027-01-04T00:00:10Z"
+
+    import asyncio
+    asyncio.run(release_plan(w.rt, obj))
+
+    [kept] = [m for _, t, r, m in w.events if r == "RemotePlanKept"]
+    assert f"capacity-reservation/{RID}" in kept and "an EC2 Capacity Block cannot be cancelled" in kept
+    assert lines(w) == []
+
+
+def test_deleting_a_plan_whose_block_is_being_paid_says_it_stays(world) -> None:
+    w, seller = world(offering())
+    w.run(reconcile_plan, NAME)  # bought, payment-pending: no line yet
+    obj = w.kube.objects[(PLANS_PLURAL, NAME)]
+    obj["metadata"]["deletionTimestamp"] = "2027-01-04T00:00:10Z"
+    later(w, 60)
+
+    import asyncio
+    asyncio.run(release_plan(w.rt, obj))
+
+    [kept] = [m for _, t, r, m in w.events if r == "RemotePlanKept"]
+    assert f"capacity-reservation/{RID} (Pending)" in kept and "EC2 Capacity Block" in kept
+
+
+def _remote_offering():
+    from hyperplan.planning import capacity_blocks as cb
+    from hyperplan.planning.offerings import OfferingRequest
+    request = OfferingRequest(instance_type=P5, instance_count=8, ultra_server_type=None, ultra_server_count=None,
+                              target="hyperpod-cluster", duration=timedelta(hours=48))
+    [found] = cb.offerings_of([offering()], POOL, P5, ZONE, request)
+    return found
+
+
+# --------------------------------------------------------------------------- the real client, stubbed
+
+
+def test_the_plan_pass_through_the_real_client_makes_exactly_these_ec2_calls(monkeypatch) -> None:
+    import boto3
+    from botocore.stub import Stubber
+    from hyperplan.actuation.capacity_blocks import CapacityBlocks
+
+    w = make_world(monkeypatch, NOW, SAGEMAKER, plans=[plan()], pools=[blocks_pool()])
+    client = boto3.session.Session(aws_access_key_id="AKIAEXAMPLE", aws_secret_access_key="secret",
+                                   region_name="us-east-1").client("ec2", endpoint_url="http://127.0.0.1:9")
+    seller = CapacityBlocks(Ec2CapacityBlocksSource(endpoint="http://127.0.0.1:9", region="us-east-1"), client=client,
+                            clock=lambda: (w.now - NOW).total_seconds())
+    w.rt.remote = sources(w, seller)
+    listing = {"Filters": [{"Name": "tag-key", "Values": ["hyperplan.dev/remote-plan"]}], "MaxResults": 1000}
+    rid = "cr-0123456789abcdef0"
+    reservation = {"CapacityReservationId": rid, "OwnerId": "111122223333",
+                   "CapacityReservationArn": f"arn:aws:ec2:us-east-1:111122223333:capacity-reservation/{rid}",
+                   "InstanceType": P5, "AvailabilityZone": ZONE, "TotalInstanceCount": 8, "State": "payment-pending",
+                   "StartDate": START, "EndDate": START + timedelta(hours=48), "ReservationType": "capacity-block",
+                   "Tags": [{"Key": "hyperplan.dev/remote-plan", "Value": remote_plan_name(UID, 0)},
+                            {"Key": "hyperplan.dev/training-plan", "Value": NAME},
+                            {"Key": "hyperplan.dev/training-plan-uid", "Value": UID}]}
+    try:
+        with Stubber(client) as stub:
+            stub.add_response("describe_capacity_reservations", {"CapacityReservations": []}, listing)
+            stub.add_response("describe_capacity_block_offerings", {"CapacityBlockOfferings": [offering()]}, {
+                "InstanceType": P5, "InstanceCount": 8, "CapacityDurationHours": 48, "MaxResults": 1000})
+            stub.add_response("describe_capacity_reservations", {"CapacityReservations": []}, {
+                "Filters": [{"Name": "tag:hyperplan.dev/training-plan-uid", "Values": [UID]}], "MaxResults": 1000})
+            stub.add_response("purchase_capacity_block", {"CapacityReservation": reservation}, {
+                "CapacityBlockOfferingId": "cbo-0123456789abcdef0", "InstancePlatform": "Linux/UNIX",
+                "TagSpecifications": [{"ResourceType": "capacity-reservation", "Tags": reservation["Tags"]}]})
+            w.run(reconcile_plan, NAME)
+            assert status(w)["phase"] == "Pending"
+            stub.assert_no_pending_responses()
+
+            later(w, 2)
+            stub.add_response("describe_capacity_reservations",
+                              {"CapacityReservations": [{**reservation, "State": "scheduled"}]}, listing)
+            w.run(reconcile_plan, NAME)
+            stub.assert_no_pending_responses()
+        assert status(w)["phase"] == "Scheduled"
+        assert [rc["id"] for rc in status(w)["reservedCapacity"]] == [rid]
+    finally:
+        w.close()
