@@ -57,6 +57,14 @@ class Settings(BaseSettings):
     """Seconds before a block's termination time that workloads are asked to checkpoint;
     unset: the policy profile's (10 min under sagemaker, 5 s under demo). docs/checkpoint.md."""
 
+    hyperpod_labels: bool = True
+    """Write SageMaker HyperPod's node labels and taint beside hyperplan's own
+    (``sagemaker.amazonaws.com/node-health-status`` and ``.../deep-health-check-status``, and the
+    taint ``sagemaker.amazonaws.com/node-health-status=Unschedulable:NoSchedule`` while a node is
+    marked), so that job templates and Kueue TAS written for HyperPod select and tolerate by them
+    unchanged. Either key is read whatever this says (planning.nodefacts). The chart's
+    ``hyperPodLabels``."""
+
     kueue_enabled: bool = True
     """Serve Kueue AdmissionChecks (docs/admission.md). False: Kueue's kinds are not watched at
     all, for a cluster where the operator may not read them (the chart's ``kueue.enabled``)."""

@@ -376,6 +376,22 @@ def test_the_reboot_settings_reach_the_providers(helm, monkeypatch, flags, image
     assert body["spec"]["ttlSecondsAfterFinished"] == (60 if flags else 600)
 
 
+@pytest.mark.parametrize("flags, hyperpod", [((), True), (("--set", "hyperPodLabels=false"), False)],
+                         ids=["on-by-default", "off"])
+def test_hyperpod_labels_reach_the_providers(helm, monkeypatch, flags, hyperpod) -> None:
+    """The chart's hyperPodLabels, read by the operator as it reads its environment, makes every
+    provider's marks write HyperPod's health label and taint (or not)."""
+    objs = by_kind(render(helm, *flags))
+    for name, value in env_of(container(objs["Deployment"])).items():
+        if value is not None:
+            monkeypatch.setenv(name, value)
+    settings = Settings()
+    assert settings.hyperpod_labels is hyperpod
+    made = providers(Kube(client.ApiClient()), OperatorIdentity(namespace="hyperplan-system"), settings)
+    assert {name: p.hyperpod_labels for name, p in made.items()} == dict.fromkeys(("kwok", "static", "karpenter"),
+                                                                                  hyperpod)
+
+
 @pytest.mark.parametrize("flags, image, stress, port", [
     ((), "hyperplan:0.1.0", ["python", "-m", "hyperplan.deepcheck", "InstanceStress"], 7946),
     (("--set", "deepHealthChecks.job.image=registry.example/dcgm:3",
@@ -428,15 +444,15 @@ def _policy_expressions(docs: list[dict[str, Any]], name: str) -> dict[str, str]
 
 def test_the_node_policy_allows_exactly_the_label_keys_the_operator_sets(helm) -> None:
     """The policy's list of the operator's label keys is the code's: every ``LABEL_*`` of
-    api/vocabulary.py but the ones it only reads (HyperPod's health key) and the pool key (which
-    has its own rule), plus the UltraServer topology keys. A key the code starts writing without a
+    api/vocabulary.py but the pool key (which has its own rule), plus the UltraServer topology
+    keys (HyperPod's health key among them: hyperplan writes it beside its own, hyperPodLabels). A key the code starts writing without a
     change here would be refused in a cluster; a key here the code no longer writes is a right
     nobody uses."""
     expressions = _policy_expressions(render(helm), "owned-nodes")
     (listed,) = re.findall(r"k in (\[[^\]]*\])", expressions["refusedLabels"])
     listed = json.loads(listed)
     written = {value for name, value in vars(vocabulary).items() if name.startswith("LABEL_")} \
-        - {vocabulary.LABEL_POOL, vocabulary.LABEL_SAGEMAKER_HEALTH}
+        - {vocabulary.LABEL_POOL}
     written |= {vocabulary.TOPOLOGY_ULTRASERVER_ID, *vocabulary.TOPOLOGY_LAYERS}
     assert len(listed) == len(set(listed)) and set(listed) == written
     assert vocabulary.LABEL_TRUSTED_GROUP in listed

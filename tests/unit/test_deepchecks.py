@@ -20,7 +20,7 @@ from hyperplan.planning.deepchecks import (
 from hyperplan.planning.health import HealthCheck, NodeObservation, evaluate_health, plan_remediation
 from hyperplan.planning.naming import SPARE_TAINT, Taint
 from hyperplan.planning.nodefacts import NodeCondition
-from hyperplan.planning.placement import NodeSpec
+from hyperplan.planning.placement import NodeSpec, hyperpod_dressed
 from hyperplan.planning import recovery
 
 UTC = timezone.utc
@@ -162,8 +162,10 @@ def test_the_job_names_follow_the_node_its_run_and_the_check() -> None:
 def test_a_node_wears_its_checks(state, labels, taints) -> None:
     spec = NodeSpec("a", {"team": "x"}, (SPARE_TAINT, deepchecks.CHECK_TAINT) if state and state.serving
                     else (SPARE_TAINT,), "spare", "us-0", "t", "z")
-    got = deepchecks.dressed(spec, state)
+    got = hyperpod_dressed(deepchecks.dressed(spec, state))  # HyperPod's key beside ours (the default)
     assert dict(got.labels) == {"team": "x", **labels}
+    assert dict(deepchecks.dressed(spec, state).labels) == {  # without it, hyperplan's key only
+        "team": "x", **{k: v for k, v in labels.items() if k != LABEL_SAGEMAKER_DEEP_HEALTH_CHECK}}
     assert got.taints == taints
 
 

@@ -321,8 +321,9 @@ def test_the_health_signal_record_is_written_with_the_pass_and_removed_with_the_
     run(world)
     assert world.provider.calls == []
 
-    # The label goes: so does the record (and the memory of its first sight).
-    del world.provider.nodes[node].metadata.labels[naming.LABEL_SAGEMAKER_HEALTH]
+    # HyperPod's agent clears its label (to the Schedulable hyperplan wrote there at the create): the
+    # record goes (and the memory of its first sight).
+    world.provider.nodes[node].metadata.labels[naming.LABEL_SAGEMAKER_HEALTH] = naming.HEALTH_SCHEDULABLE
     run(world)
     assert world.provider.calls == [("annotate", node)]
     assert health.ANNOTATION_HEALTH_SINCE not in world.provider.nodes[node].metadata.annotations

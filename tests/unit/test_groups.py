@@ -384,6 +384,7 @@ def test_node_labels():
         "hyperplan.dev/reserved-capacity": "rc-abc-0",
         "hyperplan.dev/role": "active",
         "hyperplan.dev/node-health-status": "Schedulable",
+        "sagemaker.amazonaws.com/node-health-status": "Schedulable",  # HyperPod's key beside it (hyperpod_labels)
         "hyperplan.dev/slot": "0-0",
         "hyperplan.dev/generation": "0",
         US_KEY: US0,

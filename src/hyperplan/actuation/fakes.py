@@ -25,7 +25,7 @@ from hyperplan.actuation.ledger import (
 )
 from hyperplan.actuation.nodes import (
     LABEL_NODE_ID, REBOOT_REASON, AdoptionConflict, DrainProgress, MadeNode, NodePods, NodeProvider,
-    mark_healthy_patch, merged_taints, rebooting,
+    mark_healthy_patch, mark_unhealthy_patch, merged_taints, rebooting,
 )
 from hyperplan.planning.lending import LentRecord
 from hyperplan.actuation.remote import CapacitySeller, NotBought, SageMakerSelling
@@ -124,6 +124,7 @@ class FakeProvider:
     fail_on: set[str] = field(default_factory=set)
     clock: Callable[[], datetime] = _utcnow
     adoption_conflicts: int = 0
+    hyperpod_labels: bool = True  # as the setting's default: the marks write HyperPod's label and taint too
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)  # creates run in threads
 
     def _maybe_fail(self, op: str, name: str) -> None:
@@ -172,9 +173,9 @@ class FakeProvider:
                        last_seen: client.V1Node | None = None) -> None:
         self._maybe_fail("mark_unhealthy", node)
         n = self.nodes[node]
-        n.metadata.labels[naming.LABEL_HEALTH] = health_status
-        n.spec.taints = [client.V1Taint(key=t.key, value=t.value, effect=t.effect)
-                         for t in merged_taints(n, (taint,), {taint.key})]
+        patch = mark_unhealthy_patch(n, health_status, taint, self.hyperpod_labels)
+        n.metadata.labels.update(patch["metadata"]["labels"])
+        n.spec.taints = [client.V1Taint(**t) for t in patch["spec"]["taints"]]
 
     def promote_spare(self, node: str, replacing: str, last_seen: client.V1Node | None = None) -> None:
         self._maybe_fail("promote_spare", node)
@@ -185,7 +186,7 @@ class FakeProvider:
     def mark_healthy(self, node: str, last_seen: client.V1Node | None = None) -> None:
         self._maybe_fail("mark_healthy", node)
         n = self.nodes[node]
-        patch = mark_healthy_patch(n)
+        patch = mark_healthy_patch(n, self.hyperpod_labels)
         for key, value in patch["metadata"]["labels"].items():
             if value is None:
                 n.metadata.labels.pop(key, None)
@@ -193,7 +194,7 @@ class FakeProvider:
                 n.metadata.labels[key] = value
         for key in patch["metadata"]["annotations"]:
             (n.metadata.annotations or {}).pop(key, None)
-        n.spec.taints = [t for t in (n.spec.taints or []) if t.key != naming.UNHEALTHY_TAINT.key]
+        n.spec.taints = [client.V1Taint(**t) for t in patch["spec"]["taints"] or []]
 
     def annotate(self, node: str, annotations: dict[str, str | None], uid: str = "") -> None:
         self._maybe_fail("annotate", node)

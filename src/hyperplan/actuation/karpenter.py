@@ -118,8 +118,9 @@ class KarpenterProvider(KwokProvider):
 
     def __init__(self, kube: Kube, node_class: str = "karpenter.kwok.sh/KWOKNodeClass/default",
                  capacity_type: str = "reserved", reboot_seconds: float = DEFAULT_KWOK_REBOOT_SECONDS,
-                 reboot_job: RebootJob | None = None, clock: Callable[[], datetime] | None = None):
-        super().__init__(kube, reboot_seconds, **({"clock": clock} if clock else {}))
+                 reboot_job: RebootJob | None = None, clock: Callable[[], datetime] | None = None,
+                 hyperpod_labels: bool = False):
+        super().__init__(kube, reboot_seconds, **({"clock": clock} if clock else {}), hyperpod_labels=hyperpod_labels)
         self.node_class = node_class
         self.capacity_type = capacity_type
         self._jobs = StaticProvider(kube, reboot_job=reboot_job)

@@ -194,21 +194,29 @@ def gone_or_another(e: ApiException) -> bool:
     return e.status == 404 or (e.status in (409, 422) and "uid" in str(e.body or "").lower())
 
 
-def mark_unhealthy_patch(current: client.V1Node, health_status: str, taint: naming.Taint) -> dict:
-    taints = merged_taints(current, (taint,), {taint.key})
-    return guarded({"metadata": {"labels": {naming.LABEL_HEALTH: health_status}},
-                    "spec": {"taints": _taint_body(taints)}}, uid_of(current))
+def mark_unhealthy_patch(current: client.V1Node, health_status: str, taint: naming.Taint,
+                         hyperpod: bool = False) -> dict:
+    """Label the node's health ``health_status`` and add ``taint``; with ``hyperpod`` (the setting
+    hyperpod_labels) HyperPod's health label and taint beside them."""
+    labels = {naming.LABEL_HEALTH: health_status}
+    want = (taint, naming.SAGEMAKER_UNHEALTHY_TAINT) if hyperpod else (taint,)
+    if hyperpod:
+        labels.update(nodefacts.hyperpod_mirror(labels))
+    taints = merged_taints(current, want, {t.key for t in want})
+    return guarded({"metadata": {"labels": labels}, "spec": {"taints": _taint_body(taints)}}, uid_of(current))
 
 
-def mark_healthy_patch(current: client.V1Node) -> dict:
+def mark_healthy_patch(current: client.V1Node, hyperpod: bool = False) -> dict:
     """A node back from its reboot serves again: hyperplan's health label says ``Schedulable``,
-    the unhealthy taint and the operator's notes of its failure (health signal, eviction start)
-    go; a HyperPod health label that says ``Unschedulable*`` (the request the reboot carried out)
-    becomes ``Schedulable`` too, as HyperPod's own recovery leaves it."""
+    the unhealthy taints (hyperplan's and HyperPod's) and the operator's notes of its failure
+    (health signal, eviction start) go; a HyperPod health label becomes ``Schedulable`` too when
+    it says ``Unschedulable*`` (the request the reboot carried out, as HyperPod's own recovery
+    leaves it) or ``hyperpod`` (the setting hyperpod_labels) has hyperplan write it."""
     labels: dict[str, str | None] = {naming.LABEL_HEALTH: naming.HEALTH_SCHEDULABLE}
-    if nodefacts.is_unschedulable((current.metadata.labels or {}).get(naming.LABEL_SAGEMAKER_HEALTH)):
+    if hyperpod or nodefacts.is_unschedulable((current.metadata.labels or {}).get(naming.LABEL_SAGEMAKER_HEALTH)):
         labels[naming.LABEL_SAGEMAKER_HEALTH] = naming.HEALTH_SCHEDULABLE
-    keep = [t for t in taints_of(current) if t.key != naming.UNHEALTHY_TAINT.key]
+    keep = [t for t in taints_of(current)
+            if t.key not in (naming.UNHEALTHY_TAINT.key, naming.SAGEMAKER_UNHEALTHY_TAINT.key)]
     return guarded({"metadata": {"labels": labels, "annotations": {
         ANNOTATION_HEALTH_SINCE: None, ANNOTATION_EVICTING_SINCE: None}},
         "spec": {"taints": _taint_body(keep) or None}}, uid_of(current))
@@ -275,10 +283,11 @@ class KwokProvider:
     its heartbeat goes on as before. ``clock`` stamps the reboot (tests pass a fixed one)."""
 
     def __init__(self, kube: Kube, reboot_seconds: float = DEFAULT_KWOK_REBOOT_SECONDS,
-                 clock: Callable[[], datetime] = _utcnow):
+                 clock: Callable[[], datetime] = _utcnow, hyperpod_labels: bool = False):
         self.kube = kube
         self.reboot_seconds = reboot_seconds
         self.clock = clock
+        self.hyperpod_labels = hyperpod_labels  # the marks write HyperPod's label and taint too
 
     def create(self, spec: placement.NodeSpec, claim: str = "") -> MadeNode:
         """Create the node (carrying ``claim``); its name and uid. A node of that name that exists already (409) is
@@ -333,13 +342,13 @@ class KwokProvider:
         ``last_seen`` (the node from the watch cache) that read is skipped: the patch carries its
         resourceVersion, and only a node changed since (409) is read again. In a storm of
         failures this halves the calls of the marks and promotions."""
-        self._patch_from(node, last_seen, lambda n: mark_unhealthy_patch(n, health_status, taint))
+        self._patch_from(node, last_seen, lambda n: mark_unhealthy_patch(n, health_status, taint, self.hyperpod_labels))
 
     def promote_spare(self, node: str, replacing: str, last_seen: client.V1Node | None = None) -> None:
         self._patch_from(node, last_seen, lambda n: promote_spare_patch(n, replacing))
 
     def mark_healthy(self, node: str, last_seen: client.V1Node | None = None) -> None:
-        self._patch_from(node, last_seen, mark_healthy_patch)
+        self._patch_from(node, last_seen, lambda n: mark_healthy_patch(n, self.hyperpod_labels))
 
     def _patch_from(self, node: str, last_seen: client.V1Node | None,
                     make: Callable[[client.V1Node], dict]) -> None:
@@ -509,9 +518,12 @@ class StaticProvider:
     CORDON_ATTEMPTS = 3
     REBOOT_ATTEMPTS = 3
 
-    def __init__(self, kube: Kube, me: lending.OperatorIdentity | None = None, reboot_job: RebootJob | None = None):
-        """``reboot_job``: the admin's reboot action (:class:`RebootJob`; the chart's values)."""
+    def __init__(self, kube: Kube, me: lending.OperatorIdentity | None = None, reboot_job: RebootJob | None = None,
+                 hyperpod_labels: bool = False):
+        """``reboot_job``: the admin's reboot action (:class:`RebootJob`; the chart's values);
+        ``hyperpod_labels``: the marks write HyperPod's health label and taint too."""
         self.kube = kube
+        self.hyperpod_labels = hyperpod_labels
         self.me = me or lending.OperatorIdentity()
         self.reboot_job = reboot_job or RebootJob(namespace=self.me.namespace or "default")
         self._claims: set[str] = set()
@@ -619,7 +631,7 @@ class StaticProvider:
                        last_seen: client.V1Node | None = None) -> None:
         current = self._read(node, uid_of(last_seen))  # read again: the taints are replaced whole
         if current is not None:
-            self.kube.core.patch_node(node, mark_unhealthy_patch(current, health_status, taint))
+            self.kube.core.patch_node(node, mark_unhealthy_patch(current, health_status, taint, self.hyperpod_labels))
 
     def promote_spare(self, node: str, replacing: str, last_seen: client.V1Node | None = None) -> None:
         current = self._read(node, uid_of(last_seen))
@@ -629,7 +641,7 @@ class StaticProvider:
     def mark_healthy(self, node: str, last_seen: client.V1Node | None = None) -> None:
         current = self._read(node, uid_of(last_seen))
         if current is not None:
-            self.kube.core.patch_node(node, mark_healthy_patch(current))
+            self.kube.core.patch_node(node, mark_healthy_patch(current, self.hyperpod_labels))
 
     def annotate(self, node: str, annotations: dict[str, str | None], uid: str = "") -> None:
         try:
@@ -717,9 +729,11 @@ def providers(kube: Kube, me: lending.OperatorIdentity | None = None,
                     namespace=(me.namespace if me else None) or s.pod_namespace or "default",
                     ttl_seconds=s.reboot_job_ttl_seconds, deadline_seconds=s.reboot_job_deadline_seconds)
     from hyperplan.actuation.karpenter import KarpenterProvider  # it builds on KwokProvider
-    return {"kwok": KwokProvider(kube, s.kwok_reboot_seconds), "static": StaticProvider(kube, me, job),
+    hyperpod = s.hyperpod_labels
+    return {"kwok": KwokProvider(kube, s.kwok_reboot_seconds, hyperpod_labels=hyperpod),
+            "static": StaticProvider(kube, me, job, hyperpod_labels=hyperpod),
             "karpenter": KarpenterProvider(kube, s.karpenter_node_class, s.karpenter_capacity_type,
-                                           s.kwok_reboot_seconds, job)}
+                                           s.kwok_reboot_seconds, job, hyperpod_labels=hyperpod)}
 
 
 # Each provider satisfies the Protocol, stated the way Go's `var _ NodeProvider = KwokProvider{}` is:

@@ -148,7 +148,8 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     post_events(obj, unreadable)
     decision = decide_group(name, obj["metadata"].get("generation", 1), group.spec, group.status, plan,
                             peers_of(groups, group.spec.training_plan_ref, plan.group_selector if plan else None),
-                            seen.nodes, rt.policy, now, rt.keys, obj["metadata"].get("labels") or {}, check_jobs)
+                            seen.nodes, rt.policy, now, rt.keys, obj["metadata"].get("labels") or {}, check_jobs,
+                            rt.settings.hyperpod_labels)
     if decision.create and FINALIZER not in obj["metadata"].get("finalizers", []):
         # kopf adds the finalizer on its first pass over a new group; no node exists before it,
         # so deleting the group can never orphan one.

@@ -38,7 +38,7 @@ from datetime import datetime, timedelta
 from hyperplan.api.models import DeepHealthCheck, GroupNode
 from hyperplan.api.vocabulary import (
     CHECK_FAILED, CHECK_IN_PROGRESS, CHECK_PASSED, INSTANCE_CONNECTIVITY, INSTANCE_STRESS,
-    LABEL_DEEP_HEALTH_CHECK, LABEL_SAGEMAKER_DEEP_HEALTH_CHECK, TAINT_DEEP_HEALTH_CHECK, to_rfc3339,
+    LABEL_DEEP_HEALTH_CHECK, TAINT_DEEP_HEALTH_CHECK, to_rfc3339,
 )
 from hyperplan.planning.naming import Taint
 from hyperplan.planning.placement import NodeSpec
@@ -111,10 +111,11 @@ def recorded(entries: Sequence[GroupNode], moved: Mapping[str, CheckState]) -> l
 
 def dressed(spec: NodeSpec, state: CheckState | None) -> NodeSpec:
     """A desired node (``placement.NodeSpec``) with the labels and taint of its check ``state``:
-    the status under both keys, and :func:`check_taint` until it passed."""
+    the status (HyperPod's key beside it with the setting hyperpod_labels:
+    ``placement.hyperpod_dressed``), and :func:`check_taint` until it passed."""
     if state is None:
         return spec
-    labels = {**spec.labels, LABEL_DEEP_HEALTH_CHECK: state.status, LABEL_SAGEMAKER_DEEP_HEALTH_CHECK: state.status}
+    labels = {**spec.labels, LABEL_DEEP_HEALTH_CHECK: state.status}
     taints = tuple(t for t in spec.taints if t.key != TAINT_DEEP_HEALTH_CHECK)
     if not state.serving:
         taints += (check_taint(state.status),)

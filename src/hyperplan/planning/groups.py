@@ -209,7 +209,8 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
                  plan: BoundPlan | None, peers: Sequence[Peer], nodes: Sequence[ObservedGroupNode],
                  policy: Policy, now: datetime, keys: naming.TopologyKeys = naming.TopologyKeys(),
                  labels: Mapping[str, str] | None = None,
-                 check_jobs: Mapping[str, deepchecks.JobResult] | None = None) -> GroupDecision:
+                 check_jobs: Mapping[str, deepchecks.JobResult] | None = None,
+                 hyperpod_labels: bool = True) -> GroupDecision:
     """What the group ``name`` (its ``metadata.labels`` are ``labels``) should hold at ``now``;
     ``check_jobs``: the group's deep health check Jobs by name (None: not listed this pass)."""
     conds = prior.conditions
@@ -364,6 +365,8 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
         [deepchecks.CheckNode(n.name, n.health.exists and not n.deleting, n.health.ultraserver_id) for n in on_block],
         new, recovered, check_jobs, now)
     desired = [deepchecks.dressed(d, checks.states.get(d.name)) for d in desired]
+    if hyperpod_labels:  # HyperPod's labels and taint beside hyperplan's (settings.hyperpod_labels)
+        desired = [placement.hyperpod_dressed(d) for d in desired]
     wanted = {d.name: d for d in desired}
     create = [d for d in desired if d.name in new]
     # Nodes with a failure signal leave only through remediation (or at the block's end).
@@ -494,7 +497,7 @@ def _with_events(d: GroupDecision, prior: InstanceGroupStatus, warning: bool = F
 def managed_taint_keys(want: placement.NodeSpec) -> set[str]:
     """Taint keys the operator owns on a node: its own and the group's; others are left alone."""
     return {t.key for t in want.taints} | {naming.SPARE_TAINT.key, naming.UNHEALTHY_TAINT.key,
-                                           deepchecks.CHECK_TAINT.key}
+                                           naming.SAGEMAKER_UNHEALTHY_TAINT.key, deepchecks.CHECK_TAINT.key}
 
 
 def _differs(want: placement.NodeSpec, have: ObservedGroupNode) -> bool:

@@ -40,6 +40,7 @@ from hyperplan.api.vocabulary import (  # noqa: F401  (re-exported)
     HEALTH_PENDING_REPLACEMENT,
     HEALTH_SCHEDULABLE,
     HEALTH_UNSCHEDULABLE,
+    LABEL_DEEP_HEALTH_CHECK,
     LABEL_GENERATION,
     LABEL_GROUP,
     LABEL_HEALTH,
@@ -49,6 +50,7 @@ from hyperplan.api.vocabulary import (  # noqa: F401  (re-exported)
     LABEL_REPLACES,
     LABEL_RESERVED_CAPACITY,
     LABEL_ROLE,
+    LABEL_SAGEMAKER_DEEP_HEALTH_CHECK,
     LABEL_SAGEMAKER_HEALTH,
     LABEL_SLOT,
     LABEL_ZONE,
@@ -79,6 +81,9 @@ class Taint:
 
 SPARE_TAINT = Taint(TAINT_SPARE, "true", "NoSchedule")
 UNHEALTHY_TAINT = Taint(TAINT_UNHEALTHY, "true", "NoSchedule")
+# HyperPod's own taint of a node its health agent finds unfit, written beside UNHEALTHY_TAINT when
+# the setting hyperpod_labels is on (planning.nodefacts.hyperpod_mirror).
+SAGEMAKER_UNHEALTHY_TAINT = Taint(LABEL_SAGEMAKER_HEALTH, HEALTH_UNSCHEDULABLE, "NoSchedule")
 
 
 @dataclass(frozen=True)

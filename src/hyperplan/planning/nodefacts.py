@@ -38,12 +38,14 @@ from hyperplan.planning.reading import generation_of, slot_of, time_or_none
 from hyperplan.planning.naming import (
     HEALTH_PENDING_REPLACEMENT,
     HEALTH_UNSCHEDULABLE,
+    LABEL_DEEP_HEALTH_CHECK,
     LABEL_GROUP,
     LABEL_HEALTH,
     LABEL_PLAN,
     LABEL_REPLACES,
     LABEL_RESERVED_CAPACITY,
     LABEL_ROLE,
+    LABEL_SAGEMAKER_DEEP_HEALTH_CHECK,
     LABEL_SAGEMAKER_HEALTH,
     ROLE_ACTIVE,
     ROLE_SPARE,
@@ -52,6 +54,17 @@ from hyperplan.planning.naming import (
 
 HEALTH_KEYS = (LABEL_HEALTH, LABEL_SAGEMAKER_HEALTH)
 """The health labels, hyperplan's first: the order in which a bad value is looked for."""
+
+# hyperplan's label -> HyperPod's, for what hyperplan writes with the setting hyperpod_labels on.
+HYPERPOD_KEYS = {LABEL_HEALTH: LABEL_SAGEMAKER_HEALTH,
+                 LABEL_DEEP_HEALTH_CHECK: LABEL_SAGEMAKER_DEEP_HEALTH_CHECK}
+
+
+def hyperpod_mirror(labels: Mapping[str, str | None]) -> dict[str, str | None]:
+    """The HyperPod labels that go beside the hyperplan ones in ``labels`` (a value of None, a
+    removal, is mirrored too): the same value under ``sagemaker.amazonaws.com/``, so that a node's
+    health reads the same by either key."""
+    return {HYPERPOD_KEYS[k]: v for k, v in labels.items() if k in HYPERPOD_KEYS}
 
 
 @dataclass(frozen=True)

@@ -43,9 +43,10 @@ count as (in use, unhealthy, spares, UltraServer health) in :mod:`hyperplan.plan
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hyperplan.api.vocabulary import ULTRASERVER_INSTANCE_TYPE, ULTRASERVER_INSTANCES  # noqa: F401
+from hyperplan.planning.nodefacts import hyperpod_mirror
 from hyperplan.planning.reading import generation_of, slot_of
 from hyperplan.planning.naming import (
     HEALTH_SCHEDULABLE,
@@ -65,6 +66,7 @@ from hyperplan.planning.naming import (
     SPARE_TAINT,
     Taint,
     TopologyKeys,
+    SAGEMAKER_UNHEALTHY_TAINT,
     UNHEALTHY_TAINT,
     label_value,
     network_node_id,
@@ -526,3 +528,12 @@ def desired_nodes(
     return nodes
 
 
+def hyperpod_dressed(spec: NodeSpec) -> NodeSpec:
+    """``spec`` with HyperPod's labels beside hyperplan's (``nodefacts.hyperpod_mirror``: health and
+    deep-health-check status) and HyperPod's taint beside hyperplan's unhealthy one, for the
+    setting ``hyperpod_labels``."""
+    labels = {**spec.labels, **hyperpod_mirror(spec.labels)}
+    taints = tuple(t for t in spec.taints if t.key != SAGEMAKER_UNHEALTHY_TAINT.key)
+    if UNHEALTHY_TAINT in spec.taints:
+        taints += (SAGEMAKER_UNHEALTHY_TAINT,)
+    return replace(spec, labels=labels, taints=taints)
