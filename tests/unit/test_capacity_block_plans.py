@@ -21,6 +21,7 @@ from hyperplan.handlers.workqueue import describe_failure
 from hyperplan.planning.policy import SAGEMAKER
 from hyperplan.planning.remote import remote_plan_name
 from tests.unit.fake_runtime import PLANS_PLURAL, World, make_world
+from tests.unit.test_remote_plans import condition, later, lines, status  # the same plan, pool and clock
 
 UTC = timezone.utc
 NOW = datetime(2027, 1, 4, 0, 0, tzinfo=UTC)
@@ -74,26 +75,12 @@ def world(monkeypatch: pytest.MonkeyPatch):
         w.close()
 
 
-def status(w: World) -> dict[str, Any]:
-    return w.kube.objects[(PLANS_PLURAL, NAME)]["status"]
 
-
-def condition(w: World, type_: str) -> dict[str, Any]:
-    return next(c for c in status(w)["conditions"] if c["type"] == type_)
-
-
-def lines(w: World) -> list[tuple[str, str, int, str | None]]:
-    pool = w.ledger.pool_objects[0]
-    return [(r.training_plan, r.reserved_capacity_id, r.instance_count, r.remote_training_plan_arn)
-            for r in pool.status.reservations]
 
 
 def buys(seller: FakeCapacityBlocks) -> list[tuple]:
     return [args for op, args in seller.calls if op == "buy"]
 
-
-def later(w: World, seconds: float) -> None:
-    w.now += timedelta(seconds=seconds)
 
 
 def test_a_plan_buys_a_capacity_block_waits_for_its_payment_then_holds_the_reservation(world) -> None:

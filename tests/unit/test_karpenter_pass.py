@@ -26,6 +26,19 @@ def claims_by_slot(world) -> dict[str, str]:
     return {c["metadata"]["labels"]["hyperplan.dev/node-id"]: name for name, c in world.karpenter.claims.items()}
 
 
+def registered(worlds, **spec):
+    """A karpenter group whose claims Karpenter launched at the block start, its Nodes Ready since
+    then, tied to their claims by the pass at NOW."""
+    world = worlds(group(nodeProvider="karpenter", **spec))
+    world.now = T0
+    run(world)
+    for name in world.karpenter.claims:
+        world.karpenter.register(name, ready_since=T0)
+    world.now = NOW
+    run(world)
+    return world
+
+
 def started(worlds):
     """A karpenter group's first pass at the block start: its claims made."""
     world = worlds(group(nodeProvider="karpenter"))
@@ -153,13 +166,7 @@ def test_deleting_the_group_deletes_its_claims_launching_or_not(worlds) -> None:
 def test_the_recovery_ladder_keeps_a_karpenter_nodes_clocks_under_its_slot(worlds) -> None:
     """A Karpenter Node's name is not its slot: the reboot's clock is kept in the record under the
     slot's entry, so that the node failing again within the window is replaced, not rebooted again."""
-    world = worlds(group(nodeProvider="karpenter", healthCheck=LADDER))
-    world.now = T0
-    run(world)
-    for name in world.karpenter.claims:
-        world.karpenter.register(name, ready_since=T0)
-    world.now = NOW
-    run(world)
+    world = registered(worlds, healthCheck=LADDER)
     failed_slot = ACTIVE[1]
     failed = next(e["name"] for e in record(world) if e["nodeId"] == failed_slot)
     assert failed != failed_slot
@@ -189,13 +196,7 @@ def test_a_replacement_under_way_holds_when_the_fault_clears_within_the_marks_gr
     that marked it UnschedulablePendingReplacement and made its slot's new claim. The mark is the
     ladder's verdict on a fault first seen earlier (the record's faultSince), so its label has no
     grace of its own: the launching claim is kept, not let go and made again."""
-    world = worlds(group(nodeProvider="karpenter"))
-    world.now = T0
-    run(world)
-    for name in world.karpenter.claims:
-        world.karpenter.register(name, ready_since=T0)
-    world.now = NOW
-    run(world)
+    world = registered(worlds)
     failed = next(e["name"] for e in record(world) if e["nodeId"] == ACTIVE[0])
     set_ready(world, failed, "False", NOW)
     world.now = NOW + GRACE + timedelta(seconds=1)

@@ -581,8 +581,22 @@ _checks: type[DeepCheckJobs] = FakeDeepCheckJobs
 # --------------------------------------------------------------------------- a remote SageMaker endpoint
 
 
+class _FakeEndpoint:
+    """What the fake remote endpoints share: with ``down`` set, each call fails as a refused
+    connection does (their dataclasses declare ``endpoint`` and ``down``)."""
+
+    endpoint: str
+    down: bool
+
+    def _up(self, operation: str) -> None:
+        from hyperplan.actuation.remote import RemoteError
+        if self.down:
+            raise RemoteError(operation, "EndpointConnectionError",
+                              f'Could not connect to the endpoint URL: "{self.endpoint}/"', self.endpoint)
+
+
 @dataclass
-class FakeRemoteCapacity(SageMakerSelling):
+class FakeRemoteCapacity(_FakeEndpoint, SageMakerSelling):
     """A remote SageMaker endpoint for unit tests, answering as boto3 would (dicts of the service
     model's shapes): it offers what ``offerings`` holds, makes a Pending plan on CreateTrainingPlan
     (same name and offering again: the same plan; another offering: ResourceInUse), and holds a
@@ -596,11 +610,6 @@ class FakeRemoteCapacity(SageMakerSelling):
     down: bool = False
     account: str = "111122223333"
 
-    def _up(self, operation: str) -> None:
-        from hyperplan.actuation.remote import RemoteError
-        if self.down:
-            raise RemoteError(operation, "EndpointConnectionError",
-                              f'Could not connect to the endpoint URL: "{self.endpoint}/"', self.endpoint)
 
     def search(self, arguments: Mapping[str, Any]) -> Mapping[str, Any]:
         self.calls.append(("search", dict(arguments)))
@@ -659,7 +668,7 @@ class FakeRemoteCapacity(SageMakerSelling):
 
 
 @dataclass
-class FakeCapacityBlocks:
+class FakeCapacityBlocks(_FakeEndpoint):
     """EC2 Capacity Blocks behind the :class:`~hyperplan.actuation.remote.CapacitySeller` protocol,
     for the plan pass's unit tests: it offers the ``CapacityBlockOffering`` dicts of ``offered``,
     and a purchase makes a ``payment-pending`` capacity reservation (``CapacityReservation`` dicts,
@@ -676,11 +685,6 @@ class FakeCapacityBlocks:
     down: bool = False
     account: str = "111122223333"
 
-    def _up(self, operation: str) -> None:
-        from hyperplan.actuation.remote import RemoteError
-        if self.down:
-            raise RemoteError(operation, "EndpointConnectionError",
-                              f'Could not connect to the endpoint URL: "{self.endpoint}/"', self.endpoint)
 
     def find_offerings(self, request: Any, policy: Any, pools: Any) -> list[Any]:
         from hyperplan.planning import capacity_blocks as cb
