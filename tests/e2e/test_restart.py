@@ -91,7 +91,8 @@ def test_restart_in_the_middle_of_a_grace_neither_judges_early_nor_forgets(scena
     group, _ = _setup_group(k, uuid.uuid4().hex[:5], 2, healthCheck={"graceSeconds": grace, "maxUnhealthy": 1, "rebootBudget": 0})
     victim = k.get("nodes", None, "-l", f"hyperplan.dev/instance-group={group}")["items"][0]["metadata"]["name"]
     t0 = utcnow()
-    k.run("label", "node", victim, "sagemaker.amazonaws.com/node-health-status=Unschedulable")
+    # (over the Schedulable hyperplan writes there beside its own label: hyperPodLabels)
+    k.run("label", "node", victim, "--overwrite", "sagemaker.amazonaws.com/node-health-status=Unschedulable")
     recorded = eventually(lambda: (k.get("node", victim)["metadata"].get("annotations") or {})
                           .get("hyperplan.dev/health-signal-since"), timeout=10, what="the signal recorded")
     assert recorded.startswith("Unschedulable@")

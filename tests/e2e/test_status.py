@@ -68,8 +68,11 @@ def status_view(ctx: Context) -> dict:
 
     def ready() -> dict | None:
         doc = status_json(k.kubeconfig)
-        g = named(doc["groups"], group)
-        return doc if g and g["phase"] == "Ready" and g["nodesByState"]["spare"] == 1 else None
+        g, p = named(doc["groups"], group), named(doc["plans"], plan)
+        # The plan counts the group's nodes on its own pass, a moment after the group's: the view
+        # has settled once both say the same (its UltraServer judged from Ready nodes).
+        settled = p and [u.get("healthStatus") for u in p.get("ultraServers") or []] == ["ok"]
+        return doc if g and g["phase"] == "Ready" and g["nodesByState"]["spare"] == 1 and settled else None
 
     out["ready"] = eventually(ready, timeout=120, interval=1, what=f"{group} Ready in the view")
     table = hyperplan_status(k.kubeconfig)

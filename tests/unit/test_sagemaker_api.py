@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 from hyperplan.handlers.cache import GROUPS, NODES, PLANS, POOLS, WatchCache
 from hyperplan.sagemaker import signing
@@ -93,6 +94,10 @@ class RecordingWrites:
 
     def __init__(self) -> None:
         self.calls: list[tuple] = []
+        # lagging: the watch cache does not show this process's writes yet; the API server's copy
+        # is ``fresh`` (a write over a stale resourceVersion is refused with 409, as it would be).
+        self.lagging = False
+        self.fresh: dict[str, dict] = {}
 
     def patch_group(self, user: str, name: str, patch: dict) -> None:
         self.calls.append(("patch_group", user, name, patch))
@@ -103,9 +108,20 @@ class RecordingWrites:
     def extend_plan(self, user: str, name: str, extensions: list, resource_version: str | None) -> None:
         self.calls.append(("extend_plan", user, name, extensions, resource_version))
         [held] = self.plans[name]
+        held = self.fresh.get(name, held)
+        if resource_version and resource_version != held["metadata"]["resourceVersion"]:
+            raise ApiException(status=409, reason="Conflict")
         version = str(int(held["metadata"]["resourceVersion"]) + 1)
-        self.plans[name] = [{**held, "metadata": {**held["metadata"], "resourceVersion": version},
-                             "spec": {**held["spec"], "extensions": extensions}}]  # as the watch brings it
+        written = {**held, "metadata": {**held["metadata"], "resourceVersion": version},
+                   "spec": {**held["spec"], "extensions": extensions}}
+        if self.lagging:
+            self.fresh[name] = written
+        else:
+            self.plans[name] = [written]  # as the watch brings it
+
+    def plan_now(self, name: str) -> dict | None:
+        self.calls.append(("plan_now", name))
+        return self.fresh.get(name) or (self.plans.get(name) or [None])[0]
 
     def create_plan(self, user: str, body: dict) -> dict | None:
         self.calls.append(("create_plan", user, body["metadata"]["name"], body["spec"]))

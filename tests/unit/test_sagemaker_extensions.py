@@ -99,6 +99,28 @@ def test_extend_writes_the_spec_as_the_caller_and_a_retry_writes_nothing_more(se
     assert retried["TrainingPlanExtensionOfferingId"] == wanted and retried["Status"] == "Pending"
 
 
+def test_a_retry_the_watch_cache_has_not_caught_up_with_is_answered_as_a_retry() -> None:
+    """Seen in e2e: boto3's second ExtendTrainingPlan read the plan from a watch cache that did not
+    show the first one's write yet, and its write over that resourceVersion was refused (409). The
+    plan as the API server has it lists the id already: a retry, not ConflictException."""
+    s = Server({"long-run": [bought("long-run", UID)]}, pools={"p5-west": [pool(("long-run", UID, START, END))]})
+    try:
+        s.writes.lagging = True
+        endpoint = signed_in(s)
+        [offer] = ok(boto3_call(endpoint, "search_training_plan_offerings", TrainingPlanArn=ARN,
+                                DurationHours=24))["TrainingPlanExtensionOfferings"]
+        wanted = offer["TrainingPlanExtensionOfferingId"]
+        first, again = [ok(a) for a in boto3_calls(endpoint, [
+            {"op": "extend_training_plan", "args": {"TrainingPlanExtensionOfferingId": wanted}},
+            {"op": "extend_training_plan", "args": {"TrainingPlanExtensionOfferingId": wanted}}])]
+        assert [c[0] for c in s.writes.calls if c[0] in ("extend_plan", "plan_now")] == [
+            "extend_plan", "extend_plan", "plan_now"]  # the second refused, then the API server asked
+        assert [e["TrainingPlanExtensionOfferingId"] for e in again["TrainingPlanExtensions"]] == [wanted]
+        assert first["TrainingPlanExtensions"][0]["Status"] == "Pending"
+    finally:
+        s.close()
+
+
 def test_the_extension_history_pages_through_the_status_records(server: Server) -> None:
     [pages] = [ok(a) for a in boto3_calls(signed_in(server), [
         {"op": "describe_training_plan_extension_history", "paginate": True,

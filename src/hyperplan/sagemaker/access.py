@@ -191,6 +191,11 @@ class Writes(Protocol):
         """Set the plan's ``spec.extensions`` to ``extensions``, if it is still at ``resource_version``."""
         ...
 
+    def plan_now(self, name: str) -> dict[str, Any] | None:
+        """The plan as the API server has it now (not the watch cache), read by the operator; None
+        when it is gone."""
+        ...
+
 
 @dataclass
 class KubeWrites:
@@ -221,6 +226,14 @@ class KubeWrites:
             patch["metadata"] = {"resourceVersion": resource_version}
         with self._as(user) as api:
             client.CustomObjectsApi(api).patch_cluster_custom_object(GROUP, VERSION, "trainingplans", name, patch)
+
+    def plan_now(self, name: str) -> dict[str, Any] | None:
+        try:
+            return client.CustomObjectsApi(self.api).get_cluster_custom_object(GROUP, VERSION, "trainingplans", name)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
 
     def create_plan(self, user: str, body: dict[str, Any]) -> dict[str, Any] | None:
         with self._as(user) as api:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
+from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from hyperplan.api.models import (
@@ -697,7 +698,18 @@ def extend_training_plan(body: Mapping[str, Any], ctx: "Context") -> dict[str, A
     if len(listed) >= MAX_EXTENSIONS:
         raise invalid(f"training plan {name} has {len(listed)} extensions, the most it may have")
     entries = [e.wire() for e in plan.spec.extensions] + [{"offeringId": wanted}]
-    ctx.writes.extend_plan(ctx.user, name, entries, (obj.get("metadata") or {}).get("resourceVersion"))
+    try:
+        ctx.writes.extend_plan(ctx.user, name, entries, (obj.get("metadata") or {}).get("resourceVersion"))
+    except ApiException as e:
+        # The plan changed since the watch cache showed it. A retry whose first call landed after
+        # the cache was read finds its id in the plan as the API server has it: answered as a
+        # retry. Anything else is a concurrent change: ConflictException.
+        now = ctx.writes.plan_now(name) if e.status == 409 else None
+        fresh = _plan_model(now) if now is not None else None
+        if fresh is None or wanted not in [x.offering_id for x in fresh.spec.extensions]:
+            raise
+        entry = next((x for x in fresh.status.extensions if x.offering_id == wanted), ExtensionStatus(offering_id=wanted))
+        return {"TrainingPlanExtensions": [_history_shape(entry, name, ctx)]}
     return {"TrainingPlanExtensions": [compact({**_extension_shape(found, name, ctx), "ExtendedAt": epoch(ctx.now),
                                                 "Status": "Pending"})]}
 
