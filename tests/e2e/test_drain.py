@@ -43,7 +43,9 @@ def drain_respects_pdb(ctx: Context) -> dict:
                                          if not p["metadata"].get("deletionTimestamp"))), interval=0.25).start()
     node = Recorder(lambda: k.get_or_none("node", guarded_node) is not None, interval=0.25).start()
     end = parse_ts(block["endTime"])
-    eventually(lambda: utcnow() > end + timedelta(seconds=3), timeout=120, interval=1, what="block end")
+    # Recorded until the bound the test allows after the end (the removal is at the end; a pass on the
+    # busy 2-core machine with every scenario beside it has come 7 s late).
+    eventually(lambda: utcnow() > end + timedelta(seconds=11), timeout=120, interval=1, what="block end")
     return {"block": block, "pods": pods.stop(), "node": node.stop(), "end": end,
             "termination": parse_ts(block["terminationTime"])}
 

@@ -10,7 +10,9 @@ import uuid
 from collections import Counter
 from datetime import timedelta
 
-from tests.e2e.scenarios import first_block, group_body, parse_ts, plan_body, pool_body, ts, utcnow, wait_phase
+from tests.e2e.scenarios import (
+    events_for, first_block, group_body, parse_ts, plan_body, pool_body, ts, utcnow, wait_phase,
+)
 from tests.kube import eventually
 
 API = "hyperplan.dev/v1alpha1"
@@ -101,7 +103,12 @@ def test_restart_in_the_middle_of_a_grace_neither_judges_early_nor_forgets(scena
     operator.kill_and_restart()
 
     def marked():
-        labels = (k.get_or_none("node", victim) or {}).get("metadata", {}).get("labels", {})
+        node = k.get_or_none("node", victim)
+        if node is None:  # marked, replaced and removed between two polls: the Event says when
+            event = next((e for e in events_for(k, victim) if e.get("reason") == "NodeUnhealthy"
+                          and "UnschedulablePendingReplacement" in e.get("message", "")), None)
+            return event and parse_ts(event.get("firstTimestamp") or event.get("eventTime") or event["lastTimestamp"])
+        labels = node["metadata"].get("labels") or {}
         return labels.get("hyperplan.dev/node-health-status") == "UnschedulablePendingReplacement" and utcnow()
 
     when = eventually(marked, timeout=60, interval=0.25, what=f"{victim} marked after the grace")
