@@ -342,7 +342,9 @@ def test_the_dashboards_recovery_panels_show_the_reboot(scenarios, session_prome
     # (Marked for replacement, the victim may be gone within a scrape: KWOK's new node is Ready at once.)
     assert _peak(health, group=r["group"], state="rebooting") == 1
     assert _peak(health, group=r["group"], state="UnschedulablePendingReboot") == 1
-    assert _peak(health, group=r["group"], state="Schedulable") == 3
+    # (3 serve; a scrape between the pass that marks a node and makes its replacement and the
+    # watch's next event may count the replacement beside the node not yet seen marked: 4)
+    assert _peak(health, group=r["group"], state="Schedulable") in (3, 4)
     reboots = _over_the_scenario(session_prometheus, _panel("Reboots by result"), r)
     assert _peak(reboots, result="recovered") > 0
     budget = _over_the_scenario(session_prometheus, _panel("Replaced past the reboot budget"), r)
