@@ -78,14 +78,21 @@ def test_search_with_a_plan_arn_answers_the_extension_offerings_of_its_last_bloc
     assert offer["TrainingPlanExtensionOfferingId"].startswith("tpe-")
 
 
-def test_extend_writes_the_spec_as_the_caller_and_a_retry_writes_nothing_more(server: Server) -> None:
-    endpoint = signed_in(server)
+def extended_twice(endpoint: Endpoint) -> tuple[dict, str, dict, dict]:
+    """The plan's one-day extension offering, its id, and the answers of ExtendTrainingPlan with it
+    twice (the second a retry)."""
     [offer] = ok(boto3_call(endpoint, "search_training_plan_offerings", TrainingPlanArn=ARN,
                             DurationHours=24))["TrainingPlanExtensionOfferings"]
     wanted = offer["TrainingPlanExtensionOfferingId"]
     first, again = [ok(a) for a in boto3_calls(endpoint, [
         {"op": "extend_training_plan", "args": {"TrainingPlanExtensionOfferingId": wanted}},
         {"op": "extend_training_plan", "args": {"TrainingPlanExtensionOfferingId": wanted}}])]
+    return offer, wanted, first, again
+
+
+def test_extend_writes_the_spec_as_the_caller_and_a_retry_writes_nothing_more(server: Server) -> None:
+    endpoint = signed_in(server)
+    offer, wanted, first, again = extended_twice(endpoint)
     writes = [c for c in server.writes.calls if c[0] == "extend_plan"]
     assert len(writes) == 1
     [(_, user, name, extensions, version)] = writes
@@ -107,12 +114,7 @@ def test_a_retry_the_watch_cache_has_not_caught_up_with_is_answered_as_a_retry()
     try:
         s.writes.lagging = True
         endpoint = signed_in(s)
-        [offer] = ok(boto3_call(endpoint, "search_training_plan_offerings", TrainingPlanArn=ARN,
-                                DurationHours=24))["TrainingPlanExtensionOfferings"]
-        wanted = offer["TrainingPlanExtensionOfferingId"]
-        first, again = [ok(a) for a in boto3_calls(endpoint, [
-            {"op": "extend_training_plan", "args": {"TrainingPlanExtensionOfferingId": wanted}},
-            {"op": "extend_training_plan", "args": {"TrainingPlanExtensionOfferingId": wanted}}])]
+        offer, wanted, first, again = extended_twice(endpoint)
         assert [c[0] for c in s.writes.calls if c[0] in ("extend_plan", "plan_now")] == [
             "extend_plan", "extend_plan", "plan_now"]  # the second refused, then the API server asked
         assert [e["TrainingPlanExtensionOfferingId"] for e in again["TrainingPlanExtensions"]] == [wanted]
