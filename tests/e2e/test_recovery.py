@@ -121,7 +121,9 @@ def recovery_ladder(ctx: Context) -> dict:
                        "instanceCount": 18, "trainingPlanSelector": {"matchLabels": {"e2e-scenario": plan}}}})
     k.create({"apiVersion": API, "kind": "TrainingPlan", "metadata": {"name": plan, "labels": {"e2e-scenario": plan}},
               "spec": {"ultraServerType": US_TYPE, "ultraServerCount": 1, "targetResource": "hyperpod-cluster",
-                       "duration": "4m", "autoPurchase": True,
+                       # 6 minutes: the five steps take 1.5 to 3 minutes, more under a full run's load,
+                       # and each must end before the block's termination time drains the group.
+                       "duration": "6m", "autoPurchase": True,
                        "startTimeAfter": ts(utcnow() + timedelta(seconds=20))}})
     k.create({"apiVersion": API, "kind": "InstanceGroup", "metadata": {"name": group},
               "spec": {"trainingPlanRef": plan, "instanceType": ITYPE, "instanceCount": 2,
@@ -209,11 +211,19 @@ def recovery_ladder(ctx: Context) -> dict:
     out["boto3_node"] = other
     out["boto3"] = boto3_call(endpoint, "batch_reboot_cluster_nodes", ClusterName="hyperplan",
                               NodeIds=[instance_id(other)])
-    out["boto3_back"] = eventually(
-        lambda: (n := k.get_or_none("node", other)) is not None and n["metadata"]["labels"].get(HEALTH) == "Schedulable"
-        and n["metadata"]["labels"][ROLE] == "spare" and (_ready(n) or {}).get("status") == "True"
-        and n["metadata"]["labels"].get("sagemaker.amazonaws.com/node-health-status") == "Schedulable" and n,
-        timeout=60, interval=0.5, what="the node boto3 rebooted back as the spare")
+    assert out["boto3"].get("ok", {}).get("Successful") == [instance_id(other)], out["boto3"]
+
+    def back_as_spare() -> dict | None:
+        n = k.get_or_none("node", other)
+        labels = (n or {}).get("metadata", {}).get("labels") or {}
+        # On a timeout, the message says where the node stood (eventually reports the last failed assertion).
+        assert n is not None and labels.get(HEALTH) == "Schedulable" and labels.get(ROLE) == "spare" \
+            and (_ready(n) or {}).get("status") == "True" \
+            and labels.get("sagemaker.amazonaws.com/node-health-status") == "Schedulable", \
+            (n and {key: v for key, v in labels.items() if "health" in key or key == ROLE}, _ready(n or {}))
+        return n
+    out["boto3_back"] = eventually(back_as_spare, timeout=60, interval=0.5,
+                                   what="the node boto3 rebooted back as the spare")
     out["group_events"] = [e["reason"] for e in events_for(k, group)]
     # The node's labels are written a moment before the pass counts its return: read until it has.
     recovered = ("hyperplan_reboots_total", (("result", "recovered"),))

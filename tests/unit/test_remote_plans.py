@@ -134,6 +134,42 @@ def test_a_pass_killed_after_the_remote_bought_adopts_the_remote_plan_and_never_
     assert [line[1] for line in lines(w)] == ["rc-0c6f9a521111-0"]
 
 
+@pytest.mark.parametrize("describes", [True, False], ids=["described-then-not-listed", "neither-described-nor-listed"])
+def test_a_plan_the_remote_does_not_show_yet_after_it_answered_the_create_is_waited_for(world, describes) -> None:
+    """The remote's reads lag its writes (seen in e2e: its listing came from a watch cache a moment
+    behind): the plan it just made is missing from the next listings. The plan waits for it, and
+    neither searches nor buys again (its own purchase took the capacity: a search would find none)."""
+    w, remote = world(offering())
+    name = f"{REMOTE}-0"
+    if not describes:
+        original = remote.create_plan
+
+        def create_then_hide(*args: Any) -> str:
+            arn = original(*args)
+            remote.hidden.add(name)
+            return arn
+        remote.create_plan = create_then_hide  # type: ignore[method-assign]
+    w.run(reconcile_plan, NAME)
+    remote.hidden.add(name)
+    remote.offerings.clear()  # the purchase took the capacity
+
+    for _ in range(3):
+        later(w, 3)
+        w.run(reconcile_plan, NAME)
+        assert status(w)["phase"] == "Pending"
+        assert condition(w, "Purchased")["reason"] == "RemotePurchasing"
+        assert "NoCapacity" not in w.reasons()
+    assert [op for op, _ in remote.calls].count("list_plans") >= 2  # it did list again, and kept its plan
+    assert [op for op, _ in remote.calls].count("search") == 1 and len(creates(remote)) == 1
+
+    remote.hidden.clear()
+    remote.sell(name)
+    later(w, 25)
+    w.run(reconcile_plan, NAME)
+    assert status(w)["phase"] == "Scheduled"
+    assert len(creates(remote)) == 1
+
+
 def test_a_remote_plan_that_failed_is_bought_again_under_the_next_name(world) -> None:
     w, remote = world(offering())
     w.run(reconcile_plan, NAME)

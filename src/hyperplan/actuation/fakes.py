@@ -609,6 +609,9 @@ class FakeRemoteCapacity(_FakeEndpoint, SageMakerSelling):
     calls: list[tuple[str, Any]] = field(default_factory=list)
     down: bool = False
     account: str = "111122223333"
+    # Plans the endpoint made but does not describe or list yet (its reads lag its writes, as
+    # AWS's eventually consistent reads and a watch cache do): a test takes a name out to end it.
+    hidden: set[str] = field(default_factory=set)
 
 
     def search(self, arguments: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -656,12 +659,12 @@ class FakeRemoteCapacity(_FakeEndpoint, SageMakerSelling):
         self.calls.append(("describe_plan", name))
         self._up("DescribeTrainingPlan")
         held = self.plans.get(name)
-        return None if held is None else dict(held["answer"])
+        return None if held is None or name in self.hidden else dict(held["answer"])
 
     def list_plans(self) -> list[Mapping[str, Any]]:
         self.calls.append(("list_plans", None))
         self._up("ListTrainingPlans")
-        return [dict(p["answer"]) for p in self.plans.values()]
+        return [dict(p["answer"]) for name, p in self.plans.items() if name not in self.hidden]
 
 
 # --------------------------------------------------------------------------- EC2 Capacity Blocks

@@ -179,7 +179,7 @@ class SageMakerSelling:
         """CreateTrainingPlan, then DescribeTrainingPlan. The same name with the same offering
         answers the same plan (so boto3's own retries are safe); a taken name is read again."""
         try:
-            self.create_plan(name, offering.remote_id, spares, tags)
+            arn = self.create_plan(name, offering.remote_id, spares, tags)
         except RemoteError as e:
             if e.code in ("ResourceNotFound", "ValidationException"):  # sold meanwhile, or no longer offered
                 raise NotBought(f"the endpoint {e.endpoint} no longer sells offering {offering.offering.id}: "
@@ -188,8 +188,9 @@ class SageMakerSelling:
                 raise NotBought(f"the remote training plan {name} exists already; reading it again") from None
             raise
         answer = self.describe_plan(name)
-        if answer is None:  # an endpoint that answers a create and then does not know it: look again
-            raise NotBought(f"the endpoint {self.endpoint} does not show the remote plan {name} it made yet")
+        if answer is None:  # answered the create, does not show it yet (eventual reads): it is Pending
+            return RemotePlan(name=name, arn=arn, status="Pending",
+                              status_message="created; the endpoint does not describe it yet")
         return plan_of(answer)
 
     def remote_plans(self) -> list[RemotePlan]:
@@ -254,9 +255,13 @@ class _Listing:
     at: float | None = None
     took: float = 0.0  # seconds the last listing took
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # The plans this process made or described, by name, and when: kept over a listing that does
+    # not show them yet (until one does, or for SEEN_KEPT), see RemoteFollower.plans.
+    seen: dict[str, float] = field(default_factory=dict)
 
 
 LISTING_SHARE = 0.1  # a listing is made again no sooner than 10 times as long as the last one took
+SEEN_KEPT = 300.0  # seconds a plan this process made is believed over listings that do not show it
 
 
 class RemoteFollower:
@@ -282,15 +287,30 @@ class RemoteFollower:
             if listing.at is None or asked - listing.at >= max(max_age, listing.took / LISTING_SHARE):
                 started = time.monotonic()
                 at = self.clock()
-                listing.plans = {p.name: p for p in capacity.remote_plans()}
+                fresh = {p.name: p for p in capacity.remote_plans()}
+                for name, since in list(listing.seen.items()):
+                    if name in fresh or at - since > SEEN_KEPT:
+                        del listing.seen[name]  # the listing caught up (or never will: it is believed)
+                    elif name in listing.plans:
+                        log.info("the listing of %s does not show the remote plan %s it answered %.1f s ago; "
+                                 "kept as it was answered", getattr(capacity, "endpoint", "?"), name, at - since)
+                        fresh[name] = listing.plans[name]
+                listing.plans = fresh
                 listing.at, listing.took = at, time.monotonic() - started
             return list(listing.plans.values())
 
     def saw(self, pool: str, plan: RemotePlan) -> None:
-        """A plan this process just made or described (its answer is newer than the listing)."""
+        """A plan this process just made or described (its answer is newer than the listing).
+
+        A remote's listing may lag its own answers: AWS's reads are eventually consistent, and
+        hyperplan's SageMaker API lists from a watch cache. A plan bought a moment ago and missing
+        from the next listing would be searched for again (and its own purchase, which took the
+        capacity, would then leave nothing to find: NoCapacity, seen in e2e). So it is kept over
+        listings that do not show it, until one does or for SEEN_KEPT."""
         listing = self._listing(pool)
         with listing.lock:
             listing.plans[plan.name] = plan
+            listing.seen[plan.name] = self.clock()
 
     def forget(self, pool: str) -> None:
         with self._lock:

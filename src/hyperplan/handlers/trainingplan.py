@@ -231,8 +231,8 @@ def _request(spec: TrainingPlanSpec) -> OfferingRequest | None:
 def _waiting(decision: PlanDecision, plan: TrainingPlan, generation: int, waiting: tuple, now: datetime) -> PlanDecision:
     remote, endpoint = waiting
     status = waiting_for_remote(decision.status, plan.status, generation, remote, endpoint, now)
-    return PlanDecision(status=status, events=[e for e in decision.events if e.reason != "OfferingsFound"],
-                        wake_at=now + REMOTE_WAITING)
+    return PlanDecision(status=status, wake_at=now + REMOTE_WAITING,  # no search ran: nothing found or not
+                        events=[e for e in decision.events if e.reason not in ("OfferingsFound", "NoCapacity")])
 
 
 async def _buy_remote(rt: Runtime, obj: dict[str, Any], plan: TrainingPlan, generation: int, decision: PlanDecision,

@@ -275,7 +275,8 @@ def waiting_for_remote(decision_status: Any, prior: Any, generation: int, remote
                        now: datetime) -> Any:
     """The status of a plan whose remote plan is bought but holds no block yet (the remote's own
     purchase runs after CreateTrainingPlan answers): Pending, ``Purchased=False`` with reason
-    ``RemotePurchasing``, and the offerings the pass found kept."""
+    ``RemotePurchasing``, and the offerings the pass found kept. A waiting pass does not search
+    (its purchase took the capacity), so ``OfferingsAvailable`` stays as the last search left it."""
     from hyperplan.planning.plans import condition  # plans imports nothing of this module
     status = decision_status.model_copy(deep=True)
     status.phase = "Pending"
@@ -283,6 +284,8 @@ def waiting_for_remote(decision_status: Any, prior: Any, generation: int, remote
     message = (f"{remote.noun} {remote.name} at {endpoint} is {remote.status or 'unknown'}"
                + (f": {remote.status_message}" if remote.status_message else "")
                + "; waiting for the remote to hold its blocks")
-    status.conditions = [c for c in status.conditions if c.type != "Purchased"] + [
+    searched = [c for c in prior.conditions if c.type == "OfferingsAvailable"]
+    status.conditions = [c for c in status.conditions if c.type not in ("Purchased", "OfferingsAvailable")
+                         or (c.type == "OfferingsAvailable" and not searched)] + searched + [
         condition("Purchased", False, "RemotePurchasing", message, generation, prior.conditions, now)]
     return status
