@@ -29,6 +29,7 @@ from rich.text import Text
 
 from hyperplan.api.models import (CapacityPoolSpec, CapacityPoolStatus, HealthCheckSpec, InstanceGroupStatus,
                                   TrainingPlanStatus, from_rfc3339, to_rfc3339)
+from hyperplan.api.vocabulary import CHECK_FAILED
 from hyperplan.planning import naming
 from hyperplan.planning.nodefacts import NodeFacts, facts_of_v1
 
@@ -39,7 +40,8 @@ PAST, ACTIVE, NEXT = "past", "active", "next"
 # Node states, in the order a node is classified (the first that applies wins).
 UNHEALTHY, DRAINING, PROVISIONING, SPARE, SERVING = "unhealthy", "draining", "provisioning", "spare", "active"
 REBOOTING = "rebooting"  # labelled UnschedulablePendingReboot (either key): the recovery ladder's reboot
-NODE_STATES = (SERVING, SPARE, PROVISIONING, DRAINING, REBOOTING, UNHEALTHY)
+CHECKING = "checking"  # Ready, its deep health checks under way (deep-health-check-status InProgress)
+NODE_STATES = (SERVING, SPARE, PROVISIONING, CHECKING, DRAINING, REBOOTING, UNHEALTHY)
 
 
 @dataclass
@@ -101,6 +103,10 @@ class Node:
     # A reboot under way started then, by the group's record (status.nodes[].recovery): a node
     # labelled UnschedulablePendingReboot without it is asked for a reboot that has not started.
     rebooting_since: datetime | None = None
+    # Its deep health checks, by the group's record (status.nodes[].deepHealthCheck): which, and
+    # since when (the start they answer: the node made, or back from its reboot).
+    checks: tuple[str, ...] = ()
+    checking_since: datetime | None = None
 
 
 @dataclass
@@ -120,6 +126,10 @@ class InstanceGroup:
     def rebooting(self) -> list[Node]:
         """The nodes the recovery ladder reboots, or is asked to (state ``rebooting``)."""
         return [n for n in self.nodes if n.state == REBOOTING]
+
+    def checking(self) -> list[Node]:
+        """The nodes whose deep health checks run (state ``checking``)."""
+        return [n for n in self.nodes if n.state == CHECKING]
 
     def nodes_by_state(self) -> dict[str, int]:
         """Every state of :data:`NODE_STATES` with its count (zeros included: stable keys)."""
@@ -215,12 +225,14 @@ def node_state(facts: NodeFacts) -> str:
     node serves (``NodeFacts.is_serving``), so that the view agrees with what Kueue admits onto."""
     if naming.HEALTH_PENDING_REBOOT in (facts.hyperplan_health, facts.sagemaker_health):
         return REBOOTING
-    if facts.is_unhealthy or facts.ready in ("False", "Unknown"):
+    if facts.is_unhealthy or facts.ready in ("False", "Unknown") or facts.deep_check == CHECK_FAILED:
         return UNHEALTHY
     if facts.cordoned or facts.deleting:
         return DRAINING
     if facts.ready is None:
         return PROVISIONING
+    if facts.in_checks:
+        return CHECKING
     if facts.is_spare:
         return SPARE
     return SERVING
@@ -286,10 +298,17 @@ def snapshot_from_objects(pools: list[dict], plans: list[dict], groups: list[dic
         name = obj["metadata"]["name"]
         spec = obj.get("spec") or {}
         st: InstanceGroupStatus = _parse(InstanceGroupStatus, obj.get("status"))
-        rebooting = {e.name: e.recovery.rebooting_since for e in st.nodes or ()
-                     if e.recovery is not None and e.recovery.rebooting_since is not None}
-        members = [replace(n, rebooting_since=_time(rebooting[n.name])) if n.name in rebooting else n
-                   for n in by_group.get(naming.label_value(name), [])]
+        record = {e.name: e for e in st.nodes or ()}
+
+        def with_record(n: Node) -> Node:
+            entry = record.get(n.name)
+            if entry is None:
+                return n
+            recovery, check = entry.recovery, entry.deep_health_check
+            return replace(n, rebooting_since=_time(recovery.rebooting_since) if recovery else None,
+                           checks=tuple(check.checks) if check else (),
+                           checking_since=_time(check.since) if check else None)
+        members = [with_record(n) for n in by_group.get(naming.label_value(name), [])]
         snap.groups.append(InstanceGroup(
             name=name, training_plan=spec.get("trainingPlanRef", ""), phase=st.phase or "",
             availability_zone=st.availability_zone or "", desired_count=st.desired_count,
@@ -324,7 +343,7 @@ PHASE_STYLE = {"Active": "bold green", "Ready": "bold green", "Scheduled": "cyan
                "Expired": "grey50", "Failed": "bold red"}
 HEALTH_STYLE = {naming.STATUS_OK: "bold green", naming.STATUS_IMPAIRED: "bold red",
                 naming.STATUS_INSUFFICIENT_DATA: "yellow"}
-STATE_STYLE = {SERVING: "green", SPARE: "cyan", PROVISIONING: "yellow", DRAINING: "magenta",
+STATE_STYLE = {SERVING: "green", SPARE: "cyan", PROVISIONING: "yellow", CHECKING: "blue", DRAINING: "magenta",
                REBOOTING: "bold yellow", UNHEALTHY: "bold red"}
 
 
@@ -501,7 +520,7 @@ def groups_table(snap: Snapshot) -> Table:
 def rebooting_table(snap: Snapshot, now: datetime) -> Table | None:
     """One row per node the recovery ladder reboots or is asked to, with the group's record of
     when the reboot started and when it times out (then the node is replaced); None when no node
-    is rebooting. (Deep health checks, which would show here as checking, do not exist yet.)"""
+    is rebooting (the nodes in their deep health checks: :func:`checking_table`)."""
     rows = [(g, n) for g in snap.groups for n in g.rebooting()]
     if not rows:
         return None
@@ -515,6 +534,21 @@ def rebooting_table(snap: Snapshot, now: datetime) -> Table | None:
             started = Text(f"started {relative(n.rebooting_since, now)}", style=STATE_STYLE[REBOOTING])
             deadline = relative(n.rebooting_since + timedelta(seconds=g.reboot_timeout_seconds), now)
         table.add_row(g.name, n.name, n.role or "-", n.ultra_server or "-", started, deadline)
+    return table
+
+
+def checking_table(snap: Snapshot, now: datetime) -> Table | None:
+    """One row per node whose deep health checks run, with the checks and since when, by the
+    group's record; None when no node is in its checks."""
+    rows = [(g, n) for g in snap.groups for n in g.checking()]
+    if not rows:
+        return None
+    table = Table(title="Nodes in deep health checks", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in ("group", "node", "role", "UltraServer", "checks", "since"):
+        table.add_column(name, no_wrap=True)
+    for g, n in rows:
+        since = Text(relative(n.checking_since, now), style=STATE_STYLE[CHECKING]) if n.checking_since else "-"
+        table.add_row(g.name, n.name, n.role or "-", n.ultra_server or "-", ", ".join(n.checks) or "-", since)
     return table
 
 
@@ -568,8 +602,9 @@ class View:
             yield notes
         yield ultraservers_table(snap)
         yield groups_table(snap)
-        if (rebooting := rebooting_table(snap, now)) is not None:
-            yield rebooting
+        for table in (rebooting_table(snap, now), checking_table(snap, now)):
+            if table is not None:
+                yield table
         yield pools_table(snap)
 
 

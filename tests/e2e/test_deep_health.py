@@ -22,6 +22,10 @@ this plan only) and a group of 2 active nodes and their spare, both checks on:
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 import uuid
 from datetime import timedelta
@@ -141,6 +145,10 @@ def deep_health_checks(ctx: Context) -> dict:
         out["checking_status"] = eventually(
             lambda: len(_jobs(ctx, group)) >= 6 and k.get("instancegroup", group).get("status"),
             timeout=60, interval=0.3, what="the group's six check Jobs")
+        # While the checks run (a check pod ends after 5 s), `hyperplan status` shows the nodes checking.
+        out["status_checking"] = eventually(lambda: (g := _status_group(ctx, group)) and any(
+            n["state"] == "checking" for n in g["nodes"]) and g, timeout=30, interval=0.2,
+            what="hyperplan status showing nodes in their checks")
         jobs = _jobs(ctx, group)
         out["jobs"] = [ctx.kube.api.sanitize_for_serialization(j) for j in jobs]
         cohort = next(j.spec.template.spec.subdomain for j in jobs if j.spec.template.spec.subdomain)
@@ -165,6 +173,14 @@ def deep_health_checks(ctx: Context) -> dict:
         > _value(out["metrics_before"], "hyperplan_deep_health_checks_total", result="failed") and m,
         timeout=20, interval=0.5, what="/metrics counting the failed check")
     return out
+
+
+def _status_group(ctx: Context, group: str) -> dict | None:
+    """The group in ``hyperplan status -o json``, as an admin reads it."""
+    done = subprocess.run([sys.executable, "-m", "hyperplan.cli", "status", "-o", "json"], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "KUBECONFIG": ctx.kubeconfig})
+    assert done.returncode == 0, done.stderr
+    return next((g for g in json.loads(done.stdout)["groups"] if g["name"] == group), None)
 
 
 def _record(scenarios) -> dict:
@@ -232,6 +248,15 @@ def test_the_group_counts_only_checked_nodes_and_ends_ready_with_every_node_pass
     assert {e["deepHealthCheck"]["status"] for e in r["record"]} == {"Passed"}
     reasons = [e["reason"] for e in r["group_events"]]
     assert reasons.count("DeepHealthCheckPassed") >= 3
+
+
+def test_hyperplan_status_shows_the_nodes_in_their_checks_not_serving(scenarios) -> None:
+    g = _record(scenarios)["status_checking"]
+    checking = [n for n in g["nodes"] if n["state"] == "checking"]
+    assert checking and all(n["checks"] == ["InstanceStress", "InstanceConnectivity"] and n["checkingSince"]
+                            for n in checking), checking
+    assert g["nodesByState"]["checking"] == len(checking)
+    assert g["nodesByState"]["active"] + len(checking) <= 3  # a node in its checks is never shown serving
 
 
 def test_the_checks_are_counted_by_result(scenarios) -> None:

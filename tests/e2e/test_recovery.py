@@ -260,6 +260,14 @@ def test_a_rebooted_node_comes_back_as_its_ultraservers_spare_and_no_node_is_mad
     assert "NodeRecovered" in r["group_events"]
 
 
+def test_hyperpods_fault_labels_say_why_the_node_is_rebooted_and_go_when_it_serves_again(scenarios) -> None:
+    r = _record(scenarios)
+    labels = r["rebooting"]["metadata"]["labels"]
+    assert (labels["sagemaker.amazonaws.com/fault-types"], labels["sagemaker.amazonaws.com/fault-reasons"]) == (
+        "NodeNotReady", "ReadyFalse")  # the victim's Ready=False
+    assert not any(k.startswith("sagemaker.amazonaws.com/fault-") for k in r["back"]["metadata"]["labels"])
+
+
 def test_a_node_that_fails_again_within_the_window_is_replaced(scenarios) -> None:
     r = _record(scenarios)
     assert r["victim"] not in r["replaced_nodes"]

@@ -130,7 +130,7 @@ def test_json_shows_the_ready_group_its_ultraserver_and_spare(late_scenarios) ->
     assert us["configuredSpareInstanceCount"] == 1 and us["availableSpareInstanceCount"] == 1
     g = named(doc["groups"], r["group"])
     assert g["trainingPlan"] == r["plan"] and g["availabilityZone"] == r["az"]
-    assert g["nodesByState"] == {"active": 4, "spare": 1, "provisioning": 0, "draining": 0, "rebooting": 0, "unhealthy": 0}
+    assert g["nodesByState"] == {"active": 4, "spare": 1, "provisioning": 0, "checking": 0, "draining": 0, "rebooting": 0, "unhealthy": 0}
     (spare,) = [n["name"] for n in g["nodes"] if n["state"] == "spare"]
     assert us["spareNodes"] == [spare]
     assert all(n["ultraServer"] == us["id"] for n in g["nodes"])

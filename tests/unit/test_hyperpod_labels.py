@@ -16,13 +16,14 @@ import pytest
 from kubernetes import client
 
 from hyperplan.actuation.nodes import mark_healthy_patch, mark_unhealthy_patch
-from hyperplan.planning import naming, nodefacts, placement
+from hyperplan.planning import naming, nodefacts, placement, recovery
 from hyperplan.settings import Settings
 from tests.unit.test_group_pass import ACTIVE, GRACE, LADDER, NOW, SPARE, group, run, running, set_ready, worlds  # noqa: F401
 
 HP = naming.LABEL_SAGEMAKER_HEALTH
 HP_DEEP = naming.LABEL_SAGEMAKER_DEEP_HEALTH_CHECK
 HP_TAINT = {"key": HP, "value": "Unschedulable", "effect": "NoSchedule"}
+FAULT_TYPES, FAULT_REASONS = naming.LABEL_SAGEMAKER_FAULT_TYPES, naming.LABEL_SAGEMAKER_FAULT_REASONS
 OUR_TAINT = {"key": naming.UNHEALTHY_TAINT.key, "value": "true", "effect": "NoSchedule"}
 
 
@@ -84,6 +85,33 @@ def test_back_from_its_reboot_both_labels_say_schedulable_and_both_taints_go(hyp
     assert patch["spec"]["taints"] is None
 
 
+@pytest.mark.parametrize("signal, kind, detail", [
+    ("Ready=False", "NodeNotReady", "ReadyFalse"),
+    ("Ready=Unknown", "NodeNotReady", "ReadyUnknown"),
+    ("AcceleratedHardwareReady=False", "NodeCondition", "AcceleratedHardwareReadyFalse"),
+    ("NodeHealthStatus=UnschedulablePendingReboot", "HealthLabel", "UnschedulablePendingReboot"),
+    ("NodeStartupTimeout", "NodeStartupTimeout", "NoReadyCondition"),
+    ("DeepHealthCheckFailed", "DeepHealthCheck", "DeepHealthCheckFailed"),
+    ("example.com/gpu-xid=79 (fell off the bus)", "NodeCondition", "example.com_gpu-xid79__fell_off_the_bus"),
+    ("X" * 80, "X" * 63, "X" * 63),
+], ids=["not-ready", "lost-contact", "hardware-condition", "asked-by-label", "never-ready", "deep-check",
+        "a-condition-type-with-a-domain-and-spaces", "too-long-for-a-label"])
+def test_hyperpods_fault_labels_say_the_kind_and_the_detail_of_the_signal(signal, kind, detail) -> None:
+    labels = recovery.hyperpod_fault(signal)
+    assert labels == {FAULT_TYPES: kind, FAULT_REASONS: detail}
+    assert all(naming.label_value(v) == v for v in labels.values())  # each a valid label value
+
+
+@pytest.mark.parametrize("hyperpod, fault, want", [
+    (True, "Ready=False", {FAULT_TYPES: "NodeNotReady", FAULT_REASONS: "ReadyFalse"}),
+    (True, None, {}),
+    (False, "Ready=False", {}),
+], ids=["on-with-a-signal", "on-without", "off"])
+def test_the_mark_writes_hyperpods_fault_labels_with_the_setting(hyperpod, fault, want) -> None:
+    patch = mark_unhealthy_patch(node({}), "UnschedulablePendingReboot", naming.UNHEALTHY_TAINT, hyperpod, fault)
+    assert {k: v for k, v in patch["metadata"]["labels"].items() if k in recovery.FAULT_LABELS} == want
+
+
 def test_the_group_writes_hyperpods_labels_by_default_and_reads_them_always(worlds) -> None:
     world = worlds(group(healthCheck=LADDER))
     running(world)
@@ -95,12 +123,14 @@ def test_the_group_writes_hyperpods_labels_by_default_and_reads_them_always(worl
     run(world)
     marked = world.provider.nodes[failed]
     assert marked.metadata.labels[HP] == marked.metadata.labels[naming.LABEL_HEALTH] == "UnschedulablePendingReboot"
+    assert (marked.metadata.labels[FAULT_TYPES], marked.metadata.labels[FAULT_REASONS]) == ("NodeNotReady", "ReadyFalse")
     assert naming.SAGEMAKER_UNHEALTHY_TAINT.key in {t.key for t in marked.spec.taints}
     world.provider.finish_reboot(failed, world.now)
     world.now += timedelta(seconds=1)
     run(world)
     back = world.provider.nodes[failed]
     assert back.metadata.labels[HP] == back.metadata.labels[naming.LABEL_HEALTH] == "Schedulable"
+    assert FAULT_TYPES not in back.metadata.labels and FAULT_REASONS not in back.metadata.labels
     assert naming.SAGEMAKER_UNHEALTHY_TAINT.key not in {t.key for t in back.spec.taints or []}
 
 
@@ -116,6 +146,7 @@ def test_with_the_setting_off_no_hyperpod_key_is_written(worlds, monkeypatch) ->
     run(world)
     marked = world.provider.nodes[failed]
     assert marked.metadata.labels[naming.LABEL_HEALTH] == "UnschedulablePendingReboot" and HP not in marked.metadata.labels
+    assert FAULT_TYPES not in marked.metadata.labels
     assert naming.SAGEMAKER_UNHEALTHY_TAINT.key not in {t.key for t in marked.spec.taints}
     # An admin's request under HyperPod's key is read all the same.
     world.provider.nodes[SPARE].metadata.labels[HP] = "UnschedulablePendingReplacement"

@@ -172,6 +172,31 @@ def test_a_node_serves_only_when_active_ready_healthy_by_both_labels_and_not_lea
                 (serves, False) if role == "active" else (False, serves)), role
 
 
+DEEP, SAGEMAKER_DEEP = "hyperplan.dev/deep-health-check-status", "sagemaker.amazonaws.com/deep-health-check-status"
+
+
+@pytest.mark.parametrize("hyperplan, sagemaker, status, serves", [
+    pytest.param(None, None, None, True, id="never-checked"),
+    pytest.param("Passed", None, "Passed", True, id="passed"),
+    pytest.param("InProgress", None, "InProgress", False, id="in-its-checks"),
+    pytest.param("Failed", None, "Failed", False, id="failed-them"),
+    pytest.param(None, "InProgress", "InProgress", False, id="hyperpods-checks-run"),
+    pytest.param("Passed", "InProgress", "InProgress", False, id="passed-ours-hyperpods-run"),
+    pytest.param("InProgress", "Failed", "Failed", False, id="failed-by-hyperpods-wins"),
+    pytest.param(None, "Passed", "Passed", True, id="passed-hyperpods"),
+])
+def test_a_node_in_or_failing_its_deep_health_checks_by_either_key_does_not_serve(
+        hyperplan: str | None, sagemaker: str | None, status: str | None, serves: bool) -> None:
+    """Kueue counts only the nodes that serve: a node tainted for its checks must not be one."""
+    extra = {k: v for k, v in ((DEEP, hyperplan), (SAGEMAKER_DEEP, sagemaker)) if v is not None}
+    for role in ("active", "spare"):
+        body = node_json(role=role, extra_labels=extra)
+        for facts in (facts_of_dict(slim_node(body)), facts_of_v1(as_v1(body))):
+            assert facts.deep_check == status
+            assert (facts.is_serving, facts.is_available_spare) == ((serves, False) if role == "active"
+                                                                    else (False, serves))
+
+
 @pytest.mark.parametrize("ready, status_text", [
     pytest.param("True", "True", id="ready"),
     pytest.param("False", "False", id="not-ready"),

@@ -115,7 +115,7 @@ def test_snapshot_joins_plans_groups_nodes_and_pools(snap: status.Snapshot) -> N
     assert gb.instance_type == "ml.p6e-gb200.36xlarge"  # from the block: the spec names only the UltraServer type
     assert [u.spare_nodes for u in gb.ultra_servers] == [[], ["hp-demo-workers-1-3"]]
     (group,) = snap.groups
-    assert group.nodes_by_state() == {"active": 20, "spare": 1, "provisioning": 0, "draining": 0, "rebooting": 0, "unhealthy": 1}
+    assert group.nodes_by_state() == {"active": 20, "spare": 1, "provisioning": 0, "checking": 0, "draining": 0, "rebooting": 0, "unhealthy": 1}
     assert "hp-other-0" not in [n.name for n in group.nodes]
     pools = {p.name: (p.sold_now, p.unavailable_now, p.free_now) for p in snap.pools}
     assert pools == {"demo-p5": (0, 2, 6), "demo-gb200": (36, 0, 0)}  # a reservation ending at now is over
@@ -155,6 +155,16 @@ SAGEMAKER_HEALTH = "sagemaker.amazonaws.com/node-health-status"
     pytest.param({**ACTIVE, "hyperplan.dev/node-health-status": "Schedulable", SAGEMAKER_HEALTH: "Schedulable"},
                  "True", False, False, "active", id="both-labels-schedulable"),
     pytest.param(ACTIVE, "True", False, True, "draining", id="being-deleted"),
+    pytest.param({**ACTIVE, "hyperplan.dev/deep-health-check-status": "InProgress"}, "True", False, False, "checking",
+                 id="in-its-deep-health-checks"),
+    pytest.param({**SPARE, "sagemaker.amazonaws.com/deep-health-check-status": "InProgress"}, "True", False, False,
+                 "checking", id="spare-in-hyperpods-checks"),
+    pytest.param({**ACTIVE, "hyperplan.dev/deep-health-check-status": "Failed"}, "True", False, False, "unhealthy",
+                 id="failed-its-deep-health-checks"),
+    pytest.param({**ACTIVE, "hyperplan.dev/deep-health-check-status": "Passed"}, "True", False, False, "active",
+                 id="passed-its-deep-health-checks"),
+    pytest.param({**ACTIVE, "hyperplan.dev/deep-health-check-status": "InProgress"}, None, False, False,
+                 "provisioning", id="checks-of-a-node-not-ready-yet"),
 ])
 def test_node_state(labels: dict, ready: str | None, unschedulable: bool, deleting: bool, expected: str) -> None:
     """A node's state in ``hyperplan status``, read from the ``V1Node`` the API returns."""
@@ -189,7 +199,7 @@ def test_json_has_stable_keys_and_rfc3339_times(snap: status.Snapshot) -> None:
     assert [(u["id"], u["healthStatus"], u["availableSpareInstanceCount"], u["spareNodes"]) for u in us] == [
         ("rc-gb-0-us-0", "impaired", 0, []), ("rc-gb-0-us-1", "ok", 1, ["hp-demo-workers-1-3"])]
     (group,) = doc["groups"]
-    assert group["nodesByState"] == {"active": 20, "spare": 1, "provisioning": 0, "draining": 0, "rebooting": 0, "unhealthy": 1}
+    assert group["nodesByState"] == {"active": 20, "spare": 1, "provisioning": 0, "checking": 0, "draining": 0, "rebooting": 0, "unhealthy": 1}
     assert group["trainingPlan"] == "demo-gb200" and len(group["nodes"]) == 22
     assert next(p for p in doc["pools"] if p["name"] == "demo-p5")["freeNow"] == 6
 
@@ -373,6 +383,31 @@ def test_view_shows_the_rebooting_nodes_of_each_group(rebooting_snap: status.Sna
 
 def test_no_rebooting_table_without_a_rebooting_node(snap: status.Snapshot) -> None:
     assert "Rebooting nodes" not in text_of(snap)
+    assert "Nodes in deep health checks" not in text_of(snap)
+
+
+CHECKING_GROUP = {**REBOOTING_GROUP, "status": {**REBOOTING_GROUP["status"], "nodes": [
+    {"name": "hp-demo-workers-0-16", "uid": "u16", "nodeId": "hp-demo-workers-0-16",
+     "deepHealthCheck": {"status": "InProgress", "since": at(-20), "checks": ["InstanceStress", "InstanceConnectivity"],
+                         "started": at(-18)}}]}}
+
+
+def test_view_shows_the_nodes_in_their_deep_health_checks() -> None:
+    members = [(g, n) for g, n in nodes() if n.name != "hp-demo-workers-0-16"] + [
+        ("demo-workers", status.Node("hp-demo-workers-0-16", "spare", status.CHECKING, "rc-gb-0-us-0"))]
+    snap = status.snapshot_from_objects(POOLS, PLANS, [CHECKING_GROUP], members, NOW)
+    (group,) = snap.groups
+    [checking] = group.checking()
+    assert (checking.checks, checking.checking_since) == (("InstanceStress", "InstanceConnectivity"),
+                                                          NOW - timedelta(seconds=20))
+    assert group.nodes_by_state()["checking"] == 1
+    text = text_of(snap, width=170)
+    assert "Nodes in deep health checks" in text
+    row = line_with(text, "hp-demo-workers-0-16", "demo-workers")
+    assert all(w in row for w in ("spare", "rc-gb-0-us-0", "InstanceStress, InstanceConnectivity", "20s ago")), row
+    (as_json,) = json.loads(json.dumps(snap.to_dict()))["groups"]
+    node = next(n for n in as_json["nodes"] if n["name"] == "hp-demo-workers-0-16")
+    assert (node["state"], node["checks"]) == ("checking", ["InstanceStress", "InstanceConnectivity"])
 
 
 def test_json_says_when_each_reboot_started_and_the_groups_timeout(rebooting_snap: status.Snapshot) -> None:

@@ -170,10 +170,10 @@ class FakeProvider:
         return [n for n in self.nodes.values() if n.metadata.labels.get(naming.LABEL_GROUP) == naming.label_value(group)]
 
     def mark_unhealthy(self, node: str, health_status: str, taint: naming.Taint,
-                       last_seen: client.V1Node | None = None) -> None:
+                       last_seen: client.V1Node | None = None, fault: str | None = None) -> None:
         self._maybe_fail("mark_unhealthy", node)
         n = self.nodes[node]
-        patch = mark_unhealthy_patch(n, health_status, taint, self.hyperpod_labels)
+        patch = mark_unhealthy_patch(n, health_status, taint, self.hyperpod_labels, fault)
         n.metadata.labels.update(patch["metadata"]["labels"])
         n.spec.taints = [client.V1Taint(**t) for t in patch["spec"]["taints"]]
 

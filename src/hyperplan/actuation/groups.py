@@ -299,7 +299,8 @@ def apply_decision(provider: NodeProvider, pods: NodePods, d: GroupDecision, raw
         return []
 
     def mark(action: health.MarkUnhealthy) -> list[tuple[NodeBody | None, Event]]:
-        provider.mark_unhealthy(name_of(action.node), action.health_status, action.taint, raw[action.node])
+        provider.mark_unhealthy(name_of(action.node), action.health_status, action.taint, raw[action.node],
+                                action.fault)
         metrics.REMEDIATIONS.labels("mark").inc()
         metrics.observe_mark(group, action.reboot_result, action.over_budget)
         return [(node_ref(raw[action.node]), Event(

@@ -47,6 +47,7 @@ from hyperplan.planning import lending
 from hyperplan.planning import naming
 from hyperplan.planning import nodefacts
 from hyperplan.planning import placement
+from hyperplan.planning import recovery
 from hyperplan.settings import DEFAULT_REBOOT_COMMAND, Settings
 
 log = logging.getLogger(__name__)
@@ -138,9 +139,10 @@ class NodeProvider(Protocol):
     def list(self, group: str) -> list[client.V1Node]: ...
 
     def mark_unhealthy(self, node: str, health_status: str, taint: naming.Taint,
-                       last_seen: client.V1Node | None = None) -> None:
+                       last_seen: client.V1Node | None = None, fault: str | None = None) -> None:
         """Label the node's health ``health_status`` and add ``taint`` (other taints kept).
-        ``last_seen``: the node as the caller last saw it (see :meth:`KwokProvider.mark_unhealthy`)."""
+        ``last_seen``: the node as the caller last saw it (see :meth:`KwokProvider.mark_unhealthy`);
+        ``fault``: the health signal it is marked for (HyperPod's fault labels, with hyperpod_labels)."""
         ...
 
     def promote_spare(self, node: str, replacing: str, last_seen: client.V1Node | None = None) -> None:
@@ -195,13 +197,16 @@ def gone_or_another(e: ApiException) -> bool:
 
 
 def mark_unhealthy_patch(current: client.V1Node, health_status: str, taint: naming.Taint,
-                         hyperpod: bool = False) -> dict:
+                         hyperpod: bool = False, fault: str | None = None) -> dict:
     """Label the node's health ``health_status`` and add ``taint``; with ``hyperpod`` (the setting
-    hyperpod_labels) HyperPod's health label and taint beside them."""
+    hyperpod_labels) HyperPod's health label and taint beside them, and its fault labels for the
+    health signal ``fault`` (``recovery.hyperpod_fault``)."""
     labels = {naming.LABEL_HEALTH: health_status}
     want = (taint, naming.SAGEMAKER_UNHEALTHY_TAINT) if hyperpod else (taint,)
     if hyperpod:
         labels.update(nodefacts.hyperpod_mirror(labels))
+        if fault:
+            labels.update(recovery.hyperpod_fault(fault))
     taints = merged_taints(current, want, {t.key for t in want})
     return guarded({"metadata": {"labels": labels}, "spec": {"taints": _taint_body(taints)}}, uid_of(current))
 
@@ -215,6 +220,8 @@ def mark_healthy_patch(current: client.V1Node, hyperpod: bool = False) -> dict:
     labels: dict[str, str | None] = {naming.LABEL_HEALTH: naming.HEALTH_SCHEDULABLE}
     if hyperpod or nodefacts.is_unschedulable((current.metadata.labels or {}).get(naming.LABEL_SAGEMAKER_HEALTH)):
         labels[naming.LABEL_SAGEMAKER_HEALTH] = naming.HEALTH_SCHEDULABLE
+    if hyperpod:  # the fault is over: its labels go
+        labels.update({key: None for key in recovery.FAULT_LABELS if key in (current.metadata.labels or {})})
     keep = [t for t in taints_of(current)
             if t.key not in (naming.UNHEALTHY_TAINT.key, naming.SAGEMAKER_UNHEALTHY_TAINT.key)]
     return guarded({"metadata": {"labels": labels, "annotations": {
@@ -337,12 +344,13 @@ class KwokProvider:
         return self.kube.list_nodes(f"{naming.LABEL_GROUP}={naming.label_value(group)}")
 
     def mark_unhealthy(self, node: str, health_status: str, taint: naming.Taint,
-                       last_seen: client.V1Node | None = None) -> None:
+                       last_seen: client.V1Node | None = None, fault: str | None = None) -> None:
         """The taints are replaced whole, so the patch is made from a read of the node. With
         ``last_seen`` (the node from the watch cache) that read is skipped: the patch carries its
         resourceVersion, and only a node changed since (409) is read again. In a storm of
         failures this halves the calls of the marks and promotions."""
-        self._patch_from(node, last_seen, lambda n: mark_unhealthy_patch(n, health_status, taint, self.hyperpod_labels))
+        self._patch_from(node, last_seen, lambda n: mark_unhealthy_patch(n, health_status, taint, self.hyperpod_labels,
+                                                                           fault))
 
     def promote_spare(self, node: str, replacing: str, last_seen: client.V1Node | None = None) -> None:
         self._patch_from(node, last_seen, lambda n: promote_spare_patch(n, replacing))
@@ -628,10 +636,11 @@ class StaticProvider:
         return self.kube.list_nodes(f"{naming.LABEL_GROUP}={naming.label_value(group)}")
 
     def mark_unhealthy(self, node: str, health_status: str, taint: naming.Taint,
-                       last_seen: client.V1Node | None = None) -> None:
+                       last_seen: client.V1Node | None = None, fault: str | None = None) -> None:
         current = self._read(node, uid_of(last_seen))  # read again: the taints are replaced whole
         if current is not None:
-            self.kube.core.patch_node(node, mark_unhealthy_patch(current, health_status, taint, self.hyperpod_labels))
+            self.kube.core.patch_node(node, mark_unhealthy_patch(current, health_status, taint, self.hyperpod_labels,
+                                                                 fault))
 
     def promote_spare(self, node: str, replacing: str, last_seen: client.V1Node | None = None) -> None:
         current = self._read(node, uid_of(last_seen))

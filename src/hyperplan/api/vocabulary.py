@@ -46,6 +46,10 @@ LABEL_SAGEMAKER_HEALTH = "sagemaker.amazonaws.com/node-health-status"
 # reads a node's checks from its own Jobs and the group's record, never from these labels.
 LABEL_DEEP_HEALTH_CHECK = f"{GROUP}/deep-health-check-status"
 LABEL_SAGEMAKER_DEEP_HEALTH_CHECK = "sagemaker.amazonaws.com/deep-health-check-status"
+# HyperPod's fault labels: the kind of fault a marked node has and its detail, written with the
+# setting hyperpod_labels beside the health label (planning.nodefacts.hyperpod_fault). Output only.
+LABEL_SAGEMAKER_FAULT_TYPES = "sagemaker.amazonaws.com/fault-types"
+LABEL_SAGEMAKER_FAULT_REASONS = "sagemaker.amazonaws.com/fault-reasons"
 LABEL_SLOT = f"{GROUP}/slot"
 LABEL_GENERATION = f"{GROUP}/generation"
 LABEL_REPLACES = f"{GROUP}/replaces"

@@ -399,6 +399,13 @@ class MarkUnhealthy:
     # (planning.recovery.REBOOT_RESULTS), and whether the node is replaced past its reboot budget.
     reboot_result: str | None = field(default=None, compare=False)
     over_budget: bool = field(default=False, compare=False)
+    # The health signal the node is marked for (``reason`` may say more, during a reboot): HyperPod's
+    # fault labels are made from it (nodefacts.hyperpod_fault). None: ``reason`` is the signal.
+    signal: str | None = field(default=None, compare=False)
+
+    @property
+    def fault(self) -> str:
+        return self.signal or self.reason
 
 
 @dataclass(frozen=True)
@@ -654,7 +661,7 @@ def plan_remediation(
         if node.exists and node.health_label != label and not (step.kind == recovery.LABEL_ONLY
                                                                 and already_unschedulable):
             marks.append(MarkUnhealthy(name, step.why if state.rebooting_since else reason, health_status=label,
-                                       reboot_result=step.result, over_budget=step.over_budget))
+                                       reboot_result=step.result, over_budget=step.over_budget, signal=reason))
         if step.kind == recovery.LABEL_ONLY:
             continue
 

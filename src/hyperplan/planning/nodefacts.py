@@ -19,9 +19,14 @@ that exact value. When neither does, hyperplan's value is kept if set, else Sage
 values themselves (``UnschedulablePendingReplacement``, ``UnschedulablePendingReboot``) pass
 through unchanged.
 
+The deep health checks (planning.deepchecks) are read the same way: hyperplan's
+``deep-health-check-status`` and HyperPod's, the worse of the two (``Failed``, then
+``InProgress``) winning (:func:`deep_check_status`). A node in its checks or failing them takes
+no work: it is tainted until it passed, and Kueue must not count it.
+
 A node **serves** (:attr:`NodeFacts.is_serving`) when it is active, ``Ready=True``, not being
-deleted, not cordoned and healthy by both labels: the nodes Kueue may admit work onto, the ones
-``hyperplan status`` shows serving.
+deleted, not cordoned, healthy by both labels and not in (or failing) its deep health checks: the
+nodes Kueue may admit work onto, the ones ``hyperplan status`` shows serving.
 
 Pure: stdlib only, no I/O, no clock; ``now`` is passed in where a time is needed.
 """
@@ -33,6 +38,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from hyperplan.api.vocabulary import CHECK_FAILED, CHECK_IN_PROGRESS
 from hyperplan.api.vocabulary import CONDITION_READY as READY
 from hyperplan.planning.reading import generation_of, slot_of, time_or_none
 from hyperplan.planning.naming import (
@@ -94,6 +100,16 @@ def effective_health(labels: Mapping[str, str]) -> str | None:
     """The node's one health value (see "Health" in the module docstring): the ``Unschedulable*``
     value of either label, else hyperplan's value, else SageMaker's; None when neither is set."""
     return unschedulable_health(labels) or next((v for v in (labels.get(k) for k in HEALTH_KEYS) if v), None)
+
+
+def deep_check_status(labels: Mapping[str, str]) -> str | None:
+    """The node's deep health check status by both keys (see the module docstring): ``Failed``
+    under either, else ``InProgress`` under either, else hyperplan's value, else HyperPod's."""
+    values = [labels.get(LABEL_DEEP_HEALTH_CHECK), labels.get(LABEL_SAGEMAKER_DEEP_HEALTH_CHECK)]
+    for worst in (CHECK_FAILED, CHECK_IN_PROGRESS):
+        if worst in values:
+            return worst
+    return next((v for v in values if v), None)
 
 
 def marked_for_replacement(labels: Mapping[str, str]) -> bool:
@@ -180,9 +196,21 @@ class NodeFacts:
         return self.role == ROLE_SPARE
 
     @property
+    def deep_check(self) -> str | None:
+        """Its deep health check status by both keys (:func:`deep_check_status`; None: none ran)."""
+        return deep_check_status(self.labels)
+
+    @property
+    def in_checks(self) -> bool:
+        """Whether its deep health checks run, or it failed them: it takes no work."""
+        return self.deep_check in (CHECK_IN_PROGRESS, CHECK_FAILED)
+
+    @property
     def can_work(self) -> bool:
-        """Ready, not being deleted, not cordoned and healthy by both labels, whatever its role."""
-        return self.is_ready and not self.deleting and not self.cordoned and not self.is_unhealthy
+        """Ready, not being deleted, not cordoned, healthy by both labels and not in (or failing)
+        its deep health checks, whatever its role."""
+        return self.is_ready and not self.deleting and not self.cordoned and not self.is_unhealthy \
+            and not self.in_checks
 
     @property
     def is_serving(self) -> bool:

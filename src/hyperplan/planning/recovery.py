@@ -51,7 +51,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from hyperplan.api.models import FaultClock, GroupNode, HealthCheckSpec, NodeRecovery
-from hyperplan.planning.naming import HEALTH_PENDING_REBOOT, HEALTH_PENDING_REPLACEMENT
+from hyperplan.planning.naming import (HEALTH_PENDING_REBOOT, HEALTH_PENDING_REPLACEMENT, LABEL_SAGEMAKER_FAULT_REASONS,
+                                       LABEL_SAGEMAKER_FAULT_TYPES)
 from hyperplan.planning.nodefacts import READY
 
 REBOOT = "Reboot"
@@ -64,6 +65,44 @@ SIGNAL_DELETED = "NodeDeleted"  # health.SIGNAL_DELETED (health imports this mod
 SIGNAL_STARTUP_TIMEOUT = "NodeStartupTimeout"
 SIGNAL_DEEP_CHECK_FAILED = "DeepHealthCheckFailed"  # the node failed its deep health checks (planning.deepchecks)
 LABEL_SIGNAL_PREFIX = "NodeHealthStatus="  # a reason of health's that is only a health label
+
+
+# --------------------------------------------------------------------------- HyperPod's fault labels
+
+FAULT_LABELS = (LABEL_SAGEMAKER_FAULT_TYPES, LABEL_SAGEMAKER_FAULT_REASONS)
+# The fault kinds of the health signals (the reasons of planning.health), as HyperPod's fault-types
+# label carries them: a node that stopped being Ready, a bad node condition (a hardware or driver
+# condition of the group's healthCheck), a health label an admin or HyperPod's agent set, no Ready
+# condition within the startup timeout, a failed deep health check.
+FAULT_NOT_READY, FAULT_CONDITION, FAULT_REQUESTED = "NodeNotReady", "NodeCondition", "HealthLabel"
+FAULT_STARTUP, FAULT_DEEP_CHECK = "NodeStartupTimeout", "DeepHealthCheck"
+
+
+def _label_value(text: str) -> str:
+    """``text`` as a label value: letters, digits, ``-_.`` only, at most 63, alphanumeric ends."""
+    cleaned = "".join(c if c.isascii() and (c.isalnum() or c in "-_.") else "_" for c in text)[:63]
+    return cleaned.strip("-_.") or "Unknown"
+
+
+def hyperpod_fault(signal: str) -> dict[str, str]:
+    """HyperPod's fault labels for the health signal a node was marked for (``Ready=False``,
+    ``AcceleratedHardwareReady=False``, ``NodeHealthStatus=UnschedulablePendingReboot``,
+    ``NodeStartupTimeout``, ``DeepHealthCheckFailed``, ...): the kind in ``fault-types``, the
+    detail in ``fault-reasons`` (``ReadyFalse``, ``AcceleratedHardwareReadyFalse``, the label's value)."""
+    if signal.startswith(LABEL_SIGNAL_PREFIX):
+        kind, detail = FAULT_REQUESTED, signal.split("=", 1)[1]
+    elif signal.startswith(f"{READY}="):
+        kind, detail = FAULT_NOT_READY, signal.replace("=", "")
+    elif "=" in signal:
+        kind, detail = FAULT_CONDITION, signal.replace("=", "")
+    elif signal == SIGNAL_STARTUP_TIMEOUT:
+        kind, detail = FAULT_STARTUP, "NoReadyCondition"
+    elif signal == SIGNAL_DEEP_CHECK_FAILED:
+        kind, detail = FAULT_DEEP_CHECK, signal
+    else:
+        kind = detail = signal
+    return {LABEL_SAGEMAKER_FAULT_TYPES: _label_value(kind), LABEL_SAGEMAKER_FAULT_REASONS: _label_value(detail)}
+
 
 # How a reboot ended (Step.result; the metric hyperplan_reboots_total).
 REBOOT_RECOVERED = "recovered"  # back Ready with no fault left: it serves again
