@@ -53,7 +53,7 @@ def test_overview_has_the_panels_a_wall_screen_needs() -> None:
         "Transition lag": "timeseries", "Reconcile errors": "timeseries",
         "Until the active block's termination": "stat", "Until the next block starts": "stat",
         "Nodes by health": "timeseries", "Time to recover": "timeseries", "Reboots by result": "timeseries",
-        "Replaced past the reboot budget": "timeseries",
+        "Replaced past the reboot budget": "timeseries", "Deep health checks by result": "timeseries",
     }
     assert {t: panels[t]["type"] for t in wanted if t in panels} == wanted
     for p in panels.values():

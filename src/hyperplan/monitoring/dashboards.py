@@ -196,6 +196,16 @@ def overview() -> dash.Dashboard:
         .with_target(_query("sum by (result) (increase(hyperplan_reboots_total[$__rate_interval]))", "{{result}}"))
         .draw_style(common.GraphDrawStyle.BARS).fill_opacity(60).min(0).legend(_legend_right()))
     add(
+        timeseries.Panel().title("Deep health checks by result").span(12).height(7)
+        .description("Nodes whose deep health checks (onStartDeepHealthChecks: InstanceStress, "
+                     "InstanceConnectivity) ended, after the node was made or back from a reboot: passed "
+                     "(it serves) and failed (it is replaced, the check's output in a DeepHealthCheckFailed "
+                     "Event). Until then a node is tainted, shown checking by `hyperplan status`, and not "
+                     "counted by Kueue.")
+        .with_target(_query("sum by (result) (increase(hyperplan_deep_health_checks_total[$__rate_interval]))",
+                            "{{result}}"))
+        .draw_style(common.GraphDrawStyle.BARS).fill_opacity(60).min(0).decimals(0).legend(_legend_right()))
+    add(
         timeseries.Panel().title("Replaced past the reboot budget").span(12).height(7)
         .description("Nodes replaced because they failed again after rebootBudget reboots within "
                      "rebootWindowSeconds (alert HyperplanRebootBudgetExhausted): a node that keeps failing "
