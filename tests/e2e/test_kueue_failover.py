@@ -17,6 +17,9 @@ node's worth per UltraServer for the spare (docs/failover.md, "Sizing the Cluste
 3. The same with quota for exactly what the Job uses: Kueue cannot fit the replacement, evicts
    the whole workload (``EvictedDueToNodeFailures``) and every pod restarts, which is why the
    quota counts the spares.
+4. The same as 2 with a reboot budget (the recovery ladder's first action): the node is rebooted
+   in place, not replaced. The pod moves as in 2 (the node is tainted and its pod evicted after
+   the spare's promotion), and the node comes back Ready under its name as the UltraServer's spare.
 """
 
 from __future__ import annotations
@@ -91,7 +94,14 @@ def kueue_tas_failover_without_headroom(ctx: Context) -> dict:
     return tas_failover(ctx, quota_nodes=4)
 
 
-def tas_failover(ctx: Context, quota_nodes: int) -> dict:
+@late_scenario
+def kueue_tas_reboot(ctx: Context) -> dict:
+    """The same failure with a reboot budget: the node is rebooted, not replaced (the issue's
+    "a 4-pod job on an UltraServer whose node is rebooted"), and comes back as the spare."""
+    return tas_failover(ctx, quota_nodes=ACTIVE + SPARES, reboot_budget=1)
+
+
+def tas_failover(ctx: Context, quota_nodes: int, reboot_budget: int = 0) -> dict:
     k, kube = ctx.kubectl, ctx.kube
     tag = uuid.uuid4().hex[:5]
     plan, group, ns = f"tas-{tag}", f"tas-{tag}", f"tas-{tag}"
@@ -104,7 +114,7 @@ def tas_failover(ctx: Context, quota_nodes: int) -> dict:
                        "startTimeAfter": ts(utcnow() + timedelta(seconds=15))}})
     k.create({"apiVersion": API, "kind": "InstanceGroup", "metadata": {"name": group},
               "spec": {"trainingPlanRef": plan, "instanceType": ITYPE, "instanceCount": ACTIVE,
-                       "healthCheck": {"graceSeconds": GRACE, "maxUnhealthy": 2, "rebootBudget": 0}}})
+                       "healthCheck": {"graceSeconds": GRACE, "maxUnhealthy": 2, "rebootBudget": reboot_budget}}})
     k.apply(kueue_objects(tag, group, ns, quota_nodes))
     eventually(lambda: (k.get("instancegroup", group).get("status") or {}).get("phase") == "Ready",
                timeout=120, what="group Ready")
@@ -152,7 +162,18 @@ def tas_failover(ctx: Context, quota_nodes: int) -> dict:
     except AssertionError as e:
         raise AssertionError(f"{e}\n{diagnose(k, kube, ns, group)}") from None
     whole_at = utcnow()
-    eventually(lambda: victim not in nodes(), timeout=30, what="failed node removed")
+    if reboot_budget:  # rebooted in place: back Ready under its name, its UltraServer's spare
+        victim_uid = kube.core.read_node(victim).metadata.uid
+
+        def back() -> bool:
+            n = kube.core.read_node(victim)
+            ready = next((c for c in n.status.conditions or [] if c.type == "Ready"), None)
+            return n.metadata.uid == victim_uid and ready is not None and ready.status == "True" and \
+                n.metadata.labels.get("hyperplan.dev/role") == "spare" and \
+                n.metadata.labels.get("hyperplan.dev/node-health-status") == "Schedulable"
+        eventually(back, timeout=60, interval=0.5, what="the rebooted node back as the spare")
+    else:
+        eventually(lambda: victim not in nodes(), timeout=30, what="failed node removed")
     eventually(lambda: utcnow() > whole_at + timedelta(seconds=5), timeout=10, what="a few seconds more")
     out = {"before": before, "victim": victim, "victim_pod": victim_pod, "spare": spare,
            "labelled_at": labelled_at, "promoted_at": promoted_at, "whole_at": whole_at,
@@ -209,8 +230,8 @@ def timeline(r: dict) -> str:
                      if set(m) != {"seen", "running"} or m["seen"] > 0)
 
 
-def _record(late_scenarios) -> dict:
-    return late_scenarios["kueue_tas_failover"].result(timeout=900)
+def _record(late_scenarios, name: str = "kueue_tas_failover") -> dict:
+    return late_scenarios[name].result(timeout=900)
 
 
 def test_tas_places_the_job_on_active_nodes_of_one_ultraserver(late_scenarios) -> None:
@@ -276,3 +297,25 @@ def test_without_quota_headroom_the_job_comes_back_whole_without_spending_a_retr
     assert len({labels[US_KEY] for labels in placed}) == 1, placed
     assert r["victim"] not in r["after"].values()
     assert max(v for _, v in r["failed"]) == 0
+
+
+def test_a_rebooted_node_keeps_the_job_on_its_ultraserver_without_spending_a_retry(late_scenarios) -> None:
+    """The issue's Kueue TAS case: the node is rebooted (not replaced); the pod on it moves to a
+    free active node of the same UltraServer (the promoted spare or another), the workload is never
+    evicted, the Job spends no retry, and the node comes back as that UltraServer's spare."""
+    r = _record(late_scenarios, "kueue_tas_reboot")
+    took = (r["whole_at"] - r["labelled_at"]).total_seconds()
+    print(f"[kueue reboot] 4 Running again {took:.1f} s after the health label; timeline: {timeline(r)}")
+    assert took <= GRACE + 10, f"4 Running again {took:.1f} s after the label"
+    placed = [r["nodes_after"][n] for n in r["after"].values()]
+    assert len({labels[US_KEY] for labels in placed}) == 1, placed
+    assert {labels["hyperplan.dev/role"] for labels in placed} == {"active"}
+    assert r["victim"] not in r["after"].values()
+    assert max(v for _, v in r["failed"]) == 0 and (r["job"].get("failed") or 0) == 0
+    assert not any(evicted for _, evicted in r["workload_evicted"]), "Kueue evicted the whole workload"
+    kept = {p for p, n in r["before"]["pods"].items() if n != r["victim"]}
+    assert kept <= set(r["after"]), (kept, r["after"])
+    # Rebooted, not replaced: the node was there all along and is its UltraServer's spare again.
+    assert all(there for _, there in r["node_there"])
+    back = r["nodes_after"][r["victim"]]
+    assert (back["hyperplan.dev/role"], back[US_KEY]) == ("spare", r["before"]["nodes"][r["victim"]][US_KEY])

@@ -1,0 +1,313 @@
+"""A recovery storm: 20 faults over 10 UltraServer groups, half recovered by reboot and half by
+replacement; how soon does each spare serve, each rebooted node come back as a spare, and each
+UltraServer become whole again? (issue 21, "Measured")
+
+10 plans of one ml.u-p6e-gb200x36 UltraServer each (9 instances, 2 spares; demo profile) and 10
+InstanceGroups of 7 active + 2 spares. The first half of the groups has ``rebootBudget`` 1 (the
+ladder's first action is a reboot), the second half ``rebootBudget`` 0 (replace at once). Once
+every group is whole, two active nodes of every group get HyperPod's health label
+``sagemaker.amazonaws.com/node-health-status=Unschedulable`` (as HyperPod's health agent sets it),
+all 20 patches sent together. A raw watch on the nodes stamps, per failed node:
+
+* the grace end: the moment the watch delivered the label, plus the grace;
+* spare serving: the spare that carries ``hyperplan.dev/replaces=<failed node>`` is active without
+  the spare taint;
+* reboot groups: the reboot's start (``Ready=False`` with reason ``Rebooting``, the KWOK
+  provider's reboot) and the node back as a spare (Ready, ``Schedulable``, role spare, tainted
+  spare) under its name;
+* replace groups: the backfill (the next generation in the failed node's slot) Ready;
+* the UltraServer whole again: 7 active nodes serving and 2 spares, every node Ready and
+  ``Schedulable``, the failed nodes of replace groups gone.
+
+It also watches, every 0.1 s, for an UltraServer without a spare while it had one to give: no node
+labelled spare while a node of the group is Ready, ``Schedulable``, not active and not leaving.
+
+Targets (issue 21): every spare serving within 2 s of its grace end; every rebooted node back as
+a spare within the KWOK reboot time + 5 s of its reboot's start; no UltraServer ever without a
+spare while it had one to give. Prints p50, p95 and max of each, and the time from the fault to
+the UltraServer whole again, reboot against replace, in one table. (The issue's fourth target, a
+real Kueue TAS job's pods never outside one domain, is tested in tests/e2e/test_kueue_failover.py,
+not measured here.)
+
+    .venv/bin/python bench/recovery_storm.py [--groups 10] [--grace 2] [--lead 25]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import (  # noqa: E402
+    API, BenchError, Harness, epoch, has_taint, loadavg, machine, node_ready, parse_ts, pool, print_figures,
+    proc_cpu_seconds, run, step, summary, ts, utcnow, verdict, wait_for,
+)
+
+GB200, X36 = "ml.p6e-gb200.36xlarge", "ml.u-p6e-gb200x36"
+AZ = "us-west-2d"
+ACTIVE, SPARES, PER_GROUP = 7, 2, 2
+SPARE_TAINT = "hyperplan.dev/spare"
+HEALTH, HP_HEALTH = "hyperplan.dev/node-health-status", "sagemaker.amazonaws.com/node-health-status"
+ROLE, GROUP_LABEL = "hyperplan.dev/role", "hyperplan.dev/instance-group"
+REBOOT_SECONDS = 10.0  # the KWOK provider's reboot (settings.kwok_reboot_seconds, its default)
+SPARE_TARGET, BACK_SLACK = 2.0, 5.0
+
+
+def labels(node: dict) -> dict:
+    return node["metadata"].get("labels") or {}
+
+
+def rebooting(node: dict) -> bool:
+    ready = next((c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), None)
+    return ready is not None and ready.get("status") == "False" and ready.get("reason") == "Rebooting"
+
+
+def healthy(node: dict) -> bool:
+    return node_ready(node) and labels(node).get(HEALTH) == "Schedulable" \
+        and labels(node).get(HP_HEALTH, "Schedulable") == "Schedulable"
+
+
+def spare_in_place(node: dict) -> bool:
+    return healthy(node) and labels(node).get(ROLE) == "spare" and has_taint(node, SPARE_TAINT)
+
+
+class Fleet:
+    """Every group node as the watch last saw it, with the moments this bench measures."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.objs: dict[str, dict] = {}
+        self.labelled_at: dict[str, float] = {}
+        self.serving_at: dict[str, float] = {}
+        self.ready_at: dict[str, float] = {}
+        self.rebooting_at: dict[str, float] = {}
+        self.spare_again_at: dict[str, float] = {}  # a node that rebooted, back as a spare
+        self.deleted_at: dict[str, float] = {}
+
+    def on_event(self, kind: str, obj: dict, t: float) -> None:
+        name = obj["metadata"]["name"]
+        with self.lock:
+            if kind == "DELETED":
+                self.objs.pop(name, None)
+                self.deleted_at.setdefault(name, t)
+                return
+            self.objs[name] = obj
+            lb = labels(obj)
+            if lb.get(HP_HEALTH) == "Unschedulable":
+                self.labelled_at.setdefault(name, t)
+            if lb.get(ROLE) == "active" and not has_taint(obj, SPARE_TAINT):
+                self.serving_at.setdefault(name, t)
+            if node_ready(obj):
+                self.ready_at.setdefault(name, t)
+            if rebooting(obj):
+                self.rebooting_at.setdefault(name, t)
+            if name in self.rebooting_at and spare_in_place(obj):
+                self.spare_again_at.setdefault(name, t)
+
+    def of(self, group: str) -> list[dict]:
+        with self.lock:
+            return [n for n in self.objs.values() if labels(n).get(GROUP_LABEL) == group]
+
+
+def whole(fleet: Fleet, group: str) -> bool:
+    nodes = fleet.of(group)
+    serving = [n for n in nodes if healthy(n) and labels(n).get(ROLE) == "active" and not has_taint(n, SPARE_TAINT)
+               and not n["metadata"].get("deletionTimestamp")]
+    spares = [n for n in nodes if spare_in_place(n)]
+    return len(nodes) == ACTIVE + SPARES and len(serving) == ACTIVE and len(spares) == SPARES
+
+
+class SpareWatch:
+    """Samples each group every 0.1 s: how long it went without a spare while a node of it could
+    have been one (Ready, Schedulable, not active, not being deleted)."""
+
+    def __init__(self, fleet: Fleet, groups: list[str]) -> None:
+        self.fleet, self.groups = fleet, groups
+        self.withheld: dict[str, float] = {g: 0.0 for g in groups}  # seconds, summed
+        self.without: dict[str, float] = {g: 0.0 for g in groups}  # seconds with no spare at all
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> "SpareWatch":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        last = time.time()
+        while not self._stop.wait(0.1):
+            now = time.time()
+            dt, last = now - last, now
+            for g in self.groups:
+                nodes = self.fleet.of(g)
+                if any(spare_in_place(n) for n in nodes):
+                    continue
+                self.without[g] += dt
+                if any(healthy(n) and labels(n).get(ROLE) != "active" and not n["metadata"].get("deletionTimestamp")
+                       for n in nodes):
+                    self.withheld[g] += dt
+
+
+def main(h: Harness, args: argparse.Namespace) -> int:
+    names = [f"rstorm-{i:02d}" for i in range(args.groups)]
+    reboot_groups = set(names[:args.groups // 2])
+    op = h.start_operator("demo")
+    fleet = Fleet()
+    h.watch("/api/v1/nodes", fleet.on_event, labelSelector=GROUP_LABEL)
+    h.create("capacitypools", pool("rstorm-gb200", GB200, 9 * args.groups, AZ, ultra=X36))
+    start_after = ts(utcnow().replace(microsecond=0) + timedelta(seconds=args.lead))
+    for name in names:
+        h.create("trainingplans", {
+            "apiVersion": API, "kind": "TrainingPlan", "metadata": {"name": name},
+            "spec": {"ultraServerType": X36, "ultraServerCount": 1, "spareInstancesPerUltraServer": SPARES,
+                     "targetResource": "hyperpod-cluster", "duration": "5m", "autoPurchase": True,
+                     "startTimeAfter": start_after}})
+        h.create("instancegroups", {
+            "apiVersion": API, "kind": "InstanceGroup", "metadata": {"name": name},
+            "spec": {"trainingPlanRef": name, "instanceType": GB200, "instanceCount": ACTIVE,
+                     "healthCheck": {"graceSeconds": args.grace, "maxUnhealthy": 3,
+                                     "rebootBudget": 1 if name in reboot_groups else 0,
+                                     "rebootTimeoutSeconds": 60}}})
+    step(f"{args.groups} plans of 1 x {X36} and {args.groups} groups of {ACTIVE} active + {SPARES} spares "
+         f"created ({len(reboot_groups)} reboot first, {args.groups - len(reboot_groups)} replace)")
+
+    def bought():
+        h.tick()
+        sts = [h.status("trainingplans", n) for n in names]
+        failed = [n for n, st in zip(names, sts) if st.get("phase") == "Failed"]
+        if failed:
+            raise BenchError(f"plans failed: {failed}: {sts[names.index(failed[0])].get('conditions')}")
+        return all(st.get("reservedCapacity") for st in sts) and sts
+
+    sts = wait_for(bought, timeout=120, what="every plan bought", interval=0.5)
+    termination = min(epoch(parse_ts(st["reservedCapacity"][0]["terminationTime"])) for st in sts)
+    start = max(epoch(parse_ts(st["reservedCapacity"][0]["startTime"])) for st in sts)
+    step(f"every plan bought; the last block starts in {start - time.time():.1f} s")
+    wait_for(lambda: h.tick() or all(whole(fleet, n) for n in names), timeout=max(0, start - time.time()) + 180,
+             what="every group whole", interval=0.5)
+    step(f"every group whole: {sum(len(fleet.of(n)) for n in names)} nodes")
+    time.sleep(2)
+
+    victims: list[dict] = []
+    for name in names:
+        actives = sorted((labels(n)["hyperplan.dev/slot"], n["metadata"]["name"], labels(n)) for n in fleet.of(name)
+                         if labels(n).get(ROLE) == "active")
+        for slot, node, lb in actives[:PER_GROUP]:
+            victims.append({"group": name, "node": node, "slot": slot, "reboot": name in reboot_groups,
+                            "generation": int(lb.get("hyperplan.dev/generation", "0"))})
+    if time.time() > termination - 90:
+        raise BenchError("the blocks are about to end; raise the plans' duration")
+
+    load = loadavg()
+    op_cpu0 = proc_cpu_seconds(op.pid)
+    spares = SpareWatch(fleet, names).start()
+
+    def fail(v: dict) -> None:
+        v["sent"] = time.time()
+        h.core.patch_node(v["node"], {"metadata": {"labels": {HP_HEALTH: "Unschedulable"}}})
+
+    with ThreadPoolExecutor(len(victims)) as workers:
+        list(workers.map(fail, victims))
+    step(f"{len(victims)} nodes labelled {HP_HEALTH}=Unschedulable across {args.groups} groups (load {load})")
+
+    def recovered(v: dict) -> bool:
+        with fleet.lock:
+            spare = next((n["metadata"]["name"] for n in fleet.objs.values()
+                          if labels(n).get("hyperplan.dev/replaces") == v["node"]), None)
+            if spare is None or spare not in fleet.serving_at:
+                return False
+            v["spare"], v["served"] = spare, fleet.serving_at[spare]
+            if v["reboot"]:
+                if v["node"] not in fleet.spare_again_at:
+                    return False
+                v["rebooted"], v["back"] = fleet.rebooting_at[v["node"]], fleet.spare_again_at[v["node"]]
+                return True
+            backfill = next((n["metadata"]["name"] for n in fleet.objs.values()
+                             if labels(n).get(GROUP_LABEL) == v["group"] and labels(n).get("hyperplan.dev/slot") == v["slot"]
+                             and labels(n).get("hyperplan.dev/generation") == str(v["generation"] + 1)), None)
+            if backfill is None or backfill not in fleet.ready_at:
+                return False
+            v["backfill"], v["back"] = backfill, fleet.ready_at[backfill]
+            return True
+
+    wait_for(lambda: h.tick() or all(recovered(v) for v in victims), timeout=args.grace + REBOOT_SECONDS + 120,
+             what="every spare serving, every rebooted node back and every backfill Ready", interval=0.05)
+    whole_at: dict[str, float] = {}
+
+    def all_whole() -> bool:
+        h.tick()
+        for name in names:
+            if name not in whole_at and whole(fleet, name) and all(
+                    v["reboot"] or v["node"] in fleet.deleted_at for v in victims if v["group"] == name):
+                whole_at[name] = time.time()
+        return len(whole_at) == len(names)
+
+    wait_for(all_whole, timeout=180, what="every UltraServer whole again", interval=0.1)
+    spares.stop()
+    op_cpu = proc_cpu_seconds(op.pid) - op_cpu0
+
+    for v in victims:
+        with fleet.lock:
+            v["seen"] = fleet.labelled_at[v["node"]]
+        v["spare_lag"] = v["served"] - (v["seen"] + args.grace)
+        if v["reboot"]:
+            v["back_after_reboot"] = v["back"] - v["rebooted"]
+        v["whole_after"] = whole_at[v["group"]] - v["seen"]
+    for v in sorted(victims, key=lambda v: v["node"]):
+        how = (f"rebooted {v['rebooted'] - v['seen']:.2f} s after the label, back as a spare "
+               f"{v['back_after_reboot']:.2f} s after its reboot began") if v["reboot"] else \
+            f"backfill {v['backfill']} Ready {v['back'] - v['seen']:.2f} s after the label"
+        step(f"{v['node']}: spare {v['spare']} serving {v['spare_lag']:+.3f} s after the grace end; {how}")
+
+    spare_s = summary([v["spare_lag"] for v in victims])
+    back_s = summary([v["back_after_reboot"] for v in victims if v["reboot"]])
+    whole_reboot = summary([v["whole_after"] for v in victims if v["reboot"]])
+    whole_replace = summary([v["whole_after"] for v in victims if not v["reboot"]])
+    withheld = max(spares.withheld.values())
+    errors = op.log_lines("ERROR") + op.log_lines("Traceback")
+    if errors:
+        step(f"operator log has {len(errors)} ERROR/Traceback lines, first: {errors[0][:200]}")
+    back_target = REBOOT_SECONDS + BACK_SLACK
+    rows = [
+        ("machine", machine(), "", ""),
+        ("load average when the nodes failed / at the end", f"{load} / {loadavg()}", "", ""),
+        ("faults (groups x per group), grace", f"{len(victims)} ({args.groups} x {PER_GROUP}), {args.grace} s", "", ""),
+        ("grace end to spare serving: p50 / p95 / max",
+         f"{spare_s['p50']:.3f} / {spare_s['p95']:.3f} / {spare_s['max']:.3f} s", f"max <= {SPARE_TARGET:.0f} s",
+         verdict(spare_s["max"] <= SPARE_TARGET)),
+        ("reboot's start to the node back as a spare: p50 / p95 / max",
+         f"{back_s['p50']:.3f} / {back_s['p95']:.3f} / {back_s['max']:.3f} s",
+         f"max <= {REBOOT_SECONDS:.0f} + {BACK_SLACK:.0f} s", verdict(back_s["max"] <= back_target)),
+        ("longest an UltraServer went without a spare while it had one to give", f"{withheld:.1f} s", "0 s",
+         verdict(withheld < 0.2)),  # one 0.1 s sample: the watch's own view may lag a write by that much
+        ("longest an UltraServer went without any spare (both promoted, none back yet)",
+         f"{max(spares.without.values()):.1f} s", "", ""),
+        ("fault to UltraServer whole again, reboot: p50 / max",
+         f"{whole_reboot['p50']:.1f} / {whole_reboot['max']:.1f} s", "", ""),
+        ("fault to UltraServer whole again, replace: p50 / max",
+         f"{whole_replace['p50']:.1f} / {whole_replace['max']:.1f} s", "", ""),
+        ("operator CPU s, from the faults to every UltraServer whole", f"{op_cpu:.2f}", "", ""),
+    ]
+    print_figures("recovery storm", rows)
+    ok = spare_s["max"] <= SPARE_TARGET and back_s["max"] <= back_target and withheld < 0.2
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--groups", type=int, default=10)
+    ap.add_argument("--grace", type=int, default=2, help="healthCheck.graceSeconds of every group")
+    ap.add_argument("--lead", type=int, default=25, help="seconds from now to the plans' startTimeAfter")
+    args = ap.parse_args()
+    if args.groups < 2:
+        ap.error("--groups must be at least 2 (half reboot, half replace)")
+    run(lambda h: main(h, args), "recovery-storm", budget=args.lead + 480)
