@@ -39,19 +39,18 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from datetime import timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
-    API, BenchError, Harness, epoch, has_taint, loadavg, machine, node_ready, parse_ts, pool, print_figures,
-    proc_cpu_seconds, run, step, summary, ts, utcnow, verdict, wait_for,
+    BenchError, Harness, has_taint, loadavg, machine, node_ready, print_figures, proc_cpu_seconds, run, step,
+    summary, verdict, wait_for,
 )
+from storm import ACTIVE, SPARES, ultraserver_groups  # noqa: E402  (the same plans and groups)
 
-GB200, X36 = "ml.p6e-gb200.36xlarge", "ml.u-p6e-gb200x36"
 AZ = "us-west-2d"
-ACTIVE, SPARES, PER_GROUP = 7, 2, 2
+PER_GROUP = 2
 SPARE_TAINT = "hyperplan.dev/spare"
 HEALTH, HP_HEALTH = "hyperplan.dev/node-health-status", "sagemaker.amazonaws.com/node-health-status"
 ROLE, GROUP_LABEL = "hyperplan.dev/role", "hyperplan.dev/instance-group"
@@ -163,35 +162,10 @@ def main(h: Harness, args: argparse.Namespace) -> int:
     op = h.start_operator("demo")
     fleet = Fleet()
     h.watch("/api/v1/nodes", fleet.on_event, labelSelector=GROUP_LABEL)
-    h.create("capacitypools", pool("rstorm-gb200", GB200, 9 * args.groups, AZ, ultra=X36))
-    start_after = ts(utcnow().replace(microsecond=0) + timedelta(seconds=args.lead))
-    for name in names:
-        h.create("trainingplans", {
-            "apiVersion": API, "kind": "TrainingPlan", "metadata": {"name": name},
-            "spec": {"ultraServerType": X36, "ultraServerCount": 1, "spareInstancesPerUltraServer": SPARES,
-                     "targetResource": "hyperpod-cluster", "duration": "5m", "autoPurchase": True,
-                     "startTimeAfter": start_after}})
-        h.create("instancegroups", {
-            "apiVersion": API, "kind": "InstanceGroup", "metadata": {"name": name},
-            "spec": {"trainingPlanRef": name, "instanceType": GB200, "instanceCount": ACTIVE,
-                     "healthCheck": {"graceSeconds": args.grace, "maxUnhealthy": 3,
-                                     "rebootBudget": 1 if name in reboot_groups else 0,
-                                     "rebootTimeoutSeconds": 60}}})
-    step(f"{args.groups} plans of 1 x {X36} and {args.groups} groups of {ACTIVE} active + {SPARES} spares "
-         f"created ({len(reboot_groups)} reboot first, {args.groups - len(reboot_groups)} replace)")
-
-    def bought():
-        h.tick()
-        sts = [h.status("trainingplans", n) for n in names]
-        failed = [n for n, st in zip(names, sts) if st.get("phase") == "Failed"]
-        if failed:
-            raise BenchError(f"plans failed: {failed}: {sts[names.index(failed[0])].get('conditions')}")
-        return all(st.get("reservedCapacity") for st in sts) and sts
-
-    sts = wait_for(bought, timeout=120, what="every plan bought", interval=0.5)
-    termination = min(epoch(parse_ts(st["reservedCapacity"][0]["terminationTime"])) for st in sts)
-    start = max(epoch(parse_ts(st["reservedCapacity"][0]["startTime"])) for st in sts)
-    step(f"every plan bought; the last block starts in {start - time.time():.1f} s")
+    termination, start = ultraserver_groups(h, "rstorm-gb200", AZ, names, args.lead, lambda name: {
+        "graceSeconds": args.grace, "maxUnhealthy": 3, "rebootBudget": 1 if name in reboot_groups else 0,
+        "rebootTimeoutSeconds": 60})
+    step(f"{len(reboot_groups)} groups reboot first, {args.groups - len(reboot_groups)} replace")
     wait_for(lambda: h.tick() or all(whole(fleet, n) for n in names), timeout=max(0, start - time.time()) + 180,
              what="every group whole", interval=0.5)
     step(f"every group whole: {sum(len(fleet.of(n)) for n in names)} nodes")

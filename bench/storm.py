@@ -31,6 +31,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
+from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -97,13 +98,13 @@ def group_whole(h: Harness, fleet: Fleet, group: str) -> bool:
     return len(ns) == ACTIVE + SPARES and len(ok) == len(ns) and len(spares) == SPARES
 
 
-def main(h: Harness, args: argparse.Namespace) -> int:
-    names = [f"storm-{i:02d}" for i in range(args.groups)]
-    op = h.start_operator("demo")
-    fleet = Fleet()
-    h.watch("/api/v1/nodes", fleet.on_event, labelSelector=GROUP_LABEL)
-    h.create("capacitypools", pool("storm-gb200", GB200, 9 * args.groups, AZ, ultra=X36))
-    start_after = ts(utcnow().replace(microsecond=0) + timedelta(seconds=args.lead))
+def ultraserver_groups(h: Harness, pool_name: str, az: str, names: list[str], lead: int,
+                       health_check: Callable[[str], dict]) -> tuple[float, float]:
+    """One x36 UltraServer plan (2 spares, 5 minutes from ``lead`` s on) and one group of 7 active
+    nodes on it per name, from one pool; ``health_check(name)`` is the group's ``healthCheck``.
+    Waits until every plan is bought; returns the first termination time and the last start (epoch)."""
+    h.create("capacitypools", pool(pool_name, GB200, 9 * len(names), az, ultra=X36))
+    start_after = ts(utcnow().replace(microsecond=0) + timedelta(seconds=lead))
     for name in names:
         h.create("trainingplans", {
             "apiVersion": API, "kind": "TrainingPlan", "metadata": {"name": name},
@@ -113,8 +114,8 @@ def main(h: Harness, args: argparse.Namespace) -> int:
         h.create("instancegroups", {
             "apiVersion": API, "kind": "InstanceGroup", "metadata": {"name": name},
             "spec": {"trainingPlanRef": name, "instanceType": GB200, "instanceCount": ACTIVE,
-                     "healthCheck": {"graceSeconds": args.grace, "maxUnhealthy": 3, "rebootBudget": 0}}})
-    step(f"{args.groups} plans of 1 x {X36} and {args.groups} groups of {ACTIVE} active + {SPARES} spares created")
+                     "healthCheck": health_check(name)}})
+    step(f"{len(names)} plans of 1 x {X36} and {len(names)} groups of {ACTIVE} active + {SPARES} spares created")
 
     def bought():
         h.tick()
@@ -128,6 +129,16 @@ def main(h: Harness, args: argparse.Namespace) -> int:
     termination = min(epoch(parse_ts(st["reservedCapacity"][0]["terminationTime"])) for st in sts)
     start = max(epoch(parse_ts(st["reservedCapacity"][0]["startTime"])) for st in sts)
     step(f"every plan bought; the last block starts in {start - time.time():.1f} s")
+    return termination, start
+
+
+def main(h: Harness, args: argparse.Namespace) -> int:
+    names = [f"storm-{i:02d}" for i in range(args.groups)]
+    op = h.start_operator("demo")
+    fleet = Fleet()
+    h.watch("/api/v1/nodes", fleet.on_event, labelSelector=GROUP_LABEL)
+    termination, start = ultraserver_groups(h, "storm-gb200", AZ, names, args.lead, lambda name: {
+        "graceSeconds": args.grace, "maxUnhealthy": 3, "rebootBudget": 0})
 
     def all_whole():
         h.tick()

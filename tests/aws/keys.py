@@ -23,11 +23,12 @@ def mint_key(ctx: Context, user: str) -> tuple[str, str]:
     return lines["AWS_ACCESS_KEY_ID"], lines["AWS_SECRET_ACCESS_KEY"]
 
 
-def grant_plan_reads(ctx: Context, user: str, name: str, *more: dict) -> None:
+def grant_plan_reads(ctx: Context, user: str, name: str, *more: dict, reads: bool = True) -> None:
+    """A ClusterRole for ``user``: get and list TrainingPlans (without ``reads``: none), and ``more``."""
+    rules = [{"apiGroups": ["hyperplan.dev"], "resources": ["trainingplans"], "verbs": ["get", "list"]}] if reads else []
     ctx.kubectl.apply([
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": name},
-         "rules": [{"apiGroups": ["hyperplan.dev"], "resources": ["trainingplans"], "verbs": ["get", "list"]},
-                   *more]},
+         "rules": [*rules, *more]},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": name},
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
          "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]}])

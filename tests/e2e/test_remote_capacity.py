@@ -16,6 +16,7 @@ import uuid
 from datetime import timedelta
 
 from tests.e2e.scenarios import Context, events_for, group_body, plan_body, pool_body, scenario, ts, utcnow, wait_phase
+from tests.aws.clients import boto3_call
 from tests.aws.keys import grant_plan_reads, mint_key, serving
 from tests.kube import eventually
 
@@ -44,8 +45,9 @@ def remote_capacity(ctx: Context) -> dict:
     tag = uuid.uuid4().hex[:5]
     itype, tier, user = f"ml.rc-{tag}.xlarge", f"training-{tag}", f"rc-buyer-{tag}"
     key_id, secret = mint_key(ctx, user)
+    # A buyer's rights only (create): the key is served the plans it made and no other (tenancy).
     grant_plan_reads(ctx, user, f"rc-buyer-{tag}",
-                     {"apiGroups": ["hyperplan.dev"], "resources": ["trainingplans"], "verbs": ["create"]})
+                     {"apiGroups": ["hyperplan.dev"], "resources": ["trainingplans"], "verbs": ["create"]}, reads=False)
     endpoint = serving(ctx, key_id, secret)
     k.apply([{"apiVersion": "v1", "kind": "Secret", "metadata": {"name": f"rc-key-{tag}", "namespace": "default"},
               "stringData": {"AWS_ACCESS_KEY_ID": key_id, "AWS_SECRET_ACCESS_KEY": secret}}])
@@ -96,11 +98,15 @@ def remote_capacity(ctx: Context) -> dict:
     kept_events = eventually(lambda: [e for e in events_for(k, f"rc-ahead-{tag}") if e["reason"] == "RemotePlanKept"],
                              timeout=30, what="the RemotePlanKept Event")
     ahead_remote = k.get_or_none("trainingplan", "hp-" + ahead_uid.replace("-", "") + "-0")
+    # What the buyer's key lists at the endpoint: its own plans, never the fleet's other buyers'.
+    listed = boto3_call(endpoint, "list_training_plans", MaxResults=100)
+    others = boto3_call(endpoint, "describe_training_plan", TrainingPlanName=f"rc-{tag}")
     return {"tag": tag, "scheduled": scheduled, "remote_name": remote_name, "remote_plan": remote_plan,
             "fleet": fleet, "mirror": mirror, "down": down, "dead_url": dead_url,
             "recovered": recovered, "ready": ready, "nodes": nodes, "expired": expired, "gone": gone,
             "after_delete": after_delete, "ahead_uid": ahead_uid, "kept_events": kept_events,
-            "ahead_remote": ahead_remote, "stuck_remote": k.get_or_none(
+            "ahead_remote": ahead_remote, "listed": listed, "others": others,
+            "buyer": user, "stuck_remote": k.get_or_none(
                 "trainingplan", "hp-" + k.get("trainingplan", f"rc-stuck-{tag}")["metadata"]["uid"].replace("-", "")
                 + "-0")}
 
@@ -146,3 +152,15 @@ def test_deleting_a_plan_removes_only_this_sides_record_and_says_so(scenarios) -
     assert event["type"] == "Warning" and "cannot be cancelled" in event["message"]
     assert record["ahead_remote"] is not None and record["ahead_remote"]["status"]["phase"] == "Scheduled"
     assert record["ahead_remote"]["metadata"]["name"] in event["message"]
+
+
+def test_a_buyers_key_sees_only_the_plans_it_made(scenarios) -> None:
+    """The buyer's key may create plans and not read them: the endpoint serves it its own plans,
+    which carry its user in hyperplan.dev/created-by, and no other (here: the local plan rc-<tag>,
+    made with kubectl on the same cluster, is not found through the key)."""
+    record = scenarios["remote_capacity"].result(timeout=900)
+    names = {p["TrainingPlanName"] for p in record["listed"]["ok"]["TrainingPlanSummaries"]}
+    assert record["remote_name"] in names
+    assert names and all(n.startswith("hp-") for n in names), names  # the remote plans this key bought
+    assert record["others"]["error"]["code"] == "ResourceNotFound"
+    assert record["remote_plan"]["metadata"]["annotations"]["hyperplan.dev/created-by"] == record["buyer"]

@@ -1008,6 +1008,76 @@ def test_service_account_may_change_only_nodes_hyperplan_owns(as_operator: Kubec
         crds.run("delete", "node", name, "--wait=false", "--ignore-not-found")
 
 
+CREATED_BY = vocabulary.ANNOTATION_CREATED_BY
+NOT_THE_CREATOR = "hyperplan.dev/created-by may name only the user who creates the plan"
+NEVER_CHANGES = "hyperplan.dev/created-by never changes once a plan is made"
+
+
+@pytest.fixture(scope="module")
+def plan_creator_policy(helm, crds: Kubectl):
+    """The chart's plan-creator policy (with the SageMaker API on) on the plane, enforced (wait for
+    the first refusal); removed afterwards."""
+    docs = [d for d in render(helm, *SAGEMAKER_API)
+            if d["kind"] in ADMISSION_KINDS and d["metadata"]["name"].endswith("-plan-creator")]
+    assert len(docs) == 2, docs
+    rights = [{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "vap-alice"},
+               "rules": [{"apiGroups": ["hyperplan.dev"], "resources": ["trainingplans"], "verbs": ["create"]}]},
+              {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+               "metadata": {"name": "vap-alice"},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "vap-alice"},
+               "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "alice"}]}]
+    crds.apply(rights + docs)
+    probe = _plan(f"vap-probe-{uuid.uuid4().hex[:5]}", "someone-else")
+    eventually(lambda: NOT_THE_CREATOR in crds.run("create", "--dry-run=server", "--as=alice", "-f", "-",
+                                                   input=json.dumps(probe), check=False).stderr,
+               timeout=60, what="the plan-creator policy to refuse")
+    yield
+    for d in docs + rights:
+        crds.run("delete", d["kind"].lower(), d["metadata"]["name"], "--ignore-not-found")
+
+
+def _plan(name: str, created_by: str | None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name}
+    if created_by is not None:
+        meta["annotations"] = {CREATED_BY: created_by}
+    return {"apiVersion": "hyperplan.dev/v1alpha1", "kind": "TrainingPlan", "metadata": meta,
+            "spec": {"instanceType": "ml.p5.48xlarge", "instanceCount": 1, "targetResource": "hyperpod-cluster",
+                     "duration": "1h", "startTimeAfter": "2030-01-01T00:00:00Z"}}
+
+
+@pytest.mark.parametrize("created_by, refusal", [
+    ("alice", None), (None, None), ("bob", NOT_THE_CREATOR), ("", None),
+], ids=["its-own-name", "none", "another-users-name", "empty"])
+def test_a_plan_names_only_its_creator_as_created_by(plan_creator_policy, crds: Kubectl, created_by, refusal) -> None:
+    """The annotation the SageMaker API's tenancy reads is the API server's word: a user may make
+    a plan that names itself (what the API does, as the key's user) or no one, never another user."""
+    body = _plan(f"vap-plan-{uuid.uuid4().hex[:6]}", created_by)
+    proc = crds.run("create", "--dry-run=server", "--as=alice", "-f", "-", input=json.dumps(body), check=False)
+    if refusal is None:
+        assert proc.returncode == 0, proc.stderr
+    else:
+        assert proc.returncode != 0 and refusal in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("patch, refusal", [
+    ({CREATED_BY: "mallory"}, NEVER_CHANGES), ({CREATED_BY: None}, NEVER_CHANGES),
+    ({"example.com/note": "kept"}, None),
+], ids=["changed", "removed", "another-annotation"])
+def test_created_by_never_changes(plan_creator_policy, crds: Kubectl, patch, refusal) -> None:
+    name = f"vap-plan-{uuid.uuid4().hex[:6]}"
+    crds.run("create", "--as=alice", "-f", "-", input=json.dumps(_plan(name, "alice")))
+    try:
+        proc = crds.run("patch", "trainingplan", name, "--type=merge", "-p",
+                        json.dumps({"metadata": {"annotations": patch}}), check=False)
+        if refusal is None:
+            assert proc.returncode == 0, proc.stderr
+        else:
+            assert proc.returncode != 0 and refusal in proc.stderr, proc.stderr
+            assert crds.get("trainingplan", name)["metadata"]["annotations"][CREATED_BY] == "alice"
+    finally:
+        crds.run("delete", "trainingplan", name, "--wait=false", "--ignore-not-found")
+
+
 def test_admins_are_not_matched_by_the_node_policy(as_operator: Kubectl, crds: Kubectl) -> None:
     name = f"vap-admin-{uuid.uuid4().hex[:6]}"
     crds.create(_node("foreign", name))
@@ -1228,6 +1298,10 @@ def test_the_sagemaker_api_gets_exactly_its_rights_its_port_and_its_certificate(
     volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
     assert volumes["sagemaker-api-tls"]["secret"]["secretName"] == "api-tls"
     assert not any("sagemaker" in (d["metadata"]["name"]) for d in plain)
+    # The policy that makes hyperplan.dev/created-by (the API's tenancy) the API server's word.
+    assert sorted(n for n in admission_policies(docs) if n.endswith("-plan-creator")) == [
+        f"{kind}/hp-hyperplan-plan-creator" for kind in ADMISSION_KINDS]
+    assert not any(n.endswith("-plan-creator") for n in admission_policies(plain))
     assert "HYPERPLAN_SAGEMAKER_API_PORT" not in {e["name"] for e in container(by_kind(plain)["Deployment"])["env"]}
 
 

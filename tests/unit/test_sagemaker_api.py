@@ -32,15 +32,17 @@ from tests.kube import eventually
 ACCOUNT = "123456789012"
 KEY = AccessKey("AKIAHYPERPLANTEST001", "s3cr3t/with+chars", "alice")
 DENIED = AccessKey("AKIAHYPERPLANTEST002", "other", "mallory")
+BUYER = AccessKey("AKIAHYPERPLANTEST003", "bobs-secret", "bob")  # may create plans, not read them
 
 
 class FakeAccess:
-    """The keys and RBAC's answers, in memory: alice may get and list plans, mallory nothing;
+    """The keys and RBAC's answers, in memory: alice may get and list plans, bob only create them,
+    mallory nothing;
     records every review asked for."""
 
     def __init__(self) -> None:
-        self.keys = {k.key_id: k for k in (KEY, DENIED)}
-        self.rights = {("alice", "get", "trainingplans"), ("alice", "list", "trainingplans"),
+        self.keys = {k.key_id: k for k in (KEY, DENIED, BUYER)}
+        self.rights = {("bob", "create", "trainingplans"), ("alice", "get", "trainingplans"), ("alice", "list", "trainingplans"),
                        ("alice", "create", "trainingplans"), ("alice", "patch", "trainingplans"),
                        ("alice", "list", "instancegroups"), ("alice", "patch", "instancegroups"),
                        ("alice", "patch", "nodes")}
@@ -356,6 +358,42 @@ def test_rbac_decides_what_a_key_may_do(server: Server) -> None:
     assert answer["error"]["code"] == "AccessDeniedException" and "mallory" in answer["error"]["message"]
     assert ("mallory", "list", "trainingplans") in server.access.reviews
     assert ("alice", "get", "trainingplans") in server.access.reviews
+
+
+def test_a_key_that_may_only_buy_sees_only_the_plans_it_made(server: Server) -> None:
+    """Tenancy between the teams that buy from one capacity cluster: bob's key may create plans
+    but not get or list them; it is served the reads of the plans it made (the API wrote bob into
+    hyperplan.dev/created-by), and the others' plans are to it as if they did not exist."""
+    bob = Endpoint(server.url, BUYER.key_id, BUYER.secret)
+    offering = ok(boto3_call(bob, "search_training_plan_offerings", **search_args()))["TrainingPlanOfferings"][0]
+    tags = [{"Key": "team", "Value": "bob"}]
+    ok(boto3_call(bob, "create_training_plan", TrainingPlanName="bobs-plan",
+                  TrainingPlanOfferingId=offering["TrainingPlanOfferingId"], Tags=tags))
+    try:
+        [made] = server.plans["bobs-plan"]
+        assert made["metadata"]["annotations"]["hyperplan.dev/created-by"] == "bob"
+        listed = ok(boto3_call(bob, "list_training_plans"))["TrainingPlanSummaries"]
+        assert [p["TrainingPlanName"] for p in listed] == ["bobs-plan"]
+        assert ok(boto3_call(bob, "describe_training_plan", TrainingPlanName="bobs-plan"))["TrainingPlanName"] == \
+            "bobs-plan"
+        assert ok(boto3_call(bob, "list_tags", ResourceArn=PLAN_ARN + "bobs-plan"))["Tags"] == tags
+        for op, args in (("describe_training_plan", {"TrainingPlanName": "plan-001"}),
+                         ("list_tags", {"ResourceArn": PLAN_ARN + "plan-001"}),
+                         ("describe_training_plan_extension_history", {"TrainingPlanArn": PLAN_ARN + "plan-001"})):
+            assert boto3_call(bob, op, **args)["error"]["code"] == "ResourceNotFound", op
+        ultra_block = server.plans["ultra"][0]["status"]["reservedCapacity"][0]["id"]
+        assert boto3_call(bob, "describe_reserved_capacity", ReservedCapacityArn=(
+            f"arn:aws:sagemaker:us-west-2:{ACCOUNT}:reserved-capacity/{ultra_block}"))["error"]["code"] == \
+            "ResourceNotFound"
+        # A key that may read plans reads them all, bob's among them; one that may not buy gets nothing.
+        everyone = ok(boto3_call(signed_in(server), "list_training_plans", MaxResults=100,
+                                 SortBy="TrainingPlanName", SortOrder="Ascending"))["TrainingPlanSummaries"]
+        assert "bobs-plan" in [p["TrainingPlanName"] for p in everyone] and len(everyone) == 100
+        refused = boto3_call(Endpoint(server.url, DENIED.key_id, DENIED.secret), "describe_training_plan",
+                             TrainingPlanName="bobs-plan")
+        assert refused["error"]["code"] == "AccessDeniedException"
+    finally:
+        del server.plans["bobs-plan"]
 
 
 def test_an_unsigned_request_is_refused_as_an_aws_client_expects(server: Server) -> None:
@@ -922,11 +960,16 @@ def test_a_held_review_is_answered_on_the_loop_and_an_old_one_is_asked_again() -
     assert not rights_known(access, KEY, "ListTrainingPlans")
     access._reviews[("alice", "list", "hyperplan.dev", "trainingplans")] = (100.0, True)
     access._reviews[("alice", "get", "hyperplan.dev", "trainingplans")] = (100.0, False)
-    assert rights_known(access, KEY, "ListTrainingPlans") and rights_known(access, KEY, "DescribeTrainingPlan")
-    check_rights(access, KEY, "ListTrainingPlans")
+    # A refused read may still be served for the key's own plans: that asks whether it may buy.
+    assert rights_known(access, KEY, "ListTrainingPlans") and not rights_known(access, KEY, "DescribeTrainingPlan")
+    access._reviews[("alice", "create", "hyperplan.dev", "trainingplans")] = (100.0, False)
+    assert rights_known(access, KEY, "DescribeTrainingPlan")
+    assert check_rights(access, KEY, "ListTrainingPlans") is None  # every plan
     with pytest.raises(ApiError) as refused:
         check_rights(access, KEY, "DescribeTrainingPlan")
     assert refused.value.code == "AccessDeniedException"
+    access._reviews[("alice", "create", "hyperplan.dev", "trainingplans")] = (100.0, True)
+    assert check_rights(access, KEY, "DescribeTrainingPlan") == "alice"  # its own plans only
     now[0] += REVIEW_SECONDS + 1
     assert not rights_known(access, KEY, "ListTrainingPlans")
     assert rights_known(access, KEY, "NoSuchOperation")  # stands for no right: answered by name

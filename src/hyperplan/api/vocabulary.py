@@ -125,6 +125,11 @@ ANNOTATION_BLOCK_TERMINATION = f"{GROUP}/block-termination-time"
 """On a workload's pods: when the block its node belongs to reaches its termination time (RFC 3339).
 From then on the node drains; readable in the pod through the downward API (docs/checkpoint.md)."""
 ANNOTATION_LAST_HANDLED = f"{GROUP}/last-handled-configuration"  # kopf's diff base on groups
+ANNOTATION_CREATED_BY = f"{GROUP}/created-by"
+"""On a TrainingPlan the SageMaker API made: the Kubernetes user whose key made it. A key that may
+create plans but not list them sees only the plans it made (sagemaker.access, "Whose plans").
+The chart's ValidatingAdmissionPolicy (plan-creator) admits it only as the creating user's own
+name, and never a change of it, so it is the API server's word, not the caller's."""
 
 # --------------------------------------------------------------------------- taints and node conditions
 

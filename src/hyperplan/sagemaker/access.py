@@ -12,6 +12,14 @@ decides (its answer is kept for :data:`REVIEW_SECONDS`). So a team whose Role le
 TrainingPlans may describe and list them here too, and one without may not. Reads are then served
 from the watch cache, writes (in later operations) go to the API server as that identity.
 
+**Whose plans.** A key whose identity may get and list TrainingPlans reads every plan. A key that
+may only create them (a training cluster's key at a capacity cluster, say) is served the reads of
+:data:`OWN_PLAN_READS` for the plans it made itself, and no other: the API writes its user into
+``hyperplan.dev/created-by`` when it makes a plan, the chart's ValidatingAdmissionPolicy lets no
+one write another user's name there or change it, and the plans of others are, to that key, as if
+they did not exist (``ResourceNotFound``; a listing leaves them out). So teams buying from one
+capacity cluster do not see one another's plans.
+
 The keys are listed from the API server at most once every :data:`KEYS_SECONDS`; an unknown key id
 lists them again at once (at most every :data:`UNKNOWN_KEY_SECONDS`), so a new key works at once
 and a deleted one stops within :data:`KEYS_SECONDS`.
@@ -61,6 +69,10 @@ RIGHTS: dict[str, tuple[str, str, str]] = {
     "BatchReplaceClusterNodes": ("patch", "", "nodes"),
     "BatchRebootClusterNodes": ("patch", "", "nodes"),
 }
+# The reads served to a key that may create plans but not read them, for its own plans only.
+OWN_PLAN_READS = frozenset({"DescribeTrainingPlan", "ListTrainingPlans", "DescribeReservedCapacity",
+                            "ListUltraServersByReservedCapacity", "DescribeTrainingPlanExtensionHistory", "ListTags"})
+BUYING = RIGHTS["CreateTrainingPlan"]
 
 
 class Access(Protocol):
@@ -153,18 +165,25 @@ def rights_known(access: Access, key: AccessKey, operation: str) -> bool:
     if right is None:
         return True
     known = getattr(access, "known", None)
-    return known is not None and known(key, *right) is not None
+    if known is None:
+        return False
+    answer = known(key, *right)
+    return answer is True or (answer is False and (operation not in OWN_PLAN_READS or known(key, *BUYING) is not None))
 
 
-def check_rights(access: Access, key: AccessKey, operation: str) -> None:
-    """Refuse ``operation`` unless RBAC lets the key's identity do what it stands for."""
+def check_rights(access: Access, key: AccessKey, operation: str) -> str | None:
+    """Refuse ``operation`` unless RBAC lets the key's identity do what it stands for. Returns
+    None, or the key's user when the key may read only the plans it made (see "Whose plans")."""
     right = RIGHTS.get(operation)
     if right is None:
-        return  # not served: the operation's own lookup answers UnknownOperationException
+        return None  # not served: the operation's own lookup answers UnknownOperationException
     verb, group, resource = right
-    if not access.allowed(key, verb, group, resource):
-        raise ApiError("AccessDeniedException", f"User {key.user} is not authorized to perform {operation}: "
-                       f"Kubernetes RBAC does not let it {verb} {resource}.{group}", 400)
+    if access.allowed(key, verb, group, resource):
+        return None
+    if operation in OWN_PLAN_READS and access.allowed(key, *BUYING):
+        return key.user
+    raise ApiError("AccessDeniedException", f"User {key.user} is not authorized to perform {operation}: "
+                   f"Kubernetes RBAC does not let it {verb} {resource}.{group}", 400)
 
 
 def service_account_groups(user: str) -> list[str]:

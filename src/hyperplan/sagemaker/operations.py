@@ -28,7 +28,7 @@ from pydantic import ValidationError
 from hyperplan.api.models import (
     API_VERSION, MAX_EXTENSIONS, ExtensionStatus, ReservedCapacity, TrainingPlan, TrainingPlanSpec,
 )
-from hyperplan.api.vocabulary import OWN_PREFIX, to_rfc3339
+from hyperplan.api.vocabulary import ANNOTATION_CREATED_BY, OWN_PREFIX, to_rfc3339
 from hyperplan.planning.blocks import Block
 from hyperplan.planning.offerings import (
     Extension, Offering, PoolSnapshot, find_extension, find_offering, search_extensions, search_offerings,
@@ -89,9 +89,28 @@ class Context:
     writes: Writes | None = None
     views: "PlanViews | None" = None
     policy: Policy = DEMO
+    # Set when the caller may see only the plans it made (a key that may create plans but not get
+    # or list them: sagemaker.access.check_rights): its user name, which those plans carry in
+    # ANNOTATION_CREATED_BY. None: every plan its rights let it read.
+    owner: str | None = None
 
     def arn(self, kind: str, name: str) -> str:
         return f"arn:aws:sagemaker:{self.region}:{self.account}:{kind}/{name}"
+
+    def sees(self, obj: Mapping[str, Any] | None) -> bool:
+        """Whether the caller may see the plan ``obj`` (a plan another user made is, to a caller
+        that may see only its own, as if it did not exist: ``ResourceNotFound``)."""
+        return obj is not None and (self.owner is None or created_by(obj) == self.owner)
+
+    def plan(self, name: str) -> dict[str, Any] | None:
+        """The plan ``name`` from the fleet, if the caller may see it (:meth:`sees`)."""
+        obj = self.fleet.plan(name)
+        return obj if self.sees(obj) else None
+
+
+def created_by(obj: Mapping[str, Any]) -> str | None:
+    """The user whose key made the plan through this API (:data:`ANNOTATION_CREATED_BY`)."""
+    return ((obj.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_CREATED_BY)
 
 
 Operation = Callable[[Mapping[str, Any], Context], dict[str, Any]]
@@ -168,7 +187,7 @@ def plan_summary(plan: TrainingPlan, ctx: Context, *, detail: bool) -> dict[str,
 
 def _plan_named(body: Mapping[str, Any], ctx: Context) -> TrainingPlan:
     name = _name_of(matching(body, "TrainingPlanName", PLAN_NAME_OR_ARN) or required(body, "TrainingPlanName"))
-    obj = ctx.fleet.plan(name)
+    obj = ctx.plan(name)
     plan = _plan_model(obj) if obj is not None else None
     if plan is None:
         raise not_found(f"Training plan {name} not found.")
@@ -186,6 +205,7 @@ class PlanView:
 
     summary: dict[str, Any]
     block_ids: tuple[str, ...]
+    owner: str | None = None  # who made it through this API (created_by)
 
 
 class PlanViews:
@@ -243,14 +263,18 @@ class PlanViews:
 
     @staticmethod
     def _view(entry: Any, ctx: "Context") -> PlanView | None:
-        plan = _plan_model(entry if isinstance(entry, dict) else entry.unpack())
+        raw = entry if isinstance(entry, dict) else entry.unpack()
+        plan = _plan_model(raw)
         if plan is None:
             return None
-        return PlanView(plan_summary(plan, ctx, detail=False), tuple(b.id for b in plan.status.reserved_capacity))
+        return PlanView(plan_summary(plan, ctx, detail=False), tuple(b.id for b in plan.status.reserved_capacity),
+                        created_by(raw))
 
 
 def _views(ctx: "Context") -> list[PlanView]:
-    return (ctx.views or PlanViews()).views(ctx)
+    """The views of the plans the caller may see (its own only, with ``ctx.owner``)."""
+    views = (ctx.views or PlanViews()).views(ctx)
+    return views if ctx.owner is None else [v for v in views if v.owner == ctx.owner]
 
 
 SORT_KEYS: dict[str, Callable[[dict[str, Any]], Any]] = {
@@ -291,7 +315,9 @@ def list_training_plans(body: Mapping[str, Any], ctx: Context) -> dict[str, Any]
             summaries.append((SORT_KEYS[sort_by](summary), summary))
         return ordered(summaries)
 
-    listing = ctx.views.ordered(ctx, query_digest(body), make) if ctx.views is not None else make()
+    # One caller's own plans are never another's listing: the kept order is per owner too.
+    query = query_digest(body) + (f"|{ctx.owner}" if ctx.owner is not None else "")
+    listing = ctx.views.ordered(ctx, query, make) if ctx.views is not None else make()
     shown, token = page(listing, body, descending=order == "Descending")
     return compact({"TrainingPlanSummaries": shown, "NextToken": token})
 
@@ -304,7 +330,7 @@ def _reserved_capacity(body: Mapping[str, Any], ctx: Context) -> tuple[ReservedC
     block_id = arn.rsplit("/", 1)[-1]
     for view in _views(ctx):
         if block_id in view.block_ids:
-            obj = ctx.fleet.plan(view.summary["TrainingPlanName"])
+            obj = ctx.plan(view.summary["TrainingPlanName"])
             plan = _plan_model(obj) if obj is not None else None
             for block in plan.status.reserved_capacity if plan is not None else ():
                 if block.id == block_id:
@@ -502,9 +528,9 @@ def create_training_plan(body: Mapping[str, Any], ctx: "Context") -> dict[str, A
     if find_offering(request, _pools(ctx), ctx.policy, ctx.now, offering_id) is None:
         raise not_found(f"Training plan offering {offering_arg} not found (its capacity is sold, or it starts "
                         "too soon to buy): search again.")
-    metadata: dict[str, Any] = {"name": name}
+    metadata: dict[str, Any] = {"name": name, "annotations": {ANNOTATION_CREATED_BY: ctx.user}}
     if tags:
-        metadata["annotations"] = {ANNOTATION_TAGS: json.dumps(tags, ensure_ascii=False, separators=(",", ":"))}
+        metadata["annotations"][ANNOTATION_TAGS] = json.dumps(tags, ensure_ascii=False, separators=(",", ":"))
     created = ctx.writes.create_plan(ctx.user, {"apiVersion": API_VERSION, "kind": "TrainingPlan",
                                                 "metadata": metadata, "spec": wire})
     if created is None:  # made meanwhile (a retry of ours, or another caller)
@@ -585,7 +611,7 @@ def list_tags(body: Mapping[str, Any], ctx: "Context") -> dict[str, Any]:
     kind, _, name = arn.split(":", 5)[-1].partition("/")
     if kind != "training-plan":
         raise invalid(f"hyperplan keeps the tags of training plans only, not of {kind!r} resources")
-    obj = ctx.fleet.plan(name) if re.fullmatch(PLAN_NAME, name) else None
+    obj = ctx.plan(name) if re.fullmatch(PLAN_NAME, name) else None
     if obj is None:
         raise not_found(f"Training plan {arn} not found.")
     items = [([i], tag) for i, tag in enumerate(held_tags(obj))]
@@ -599,7 +625,7 @@ def list_tags(body: Mapping[str, Any], ctx: "Context") -> dict[str, Any]:
 def _plan_of_arn(body: Mapping[str, Any], ctx: "Context") -> tuple[dict[str, Any], TrainingPlan]:
     arn = matching(body, "TrainingPlanArn", TRAINING_PLAN_ARN, low=50) or required(body, "TrainingPlanArn")
     name = arn.rsplit("/", 1)[-1]
-    obj = ctx.fleet.plan(name)
+    obj = ctx.plan(name)
     plan = _plan_model(obj) if obj is not None else None
     if obj is None or plan is None:
         raise not_found(f"Training plan {arn} not found.")
@@ -681,7 +707,7 @@ def extend_training_plan(body: Mapping[str, Any], ctx: "Context") -> dict[str, A
     if decoded is None:
         raise missing
     wanted, name = decoded
-    obj = ctx.fleet.plan(name)
+    obj = ctx.plan(name)
     plan = _plan_model(obj) if obj is not None else None
     if obj is None or plan is None:
         raise missing

@@ -101,13 +101,14 @@ def make_app(fleet: operations.Fleet, access: Access, account: str, clock: Calla
                 caller = signed_by()
             operation = operation_of(request.headers.get("X-Amz-Target"))
             if rights_known(access, caller.key, operation):
-                check_rights(access, caller.key, operation)  # a review held: no API call, no thread
+                owner = check_rights(access, caller.key, operation)  # a review held: no API call, no thread
             else:
-                await asyncio.to_thread(check_rights, access, caller.key, operation)
+                owner = await asyncio.to_thread(check_rights, access, caller.key, operation)
             body = parse_body(raw)
             ctx = operations.Context(fleet=fleet, account=account, region=caller.region, now=clock(),
                                      cluster_name=cluster_name, user=caller.key.user, writes=writes,
-                                     views=None if operation in operations.WRITES else views, policy=policy)
+                                     views=None if operation in operations.WRITES else views, policy=policy,
+                                     owner=owner)
             if operation in operations.WRITES:
                 result = await asyncio.to_thread(operations.call, operation, body, ctx)
             else:
