@@ -6,7 +6,7 @@ how soon is each failed node's backfill Ready? (issue 10)
 = 9 nodes each, 180 nodes), ``healthCheck.graceSeconds`` ``--grace`` and ``maxUnhealthy`` 3, so
 two failures per group stay under the bound. Once every group is Ready, two active nodes of
 every group get the health label the operator reads (``hyperplan.dev/node-health-status=
-UnschedulablePendingReboot``, as a health agent sets it), all 40 patches sent together from 40
+Unschedulable``, as a health agent sets it; with ``rebootBudget`` 0 the ladder replaces), all 40 patches sent together from 40
 threads. A raw watch on the nodes stamps, per failed node:
 
 * the grace end: the moment the watch delivered the label (the same stream the operator
@@ -45,7 +45,10 @@ AZ = "us-west-2c"
 ACTIVE, SPARES = 7, 2
 SPARE_TAINT = "hyperplan.dev/spare"
 HEALTH = "hyperplan.dev/node-health-status"
-SIGNAL = "UnschedulablePendingReboot"
+# A health agent's verdict. (UnschedulablePendingReboot, which this bench sent before the recovery
+# ladder, is now an admin's request for a reboot: the node is rebooted, whatever rebootBudget says,
+# and no backfill is made.)
+SIGNAL = "Unschedulable"
 SINCE_ANNOTATION = "hyperplan.dev/health-signal-since"
 GROUP_LABEL = "hyperplan.dev/instance-group"
 SPARE_TARGET, BACKFILL_TARGET = 2.0, 10.0
