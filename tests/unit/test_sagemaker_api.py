@@ -392,6 +392,11 @@ def test_a_key_that_may_only_buy_sees_only_the_plans_it_made(server: Server) -> 
         refused = boto3_call(Endpoint(server.url, DENIED.key_id, DENIED.secret), "describe_training_plan",
                              TrainingPlanName="bobs-plan")
         assert refused["error"]["code"] == "AccessDeniedException"
+        # bob's retry is answered with its plan; the same call by another user is not a retry of it.
+        again = [boto3_call(e, "create_training_plan", TrainingPlanName="bobs-plan",
+                            TrainingPlanOfferingId=offering["TrainingPlanOfferingId"]) for e in (bob, signed_in(server))]
+        assert again[0] == {"ok": {"TrainingPlanArn": PLAN_ARN + "bobs-plan"}}
+        assert again[1]["error"]["code"] == "ResourceInUse"
     finally:
         del server.plans["bobs-plan"]
 

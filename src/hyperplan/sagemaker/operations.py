@@ -496,6 +496,13 @@ def search_training_plan_offerings(body: Mapping[str, Any], ctx: "Context") -> d
     return {"TrainingPlanOfferings": [_offering_shape(o, spec) for o in found]}
 
 
+def _a_retry(existing: Mapping[str, Any], offering_id: str, ctx: "Context") -> bool:
+    """Whether the plan of the name asked for is this caller's earlier call: the same offering,
+    made by the same user (another user's plan of that name is ``ResourceInUse``, even for the
+    same offering: it is not the caller's to be answered with)."""
+    return (existing.get("spec") or {}).get("offeringId") == offering_id and created_by(existing) == ctx.user
+
+
 def create_training_plan(body: Mapping[str, Any], ctx: "Context") -> dict[str, Any]:
     """A TrainingPlan of the offering's spec, with ``offeringId`` set, created as the caller,
     with the request's ``Tags`` in the annotation :data:`ANNOTATION_TAGS`. Safe to retry (boto3
@@ -521,7 +528,7 @@ def create_training_plan(body: Mapping[str, Any], ctx: "Context") -> dict[str, A
     arn = ctx.arn("training-plan", name)
     existing = ctx.fleet.plan(name)
     if existing is not None:
-        if (existing.get("spec") or {}).get("offeringId") == offering_id:
+        if _a_retry(existing, offering_id, ctx):
             return {"TrainingPlanArn": arn}
         raise ApiError("ResourceInUse", f"Training plan {name} already exists.", 400)
     request = request_of(spec, parse_duration(spec.duration))
@@ -535,7 +542,7 @@ def create_training_plan(body: Mapping[str, Any], ctx: "Context") -> dict[str, A
                                                 "metadata": metadata, "spec": wire})
     if created is None:  # made meanwhile (a retry of ours, or another caller)
         again = ctx.fleet.plan(name)
-        if again is not None and (again.get("spec") or {}).get("offeringId") == offering_id:
+        if again is not None and _a_retry(again, offering_id, ctx):
             return {"TrainingPlanArn": arn}
         raise ApiError("ResourceInUse", f"Training plan {name} already exists.", 400)
     return {"TrainingPlanArn": arn}
