@@ -307,6 +307,18 @@ def test_what_was_bought_is_followed_while_ec2s_listing_lags(stubbed) -> None:
 # --------------------------------------------------------------------------- follow
 
 
+def test_one_attempt_is_read_by_the_plans_tag_in_one_call(stubbed) -> None:
+    """What a plan waiting for its block reads when the shared listing is old (handlers.remote_plans)."""
+    blocks, stub, _ = stubbed
+    uid_check(stub, [reservation(state="scheduled"), reservation(rid="cr-0123456789abcdef1",
+                                                                 name=remote_plan_name(UID, 1), state="active")])
+    plan = blocks.remote_plan(NAME, UID)
+    assert plan is not None and (plan.name, plan.status) == (NAME, "Scheduled")
+    assert [b.id for b in plan.blocks] == [RID]
+    uid_check(stub, [])
+    assert blocks.remote_plan(NAME, UID) is None
+
+
 def test_the_listing_pages_and_groups_reservations_by_the_attempt_that_bought_them(stubbed) -> None:
     blocks, stub, _ = stubbed
     listing = {"Filters": [{"Name": "tag-key", "Values": ["hyperplan.dev/remote-plan"]}], "MaxResults": 1000}

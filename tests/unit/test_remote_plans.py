@@ -170,6 +170,34 @@ def test_a_plan_the_remote_does_not_show_yet_after_it_answered_the_create_is_wai
     assert len(creates(remote)) == 1
 
 
+@pytest.mark.parametrize("listing_takes, describes", [(0.0, 0), (5.0, 1)],
+                         ids=["quick-listing-lists-again", "slow-listing-reused-plan-described"])
+def test_a_waiting_plan_reads_its_own_remote_plan_when_the_shared_listing_is_old(world, listing_takes,
+                                                                                   describes) -> None:
+    """A listing is made again no sooner than ten times as long as the last one took. Seen in CI:
+    under load one listing served for over a minute, and a block the remote held 0.6 s after the
+    create reached the plan 74 s later. A waiting plan describes its own remote plan instead."""
+    w, remote = world(offering())
+    listed = remote.list_plans
+
+    def slow_listing() -> list:
+        later(w, listing_takes)  # the follower's clock: this listing took listing_takes seconds
+        return listed()
+    remote.list_plans = slow_listing  # type: ignore[method-assign]
+    w.run(reconcile_plan, NAME)
+    assert status(w)["phase"] == "Pending"
+    remote.sell(f"{REMOTE}-0")
+    remote.calls.clear()
+
+    later(w, 3)
+    w.run(reconcile_plan, NAME)
+
+    assert status(w)["phase"] == "Scheduled"
+    ops = [op for op, _ in remote.calls]
+    assert (ops.count("list_plans"), ops.count("describe_plan")) == (1 - describes, describes), ops
+    assert creates(remote) == []  # followed, never bought again
+
+
 def test_a_remote_plan_that_failed_is_bought_again_under_the_next_name(world) -> None:
     w, remote = world(offering())
     w.run(reconcile_plan, NAME)

@@ -126,6 +126,13 @@ class CapacityBlocks(RemoteCalls):
         names = {p.name for p in listed}
         return listed + [p for p in self._recent() if p.name not in names]
 
+    def remote_plan(self, name: str, plan_uid: str) -> RemotePlan | None:
+        """The reservations of one attempt: DescribeCapacityReservations filtered by the plan's uid
+        tag (and what this process bought lately that EC2 does not show yet)."""
+        mine = cb.plans_of(self.describe_reservations(cb.uid_filter(plan_uid)), self.source.region)
+        mine += [p for p in self._recent(plan_uid) if p.name not in {m.name for m in mine}]
+        return next((p for p in mine if p.name == name), None)
+
     def buy(self, name: str, plan_uid: str, offering: RemoteOffering, spares: int | None,
             tags: Mapping[str, str]) -> RemotePlan:
         mine = cb.plans_of(self.describe_reservations(cb.uid_filter(plan_uid)), self.source.region)

@@ -736,6 +736,12 @@ class FakeCapacityBlocks(_FakeEndpoint):
         self._up("DescribeCapacityReservations")
         return cb.plans_of(self.reservations.values(), self.region)
 
+    def remote_plan(self, name: str, plan_uid: str) -> Any:
+        from hyperplan.planning import capacity_blocks as cb
+        self.calls.append(("remote_plan", name))
+        self._up("DescribeCapacityReservations")
+        return next((p for p in cb.plans_of(self._mine(plan_uid), self.region) if p.name == name), None)
+
 
 _seller: type[CapacitySeller] = FakeCapacityBlocks
 _sagemaker_seller: type[CapacitySeller] = FakeRemoteCapacity

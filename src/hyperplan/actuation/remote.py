@@ -20,8 +20,11 @@ environment).
 
 **Paced reads** (:class:`RemoteFollower`): one ``ListTrainingPlans`` (paged) serves every plan of a
 pool that asks within the age it accepts; a second caller waits for the first's answer instead of
-listing again. Plans waiting for the remote to buy accept a second's age, plans that hold blocks
-look at most at their next boundary and every few minutes (planning.remote.follow_after).
+listing again. A listing is made again no sooner than ten times as long as the last one took (an
+endpoint of 10,000 plans is asked less often), so a plan waiting for the remote to buy, which
+accepts two seconds' age, reads its own remote plan instead when the listing is older
+(``remote_plan``: one DescribeTrainingPlan). Plans that hold blocks look at most at their next
+boundary and every few minutes (planning.remote.follow_after).
 
 Every call is counted by operation and result (``hyperplan_remote_calls_total``); a failed call
 raises :class:`RemoteError`, which the work queue reports on the plan as ``Reconciled=False``
@@ -94,6 +97,11 @@ class CapacitySeller(Protocol):
 
     def remote_plans(self) -> list[RemotePlan]:
         """Every purchase the key sees at the remote (one listing; the follower paces it)."""
+        ...
+
+    def remote_plan(self, name: str, plan_uid: str) -> RemotePlan | None:
+        """The remote plan ``name`` (an attempt of the local plan ``plan_uid``) as the remote
+        answers it now, in one call however many plans it holds (None: it does not show it)."""
         ...
 
 
@@ -196,6 +204,10 @@ class SageMakerSelling:
     def remote_plans(self) -> list[RemotePlan]:
         return [plan_of(answer) for answer in self.list_plans()]
 
+    def remote_plan(self, name: str, plan_uid: str) -> RemotePlan | None:
+        answer = self.describe_plan(name)
+        return plan_of(answer) if answer is not None else None
+
 
 class SageMakerCapacity(RemoteCalls, SageMakerSelling):
     """A remote pool's endpoint through boto3's SageMaker client. ``client`` is a seam for
@@ -285,7 +297,6 @@ class RemoteFollower:
             # No sooner than the caller asks, nor than keeps the listings to a tenth of the time
             # (an endpoint with 10,000 plans takes long to page through: it is asked less often).
             if listing.at is None or asked - listing.at >= max(max_age, listing.took / LISTING_SHARE):
-                started = time.monotonic()
                 at = self.clock()
                 fresh = {p.name: p for p in capacity.remote_plans()}
                 for name, since in list(listing.seen.items()):
@@ -296,7 +307,7 @@ class RemoteFollower:
                                  "kept as it was answered", getattr(capacity, "endpoint", "?"), name, at - since)
                         fresh[name] = listing.plans[name]
                 listing.plans = fresh
-                listing.at, listing.took = at, time.monotonic() - started
+                listing.at, listing.took = at, self.clock() - at
             return list(listing.plans.values())
 
     def saw(self, pool: str, plan: RemotePlan) -> None:
@@ -311,6 +322,11 @@ class RemoteFollower:
         with listing.lock:
             listing.plans[plan.name] = plan
             listing.seen[plan.name] = self.clock()
+
+    def age(self, key: str) -> float | None:
+        """Seconds since the endpoint's listing was made (None: never listed)."""
+        listing = self._listing(key)
+        return None if listing.at is None else self.clock() - listing.at
 
     def forget(self, pool: str) -> None:
         with self._lock:
@@ -379,6 +395,19 @@ class RemoteSources:
 
     def saw(self, pool: str, source: RemoteSource, plan: RemotePlan) -> None:
         self.follower.saw(self._client(pool, source)[0], plan)
+
+    def listing_age(self, pool: str, source: RemoteSource) -> float | None:
+        """Seconds since the listing of the pool's endpoint and key was made (None: never)."""
+        return self.follower.age(self._client(pool, source)[0])
+
+    def describe(self, pool: str, source: RemoteSource, name: str, plan_uid: str) -> RemotePlan | None:
+        """One remote plan as its endpoint answers it now (sync: a thread); what it answers is kept
+        over the listing, as a purchase's answer is (RemoteFollower.saw)."""
+        key, capacity = self._client(pool, source)
+        plan = capacity.remote_plan(name, plan_uid)
+        if plan is not None:
+            self.follower.saw(key, plan)
+        return plan
 
     def forget(self, pool: str, source: RemoteSource) -> None:
         self.follower.forget(self._client(pool, source)[0])
