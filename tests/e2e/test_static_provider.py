@@ -76,7 +76,7 @@ def static_nodes(ctx: Context) -> dict:
     before = {n: k.get("node", n) for n in (w_op, w_late, w_team, w_plain)}
 
     k.create(pool_body(f"static-{tag}", itype, 4, az=zone))
-    k.create(plan_body(plan, itype, 4, duration="1m", autoPurchase=True,
+    k.create(plan_body(plan, itype, 4, duration="2m", autoPurchase=True,
                        startTimeAfter=ts(utcnow() + timedelta(seconds=20))))
     k.create(group_body(group, plan, itype, 3, nodeProvider="static", labels={"team": f"g-{tag}"},
                         taints=[{"key": GROUP_TAINT_KEY, "value": tag, "effect": "NoSchedule"}]))
