@@ -198,6 +198,30 @@ def test_a_waiting_plan_reads_its_own_remote_plan_when_the_shared_listing_is_old
     assert creates(remote) == []  # followed, never bought again
 
 
+def test_a_plan_bought_with_another_key_that_this_key_cannot_read_is_never_bought_again(world) -> None:
+    """The credentials Secret now holds another user's key, which may create plans but not read
+    them: the remote plan the old key bought is neither listed nor described. The purchase under
+    the plan's name is refused (ResourceInUse) and the plan says why, instead of searching and
+    buying again in a loop (or under another name, which would buy it twice)."""
+    w, remote = world(offering(), offering("tpo-remote-2"))
+    remote.create_plan(f"{REMOTE}-0", "tpo-remote-1", None, {})  # the old key's purchase
+    remote.sell(f"{REMOTE}-0")
+    remote.hidden.add(f"{REMOTE}-0")  # the new key is served none of it
+    remote.offerings.pop(0)  # that capacity is sold: the search finds the other offering
+    remote.calls.clear()
+
+    with pytest.raises(RemoteError) as e:
+        w.run(reconcile_plan, NAME)
+
+    assert (e.value.code, e.value.refused) == ("ResourceInUse", True)
+    assert "cannot read" in e.value.message and "another key" in e.value.message
+    assert creates(remote) == [(f"{REMOTE}-0", "tpo-remote-2", None, {
+        "hyperplan.dev/training-plan": NAME, "hyperplan.dev/training-plan-uid": UID})]  # that name only
+    assert lines(w) == []
+    reason, message = describe_failure(e.value)
+    assert reason == "RemoteRefused" and "another key" in message, (reason, message)
+
+
 def test_a_remote_plan_that_failed_is_bought_again_under_the_next_name(world) -> None:
     w, remote = world(offering())
     w.run(reconcile_plan, NAME)

@@ -192,9 +192,19 @@ class SageMakerSelling:
             if e.code in ("ResourceNotFound", "ValidationException"):  # sold meanwhile, or no longer offered
                 raise NotBought(f"the endpoint {e.endpoint} no longer sells offering {offering.offering.id}: "
                                 f"{e.message}") from None
-            if e.code == "ResourceInUse":  # the name is taken: a plan of ours the listing did not show yet
+            if e.code != "ResourceInUse":
+                raise
+            # The name is taken. A plan of ours the listing did not show yet is read again; one
+            # this key cannot even describe was made with another key (a key rotated to another
+            # user that may create plans but not read them): nothing is bought under another
+            # name, which could buy the plan twice, and the pass fails saying what to do.
+            if self.describe_plan(name) is not None:
                 raise NotBought(f"the remote training plan {name} exists already; reading it again") from None
-            raise
+            raise RemoteError("CreateTrainingPlan", "ResourceInUse", (
+                f"the endpoint holds a training plan named {name} (this plan's purchase) that this key "
+                "cannot read: it was made with another key. Nothing is bought under another name, so "
+                "the plan is never bought twice; give this key the right to read training plans, or "
+                "put back the key that bought it"), e.endpoint, refused=True) from None
         answer = self.describe_plan(name)
         if answer is None:  # answered the create, does not show it yet (eventual reads): it is Pending
             return RemotePlan(name=name, arn=arn, status="Pending",
