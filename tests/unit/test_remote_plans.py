@@ -198,6 +198,40 @@ def test_a_waiting_plan_reads_its_own_remote_plan_when_the_shared_listing_is_old
     assert creates(remote) == []  # followed, never bought again
 
 
+@pytest.mark.parametrize("remote_caught_up", [True, False], ids=["remote-active-described", "remote-late-looks-soon"])
+def test_a_listing_behind_a_boundary_that_passed_is_not_believed_for_long(world, remote_caught_up) -> None:
+    """After a block's start the shared listing (reused while a slow one is young) still says
+    Scheduled: the plan describes its remote plan; if the remote itself has not caught up, it
+    looks again within seconds, not at its next follow (5 minutes)."""
+    start = NOW + timedelta(minutes=1)
+    w, remote = world(offering(start=start))
+    listed = remote.list_plans
+
+    def slow_listing() -> list:
+        later(w, 2.0)  # each listing takes 2 s of the follower's clock: it is reused for 20 s
+        return listed()
+    remote.list_plans = slow_listing  # type: ignore[method-assign]
+    w.run(reconcile_plan, NAME)
+    remote.sell(f"{REMOTE}-0")
+    w.now = start - timedelta(seconds=1)  # a listing made a moment before the start, then the start
+    w.run(reconcile_plan, NAME)
+    assert status(w)["phase"] == "Scheduled"
+
+    if remote_caught_up:
+        remote.sell(f"{REMOTE}-0", status="Active")
+    w.now = start + timedelta(seconds=8)  # the listing is 9 s old: older than a holder accepts, reused
+    remote.calls.clear()
+    wake = w.run(reconcile_plan, NAME)
+
+    ops = [op for op, _ in remote.calls]
+    assert ops == ["describe_plan"], ops
+    if remote_caught_up:
+        assert status(w)["phase"] == "Active"
+    else:
+        assert wake is not None and wake - w.now <= timedelta(seconds=20), wake
+    assert creates(remote) == []
+
+
 def test_a_plan_bought_with_another_key_that_this_key_cannot_read_is_never_bought_again(world) -> None:
     """The credentials Secret now holds another user's key, which may create plans but not read
     them: the remote plan the old key bought is neither listed nor described. The purchase under

@@ -39,7 +39,7 @@ from hyperplan.planning.blocks import Block
 from hyperplan.planning.offerings import Offering, OfferingRequest, RuleViolation, matching_pools
 from hyperplan.planning.policy import Policy
 from hyperplan.planning.remote import (
-    MAX_ATTEMPTS, PoolTerms, RemoteOffering, RemotePlan, RemoteStanding, mirror_lines, pool_sells, remote_plan_name,
+    LIVE, MAX_ATTEMPTS, PoolTerms, RemoteOffering, RemotePlan, RemoteStanding, mirror_lines, pool_sells, remote_plan_name,
     same_lines, standing_of, within_fee,
 )
 
@@ -55,6 +55,7 @@ class RemoteLook:
 
     blocks: list[Block] | None = None  # the plan's blocks after a record changed them (None: unchanged)
     waiting: tuple[RemotePlan, str] | None = None  # a live remote plan without blocks yet, and its endpoint
+    behind: bool = False  # the remote's answer is behind the clock (a block past its start not Active yet)
     offerings: list[RemoteOffering] = field(default_factory=list)
     next_attempt: dict[str, int] = field(default_factory=dict)  # by pool
     exhausted: list[str] = field(default_factory=list)  # pools where MAX_ATTEMPTS remote plans failed
@@ -103,7 +104,8 @@ def look(rt: Any, pools: Sequence[CapacityPool], snapshots: Sequence[Any], name:
         first, source = group[0].metadata["name"], group[0].spec.source.remote
         capacity = rt.remote.capacity(first, source)
         age = FOLLOW_AGE if any(p.metadata["name"] in holds for p in group) else WAITING_AGE
-        standing = _fresh(rt, first, source, rt.remote.plans(first, source, age), uid)
+        standing = _fresh(rt, first, source, rt.remote.plans(first, source, age), uid, age)
+        seen.behind = seen.behind or (standing.live is not None and behind_the_clock(standing.live, rt.clock()))
         recorded = False
         for pool in group:
             lines, _ = mirror_lines(standing.live, name, uid, pool.spec.instance_type,
@@ -142,15 +144,26 @@ def look(rt: Any, pools: Sequence[CapacityPool], snapshots: Sequence[Any], name:
     return seen
 
 
-def _fresh(rt: Any, pool: str, source: Any, listed: Sequence[RemotePlan], uid: str) -> RemoteStanding:
-    """The plan's standing at the remote from the shared listing, and, while its live remote plan
-    holds no block yet, from that plan's own answer when the listing is older than a waiting plan
-    accepts (WAITING_AGE). The follower lists again no sooner than ten times as long as the last
-    listing took; under a full e2e run's load one listing served for over a minute, and a block
-    the remote held 0.6 s after the create reached the plan 74 s later."""
+def behind_the_clock(plan: RemotePlan, now: datetime) -> bool:
+    """Whether the remote's answer for ``plan`` is behind the clock: a block whose start has passed
+    that is not Active yet, or whose end has passed that is not Expired yet (the remote's own pass
+    at the boundary, or the listing that answered, has not caught up)."""
+    return plan.live and any((b.start <= now < b.end and b.status in ("Pending", "Scheduled"))
+                             or (b.end <= now and b.status in LIVE) for b in plan.blocks)
+
+
+def _fresh(rt: Any, pool: str, source: Any, listed: Sequence[RemotePlan], uid: str, age: float) -> RemoteStanding:
+    """The plan's standing at the remote from the shared listing, and from its live remote plan's
+    own answer when the listing is older than the plan accepts (``age``) and either that plan holds
+    no block yet (it waits for the remote to buy) or the listing is behind the clock (a boundary
+    passed). The follower lists again no sooner than ten times as long as the last listing took;
+    under a full e2e run's load one listing served for over a minute: a block the remote held 0.6 s
+    after the create reached the plan 74 s later, and its start 23 s late."""
     standing = standing_of(listed, uid)
     live = standing.live
-    if live is None or not live.live or live.blocks or (rt.remote.listing_age(pool, source) or 0.0) <= WAITING_AGE:
+    if live is None or not live.live or (rt.remote.listing_age(pool, source) or 0.0) <= age:
+        return standing
+    if live.blocks and not behind_the_clock(live, rt.clock()):
         return standing
     fresh = rt.remote.describe(pool, source, live.name, uid)
     if fresh is None:

@@ -212,7 +212,8 @@ async def reconcile_plan(rt: Runtime, name: str) -> datetime | None:
     else:
         rt.unbought_plans.discard(name)
     if remote:  # a remote changes without a local event: look again at least every REMOTE_FOLLOW
-        waiting = any(c.reason == "RemotePurchasing" for c in decision.status.conditions)
+        # Waiting for the remote to buy, or for its answer to catch up with a boundary that passed.
+        waiting = seen.behind or any(c.reason == "RemotePurchasing" for c in decision.status.conditions)
         every = rt.remote.waiting_every(uid, waiting, rt.clock().timestamp(), REMOTE_WAITING.total_seconds(),
                                         REMOTE_WAITING_MOST.total_seconds())
         due = rt.clock() + (timedelta(seconds=every) if waiting else REMOTE_FOLLOW)
