@@ -45,8 +45,9 @@ def remote_capacity(ctx: Context) -> dict:
     tag = uuid.uuid4().hex[:5]
     itype, tier, user = f"ml.rc-{tag}.xlarge", f"training-{tag}", f"rc-buyer-{tag}"
     key_id, secret = mint_key(ctx, user)
+    # The buyer's key may create plans and not read them: it is served the plans it made only.
     grant_plan_reads(ctx, user, f"rc-buyer-{tag}",
-                     {"apiGroups": ["hyperplan.dev"], "resources": ["trainingplans"], "verbs": ["create"]})
+                     {"apiGroups": ["hyperplan.dev"], "resources": ["trainingplans"], "verbs": ["create"]}, reads=False)
     # Another team's key, with a buyer's rights only (create): it is served only the plans it made.
     other_team = f"rc-other-{tag}"
     other_id, other_secret = mint_key(ctx, other_team)
@@ -103,16 +104,19 @@ def remote_capacity(ctx: Context) -> dict:
                              timeout=30, what="the RemotePlanKept Event")
     ahead_remote = k.get_or_none("trainingplan", "hp-" + ahead_uid.replace("-", "") + "-0")
     # What the other team's key is served: none of this buyer's plans (it made none), while the
-    # buyer's key, which may read plans, describes its remote plan.
+    # buyer's key describes its remote plan and lists the plans it made, and no other.
     other_key = Endpoint(endpoint.url, other_id, other_secret)
     listed = boto3_call(other_key, "list_training_plans", MaxResults=100)
     others = boto3_call(other_key, "describe_training_plan", TrainingPlanName=remote_name)
     own = boto3_call(endpoint, "describe_training_plan", TrainingPlanName=remote_name)
+    own_listed = boto3_call(endpoint, "list_training_plans", MaxResults=100)
+    local_plan = boto3_call(endpoint, "describe_training_plan", TrainingPlanName=f"rc-{tag}")
     return {"tag": tag, "scheduled": scheduled, "remote_name": remote_name, "remote_plan": remote_plan,
             "fleet": fleet, "mirror": mirror, "down": down, "dead_url": dead_url,
             "recovered": recovered, "ready": ready, "nodes": nodes, "expired": expired, "gone": gone,
             "after_delete": after_delete, "ahead_uid": ahead_uid, "kept_events": kept_events,
             "ahead_remote": ahead_remote, "listed": listed, "others": others, "own": own,
+            "own_listed": own_listed, "local_plan": local_plan,
             "buyer": user, "stuck_remote": k.get_or_none(
                 "trainingplan", "hp-" + k.get("trainingplan", f"rc-stuck-{tag}")["metadata"]["uid"].replace("-", "")
                 + "-0")}
@@ -162,11 +166,15 @@ def test_deleting_a_plan_removes_only_this_sides_record_and_says_so(scenarios) -
 
 
 def test_a_key_that_may_only_buy_sees_no_other_teams_plans(scenarios) -> None:
-    """Another team's key may create plans and not read them: the endpoint serves it only the
-    plans it made (none here), so this buyer's remote plan is not found through it, while the
-    buyer's own key describes it; the plan names the buyer in hyperplan.dev/created-by."""
+    """The buyer's key and another team's may create plans and not read them: the endpoint serves
+    each only the plans it made. The other team's sees none of the buyer's; the buyer's describes
+    and lists its remote plans, and not the plan rc-<tag> made with kubectl on the same cluster;
+    the plan names the buyer in hyperplan.dev/created-by."""
     record = scenarios["remote_capacity"].result(timeout=900)
     assert record["listed"]["ok"].get("TrainingPlanSummaries", []) == []
     assert record["others"]["error"]["code"] == "ResourceNotFound"
     assert record["own"]["ok"]["TrainingPlanName"] == record["remote_name"]
+    names = {p["TrainingPlanName"] for p in record["own_listed"]["ok"]["TrainingPlanSummaries"]}
+    assert record["remote_name"] in names and all(n.startswith("hp-") for n in names), names
+    assert record["local_plan"]["error"]["code"] == "ResourceNotFound"
     assert record["remote_plan"]["metadata"]["annotations"]["hyperplan.dev/created-by"] == record["buyer"]

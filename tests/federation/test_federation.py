@@ -45,8 +45,10 @@ def _buyer(capacity: Cluster, member: Cluster, tag: str, may_buy: bool = True) -
     ctx = capacity.context()
     user = f"{member.name}-{tag}" + ("" if may_buy else "-reader")
     key_id, secret = mint_key(ctx, user)
+    # A buyer may create plans and nothing else (it then sees only its own: docs/sagemaker-api.md,
+    # "Whose plans"); a reader may get and list them, and not buy.
     more = [{"apiGroups": ["hyperplan.dev"], "resources": ["trainingplans"], "verbs": ["create"]}] if may_buy else []
-    grant_plan_reads(ctx, user, f"buyer-{user}", *more)
+    grant_plan_reads(ctx, user, f"buyer-{user}", *more, reads=not may_buy)
     serving(ctx, key_id, secret)
     name = f"fleet-key-{tag}" + ("" if may_buy else "-reader")
     member.kubectl.apply([{"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": "default"},
@@ -136,7 +138,8 @@ def test_one_fleet_sold_to_two_clusters(capacity: Cluster, training_a: Cluster, 
     stop.set()
     fleet = cap.get("capacitypool", f"fleet-{tag}")
     remote_plans = [p for p in cap.get("trainingplans")["items"] if p["metadata"]["name"].startswith("hp-")]
-    # Each remote plan names the buyer whose key made it (what a create-only key's reads are cut by).
+    # Each remote plan names the buyer whose key made it; a buyer's key (create only) is served its
+    # own plans and no other's, and its cluster's plans converged on that alone.
     made_by = {(p["metadata"].get("annotations") or {}).get("hyperplan.dev/created-by") for p in remote_plans}
     assert made_by <= {f"{m.name}-{tag}" for m in members} and len(made_by) == 2, made_by
 

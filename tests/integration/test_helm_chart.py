@@ -1122,6 +1122,9 @@ def _pending_pod(crds: Kubectl, namespace: str) -> str:
                  # never scheduled: no kubelet changes it while the test looks
                  "spec": {"nodeSelector": {"hyperplan.dev/helm-test": "nowhere"},
                           "containers": [{"name": "c", "image": "trainer"}]}})
+    # ... once the scheduler has said so (PodScheduled=False), its one write to the pod.
+    eventually(lambda: any(c.get("type") == "PodScheduled" for c in (crds.get("pod", name, "-n", namespace).get(
+        "status") or {}).get("conditions") or []), timeout=60, interval=0.2, what=f"the scheduler's word on {name}")
     return name
 
 
