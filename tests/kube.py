@@ -91,6 +91,7 @@ class _Reads:
             return None
         kind, name, namespace, everywhere, labels, fields = parsed
         from kubernetes.client.rest import ApiException
+        res: _Resource | None = None
         try:
             res = self.resource(kind)
             if res is None:
