@@ -406,14 +406,15 @@ class RemoteSources:
     def saw(self, pool: str, source: RemoteSource, plan: RemotePlan) -> None:
         self.follower.saw(self._client(pool, source)[0], plan)
 
-    def listing_age(self, pool: str, source: RemoteSource) -> float | None:
-        """Seconds since the listing of the pool's endpoint and key was made (None: never)."""
-        return self.follower.age(self._client(pool, source)[0])
-
-    def describe(self, pool: str, source: RemoteSource, name: str, plan_uid: str) -> RemotePlan | None:
-        """One remote plan as its endpoint answers it now (sync: a thread); what it answers is kept
-        over the listing, as a purchase's answer is (RemoteFollower.saw)."""
+    def describe(self, pool: str, source: RemoteSource, name: str, plan_uid: str,
+                 older_than: float) -> RemotePlan | None:
+        """One remote plan as its endpoint answers it now, if the listing of the pool's endpoint
+        and key is older than ``older_than`` seconds (None: it is younger, or the endpoint does not
+        show the plan). Sync: a thread. What it answers is kept over the listing, as a purchase's
+        answer is (RemoteFollower.saw)."""
         key, capacity = self._client(pool, source)
+        if (self.follower.age(key) or 0.0) <= older_than:
+            return None
         plan = capacity.remote_plan(name, plan_uid)
         if plan is not None:
             self.follower.saw(key, plan)

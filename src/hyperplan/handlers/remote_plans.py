@@ -39,8 +39,8 @@ from hyperplan.planning.blocks import Block
 from hyperplan.planning.offerings import Offering, OfferingRequest, RuleViolation, matching_pools
 from hyperplan.planning.policy import Policy
 from hyperplan.planning.remote import (
-    LIVE, MAX_ATTEMPTS, PoolTerms, RemoteOffering, RemotePlan, RemoteStanding, mirror_lines, pool_sells, remote_plan_name,
-    same_lines, standing_of, within_fee,
+    MAX_ATTEMPTS, PoolTerms, RemoteOffering, RemotePlan, RemoteStanding, behind_the_clock, mirror_lines, pool_sells,
+    remote_plan_name, same_lines, standing_of, within_fee,
 )
 
 log = logging.getLogger("hyperplan.trainingplan")
@@ -104,8 +104,9 @@ def look(rt: Any, pools: Sequence[CapacityPool], snapshots: Sequence[Any], name:
         first, source = group[0].metadata["name"], group[0].spec.source.remote
         capacity = rt.remote.capacity(first, source)
         age = FOLLOW_AGE if any(p.metadata["name"] in holds for p in group) else WAITING_AGE
-        standing = _fresh(rt, first, source, rt.remote.plans(first, source, age), uid, age)
-        seen.behind = seen.behind or (standing.live is not None and behind_the_clock(standing.live, rt.clock()))
+        now = rt.clock()
+        standing = _fresh(rt, first, source, rt.remote.plans(first, source, age), uid, age, now)
+        seen.behind = seen.behind or (standing.live is not None and behind_the_clock(standing.live, now))
         recorded = False
         for pool in group:
             lines, _ = mirror_lines(standing.live, name, uid, pool.spec.instance_type,
@@ -144,15 +145,8 @@ def look(rt: Any, pools: Sequence[CapacityPool], snapshots: Sequence[Any], name:
     return seen
 
 
-def behind_the_clock(plan: RemotePlan, now: datetime) -> bool:
-    """Whether the remote's answer for ``plan`` is behind the clock: a block whose start has passed
-    that is not Active yet, or whose end has passed that is not Expired yet (the remote's own pass
-    at the boundary, or the listing that answered, has not caught up)."""
-    return plan.live and any((b.start <= now < b.end and b.status in ("Pending", "Scheduled"))
-                             or (b.end <= now and b.status in LIVE) for b in plan.blocks)
-
-
-def _fresh(rt: Any, pool: str, source: Any, listed: Sequence[RemotePlan], uid: str, age: float) -> RemoteStanding:
+def _fresh(rt: Any, pool: str, source: Any, listed: Sequence[RemotePlan], uid: str, age: float,
+           now: datetime) -> RemoteStanding:
     """The plan's standing at the remote from the shared listing, and from its live remote plan's
     own answer when the listing is older than the plan accepts (``age``) and either that plan holds
     no block yet (it waits for the remote to buy) or the listing is behind the clock (a boundary
@@ -161,11 +155,9 @@ def _fresh(rt: Any, pool: str, source: Any, listed: Sequence[RemotePlan], uid: s
     after the create reached the plan 74 s later, and its start 23 s late."""
     standing = standing_of(listed, uid)
     live = standing.live
-    if live is None or not live.live or (rt.remote.listing_age(pool, source) or 0.0) <= age:
+    if live is None or not live.live or (live.blocks and not behind_the_clock(live, now)):
         return standing
-    if live.blocks and not behind_the_clock(live, rt.clock()):
-        return standing
-    fresh = rt.remote.describe(pool, source, live.name, uid)
+    fresh = rt.remote.describe(pool, source, live.name, uid, older_than=age)
     if fresh is None:
         return standing
     return standing_of([fresh if p.name == fresh.name else p for p in listed], uid)

@@ -135,6 +135,14 @@ def standing_of(plans: Iterable[RemotePlan], plan_uid: str) -> RemoteStanding:
     return RemoteStanding(live=live, failed=failed, next_attempt=(mine[-1][0] + 1) if mine else 0)
 
 
+def behind_the_clock(plan: RemotePlan, now: datetime) -> bool:
+    """Whether the remote's answer for ``plan`` is behind the clock: a block whose start has passed
+    that is not Active yet, or whose end has passed that is not Expired yet (the remote's own pass
+    at the boundary, or the listing that answered, has not caught up)."""
+    return plan.live and any((b.start <= now < b.end and b.status in ("Pending", "Scheduled"))
+                             or (b.end <= now and b.status in LIVE) for b in plan.blocks)
+
+
 # --------------------------------------------------------------------------- the wire, read
 
 
