@@ -75,6 +75,7 @@ class UltraServer:
     available_spare_instance_count: int
     unhealthy_instance_count: int
     spare_nodes: list[str] = field(default_factory=list)
+    replaced_by: str | None = None  # the groups' nodes on it moved there (an UltraServer replaced)
 
 
 @dataclass
@@ -176,7 +177,8 @@ class Snapshot:
         for p in self.plans:
             d = camel({k: v for k, v in asdict(p).items() if k not in ("blocks", "ultra_servers")})
             d["blocks"] = [{**camel(asdict(b)), "when": b.when(now)} for b in p.blocks]
-            d["ultraServers"] = [camel(asdict(u)) for u in p.ultra_servers]
+            d["ultraServers"] = [{k: v for k, v in camel(asdict(u)).items() if k != "replacedBy" or v}
+                                 for u in p.ultra_servers]
             plans.append(d)
         groups = []
         for g in self.groups:
@@ -278,7 +280,7 @@ def snapshot_from_objects(pools: list[dict], plans: list[dict], groups: list[dic
         uss = [UltraServer(u.id, u.availability_zone, u.health_status, u.total_instance_count,
                            u.in_use_instance_count, u.available_instance_count,
                            u.configured_spare_instance_count, u.available_spare_instance_count,
-                           u.unhealthy_instance_count, sorted(spares_by_us.get(u.id, [])))
+                           u.unhealthy_instance_count, sorted(spares_by_us.get(u.id, [])), u.replaced_by)
                for u in st.ultra_servers]
         itype = (spec.get("instanceType") or (st.reserved_capacity[0].instance_type if st.reserved_capacity
                                               else "") or spec.get("ultraServerType", ""))
@@ -483,7 +485,8 @@ def ultraservers_table(snap: Snapshot) -> Table:
     rows = [(p, u) for p in snap.plans for u in p.ultra_servers]
     for p, u in rows:
         table.add_row(p.name, u.id, u.availability_zone,
-                      Text(u.health_status, style=HEALTH_STYLE.get(u.health_status, "")),
+                      Text(f"replaced by {u.replaced_by}", style="bold red") if u.replaced_by
+                      else Text(u.health_status, style=HEALTH_STYLE.get(u.health_status, "")),
                       str(u.in_use_instance_count), str(u.available_instance_count),
                       Text(f"{u.available_spare_instance_count}/{u.configured_spare_instance_count}",
                            style="bold red" if u.configured_spare_instance_count

@@ -77,9 +77,13 @@ def dashboard_story(ctx: Context) -> dict:
     later_type = f"ml.dash-{tag}.xlarge"
     out: dict = {"pool": pool, "plan": plan, "group": group, "later_plan": later_plan,
                  "later_pool": later_pool, "start": utcnow()}
-    k.create(pool_body(pool, ITYPE, 18, az=f"us-west-{tag}", ultraServerType=US_TYPE))
+    # Only this scenario's plan buys its pool (offerings come from every pool of a type, and
+    # test_ultraserver_replacement.py runs an x36 plan beside it).
+    k.create(pool_body(pool, ITYPE, 18, az=f"us-west-{tag}", ultraServerType=US_TYPE,
+                       trainingPlanSelector={"matchLabels": {"e2e-scenario": plan}}))
     k.create(pool_body(later_pool, later_type, 4))
-    k.create({"apiVersion": API, "kind": "TrainingPlan", "metadata": {"name": plan}, "spec": {
+    k.create({"apiVersion": API, "kind": "TrainingPlan", "metadata": {"name": plan, "labels": {"e2e-scenario": plan}},
+              "spec": {
         "ultraServerType": US_TYPE, "ultraServerCount": 2, "targetResource": "hyperpod-cluster",
         # Starts 40 s in: not on the boundary at ~25 s where test_plans.py measures a transition.
         "duration": "3m", "autoPurchase": True, "startTimeAfter": ts(utcnow() + timedelta(seconds=40))}})

@@ -910,13 +910,15 @@ def test_too_many_unhealthy_pauses_remediation_and_warns_once():
     message = "3 of 22 nodes are unhealthy, more than maxUnhealthy 2 allows; remediation paused"
     assert d.remediation == ()
     assert (d.create, d.update, d.drain) == ([], [], [])  # failed nodes stay, nothing is replaced
-    assert conds(d) == [("Ready", "False", "Provisioning"), ("RemediationAllowed", "False", "TooManyUnhealthy")]
+    # Two of US 0's nodes failed, more than its one spare, and the block has no free UltraServer.
+    assert conds(d) == [("Ready", "False", "Provisioning"), ("RemediationAllowed", "False", "TooManyUnhealthy"),
+                        ("UltraServerReplacement", "False", "NoFreeUltraServer")]
     assert d.status.conditions[1].message == message
     assert d.status.conditions[1].last_transition_time == P1
-    assert d.events == [
-        Event("Normal", "Provisioning", "17/20 active nodes Ready, 2 spare(s) in use1-az3 on block rc-abc-0"),
-        Event("Warning", "TooManyUnhealthy", message),
-    ]
+    assert kinds(d.events) == [("Normal", "Provisioning"), ("Warning", "NoFreeUltraServer"),
+                               ("Warning", "TooManyUnhealthy")]
+    assert d.events[0].message == "17/20 active nodes Ready, 2 spare(s) in use1-az3 on block rc-abc-0"
+    assert d.events[2].message == message
     assert d.status.unhealthy_count == 3
 
     again = decide(observed(cluster), now=P1 + timedelta(seconds=1), prior=d.status)
@@ -1550,3 +1552,138 @@ def test_never_more_reboots_at_once_than_spares_to_cover_them():
     assert reboots == [name("0-1")]
     assert marks == {name("0-1"): "UnschedulablePendingReboot", name("0-2"): "UnschedulablePendingReplacement"}
     assert [a.replacing for a in d.remediation if isinstance(a, health.Backfill)] == [name("0-2")]
+
+
+# =========================================================================== the last rung: an UltraServer replaced
+
+from hyperplan.api.models import UltraServerReplacement  # noqa: E402
+from hyperplan.planning import recovery  # noqa: E402
+
+ONE_US = spec(17)  # 17 active + 1 spare: all on US 0; US 1 free
+ONE_US_FIRST = decide(s=ONE_US)
+
+
+def one_us_running(*failed: str, since: datetime = FAIL_AT) -> Cluster:
+    return failing(*failed, cluster=cluster_of(ONE_US_FIRST.create), since=since)
+
+
+def moved(d: GroupDecision) -> list[tuple[str, str, str]]:
+    return [(r.failed, r.replacement, r.reason) for r in d.status.ultra_server_replacements]
+
+
+def test_failures_beyond_its_spares_move_the_group_to_a_free_ultraserver_checkpoint_first():
+    cluster = one_us_running("0-1", "0-2")  # two failed, one spare: US 0 cannot hold 17
+    d = decide(observed(cluster), now=P1, s=ONE_US, prior=decide(observed(one_us_running()), s=ONE_US).status)
+
+    assert moved(d) == [(US0, US1, "FailuresBeyondSpares")]
+    assert d.status.ultra_server_replacements[0].since == P1
+    # Its nodes are made on US 1 at once (17 active and US 1's spare), nothing is done about US 0's
+    # failed nodes but their leaving: no promotion, no backfill there.
+    assert sorted(s.slot for s in d.create) == sorted(f"1-{j}" for j in range(18))
+    assert {s.ultraserver_id for s in d.create} == {US1}
+    assert d.remediation == ()
+    # US 0's nodes are asked to checkpoint now and drain from the checkpoint lead on.
+    assert d.checkpoint is not None and sorted(d.checkpoint.nodes) == sorted(s.name for s in ONE_US_FIRST.create)
+    assert d.checkpoint.termination == P1 + DEMO.checkpoint_lead
+    assert d.checkpoint.message.startswith(f"UltraServer {US0} is replaced by {US1}: its nodes drain at ")
+    assert d.drain == []
+    assert d.wake_at <= P1 + DEMO.checkpoint_lead
+    assert ("UltraServerReplacement", "True", "UltraServerReplaced") in conds(d)
+    assert ("Warning", "UltraServerReplaced") in kinds(d.events)
+    assert kinds(d.plan_events) == [("Warning", "UltraServerReplaced")]
+    assert "2 of the group's nodes on UltraServer" in d.plan_events[0].message
+    assert d.status.phase == "Provisioning"
+
+    # After the lead: every node of US 0 drains (the failed ones too), none is made again there,
+    # and the replacement is not announced twice.
+    apply(d, cluster, P1)
+    later = P1 + DEMO.checkpoint_lead
+    again = decide(observed(cluster, later), now=later, s=ONE_US, prior=d.status)
+    assert moved(again) == moved(d)
+    assert sorted(x.node for x in again.drain) == sorted(s.name for s in ONE_US_FIRST.create)
+    assert {x.reason for x in again.drain} == {"UltraServerReplaced"}
+    assert again.create == [] and again.remediation == ()
+    assert ("Warning", "UltraServerReplaced") not in kinds(again.events)
+    assert again.status.ready_count == 17 and again.status.spare_count == 1
+    assert again.status.unhealthy_count == 0  # the leaving nodes are not the group's to count
+
+
+def test_one_failure_within_the_spares_is_no_reason_to_move():
+    cluster = one_us_running("0-1")
+    d = decide(observed(cluster), now=P1, s=ONE_US)
+
+    assert moved(d) == []
+    assert "UltraServerReplacement" not in [c for c, _, _ in conds(d)]
+    assert any(isinstance(a, health.PromoteSpare) for a in d.remediation)
+
+
+def test_an_ultraserver_impaired_for_longer_than_the_setting_is_replaced():
+    s = InstanceGroupSpec(training_plan_ref="p", instance_type=US_TYPE, instance_count=17,
+                          health_check={"graceSeconds": 5, "maxUnhealthy": 2, "rebootBudget": 0,
+                                        "replaceUltraServerAfterSeconds": 60})
+    cluster = one_us_running("0-1")
+    early = decide(observed(cluster), now=P1, s=s)
+    assert moved(early) == []
+    assert early.wake_at <= FAIL_AT + timedelta(seconds=60)
+
+    late = FAIL_AT + timedelta(seconds=61)
+    d = decide(observed(cluster, late), now=late, s=s, prior=early.status)
+    assert moved(d) == [(US0, US1, "ImpairedTooLong")]
+
+
+def test_with_node_recovery_none_no_ultraserver_moves():
+    s = spec(17, node_recovery="None")
+    d = decide(observed(one_us_running("0-1", "0-2")), now=P1, s=s)
+
+    assert moved(d) == [] and d.create == []
+
+
+def test_a_peer_places_as_the_replacement_says_and_keeps_it_too():
+    """Group v shares the plan; w's status recorded US 0 -> US 1, so v (placed on US 0 beside w's
+    10) is on US 1 too, and keeps the entry in its own status."""
+    entry = UltraServerReplacement(reserved_capacity_id=BLOCK.id, failed=US0, replacement=US1, since=P1,
+                                   reason="FailuresBeyondSpares")
+    before = decide(s=spec(5), peers=[Peer("w", 10), Peer("v", 5)], group="v", now=P1)
+    assert {s.ultraserver_id for s in before.create} == {US0}
+    d = decide(s=spec(5), peers=[Peer("w", 10, replacements=(entry,)), Peer("v", 5)], group="v", now=P1)
+
+    assert {s.ultraserver_id for s in d.create} == {US1} and len(d.create) == 5  # w holds the spare
+    assert moved(d) == [(US0, US1, "FailuresBeyondSpares")]
+
+
+@pytest.mark.parametrize("entries, expected", [
+    pytest.param([(BLOCK.id, US0, US1, 0)], {US0: US1}, id="one"),
+    pytest.param([(BLOCK2.id, US0, US1, 0)], {}, id="another-block"),
+    pytest.param([(BLOCK.id, US0, "rc-abc-0-us-7", 0)], {}, id="not-an-ultraserver-of-the-block"),
+    pytest.param([(BLOCK.id, US0, US0, 0)], {}, id="itself"),
+    pytest.param([(BLOCK.id, US0, US1, 1), (BLOCK.id, US0, "rc-abc-0-us-2", 0)], {US0: US1},
+                 id="an-unknown-replacement-is-skipped"),
+    pytest.param([(BLOCK.id, US1, US0, 1), (BLOCK.id, US0, US1, 0)], {US0: US1}, id="the-oldest-wins"),
+    pytest.param([(BLOCK.id, US1, US0, 5), (BLOCK.id, US0, US1, 1)], {US0: US1}, id="a-failed-one-stands-in-for-none"),
+])
+def test_recorded_replacements_are_checked(entries, expected):
+    made = [UltraServerReplacement(reserved_capacity_id=b, failed=f, replacement=r, since=T0 + timedelta(seconds=t))
+            for b, f, r, t in entries]
+    got = recovery.block_replacements(made, BLOCK.id, [US0, US1])
+    assert {f: e.replacement for f, e in got.items()} == expected
+
+
+def test_placement_with_replacements_moves_only_the_failed_ultraservers_groups():
+    us = placement.ultraservers_for_block("rc", X72, 54, 1)  # three x72
+    a, b, c = (u.id for u in us)
+    groups = [placement.GroupRequest("g1", 17), placement.GroupRequest("g2", 10), placement.GroupRequest("g3", 5)]
+    before = placement.place_groups(groups, us)
+    assert before["g1"].counts == {a: 17} and before["g2"].counts == {b: 10} and before["g3"].counts == {b: 5}
+
+    after = placement.place_with_replacements(groups, us, {a: c})
+    assert after["g1"].counts == {c: 17}  # moved
+    assert after["g2"].counts == {b: 10} and after["g3"].counts == {b: 5}  # stayed
+    # a chain: the replacement failed too, and its nodes moved on
+    four = placement.ultraservers_for_block("rc", X72, 72, 1)
+    w, x, y, z = (u.id for u in four)
+    chained = placement.place_with_replacements(groups, four, {w: y, y: z})
+    assert chained["g1"].counts == {z: 17} and chained["g2"].counts == {x: 10}
+    assert placement.standing_in({w: y, y: z}) == {w: z, y: z}
+    # a group made later that fill-first puts on a failed UltraServer is on its replacement
+    late = placement.place_with_replacements([*groups, placement.GroupRequest("g4", 2)], us, {a: c})
+    assert late["g4"].counts == {b: 2}  # best fit: b has 2 left; c stands in for a (full)

@@ -404,6 +404,7 @@ class UltraServerStatus(Model):
     available_spare_instance_count: int = 0
     unhealthy_instance_count: int = 0
     health_status: Literal["ok", "impaired", "insufficient-data"] = "insufficient-data"
+    replaced_by: LabelValue | None = None  # the UltraServer the groups' nodes on it moved to
 
 
 class PlanExtension(Model):
@@ -567,6 +568,12 @@ class HealthCheckSpec(Model):
         "The window of the reboot budget: a node that fails again within it after a reboot is replaced."))
     reboot_timeout_seconds: int = Field(default=600, ge=1, le=24 * 3600, description=(
         "How long a rebooted node has to come back Ready before it is replaced."))
+    # The last rung (planning.recovery.plan_ultraserver_replacement): the group's nodes on an
+    # UltraServer that can no longer hold them move to a free UltraServer of the block.
+    replace_ultra_server_after_seconds: int | None = Field(default=None, ge=0, le=7 * 24 * 3600, description=(
+        "Move the group's nodes off an UltraServer impaired for this long (a node of the group on it "
+        "failed and has not recovered) to a free UltraServer of the block. Unset: only when its failed "
+        "nodes outnumber its spares."))
 
 
 class PlacementSpecification(Model):
@@ -761,6 +768,22 @@ class NodeRecovery(Model):
 GroupNode.model_rebuild()
 
 
+class UltraServerReplacement(Model):
+    """The group's nodes on UltraServer ``failed`` of block ``reservedCapacityId`` moved to the free
+    UltraServer ``replacement`` at ``since`` (planning.recovery.plan_ultraserver_replacement): its
+    checkpoint signal went out then, its drain followed. Every group of the plan places on the block
+    as if ``replacement`` were ``failed``."""
+
+    reserved_capacity_id: Identifier
+    failed: LabelValue
+    replacement: LabelValue
+    since: Time
+    reason: str = Field(default="", max_length=MAX_REASON)
+
+
+MAX_ULTRASERVER_REPLACEMENTS = 64
+
+
 class InstanceGroupStatus(Model):
     phase: Literal["Waiting", "Provisioning", "Ready", "Draining", "Failed"] | None = None
     availability_zone: LabelValue | None = None
@@ -775,6 +798,9 @@ class InstanceGroupStatus(Model):
     # The nodes the group holds (None: never written, a group from before the record existed; see
     # planning.ownership for what its first pass records).
     nodes: list[GroupNode] | None = Field(default=None, max_length=MAX_FLEET_ENTRIES)
+    # The UltraServers of the current block the group's nodes moved off, and where to.
+    ultra_server_replacements: list[UltraServerReplacement] = Field(
+        default_factory=list, max_length=MAX_ULTRASERVER_REPLACEMENTS)
 
 
 class InstanceGroup(Model):

@@ -15,6 +15,7 @@ from hyperplan.actuation.kube import Kube, api_client
 from hyperplan.actuation.remote import RemoteSources, secret_credentials
 from hyperplan.actuation.ledger import CapacityLedger, KubeLedger
 from hyperplan.actuation.nodes import KubeNodePods, NodePods, NodeProvider, providers
+from hyperplan.api.models import UltraServerReplacement
 from hyperplan.handlers.cache import WatchCache
 from hyperplan.handlers.nodewatch import NodeStore
 from hyperplan.handlers.workqueue import WorkQueue, report_failure, utcnow
@@ -128,3 +129,15 @@ def status_of(model: type[M], obj: dict[str, Any]) -> M:
         return model.model_validate(obj.get("status") or {})
     except ValidationError:
         return model()
+
+
+def ultraserver_replacements(group: Mapping[str, Any]) -> tuple[UltraServerReplacement, ...]:
+    """The UltraServer replacements a group's status records; an entry that does not read as one is
+    left out (planning checks the rest: recovery.block_replacements)."""
+    out = []
+    for entry in (group.get("status") or {}).get("ultraServerReplacements") or ():
+        try:
+            out.append(UltraServerReplacement.model_validate(entry))
+        except ValidationError:
+            continue
+    return tuple(out)

@@ -37,7 +37,7 @@ from hyperplan.api.models import (
     GROUP, VERSION, GroupNode, InstanceGroup, InstanceGroupStatus, TrainingPlan, VanishedRecord,
 )
 from hyperplan.api.vocabulary import FINALIZER  # set by kopf (operator.configure_kopf)
-from hyperplan.handlers.context import Runtime, status_of
+from hyperplan.handlers.context import Runtime, status_of, ultraserver_replacements
 from hyperplan.handlers.trainingplan import as_the_ledger_holds
 from hyperplan.handlers.workqueue import Pace
 from hyperplan.planning import deepchecks
@@ -88,7 +88,8 @@ def peers_of(groups: list[dict[str, Any]], plan: str, selector: Selector | None 
     for g in bound:
         specs = (g["spec"].get("placement") or {}).get("placementSpecifications") or []
         out.append(Peer(g["metadata"]["name"], int(g["spec"].get("instanceCount", 0)),
-                        tuple((p["ultraServerId"], int(p["instanceCount"])) for p in specs)))
+                        tuple((p["ultraServerId"], int(p["instanceCount"])) for p in specs),
+                        ultraserver_replacements(g)))
     return out
 
 
@@ -146,8 +147,8 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     unreadable = [(node, Event("Warning", REASON_UNREADABLE, finding.message))
                   for node, finding in seen.unreadable if finding in first_seen]  # once per node, key and value
     post_events(obj, unreadable)
-    decision = decide_group(name, obj["metadata"].get("generation", 1), group.spec, group.status, plan,
-                            peers_of(groups, group.spec.training_plan_ref, plan.group_selector if plan else None),
+    peers = peers_of(groups, group.spec.training_plan_ref, plan.group_selector if plan else None)
+    decision = decide_group(name, obj["metadata"].get("generation", 1), group.spec, group.status, plan, peers,
                             seen.nodes, rt.policy, now, rt.keys, obj["metadata"].get("labels") or {}, check_jobs,
                             rt.settings.hyperpod_labels)
     if decision.create and FINALIZER not in obj["metadata"].get("finalizers", []):
@@ -232,6 +233,12 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
             rt.cache.wrote(PLURAL, written)
         metrics.STATUS_WRITES.labels("InstanceGroup").inc()
     post_events(obj, [(None, ev) for ev in decision.events] + applied.events)
+    for ev in decision.plan_events if plan_obj is not None else ():  # logged with the group's already
+        kopf.event(plan_obj, type=ev.type, reason=ev.reason, message=ev.message)
+    if decision.plan_events:  # the plan's other groups place as if the replacement were the failed one
+        for peer in peers:
+            if peer.name != name:
+                rt.queue.wake(KIND, naming.label_value(peer.name))
     for pod, ev in applied.pod_events:
         kopf.event(pod, type=ev.type, reason=ev.reason, message=ev.message)
     metrics.observe_group_pass(name, group.status, decision.status,

@@ -40,7 +40,7 @@ from hyperplan.actuation.ledger import CapacityLedger, PurchaseResult
 from hyperplan.api.models import MAX_EXTENSIONS, TrainingPlan, TrainingPlanSpec, TrainingPlanStatus
 from hyperplan.api.vocabulary import FINALIZER, PLAN_FINALIZER, REASON_OFFERING_UNAVAILABLE
 from hyperplan.handlers import remote_plans
-from hyperplan.handlers.context import Runtime, status_of
+from hyperplan.handlers.context import Runtime, status_of, ultraserver_replacements
 from hyperplan.planning import counts
 from hyperplan.planning import naming
 from hyperplan.planning.blocks import Block
@@ -82,7 +82,10 @@ def node_usage(rt: Runtime, plan: TrainingPlan, purchased: list[Block], now: dat
         return PlanUsage()
     nodes = [plan_observed_node(n, rt.keys) for n in rt.cache.block_nodes(naming.label_value(block.id))
              if not n["metadata"].get("deletionTimestamp")]
-    return block_usage(block, plan.spec.spare_instances_per_ultra_server, nodes)
+    name = plan.metadata.get("name")
+    replaced = [r for g in rt.cache.groups() if (g.get("spec") or {}).get("trainingPlanRef") == name
+                for r in ultraserver_replacements(g)] if block.ultra_server_type else []
+    return block_usage(block, plan.spec.spare_instances_per_ultra_server, nodes, replaced)
 
 
 def as_the_ledger_holds(rt: Runtime, obj: Mapping[str, Any], now: datetime) -> TrainingPlan:

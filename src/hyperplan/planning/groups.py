@@ -33,7 +33,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Mapping, Sequence
 
-from hyperplan.api.models import Condition, InstanceGroupSpec, InstanceGroupStatus, ReservedCapacity
+from hyperplan.api.models import (
+    Condition, InstanceGroupSpec, InstanceGroupStatus, ReservedCapacity, UltraServerReplacement,
+)
 from hyperplan.api.vocabulary import (  # noqa: F401  (the checkpoint words re-exported)
     ANNOTATION_BLOCK_TERMINATION, CONDITION_BLOCK_TERMINATING, HYPERPOD_CLUSTER, REASON_CHECKPOINT, to_rfc3339,
 )
@@ -73,6 +75,8 @@ class Peer:
     name: str
     instance_count: int
     explicit: tuple[tuple[str, int], ...] = ()
+    # The UltraServer replacements its status records (input to check: recovery.block_replacements).
+    replacements: tuple[UltraServerReplacement, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -112,6 +116,7 @@ class Checkpoint:
     block: str
     termination: datetime
     nodes: tuple[str, ...]
+    cause: str = ""  # why the nodes leave, when not the block's end (an UltraServer replaced)
 
     @property
     def annotation(self) -> str:
@@ -119,7 +124,8 @@ class Checkpoint:
 
     @property
     def message(self) -> str:
-        return (f"block {self.block} reaches its termination time at {self.annotation}: checkpoint and exit; "
+        leaving = self.cause or f"block {self.block} reaches its termination time"
+        return (f"{leaving} at {self.annotation}: checkpoint and exit; "
                 f"pods are evicted from then on (annotation {ANNOTATION_BLOCK_TERMINATION})")
 
 
@@ -135,7 +141,7 @@ def signalled(node: ObservedGroupNode) -> bool:
 
 
 def plan_checkpoint(block: str, termination: datetime, lead: timedelta, nodes: Sequence[ObservedGroupNode],
-                    now: datetime) -> Checkpoint | None:
+                    now: datetime, cause: str = "") -> Checkpoint | None:
     """The checkpoint signal due at ``now``, or None (too early, or every node has it).
 
     From ``termination - lead`` on (the drain phase included, should the operator have been
@@ -146,7 +152,7 @@ def plan_checkpoint(block: str, termination: datetime, lead: timedelta, nodes: S
     if now < checkpoint_time(termination, lead):
         return None
     todo = tuple(sorted(n.name for n in nodes if n.health.exists and not n.deleting and not signalled(n)))
-    return Checkpoint(block, termination, todo) if todo else None
+    return Checkpoint(block, termination, todo, cause) if todo else None
 
 
 def checkpoint_events(checkpoint: Checkpoint | None, nodes: Sequence[ObservedGroupNode]) -> list[Event]:
@@ -167,6 +173,7 @@ class GroupDecision:
     # The recovery clocks the remediation moved (by node id), for the group's record.
     recovery: Mapping[str, recovery.RecoveryState] = field(default_factory=dict)
     checkpoint: Checkpoint | None = None  # carried out before the drains
+    plan_events: list[Event] = field(default_factory=list)  # for the training plan (an UltraServer replaced)
     checks: deepchecks.ChecksPlan | None = None  # the deep health checks' Jobs and record moves
     events: list[Event] = field(default_factory=list)
     wake_at: datetime | None = None
@@ -196,13 +203,45 @@ def check_binding(spec: InstanceGroupSpec, plan: BoundPlan,
     return None
 
 
-def place_on_block(block: ReservedCapacity, plan: BoundPlan, peers: Sequence[Peer]
+def place_on_block(block: ReservedCapacity, plan: BoundPlan, peers: Sequence[Peer],
+                   replacements: Mapping[str, str] | None = None,
                    ) -> tuple[tuple[placement.UltraServer, ...], dict[str, placement.PlacementResult]]:
+    """The block's UltraServers and every peer's placement on them, ``replacements``
+    (``{failed: replacement}``) taken into account."""
     ultraservers = placement.ultraservers_for_block(block.id, block.ultra_server_type, block.instance_count,
                                              plan.spares_per_ultraserver)
     requests = [placement.GroupRequest(p.name, p.instance_count, p.explicit) for p in peers]
+    if ultraservers and replacements:
+        return ultraservers, placement.place_with_replacements(requests, ultraservers, replacements)
     capacity = None if ultraservers else block.instance_count
     return ultraservers, placement.place_groups(requests, ultraservers, capacity=capacity)
+
+
+def recorded_replacements(block: ReservedCapacity, plan: BoundPlan, peers: Sequence[Peer],
+                          prior: InstanceGroupStatus) -> dict[str, UltraServerReplacement]:
+    """The block's UltraServer replacements, ``{failed: entry}``, from every peer's status and this
+    group's own (``prior``), checked (``recovery.block_replacements``). Every group of the plan
+    keeps them all, so that none is lost with the group that made it."""
+    if not block.ultra_server_type:
+        return {}
+    ids = [u.id for u in placement.ultraservers_for_block(block.id, block.ultra_server_type, block.instance_count,
+                                                          plan.spares_per_ultraserver)]
+    entries = [*prior.ultra_server_replacements, *(r for p in peers for r in p.replacements)]
+    return recovery.block_replacements(entries, block.id, ids)
+
+
+def failed_by_ultraserver(on_block: Sequence[ObservedGroupNode], verdict: health.HealthVerdict,
+                          clocks: Mapping[str, recovery.RecoveryState], now: datetime) -> dict[str, list[datetime]]:
+    """Per UltraServer, the first sight of each of the group's failed nodes on it: past its grace,
+    rebooting (not back yet) or deleted from under the group."""
+    out: dict[str, list[datetime]] = {}
+    for n in on_block:
+        us, state = n.health.ultraserver_id, clocks.get(n.name, recovery.RecoveryState())
+        rebooting = state.rebooting_since is not None and not (
+            n.health.exists and recovery.back_from_reboot(n.health.conditions, state.rebooting_since))
+        if us and (n.name in verdict.unhealthy or rebooting or not n.health.exists):
+            out.setdefault(us, []).append(state.since or verdict.first_seen.get(n.name) or now)
+    return out
 
 
 def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: InstanceGroupStatus,
@@ -271,7 +310,8 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
 
     block = plan.blocks[usable]
     try:
-        ultraservers, placements = place_on_block(block, plan, peers)
+        moves = recorded_replacements(block, plan, peers, prior)
+        ultraservers, placements = place_on_block(block, plan, peers, {f: m.replacement for f, m in moves.items()})
     except ValueError as e:
         return _with_events(leave_all(FAILED, "InvalidPlacement", str(e), now, None), prior, warning=True)
     mine = placements.get(name)
@@ -319,6 +359,31 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
             clocks[n.name] = state
         observations.append(seen)
     verdict = health.evaluate_health(observations, check, now)
+
+    # The last rung: the group's nodes leave an UltraServer that can no longer hold them, for a
+    # free one of the block, all together (planning.recovery.plan_ultraserver_replacement).
+    ultraserver_verdict = recovery.UltraServerVerdict()
+    if ultraservers and ladder.automatic:
+        allocations: dict[str, int] = {}
+        for p in placements.values():
+            for us_id, count in p.allocations:
+                allocations[us_id] = allocations.get(us_id, 0) + count
+        after = spec.health_check.replace_ultra_server_after_seconds
+        ultraserver_verdict = recovery.plan_ultraserver_replacement(
+            ultraservers, allocations, mine.counts, failed_by_ultraserver(on_block, verdict, clocks, now),
+            {f: m.replacement for f, m in moves.items()}, timedelta(seconds=after) if after is not None else None, now)
+        new_moves = {m.failed: UltraServerReplacement(reserved_capacity_id=block.id, failed=m.failed,
+                                                      replacement=m.replacement, since=now, reason=m.reason)
+                     for m in ultraserver_verdict.moves if m.replacement}
+        if new_moves:
+            moves = {**moves, **new_moves}
+            ultraservers, placements = place_on_block(block, plan, peers, {f: m.replacement for f, m in moves.items()})
+            mine = placements[name]
+    leaving = {n.name: moves[n.health.ultraserver_id] for n in on_block if n.health.ultraserver_id in moves}
+    if leaving:  # they drain (below); nothing else is done about them
+        observations = [o for o in observations if o.name not in leaving]
+        clocks = {k: v for k, v in clocks.items() if k not in leaving}
+        verdict = health.evaluate_health(observations, check, now)
     remedy = health.plan_remediation(verdict, observations, ultraservers, block_has_time_left=now < termination,
                                      uses_spares=bool(ultraservers), max_unhealthy=check.max_unhealthy,
                                      ladder=ladder, clocks=clocks, now=now)
@@ -379,8 +444,25 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
     removals = {a.node for a in actions if isinstance(a, health.RemoveNode)}
     drains = [Drain(n.name, block.end_time, "NotDesired") for n in existing.values()
               if n.name not in wanted and n.name not in removals and n.name not in being_remediated
-              and not n.deleting]
+              and n.name not in leaving and not n.deleting]
     drains += [Drain(n.name, now, "OtherBlock") for n in stray if not n.deleting and n.health.exists]
+    # The nodes of a replaced UltraServer: the checkpoint signal when it was replaced, the drain
+    # from the checkpoint lead on (at once for the failed nodes among them: nothing runs there).
+    leave_checkpoint, leave_at = None, None
+    for failed, move in sorted(moves.items()):
+        going = [n for n in on_block if n.name in leaving and leaving[n.name] is move]
+        drain_from = move.since + policy.checkpoint_lead
+        if leave_checkpoint is None:
+            leave_checkpoint = plan_checkpoint(
+                block.id, drain_from, policy.checkpoint_lead, going, now,
+                cause=f"UltraServer {failed} is replaced by {move.replacement}: its nodes drain")
+        for n in going:
+            if n.deleting or not n.health.exists:
+                continue
+            if now >= drain_from:
+                drains.append(Drain(n.name, drain_from + policy.dead_node_eviction_timeout, REASON_ULTRASERVER_REPLACED))
+            else:
+                leave_at = _min_time(leave_at, drain_from)
 
     checking = checks.not_serving() & set(existing)  # only checked nodes count
     up = [d for d in kept if existing[d.name].ready and d.name not in being_remediated and d.name not in checking]
@@ -391,6 +473,9 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
     extra = [condition("RemediationAllowed", remedy.allowed,
                        "WithinBounds" if remedy.allowed else (remedy.reason or "TooManyUnhealthy"),
                        remedy.message, generation, conds, now)]
+    replacement_condition = ultraserver_condition(moves, ultraserver_verdict, generation, conds, now)
+    if replacement_condition is not None:
+        extra.append(replacement_condition)
     message = (f"{ready}/{active_wanted} active nodes Ready, {spares_up} spare(s) in "
                f"{block.availability_zone} on block {block.id}")
     if checking:
@@ -400,19 +485,68 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
                       availability_zone=block.availability_zone, reserved_capacity_id=block.id,
                       desired_count=active_wanted, ready_count=ready, spare_count=spares_up,
                       unhealthy_count=len(verdict.unhealthy),
-                      next_transition_time=schedule.next_transition_time, extra_conditions=extra),
+                      next_transition_time=schedule.next_transition_time, extra_conditions=extra,
+                      ultra_server_replacements=sorted(moves.values(), key=lambda m: (m.since, m.failed))),
         block=block, create=create, update=update, drain=drains, remediation=actions,
         recovery={**fault_moves, **remedy.recovery}, checks=checks,
-        checkpoint=plan_checkpoint(block.id, termination, policy.checkpoint_lead, on_block, now))
-    decision.events += checkpoint_events(decision.checkpoint, on_block)
+        checkpoint=leave_checkpoint or plan_checkpoint(block.id, termination, policy.checkpoint_lead, on_block, now))
+    if leave_checkpoint is None:
+        decision.events += checkpoint_events(decision.checkpoint, on_block)
+    decision.events += ultraserver_events(moves, ultraserver_verdict, prior, leaving)
+    decision.plan_events = [e for e in decision.events if e.reason == recovery.REASON_REPLACED]
     signal_at = checkpoint_time(termination, policy.checkpoint_lead)
     # verdict.next_check batches grace ends that fall close together (health.HEALTH_BATCH_WINDOW).
     decision.wake_at = _min_time(schedule.next_transition_time, verdict.next_check, evacuation_check, remedy.next_check,
                                  now + DRAIN_RETRY if drains else None, signal_at if now < signal_at else None,
-                                 checks.next_check)
+                                 checks.next_check, leave_at, ultraserver_verdict.next_check)
     if not remedy.allowed and _reason(prior.conditions, "RemediationAllowed") != remedy.reason:
         decision.events.append(Event("Warning", remedy.reason or "TooManyUnhealthy", remedy.message))
     return _with_events(decision, prior)
+
+
+REASON_ULTRASERVER_REPLACED = recovery.REASON_REPLACED  # the drain of a replaced UltraServer's nodes
+
+
+def ultraserver_condition(moves: Mapping[str, UltraServerReplacement], verdict: recovery.UltraServerVerdict,
+                          generation: int, prior: Sequence[Condition], now: datetime) -> Condition | None:
+    """``UltraServerReplacement``: True while the block has replaced UltraServers (which, by which,
+    since when), False when one the group is on can no longer hold its nodes and the block has no
+    free UltraServer for them; absent otherwise."""
+    stuck = [m for m in verdict.moves if m.replacement is None]
+    if stuck:
+        return condition(recovery.CONDITION_ULTRASERVER_REPLACEMENT, False, recovery.REASON_NO_FREE_ULTRASERVER,
+                         "; ".join(f"{m.why}, and the block has no free UltraServer with room for them: "
+                                   "its failed nodes are replaced where they are" for m in stuck),
+                         generation, prior, now)
+    if moves:
+        return condition(recovery.CONDITION_ULTRASERVER_REPLACEMENT, True, recovery.REASON_REPLACED,
+                         "; ".join(f"UltraServer {m.failed} replaced by {m.replacement} at {to_rfc3339(m.since)} "
+                                   f"({m.reason})" for m in sorted(moves.values(), key=lambda m: (m.since, m.failed))),
+                         generation, prior, now)
+    return None
+
+
+def ultraserver_events(moves: Mapping[str, UltraServerReplacement], verdict: recovery.UltraServerVerdict,
+                       prior: InstanceGroupStatus, leaving: Mapping[str, UltraServerReplacement]) -> list[Event]:
+    """A Warning for each replacement the group's status did not hold yet (posted on the plan too),
+    and one when the group first finds no free UltraServer for an UltraServer that needs it."""
+    known = {(r.reserved_capacity_id, r.failed, r.replacement) for r in prior.ultra_server_replacements}
+    why = {m.failed: m.why for m in verdict.moves}
+    events = []
+    for m in sorted(moves.values(), key=lambda m: (m.since, m.failed)):
+        if (m.reserved_capacity_id, m.failed, m.replacement) in known:
+            continue
+        going = sum(1 for r in leaving.values() if r is m)
+        events.append(Event("Warning", recovery.REASON_REPLACED,
+                            f"UltraServer {m.failed} of block {m.reserved_capacity_id} replaced by {m.replacement}: "
+                            f"{why.get(m.failed, m.reason)}; the group's {going} node(s) on it get the checkpoint "
+                            f"signal and drain, its nodes are made on {m.replacement}"))
+    if any(m.replacement is None for m in verdict.moves) and \
+            _reason(prior.conditions, recovery.CONDITION_ULTRASERVER_REPLACEMENT) != recovery.REASON_NO_FREE_ULTRASERVER:
+        events.append(Event("Warning", recovery.REASON_NO_FREE_ULTRASERVER,
+                            "; ".join(m.why for m in verdict.moves if m.replacement is None)
+                            + ": the block has no free UltraServer to move them to"))
+    return events
 
 
 def _evacuate_before_removal(planned: Sequence[health.Action], on_block: Sequence[ObservedGroupNode],

@@ -327,6 +327,52 @@ def spare_ultraservers(group: str, owners: Mapping[str, str]) -> tuple[str, ...]
     return tuple(sorted(us for us, g in owners.items() if g == group))
 
 
+def standing_in(replacements: Mapping[str, str]) -> dict[str, str]:
+    """``{failed: the UltraServer its nodes are on now}`` from ``{failed: replacement}``: a
+    replacement that failed in turn was replaced too, so each failed one maps to the last of its
+    chain (a loop, which the operator never writes, is cut where it closes)."""
+    out: dict[str, str] = {}
+    for failed, at in replacements.items():
+        seen = {failed}
+        while at in replacements and at not in seen:
+            seen.add(at)
+            at = replacements[at]
+        out[failed] = at
+    return out
+
+
+def place_with_replacements(
+    groups: Sequence[GroupRequest],
+    ultraservers: Sequence[UltraServer],
+    replacements: Mapping[str, str],
+) -> dict[str, PlacementResult]:
+    """:func:`place_groups` on a block some of whose UltraServers were replaced
+    (``{failed: replacement}``, planning.recovery.plan_ultraserver_replacement).
+
+    The groups are placed as before on the block's UltraServers with each replacement left out,
+    since it stands in for the one it replaced; then what was placed on a failed UltraServer is on
+    its replacement. So no group moves but those that were on the failed one, and a group made
+    later that lands on a failed UltraServer lands on its replacement.
+    """
+    if not replacements:
+        return place_groups(groups, ultraservers)
+    moved = standing_in(replacements)
+    stand_ins = set(replacements.values())  # each stands in for the one it replaced
+    logical = [u for u in ultraservers if u.id not in stand_ins]
+    index = {u.id: u.index for u in ultraservers}
+    out: dict[str, PlacementResult] = {}
+    for name, result in place_groups(groups, logical).items():
+        if not result.ok:
+            out[name] = result
+            continue
+        alloc: dict[str, int] = {}
+        for us_id, count in result.allocations:
+            at = moved.get(us_id, us_id)
+            alloc[at] = alloc.get(at, 0) + count
+        out[name] = replace(result, allocations=tuple(sorted(alloc.items(), key=lambda a: index.get(a[0], 0))))
+    return out
+
+
 # --------------------------------------------------------------------------- desired nodes
 
 

@@ -29,7 +29,7 @@ from typing import Sequence
 
 from hyperplan.api.models import (
     Condition, ExtensionOffering, ExtensionStatus, Offering as OfferingStatus, ReservedCapacity, TrainingPlanSpec,
-    TrainingPlanStatus, UltraServerStatus,
+    TrainingPlanStatus, UltraServerReplacement, UltraServerStatus,
 )
 from hyperplan.planning.blocks import Block
 from hyperplan.api.vocabulary import (
@@ -43,6 +43,7 @@ from hyperplan.planning.offerings import (
 from hyperplan.planning import counts
 from hyperplan.planning import naming
 from hyperplan.planning import placement
+from hyperplan.planning import recovery
 from hyperplan.planning.policy import Policy, format_duration, parse_duration
 from hyperplan.planning.schedule import PlanSchedule, plan_block_schedule
 
@@ -93,14 +94,20 @@ def reserved_capacity(purchased: Sequence[Block], target: str, policy: Policy,
     return schedule, [b.to_reserved(state.termination_time, state.status) for b, state in zip(blocks, schedule.blocks)]
 
 
-def block_usage(block: Block, spares_per_ultraserver: int, nodes: Sequence[counts.ObservedNode]) -> PlanUsage:
-    """What the groups' nodes hold of ``block``: the plan's counts and one report per UltraServer."""
+def block_usage(block: Block, spares_per_ultraserver: int, nodes: Sequence[counts.ObservedNode],
+                replacements: Sequence[UltraServerReplacement] = ()) -> PlanUsage:
+    """What the groups' nodes hold of ``block``: the plan's counts and one report per UltraServer,
+    each replaced one naming its replacement (from the groups' ``replacements``, checked as the
+    groups check them)."""
     ultraservers = placement.ultraservers_for_block(block.id, block.ultra_server_type, block.instance_count,
                                              spares_per_ultraserver)
     block_counts = counts.plan_counts(block.instance_count, sum(u.spare_count for u in ultraservers), nodes)
     reports = counts.ultraserver_reports(ultraservers, block.availability_zone, nodes)
+    replaced = recovery.block_replacements(replacements, block.id, [u.id for u in ultraservers])
     return PlanUsage(in_use=block_counts.in_use, unhealthy=block_counts.unhealthy, available_spares=block_counts.available_spares,
-                     ultra_servers=tuple(UltraServerStatus.model_validate(r.as_status()) for r in reports),
+                     ultra_servers=tuple(UltraServerStatus.model_validate(
+                         {**r.as_status(), **({"replacedBy": replaced[r.id].replacement} if r.id in replaced else {})})
+                         for r in reports),
                      unhealthy_spares=sum(1 for n in nodes if n.healthy is False and n.role == naming.ROLE_SPARE))
 
 

@@ -50,7 +50,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from hyperplan.api.models import FaultClock, GroupNode, HealthCheckSpec, NodeRecovery
+from hyperplan.api.models import FaultClock, GroupNode, HealthCheckSpec, NodeRecovery, UltraServerReplacement
 from hyperplan.planning.naming import (HEALTH_PENDING_REBOOT, HEALTH_PENDING_REPLACEMENT, LABEL_SAGEMAKER_FAULT_REASONS,
                                        LABEL_SAGEMAKER_FAULT_TYPES)
 from hyperplan.planning.nodefacts import READY
@@ -275,3 +275,96 @@ def recorded(entries: Sequence[GroupNode], moved: Mapping[str, RecoveryState]) -
     node by its id, which is a static or Karpenter node's slot, not its name)."""
     return [entry.model_copy(update={"recovery": moved[entry.node_id].to_record()}) if entry.node_id in moved
             else entry for entry in entries]
+
+
+# --------------------------------------------------------------------------- the last rung: the UltraServer
+
+REASON_BEYOND_SPARES = "FailuresBeyondSpares"
+REASON_IMPAIRED = "ImpairedTooLong"
+REASON_REPLACED = "UltraServerReplaced"
+REASON_NO_FREE_ULTRASERVER = "NoFreeUltraServer"
+CONDITION_ULTRASERVER_REPLACEMENT = "UltraServerReplacement"
+
+
+@dataclass(frozen=True)
+class UltraServerMove:
+    """The group's nodes on UltraServer ``failed`` move to ``replacement`` (None: the block has no
+    free UltraServer for them, and the ladder goes on on ``failed``); ``why`` says which rule."""
+
+    failed: str
+    replacement: str | None
+    reason: str
+    why: str
+
+
+@dataclass(frozen=True)
+class UltraServerVerdict:
+    moves: tuple[UltraServerMove, ...] = ()
+    next_check: datetime | None = None  # an impaired UltraServer reaches replaceUltraServerAfterSeconds then
+
+
+def plan_ultraserver_replacement(
+    ultraservers: Sequence, allocations: Mapping[str, int], mine: Mapping[str, int],
+    failed: Mapping[str, Sequence[datetime]], replacements: Mapping[str, str], after: timedelta | None,
+    now: datetime,
+) -> UltraServerVerdict:
+    """Which UltraServers the group's nodes must leave, and for where (pure).
+
+    ``ultraservers``: the block's (planning.placement.UltraServer); ``allocations``: every group's
+    active nodes per UltraServer, as placed now (after earlier replacements); ``mine``: this group's;
+    ``failed``: per UltraServer, when each of this group's failed nodes on it was first seen (nodes
+    past their grace, rebooting, deleted; not those recovered); ``replacements``: the block's
+    ``{failed: replacement}`` so far (a failed one is judged no more, and neither is a target).
+
+    An UltraServer the group holds active nodes on can no longer hold them when more of them failed
+    than it keeps spares (its spares are gone and the rest is short), or, with ``after`` set, when
+    one of them has been failed for ``after``. Their replacement is the free UltraServer (no group's
+    active nodes on it, not unavailable, room for all that is placed on the failed one) with the
+    lowest index, one per failed UltraServer. Without one, the move says so (``replacement`` None).
+    """
+    retired = set(replacements)
+    taken = retired | set(replacements.values())
+    moves: list[UltraServerMove] = []
+    next_check: datetime | None = None
+    for u in sorted(ultraservers, key=lambda u: u.index):
+        if mine.get(u.id, 0) <= 0 or u.id in retired:
+            continue
+        faults = sorted(failed.get(u.id, ()))
+        if len(faults) > u.spare_count:
+            reason = REASON_BEYOND_SPARES
+            why = (f"{len(faults)} of the group's nodes on UltraServer {u.id} failed, more than its "
+                   f"{u.spare_count} spare(s): it cannot hold the group's {mine[u.id]} active nodes")
+        elif after is not None and faults and now - faults[0] >= after:
+            reason = REASON_IMPAIRED
+            why = (f"UltraServer {u.id} has been impaired since {faults[0].isoformat()} "
+                   f"(replaceUltraServerAfterSeconds {int(after.total_seconds())})")
+        else:
+            if after is not None and faults:
+                at = faults[0] + after
+                next_check = at if next_check is None else min(next_check, at)
+            continue
+        need = allocations.get(u.id, 0)
+        free = [v for v in sorted(ultraservers, key=lambda v: v.index)
+                if v.id != u.id and v.id not in taken and allocations.get(v.id, 0) == 0 and v.usable >= need]
+        target = free[0].id if free else None
+        if target is not None:
+            taken.add(target)
+        moves.append(UltraServerMove(u.id, target, reason, why))
+    return UltraServerVerdict(tuple(moves), next_check)
+
+
+def block_replacements(entries: Sequence[UltraServerReplacement], block: str,
+                       ultraserver_ids: Sequence[str]) -> dict[str, UltraServerReplacement]:
+    """``{failed: its replacement entry}`` for ``block`` from the replacements the groups' statuses
+    record, oldest first: status is input to check, so an entry is taken only when both are
+    UltraServers of the block, the failed one is not taken already, and the replacement is neither
+    a failed one nor standing in for another. (A replacement that fails later is replaced in turn:
+    its entry comes after the one it stands in for.)"""
+    known = set(ultraserver_ids)
+    out: dict[str, UltraServerReplacement] = {}
+    for e in sorted(entries, key=lambda e: (e.since, e.failed, e.replacement)):
+        if e.reserved_capacity_id == block and e.failed in known and e.replacement in known \
+                and e.failed != e.replacement and e.failed not in out and e.replacement not in out \
+                and e.replacement not in {x.replacement for x in out.values()}:
+            out[e.failed] = e
+    return out
