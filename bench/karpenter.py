@@ -8,7 +8,10 @@ of the same 288 nodes, in the same run, on the same plane and the same Karpenter
    the zone, capacity type ``reserved``; ``expireAfter: Never``, budgets ``nodes: "0"``) created by
    a bare client, timed from the create until a raw node watch has seen 288 of its Nodes Ready; then
    the NodePool is deleted and its Nodes gone. This is what Karpenter itself takes for 288 nodes.
-3. The operator (demo profile), ``--runs`` times: a plan of 16 x ml.u-p6e-gb200x72 and a karpenter
+3. For comparison, ``--claims-runs`` times: a bare client making the same number of standalone
+   NodeClaims (no NodePool; the shape hyperplan makes) from 8 threads, timed from the first create
+   until all their Nodes are Ready: Karpenter's time for claims of that shape, without hyperplan.
+4. The operator (demo profile), ``--runs`` times: a plan of 16 x ml.u-p6e-gb200x72 and a karpenter
    InstanceGroup of 272 (17 active + 1 spare each): timed from the block's ``startTime`` until the
    watch has seen all 288 group Nodes Ready; then the group is deleted and its Nodes gone.
 
@@ -20,6 +23,7 @@ Target (issue 24): the median operator time within 1.3 x the median floor.
 from __future__ import annotations
 
 import argparse
+from concurrent.futures import ThreadPoolExecutor
 import statistics
 import sys
 import time
@@ -27,7 +31,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import BenchError, Harness, fmt, loadavg, machine, pool, print_figures, step, verdict, wait_for  # noqa: E402
+from _common import (  # noqa: E402
+    BenchError, Harness, fmt, loadavg, machine, metric_sum, pool, print_figures, step, verdict, wait_for,
+)
 from nodes_ready import NodeTracker, group_to_ready, remove_group  # noqa: E402
 
 from hyperplan_dev import build  # noqa: E402
@@ -54,18 +60,83 @@ def nodepool(name: str, replicas: int) -> dict:
                                                 "values": ["reserved"]}]}}}}
 
 
+CLAIMS = "/apis/karpenter.sh/v1/nodeclaims"
+COUNTED = (("nodeclaims", "POST"), ("nodeclaims", "LIST"), ("nodeclaims", "PATCH"), ("nodeclaims", "PUT"),
+           ("nodes", "POST"), ("nodes", "PATCH"), ("nodes", "LIST"))
+
+
+def requests(h: Harness) -> dict[tuple[str, str], float]:
+    """The API server's requests so far, by (resource, verb), of the kinds in :data:`COUNTED`
+    (subresources included: Karpenter writes claims' status)."""
+    text = h.api.metrics()
+    return {(res, verb): metric_sum(text, "apiserver_request_total",
+                                    lambda l, res=res, verb=verb: l.get("resource") == res and l.get("verb") == verb)
+            for res, verb in COUNTED}
+
+
+def timeline(claims: NodeTracker, nodes: NodeTracker, t0: float, before: dict, after: dict) -> str:
+    """When the last claim and the last Node were first seen and the last Node Ready (from ``t0``),
+    and the requests in between."""
+    with claims.lock, nodes.lock:
+        last_claim = max(claims.added.values(), default=t0) - t0
+        last_node = max(nodes.added.values(), default=t0) - t0
+    counts = ", ".join(f"{verb} {res} {after[(res, verb)] - before[(res, verb)]:.0f}" for res, verb in COUNTED)
+    return f"last claim seen +{last_claim:.1f} s, last Node +{last_node:.1f} s; requests: {counts}"
+
+
 def floor_run(h: Harness, i: int, n: int) -> float:
     name = f"floor-{i}"
-    tracker = NodeTracker()
+    tracker, claims = NodeTracker(), NodeTracker()
     w = h.watch("/api/v1/nodes", tracker.on_event, labelSelector=f"bench={name}")
+    wc = h.watch(CLAIMS, claims.on_event, labelSelector=f"karpenter.sh/nodepool={name}")
+    before = requests(h)
     t0 = time.time()
     h.custom.create_cluster_custom_object("karpenter.sh", "v1", "nodepools", nodepool(name, n))
     wait_for(lambda: tracker.ready_count() >= n, timeout=300, what=f"{n} NodePool nodes Ready", interval=0.05)
     took = tracker.last_ready() - t0
-    step(f"floor run {i + 1}: a static NodePool of {n}: all Ready {took:.2f} s after its create (load {loadavg()})")
+    step(f"floor run {i + 1}: a static NodePool of {n}: all Ready {took:.2f} s after its create (load {loadavg()}); "
+         + timeline(claims, tracker, t0, before, requests(h)))
     h.custom.delete_cluster_custom_object("karpenter.sh", "v1", "nodepools", name)
     wait_for(lambda: not tracker.present, timeout=300, what=f"nodes of NodePool {name} gone", interval=0.2)
     w.stop()
+    wc.stop()
+    return took
+
+
+def standalone_claim(name: str, i: int) -> dict:
+    """A NodeClaim with no NodePool, as hyperplan makes one per slot (the same requirements, node
+    class, ``expireAfter`` and do-not-disrupt), without hyperplan's labels."""
+    return {"apiVersion": "karpenter.sh/v1", "kind": "NodeClaim",
+            "metadata": {"name": f"{name}-{i}", "labels": {"bench": name},
+                         "annotations": {"karpenter.sh/do-not-disrupt": "true"}},
+            "spec": {"nodeClassRef": {"group": karpenter_plane.NODECLASS_GROUP, "kind": karpenter_plane.NODECLASS_KIND,
+                                      "name": "default"},
+                     "expireAfter": "Never",
+                     "requirements": nodepool(name, 0)["spec"]["template"]["spec"]["requirements"]}}
+
+
+def claims_floor_run(h: Harness, i: int, n: int, threads: int = 8) -> float:
+    """A bare client creating ``n`` standalone NodeClaims from ``threads`` threads (hyperplan's
+    create width), timed from the first create until all their Nodes are Ready: what Karpenter takes
+    for claims of the shape hyperplan makes, without hyperplan."""
+    name = f"claims-{i}"
+    tracker, claims = NodeTracker(), NodeTracker()
+    w = h.watch("/api/v1/nodes", tracker.on_event, labelSelector=f"bench={name}")
+    wc = h.watch(CLAIMS, claims.on_event, labelSelector=f"bench={name}")
+    before = requests(h)
+    t0 = time.time()
+    with ThreadPoolExecutor(threads) as pool_:
+        list(pool_.map(lambda j: h.custom.create_cluster_custom_object(
+            "karpenter.sh", "v1", "nodeclaims", standalone_claim(name, j)), range(n)))
+    wait_for(lambda: tracker.ready_count() >= n, timeout=300, what=f"{n} standalone claims' nodes Ready", interval=0.05)
+    took = tracker.last_ready() - t0
+    step(f"standalone claims run {i + 1}: {n} NodeClaims from a bare client: all Ready {took:.2f} s after the first "
+         f"create (load {loadavg()}); " + timeline(claims, tracker, t0, before, requests(h)))
+    for j in range(n):
+        h.custom.delete_cluster_custom_object("karpenter.sh", "v1", "nodeclaims", f"{name}-{j}")
+    wait_for(lambda: not tracker.present, timeout=300, what=f"nodes of {name} gone", interval=0.2)
+    w.stop()
+    wc.stop()
     return took
 
 
@@ -80,17 +151,23 @@ def main(h: Harness, args: argparse.Namespace) -> int:
             '{"apiVersion": "%s/v1alpha1", "kind": "%s", "metadata": {"name": "default"}}'
             % (karpenter_plane.NODECLASS_GROUP, karpenter_plane.NODECLASS_KIND)))
         floors = [floor_run(h, i, n) for i in range(args.floor_runs)]
+        bare_claims = [claims_floor_run(h, i, n) for i in range(args.claims_runs)]
         h.start_operator("demo", {"HYPERPLAN_KARPENTER_LAUNCH_TIMEOUT_SECONDS": "120"})
         h.create("capacitypools", pool("bench-x72", GB200, PER_ULTRASERVER * args.ultraservers * 2, AZ, X72))
         runs = []
         for i in range(args.runs):
             name = f"bench-karpenter-{i}"
+            claims = NodeTracker()
+            wc = h.watch(CLAIMS, claims.on_event, labelSelector=f"hyperplan.dev/instance-group={name}")
+            before = requests(h)
             r, tracker, w = group_to_ready(
                 h, i, name, {"ultraServerType": X72, "ultraServerCount": args.ultraservers},
                 {"instanceType": GB200, "instanceCount": (PER_ULTRASERVER - 1) * args.ultraservers,
                  "nodeProvider": "karpenter"}, n, args.lead, ready_timeout=300)
             runs.append(r)
+            step(f"operator run {i + 1}: " + timeline(claims, tracker, r["start"], before, requests(h)))
             remove_group(h, name, tracker, w, timeout=300)
+            wc.stop()
         h.stop_operator()
     finally:
         k.stop()
@@ -103,7 +180,11 @@ def main(h: Harness, args: argparse.Namespace) -> int:
         ("karpenter group, block start to all Ready (median; runs " + ", ".join(f"{r['ready']:.1f}" for r in runs)
          + ")", fmt(ours), "", ""),
         ("ratio to the floor", f"{ratio:.2f}x", f"<= {TARGET_RATIO}x", verdict(ratio <= TARGET_RATIO)),
-    ])
+    ] + ([
+        ("bare client, standalone NodeClaims, first create to all Ready (median; runs "
+         + ", ".join(f"{x:.1f}" for x in bare_claims) + ")", fmt(statistics.median(bare_claims)), "", ""),
+        ("karpenter group / standalone claims", f"{ours / statistics.median(bare_claims):.2f}x", "", ""),
+    ] if bare_claims else []))
     return 0
 
 
@@ -112,6 +193,8 @@ if __name__ == "__main__":
     parser.add_argument("--ultraservers", type=int, default=16)
     parser.add_argument("--floor-runs", type=int, default=2)
     parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--claims-runs", type=int, default=2,
+                        help="runs of a bare client making the same number of standalone NodeClaims (for comparison)")
     parser.add_argument("--lead", type=int, default=25)
     args = parser.parse_args()
     with Harness("karpenter", budget=1800) as h:

@@ -210,7 +210,8 @@ def group_to_ready(h: Harness, i: int, name: str, plan_spec: dict, group_spec: d
     node_verb = lambda verb: delta(a0, a1, "apiserver_request_total",  # noqa: E731
                                    lambda l: l.get("resource") == "nodes" and l.get("verb") == verb
                                    and not l.get("subresource"))
-    r = {"first": first_added, "last": last_added, "ready": tracker.last_ready() - start, "early": len(early),
+    r = {"start": start, "first": first_added, "last": last_added, "ready": tracker.last_ready() - start,
+         "early": len(early),
          "load": load, "reconciles": delta(m0, m1, "hyperplan_reconciles_total"),
          "status_writes": delta(m0, m1, "hyperplan_status_writes_total"),
          "node_lists": node_verb("LIST"), "node_posts": node_verb("POST"), "node_patches": node_verb("PATCH"),

@@ -1605,6 +1605,7 @@ def test_failures_beyond_its_spares_move_the_group_to_a_free_ultraserver_checkpo
     assert again.create == [] and again.remediation == ()
     assert ("Warning", "UltraServerReplaced") not in kinds(again.events)
     assert again.status.ready_count == 17 and again.status.spare_count == 1
+    assert again.status.phase == "Ready"  # it serves on US 1 while US 0's nodes leave
     assert again.status.unhealthy_count == 0  # the leaving nodes are not the group's to count
 
 

@@ -469,7 +469,10 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
     ready = sum(1 for d in up if d.role == naming.ROLE_ACTIVE)
     spares_up = sum(1 for d in up if d.role == naming.ROLE_SPARE)
     active_wanted = mine.instance_count
-    phase = READY if (ready >= active_wanted and not create and not drains) else PROVISIONING
+    # A replaced UltraServer's nodes leaving do not make the group less Ready: it serves on the
+    # replacement (any other drain, a shrink's or another block's, does).
+    settling = [x for x in drains if x.reason != REASON_ULTRASERVER_REPLACED]
+    phase = READY if (ready >= active_wanted and not create and not settling) else PROVISIONING
     extra = [condition("RemediationAllowed", remedy.allowed,
                        "WithinBounds" if remedy.allowed else (remedy.reason or "TooManyUnhealthy"),
                        remedy.message, generation, conds, now)]
