@@ -402,8 +402,10 @@ class Harness:
         finally:
             step("stopping the control plane")
             self.plane.down(quiet=True)
-        if exc_type is None:
-            return False
+        if exc_type is None or (issubclass(exc_type, SystemExit) and exc.code in (0, None)):
+            return False  # a bench that ends with sys.exit(0) inside the harness ended well
+        if issubclass(exc_type, SystemExit):
+            return False  # its own exit code, after its own message
         if issubclass(exc_type, KeyboardInterrupt):
             print(f"\n{self.name}: interrupted; operator and control plane stopped", file=sys.stderr)
             raise SystemExit(130)
