@@ -23,6 +23,7 @@ Target (issue 24): the median operator time within 1.3 x the median floor.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 import statistics
 import sys
@@ -84,23 +85,36 @@ def timeline(claims: NodeTracker, nodes: NodeTracker, t0: float, before: dict, a
     return f"last claim seen +{last_claim:.1f} s, last Node +{last_node:.1f} s; requests: {counts}"
 
 
-def floor_run(h: Harness, i: int, n: int) -> float:
-    name = f"floor-{i}"
+def timed_run(h: Harness, name: str, n: int, claims_selector: str, make: Callable[[], None],
+              unmake: Callable[[], None], what: str) -> float:
+    """``make()`` timed from its start until ``n`` Nodes labelled ``bench=<name>`` are Ready (the claims
+    of ``claims_selector`` and the API server's requests watched meanwhile); then ``unmake()`` and
+    the Nodes gone."""
     tracker, claims = NodeTracker(), NodeTracker()
     w = h.watch("/api/v1/nodes", tracker.on_event, labelSelector=f"bench={name}")
-    wc = h.watch(CLAIMS, claims.on_event, labelSelector=f"karpenter.sh/nodepool={name}")
+    wc = h.watch(CLAIMS, claims.on_event, labelSelector=claims_selector)
     before = requests(h)
     t0 = time.time()
-    h.custom.create_cluster_custom_object("karpenter.sh", "v1", "nodepools", nodepool(name, n))
-    wait_for(lambda: tracker.ready_count() >= n, timeout=300, what=f"{n} NodePool nodes Ready", interval=0.05)
+    make()
+    wait_for(lambda: tracker.ready_count() >= n, timeout=300, what=f"{n} nodes of {name} Ready", interval=0.05)
     took = tracker.last_ready() - t0
-    step(f"floor run {i + 1}: a static NodePool of {n}: all Ready {took:.2f} s after its create (load {loadavg()}); "
+    step(f"{what}: all Ready {took:.2f} s after the first create (load {loadavg()}); "
          + timeline(claims, tracker, t0, before, requests(h)))
-    h.custom.delete_cluster_custom_object("karpenter.sh", "v1", "nodepools", name)
-    wait_for(lambda: not tracker.present, timeout=300, what=f"nodes of NodePool {name} gone", interval=0.2)
+    unmake()
+    wait_for(lambda: not tracker.present, timeout=300, what=f"nodes of {name} gone", interval=0.2)
     w.stop()
     wc.stop()
     return took
+
+
+def floor_run(h: Harness, i: int, n: int) -> float:
+    """The floor: a static NodePool of ``n`` created by a bare client."""
+    name = f"floor-{i}"
+    return timed_run(
+        h, name, n, f"karpenter.sh/nodepool={name}",
+        lambda: h.custom.create_cluster_custom_object("karpenter.sh", "v1", "nodepools", nodepool(name, n)),
+        lambda: h.custom.delete_cluster_custom_object("karpenter.sh", "v1", "nodepools", name),
+        f"floor run {i + 1}: a static NodePool of {n}")
 
 
 def standalone_claim(name: str, i: int) -> dict:
@@ -117,27 +131,19 @@ def standalone_claim(name: str, i: int) -> dict:
 
 def claims_floor_run(h: Harness, i: int, n: int, threads: int = 8) -> float:
     """A bare client creating ``n`` standalone NodeClaims from ``threads`` threads (hyperplan's
-    create width), timed from the first create until all their Nodes are Ready: what Karpenter takes
-    for claims of the shape hyperplan makes, without hyperplan."""
+    create width): what Karpenter takes for claims of the shape hyperplan makes, without hyperplan."""
     name = f"claims-{i}"
-    tracker, claims = NodeTracker(), NodeTracker()
-    w = h.watch("/api/v1/nodes", tracker.on_event, labelSelector=f"bench={name}")
-    wc = h.watch(CLAIMS, claims.on_event, labelSelector=f"bench={name}")
-    before = requests(h)
-    t0 = time.time()
-    with ThreadPoolExecutor(threads) as pool_:
-        list(pool_.map(lambda j: h.custom.create_cluster_custom_object(
-            "karpenter.sh", "v1", "nodeclaims", standalone_claim(name, j)), range(n)))
-    wait_for(lambda: tracker.ready_count() >= n, timeout=300, what=f"{n} standalone claims' nodes Ready", interval=0.05)
-    took = tracker.last_ready() - t0
-    step(f"standalone claims run {i + 1}: {n} NodeClaims from a bare client: all Ready {took:.2f} s after the first "
-         f"create (load {loadavg()}); " + timeline(claims, tracker, t0, before, requests(h)))
-    for j in range(n):
-        h.custom.delete_cluster_custom_object("karpenter.sh", "v1", "nodeclaims", f"{name}-{j}")
-    wait_for(lambda: not tracker.present, timeout=300, what=f"nodes of {name} gone", interval=0.2)
-    w.stop()
-    wc.stop()
-    return took
+
+    def each(call: Callable[[int], object]) -> None:
+        with ThreadPoolExecutor(threads) as pool_:
+            list(pool_.map(call, range(n)))
+
+    return timed_run(
+        h, name, n, f"bench={name}",
+        lambda: each(lambda j: h.custom.create_cluster_custom_object(
+            "karpenter.sh", "v1", "nodeclaims", standalone_claim(name, j))),
+        lambda: each(lambda j: h.custom.delete_cluster_custom_object("karpenter.sh", "v1", "nodeclaims", f"{name}-{j}")),
+        f"standalone claims run {i + 1}: {n} NodeClaims from a bare client")
 
 
 def main(h: Harness, args: argparse.Namespace) -> int:

@@ -10,9 +10,14 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from hyperplan import __version__
 from hyperplan.api.vocabulary import TOPOLOGY_LAYERS, TOPOLOGY_ULTRASERVER_ID
 
-# Restart containerd and the kubelet on the host: PID 1's namespaces, the host's systemctl.
+# A kind node's reboot, in PID 1's namespaces with the host's systemctl: the kubelet stops for longer
+# than the node controller's grace (50 s), so the node goes NotReady (Unknown) as a rebooting machine
+# does, then the container runtime and the kubelet start again and it is Ready under the same name.
+# (A kubelet only restarted may never report NotReady: the ladder would not see the node come back.)
+KIND_REBOOT_DOWN_SECONDS = 60
 DEFAULT_REBOOT_COMMAND = ("nsenter", "--target", "1", "--mount", "--uts", "--ipc", "--net", "--pid", "--",
-                          "systemctl", "restart", "containerd", "kubelet")
+                          "sh", "-c", f"systemctl stop kubelet && sleep {KIND_REBOOT_DOWN_SECONDS} "
+                          "&& systemctl restart containerd && systemctl start kubelet")
 
 
 # The deep health checks' default commands: hyperplan.deepcheck in the operator's image.
@@ -107,9 +112,10 @@ class Settings(BaseSettings):
     """Image of the Job that reboots a static node (the chart: the operator's own image); it
     needs ``nsenter`` for the default command."""
     reboot_job_command: list[str] = Field(default_factory=lambda: list(DEFAULT_REBOOT_COMMAND), min_length=1)
-    """Command of that Job (JSON in the environment). The default restarts the container runtime
-    and the kubelet of a kind node: it enters the host's namespaces (the pod has hostPID and is
-    privileged) and runs systemctl there. On a real fleet an admin puts a BMC or cloud call here."""
+    """Command of that Job (JSON in the environment). The default reboots a kind node: it enters the
+    host's namespaces (the pod has hostPID and is privileged), stops the kubelet for 60 s (the node
+    goes NotReady), then restarts the container runtime and starts the kubelet. On a real fleet an
+    admin puts a BMC or cloud call here."""
     reboot_job_ttl_seconds: int = Field(600, ge=0)
     """A finished reboot Job is deleted after this long (``ttlSecondsAfterFinished``)."""
     reboot_job_deadline_seconds: int = Field(600, gt=0)

@@ -107,10 +107,12 @@ def test_the_reboot_job_runs_the_admins_command_on_the_node_privileged() -> None
                                                                  {"privileged": True, "runAsUser": 0, "runAsGroup": 0})
 
 
-def test_the_default_reboot_restarts_the_runtime_and_kubelet_of_a_kind_node() -> None:
+def test_the_default_reboot_takes_a_kind_node_down_past_the_grace_then_restarts_its_runtime_and_kubelet() -> None:
     (c,) = reboot_job_body(RebootJob(), "kind-worker", "u")["spec"]["template"]["spec"]["containers"]
     assert c["command"] == list(DEFAULT_REBOOT_COMMAND)
-    assert c["command"][:3] == ["nsenter", "--target", "1"] and c["command"][-3:] == ["restart", "containerd", "kubelet"]
+    assert c["command"][:3] == ["nsenter", "--target", "1"] and c["command"][-3:-1] == ["sh", "-c"]
+    assert c["command"][-1] == ("systemctl stop kubelet && sleep 60 && systemctl restart containerd "
+                                "&& systemctl start kubelet")
     assert c["image"] == "hyperplan:0.1.0"
 
 
