@@ -621,6 +621,9 @@ def test_a_failed_node_is_rebooted_and_comes_back_as_its_ultraservers_spare(worl
     assert "NodeRecovered" in world.reasons()
     assert sorted(world.provider.nodes) == sorted([*ACTIVE, SPARE])
     assert record_of(world, failed)["recovery"] == {"reboots": ["2026-12-01T12:00:16Z"], "requested": False, "faults": []}
+    # The pass that brings it back does not count it unhealthy any more (it counted it both the
+    # spare's and unhealthy, until the next pass).
+    assert world.rt.cache.group(GROUP)["status"]["unhealthyCount"] == 0
     world.now += timedelta(seconds=1)
     run(world)
     status = world.rt.cache.group(GROUP)["status"]
