@@ -237,9 +237,10 @@ def failed_by_ultraserver(on_block: Sequence[ObservedGroupNode], verdict: health
     out: dict[str, list[datetime]] = {}
     for n in on_block:
         us, state = n.health.ultraserver_id, clocks.get(n.name, recovery.RecoveryState())
-        rebooting = state.rebooting_since is not None and not (
-            n.health.exists and recovery.back_from_reboot(n.health.conditions, state.rebooting_since))
-        if us and (n.name in verdict.unhealthy or rebooting or not n.health.exists):
+        if state.rebooting_since is not None and n.health.exists \
+                and recovery.back_from_reboot(n.health.conditions, state.rebooting_since):
+            continue  # back from its reboot in this pass (its mark goes now), or judged again next pass
+        if us and (n.name in verdict.unhealthy or state.rebooting_since is not None or not n.health.exists):
             out.setdefault(us, []).append(state.since or verdict.first_seen.get(n.name) or now)
     return out
 
@@ -447,7 +448,7 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
               and n.name not in leaving and not n.deleting]
     drains += [Drain(n.name, now, "OtherBlock") for n in stray if not n.deleting and n.health.exists]
     # The nodes of a replaced UltraServer: the checkpoint signal when it was replaced, the drain
-    # from the checkpoint lead on (at once for the failed nodes among them: nothing runs there).
+    # from the checkpoint lead on (the failed ones among them too), none made again there.
     leave_checkpoint, leave_at = None, None
     for failed, move in sorted(moves.items()):
         going = [n for n in on_block if n.name in leaving and leaving[n.name] is move]
