@@ -100,6 +100,11 @@ RECOVERY = Histogram(
     "From a fault's first sight to the node or its replacement serving again, by action: reboot (the "
     "rebooted node serves again), promote (a spare serves in its place), replace (its replacement Ready).",
     ["action"], buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600))
+ULTRASERVER_REPLACEMENTS = Counter(
+    "hyperplan_ultraserver_replacements_total",
+    "UltraServers whose groups' nodes moved to a free UltraServer of the block, by reason: "
+    "FailuresBeyondSpares, ImpairedTooLong; and NoFreeUltraServer each time a group first found none free "
+    "for an UltraServer that could no longer hold its nodes.", ["reason"])
 REMOTE_CALLS = Counter(
     "hyperplan_remote_calls_total",
     "Calls to a remote SageMaker endpoint (a pool's spec.source), by operation and result (ok, or the "
@@ -126,6 +131,8 @@ for _action in RECOVERY_ACTIONS:
     RECOVERY.labels(_action)
 for _result in ("passed", "failed"):
     DEEP_HEALTH_CHECKS.labels(_result)
+for _reason in ("FailuresBeyondSpares", "ImpairedTooLong", "NoFreeUltraServer"):
+    ULTRASERVER_REPLACEMENTS.labels(_reason)
 PURCHASES.labels("Purchased")
 REMOTE_OPERATIONS = ("SearchTrainingPlanOfferings", "CreateTrainingPlan", "DescribeTrainingPlan", "ListTrainingPlans")
 for _operation in REMOTE_OPERATIONS:

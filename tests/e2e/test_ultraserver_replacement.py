@@ -15,6 +15,7 @@ label ``Unschedulable``), one more than its one spare:
 
 from __future__ import annotations
 
+import re
 import uuid
 from datetime import timedelta
 
@@ -83,7 +84,10 @@ def ultraserver_replaced(ctx: Context) -> dict:
                                            if any(u.get("replacedBy") for u in s.get("ultraServers") or [])), None),
                              timeout=30, what="the plan names the replacement")
     eventually(lambda: utcnow() > moved_at + timedelta(seconds=3), timeout=10, what="a few seconds more")
-    return {"failed_us": failed_us, "old": old, "victims": victims, "failed_at": failed_at, "moved_at": moved_at,
+    counted = eventually(lambda: next((float(m.group(1)) for m in [re.search(
+        r'^hyperplan_ultraserver_replacements_total\{reason="FailuresBeyondSpares"\} (\S+)$', ctx.metrics(), re.M)]
+        if m and float(m.group(1)) >= 1), None), timeout=30, what="the replacement counted in /metrics")
+    return {"counted": counted, "failed_us": failed_us, "old": old, "victims": victims, "failed_at": failed_at, "moved_at": moved_at,
             "status": st, "after": {n["metadata"]["name"]: n["metadata"]["labels"] for n in after},
             "states": seen.stop(), "plan_status": plan_status,
             "group_events": [(e["type"], e["reason"], e.get("message", "")) for e in events_for(k, group)],
@@ -106,6 +110,7 @@ def test_the_group_moves_to_the_free_ultraserver_and_is_ready_there(scenarios) -
     cond = next(c for c in r["status"]["conditions"] if c["type"] == "UltraServerReplacement")
     assert (cond["status"], cond["reason"]) == ("True", "UltraServerReplaced")
     assert f"UltraServer {r['failed_us']} replaced by {replacement}" in cond["message"]
+    assert r["counted"] >= 1  # hyperplan_ultraserver_replacements_total{reason="FailuresBeyondSpares"}
     print(f"[ultraserver] replaced and Ready on {replacement} {(r['moved_at'] - r['failed_at']).total_seconds():.1f} s "
           "after the second failure")
 

@@ -1591,6 +1591,7 @@ def test_failures_beyond_its_spares_move_the_group_to_a_free_ultraserver_checkpo
     assert ("UltraServerReplacement", "True", "UltraServerReplaced") in conds(d)
     assert ("Warning", "UltraServerReplaced") in kinds(d.events)
     assert kinds(d.plan_events) == [("Warning", "UltraServerReplaced")]
+    assert d.ultraserver_reasons == ("FailuresBeyondSpares",)  # counted once, by the pass that moved
     assert "2 of the group's nodes on UltraServer" in d.plan_events[0].message
     assert d.status.phase == "Provisioning"
 
@@ -1603,7 +1604,7 @@ def test_failures_beyond_its_spares_move_the_group_to_a_free_ultraserver_checkpo
     assert sorted(x.node for x in again.drain) == sorted(s.name for s in ONE_US_FIRST.create)
     assert {x.reason for x in again.drain} == {"UltraServerReplaced"}
     assert again.create == [] and again.remediation == ()
-    assert ("Warning", "UltraServerReplaced") not in kinds(again.events)
+    assert ("Warning", "UltraServerReplaced") not in kinds(again.events) and again.ultraserver_reasons == ()
     assert again.status.ready_count == 17 and again.status.spare_count == 1
     assert again.status.phase == "Ready"  # it serves on US 1 while US 0's nodes leave
     assert again.status.unhealthy_count == 0  # the leaving nodes are not the group's to count
@@ -1688,3 +1689,23 @@ def test_placement_with_replacements_moves_only_the_failed_ultraservers_groups()
     # a group made later that fill-first puts on a failed UltraServer is on its replacement
     late = placement.place_with_replacements([*groups, placement.GroupRequest("g4", 2)], us, {a: c})
     assert late["g4"].counts == {b: 2}  # best fit: b has 2 left; c stands in for a (full)
+
+
+def test_a_node_back_from_its_reboot_in_this_pass_is_not_counted_among_the_ultraservers_failed():
+    """US 0 keeps one spare: its node 0-3 rebooted (the record's clock) and reports Ready again now,
+    while 0-1 fails. One failed node, within the spare: no move (counting 0-3 too would move the
+    group off an UltraServer that holds it)."""
+    from hyperplan.api.models import GroupNode, NodeRecovery
+    rebooted_at = FAIL_AT - timedelta(seconds=20)
+    cluster = one_us_running("0-1")
+    back = cluster[name("0-3")]
+    back.labels[naming.LABEL_HEALTH] = naming.HEALTH_PENDING_REBOOT
+    back.ready_since = rebooted_at + timedelta(seconds=10)  # Ready again after the reboot began
+    entry = GroupNode(name=name("0-3"), uid="u", node_id=name("0-3"),
+                      recovery=NodeRecovery(reboots=[rebooted_at], rebooting_since=rebooted_at, requested=True,
+                                            fault_since=rebooted_at))
+    prior = InstanceGroupStatus(nodes=[entry])
+    d = decide(observed(cluster), now=P1, s=ONE_US, prior=prior)
+
+    assert moved(d) == []
+    assert any(isinstance(a, health.RecoverNode) and a.node == name("0-3") for a in d.remediation), d.remediation

@@ -235,6 +235,8 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     post_events(obj, [(None, ev) for ev in decision.events] + applied.events)
     for ev in decision.plan_events if plan_obj is not None else ():  # logged with the group's already
         kopf.event(plan_obj, type=ev.type, reason=ev.reason, message=ev.message)
+    for reason in decision.ultraserver_reasons:
+        metrics.ULTRASERVER_REPLACEMENTS.labels(reason).inc()
     if decision.plan_events:  # the plan's other groups place as if the replacement were the failed one
         for peer in peers:
             if peer.name != name:

@@ -174,6 +174,9 @@ class GroupDecision:
     recovery: Mapping[str, recovery.RecoveryState] = field(default_factory=dict)
     checkpoint: Checkpoint | None = None  # carried out before the drains
     plan_events: list[Event] = field(default_factory=list)  # for the training plan (an UltraServer replaced)
+    # For the metrics: the reasons of the UltraServer replacements this pass made, and NoFreeUltraServer
+    # when it first found none free.
+    ultraserver_reasons: tuple[str, ...] = ()
     checks: deepchecks.ChecksPlan | None = None  # the deep health checks' Jobs and record moves
     events: list[Event] = field(default_factory=list)
     wake_at: datetime | None = None
@@ -364,6 +367,7 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
     # The last rung: the group's nodes leave an UltraServer that can no longer hold them, for a
     # free one of the block, all together (planning.recovery.plan_ultraserver_replacement).
     ultraserver_verdict = recovery.UltraServerVerdict()
+    new_moves: dict[str, UltraServerReplacement] = {}
     if ultraservers and ladder.automatic:
         allocations: dict[str, int] = {}
         for p in placements.values():
@@ -498,6 +502,8 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
         decision.events += checkpoint_events(decision.checkpoint, on_block)
     decision.events += ultraserver_events(moves, ultraserver_verdict, prior, leaving)
     decision.plan_events = [e for e in decision.events if e.reason == recovery.REASON_REPLACED]
+    decision.ultraserver_reasons = tuple(m.reason for m in ultraserver_verdict.moves if m.failed in new_moves) + tuple(
+        e.reason for e in decision.events if e.reason == recovery.REASON_NO_FREE_ULTRASERVER)
     signal_at = checkpoint_time(termination, policy.checkpoint_lead)
     # verdict.next_check batches grace ends that fall close together (health.HEALTH_BATCH_WINDOW).
     decision.wake_at = _min_time(schedule.next_transition_time, verdict.next_check, evacuation_check, remedy.next_check,
