@@ -10,9 +10,11 @@ from tests.e2e.scenarios import (
 )
 from tests.kube import eventually
 
-# Behaviour, not speed: a transition within a few seconds of its boundary (bench/transitions.py
-# measures the lag itself). The margin is for a loaded machine running every scenario side by side.
-TOLERANCE = timedelta(seconds=4)
+# Behaviour, not speed: a transition near its boundary rather than at the next poll or never
+# (bench/transitions.py measures the lag itself). The margin is for a loaded machine running every
+# scenario of the first wave side by side: 4 s was once missed by 3.5 s (CI, stop 31), while the
+# blocks are 60 s long and 40 s apart, so 10 s still tells a boundary from the next one.
+TOLERANCE = timedelta(seconds=10)
 
 
 @scenario
