@@ -149,9 +149,16 @@ def ledger_overbooking(pool: Obj) -> list[str]:
     return out
 
 
-def _blocks_of_plan(plan: Obj) -> set[tuple[str, datetime, datetime, int]]:
-    return {(b["id"], from_rfc3339(b["startTime"]), from_rfc3339(b["endTime"]), int(b["instanceCount"]))
-            for b in (plan.get("status") or {}).get("reservedCapacity") or []}
+def _blocks_of_plan(plan: Obj, added: bool = True) -> set[tuple[str, datetime, datetime, int]]:
+    """The plan's status blocks as (id, start, end, instances); with ``added``, each UltraServer bought
+    for the rest of a block too (its own ledger line: from its start to the block's end)."""
+    out = set()
+    for b in (plan.get("status") or {}).get("reservedCapacity") or []:
+        end = from_rfc3339(b["endTime"])
+        out.add((b["id"], from_rfc3339(b["startTime"]), end, int(b["instanceCount"])))
+        for a in b.get("addedUltraServers") or [] if added else []:
+            out.add((a["id"], from_rfc3339(a["startTime"]), end, int(a["instanceCount"])))
+    return out
 
 
 def ledger_entries(pools: Iterable[Obj]) -> dict[str, list[tuple[str, Mapping[str, Any]]]]:
@@ -226,7 +233,7 @@ class PurchaseHistory:
     reservations: dict[str, tuple[str, str, str, int]] = field(default_factory=dict)
 
     def plan(self, obj: Obj) -> list[str]:
-        blocks = frozenset(_blocks_of_plan(obj))
+        blocks = frozenset(_blocks_of_plan(obj, added=False))  # an UltraServer added later is no second purchase
         uid = _meta(obj).get("uid", "")
         if not blocks:
             return []

@@ -1709,3 +1709,40 @@ def test_a_node_back_from_its_reboot_in_this_pass_is_not_counted_among_the_ultra
 
     assert moved(d) == []
     assert any(isinstance(a, health.RecoverNode) and a.node == name("0-3") for a in d.remediation), d.remediation
+
+
+# --------------------------------------------------------------------------- an UltraServer bought for the rest of the block
+
+from hyperplan.api.models import AddedUltraServer  # noqa: E402
+
+ONE_US_BLOCK = BLOCK.model_copy(update={"instance_count": 18, "ultra_server_count": 1})
+ONE_US_PLAN = BoundPlan("p", "hyperpod-cluster", None, X72, 1, (ONE_US_BLOCK,))
+ALONE_FIRST = decide(s=ONE_US, plan=ONE_US_PLAN)
+
+
+def test_with_no_free_ultraserver_the_group_says_which_it_wants_and_keeps_when_it_first_did():
+    cluster = failing("0-1", "0-2", cluster=cluster_of(ALONE_FIRST.create))
+    d = decide(observed(cluster), now=P1, s=ONE_US, plan=ONE_US_PLAN, prior=ALONE_FIRST.status)
+
+    assert moved(d) == []
+    assert ("UltraServerReplacement", "False", "NoFreeUltraServer") in conds(d)
+    assert [(w.reserved_capacity_id, w.failed, w.since) for w in d.status.ultra_servers_wanted] == \
+        [(ONE_US_BLOCK.id, US0, P1)]
+    later = P1 + timedelta(seconds=3)
+    again = decide(observed(cluster, later), now=later, s=ONE_US, plan=ONE_US_PLAN, prior=d.status)
+    assert [w.since for w in again.status.ultra_servers_wanted] == [P1]  # first wanted then, not now
+
+
+def test_an_ultraserver_the_plan_bought_for_the_rest_of_the_block_is_where_the_group_moves():
+    cluster = failing("0-1", "0-2", cluster=cluster_of(ALONE_FIRST.create))
+    stuck = decide(observed(cluster), now=P1, s=ONE_US, plan=ONE_US_PLAN, prior=ALONE_FIRST.status)
+    bought = ONE_US_BLOCK.model_copy(update={"added_ultra_servers": [AddedUltraServer(
+        id=f"{ONE_US_BLOCK.id}-r0", start_time=P1, instance_count=18, in_place_of=US0)]})
+    plan = BoundPlan("p", "hyperpod-cluster", None, X72, 1, (bought,))
+    later = P1 + timedelta(seconds=2)
+    d = decide(observed(cluster, later), now=later, s=ONE_US, plan=plan, prior=stuck.status)
+
+    assert moved(d) == [(US0, US1, "FailuresBeyondSpares")]  # US 1: the bought one, after the block's own
+    assert {s.ultraserver_id for s in d.create} == {US1} and len(d.create) == 18
+    assert d.status.ultra_servers_wanted is None
+    assert ("UltraServerReplacement", "True", "UltraServerReplaced") in conds(d)

@@ -21,7 +21,7 @@ from hyperplan.actuation.deepchecks import DeepCheckJobs, Target
 from hyperplan.actuation.kueue import KueueWrites
 from hyperplan.actuation.leadership import LeaseRecord, LeaseStore
 from hyperplan.actuation.ledger import (
-    CapacityLedger, PurchaseResult, blocks_of, extended_lines, extension_refusal, pool_snapshot, reservations_by_pool,
+    CapacityLedger, PurchaseResult, addition_refusal, blocks_of, extended_lines, extension_refusal, pool_snapshot, reservations_by_pool,
 )
 from hyperplan.actuation.nodes import (
     LABEL_NODE_ID, REBOOT_REASON, AdoptionConflict, DrainProgress, MadeNode, NodePods, NodeProvider,
@@ -81,6 +81,21 @@ class FakeLedger:
             assert pool is not None
             pool.status.reservations = [Reservation.model_validate(r)
                                         for r in extended_lines(lines, plan_uid, extension)]
+        return PurchaseResult(blocks=tuple(blocks_of(self.pool_objects, plan_uid)))
+
+    def add_ultraserver(self, plan: str, plan_uid: str, addition, plan_labels=None) -> PurchaseResult:
+        self.calls.append(("add_ultraserver", (plan, addition.id)))
+        pool = next((p for p in self.pool_objects if p.metadata["name"] == addition.pool), None)
+        raw = None if pool is None else {"metadata": pool.metadata, **pool.model_dump(by_alias=True, mode="json",
+                                                                                      include={"spec", "status"},
+                                                                                      exclude_none=True)}
+        violation, done = addition_refusal(raw, plan_uid, addition, plan_labels)
+        violation = None if done else self.fail_with or violation
+        if violation:
+            return PurchaseResult(violation=violation)
+        if not done:
+            assert pool is not None
+            pool.status.reservations.append(addition.to_reservation(plan, plan_uid))
         return PurchaseResult(blocks=tuple(blocks_of(self.pool_objects, plan_uid)))
 
     def record_remote(self, pool: str, plan: str, plan_uid: str, lines) -> list:

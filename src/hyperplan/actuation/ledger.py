@@ -36,9 +36,11 @@ from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from hyperplan.actuation.kube import Kube, is_conflict
 from hyperplan.api.models import API_VERSION, CapacityPool, Reservation
-from hyperplan.planning.blocks import Block
+from hyperplan.planning.blocks import Block, with_additions
 from hyperplan.api.vocabulary import REASON_OFFERING_UNAVAILABLE, to_rfc3339
-from hyperplan.planning.offerings import Busy, Extension, Offering, PoolSnapshot, RuleViolation, recheck_offering
+from hyperplan.planning.offerings import (
+    Busy, Extension, Offering, PoolSnapshot, RuleViolation, free_intervals, recheck_offering,
+)
 from hyperplan.planning.policy import Policy
 from hyperplan.planning.tenancy import pools_for_plan, selector_of
 
@@ -83,7 +85,7 @@ def blocks_of(pools: Sequence[CapacityPool], plan_uid: str) -> list[Block]:
                                p.spec.ultra_server_type)
         for p in pools for r in p.status.reservations if r.training_plan_uid == plan_uid
     ]
-    return sorted(found, key=lambda b: (b.start, b.id))
+    return with_additions(sorted(found, key=lambda b: (b.start, b.id)))
 
 
 class PoolReads(Protocol):
@@ -111,6 +113,41 @@ class CapacityLedger(Protocol):
                now: datetime, plan_labels: Mapping[str, str] | None = None) -> PurchaseResult: ...
 
     def record_remote(self, pool: str, plan: str, plan_uid: str, lines: Sequence[Reservation]) -> list[Block]: ...
+
+    def add_ultraserver(self, plan: str, plan_uid: str, addition: Block,
+                        plan_labels: Mapping[str, str] | None = None) -> PurchaseResult: ...
+
+
+def addition_refusal(pool: Mapping[str, Any] | None, plan_uid: str, addition: Block,
+                     plan_labels: Mapping[str, str] | None) -> tuple[RuleViolation | None, bool]:
+    """Whether the pool ``pool`` (as read) lets ``addition`` (an UltraServer for the rest of block
+    ``addition.adds_to``, planning.plans.ultraserver_to_buy) be written: (None, True) when its line
+    is there already (bought before: nothing to write), (None, False) when the block is the plan's,
+    the pool still sells to the plan, and one more UltraServer fits from the addition's start to its
+    end among every line of the ledger, the plan's own among them; else why not."""
+    where = f"pool {addition.pool!r}"
+    if pool is None:
+        return RuleViolation(REASON_OFFERING_UNAVAILABLE, f"{where} is gone"), False
+    if (pool.get("spec") or {}).get("source"):
+        return RuleViolation(REASON_OFFERING_UNAVAILABLE, (
+            f"{where} sells through a remote endpoint: an UltraServer for the rest of a block is bought from "
+            "a pool's own ledger only")), False
+    lines = (pool.get("status") or {}).get("reservations") or []
+    if any(r.get("reservedCapacityId") == addition.id and r.get("trainingPlanUid") == plan_uid for r in lines):
+        return None, True
+    if not any(r.get("reservedCapacityId") == addition.adds_to and r.get("trainingPlanUid") == plan_uid
+               for r in lines):
+        return RuleViolation(REASON_OFFERING_UNAVAILABLE, (
+            f"block {addition.adds_to} is no longer in the ledger of {where}")), False
+    snapshot = pool_snapshot(CapacityPool.model_validate(pool))
+    if not pools_for_plan([snapshot], plan_labels):
+        return RuleViolation(REASON_OFFERING_UNAVAILABLE, f"{where} no longer sells to this plan"), False
+    if not any(s <= addition.start and (e is None or e >= addition.end)
+               for s, e in free_intervals(snapshot, addition.instance_count, addition.start)):
+        return RuleViolation(REASON_OFFERING_UNAVAILABLE, (
+            f"{where} has no room for {addition.instance_count} more instances from "
+            f"{to_rfc3339(addition.start)} to {to_rfc3339(addition.end)}")), False
+    return None, False
 
 
 def extension_refusal(lines: Sequence[Mapping[str, Any]], plan_uid: str,
@@ -304,6 +341,33 @@ class KubeLedger:
                 return PurchaseResult(blocks=tuple(self._blocks(plan_uid, after)))
         return PurchaseResult(violation=RuleViolation(
             "LedgerContention", f"the capacity ledger changed under {MAX_ATTEMPTS} attempts to extend"))
+
+    def add_ultraserver(self, plan: str, plan_uid: str, addition: Block,
+                        plan_labels: Mapping[str, str] | None = None) -> PurchaseResult:
+        """Append ``addition``'s line to its pool's ledger (:func:`addition_refusal` first), written
+        with the resourceVersion read, re-read and re-checked after a 409. Idempotent: its id is one
+        per failed UltraServer, and a line already there is left alone."""
+        with self._turn:
+            for attempt in range(1, MAX_ATTEMPTS + 1):
+                raw = self._pool_objects()
+                obj = raw.get(addition.pool)
+                violation, done = addition_refusal(obj, plan_uid, addition, plan_labels)
+                if done:
+                    return PurchaseResult(blocks=tuple(self._blocks(plan_uid, list(raw.values()))))
+                if violation is not None:
+                    return PurchaseResult(violation=violation)
+                assert obj is not None
+                try:
+                    written = self._add(obj, [addition.to_reservation(plan, plan_uid).wire()])
+                except Exception as e:  # noqa: BLE001 - only conflicts are retried
+                    if not is_conflict(e):
+                        raise
+                    log.info("ledger conflict adding an UltraServer to plan %s (attempt %d); re-reading", plan, attempt)
+                    self._reread([addition.pool])
+                    continue
+                return PurchaseResult(blocks=tuple(self._blocks(plan_uid, list({**raw, addition.pool: written}.values()))))
+        return PurchaseResult(violation=RuleViolation(
+            "LedgerContention", f"the capacity ledger changed under {MAX_ATTEMPTS} attempts to add an UltraServer"))
 
     def record_remote(self, pool: str, plan: str, plan_uid: str, lines: Sequence[Reservation]) -> list[Block]:
         """Make the plan's lines in the remote ``pool`` exactly ``lines`` (what the remote endpoint

@@ -217,6 +217,12 @@ class Reservation(Model):
     remote_training_plan_arn: str | None = Field(default=None, max_length=MAX_ARN, description=(
         "In a pool with a remote source: the remote training plan this line mirrors (its ARN). The "
         "operator writes these lines from what the remote endpoint answers; they are its own record."))
+    adds_to: Identifier | None = Field(default=None, description=(
+        "An UltraServer added to the plan's block of this id for the rest of it, bought when one of "
+        "the block's UltraServers failed and the block had no free one (inPlaceOf names it); not a "
+        "block of its own."))
+    in_place_of: LabelValue | None = Field(default=None, description=(
+        "With addsTo: the failed UltraServer this one was bought for."))
 
 
 class RemoteSource(Model):
@@ -345,6 +351,19 @@ class Offering(Model):
     duration_minutes: int | None = None
 
 
+class AddedUltraServer(Model):
+    """An UltraServer added to a bought block for the rest of it (its own ledger line, ``id``), in
+    place of a failed one of the block (``inPlaceOf``) when the block had no free UltraServer."""
+
+    id: Identifier
+    start_time: Time
+    instance_count: int
+    in_place_of: LabelValue | None = None
+
+
+MAX_ADDED_ULTRASERVERS = 16
+
+
 class ReservedCapacity(Model):
     id: Identifier
     availability_zone: LabelValue
@@ -357,6 +376,9 @@ class ReservedCapacity(Model):
     capacity_pool: Name | None = None
     ultra_server_type: LabelValue | None = None
     ultra_server_count: int | None = None
+    # UltraServers bought for the rest of the block in place of failed ones (their UltraServer ids
+    # follow the block's own: <id>-us-<ultraServerCount>, and on); not in instanceCount.
+    added_ultra_servers: list[AddedUltraServer] | None = Field(default=None, max_length=MAX_ADDED_ULTRASERVERS)
 
 
 class ExtensionOffering(Model):
@@ -781,6 +803,16 @@ class UltraServerReplacement(Model):
     reason: str = Field(default="", max_length=MAX_REASON)
 
 
+class UltraServerWanted(Model):
+    """UltraServer ``failed`` of block ``reservedCapacityId`` can no longer hold the group's nodes and
+    the block has no free UltraServer for them, since ``since``: the plan may buy one from its pool
+    for the rest of the block (it checks this against its own view of the nodes first)."""
+
+    reserved_capacity_id: Identifier
+    failed: LabelValue
+    since: Time
+
+
 MAX_ULTRASERVER_REPLACEMENTS = 64
 
 
@@ -801,6 +833,8 @@ class InstanceGroupStatus(Model):
     # The UltraServers of the current block the group's nodes moved off, and where to.
     ultra_server_replacements: list[UltraServerReplacement] = Field(
         default_factory=list, max_length=MAX_ULTRASERVER_REPLACEMENTS)
+    # The UltraServers the group's nodes must leave for which the block has no free one (yet).
+    ultra_servers_wanted: list[UltraServerWanted] | None = Field(default=None, max_length=MAX_ULTRASERVER_REPLACEMENTS)
 
 
 class InstanceGroup(Model):

@@ -49,7 +49,7 @@ from kubernetes import client
 
 from hyperplan.api.models import GROUP, VERSION, Reservation
 from hyperplan.api.vocabulary import ANNOTATION_LAST_HANDLED, OWN_PREFIX, from_rfc3339
-from hyperplan.planning.blocks import Block
+from hyperplan.planning.blocks import Block, with_additions
 from hyperplan.planning.offerings import Busy, PoolSnapshot
 from hyperplan.planning.tenancy import selector_of
 
@@ -482,7 +482,7 @@ class WatchCache:
         """The blocks the plan with ``plan_uid`` holds in every pool's ledger, ordered by start."""
         found = [b for p in (self.pool_objects() if pools is None else pools)
                  for b in self._parsed(p).by_plan_uid.get(plan_uid, ())]
-        return sorted(found, key=lambda b: (b.start, b.id))
+        return with_additions(sorted(found, key=lambda b: (b.start, b.id)))
 
     def forget(self, kind: str, name: str) -> None:
         """Drop what the operator remembers of a deleted object (its write-through copy, and a

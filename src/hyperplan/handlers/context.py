@@ -15,7 +15,7 @@ from hyperplan.actuation.kube import Kube, api_client
 from hyperplan.actuation.remote import RemoteSources, secret_credentials
 from hyperplan.actuation.ledger import CapacityLedger, KubeLedger
 from hyperplan.actuation.nodes import KubeNodePods, NodePods, NodeProvider, providers
-from hyperplan.api.models import UltraServerReplacement
+from hyperplan.api.models import UltraServerReplacement, UltraServerWanted
 from hyperplan.handlers.cache import WatchCache
 from hyperplan.handlers.nodewatch import NodeStore
 from hyperplan.handlers.workqueue import WorkQueue, report_failure, utcnow
@@ -131,13 +131,23 @@ def status_of(model: type[M], obj: dict[str, Any]) -> M:
         return model()
 
 
-def ultraserver_replacements(group: Mapping[str, Any]) -> tuple[UltraServerReplacement, ...]:
-    """The UltraServer replacements a group's status records; an entry that does not read as one is
-    left out (planning checks the rest: recovery.block_replacements)."""
+def _entries(group: Mapping[str, Any], field: str, model: type[M]) -> tuple[M, ...]:
     out = []
-    for entry in (group.get("status") or {}).get("ultraServerReplacements") or ():
+    for entry in (group.get("status") or {}).get(field) or ():
         try:
-            out.append(UltraServerReplacement.model_validate(entry))
+            out.append(model.model_validate(entry))
         except ValidationError:
             continue
     return tuple(out)
+
+
+def ultraserver_replacements(group: Mapping[str, Any]) -> tuple[UltraServerReplacement, ...]:
+    """The UltraServer replacements a group's status records; an entry that does not read as one is
+    left out (planning checks the rest: recovery.block_replacements)."""
+    return _entries(group, "ultraServerReplacements", UltraServerReplacement)
+
+
+def ultraservers_wanted(group: Mapping[str, Any]) -> tuple[UltraServerWanted, ...]:
+    """The UltraServers a group's status says it must leave with none free to go to; an entry that
+    does not read as one is left out (the plan checks the rest: planning.plans.ultraserver_to_buy)."""
+    return _entries(group, "ultraServersWanted", UltraServerWanted)

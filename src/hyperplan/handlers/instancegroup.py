@@ -246,8 +246,10 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     metrics.observe_group_pass(name, group.status, decision.status,
                                decision.block.start_time if decision.block else None, rt.clock())
     if plan is not None and (nodes_moved or decision.create or decision.drain or decision.remediation
-                             or decision.update):
-        rt.queue.wake("plan", plan.name)  # its counts follow the nodes (see handlers.nodes)
+                             or decision.update
+                             or decision.status.ultra_servers_wanted != group.status.ultra_servers_wanted):
+        # Its counts follow the nodes (see handlers.nodes); it may buy an UltraServer a group wants.
+        rt.queue.wake("plan", plan.name)
     wake_at = decision.wake_at
     if launching or any(e.node_claim is not None for e in applied.made):
         # A claim waits for its Node (made now, or before): no watch event says when Karpenter ties

@@ -40,7 +40,7 @@ from hyperplan.actuation.ledger import CapacityLedger, PurchaseResult
 from hyperplan.api.models import MAX_EXTENSIONS, TrainingPlan, TrainingPlanSpec, TrainingPlanStatus
 from hyperplan.api.vocabulary import FINALIZER, PLAN_FINALIZER, REASON_OFFERING_UNAVAILABLE
 from hyperplan.handlers import remote_plans
-from hyperplan.handlers.context import Runtime, status_of, ultraserver_replacements
+from hyperplan.handlers.context import Runtime, status_of, ultraserver_replacements, ultraservers_wanted
 from hyperplan.planning import counts
 from hyperplan.planning import naming
 from hyperplan.planning.blocks import Block
@@ -49,8 +49,8 @@ from hyperplan.planning.nodefacts import facts_of_dict
 from hyperplan.planning.offerings import Offering, OfferingRequest, RuleViolation
 from hyperplan.planning.remote import waiting_for_remote
 from hyperplan.planning.plans import (
-    FAILED, PENDING, Event, PlanDecision, PlanUsage, block_usage, current_block, decide_plan, extension_failed, failed,
-    request_of, reserved_capacity,
+    FAILED, PENDING, Event, PlanDecision, PlanUsage, addition_refused, block_usage, current_block, decide_plan,
+    extension_failed, failed, request_of, reserved_capacity,
 )
 from hyperplan.planning.policy import Policy, parse_duration
 from hyperplan.planning.tenancy import pools_for_plan
@@ -83,9 +83,11 @@ def node_usage(rt: Runtime, plan: TrainingPlan, purchased: list[Block], now: dat
     nodes = [plan_observed_node(n, rt.keys) for n in rt.cache.block_nodes(naming.label_value(block.id))
              if not n["metadata"].get("deletionTimestamp")]
     name = plan.metadata.get("name")
-    replaced = [r for g in rt.cache.groups() if (g.get("spec") or {}).get("trainingPlanRef") == name
-                for r in ultraserver_replacements(g)] if block.ultra_server_type else []
-    return block_usage(block, plan.spec.spare_instances_per_ultra_server, nodes, replaced)
+    groups = [g for g in rt.cache.groups() if (g.get("spec") or {}).get("trainingPlanRef") == name] \
+        if block.ultra_server_type else []
+    return block_usage(block, plan.spec.spare_instances_per_ultra_server, nodes,
+                       [r for g in groups for r in ultraserver_replacements(g)],
+                       [w for g in groups for w in ultraservers_wanted(g)])
 
 
 def as_the_ledger_holds(rt: Runtime, obj: Mapping[str, Any], now: datetime) -> TrainingPlan:
@@ -208,6 +210,8 @@ async def reconcile_plan(rt: Runtime, name: str) -> datetime | None:
             decision = failed(decision.status, generation, result.violation, rt.clock())
     elif decision.extend is not None:
         decision = await _extend(rt, name, uid, plan, generation, decision, purchased, snapshots, usage, labels)
+    elif decision.add_ultraserver is not None:
+        decision = await _add_ultraserver(rt, name, uid, plan, generation, decision, snapshots, usage, labels)
 
     await _write(rt, obj, decision)
     if decision.status.phase in (None, "Pending"):
@@ -296,6 +300,32 @@ async def _extend(rt: Runtime, name: str, uid: str, plan: TrainingPlan, generati
         events += decision.events
     decision.events = list(dict.fromkeys(events))  # the decisions again repeat the first one's events
     return decision
+
+
+async def _add_ultraserver(rt: Runtime, name: str, uid: str, plan: TrainingPlan, generation: int,
+                           decision: PlanDecision, snapshots: list, usage: PlanUsage,
+                           labels: Mapping[str, str]) -> PlanDecision:
+    """Buy the UltraServer the decision names for the rest of its block (the ledger re-checks the
+    pool's room), then decide again from the blocks as the ledger holds them, so that the status
+    shows it and the groups, woken, move to it; a refusal is a condition and a Warning, never a
+    failed pass."""
+    addition = decision.add_ultraserver
+    assert addition is not None
+    result = await asyncio.get_running_loop().run_in_executor(
+        rt.purchase_threads, rt.ledger.add_ultraserver, name, uid, addition, labels)
+    if not result.ok:
+        metrics.PURCHASES.labels(result.violation.reason).inc()
+        return addition_refused(decision, generation, plan.status, addition, result.violation, rt.clock())
+    metrics.PURCHASES.labels("UltraServerAdded").inc()
+    after = decide_plan(plan.spec, generation, plan.status, list(result.blocks), snapshots, rt.policy, rt.clock(),
+                        usage, uid)
+    after.add_ultraserver = None  # one a pass; the next pass decides on the groups' new statuses
+    after.events = [*decision.events, Event("Warning", "UltraServerAdded", (
+        f"bought an UltraServer ({addition.instance_count} x {addition.instance_type}) from pool {addition.pool} for "
+        f"the rest of block {addition.adds_to}, until {addition.end.isoformat()}, in place of failed UltraServer "
+        f"{addition.in_place_of}: the block had no free one")), *after.events]
+    rt.wake_groups_of(name)
+    return after
 
 
 async def _hold_finalizer(rt: Runtime, obj: dict[str, Any]) -> bool:

@@ -13,15 +13,17 @@ to or from a block here, in one place each way:
 * ``ReservedCapacity`` (a plan's ``status.reservedCapacity``): :meth:`Block.to_reserved`. Instance
   groups, the Kueue controller and the CLI read another object's status, and read it as it is.
 * ``Reservation`` (a line of a pool's ``status.reservations``, the ledger):
-  :meth:`Block.to_reservation` and :meth:`Block.from_reservation`.
+  :meth:`Block.to_reservation` and :meth:`Block.from_reservation`; an UltraServer bought for the
+  rest of a block is a line of its own, folded into its block by :func:`with_additions`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from typing import Sequence
 
-from hyperplan.api.models import OfferedBlock, Reservation, ReservedCapacity
+from hyperplan.api.models import AddedUltraServer, OfferedBlock, Reservation, ReservedCapacity
 from hyperplan.api.vocabulary import ULTRASERVER_INSTANCES
 
 
@@ -43,6 +45,17 @@ class Block:
     end: datetime
     ultra_server_type: str | None = None
     id: str = ""
+    # An UltraServer bought for the rest of another block (its ledger line names it): folded into
+    # that block's ``additions`` by :func:`with_additions`, never a block of its own.
+    adds_to: str = ""
+    in_place_of: str = ""  # the failed UltraServer it was bought for
+    additions: tuple[Block, ...] = ()  # the UltraServers added to this block, in the order bought
+
+    @property
+    def instances_with_additions(self) -> int:
+        """The block's instances with those of its added UltraServers: what its UltraServers hold
+        (``planning.placement.ultraservers_for_block``)."""
+        return self.instance_count + sum(a.instance_count for a in self.additions)
 
     @property
     def duration(self) -> timedelta:
@@ -78,7 +91,10 @@ class Block:
             id=self.id, availability_zone=self.availability_zone, instance_type=self.instance_type,
             instance_count=self.instance_count, start_time=self.start, end_time=self.end,
             termination_time=termination_time, status=status, capacity_pool=self.pool,
-            ultra_server_type=self.ultra_server_type, ultra_server_count=self.ultra_server_count)
+            ultra_server_type=self.ultra_server_type, ultra_server_count=self.ultra_server_count,
+            added_ultra_servers=[AddedUltraServer(id=a.id, start_time=a.start, instance_count=a.instance_count,
+                                                  in_place_of=a.in_place_of or None) for a in self.additions]
+            or None)
 
     # ------------------------------------------------------------------ pool status: the ledger
 
@@ -87,7 +103,8 @@ class Block:
         if not self.id:
             raise ValueError("a block needs its reserved-capacity id before it goes into the ledger")
         return Reservation(training_plan=plan, training_plan_uid=plan_uid, reserved_capacity_id=self.id,
-                           start_time=self.start, end_time=self.end, instance_count=self.instance_count)
+                           start_time=self.start, end_time=self.end, instance_count=self.instance_count,
+                           adds_to=self.adds_to or None, in_place_of=self.in_place_of or None)
 
     @classmethod
     def from_reservation(cls, line: Reservation, pool: str, availability_zone: str, instance_type: str,
@@ -95,4 +112,17 @@ class Block:
         """A line of the ledger of ``pool`` (whose spec gives the AZ and the types) as a block."""
         return cls(pool=pool, availability_zone=availability_zone, instance_type=instance_type,
                    instance_count=line.instance_count, start=line.start_time, end=line.end_time,
-                   ultra_server_type=ultra_server_type, id=line.reserved_capacity_id)
+                   ultra_server_type=ultra_server_type, id=line.reserved_capacity_id,
+                   adds_to=line.adds_to or "", in_place_of=line.in_place_of or "")
+
+
+def with_additions(blocks: Sequence[Block]) -> list[Block]:
+    """The plan's blocks (ledger lines read back) with each added UltraServer folded into the block
+    it adds to (:attr:`Block.additions`, by start), in the order given. An addition whose block is
+    not among them (or is itself an addition) is dropped: it is no block of its own."""
+    added: dict[str, list[Block]] = {}
+    for b in blocks:
+        if b.adds_to:
+            added.setdefault(b.adds_to, []).append(b)
+    return [replace(b, additions=tuple(sorted(added.get(b.id, ()), key=lambda a: (a.start, a.id))))
+            if b.id in added else b for b in blocks if not b.adds_to]

@@ -34,7 +34,7 @@ from datetime import datetime, timedelta
 from typing import Mapping, Sequence
 
 from hyperplan.api.models import (
-    Condition, InstanceGroupSpec, InstanceGroupStatus, ReservedCapacity, UltraServerReplacement,
+    Condition, InstanceGroupSpec, InstanceGroupStatus, ReservedCapacity, UltraServerReplacement, UltraServerWanted,
 )
 from hyperplan.api.vocabulary import (  # noqa: F401  (the checkpoint words re-exported)
     ANNOTATION_BLOCK_TERMINATION, CONDITION_BLOCK_TERMINATING, HYPERPOD_CLUSTER, REASON_CHECKPOINT, to_rfc3339,
@@ -206,13 +206,28 @@ def check_binding(spec: InstanceGroupSpec, plan: BoundPlan,
     return None
 
 
+def with_added(block: ReservedCapacity) -> int:
+    """The block's instances with those of the UltraServers its plan bought for the rest of it
+    (``addedUltraServers``, read from the plan's ledger: handlers.trainingplan.as_the_ledger_holds)."""
+    return block.instance_count + sum(a.instance_count for a in block.added_ultra_servers or ())
+
+
+def wanted_ultraservers(block: ReservedCapacity, verdict: recovery.UltraServerVerdict,
+                        prior: InstanceGroupStatus, now: datetime) -> list[UltraServerWanted]:
+    """``status.ultraServersWanted``: the UltraServers the group's nodes must leave with no free one
+    to go to (the plan may buy one for the rest of the block), each since it was first wanted."""
+    since = {(w.reserved_capacity_id, w.failed): w.since for w in prior.ultra_servers_wanted or ()}
+    return [UltraServerWanted(reserved_capacity_id=block.id, failed=m.failed, since=since.get((block.id, m.failed), now))
+            for m in verdict.moves if m.replacement is None]
+
+
 def place_on_block(block: ReservedCapacity, plan: BoundPlan, peers: Sequence[Peer],
                    replacements: Mapping[str, str] | None = None,
                    ) -> tuple[tuple[placement.UltraServer, ...], dict[str, placement.PlacementResult]]:
     """The block's UltraServers and every peer's placement on them, ``replacements``
     (``{failed: replacement}``) taken into account."""
-    ultraservers = placement.ultraservers_for_block(block.id, block.ultra_server_type, block.instance_count,
-                                             plan.spares_per_ultraserver)
+    ultraservers = placement.ultraservers_for_block(block.id, block.ultra_server_type, with_added(block),
+                                                    plan.spares_per_ultraserver)
     requests = [placement.GroupRequest(p.name, p.instance_count, p.explicit) for p in peers]
     if ultraservers and replacements:
         return ultraservers, placement.place_with_replacements(requests, ultraservers, replacements)
@@ -227,7 +242,7 @@ def recorded_replacements(block: ReservedCapacity, plan: BoundPlan, peers: Seque
     keeps them all, so that none is lost with the group that made it."""
     if not block.ultra_server_type:
         return {}
-    ids = [u.id for u in placement.ultraservers_for_block(block.id, block.ultra_server_type, block.instance_count,
+    ids = [u.id for u in placement.ultraservers_for_block(block.id, block.ultra_server_type, with_added(block),
                                                           plan.spares_per_ultraserver)]
     entries = [*prior.ultra_server_replacements, *(r for p in peers for r in p.replacements)]
     return recovery.block_replacements(entries, block.id, ids)
@@ -494,7 +509,8 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
                       desired_count=active_wanted, ready_count=ready, spare_count=spares_up,
                       unhealthy_count=len(verdict.unhealthy),
                       next_transition_time=schedule.next_transition_time, extra_conditions=extra,
-                      ultra_server_replacements=sorted(moves.values(), key=lambda m: (m.since, m.failed))),
+                      ultra_server_replacements=sorted(moves.values(), key=lambda m: (m.since, m.failed)),
+                      ultra_servers_wanted=wanted_ultraservers(block, ultraserver_verdict, prior, now) or None),
         block=block, create=create, update=update, drain=drains, remediation=actions,
         recovery={**fault_moves, **remedy.recovery}, checks=checks,
         checkpoint=leave_checkpoint or plan_checkpoint(block.id, termination, policy.checkpoint_lead, on_block, now))

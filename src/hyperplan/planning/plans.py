@@ -29,11 +29,11 @@ from typing import Sequence
 
 from hyperplan.api.models import (
     Condition, ExtensionOffering, ExtensionStatus, Offering as OfferingStatus, ReservedCapacity, TrainingPlanSpec,
-    TrainingPlanStatus, UltraServerReplacement, UltraServerStatus,
+    MAX_ADDED_ULTRASERVERS, TrainingPlanStatus, UltraServerReplacement, UltraServerStatus, UltraServerWanted,
 )
 from hyperplan.planning.blocks import Block
 from hyperplan.api.vocabulary import (
-    REASON_EXTENSION_NOT_OFFERED, REASON_OFFERING_MISMATCH, REASON_OFFERING_NO_LONGER_OFFERED,
+    ULTRASERVER_INSTANCES, REASON_EXTENSION_NOT_OFFERED, REASON_OFFERING_MISMATCH, REASON_OFFERING_NO_LONGER_OFFERED,
     REASON_OFFERING_NOT_FOUND, to_rfc3339,
 )
 from hyperplan.planning.offerings import (
@@ -59,6 +59,9 @@ class PlanUsage:
     available_spares: int = 0
     ultra_servers: tuple[UltraServerStatus, ...] = ()
     unhealthy_spares: int = 0  # of ``unhealthy``: spares, which stand in for configured spares
+    # UltraServers of the block the groups' nodes must leave with no free one to go to (the groups'
+    # ``status.ultraServersWanted``: input to check, see :func:`ultraserver_to_buy`).
+    wanted: tuple[UltraServerWanted, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,8 @@ class PlanDecision:
     events: list[Event] = field(default_factory=list)
     wake_at: datetime | None = None
     extend: Extension | None = None  # the extension of spec.extensions to buy now (one per pass)
+    # An UltraServer to buy from the block's pool for the rest of the block (one per pass).
+    add_ultraserver: Block | None = None
 
 
 def current_block(purchased: Sequence[Block], target: str, policy: Policy,
@@ -95,20 +100,97 @@ def reserved_capacity(purchased: Sequence[Block], target: str, policy: Policy,
 
 
 def block_usage(block: Block, spares_per_ultraserver: int, nodes: Sequence[counts.ObservedNode],
-                replacements: Sequence[UltraServerReplacement] = ()) -> PlanUsage:
+                replacements: Sequence[UltraServerReplacement] = (),
+                wanted: Sequence[UltraServerWanted] = ()) -> PlanUsage:
     """What the groups' nodes hold of ``block``: the plan's counts and one report per UltraServer,
     each replaced one naming its replacement (from the groups' ``replacements``, checked as the
     groups check them)."""
-    ultraservers = placement.ultraservers_for_block(block.id, block.ultra_server_type, block.instance_count,
-                                             spares_per_ultraserver)
-    block_counts = counts.plan_counts(block.instance_count, sum(u.spare_count for u in ultraservers), nodes)
+    ultraservers = placement.ultraservers_for_block(block.id, block.ultra_server_type, block.instances_with_additions,
+                                                    spares_per_ultraserver)
+    block_counts = counts.plan_counts(block.instances_with_additions, sum(u.spare_count for u in ultraservers), nodes)
     reports = counts.ultraserver_reports(ultraservers, block.availability_zone, nodes)
     replaced = recovery.block_replacements(replacements, block.id, [u.id for u in ultraservers])
     return PlanUsage(in_use=block_counts.in_use, unhealthy=block_counts.unhealthy, available_spares=block_counts.available_spares,
                      ultra_servers=tuple(UltraServerStatus.model_validate(
                          {**r.as_status(), **({"replacedBy": replaced[r.id].replacement} if r.id in replaced else {})})
                          for r in reports),
-                     unhealthy_spares=sum(1 for n in nodes if n.healthy is False and n.role == naming.ROLE_SPARE))
+                     unhealthy_spares=sum(1 for n in nodes if n.healthy is False and n.role == naming.ROLE_SPARE),
+                     wanted=tuple(wanted))
+
+
+CONDITION_ULTRASERVER_ADDED = "UltraServerAdded"
+REASON_ULTRASERVER_ADDED = "UltraServerAdded"
+REASON_NO_ULTRASERVER_IN_POOL = "NoUltraServerInPool"
+
+
+def addition_id(block_id: str, index: int) -> str:
+    """The ledger id of the UltraServer bought for the rest of block ``block_id`` in place of its
+    UltraServer of index ``index``: one per failed UltraServer, so that a retry buys nothing twice."""
+    return f"{block_id}-r{index}"
+
+
+def ultraserver_to_buy(block: Block, termination: datetime, usage: PlanUsage, now: datetime) -> Block | None:
+    """The UltraServer to buy from the block's pool for the rest of ``block`` (the current one; it
+    ends at ``termination`` for the groups), or None.
+
+    The groups' ``ultraServersWanted`` are input to check: an entry counts only when it names this
+    block and one of its UltraServers that the plan's own view of the nodes shows impaired or of
+    unknown health, that is not replaced yet, and that no UltraServer was bought for before; and
+    only while no UltraServer of the block is free (healthy, not replaced, none of the groups'
+    nodes in use on it): the groups move to a free one without buying. The oldest entry first;
+    one UltraServer a pass, at most ``MAX_ADDED_ULTRASERVERS`` per block."""
+    unit = ULTRASERVER_INSTANCES.get(block.ultra_server_type or "")
+    if unit is None or not usage.wanted or not block.start <= now < termination \
+            or len(block.additions) >= MAX_ADDED_ULTRASERVERS:
+        return None
+    reports = {u.id: u for u in usage.ultra_servers}
+    replaced = {u.id for u in usage.ultra_servers if u.replaced_by}
+    targets = {u.replaced_by for u in usage.ultra_servers if u.replaced_by}
+    if any(u.in_use_instance_count == 0 and u.health_status == "ok" and u.id not in replaced
+           and u.id not in targets for u in usage.ultra_servers):
+        return None
+    index_of = {u.id: i for i, u in enumerate(usage.ultra_servers)}
+    bought_for = {a.in_place_of for a in block.additions}
+    for w in sorted(usage.wanted, key=lambda w: (w.since, w.failed)):
+        report = reports.get(w.failed)
+        if w.reserved_capacity_id != block.id or report is None or report.health_status == "ok" \
+                or w.failed in replaced or w.failed in bought_for:
+            continue
+        return Block(pool=block.pool, availability_zone=block.availability_zone, instance_type=block.instance_type,
+                     instance_count=unit, start=now.replace(microsecond=0), end=block.end,
+                     ultra_server_type=block.ultra_server_type, id=addition_id(block.id, index_of[w.failed]),
+                     adds_to=block.id, in_place_of=w.failed)
+    return None
+
+
+def added_condition(block: Block | None, generation: int, prior: Sequence[Condition],
+                    now: datetime) -> Condition | None:
+    """``UltraServerAdded`` True while the current block has UltraServers bought in place of failed
+    ones (which, for which); absent otherwise (a refusal is written by :func:`addition_refused`)."""
+    if block is None or not block.additions:
+        return None
+    return condition(CONDITION_ULTRASERVER_ADDED, True, REASON_ULTRASERVER_ADDED, "; ".join(
+        f"UltraServer {naming.ultraserver_id(block.id, (block.ultra_server_count or 0) + i)} bought from pool "
+        f"{a.pool} for the rest of block {block.id} (until {to_rfc3339(a.end)}) at {to_rfc3339(a.start)}"
+        + (f", in place of {a.in_place_of}" if a.in_place_of else "") for i, a in enumerate(block.additions)),
+        generation, prior, now)
+
+
+def addition_refused(decision: PlanDecision, generation: int, prior: TrainingPlanStatus, addition: Block,
+                     why: RuleViolation, now: datetime) -> PlanDecision:
+    """The decision after the pool refused ``addition``: ``UltraServerAdded=False`` says why (the
+    groups' own condition says that their nodes stay and are replaced in place), and a Warning
+    Event the first time."""
+    message = (f"no UltraServer of pool {addition.pool} to buy for the rest of block {addition.adds_to} in place "
+               f"of {addition.in_place_of}: {why.message}")
+    status = decision.status.model_copy(deep=True)
+    status.conditions = [c for c in status.conditions if c.type != CONDITION_ULTRASERVER_ADDED]
+    status.conditions.append(condition(CONDITION_ULTRASERVER_ADDED, False, REASON_NO_ULTRASERVER_IN_POOL, message,
+                                       generation, prior.conditions, now))
+    events = list(decision.events)
+    if _reason(prior, CONDITION_ULTRASERVER_ADDED) != REASON_NO_ULTRASERVER_IN_POOL:
+        events.append(Event("Warning", REASON_NO_ULTRASERVER_IN_POOL, message))
+    return PlanDecision(status=status, events=events, wake_at=decision.wake_at)
 
 
 def request_of(spec: TrainingPlanSpec, duration: timedelta) -> OfferingRequest:
@@ -262,8 +344,10 @@ def _bought(spec: TrainingPlanSpec, generation: int, prior: TrainingPlanStatus,
             purchased: Sequence[Block], policy: Policy, now: datetime,
             usage: PlanUsage) -> PlanDecision:
     schedule, reserved = reserved_capacity(purchased, spec.target_resource, policy, now)
-    current = reserved[schedule.current_or_next_block] if schedule.current_or_next_block is not None else None
-    total = current.instance_count if current else 0
+    at = schedule.current_or_next_block
+    current = reserved[at] if at is not None else None
+    block = sorted(purchased, key=lambda p: p.start)[at] if at is not None else None
+    total = block.instances_with_additions if block else 0
     spares = (current.ultra_server_count or 0) * spec.spare_instances_per_ultra_server if current else 0
     phase = schedule.phase
     status = TrainingPlanStatus(
@@ -277,7 +361,8 @@ def _bought(spec: TrainingPlanSpec, generation: int, prior: TrainingPlanStatus,
         available_spare_instance_count=usage.available_spares,
         available_instance_count=counts.available_instances(total, usage.in_use, usage.unhealthy, spares,
                                                         usage.unhealthy_spares),
-        total_ultra_server_count=current.ultra_server_count if current else None,
+        total_ultra_server_count=(current.ultra_server_count or 0) + len(current.added_ultra_servers or ())
+        if current and current.ultra_server_count is not None else None,
         ultra_servers=list(usage.ultra_servers),
         next_transition_time=schedule.next_transition_time,
         observed_generation=generation,
@@ -287,6 +372,9 @@ def _bought(spec: TrainingPlanSpec, generation: int, prior: TrainingPlanStatus,
             condition("Active", phase == ACTIVE, phase,
                       _phase_message(phase, current), generation, prior.conditions, now),
         ])
+    added = added_condition(block, generation, prior.conditions, now)
+    if added is not None:
+        status.conditions.append(added)
     events = []
     if prior.phase != phase:
         events.append(Event("Normal", phase, _phase_message(phase, current)))
@@ -296,7 +384,12 @@ def _bought(spec: TrainingPlanSpec, generation: int, prior: TrainingPlanStatus,
             events.append(Event("Normal", f"Block{r.status}",
                                 f"reserved capacity {r.id} ({r.instance_count} x {r.instance_type} in "
                                 f"{r.availability_zone}) is {r.status}"))
-    return PlanDecision(status=status, events=events, wake_at=schedule.next_transition_time)
+    buy = ultraserver_to_buy(block, schedule.blocks[at].termination_time, usage, now) \
+        if block is not None and phase == ACTIVE else None
+    if buy is None and _reason(prior, CONDITION_ULTRASERVER_ADDED) == REASON_NO_ULTRASERVER_IN_POOL and added is None \
+            and usage.wanted:  # still wanted, nothing to buy this pass: the refusal stands
+        status.conditions.extend(c for c in prior.conditions if c.type == CONDITION_ULTRASERVER_ADDED)
+    return PlanDecision(status=status, events=events, wake_at=schedule.next_transition_time, add_ultraserver=buy)
 
 
 def _phase_message(phase: str, current: ReservedCapacity | None) -> str:
