@@ -11,6 +11,10 @@ label ``Unschedulable``), one more than its one spare:
 * the group's 9 nodes are made on the second UltraServer, and the group is Ready there, 8 + 1;
 * every node of the first UltraServer gets the checkpoint signal before it is cordoned, and then
   goes: none is made again there.
+
+A plan of one x36 UltraServer whose pool holds two (``ultraserver_bought``): with no free
+UltraServer in the block, the plan buys the pool's other one for the rest of the block and the group
+moves there; once the pool is sold out, the plan and the group say so and nothing more is bought.
 """
 
 from __future__ import annotations
@@ -94,8 +98,114 @@ def ultraserver_replaced(ctx: Context) -> dict:
             "plan_events": [(e["type"], e["reason"], e.get("message", "")) for e in events_for(k, plan)]}
 
 
+@scenario
+def ultraserver_bought(ctx: Context) -> dict:
+    """A plan of one x36 UltraServer from a pool of two: with no free UltraServer in the block, two
+    failures make the plan buy the pool's other one for the rest of the block, and the group moves
+    there; two more failures there find the pool sold out: conditions on both say so, nothing moves."""
+    k = ctx.kubectl
+    tag = uuid.uuid4().hex[:5]
+    pool, plan, group = f"usb-pool-{tag}", f"usb-plan-{tag}", f"usb-{tag}"
+    k.create({"apiVersion": API, "kind": "CapacityPool", "metadata": {"name": pool},
+              "spec": {"instanceType": ITYPE, "ultraServerType": US_TYPE, "availabilityZone": f"us-usb-{tag}",
+                       "instanceCount": 18, "trainingPlanSelector": {"matchLabels": {"e2e-scenario": plan}}}})
+    k.create({"apiVersion": API, "kind": "TrainingPlan", "metadata": {"name": plan, "labels": {"e2e-scenario": plan}},
+              "spec": {"ultraServerType": US_TYPE, "ultraServerCount": 1, "targetResource": "hyperpod-cluster",
+                       "duration": "4m", "autoPurchase": True,
+                       "startTimeAfter": ts(utcnow() + timedelta(seconds=15))}})
+    k.create({"apiVersion": API, "kind": "InstanceGroup", "metadata": {"name": group},
+              "spec": {"trainingPlanRef": plan, "instanceType": ITYPE, "instanceCount": 8,
+                       "healthCheck": {"graceSeconds": 3, "maxUnhealthy": 4, "rebootBudget": 0}}})
+
+    def ready_off(us: str | None):
+        st = k.get("instancegroup", group).get("status") or {}
+        nodes = _nodes(ctx, group)
+        if (st.get("phase"), st.get("readyCount"), st.get("spareCount")) != ("Ready", 8, 1) or not nodes:
+            return None
+        if any(n["metadata"]["labels"].get(US_LABEL) == us for n in nodes):
+            return None
+        return st, nodes
+
+    def fail_two(nodes: list[dict]) -> list[str]:
+        victims = [n["metadata"]["name"] for n in nodes if n["metadata"]["labels"].get("hyperplan.dev/role") == "active"][:2]
+        for v in victims:
+            k.run("label", "node", v, "--overwrite", "sagemaker.amazonaws.com/node-health-status=Unschedulable")
+        return victims
+
+    _, first = eventually(lambda: ready_off(None), timeout=150, what="group Ready on the plan's one UltraServer")
+    (failed_us,) = {n["metadata"]["labels"][US_LABEL] for n in first}
+    failed_at = utcnow()
+    fail_two(first)
+    st, after = eventually(lambda: ready_off(failed_us), timeout=120, interval=0.5,
+                           what="the group Ready on an UltraServer bought for the rest of the block")
+    moved_after = (utcnow() - failed_at).total_seconds()
+    bought_plan = k.get("trainingplan", plan)["status"]
+    ledger = k.get("capacitypool", pool)["status"]["reservations"]
+
+    # Again on the bought one: the pool has nothing left to sell. The group replaces its failed nodes
+    # where they are (on KWOK within a second or two), and then wants nothing any more: the
+    # conditions say so only meanwhile, so they are recorded as seen; the Events stay.
+    (second_us,) = {n["metadata"]["labels"][US_LABEL] for n in after}
+    plan_conditions = Recorder(lambda: next((c for c in (k.get("trainingplan", plan).get("status") or {}).get(
+        "conditions") or [] if c["type"] == "UltraServerAdded"), None), interval=0.1).start()
+    group_wanted = Recorder(lambda: (k.get("instancegroup", group).get("status") or {}).get("ultraServersWanted"),
+                            interval=0.1).start()
+    fail_two(after)
+
+    def said(name: str, reason: str) -> list[str]:
+        return [e.get("message", "") for e in events_for(k, name) if (e["type"], e["reason"]) == ("Warning", reason)]
+    eventually(lambda: said(plan, "NoUltraServerInPool"), timeout=60, interval=0.5,
+               what="the plan says the pool has no UltraServer left to sell")
+    eventually(lambda: said(group, "NoFreeUltraServer"), timeout=30, what="the group says no UltraServer is free")
+    eventually(lambda: ready_off(failed_us), timeout=60, what="the group Ready again, its nodes replaced in place")
+    return {"failed_us": failed_us, "second_us": second_us, "moved_after": moved_after, "status": st,
+            "after": {n["metadata"]["name"]: n["metadata"]["labels"] for n in after}, "bought_plan": bought_plan,
+            "ledger": ledger, "plan_conditions": [c for _, c in plan_conditions.stop() if c],
+            "group_wanted": [w for _, w in group_wanted.stop() if w],
+            "ledger_after": k.get("capacitypool", pool)["status"]["reservations"],
+            "group_refusals": said(group, "NoFreeUltraServer"),
+            "plan_events": [(e["type"], e["reason"], e.get("message", "")) for e in events_for(k, plan)]}
+
+
 def _record(scenarios) -> dict:
     return scenarios["ultraserver_replaced"].result(timeout=900)
+
+
+def test_with_none_free_the_plan_buys_an_ultraserver_for_the_rest_of_the_block_and_the_group_moves(scenarios) -> None:
+    r = scenarios["ultraserver_bought"].result(timeout=900)
+    block = r["bought_plan"]["reservedCapacity"][0]
+    (added,) = block["addedUltraServers"]
+    assert added["inPlaceOf"] == r["failed_us"] and added["instanceCount"] == 9
+    assert block["instanceCount"] == 9 and block["ultraServerCount"] == 1  # what the plan bought stays
+    assert r["second_us"] == f"{block['id']}-us-1"  # after the block's own
+    assert len(r["after"]) == 9 and {labels[US_LABEL] for labels in r["after"].values()} == {r["second_us"]}
+    # The ledger: the block's line and the added one, from its purchase to the block's end.
+    lines = {line["reservedCapacityId"]: line for line in r["ledger"]}
+    assert set(lines) == {block["id"], added["id"]}
+    assert lines[added["id"]]["addsTo"] == block["id"] and lines[added["id"]]["endTime"] == block["endTime"]
+    assert lines[added["id"]]["startTime"] == added["startTime"]
+    cond = next(c for c in r["bought_plan"]["conditions"] if c["type"] == "UltraServerAdded")
+    assert cond["status"] == "True" and f"in place of {r['failed_us']}" in cond["message"]
+    by_id = {u["id"]: u for u in r["bought_plan"]["ultraServers"]}
+    assert by_id[r["failed_us"]].get("replacedBy") == r["second_us"]
+    assert r["bought_plan"]["totalUltraServerCount"] == 2
+    said = [m for t, reason, m in r["plan_events"] if (t, reason) == ("Warning", "UltraServerAdded")]
+    assert len(said) == 1 and f"in place of failed UltraServer {r['failed_us']}" in said[0]
+    print(f"[ultraserver] bought and Ready on {r['second_us']} {r['moved_after']:.1f} s after the second failure")
+
+
+def test_with_the_pool_sold_out_both_say_so_and_nothing_more_is_bought(scenarios) -> None:
+    r = scenarios["ultraserver_bought"].result(timeout=900)
+    warned = [m for t, reason, m in r["plan_events"] if (t, reason) == ("Warning", "NoUltraServerInPool")]
+    assert len(warned) == 1, r["plan_events"]
+    assert f"in place of {r['second_us']}" in warned[0] and "has no room for 9 more instances" in warned[0]
+    assert any(f"UltraServer {r['second_us']} failed" in m for m in r["group_refusals"]), r["group_refusals"]
+    assert len(r["ledger_after"]) == 2  # nothing more bought
+    # What the statuses showed meanwhile (for a second or so, so a poll may miss it: the Events
+    # above are what stays): the group wanted only the second UltraServer, the plan refused it.
+    assert all([w["failed"] for w in wanted] == [r["second_us"]] for wanted in r["group_wanted"]), (r["group_wanted"], r["second_us"], r["failed_us"])
+    assert all((c["status"], c["reason"]) in {("True", "UltraServerAdded"), ("False", "NoUltraServerInPool")}
+               for c in r["plan_conditions"]), r["plan_conditions"]
 
 
 def test_the_group_moves_to_the_free_ultraserver_and_is_ready_there(scenarios) -> None:

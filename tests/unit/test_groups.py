@@ -1744,5 +1744,5 @@ def test_an_ultraserver_the_plan_bought_for_the_rest_of_the_block_is_where_the_g
 
     assert moved(d) == [(US0, US1, "FailuresBeyondSpares")]  # US 1: the bought one, after the block's own
     assert {s.ultraserver_id for s in d.create} == {US1} and len(d.create) == 18
-    assert d.status.ultra_servers_wanted is None
+    assert d.status.ultra_servers_wanted == []
     assert ("UltraServerReplacement", "True", "UltraServerReplaced") in conds(d)

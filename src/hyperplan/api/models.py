@@ -834,7 +834,8 @@ class InstanceGroupStatus(Model):
     ultra_server_replacements: list[UltraServerReplacement] = Field(
         default_factory=list, max_length=MAX_ULTRASERVER_REPLACEMENTS)
     # The UltraServers the group's nodes must leave for which the block has no free one (yet).
-    ultra_servers_wanted: list[UltraServerWanted] | None = Field(default=None, max_length=MAX_ULTRASERVER_REPLACEMENTS)
+    # (A list, never None: the status is merge-patched, and an absent key would not clear it.)
+    ultra_servers_wanted: list[UltraServerWanted] = Field(default_factory=list, max_length=MAX_ULTRASERVER_REPLACEMENTS)
 
 
 class InstanceGroup(Model):

@@ -216,7 +216,7 @@ def wanted_ultraservers(block: ReservedCapacity, verdict: recovery.UltraServerVe
                         prior: InstanceGroupStatus, now: datetime) -> list[UltraServerWanted]:
     """``status.ultraServersWanted``: the UltraServers the group's nodes must leave with no free one
     to go to (the plan may buy one for the rest of the block), each since it was first wanted."""
-    since = {(w.reserved_capacity_id, w.failed): w.since for w in prior.ultra_servers_wanted or ()}
+    since = {(w.reserved_capacity_id, w.failed): w.since for w in prior.ultra_servers_wanted}
     return [UltraServerWanted(reserved_capacity_id=block.id, failed=m.failed, since=since.get((block.id, m.failed), now))
             for m in verdict.moves if m.replacement is None]
 
@@ -510,7 +510,7 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
                       unhealthy_count=len(verdict.unhealthy),
                       next_transition_time=schedule.next_transition_time, extra_conditions=extra,
                       ultra_server_replacements=sorted(moves.values(), key=lambda m: (m.since, m.failed)),
-                      ultra_servers_wanted=wanted_ultraservers(block, ultraserver_verdict, prior, now) or None),
+                      ultra_servers_wanted=wanted_ultraservers(block, ultraserver_verdict, prior, now)),
         block=block, create=create, update=update, drain=drains, remediation=actions,
         recovery={**fault_moves, **remedy.recovery}, checks=checks,
         checkpoint=leave_checkpoint or plan_checkpoint(block.id, termination, policy.checkpoint_lead, on_block, now))
