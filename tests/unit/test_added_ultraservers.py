@@ -223,3 +223,39 @@ def test_the_ledger_and_the_status_agree_with_an_added_ultraserver_and_it_is_no_
 
     history = invariants.PurchaseHistory()
     assert history.plan(without) == [] and history.plan(plan) == []
+
+
+# --------------------------------------------------------------------------- a field a status no longer sets
+
+
+@pytest.mark.parametrize("desired, current, keep, patch", [
+    pytest.param({"phase": "Expired"}, {"phase": "Active", "nextTransitionTime": "t"}, (),
+                 {"phase": "Expired", "nextTransitionTime": None}, id="a-dropped-field-is-nulled"),
+    pytest.param({"phase": "Ready"}, {"phase": "Ready", "nodes": []}, ("nodes",), {"phase": "Ready"},
+                 id="a-kept-field-is-left-alone"),
+    pytest.param({"a": 1}, {}, (), {"a": 1}, id="nothing-to-clear"),
+])
+def test_the_status_patch_clears_what_the_status_no_longer_sets(desired, current, keep, patch):
+    from hyperplan.handlers.context import status_patch
+    assert status_patch(desired, current, keep) == patch
+
+
+def test_a_plan_past_its_last_block_loses_its_next_transition_time_on_the_api_server(monkeypatch):
+    """A merge patch leaves an absent key as it was: the pass nulls what the status no longer sets."""
+    from hyperplan.handlers.trainingplan import reconcile_plan
+    from tests.unit.fake_runtime import PLANS_PLURAL, make_world
+    pool = CapacityPool.model_validate(pool_obj())
+    body = {"apiVersion": "hyperplan.dev/v1alpha1", "kind": "TrainingPlan",
+            "metadata": {"name": "llama", "uid": UID, "generation": 1,
+                         "finalizers": ["hyperplan.dev/release-reservations"]},
+            "spec": SPEC.wire(), "status": {"phase": "Active", "nextTransitionTime": "2026-12-01T12:29:40Z",
+                                            "observedGeneration": 1}}
+    world = make_world(monkeypatch, END + timedelta(minutes=1), DEMO, plans=[body], pools=[pool])
+    try:
+        world.run(reconcile_plan, "llama")
+        [patch] = world.status_patches(PLANS_PLURAL)
+        assert patch["phase"] == "Expired" and patch["nextTransitionTime"] is None
+        stored = world.kube.objects[(PLANS_PLURAL, "llama")]["status"]
+        assert "nextTransitionTime" not in stored
+    finally:
+        world.close()

@@ -131,6 +131,14 @@ def status_of(model: type[M], obj: dict[str, Any]) -> M:
         return model()
 
 
+def status_patch(desired: Mapping[str, Any], current: Mapping[str, Any], keep: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The merge patch that makes a status ``current`` into ``desired`` (both as ``wire()`` writes
+    them, without unset fields): ``desired`` with a null for each field it no longer sets, since a
+    merge patch leaves an absent key as it was (a ``nextTransitionTime`` past the plan's last block
+    stayed). ``keep``: fields the patch leaves alone when absent."""
+    return {**{k: None for k in current if k not in desired and k not in keep}, **desired}
+
+
 def _entries(group: Mapping[str, Any], field: str, model: type[M]) -> tuple[M, ...]:
     out = []
     for entry in (group.get("status") or {}).get(field) or ():

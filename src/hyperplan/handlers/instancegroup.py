@@ -37,7 +37,7 @@ from hyperplan.api.models import (
     GROUP, VERSION, GroupNode, InstanceGroup, InstanceGroupStatus, TrainingPlan, VanishedRecord,
 )
 from hyperplan.api.vocabulary import FINALIZER  # set by kopf (operator.configure_kopf)
-from hyperplan.handlers.context import Runtime, status_of, ultraserver_replacements
+from hyperplan.handlers.context import Runtime, status_of, status_patch, ultraserver_replacements
 from hyperplan.handlers.trainingplan import as_the_ledger_holds
 from hyperplan.handlers.workqueue import Pace
 from hyperplan.planning import deepchecks
@@ -215,7 +215,8 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     desired, current = decision.status.wire(), status_of(InstanceGroupStatus, obj).wire()
     if claims or rebooting or desired != current:  # with claims or a reboot: the intent is replaced
         record_moved = bool(claims or rebooting) or desired.get("nodes") != current.get("nodes")
-        patch = desired if record_moved else {k: v for k, v in desired.items() if k != "nodes"}
+        patch = status_patch(desired if record_moved else {k: v for k, v in desired.items() if k != "nodes"},
+                             current, keep=("nodes",))
         # Over the record read, when there is one to lose (a new group's first record replaces nothing).
         guard = record_rv if record_moved and (current.get("nodes") or claims or rebooting) else None
         try:

@@ -40,7 +40,9 @@ from hyperplan.actuation.ledger import CapacityLedger, PurchaseResult
 from hyperplan.api.models import MAX_EXTENSIONS, TrainingPlan, TrainingPlanSpec, TrainingPlanStatus
 from hyperplan.api.vocabulary import FINALIZER, PLAN_FINALIZER, REASON_OFFERING_UNAVAILABLE
 from hyperplan.handlers import remote_plans
-from hyperplan.handlers.context import Runtime, status_of, ultraserver_replacements, ultraservers_wanted
+from hyperplan.handlers.context import (
+    Runtime, status_of, status_patch, ultraserver_replacements, ultraservers_wanted,
+)
 from hyperplan.planning import counts
 from hyperplan.planning import naming
 from hyperplan.planning.blocks import Block
@@ -378,7 +380,8 @@ async def _write(rt: Runtime, obj: dict[str, Any], decision: PlanDecision) -> No
     desired = decision.status.wire()
     prior = status_of(TrainingPlanStatus, obj)
     if desired != prior.wire():
-        written = await asyncio.to_thread(rt.kube.patch_status, PLURAL, obj["metadata"]["name"], desired)
+        written = await asyncio.to_thread(rt.kube.patch_status, PLURAL, obj["metadata"]["name"],
+                                          status_patch(desired, prior.wire()))
         if written:
             rt.cache.wrote(PLURAL, written)
         metrics.STATUS_WRITES.labels("TrainingPlan").inc()
