@@ -134,6 +134,7 @@ for _result in ("passed", "failed"):
 for _reason in ("FailuresBeyondSpares", "ImpairedTooLong", "NoFreeUltraServer"):
     ULTRASERVER_REPLACEMENTS.labels(_reason)
 PURCHASES.labels("Purchased")
+PURCHASES.labels("UltraServerAdded")  # an UltraServer bought for the rest of a block (planning.plans)
 REMOTE_OPERATIONS = ("SearchTrainingPlanOfferings", "CreateTrainingPlan", "DescribeTrainingPlan", "ListTrainingPlans")
 for _operation in REMOTE_OPERATIONS:
     REMOTE_CALLS.labels(_operation, "ok")

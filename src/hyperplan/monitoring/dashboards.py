@@ -206,6 +206,17 @@ def overview() -> dash.Dashboard:
                             "{{result}}"))
         .draw_style(common.GraphDrawStyle.BARS).fill_opacity(60).min(0).decimals(0).legend(_legend_right()))
     add(
+        timeseries.Panel().title("UltraServers replaced and bought").span(12).height(7)
+        .description("The last rung: UltraServers whose groups' nodes moved to a free UltraServer of the "
+                     "block, by reason (FailuresBeyondSpares, ImpairedTooLong), NoFreeUltraServer each time a "
+                     "group found none free, and bought: UltraServers a plan bought from its pool for the rest "
+                     "of the block in place of a failed one (addedUltraServers on the plan's block).")
+        .with_target(_query("sum by (reason) (increase(hyperplan_ultraserver_replacements_total[$__rate_interval]))",
+                            "{{reason}}"))
+        .with_target(_query('sum(increase(hyperplan_purchases_total{result="UltraServerAdded"}[$__rate_interval]))',
+                            "bought", "B"))
+        .draw_style(common.GraphDrawStyle.BARS).fill_opacity(60).min(0).decimals(0).legend(_legend_right()))
+    add(
         timeseries.Panel().title("Replaced past the reboot budget").span(12).height(7)
         .description("Nodes replaced because they failed again after rebootBudget reboots within "
                      "rebootWindowSeconds (alert HyperplanRebootBudgetExhausted): a node that keeps failing "
