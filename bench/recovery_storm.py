@@ -347,8 +347,18 @@ def main(h: Harness, args: argparse.Namespace) -> int:
             v["backfill"], v["back"] = backfill, fleet.ready_at[backfill]
             return True
 
-    wait_for(lambda: h.tick() or all(recovered(v) for v in victims), timeout=args.grace + REBOOT_SECONDS + 120,
-             what="every spare serving, every rebooted node back and every backfill Ready", interval=0.05)
+    try:
+        wait_for(lambda: h.tick() or all(recovered(v) for v in victims), timeout=args.grace + REBOOT_SECONDS + 120,
+                 what="every spare serving, every rebooted node back and every backfill Ready", interval=0.05)
+    except BenchError:
+        for v in victims:
+            if not recovered(v):
+                with fleet.lock:
+                    obj = fleet.objs.get(v["node"])
+                step(f"not recovered: {v['node']} (reboot {v['reboot']}): spare {v.get('spare')}, rebooting "
+                     f"{v['node'] in fleet.rebooting_at}, labels {labels(obj) if obj else 'gone'}, taints "
+                     f"{[t.get('key') for t in (obj or {}).get('spec', {}).get('taints') or []]}")
+        raise
     whole_at: dict[str, float] = {}
 
     def all_whole() -> bool:
