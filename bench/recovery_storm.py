@@ -132,18 +132,14 @@ def whole(fleet: Fleet, group: str) -> bool:
     return len(nodes) == ACTIVE + SPARES and len(serving) == ACTIVE and len(spares) == SPARES
 
 
-class SpareWatch:
-    """Samples each group every 0.1 s: how long it went without a spare while a node of it could
-    have been one (Ready, Schedulable, not active, not being deleted)."""
+class Sampler:
+    """Calls ``sample(dt, now)`` every 0.1 s on a thread of its own, from ``start`` to ``stop``."""
 
-    def __init__(self, fleet: Fleet, groups: list[str]) -> None:
-        self.fleet, self.groups = fleet, groups
-        self.withheld: dict[str, float] = {g: 0.0 for g in groups}  # seconds, summed
-        self.without: dict[str, float] = {g: 0.0 for g in groups}  # seconds with no spare at all
+    def __init__(self) -> None:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def start(self) -> "SpareWatch":
+    def start(self):
         self._thread.start()
         return self
 
@@ -155,15 +151,32 @@ class SpareWatch:
         last = time.time()
         while not self._stop.wait(0.1):
             now = time.time()
-            dt, last = now - last, now
-            for g in self.groups:
-                nodes = self.fleet.of(g)
-                if any(spare_in_place(n) for n in nodes):
-                    continue
-                self.without[g] += dt
-                if any(healthy(n) and labels(n).get(ROLE) != "active" and not n["metadata"].get("deletionTimestamp")
-                       for n in nodes):
-                    self.withheld[g] += dt
+            self.sample(now - last, now)
+            last = now
+
+    def sample(self, dt: float, now: float) -> None:
+        raise NotImplementedError
+
+
+class SpareWatch(Sampler):
+    """Samples each group every 0.1 s: how long it went without a spare while a node of it could
+    have been one (Ready, Schedulable, not active, not being deleted)."""
+
+    def __init__(self, fleet: Fleet, groups: list[str]) -> None:
+        super().__init__()
+        self.fleet, self.groups = fleet, groups
+        self.withheld: dict[str, float] = {g: 0.0 for g in groups}  # seconds, summed
+        self.without: dict[str, float] = {g: 0.0 for g in groups}  # seconds with no spare at all
+
+    def sample(self, dt: float, now: float) -> None:
+        for g in self.groups:
+            nodes = self.fleet.of(g)
+            if any(spare_in_place(n) for n in nodes):
+                continue
+            self.without[g] += dt
+            if any(healthy(n) and labels(n).get(ROLE) != "active" and not n["metadata"].get("deletionTimestamp")
+                   for n in nodes):
+                self.withheld[g] += dt
 
 
 # --------------------------------------------------------------------------- real Kueue TAS jobs
@@ -209,11 +222,12 @@ def job_body(name: str) -> dict:
                                           "limits": {"nvidia.com/gpu": str(GPUS)}}}]}}}}
 
 
-class Jobs:
+class Jobs(Sampler):
     """The Jobs' pods as a watch last saw them, sampled every 0.1 s against the nodes' UltraServer
     labels: how long, and how often, a Job had pods on more than one UltraServer."""
 
     def __init__(self, fleet: Fleet, jobs: list[str]) -> None:
+        super().__init__()
         self.fleet, self.jobs = fleet, jobs
         self.lock = threading.Lock()
         self.pods: dict[str, dict] = {}
@@ -221,8 +235,6 @@ class Jobs:
         self.split_seen: dict[str, list[set]] = {j: [] for j in jobs}
         self.whole_again_at: dict[str, float] = {}
         self.faulted_at: dict[str, float] = {}  # the job's first pod node labelled
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
     def on_event(self, kind: str, obj: dict, t: float) -> None:
         with self.lock:
@@ -245,27 +257,15 @@ class Jobs:
             nodes = dict(self.fleet.objs)
         return {labels(nodes[node]).get(US_KEY, "?") if node in nodes else "gone" for _, node in self.placed(job)}
 
-    def start(self) -> "Jobs":
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        last = time.time()
-        while not self._stop.wait(0.1):
-            now = time.time()
-            dt, last = now - last, now
-            for j in self.jobs:
-                used = self.ultraservers(j) - {"gone"}
-                if len(used) > 1:
-                    self.split[j] += dt
-                    self.split_seen[j].append(used)
-                if j in self.faulted_at and j not in self.whole_again_at \
-                        and len(self.placed(j, running_only=True)) == JOB_PODS:
-                    self.whole_again_at[j] = now
+    def sample(self, dt: float, now: float) -> None:
+        for j in self.jobs:
+            used = self.ultraservers(j) - {"gone"}
+            if len(used) > 1:
+                self.split[j] += dt
+                self.split_seen[j].append(used)
+            if j in self.faulted_at and j not in self.whole_again_at \
+                    and len(self.placed(j, running_only=True)) == JOB_PODS:
+                self.whole_again_at[j] = now
 
 
 def main(h: Harness, args: argparse.Namespace) -> int:
