@@ -136,6 +136,8 @@ def test_the_plan_decides_to_buy_then_shows_the_added_ultraserver():
     after = decide_plan(SPEC, 1, d.status, with_additions([BLOCK, ADDED]), [], DEMO, NOW, usage)
     assert after.add_ultraserver is None  # bought for US 0 already
     assert (after.status.total_instance_count, after.status.total_ultra_server_count) == (36, 2)
+    # Both UltraServers keep a configured spare (the usage here counts no node in use): 36 - 2.
+    assert after.status.available_instance_count == 36 - 2
     [cond] = [c for c in after.status.conditions if c.type == "UltraServerAdded"]
     assert (cond.status, cond.reason) == ("True", "UltraServerAdded")
     assert f"UltraServer {US1} bought from pool pool-u for the rest of block {BLOCK.id}" in cond.message

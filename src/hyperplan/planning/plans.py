@@ -348,7 +348,8 @@ def _bought(spec: TrainingPlanSpec, generation: int, prior: TrainingPlanStatus,
     current = reserved[at] if at is not None else None
     block = sorted(purchased, key=lambda p: p.start)[at] if at is not None else None
     total = block.instances_with_additions if block else 0
-    spares = (current.ultra_server_count or 0) * spec.spare_instances_per_ultra_server if current else 0
+    ultraservers = ((current.ultra_server_count or 0) + len(current.added_ultra_servers or ())) if current else 0
+    spares = ultraservers * spec.spare_instances_per_ultra_server
     phase = schedule.phase
     status = TrainingPlanStatus(
         phase=phase, offerings=prior.offerings,
@@ -361,8 +362,7 @@ def _bought(spec: TrainingPlanSpec, generation: int, prior: TrainingPlanStatus,
         available_spare_instance_count=usage.available_spares,
         available_instance_count=counts.available_instances(total, usage.in_use, usage.unhealthy, spares,
                                                         usage.unhealthy_spares),
-        total_ultra_server_count=(current.ultra_server_count or 0) + len(current.added_ultra_servers or ())
-        if current and current.ultra_server_count is not None else None,
+        total_ultra_server_count=ultraservers if current and current.ultra_server_count is not None else None,
         ultra_servers=list(usage.ultra_servers),
         next_transition_time=schedule.next_transition_time,
         observed_generation=generation,
