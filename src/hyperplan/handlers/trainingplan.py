@@ -322,10 +322,10 @@ async def _add_ultraserver(rt: Runtime, name: str, uid: str, plan: TrainingPlan,
     after = decide_plan(plan.spec, generation, plan.status, list(result.blocks), snapshots, rt.policy, rt.clock(),
                         usage, uid)
     after.add_ultraserver = None  # one a pass; the next pass decides on the groups' new statuses
-    after.events = [*decision.events, Event("Warning", "UltraServerAdded", (
+    after.events = list(dict.fromkeys([*decision.events, Event("Warning", "UltraServerAdded", (
         f"bought an UltraServer ({addition.instance_count} x {addition.instance_type}) from pool {addition.pool} for "
         f"the rest of block {addition.adds_to}, until {addition.end.isoformat()}, in place of failed UltraServer "
-        f"{addition.in_place_of}: the block had no free one")), *after.events]
+        f"{addition.in_place_of}: the block had no free one")), *after.events]))  # the second decision repeats the first's
     rt.wake_groups_of(name)
     return after
 
