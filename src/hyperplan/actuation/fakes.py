@@ -21,7 +21,8 @@ from hyperplan.actuation.deepchecks import DeepCheckJobs, Target
 from hyperplan.actuation.kueue import KueueWrites
 from hyperplan.actuation.leadership import LeaseRecord, LeaseStore
 from hyperplan.actuation.ledger import (
-    CapacityLedger, PurchaseResult, addition_refusal, blocks_of, extended_lines, extension_refusal, pool_snapshot, reservations_by_pool,
+    CapacityLedger, PurchaseResult, addition_refusal, blocks_of, extended_lines, extension_refusal, pool_snapshot,
+    reservations_by_pool,
 )
 from hyperplan.actuation.nodes import (
     LABEL_NODE_ID, REBOOT_REASON, AdoptionConflict, DrainProgress, MadeNode, NodePods, NodeProvider,

@@ -325,7 +325,7 @@ async def _add_ultraserver(rt: Runtime, name: str, uid: str, plan: TrainingPlan,
     after.events = list(dict.fromkeys([*decision.events, Event("Warning", "UltraServerAdded", (
         f"bought an UltraServer ({addition.instance_count} x {addition.instance_type}) from pool {addition.pool} for "
         f"the rest of block {addition.adds_to}, until {addition.end.isoformat()}, in place of failed UltraServer "
-        f"{addition.in_place_of}: the block had no free one")), *after.events]))  # the second decision repeats the first's
+        f"{addition.in_place_of}: the block had no free one")), *after.events]))  # the decision again repeats
     rt.wake_groups_of(name)
     return after
 
