@@ -454,7 +454,10 @@ if __name__ == "__main__":
     ap.add_argument("--lead", type=int, default=25, help="seconds from now to the plans' startTimeAfter")
     ap.add_argument("--no-jobs", dest="jobs", action="store_false",
                     help="without the real Kueue TAS Jobs (one per UltraServer)")
+    ap.add_argument("--kwok-debug", action="store_true",
+                    help="KWOK logs at DEBUG and the API server audits every write (kept in the plane's logs/)")
     args = ap.parse_args()
     if args.groups < 2:
         ap.error("--groups must be at least 2 (half reboot, half replace)")
-    run(lambda h: main(h, args), "recovery-storm", budget=args.lead + 600)
+    run(lambda h: main(h, args), "recovery-storm", budget=args.lead + 600,
+        **({"kwok_log_level": "DEBUG", "audit_writes": True} if args.kwok_debug else {}))

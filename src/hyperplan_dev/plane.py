@@ -140,7 +140,7 @@ class PlaneState:
 class Plane:
     def __init__(self, root: Path | None = None, log: Log = print, with_kueue: bool | None = None,
                  node_status_seconds: int | None = None, audit_writes: bool = False,
-                 name: str | None = None):
+                 name: str | None = None, kwok_log_level: str = "INFO"):
         """``name``: a further plane beside the default one (see :func:`check_name`), its state
         in ``root`` or else ``state_dir(name)``; None: the default plane, as it always was.
 
@@ -162,7 +162,11 @@ class Plane:
         ``audit_writes``: the API server logs every write (create, update, patch, delete) at the
         audit level ``Metadata`` to :attr:`audit_log`, one JSON line each with its User-Agent, so
         that a benchmark can tell the operator's writes from the controllers' and KWOK's
-        (``apiserver_request_total`` has no label for the client)."""
+        (``apiserver_request_total`` has no label for the client).
+
+        ``kwok_log_level``: KWOK's ``-v`` (``DEBUG`` logs each stage it schedules and plays, with
+        its delay: what a benchmark keeps to find out why a node did not move on)."""
+        self.kwok_log_level = kwok_log_level
         self.name = None if name is None else check_name(name)
         self.dir = root or state_dir(self.name)
         self.log = log
@@ -405,7 +409,8 @@ class Plane:
                     f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
                     "--cidr=10.0.0.0/16", "--node-ip=10.0.0.1",
                     f"--node-lease-duration-seconds={lease_seconds(self.node_status_seconds)}",
-                    f"--server-address=127.0.0.1:{p['kwok']}", f"--config={stages}"]
+                    f"--server-address=127.0.0.1:{p['kwok']}", f"--config={stages}",
+                    f"-v={self.kwok_log_level}"]
         if name == "kueue":
             d = self.kueue_dir
             return kueue.launch_command(build.binary("kueue"), d / "config.yaml", self.kubeconfig,
