@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import ssl
 import statistics
@@ -400,6 +401,10 @@ class Harness:
             if self.operator is not None:
                 self.stop_operator()
         finally:
+            if os.environ.get("BENCH_KEEP_LOGS") == "1":  # the plane's logs outlive it (down removes them)
+                kept = STATE / f"{self.name}-plane-logs"
+                shutil.copytree(self.plane.dir / "logs", kept, dirs_exist_ok=True)
+                step(f"the plane's logs kept in {kept}")
             step("stopping the control plane")
             self.plane.down(quiet=True)
         if exc_type is None or (issubclass(exc_type, SystemExit) and exc.code in (0, None)):

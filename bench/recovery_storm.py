@@ -36,15 +36,16 @@ the nodes of the Jobs' pods first. A pod watch samples every 0.1 s the UltraServ
 bound, not terminating pods: the target is that no Job's pods are ever on two UltraServers; the
 table also gives the retries spent (the Jobs' ``status.failed``, with ``backoffLimit: 0`` and a
 ``podFailurePolicy`` that ignores ``DisruptionTarget``), the workloads Kueue evicted, and from the
-fault to the Job's 4 pods Running again.
+fault to the Job's 4 pods Running again (once one of them was not).
 
-    .venv/bin/python bench/recovery_storm.py [--groups 10] [--grace 2] [--lead 25] [--no-jobs]
+    .venv/bin/python bench/recovery_storm.py [--groups 10] [--grace 2] [--lead 25] [--no-jobs] [--kwok-debug]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import threading
 import time
@@ -235,6 +236,7 @@ class Jobs(Sampler):
         self.split_seen: dict[str, list[set]] = {j: [] for j in jobs}
         self.whole_again_at: dict[str, float] = {}
         self.faulted_at: dict[str, float] = {}  # the job's first pod node labelled
+        self.disturbed_at: dict[str, float] = {}  # first seen with fewer than its pods Running
 
     def on_event(self, kind: str, obj: dict, t: float) -> None:
         with self.lock:
@@ -263,8 +265,12 @@ class Jobs(Sampler):
             if len(used) > 1:
                 self.split[j] += dt
                 self.split_seen[j].append(used)
-            if j in self.faulted_at and j not in self.whole_again_at \
-                    and len(self.placed(j, running_only=True)) == JOB_PODS:
+            if j not in self.faulted_at or j in self.whole_again_at:
+                continue
+            running = len(self.placed(j, running_only=True))
+            if running < JOB_PODS:  # a pod evicted (terminating) or its replacement not Running yet
+                self.disturbed_at.setdefault(j, now)
+            elif j in self.disturbed_at:  # whole again only once it was not
                 self.whole_again_at[j] = now
 
 
@@ -459,5 +465,7 @@ if __name__ == "__main__":
     args = ap.parse_args()
     if args.groups < 2:
         ap.error("--groups must be at least 2 (half reboot, half replace)")
+    if args.kwok_debug:
+        os.environ["BENCH_KEEP_LOGS"] = "1"
     run(lambda h: main(h, args), "recovery-storm", budget=args.lead + 600,
         **({"kwok_log_level": "DEBUG", "audit_writes": True} if args.kwok_debug else {}))

@@ -290,3 +290,32 @@ def test_instances_held_outside_the_checks_count_against_the_block(outside: int,
 def test_workload_runs(conditions: dict, runs: bool) -> None:
     obj = {"status": {"conditions": [{"type": t, "status": s} for t, s in conditions.items()]}}
     assert admission.workload_runs(obj) is runs
+
+
+ADMITTED = [{"type": "QuotaReserved", "status": "True"}, {"type": "Admitted", "status": "True"}]
+
+
+def tas(*slices: dict, levels=("topology.k8s.aws/ultraserver-id", "kubernetes.io/hostname")) -> dict:
+    return {"topologyAssignment": {"levels": list(levels), "slices": list(slices)}}
+
+
+@pytest.mark.parametrize("conditions, assignments, expected", [
+    (ADMITTED, [tas({"domainCount": 3, "podCounts": {"universal": 1}, "valuesPerLevel": [
+        {"universal": "us-1"}, {"individual": {"prefix": "hp-g-0-", "roots": ["2", "3", "5"]}}]})],
+     ("hp-g-0-2", "hp-g-0-3", "hp-g-0-5")),
+    (ADMITTED, [tas({"domainCount": 2, "podCounts": {"individual": [1, 2]}, "valuesPerLevel": [
+        {"universal": "us-1"}, {"individual": {"roots": ["a", "b"], "suffix": "-x"}}]}),
+        tas({"domainCount": 1, "podCounts": {"universal": 4}, "valuesPerLevel": [
+            {"universal": "us-2"}, {"universal": "c"}]})],
+     ("a-x", "b-x", "c")),
+    (ADMITTED, [tas({"domainCount": 1, "podCounts": {"universal": 4}, "valuesPerLevel": [{"universal": "us-1"}]},
+                    levels=("topology.k8s.aws/ultraserver-id",))], ()),
+    (ADMITTED, [{"flavors": {"nvidia.com/gpu": "f"}}], ()),
+    ([{"type": "Admitted", "status": "True"}, {"type": "Finished", "status": "True"}],
+     [tas({"domainCount": 1, "podCounts": {"universal": 1}, "valuesPerLevel": [
+         {"universal": "us-1"}, {"universal": "n"}]})], ()),
+], ids=["individual-with-prefix", "suffix-and-universal-slices", "no-hostname-level", "no-topology",
+        "finished-holds-no-node"])
+def test_assigned_hostnames(conditions: list, assignments: list, expected: tuple) -> None:
+    obj = {"status": {"conditions": conditions, "admission": {"podSetAssignments": assignments}}}
+    assert admission.assigned_hostnames(obj) == expected

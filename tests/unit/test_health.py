@@ -10,6 +10,7 @@ import pytest
 from hyperplan.planning.health import (
     EVICTION_RETRY,
     HEALTH_BATCH_WINDOW,
+    KUEUE_MOVE_WAIT,
     Backfill,
     Evacuation,
     EvictPods,
@@ -650,6 +651,23 @@ SINCE = ago(4)
         pytest.param(NodeObservation("f", conditions=(), pods_left=1, evicting_since=ago(11)),
                      Evacuation(EvictPods("f", "r", force=True), False, NOW + EVICTION_RETRY),
                      id="no-ready-condition-counts-as-dead"),
+        # A Kueue workload's topology assignment still names the node: it stays, and its pods
+        # (a replacement Kueue pins there meanwhile) are swept, until Kueue moves it or time is up.
+        pytest.param(node("f", pods_left=0, assigned_by=("ns/wl",)),
+                     Evacuation(EvictPods("f", "r", start=True), False, NOW + EVICTION_RETRY),
+                     id="kueue-assigned-no-pod-yet-starts-and-waits"),
+        pytest.param(node("f", pods_left=0, evicting_since=SINCE, assigned_by=("ns/wl",)),
+                     Evacuation(EvictPods("f", "r"), False, NOW + EVICTION_RETRY),
+                     id="kueue-assigned-no-pod-left-waits-and-sweeps"),
+        pytest.param(node("f", pods_left=0, assigned_by=("ns/wl",),
+                          evicting_since=NOW - KUEUE_MOVE_WAIT + timedelta(seconds=0.5)),
+                     Evacuation(EvictPods("f", "r"), False, NOW + timedelta(seconds=0.5)),
+                     id="kueue-assigned-looks-again-at-the-wait-end"),
+        pytest.param(node("f", pods_left=0, evicting_since=NOW - KUEUE_MOVE_WAIT, assigned_by=("ns/wl",)),
+                     Evacuation(None, True), id="kueue-assigned-past-the-wait-done"),
+        pytest.param(node("f", pods_left=1, evicting_since=SINCE, assigned_by=("ns/wl",)),
+                     Evacuation(EvictPods("f", "r"), False, NOW + EVICTION_RETRY),
+                     id="kueue-assigned-with-pods-evicts-as-before"),
     ],
 )
 def test_evacuate(observation, expected):

@@ -100,12 +100,13 @@ def count_pods(pods: NodePods, raw: Sequence[client.V1Node]) -> dict[str, int]:
 
 def observe_node(node: client.V1Node, now: datetime, keys: naming.TopologyKeys,
                  first_sight: Callable[[str, str], datetime], pods_left: int | None = None,
-                 nid: str | None = None) -> ObservedGroupNode:
+                 nid: str | None = None, assigned_by: tuple[str, ...] = ()) -> ObservedGroupNode:
     """One node as planning judges it, under id ``nid`` (the group's record of it; the node's
     name when None). ``first_sight(node_id, value)`` says when this process
     first saw the node's ``Unschedulable*`` health label; the node's own record
     (:data:`~hyperplan.planning.health.ANNOTATION_HEALTH_SINCE`) wins when it is earlier.
-    ``pods_left``: the pods on it (counted for nodes marked for replacement only)."""
+    ``pods_left``: the pods on it (counted for nodes marked for replacement only);
+    ``assigned_by``: the Kueue workloads whose topology assignment names it (read for those only)."""
     facts = nodefacts.facts_of_v1(node, keys, now)
     annotations = node.metadata.annotations or {}
     bad = facts.unschedulable_health
@@ -118,7 +119,7 @@ def observe_node(node: client.V1Node, now: datetime, keys: naming.TopologyKeys,
         health=health.NodeObservation(
             name=name, conditions=facts.conditions, health_label=facts.health, health_label_since=since,
             role=facts.role, ultraserver_id=facts.ultraserver_id, created=facts.created, slot=facts.slot,
-            generation=facts.generation, replaces=facts.replaces, pods_left=pods_left,
+            generation=facts.generation, replaces=facts.replaces, pods_left=pods_left, assigned_by=assigned_by,
             evicting_since=reading.time_or_none(annotations.get(health.ANNOTATION_EVICTING_SINCE))),
         labels=facts.labels, taints=taints_of(node), unschedulable=facts.cordoned,
         ready=facts.is_ready, deleting=facts.deleting)
@@ -159,15 +160,19 @@ class Observation:
 
 def observe_nodes(group: str, raw: Sequence[client.V1Node], memory: GroupMemory, now: datetime,
                   keys: naming.TopologyKeys, pod_counts: Mapping[str, int] | None = None,
-                  ids: Mapping[str, str] | None = None) -> Observation:
+                  ids: Mapping[str, str] | None = None,
+                  assigned: Mapping[str, tuple[str, ...]] | None = None) -> Observation:
     """Read a group's nodes (``group`` is its label value; ``pod_counts`` from :func:`count_pods`;
-    ``ids``: each node's id by its name, from the group's record), and prune the group's memory.
+    ``ids``: each node's id by its name, from the group's record; ``assigned``: the Kueue
+    workloads that a node's name is assigned to, for the nodes marked for replacement), and
+    prune the group's memory.
     ``raw`` holds only the nodes the group holds (``planning.ownership.sort_nodes``).
 
     Runs on the event loop: it asks and updates ``memory``."""
-    counts, ids = pod_counts or {}, ids or {}
+    counts, ids, assigned = pod_counts or {}, ids or {}, assigned or {}
     seen = [observe_node(n, now, keys, lambda node, value: memory.first_sight(group, node, value, now),
-                         counts.get(n.metadata.name), ids.get(n.metadata.name)) for n in raw]
+                         counts.get(n.metadata.name), ids.get(n.metadata.name), assigned.get(n.metadata.name, ()))
+            for n in raw]
     notes = [note for n, s in zip(raw, seen) if (note := health_signal_note(n, s)) is not None]
     present = [PresentNode(s.name, s.labels, nodefacts.unschedulable_health(s.labels)) for s in seen]
     vanished = memory.observe(group, present, now)

@@ -38,6 +38,7 @@ from hyperplan.api.models import (
 )
 from hyperplan.api.vocabulary import FINALIZER  # set by kopf (operator.configure_kopf)
 from hyperplan.handlers.context import Runtime, status_of, status_patch, ultraserver_replacements
+from hyperplan.handlers import kueue_state
 from hyperplan.handlers.trainingplan import as_the_ledger_holds
 from hyperplan.handlers.workqueue import Pace
 from hyperplan.planning import deepchecks
@@ -127,6 +128,8 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     raw, records = held.raw, held.records
     pod_counts = (await in_thread(rt, count_pods, rt.pods, raw)  # nodes marked for replacement only
                   if any(being_evacuated(n) for n in raw) else {})
+    kueue_assigned = {n.metadata.name: kueue_state.workloads_assigned_to(rt, n.metadata.name)
+                      for n in raw if being_evacuated(n)}
     # The deep health checks' Jobs, while one runs (their ends wake no pass: the pass polls).
     awaited = deepchecks.awaited(group.status.nodes)
     check_jobs = await in_thread(rt, rt.checks.list, name, awaited) if awaited else None
@@ -142,7 +145,7 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
                                            for e in group.status.nodes or () if e.vanished is not None and e.uid])
     report_unrecorded(rt, obj, key, held)
     seen = observe_nodes(key, raw, rt.group_memory, now, rt.keys, pod_counts,
-                         {entry.name: nid for nid, entry in records.items()})
+                         {entry.name: nid for nid, entry in records.items()}, kueue_assigned)
     first_seen = set(rt.group_memory.note_unreadable(key, [finding for _, finding in seen.unreadable]))
     unreadable = [(node, Event("Warning", REASON_UNREADABLE, finding.message))
                   for node, finding in seen.unreadable if finding in first_seen]  # once per node, key and value

@@ -61,10 +61,13 @@ log = logging.getLogger("hyperplan.kueue")
 
 @kopf.index(KUEUE_GROUP, KUEUE_VERSION, "workloads")
 async def hp_kueue_workloads(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict]:
-    """Workloads by ("check", name) for each admission check they carry, and by ("workload",
-    label value) for the job nodes that carry it."""
+    """Workloads by ("check", name) for each admission check they carry, by ("workload",
+    label value) for the job nodes that carry it, and by ("node", hostname) for each node its
+    topology assignment names (a failed node's removal waits for Kueue to move it)."""
     wl = slim_workload(body)
     keys = {("workload", trainingjobs.workload_label_value(namespace or "", name)): wl}
+    for node in wl["status"]["assignedNodes"]:
+        keys[("node", node)] = wl
     for entry in wl["status"]["admissionChecks"]:
         if entry.get("name"):
             keys[("check", entry["name"])] = wl

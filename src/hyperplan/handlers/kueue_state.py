@@ -38,6 +38,7 @@ from kubernetes import client
 from hyperplan.actuation.kueue import KUEUE_API, KubeKueueWrites, KueueWrites
 from hyperplan.handlers.cache import v1_node
 from hyperplan.handlers.context import Runtime
+from hyperplan.planning import admission
 
 WORKLOADS_INDEX = "hp_kueue_workloads"  # kopf's index of Workloads (handlers.kueue)
 CHECKS_INDEX = "hp_kueue_checks"  # kopf's index of AdmissionChecks (handlers.kueue)
@@ -152,6 +153,14 @@ def workloads_with(rt: Runtime, check: str) -> list[dict[str, Any]]:
     return rt.cache.objects(WORKLOADS_INDEX, WORKLOADS, ("check", check))
 
 
+def workloads_assigned_to(rt: Runtime, node_name: str) -> tuple[str, ...]:
+    """The running Workloads (``namespace/name``) whose topology assignment names ``node_name``."""
+    found = rt.cache.objects(WORKLOADS_INDEX, WORKLOADS, ("node", node_name))
+    return tuple(sorted(f"{w['metadata'].get('namespace')}/{w['metadata'].get('name')}" for w in found
+                        if node_name in ((w.get("status") or {}).get("assignedNodes") or ())
+                        and admission.workload_runs(w)))
+
+
 def workload(rt: Runtime, label_value: str) -> dict[str, Any] | None:
     """The Workload whose ``hyperplan.dev/workload`` label value is ``label_value``."""
     found = rt.cache.objects(WORKLOADS_INDEX, WORKLOADS, ("workload", label_value))
@@ -191,7 +200,8 @@ def slim_workload(body: Mapping[str, Any]) -> dict[str, Any]:
                                          if spec.get("maximumExecutionTimeSeconds") is not None else {})},
         "status": {"conditions": [{"type": c.get("type"), "status": c.get("status"), "reason": c.get("reason")}
                                   for c in status.get("conditions") or []],
-                   "admissionChecks": [dict(c) for c in status.get("admissionChecks") or []]},
+                   "admissionChecks": [dict(c) for c in status.get("admissionChecks") or []],
+                   "assignedNodes": list(admission.assigned_hostnames(body))},
     }
 
 

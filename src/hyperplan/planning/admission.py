@@ -401,6 +401,34 @@ def workload_runs(obj: Mapping) -> bool:
     return holds and conditions.get("Finished") != "True" and conditions.get("Evicted") != "True"
 
 
+def assigned_hostnames(obj: Mapping, hostname_level: str = "kubernetes.io/hostname") -> tuple[str, ...]:
+    """The nodes (by hostname) that the topology assignments of a running Workload (see
+    :func:`workload_runs`) name, sorted; () for one that does not run or has no TAS assignment at
+    the hostname level. Reads Kueue v1beta2's compact form: per slice, each level's values are
+    either one ``universal`` value or ``individual`` roots between a prefix and a suffix."""
+    if not workload_runs(obj):
+        return ()
+    names: set[str] = set()
+    admission = (obj.get("status") or {}).get("admission") or {}
+    for assignment in admission.get("podSetAssignments") or []:
+        topology = assignment.get("topologyAssignment") or {}
+        levels = topology.get("levels") or []
+        if hostname_level not in levels:
+            continue
+        at = levels.index(hostname_level)
+        for piece in topology.get("slices") or []:
+            values = piece.get("valuesPerLevel") or []
+            if at >= len(values):
+                continue
+            value = values[at] or {}
+            if value.get("universal") is not None:
+                names.add(str(value["universal"]))
+            individual = value.get("individual") or {}
+            prefix, suffix = individual.get("prefix") or "", individual.get("suffix") or ""
+            names.update(f"{prefix}{root}{suffix}" for root in individual.get("roots") or [])
+    return tuple(sorted(names))
+
+
 def admitted_block(entry: Mapping | None, label: str) -> str | None:
     """The block (label value) a Ready entry admitted the workload into, from its podSetUpdates."""
     for update in (entry or {}).get("podSetUpdates") or []:

@@ -184,6 +184,9 @@ class NodeObservation:
     generation: int = 0
     replaces: str | None = None
     pods_left: int | None = None  # pods a drain would wait for; None: not counted this pass
+    # Kueue workloads (namespace/name) whose topology assignment still names the node: its removal
+    # waits a while for Kueue to move them (see evacuate); only read for nodes being evacuated.
+    assigned_by: tuple[str, ...] = ()
     evicting_since: datetime | None = None  # see ANNOTATION_EVICTING_SINCE
     # Its deep health checks (planning.deepchecks, by the group's record): running (it is no spare
     # to promote meanwhile), or failed at that time (a signal without grace).
@@ -487,6 +490,9 @@ Action = MarkUnhealthy | PromoteSpare | Backfill | EvictPods | RemoveNode | Rebo
 
 
 EVICTION_RETRY = timedelta(seconds=1)
+# How long a failed node with no pod left is kept while a Kueue workload's topology assignment
+# still names it, counted from the eviction's start (see evacuate).
+KUEUE_MOVE_WAIT = timedelta(seconds=60)
 
 
 @dataclass(frozen=True)
@@ -501,14 +507,25 @@ class Evacuation:
 def evacuate(node: NodeObservation, reason: str, now: datetime, dead_node_timeout: timedelta) -> Evacuation:
     """The pods of failed ``node``, whose replacement serves (see the module docstring).
 
-    Pods not counted yet (``pods_left`` None) are evicted; a count of 0 means done. A live
-    node's pods are evicted until they are gone (a PodDisruptionBudget may hold them; the
-    block's end drains what is left). A dead node's pods are forced out from
-    ``evicting_since + dead_node_timeout`` on.
+    Pods not counted yet (``pods_left`` None) are evicted; a count of 0 means done, unless a
+    Kueue workload's topology assignment still names the node (``assigned_by``): then the node
+    stays, and its pods are swept again each retry, until Kueue has moved the assignment or
+    :data:`KUEUE_MOVE_WAIT` has passed since the eviction began. Kueue pins each new pod of a TAS
+    workload to a node of its assignment; a pod pinned to a node that is gone stays Pending for
+    good (Kueue v0.17 fails such a stray pod only while its node exists), so the node goes once
+    nothing will be pinned there (docs/failover.md). A live node's pods are evicted until they
+    are gone (a PodDisruptionBudget may hold them; the block's end drains what is left). A dead
+    node's pods are forced out from ``evicting_since + dead_node_timeout`` on.
     """
-    if node.pods_left == 0:
-        return Evacuation(None, True)
     since = node.evicting_since
+    if node.pods_left == 0:
+        if not node.assigned_by:
+            return Evacuation(None, True)
+        if since is None:
+            return Evacuation(EvictPods(node.name, reason, start=True), False, now + EVICTION_RETRY)
+        if now >= since + KUEUE_MOVE_WAIT:
+            return Evacuation(None, True)
+        return Evacuation(EvictPods(node.name, reason), False, min(since + KUEUE_MOVE_WAIT, now + EVICTION_RETRY))
     if since is None:
         return Evacuation(EvictPods(node.name, reason, start=True), False, now + EVICTION_RETRY)
     if node.ready:
