@@ -401,7 +401,8 @@ class Harness:
             if self.operator is not None:
                 self.stop_operator()
         finally:
-            if os.environ.get("BENCH_KEEP_LOGS") == "1":  # the plane's logs outlive it (down removes them)
+            if os.environ.get("BENCH_KEEP_LOGS") == "1" and (self.plane.dir / "logs").is_dir():
+                # the plane's logs outlive it (down removes them)
                 kept = STATE / f"{self.name}-plane-logs"
                 shutil.copytree(self.plane.dir / "logs", kept, dirs_exist_ok=True)
                 step(f"the plane's logs kept in {kept}")

@@ -31,8 +31,9 @@ the UltraServer whole again, reboot against replace, in one table.
 whole, one Topology over the zone, the UltraServer id and the hostname, one ResourceFlavor over the
 bench's zone (all ten UltraServers), and a ClusterQueue with quota for every node; then one Job per
 group of 4 pods that requires one UltraServer (``kueue.x-k8s.io/podset-required-topology``), 4 GPUs
-each: 7 active nodes hold one such Job, so Kueue puts one on each UltraServer. The faults are then
-the nodes of the Jobs' pods first. A pod watch samples every 0.1 s the UltraServers of each Job's
+each: 7 active nodes hold one such Job, so Kueue puts one on each UltraServer. Each UltraServer's two
+faults are then one node of its Job and one node without a Job's pod (Kueue replaces one failed node
+of a workload in place; for a second at once it evicts the workload, docs/failover.md). A pod watch samples every 0.1 s the UltraServers of each Job's
 bound, not terminating pods: the target is that no Job's pods are ever on two UltraServers; the
 table also gives the retries spent (the Jobs' ``status.failed``, with ``backoffLimit: 0`` and a
 ``podFailurePolicy`` that ignores ``DisruptionTarget``), the workloads Kueue evicted, and from the
@@ -152,7 +153,10 @@ class Sampler:
         last = time.time()
         while not self._stop.wait(0.1):
             now = time.time()
-            self.sample(now - last, now)
+            try:
+                self.sample(now - last, now)
+            except Exception as e:  # noqa: BLE001 - a sampler that dies would leave its figures unset
+                step(f"{type(self).__name__}: a sample failed: {type(e).__name__}: {e}")
             last = now
 
     def sample(self, dt: float, now: float) -> None:
@@ -301,14 +305,23 @@ def main(h: Harness, args: argparse.Namespace) -> int:
              f"{sorted(len(jobs.ultraservers(j)) for j in jobs.jobs)}")
     time.sleep(2)
 
-    hosting = {node for j in (jobs.jobs if jobs else ()) for _, node in jobs.placed(j)}
+    job_of = {node: j for j in (jobs.jobs if jobs else ()) for _, node in jobs.placed(j)}
     victims: list[dict] = []
     for name in names:
-        # The Jobs' nodes first: their pods must move within their UltraServer.
-        actives = sorted((n["metadata"]["name"] not in hosting,
-                          labels(n)["hyperplan.dev/slot"], n["metadata"]["name"], labels(n)) for n in fleet.of(name)
+        # One node of each Job first: its pod must move within its UltraServer. Then nodes without
+        # a Job's pod, and only then a second node of one Job: Kueue replaces one failed node of a
+        # workload in place and evicts the workload for a second at once (docs/failover.md).
+        actives = sorted((labels(n)["hyperplan.dev/slot"], n["metadata"]["name"], labels(n)) for n in fleet.of(name)
                          if labels(n).get(ROLE) == "active")
-        for _, slot, node, lb in actives[:PER_GROUP]:
+        hit: set[str] = set()
+        firsts, others, seconds = [], [], []
+        for slot, node, lb in actives:
+            job = job_of.get(node)
+            (firsts if job is not None and job not in hit else others if job is None else seconds).append(
+                (slot, node, lb))
+            if job is not None:
+                hit.add(job)
+        for slot, node, lb in (firsts + others + seconds)[:PER_GROUP]:
             victims.append({"group": name, "node": node, "slot": slot, "reboot": name in reboot_groups,
                             "generation": int(lb.get("hyperplan.dev/generation", "0"))})
     if time.time() > termination - 90:
@@ -379,8 +392,14 @@ def main(h: Harness, args: argparse.Namespace) -> int:
     job_rows: list[tuple[str, str, str, str]] = []
     split = 0.0
     if jobs is not None:
-        wait_for(lambda: h.tick() or all(j in jobs.whole_again_at for j in jobs.faulted_at), timeout=120,
-                 what=f"every faulted Job's {JOB_PODS} pods Running again", interval=0.2)
+        try:
+            wait_for(lambda: h.tick() or all(j in jobs.whole_again_at for j in jobs.faulted_at), timeout=120,
+                     what=f"every faulted Job's {JOB_PODS} pods Running again", interval=0.2)
+        except BenchError:
+            for j in sorted(set(jobs.faulted_at) - set(jobs.whole_again_at)):
+                step(f"not whole again: {j}: disturbed {j in jobs.disturbed_at}, Running "
+                     f"{jobs.placed(j, running_only=True)}, bound {jobs.placed(j)}")
+            raise
         jobs.stop()
         batch = h.kubectl("get", "jobs", "-n", NS, "-o", "json")
         retries = sum((j.get("status") or {}).get("failed") or 0 for j in json.loads(batch.stdout)["items"])

@@ -104,6 +104,19 @@ def test_a_reboot_and_its_spare_promotion_carry_the_faults_first_sight() -> None
     assert p.recovery["a"].since == FAULT and p.recovery["a"].rebooting_since == T
 
 
+@pytest.mark.parametrize("observation, clock", [
+    pytest.param(node("a", ready_status="False", since=FAULT), None, id="the-pass-that-reboots"),
+    pytest.param(node("a", ready_status="False", since=T - timedelta(minutes=2), health_label=HEALTH_PENDING_REBOOT,
+                      health_label_since=T - timedelta(minutes=2)), REBOOTING, id="a-pass-while-it-reboots"),
+])
+def test_a_group_with_a_node_rebooting_is_looked_at_again_within_the_poll(observation, clock) -> None:
+    """Its return should wake the group; the poll bounds what a lost wake costs (not the timeout)."""
+    p = plan([observation, node("s", role="spare" if clock is None else "active",
+                                **({} if clock is None else {"replaces": "a"}))], {"a": clock} if clock else None)
+    assert p.rebooting == ("a",)
+    assert p.next_check == T + health.REBOOT_POLL < T + STEP_LADDER.reboot_timeout
+
+
 def test_a_node_back_from_its_reboot_carries_the_recoverys_first_sight() -> None:
     back = node("a", health_label=HEALTH_PENDING_REBOOT, health_label_since=T - timedelta(minutes=2),
                 since=T - timedelta(seconds=5))

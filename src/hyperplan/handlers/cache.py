@@ -227,6 +227,11 @@ class WatchCache:
 
     # ------------------------------------------------------------------ raw objects
 
+    def has_index(self, index: str) -> bool:
+        """Whether ``index`` is held (a kind added, or a kopf index registered: Kueue's are not
+        when it is turned off)."""
+        return index in self._kinds or (self._indexes is not None and index in self._indexes)
+
     def _index(self, index: str) -> Mapping[str, Any]:
         if index in self._kinds:
             return self._kinds[index]

@@ -154,7 +154,10 @@ def workloads_with(rt: Runtime, check: str) -> list[dict[str, Any]]:
 
 
 def workloads_assigned_to(rt: Runtime, node_name: str) -> tuple[str, ...]:
-    """The running Workloads (``namespace/name``) whose topology assignment names ``node_name``."""
+    """The running Workloads (``namespace/name``) whose topology assignment names ``node_name``;
+    none when Kueue is turned off (``kueue_enabled``: its Workloads are not watched)."""
+    if not rt.cache.has_index(WORKLOADS_INDEX):
+        return ()
     found = rt.cache.objects(WORKLOADS_INDEX, WORKLOADS, ("node", node_name))
     return tuple(sorted(f"{w['metadata'].get('namespace')}/{w['metadata'].get('name')}" for w in found
                         if node_name in ((w.get("status") or {}).get("assignedNodes") or ())

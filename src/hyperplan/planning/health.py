@@ -490,6 +490,11 @@ Action = MarkUnhealthy | PromoteSpare | Backfill | EvictPods | RemoveNode | Rebo
 
 
 EVICTION_RETRY = timedelta(seconds=1)
+# While a node reboots its group is looked at this often, besides the wake its return should bring:
+# in 1 of about 20 recovery storms a group's wake for two nodes back Ready was lost (cause not found
+# yet; docs/benchmarks.md), and the pass ran only at the reboot's timeout, which replaced a node
+# that had been back for 50 s. A poll bounds what a lost wake costs.
+REBOOT_POLL = timedelta(seconds=2)
 # How long a failed node with no pod left is kept while a Kueue workload's topology assignment
 # still names it, counted from the eviction's start (see evacuate).
 KUEUE_MOVE_WAIT = timedelta(seconds=60)
@@ -686,11 +691,11 @@ def plan_remediation(
             reboots.append(RebootNode(name, step.why, step.requested))
             moved[name] = state.started(when, ladder.reboot_window, step.requested, first)
             still_rebooting.add(name)
-            next_check = _earliest(next_check, when + ladder.reboot_timeout)
+            next_check = _earliest(next_check, min(when + ladder.reboot_timeout, when + REBOOT_POLL))
             continue
         if step.kind == recovery.WAIT:
             still_rebooting.add(name)
-            next_check = _earliest(next_check, step.until)
+            next_check = _earliest(next_check, min(step.until, when + REBOOT_POLL))
             continue
         if state.rebooting_since is not None or state.since is None:  # the reboot did not help, or none ran
             moved[name] = state = replace(state.ended() if state.rebooting_since is not None else state, since=first)
