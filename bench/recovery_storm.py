@@ -31,13 +31,14 @@ the UltraServer whole again, reboot against replace, in one table.
 whole, one Topology over the zone, the UltraServer id and the hostname, one ResourceFlavor over the
 bench's zone (all ten UltraServers), and a ClusterQueue with quota for every node; then one Job per
 group of 4 pods that requires one UltraServer (``kueue.x-k8s.io/podset-required-topology``), 4 GPUs
-each: 7 active nodes hold one such Job, so Kueue puts one on each UltraServer. Each UltraServer's two
-faults are then one node of its Job and one node without a Job's pod (Kueue replaces one failed node
-of a workload in place; for a second at once it evicts the workload, docs/failover.md). A pod
-watch samples every 0.1 s the UltraServers of each Job's bound, not terminating pods: the target
-is that no Job's pods are ever on two UltraServers; the table also gives the retries spent (the Jobs' ``status.failed``, with ``backoffLimit: 0`` and a
-``podFailurePolicy`` that ignores ``DisruptionTarget``), the workloads Kueue evicted, and from the
-fault to the Job's 4 pods Running again (once one of them was not).
+each: 7 active nodes hold one such Job, so Kueue puts one on each UltraServer. Each UltraServer's
+two faults are then one node of its Job and one node without a Job's pod (Kueue replaces one failed
+node of a workload in place; for a second at once it evicts the workload, docs/failover.md). A pod
+watch samples every 0.1 s the UltraServers of each Job's bound, not terminating pods: the target is
+that no Job's pods are ever on two UltraServers; the table also gives the retries spent (the Jobs'
+``status.failed``, with ``backoffLimit: 0`` and a ``podFailurePolicy`` that ignores
+``DisruptionTarget``), the workloads Kueue evicted, and from the fault to the Job's 4 pods Running
+again (once one of them was not).
 
     .venv/bin/python bench/recovery_storm.py [--groups 10] [--grace 2] [--lead 25] [--no-jobs] [--kwok-debug]
 """
