@@ -491,9 +491,8 @@ Action = MarkUnhealthy | PromoteSpare | Backfill | EvictPods | RemoveNode | Rebo
 
 EVICTION_RETRY = timedelta(seconds=1)
 # While a node reboots its group is looked at this often, besides the wake its return should bring:
-# in 1 of about 20 recovery storms a group's wake for two nodes back Ready was lost (cause not found
-# yet; docs/benchmarks.md), and the pass ran only at the reboot's timeout, which replaced a node
-# that had been back for 50 s. A poll bounds what a lost wake costs.
+# in one recovery storm a group's pass ran only at its reboot's timeout, 50 s after its nodes were
+# back (docs/benchmarks.md). A poll bounds what a missed wake costs.
 REBOOT_POLL = timedelta(seconds=2)
 # How long a failed node with no pod left is kept while a Kueue workload's topology assignment
 # still names it, counted from the eviction's start (see evacuate).
