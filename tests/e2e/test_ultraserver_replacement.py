@@ -77,8 +77,9 @@ def ultraserver_replaced(ctx: Context) -> dict:
                              if n["metadata"]["name"] in old}, interval=0.2).start()
     victims = [n["metadata"]["name"] for n in first if n["metadata"]["labels"].get("hyperplan.dev/role") == "active"][:2]
     failed_at = utcnow()
-    for v in victims:
-        k.run("label", "node", v, "--overwrite", "sagemaker.amazonaws.com/node-health-status=Unschedulable")
+    # One kubectl call for both: two calls under a CI run's load came seconds apart, past the
+    # ladder's batch window, and the first failure's backfill could make the UltraServer whole again.
+    k.run("label", "node", *victims, "--overwrite", "sagemaker.amazonaws.com/node-health-status=Unschedulable")
 
     st, after = eventually(lambda: next((r for r in [ready_with(1)] if r and r[1] and all(
         n["metadata"]["labels"].get(US_LABEL) != failed_us for n in r[1])), None),
@@ -128,8 +129,9 @@ def ultraserver_bought(ctx: Context) -> dict:
 
     def fail_two(nodes: list[dict]) -> list[str]:
         victims = [n["metadata"]["name"] for n in nodes if n["metadata"]["labels"].get("hyperplan.dev/role") == "active"][:2]
-        for v in victims:
-            k.run("label", "node", v, "--overwrite", "sagemaker.amazonaws.com/node-health-status=Unschedulable")
+        # One kubectl call for both (see above): seen seconds apart, the first one's backfill may
+        # make the UltraServer whole before the second fails, and nothing is bought.
+        k.run("label", "node", *victims, "--overwrite", "sagemaker.amazonaws.com/node-health-status=Unschedulable")
         return victims
 
     _, first = eventually(lambda: ready_off(None), timeout=150, what="group Ready on the plan's one UltraServer")
