@@ -63,25 +63,35 @@ class Recorder:
     interval: float = 0.2
     changes: list[tuple[datetime, Any]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    _last: Any = field(default_factory=object)
 
     def start(self) -> "Recorder":
-        threading.Thread(target=self._run, daemon=True).start()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
         return self
 
+    def _sample(self) -> None:
+        try:
+            value = self.read()
+        except Exception:  # noqa: BLE001 - a failed read is not a change
+            return
+        if value != self._last:
+            self.changes.append((utcnow(), value))
+            self._last = value
+
     def _run(self) -> None:
-        last = object()
         while not self._stop.is_set():
-            try:
-                value = self.read()
-            except Exception:  # noqa: BLE001 - a failed read is not a change
-                value = last
-            if value != last:
-                self.changes.append((utcnow(), value))
-                last = value
+            self._sample()
             time.sleep(self.interval)
 
     def stop(self) -> list[tuple[datetime, Any]]:
+        """Stop polling, then read once more: the caller usually stops right after it saw the value
+        it waited for, which a poll slowed by load may not have recorded yet."""
         self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+        self._sample()
         return self.changes
 
 

@@ -341,6 +341,7 @@ def sagemaker_extend(ctx: Context) -> dict:
     [offer] = offered["ok"]["TrainingPlanExtensionOfferings"]
     extended = boto3_calls(endpoint, [{"op": "extend_training_plan", "args": {
         "TrainingPlanExtensionOfferingId": offer["TrainingPlanExtensionOfferingId"]}}] * 2)
+    assert all("ok" in a for a in extended), extended
     wanted_end = old_end + timedelta(minutes=2)
 
     def moved() -> dict | None:

@@ -171,3 +171,44 @@ def test_an_unbought_plan_has_no_extension_offerings_and_rbac_decides_who_extend
                         TrainingPlanExtensionOfferingId=made_up("long-run"))
     assert denied["error"]["code"] == "AccessDeniedException"
     assert ("mallory", "patch", "trainingplans") in server.access.reviews
+
+
+def test_a_plan_whose_status_changed_since_the_cache_is_written_again_over_its_new_version() -> None:
+    """Seen in e2e: the operator wrote the plan's status (a block turned Active) between the watch
+    cache's read and the write, which was refused (409); both of boto3's calls answered
+    ConflictException and the plan was never extended. The extensions are as read: written again."""
+    held = bought("long-run", UID)
+    s = Server({"long-run": [held]}, pools={"p5-west": [pool(("long-run", UID, START, END))]})
+    try:
+        newer = str(int(held["metadata"]["resourceVersion"]) + 1)
+        s.writes.fresh["long-run"] = {**held, "metadata": {**held["metadata"], "resourceVersion": newer}}
+        endpoint = signed_in(s)
+        [offer] = ok(boto3_call(endpoint, "search_training_plan_offerings", TrainingPlanArn=ARN,
+                                DurationHours=24))["TrainingPlanExtensionOfferings"]
+        answer = ok(boto3_call(endpoint, "extend_training_plan",
+                               TrainingPlanExtensionOfferingId=offer["TrainingPlanExtensionOfferingId"]))
+        calls = [c for c in s.writes.calls if c[0] in ("extend_plan", "plan_now")]
+        assert [c[0] for c in calls] == ["extend_plan", "plan_now", "extend_plan"]
+        assert [c[4] for c in calls if c[0] == "extend_plan"] == [held["metadata"]["resourceVersion"], newer]
+        assert answer["TrainingPlanExtensions"][0]["Status"] == "Pending"
+    finally:
+        s.close()
+
+
+def test_an_extension_written_meanwhile_by_someone_else_is_a_conflict() -> None:
+    held = bought("long-run", UID)
+    s = Server({"long-run": [held]}, pools={"p5-west": [pool(("long-run", UID, START, END))]})
+    try:
+        newer = str(int(held["metadata"]["resourceVersion"]) + 1)
+        theirs = [*(held["spec"].get("extensions") or []), {"offeringId": "tpe-20270101t000000-00000000000000ff"}]
+        s.writes.fresh["long-run"] = {**held, "metadata": {**held["metadata"], "resourceVersion": newer},
+                                      "spec": {**held["spec"], "extensions": theirs}}
+        endpoint = signed_in(s)
+        [offer] = ok(boto3_call(endpoint, "search_training_plan_offerings", TrainingPlanArn=ARN,
+                                DurationHours=24))["TrainingPlanExtensionOfferings"]
+        answer = boto3_call(endpoint, "extend_training_plan",
+                            TrainingPlanExtensionOfferingId=offer["TrainingPlanExtensionOfferingId"])
+        assert answer["error"]["code"] == "ConflictException", answer
+        assert [c[0] for c in s.writes.calls if c[0] == "extend_plan"] == ["extend_plan"]
+    finally:
+        s.close()

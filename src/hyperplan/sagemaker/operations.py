@@ -701,6 +701,10 @@ def _search_extensions(body: Mapping[str, Any], ctx: "Context") -> dict[str, Any
             "TrainingPlanExtensionOfferings": [_extension_shape(e, plan.metadata["name"], ctx) for e in found]}
 
 
+WRITE_ATTEMPTS = 3
+"""Writes of ``spec.extensions`` tried over a plan whose other fields changed meanwhile."""
+
+
 def extend_training_plan(body: Mapping[str, Any], ctx: "Context") -> dict[str, Any]:
     """ExtendTrainingPlan: the extension offering's id appended to the plan's ``spec.extensions``,
     written as the caller (with the resourceVersion read: a concurrent change is
@@ -731,18 +735,28 @@ def extend_training_plan(body: Mapping[str, Any], ctx: "Context") -> dict[str, A
     if len(listed) >= MAX_EXTENSIONS:
         raise invalid(f"training plan {name} has {len(listed)} extensions, the most it may have")
     entries = [e.wire() for e in plan.spec.extensions] + [{"offeringId": wanted}]
-    try:
-        ctx.writes.extend_plan(ctx.user, name, entries, (obj.get("metadata") or {}).get("resourceVersion"))
-    except ApiException as e:
-        # The plan changed since the watch cache showed it. A retry whose first call landed after
-        # the cache was read finds its id in the plan as the API server has it: answered as a
-        # retry. Anything else is a concurrent change: ConflictException.
-        now = ctx.writes.plan_now(name) if e.status == 409 else None
-        fresh = _plan_model(now) if now is not None else None
-        if fresh is None or wanted not in [x.offering_id for x in fresh.spec.extensions]:
-            raise
-        entry = next((x for x in fresh.status.extensions if x.offering_id == wanted), ExtensionStatus(offering_id=wanted))
-        return {"TrainingPlanExtensions": [_history_shape(entry, name, ctx)]}
+    version = (obj.get("metadata") or {}).get("resourceVersion")
+    for attempt in range(WRITE_ATTEMPTS):
+        try:
+            ctx.writes.extend_plan(ctx.user, name, entries, version)
+            break
+        except ApiException as e:
+            # The plan changed since it was read. A retry whose first call landed after the cache
+            # was read finds its id in the plan as the API server has it: answered as a retry. A
+            # change elsewhere (the operator writes the plan's status on every transition) leaves
+            # the extensions as read: written again over the new version. A change of the
+            # extensions themselves is a concurrent change: ConflictException.
+            now = ctx.writes.plan_now(name) if e.status == 409 else None
+            fresh = _plan_model(now) if now is not None else None
+            if fresh is None:
+                raise
+            if wanted in [x.offering_id for x in fresh.spec.extensions]:
+                entry = next((x for x in fresh.status.extensions if x.offering_id == wanted),
+                             ExtensionStatus(offering_id=wanted))
+                return {"TrainingPlanExtensions": [_history_shape(entry, name, ctx)]}
+            if [x.offering_id for x in fresh.spec.extensions] != listed or attempt == WRITE_ATTEMPTS - 1:
+                raise
+            version = (now.get("metadata") or {}).get("resourceVersion")
     return {"TrainingPlanExtensions": [compact({**_extension_shape(found, name, ctx), "ExtendedAt": epoch(ctx.now),
                                                 "Status": "Pending"})]}
 
