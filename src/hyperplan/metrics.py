@@ -103,8 +103,9 @@ RECOVERY = Histogram(
 ULTRASERVER_REPLACEMENTS = Counter(
     "hyperplan_ultraserver_replacements_total",
     "UltraServers whose groups' nodes moved to a free UltraServer of the block, by reason: "
-    "FailuresBeyondSpares, ImpairedTooLong; and NoFreeUltraServer each time a group first found none free "
-    "for an UltraServer that could no longer hold its nodes.", ["reason"])
+    "FailuresBeyondSpares, ImpairedTooLong, UltraServerBought (to the one its plan bought in place of it, "
+    "though replacements in place made it whole meanwhile); and NoFreeUltraServer each time a group first "
+    "found none free for an UltraServer that could no longer hold its nodes.", ["reason"])
 REMOTE_CALLS = Counter(
     "hyperplan_remote_calls_total",
     "Calls to a remote SageMaker endpoint (a pool's spec.source), by operation and result (ok, or the "
@@ -131,7 +132,7 @@ for _action in RECOVERY_ACTIONS:
     RECOVERY.labels(_action)
 for _result in ("passed", "failed"):
     DEEP_HEALTH_CHECKS.labels(_result)
-for _reason in ("FailuresBeyondSpares", "ImpairedTooLong", "NoFreeUltraServer"):
+for _reason in ("FailuresBeyondSpares", "ImpairedTooLong", "UltraServerBought", "NoFreeUltraServer"):
     ULTRASERVER_REPLACEMENTS.labels(_reason)
 PURCHASES.labels("Purchased")
 PURCHASES.labels("UltraServerAdded")  # an UltraServer bought for the rest of a block (planning.plans)

@@ -1746,3 +1746,30 @@ def test_an_ultraserver_the_plan_bought_for_the_rest_of_the_block_is_where_the_g
     assert {s.ultraserver_id for s in d.create} == {US1} and len(d.create) == 18
     assert d.status.ultra_servers_wanted == []
     assert ("UltraServerReplacement", "True", "UltraServerReplaced") in conds(d)
+
+
+def test_the_group_moves_to_the_ultraserver_bought_for_it_though_made_whole_meanwhile():
+    """Seen in CI: the plan bought an UltraServer at the group's ask, and before the group saw it,
+    replacements in place had made the failed one whole: the group stayed, and what was bought
+    for it went unused. It moves there, the reason saying why."""
+    bought = ONE_US_BLOCK.model_copy(update={"added_ultra_servers": [AddedUltraServer(
+        id=f"{ONE_US_BLOCK.id}-r0", start_time=P1, instance_count=18, in_place_of=US0)]})
+    plan = BoundPlan("p", "hyperpod-cluster", None, X72, 1, (bought,))
+    whole = cluster_of(ALONE_FIRST.create)  # every node on US 0 healthy again
+    later = P1 + timedelta(seconds=2)
+    d = decide(observed(whole, later), now=later, s=ONE_US, plan=plan, prior=ALONE_FIRST.status)
+
+    assert moved(d) == [(US0, US1, "UltraServerBought")]
+    assert {s.ultraserver_id for s in d.create} == {US1} and len(d.create) == 18
+    assert d.ultraserver_reasons == ("UltraServerBought",)
+
+
+def test_without_an_ultraserver_bought_in_place_of_it_a_whole_ultraserver_keeps_the_group():
+    other = ONE_US_BLOCK.model_copy(update={"added_ultra_servers": [AddedUltraServer(
+        id=f"{ONE_US_BLOCK.id}-r7", start_time=P1, instance_count=18, in_place_of=f"{ONE_US_BLOCK.id}-us-7")]})
+    plan = BoundPlan("p", "hyperpod-cluster", None, X72, 1, (other,))
+    whole = cluster_of(ALONE_FIRST.create)
+    later = P1 + timedelta(seconds=2)
+    d = decide(observed(whole, later), now=later, s=ONE_US, plan=plan, prior=ALONE_FIRST.status)
+
+    assert moved(d) == [] and d.create == []

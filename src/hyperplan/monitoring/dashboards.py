@@ -208,7 +208,8 @@ def overview() -> dash.Dashboard:
     add(
         timeseries.Panel().title("UltraServers replaced and bought").span(12).height(7)
         .description("The last rung: UltraServers whose groups' nodes moved to a free UltraServer of the "
-                     "block, by reason (FailuresBeyondSpares, ImpairedTooLong), NoFreeUltraServer each time a "
+                     "block, by reason (FailuresBeyondSpares, ImpairedTooLong; UltraServerBought: to the one bought in "
+                     "place of theirs, which replacements in place made whole meanwhile), NoFreeUltraServer each time a "
                      "group found none free, and bought: UltraServers a plan bought from its pool for the rest "
                      "of the block in place of a failed one (addedUltraServers on the plan's block).")
         .with_target(_query("sum by (reason) (increase(hyperplan_ultraserver_replacements_total[$__rate_interval]))",

@@ -212,6 +212,14 @@ def with_added(block: ReservedCapacity) -> int:
     return block.instance_count + sum(a.instance_count for a in block.added_ultra_servers or ())
 
 
+def bought_in_place(block: ReservedCapacity) -> dict[str, str]:
+    """``{failed: bought}``: the UltraServers the plan bought for the rest of ``block`` (numbered
+    after the block's own, in the order bought), by the one each was bought in place of."""
+    first = block.ultra_server_count or 0
+    return {a.in_place_of: naming.ultraserver_id(block.id, first + i)
+            for i, a in enumerate(block.added_ultra_servers or ()) if a.in_place_of}
+
+
 def wanted_ultraservers(block: ReservedCapacity, verdict: recovery.UltraServerVerdict,
                         prior: InstanceGroupStatus, now: datetime) -> list[UltraServerWanted]:
     """``status.ultraServersWanted``: the UltraServers the group's nodes must leave with no free one
@@ -391,7 +399,8 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
         after = spec.health_check.replace_ultra_server_after_seconds
         ultraserver_verdict = recovery.plan_ultraserver_replacement(
             ultraservers, allocations, mine.counts, failed_by_ultraserver(on_block, verdict, clocks, now),
-            {f: m.replacement for f, m in moves.items()}, timedelta(seconds=after) if after is not None else None, now)
+            {f: m.replacement for f, m in moves.items()}, timedelta(seconds=after) if after is not None else None, now,
+            bought_in_place(block))
         new_moves = {m.failed: UltraServerReplacement(reserved_capacity_id=block.id, failed=m.failed,
                                                       replacement=m.replacement, since=now, reason=m.reason)
                      for m in ultraserver_verdict.moves if m.replacement}

@@ -690,7 +690,7 @@ def plan_remediation(
             reboots.append(RebootNode(name, step.why, step.requested))
             moved[name] = state.started(when, ladder.reboot_window, step.requested, first)
             still_rebooting.add(name)
-            next_check = _earliest(next_check, min(when + ladder.reboot_timeout, when + REBOOT_POLL))
+            next_check = _earliest(next_check, when + min(ladder.reboot_timeout, REBOOT_POLL))
             continue
         if step.kind == recovery.WAIT:
             still_rebooting.add(name)

@@ -283,6 +283,10 @@ REASON_BEYOND_SPARES = "FailuresBeyondSpares"
 REASON_IMPAIRED = "ImpairedTooLong"
 REASON_REPLACED = "UltraServerReplaced"
 REASON_NO_FREE_ULTRASERVER = "NoFreeUltraServer"
+# The group's nodes move to the UltraServer its plan bought in place of theirs (at the group's ask)
+# though the failed one was made whole meanwhile by replacements in place: what was bought for the
+# group is used (the plan buys only while it sees the UltraServer impaired).
+REASON_BOUGHT = "UltraServerBought"
 CONDITION_ULTRASERVER_REPLACEMENT = "UltraServerReplacement"
 
 
@@ -306,7 +310,7 @@ class UltraServerVerdict:
 def plan_ultraserver_replacement(
     ultraservers: Sequence, allocations: Mapping[str, int], mine: Mapping[str, int],
     failed: Mapping[str, Sequence[datetime]], replacements: Mapping[str, str], after: timedelta | None,
-    now: datetime,
+    now: datetime, bought: Mapping[str, str] | None = None,
 ) -> UltraServerVerdict:
     """Which UltraServers the group's nodes must leave, and for where (pure).
 
@@ -321,7 +325,13 @@ def plan_ultraserver_replacement(
     one of them has been failed for ``after``. Their replacement is the free UltraServer (no group's
     active nodes on it, not unavailable, room for all that is placed on the failed one) with the
     lowest index, one per failed UltraServer. Without one, the move says so (``replacement`` None).
+
+    ``bought``: ``{failed: bought}``, the UltraServers the plan bought for the rest of the block in
+    place of failed ones. A failed one's nodes go there first, and go there even when the failed
+    one holds them again (``REASON_BOUGHT``): replacements in place may have made it whole while
+    the plan bought.
     """
+    bought = bought or {}
     retired = set(replacements)
     taken = retired | set(replacements.values())
     moves: list[UltraServerMove] = []
@@ -338,14 +348,21 @@ def plan_ultraserver_replacement(
             reason = REASON_IMPAIRED
             why = (f"UltraServer {u.id} has been impaired since {faults[0].isoformat()} "
                    f"(replaceUltraServerAfterSeconds {int(after.total_seconds())})")
+        elif u.id in bought:
+            reason = REASON_BOUGHT
+            why = f"UltraServer {bought[u.id]} was bought for the rest of the block in place of {u.id}"
         else:
             if after is not None and faults:
                 at = faults[0] + after
                 next_check = at if next_check is None else min(next_check, at)
             continue
         need = allocations.get(u.id, 0)
-        free = [v for v in sorted(ultraservers, key=lambda v: v.index)
+        free = [v for v in sorted(ultraservers, key=lambda v: (v.id != bought.get(u.id), v.index))
                 if v.id != u.id and v.id not in taken and allocations.get(v.id, 0) == 0 and v.usable >= need]
+        if reason == REASON_BOUGHT:
+            free = [v for v in free if v.id == bought[u.id]]
+            if not free:
+                continue  # taken by another move, or in use: the failed one holds the nodes
         target = free[0].id if free else None
         if target is not None:
             taken.add(target)
