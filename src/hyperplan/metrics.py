@@ -250,7 +250,7 @@ OBJECT_FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
         "Nodes of an instance group by health: the node's health label (either key; none counts as "
         "Schedulable): Schedulable, Unschedulable, UnschedulablePendingReboot, "
         "UnschedulablePendingReplacement; and rebooting, the nodes with a reboot under way by the group's "
-        "record (they are UnschedulablePendingReboot too).", ("group", "state")),
+        "record that are UnschedulablePendingReboot too.", ("group", "state")),
     "hyperplan_instance_group_remediation_blocked": (
         "1 while maxUnhealthy stops remediation of a group (RemediationAllowed=False), else 0.", ("group",)),
     "hyperplan_instance_group_info": (
@@ -437,7 +437,11 @@ def object_samples(view: ObservedObjects, now: datetime) -> dict[str, list[tuple
         for state, value in zip(GROUP_STATES, (st.desired_count, st.ready_count, st.spare_count,
                                                st.unhealthy_count, present.get(label_value(name), 0))):
             add("hyperplan_instance_group_nodes", value, group=name, state=state)
-        rebooting = sum(1 for e in st.nodes or () if e.recovery is not None and e.recovery.rebooting_since is not None)
+        # The group's record and the node's label come by two watches: a node back from its reboot
+        # (its label Schedulable again) whose record still says rebooting counted twice in CI. A
+        # node counts as rebooting only while both say so.
+        rebooting = sum(1 for e in st.nodes or () if e.recovery is not None and e.recovery.rebooting_since is not None
+                        and (label_value(name), HEALTH_PENDING_REBOOT) == view.nodes.get(e.name))
         for state in NODE_HEALTH_STATES:
             value = rebooting if state == REBOOTING else by_health.get((label_value(name), state), 0)
             add("hyperplan_instance_group_node_health", value, group=name, state=state)
