@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import subprocess
+import uuid
 
 import pytest
 
 from hyperplan_dev import build
+from tests.kube import Kubectl
 
 
 @pytest.fixture(scope="module")
@@ -27,3 +29,12 @@ def helm(tmp_path_factory: pytest.TempPathFactory):
         return proc
 
     return run
+
+
+@pytest.fixture
+def namespace(crds: Kubectl):
+    """A namespace of the test's own, deleted after it (without waiting)."""
+    name = f"it-{uuid.uuid4().hex[:6]}"
+    crds.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    yield name
+    crds.delete("namespace", name, "--wait=false")

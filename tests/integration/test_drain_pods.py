@@ -25,14 +25,6 @@ def kube(plane) -> Kube:
 
 
 @pytest.fixture
-def namespace(crds: Kubectl):
-    name = f"drain-{uuid.uuid4().hex[:6]}"
-    crds.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-    yield name
-    crds.delete("namespace", name, "--wait=false")
-
-
-@pytest.fixture
 def cordoned_node(crds: Kubectl, kube: Kube):
     """A Ready KWOK node that is cordoned: a pod pinned to it by hostname stays Pending."""
     name = f"hp-drain-{uuid.uuid4().hex[:6]}"

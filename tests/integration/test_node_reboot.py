@@ -125,14 +125,6 @@ def test_rebooting_a_kwok_node_that_is_gone_or_another_is_no_error(kube: Kube, k
 
 
 @pytest.fixture
-def namespace(crds: Kubectl):
-    name = f"reboot-{uuid.uuid4().hex[:6]}"
-    crds.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-    yield name
-    crds.delete("namespace", name, "--wait=false")
-
-
-@pytest.fixture
 def static_node(crds: Kubectl, kube: Kube):
     """A node of the static pool, held by a group, that no kubelet runs (not a KWOK node)."""
     name = f"static-reboot-{uuid.uuid4().hex[:6]}"
