@@ -24,8 +24,23 @@ def mint_key(ctx: Context, user: str) -> tuple[str, str]:
 
 
 def grant_plan_reads(ctx: Context, user: str, name: str, *more: dict, reads: bool = True) -> None:
-    """A ClusterRole for ``user``: get and list TrainingPlans (without ``reads``: none), and ``more``."""
+    """A ClusterRole for ``user``: get and list TrainingPlans (without ``reads``: none), and ``more``;
+    returned once the API server's authorizer grants every one of them. Its RBAC cache follows a
+    watch: in CI, a call made right after the apply was refused (AccessDeniedException), and the
+    refusal is what the SageMaker API then held for a while (sagemaker.access.REVIEW_SECONDS)."""
     rules = [{"apiGroups": ["hyperplan.dev"], "resources": ["trainingplans"], "verbs": ["get", "list"]}] if reads else []
+    _apply_grant(ctx, user, name, rules, more)
+    for rule in [*rules, *more]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                for verb in rule["verbs"]:
+                    what = f"{resource}.{group}" if group else resource
+                    eventually(lambda: ctx.kubectl.run("auth", "can-i", verb, what, "--as", user,
+                                                       check=False).stdout.strip() == "yes",
+                               timeout=60, interval=0.5, what=f"{user} may {verb} {what}")
+
+
+def _apply_grant(ctx: Context, user: str, name: str, rules: list[dict], more: tuple[dict, ...]) -> None:
     ctx.kubectl.apply([
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": name},
          "rules": [*rules, *more]},
@@ -34,14 +49,20 @@ def grant_plan_reads(ctx: Context, user: str, name: str, *more: dict, reads: boo
          "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]}])
 
 
+NOT_YET = ("EndpointConnectionError", "ConnectionClosedError",
+           # A key minted a moment ago: the replica lists the keys again at most every
+           # sagemaker.access.UNKNOWN_KEY_SECONDS (in CI its next call was refused too).
+           "UnrecognizedClientException")
+
+
 def serving(ctx: Context, key_id: str, secret: str) -> Endpoint:
-    """The endpoint of the first replica that answers (both serve the API: the leader's first;
-    while a replica restarts, the other)."""
+    """The endpoint of the first replica that answers and knows the key (both serve the API: the
+    leader's first; while a replica restarts, the other)."""
     def answering() -> Endpoint | None:
         for url in ctx.sagemaker_api_urls:
             endpoint = Endpoint(url, key_id, secret)
             answer = boto3_call(endpoint, "list_training_plans", MaxResults=1)
-            if "ok" in answer or answer["error"]["code"] not in ("EndpointConnectionError", "ConnectionClosedError"):
+            if "ok" in answer or answer["error"]["code"] not in NOT_YET:
                 return endpoint
         return None
     return eventually(answering, timeout=120, interval=1, what="a replica serving the SageMaker API")

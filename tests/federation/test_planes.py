@@ -52,6 +52,7 @@ def test_only_the_capacity_cluster_serves_the_sagemaker_api_as_itself(capacity: 
     endpoint = serving(ctx, key_id, secret)
     assert endpoint.url == capacity.sagemaker_api_url
     listed = boto3_call(endpoint, "list_clusters")
+    assert "ok" in listed, listed
     assert [c["ClusterName"] for c in listed["ok"]["ClusterSummaries"]] == ["capacity"], listed
     assert listed["ok"]["ClusterSummaries"][0]["ClusterArn"].startswith("arn:aws:sagemaker:")
     for m in (training_a, training_b):
