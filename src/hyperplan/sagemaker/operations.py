@@ -754,7 +754,7 @@ def extend_training_plan(body: Mapping[str, Any], ctx: "Context") -> dict[str, A
                 entry = next((x for x in fresh.status.extensions if x.offering_id == wanted),
                              ExtensionStatus(offering_id=wanted))
                 return {"TrainingPlanExtensions": [_history_shape(entry, name, ctx)]}
-            if [x.offering_id for x in fresh.spec.extensions] != listed or attempt == WRITE_ATTEMPTS - 1:
+            if [x.wire() for x in fresh.spec.extensions] != entries[:-1] or attempt == WRITE_ATTEMPTS - 1:
                 raise
             version = (now.get("metadata") or {}).get("resourceVersion")
     return {"TrainingPlanExtensions": [compact({**_extension_shape(found, name, ctx), "ExtendedAt": epoch(ctx.now),
