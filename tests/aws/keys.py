@@ -26,10 +26,15 @@ def mint_key(ctx: Context, user: str) -> tuple[str, str]:
 def grant_plan_reads(ctx: Context, user: str, name: str, *more: dict, reads: bool = True) -> None:
     """A ClusterRole for ``user``: get and list TrainingPlans (without ``reads``: none), and ``more``;
     returned once the API server's authorizer grants every one of them. Its RBAC cache follows a
-    watch: in CI, a call made right after the apply was refused (AccessDeniedException), and the
-    refusal is what the SageMaker API then held for a while (sagemaker.access.REVIEW_SECONDS)."""
+    watch, and a refusal read before it caught up is what the SageMaker API would then hold for a
+    while (sagemaker.access.REVIEW_SECONDS)."""
     rules = [{"apiGroups": ["hyperplan.dev"], "resources": ["trainingplans"], "verbs": ["get", "list"]}] if reads else []
-    _apply_grant(ctx, user, name, rules, more)
+    ctx.kubectl.apply([
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": name},
+         "rules": [*rules, *more]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": name},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]}])
     for rule in [*rules, *more]:
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
@@ -38,15 +43,6 @@ def grant_plan_reads(ctx: Context, user: str, name: str, *more: dict, reads: boo
                     eventually(lambda: ctx.kubectl.run("auth", "can-i", verb, what, "--as", user,
                                                        check=False).stdout.strip() == "yes",
                                timeout=60, interval=0.5, what=f"{user} may {verb} {what}")
-
-
-def _apply_grant(ctx: Context, user: str, name: str, rules: list[dict], more: tuple[dict, ...]) -> None:
-    ctx.kubectl.apply([
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": name},
-         "rules": [*rules, *more]},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": name},
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]}])
 
 
 NOT_YET = ("EndpointConnectionError", "ConnectionClosedError",
