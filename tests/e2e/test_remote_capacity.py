@@ -122,6 +122,73 @@ def remote_capacity(ctx: Context) -> dict:
                 + "-0")}
 
 
+@scenario
+def remote_extension(ctx: Context) -> dict:
+    """A plan bought through the endpoint is extended there: its status offers the remote's
+    extension under a local id, the user names it in ``spec.extensions``, and the plan's block and
+    the remote's run on together."""
+    k = ctx.kubectl
+    tag = uuid.uuid4().hex[:5]
+    itype, tier, user = f"ml.rx-{tag}.xlarge", f"extending-{tag}", f"rx-buyer-{tag}"
+    key_id, secret = mint_key(ctx, user)
+    # A buyer that may also extend its plans (ExtendTrainingPlan is a patch of the plan).
+    grant_plan_reads(ctx, user, f"rx-buyer-{tag}", {"apiGroups": ["hyperplan.dev"], "resources": ["trainingplans"],
+                                                   "verbs": ["create", "patch"]}, reads=False)
+    endpoint = serving(ctx, key_id, secret)
+    k.apply([{"apiVersion": "v1", "kind": "Secret", "metadata": {"name": f"rx-key-{tag}", "namespace": "default"},
+              "stringData": {"AWS_ACCESS_KEY_ID": key_id, "AWS_SECRET_ACCESS_KEY": secret}}])
+    k.create(pool_body(f"rx-fleet-{tag}", itype, 2, az="us-east-1r", trainingPlanSelector={
+        "matchExpressions": [{"key": "tier", "operator": "DoesNotExist"}]}))
+    k.create(_remote_pool(f"rx-remote-{tag}", itype, endpoint.url, f"rx-key-{tag}", tier))
+    start = utcnow().replace(microsecond=0) + timedelta(seconds=60)
+    plan = plan_body(f"rx-{tag}", itype, 2, duration="1m", autoPurchase=True, startTimeAfter=ts(start),
+                     endTimeBefore=ts(start + timedelta(minutes=3)))
+    plan["metadata"]["labels"] = {"tier": tier}
+    k.create(plan)
+    scheduled = wait_phase(k, "trainingplan", f"rx-{tag}", "Scheduled", timeout=60)
+    remote_name = "hp-" + scheduled_uid(k, f"rx-{tag}") + "-0"
+
+    def offered() -> dict | None:
+        st = k.get("trainingplan", f"rx-{tag}").get("status") or {}
+        return next(iter(st.get("extensionOfferings") or []), None)
+    # Searched on the plan's passes once it holds the block (at the latest at the block's start).
+    offer = eventually(offered, timeout=120, interval=1, what="the remote's extension offered on the plan")
+    k.run("patch", "trainingplan", f"rx-{tag}", "--type=merge", "-p",
+          json.dumps({"spec": {"extensions": [{"offeringId": offer["id"]}]}}))
+
+    def extended() -> dict | None:
+        st = k.get("trainingplan", f"rx-{tag}").get("status") or {}
+        ok = next((c for c in st.get("conditions") or [] if c["type"] == "Extended" and c["status"] == "True"), None)
+        return st if ok else None
+    after = eventually(extended, timeout=60, interval=1, what="the plan Extended=True")
+    return {"tag": tag, "scheduled": scheduled, "offer": offer, "after": after, "remote_name": remote_name,
+            "remote": k.get("trainingplan", remote_name), "fleet": k.get("capacitypool", f"rx-fleet-{tag}"),
+            "events": events_for(k, f"rx-{tag}")}
+
+
+def scheduled_uid(k, name: str) -> str:
+    return k.get("trainingplan", name)["metadata"]["uid"].replace("-", "")
+
+
+def test_a_plan_bought_through_the_endpoint_is_extended_there(scenarios) -> None:
+    record = scenarios["remote_extension"].result(timeout=900)
+    tag, offer = record["tag"], record["offer"]
+    [block] = record["scheduled"]["reservedCapacity"]
+    # Offered under a local id (the remote's own id, which names the remote plan, stays unshown),
+    # as an extension of the block as recorded here.
+    assert offer["capacityPool"] == f"rx-remote-{tag}" and offer["reservedCapacityId"] == block["id"]
+    assert offer["startTime"] == block["endTime"] and offer["id"].count("-") == 2, offer
+    # The plan's block runs on to the extension's end, and so does the remote's own block.
+    [now] = record["after"]["reservedCapacity"]
+    assert (now["id"], now["endTime"]) == (block["id"], offer["endTime"])
+    [entry] = record["after"]["extensions"]
+    assert entry["status"] in ("Scheduled", "Active") and entry["offeringId"] == offer["id"], entry
+    [line] = [r for r in record["fleet"]["status"]["reservations"] if r["trainingPlan"] == record["remote_name"]]
+    assert line["endTime"] == offer["endTime"]
+    assert [e["status"] for e in record["remote"]["status"]["extensions"]] in (["Scheduled"], ["Active"])
+    assert "Extended" in [e["reason"] for e in record["events"]]
+
+
 def test_a_plan_buys_through_the_endpoint_and_holds_the_remotes_block(scenarios) -> None:
     record = scenarios["remote_capacity"].result(timeout=900)
     # The remote plan was made through the API (as the key's user) and bought from the fleet.

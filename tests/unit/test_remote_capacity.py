@@ -261,3 +261,83 @@ def test_a_listing_that_takes_long_is_made_less_often() -> None:
     now[0] = 0.6
     follower.plans("k", Slow(), max_age=0.1)
     assert Slow.calls == 2
+
+
+# --------------------------------------------------------------------------- extensions
+
+
+def _block(end: datetime = START + timedelta(hours=48)):
+    from hyperplan.planning.blocks import Block
+    return Block(pool="remote-p5", availability_zone="use1-az1", instance_type=P5, instance_count=8, start=START,
+                 end=end, id="rc-abc-0")
+
+
+def test_extension_offerings_are_searched_with_the_remote_plans_arn(stubbed) -> None:
+    capacity, stub = stubbed
+    end = START + timedelta(hours=48)
+    stub.add_response("search_training_plan_offerings", {"TrainingPlanOfferings": [], "TrainingPlanExtensionOfferings": [
+        {"TrainingPlanExtensionOfferingId": "tpe-x", "AvailabilityZone": "use1-az1", "StartDate": end,
+         "EndDate": end + timedelta(hours=72), "DurationHours": 72, "UpfrontFee": "10.00", "CurrencyCode": "USD"}]},
+        {"TrainingPlanArn": ARN})
+
+    [ext] = capacity.find_extensions(plan_of(summary("hp-x-0")), UID, [_block()], SAGEMAKER)
+    assert (ext.remote_id, ext.extension.days, ext.extension.end, ext.upfront_fee) == (
+        "tpe-x", 3, end + timedelta(hours=72), "10.00")
+    assert ext.extension.id.startswith("tpe-") and ext.extension.id != "tpe-x"
+
+
+def test_extend_and_the_history_are_the_models_calls(stubbed) -> None:
+    capacity, stub = stubbed
+    end = START + timedelta(hours=48)
+    taken = {"TrainingPlanExtensionOfferingId": "tpe-x", "StartDate": end, "EndDate": end + timedelta(hours=24),
+             "Status": "Pending"}
+    stub.add_response("extend_training_plan", {"TrainingPlanExtensions": [taken]},
+                      {"TrainingPlanExtensionOfferingId": "tpe-x"})
+    stub.add_response("describe_training_plan_extension_history",
+                      {"TrainingPlanExtensions": [], "NextToken": "t1"}, {"TrainingPlanArn": ARN, "MaxResults": 100})
+    stub.add_response("describe_training_plan_extension_history", {"TrainingPlanExtensions": [taken]},
+                      {"TrainingPlanArn": ARN, "MaxResults": 100, "NextToken": "t1"})
+    remote = plan_of(summary("hp-x-0"))
+    from hyperplan.planning.remote import RemoteExtension
+    from hyperplan.planning.offerings import Extension
+    ext = RemoteExtension(Extension("tpe-local", _block(), end + timedelta(hours=24), 1), "tpe-x")
+
+    [record] = capacity.extend(remote, ext)
+    [again] = capacity.extension_history(remote)
+    assert record == again and (record.remote_id, record.status) == ("tpe-x", "Pending")
+    assert counted("ExtendTrainingPlan", "ok") >= 1
+
+
+@pytest.mark.parametrize("code", ["ResourceNotFound", "ValidationException"])
+def test_an_extension_no_longer_offered_is_not_bought_and_no_error_of_the_pass(stubbed, code) -> None:
+    from hyperplan.actuation.remote import NotBought
+    from hyperplan.planning.remote import RemoteExtension
+    from hyperplan.planning.offerings import Extension
+    capacity, stub = stubbed
+    stub.add_client_error("extend_training_plan", service_error_code=code, http_status_code=400,
+                          expected_params={"TrainingPlanExtensionOfferingId": "tpe-x"})
+    ext = RemoteExtension(Extension("tpe-local", _block(), START + timedelta(hours=72), 1), "tpe-x")
+    with pytest.raises(NotBought):
+        capacity.extend(plan_of(summary("hp-x-0")), ext)
+
+
+def test_an_extension_is_asked_without_boto3s_retries() -> None:
+    capacity = SageMakerCapacity(SageMakerSource(endpoint="http://127.0.0.1:9", region="us-east-1"),
+                                 credentials=("AKIAEXAMPLE", "secret"))
+    assert capacity._once().meta.config.retries["total_max_attempts"] == 1
+    assert capacity.client.meta.config.retries["total_max_attempts"] == 3
+
+
+@pytest.mark.parametrize("start_hours, status, underway", [
+    (48, "Pending", True),  # starts at the block's end: not shown yet
+    (48, "Failed", True),  # named too: the decision fails the entry
+    (24, "Pending", False),  # starts within the block: the blocks already run over it, or another's
+], ids=["taken-not-shown", "taken-then-failed", "already-held"])
+def test_the_extensions_a_remote_took_that_the_blocks_do_not_show(start_hours, status, underway) -> None:
+    from hyperplan.planning.offerings import extension_id
+    from hyperplan.planning.remote import ExtensionRecord, extension_not_shown, extensions_underway
+    start = START + timedelta(hours=start_hours)
+    record = ExtensionRecord("tpe-x", start, start + timedelta(hours=24), status)
+    found = extensions_underway([record], UID, [_block()])
+    assert found == ({extension_id(UID, _block(), start + timedelta(hours=24)): status} if underway else {})
+    assert extension_not_shown([record], plan_of(summary("hp-x-0"))) == (underway and status != "Failed")

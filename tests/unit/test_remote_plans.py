@@ -70,6 +70,11 @@ def world(monkeypatch: pytest.MonkeyPatch):
         w.close()
 
 
+def extension_search(op: str, args: Any) -> bool:
+    """A search for a bought remote plan's extension offerings (paced apart from following)."""
+    return op == "search" and "TrainingPlanArn" in args
+
+
 def status(w: World) -> dict[str, Any]:
     return w.kube.objects[(PLANS_PLURAL, NAME)]["status"]
 
@@ -223,7 +228,7 @@ def test_a_listing_behind_a_boundary_that_passed_is_not_believed_for_long(world,
     remote.calls.clear()
     wake = w.run(reconcile_plan, NAME)
 
-    ops = [op for op, _ in remote.calls]
+    ops = [op for op, args in remote.calls if not extension_search(op, args)]
     assert ops == ["describe_plan"], ops
     if remote_caught_up:
         assert status(w)["phase"] == "Active"
@@ -474,3 +479,160 @@ def test_a_failing_plans_own_condition_writes_do_not_run_it_again_past_its_backo
     assert rt.queue.woken == 1
     plan_event(rt, NAME, "MODIFIED", {**failed, "metadata": {"name": NAME, "generation": 2}})
     assert rt.queue.woken == 2
+
+
+# --------------------------------------------------------------------------- extending a remote plan
+
+ARN = f"arn:aws:sagemaker:us-east-1:111122223333:training-plan/{REMOTE}-0"
+BLOCK_END = START + timedelta(hours=48)
+
+
+def bought(world, **spec: Any) -> tuple[World, FakeRemoteCapacity]:
+    """A plan bought at the remote, its block recorded here, and a pass since (it holds the block)."""
+    w, remote = world(offering(), **spec)
+    w.run(reconcile_plan, NAME)
+    remote.sell(f"{REMOTE}-0")
+    later(w, 2)
+    w.run(reconcile_plan, NAME)
+    assert status(w)["phase"] == "Scheduled"
+    return w, remote
+
+
+def extension_offer(oid: str = "tpe-remote-1", hours: int = 24, start: datetime = BLOCK_END, zone: str = ZONE,
+                    fee: str = "500.00") -> dict[str, Any]:
+    return {"TrainingPlanExtensionOfferingId": oid, "AvailabilityZone": zone, "StartDate": start,
+            "EndDate": start + timedelta(hours=hours), "DurationHours": hours, "UpfrontFee": fee, "CurrencyCode": "USD"}
+
+
+def offered_ids(w: World) -> list[str]:
+    return [o["id"] for o in status(w).get("extensionOfferings") or []]
+
+
+def ask(w: World, *ids: str) -> None:
+    w.kube.objects[(PLANS_PLURAL, NAME)]["spec"]["extensions"] = [{"offeringId": i} for i in ids]
+    later(w, 1)
+
+
+def extend_calls(remote: FakeRemoteCapacity) -> list[str]:
+    return [args for op, args in remote.calls if op == "extend_plan"]
+
+
+def test_a_remote_plan_is_extended_once_at_its_remote_and_shows_it_when_the_remote_holds_it(world) -> None:
+    w, remote = bought(world)
+    remote.extension_offerings[ARN] = [extension_offer()]
+    later(w, 61)
+    w.run(reconcile_plan, NAME)
+
+    # Offered under a local id, cut from the block as recorded here; the remote's id stays unshown.
+    [offer] = status(w)["extensionOfferings"]
+    assert offer["id"].startswith("tpe-") and offer["id"] != "tpe-remote-1" and "tpe-remote-1" not in str(status(w))
+    assert (offer["capacityPool"], offer["reservedCapacityId"], offer["durationDays"]) == (POOL, "rc-0c6f9a521111-0", 1)
+    assert offer["endTime"] == (BLOCK_END + timedelta(hours=24)).isoformat().replace("+00:00", "Z")
+
+    ask(w, offer["id"])
+    wake = w.run(reconcile_plan, NAME)
+    assert extend_calls(remote) == ["tpe-remote-1"]
+    [entry] = status(w)["extensions"]
+    assert (entry["status"], entry["reason"]) == ("Pending", "RemoteExtending"), entry
+    assert wake is not None and wake - w.now <= timedelta(seconds=20)  # looks again soon, not in 5 minutes
+
+    # The remote has not run its purchase yet: the next pass reads its history, and asks nothing again.
+    later(w, 3)
+    w.run(reconcile_plan, NAME)
+    assert extend_calls(remote) == ["tpe-remote-1"]
+    assert status(w)["extensions"][0]["reason"] == "RemoteExtending"
+
+    remote.extended(f"{REMOTE}-0")
+    later(w, 3)
+    w.run(reconcile_plan, NAME)
+    [entry] = status(w)["extensions"]
+    assert entry["status"] == "Scheduled", entry
+    assert condition(w, "Extended")["status"] == "True"
+    assert "Extended" in w.reasons()
+    assert [r.end_time for r in w.ledger.pool_objects[0].status.reservations] == [BLOCK_END + timedelta(hours=24)]
+    assert extend_calls(remote) == ["tpe-remote-1"]
+
+
+@pytest.mark.parametrize("offer, reason", [
+    (extension_offer(start=BLOCK_END + timedelta(hours=1)), "ExtensionNotOffered"),  # not from the block's end
+    (extension_offer(zone="use1-az9"), "ExtensionNotOffered"),  # another zone
+    (extension_offer(fee="99999.00"), "ExtensionNotOffered"),  # above the pool's fee ceiling
+], ids=["starts-elsewhere", "other-zone", "above-the-fee-ceiling"])
+def test_remote_extensions_the_pool_would_not_buy_are_neither_offered_nor_bought(world, offer, reason) -> None:
+    w, remote = bought(world, pool=remote_pool(maxUpfrontFee="1000"))
+    remote.extension_offerings[ARN] = [offer]
+    later(w, 61)
+    w.run(reconcile_plan, NAME)
+    assert offered_ids(w) == []
+
+    # The id it would have had, asked for: a search again does not cut it, nothing is bought.
+    from hyperplan.planning.offerings import extension_id
+    from hyperplan.planning.blocks import Block
+    block = Block(pool=POOL, availability_zone=ZONE, instance_type=P5, instance_count=8, start=START, end=BLOCK_END,
+                  id="rc-0c6f9a521111-0")
+    ask(w, extension_id(UID, block, offer["EndDate"]))
+    w.run(reconcile_plan, NAME)
+    assert extend_calls(remote) == []
+    [entry] = status(w)["extensions"]
+    assert (entry["status"], entry["reason"]) == ("Failed", reason), entry
+
+
+def test_an_extension_the_remote_fails_after_taking_it_fails_here(world) -> None:
+    w, remote = bought(world)
+    remote.extension_offerings[ARN] = [extension_offer()]
+    later(w, 61)
+    w.run(reconcile_plan, NAME)
+    ask(w, offered_ids(w)[0])
+    w.run(reconcile_plan, NAME)
+    remote.history[ARN][0]["Status"] = "Failed"
+    later(w, 3)
+    w.run(reconcile_plan, NAME)
+    [entry] = status(w)["extensions"]
+    assert (entry["status"], entry["reason"]) == ("Failed", "RemoteExtensionFailed"), entry
+    assert condition(w, "Extended")["status"] == "False"
+    assert extend_calls(remote) == ["tpe-remote-1"]
+
+
+@pytest.mark.parametrize("error, status_code, refused", [
+    ("AccessDeniedException", 400, True), ("InternalFailure", 500, False)], ids=["refused", "answer-lost"])
+def test_an_extension_call_that_fails_is_never_asked_twice_blindly(world, error, status_code, refused) -> None:
+    w, remote = bought(world)
+    remote.extension_offerings[ARN] = [extension_offer()]
+    later(w, 61)
+    w.run(reconcile_plan, NAME)
+    ask(w, offered_ids(w)[0])
+
+    def failing(extension_id: str) -> list:
+        remote.calls.append(("extend_plan", extension_id))
+        raise RemoteError("ExtendTrainingPlan", error, "no", remote.endpoint, refused=refused)
+    remote.extend_plan = failing  # type: ignore[method-assign]
+
+    if refused:  # the entry fails with the endpoint's answer, the pass does not
+        w.run(reconcile_plan, NAME)
+        [entry] = status(w)["extensions"]
+        assert (entry["status"], entry["reason"]) == ("Failed", "RemoteRefused"), entry
+        assert "patch trainingplans" in entry["message"]
+    else:  # the pass fails (backed off); the next one within the hold asks nothing again
+        with pytest.raises(RemoteError):
+            w.run(reconcile_plan, NAME)
+        later(w, 5)
+        w.run(reconcile_plan, NAME)
+        assert status(w)["extensions"][0]["reason"] == "RemoteExtending"
+    later(w, 5)
+    w.run(reconcile_plan, NAME)
+    assert extend_calls(remote) == ["tpe-remote-1"]
+
+
+def test_extension_offers_of_a_remote_plan_are_searched_at_most_once_a_minute_unless_one_is_bought(world) -> None:
+    w, remote = bought(world)
+    remote.extension_offerings[ARN] = [extension_offer()]
+    searches = lambda: len([a for op, a in remote.calls if extension_search(op, a)])  # noqa: E731
+    later(w, 61)
+    w.run(reconcile_plan, NAME)
+    first = searches()
+    later(w, 10)
+    w.run(reconcile_plan, NAME)
+    assert searches() == first and len(offered_ids(w)) == 1  # the last answer, shown again
+    later(w, 60)
+    w.run(reconcile_plan, NAME)
+    assert searches() == first + 1

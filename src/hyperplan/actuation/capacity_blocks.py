@@ -29,7 +29,7 @@ import threading
 import time
 from typing import Any, Callable, Mapping, Sequence
 
-from hyperplan.actuation.remote import NotBought, RemoteCalls, RemoteError, make_client
+from hyperplan.actuation.remote import ExtendsNothing, NotBought, RemoteCalls, RemoteError, make_client
 from hyperplan.api.models import Ec2CapacityBlocksSource
 from hyperplan.planning import capacity_blocks as cb
 from hyperplan.planning.offerings import OfferingRequest
@@ -45,7 +45,7 @@ OFFERING_GONE = ("InsufficientInstanceCapacity", "InsufficientCapacity", "Insuff
                  "InvalidCapacityBlockOfferingId", "OfferingNotFound")
 
 
-class CapacityBlocks(RemoteCalls):
+class CapacityBlocks(RemoteCalls, ExtendsNothing):
     """EC2 Capacity Blocks of one region and key. ``client`` (and ``buy_client``, which defaults to
     it) are seams for botocore's Stubber in the unit tests."""
 

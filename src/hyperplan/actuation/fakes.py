@@ -29,7 +29,7 @@ from hyperplan.actuation.nodes import (
     mark_healthy_patch, mark_unhealthy_patch, merged_taints, rebooting,
 )
 from hyperplan.planning.lending import LentRecord
-from hyperplan.actuation.remote import CapacitySeller, NotBought, SageMakerSelling
+from hyperplan.actuation.remote import CapacitySeller, ExtendsNothing, NotBought, SageMakerSelling
 from hyperplan.api.models import CapacityPool, Reservation
 from hyperplan.api.vocabulary import ANNOTATION_CLAIM, from_rfc3339, to_rfc3339
 from hyperplan.planning import deepchecks
@@ -628,12 +628,51 @@ class FakeRemoteCapacity(_FakeEndpoint, SageMakerSelling):
     # Plans the endpoint made but does not describe or list yet (its reads lag its writes, as
     # AWS's eventually consistent reads and a watch cache do): a test takes a name out to end it.
     hidden: set[str] = field(default_factory=set)
-
+    # Extension offerings by remote plan ARN (``TrainingPlanExtensionOffering`` shapes), and what
+    # ExtendTrainingPlan took, by plan ARN: the plan's block runs on only when the test says the
+    # remote's own purchase of it ran (:meth:`extended`).
+    extension_offerings: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    history: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     def search(self, arguments: Mapping[str, Any]) -> Mapping[str, Any]:
         self.calls.append(("search", dict(arguments)))
         self._up("SearchTrainingPlanOfferings")
+        if "TrainingPlanArn" in arguments:
+            return {"TrainingPlanOfferings": [],
+                    "TrainingPlanExtensionOfferings": list(self.extension_offerings.get(arguments["TrainingPlanArn"], []))}
         return {"TrainingPlanOfferings": list(self.offerings)}
+
+    def extend_plan(self, extension_id: str) -> list[Mapping[str, Any]]:
+        from hyperplan.actuation.remote import RemoteError
+        self.calls.append(("extend_plan", extension_id))
+        self._up("ExtendTrainingPlan")
+        for arn, offered in self.extension_offerings.items():
+            found = next((o for o in offered if o["TrainingPlanExtensionOfferingId"] == extension_id), None)
+            if found is not None:
+                offered.remove(found)
+                entry = {**found, "Status": "Pending"}
+                self.history.setdefault(arn, []).append(entry)
+                return [dict(entry)]
+        raise RemoteError("ExtendTrainingPlan", "ResourceNotFound",
+                          f"Training plan extension offering {extension_id} not found.", self.endpoint, refused=True)
+
+    def extension_entries(self, arn: str) -> list[Mapping[str, Any]]:
+        self.calls.append(("extension_entries", arn))
+        self._up("DescribeTrainingPlanExtensionHistory")
+        return [dict(e) for e in self.history.get(arn, [])]
+
+    def extended(self, name: str, status: str = "Scheduled") -> None:
+        """The remote's own purchase of the plan's extensions ran: each block ends where its
+        extension ends, and the history says so."""
+        held = self.plans[name]
+        arn = held["answer"]["TrainingPlanArn"]
+        for entry in self.history.get(arn, []):
+            if entry["Status"] != "Pending":
+                continue
+            entry["Status"] = status
+            for rc in held["answer"].get("ReservedCapacitySummaries") or []:
+                if rc["EndTime"] == entry["StartDate"]:
+                    rc["EndTime"] = entry["EndDate"]
 
     def create_plan(self, name: str, offering_id: str, spares: int | None, tags: Mapping[str, str]) -> str:
         from hyperplan.actuation.remote import RemoteError
@@ -687,7 +726,7 @@ class FakeRemoteCapacity(_FakeEndpoint, SageMakerSelling):
 
 
 @dataclass
-class FakeCapacityBlocks(_FakeEndpoint):
+class FakeCapacityBlocks(_FakeEndpoint, ExtendsNothing):
     """EC2 Capacity Blocks behind the :class:`~hyperplan.actuation.remote.CapacitySeller` protocol,
     for the plan pass's unit tests: it offers the ``CapacityBlockOffering`` dicts of ``offered``,
     and a purchase makes a ``payment-pending`` capacity reservation (``CapacityReservation`` dicts,

@@ -45,7 +45,11 @@ from hyperplan import metrics
 from hyperplan.api.models import Ec2CapacityBlocksSource, RemoteSource, SageMakerSource
 from hyperplan.planning.offerings import OfferingRequest
 from hyperplan.planning.policy import Policy
-from hyperplan.planning.remote import PoolTerms, RemoteOffering, RemotePlan, offerings_of, plan_of, search_arguments
+from hyperplan.planning.blocks import Block
+from hyperplan.planning.remote import (
+    ExtensionRecord, PoolTerms, RemoteExtension, RemoteOffering, RemotePlan, extension_records, extensions_offered,
+    offerings_of, plan_of, search_arguments,
+)
 
 log = logging.getLogger("hyperplan.remote")
 
@@ -54,6 +58,7 @@ READ_TIMEOUT = 20.0
 RETRY_ATTEMPTS = 3
 POOL_CONNECTIONS = 64  # the purchase threads (handlers.context.Runtime.purchase_threads)
 PAGE = 100  # ListTrainingPlans' MaxResults bound
+_STUBBED = object()
 
 
 class RemoteError(Exception):
@@ -104,6 +109,21 @@ class CapacitySeller(Protocol):
         answers it now, in one call however many plans it holds (None: it does not show it)."""
         ...
 
+    def find_extensions(self, remote: RemotePlan, plan_uid: str, blocks: Sequence[Block],
+                        policy: Policy) -> list[RemoteExtension]:
+        """The extension offerings of the remote plan now, cut as extensions of the last of the
+        plan's ``blocks`` as this cluster records them (empty: the source extends nothing)."""
+        ...
+
+    def extension_history(self, remote: RemotePlan) -> list[ExtensionRecord]:
+        """The extensions the remote has taken for the remote plan, bought or being bought."""
+        ...
+
+    def extend(self, remote: RemotePlan, extension: RemoteExtension) -> list[ExtensionRecord]:
+        """Buy the extension; the remote's record of it. Raises :class:`NotBought` (no longer
+        offered) or :class:`RemoteError`."""
+        ...
+
 
 class RemoteCapacity(Protocol):
     """The SageMaker Training Plans calls a remote pool needs (the answers are boto3's dicts)."""
@@ -118,6 +138,10 @@ class RemoteCapacity(Protocol):
     def describe_plan(self, name: str) -> Mapping[str, Any] | None: ...
 
     def list_plans(self) -> list[Mapping[str, Any]]: ...
+
+    def extend_plan(self, extension_id: str) -> list[Mapping[str, Any]]: ...
+
+    def extension_entries(self, arn: str) -> list[Mapping[str, Any]]: ...
 
 
 def client_config(attempts: int = RETRY_ATTEMPTS) -> Any:
@@ -218,6 +242,38 @@ class SageMakerSelling:
         answer = self.describe_plan(name)
         return plan_of(answer) if answer is not None else None
 
+    def find_extensions(self, remote: RemotePlan, plan_uid: str, blocks: Sequence[Block],
+                        policy: Policy) -> list[RemoteExtension]:
+        return extensions_offered(self.search({"TrainingPlanArn": remote.arn}), plan_uid, blocks, policy)
+
+    def extension_history(self, remote: RemotePlan) -> list[ExtensionRecord]:
+        return extension_records(self.extension_entries(remote.arn))
+
+    def extend(self, remote: RemotePlan, extension: RemoteExtension) -> list[ExtensionRecord]:
+        try:
+            return extension_records(self.extend_plan(extension.remote_id))
+        except RemoteError as e:
+            if e.code in ("ResourceNotFound", "ValidationException"):  # sold meanwhile, or too late now
+                raise NotBought(f"the endpoint {e.endpoint} no longer sells extension {extension.extension.id} of "
+                                f"{remote.noun} {remote.name}: {e.message}") from None
+            raise
+
+
+class ExtendsNothing:
+    """The extension half of :class:`CapacitySeller` for a source whose blocks hyperplan does not
+    extend (EC2 Capacity Blocks: ``PurchaseCapacityBlockExtension`` is not supported yet,
+    docs/aws.md): nothing is offered, so ``spec.extensions`` of its blocks fail as not offered."""
+
+    def find_extensions(self, remote: RemotePlan, plan_uid: str, blocks: Sequence[Block],
+                        policy: Policy) -> list[RemoteExtension]:
+        return []
+
+    def extension_history(self, remote: RemotePlan) -> list[ExtensionRecord]:
+        return []
+
+    def extend(self, remote: RemotePlan, extension: RemoteExtension) -> list[ExtensionRecord]:
+        raise NotBought(f"{remote.noun} {remote.name}'s source is not extended by hyperplan")
+
 
 class SageMakerCapacity(RemoteCalls, SageMakerSelling):
     """A remote pool's endpoint through boto3's SageMaker client. ``client`` is a seam for
@@ -228,6 +284,10 @@ class SageMakerCapacity(RemoteCalls, SageMakerSelling):
         self.source = source
         self.client = client if client is not None else make_client(source, credentials)
         self.endpoint = source.endpoint or self.client.meta.endpoint_url
+        # A client given (the Stubber's) serves every call; else the one without retries is made
+        # when first needed.
+        self._credentials: Any = _STUBBED if client is not None else credentials
+        self._single: Any = None
 
     def search(self, arguments: Mapping[str, Any]) -> Mapping[str, Any]:
         return self._call("SearchTrainingPlanOfferings", "search_training_plan_offerings", **arguments)
@@ -260,6 +320,34 @@ class SageMakerCapacity(RemoteCalls, SageMakerSelling):
             token = page.get("NextToken") or None
             if token is None:
                 return out
+
+    def extend_plan(self, extension_id: str) -> list[Mapping[str, Any]]:
+        """ExtendTrainingPlan, through a client with boto3's retries off (as EC2's purchase): the
+        call spends money, and a retry after a lost answer is left to the next pass, which reads
+        the extension history first."""
+        answer = self._call("ExtendTrainingPlan", "extend_training_plan", client=self._once(),
+                            TrainingPlanExtensionOfferingId=extension_id)
+        return list(answer.get("TrainingPlanExtensions") or [])
+
+    def extension_entries(self, arn: str) -> list[Mapping[str, Any]]:
+        out: list[Mapping[str, Any]] = []
+        token: str | None = None
+        while True:
+            arguments: dict[str, Any] = {"TrainingPlanArn": arn, "MaxResults": PAGE}
+            if token:
+                arguments["NextToken"] = token
+            page = self._call("DescribeTrainingPlanExtensionHistory", "describe_training_plan_extension_history",
+                              **arguments)
+            out.extend(page.get("TrainingPlanExtensions") or [])
+            token = page.get("NextToken") or None
+            if token is None:
+                return out
+
+    def _once(self) -> Any:
+        if self._single is None:
+            self._single = self.client if self._credentials is _STUBBED else make_client(
+                self.source, self._credentials, attempts=1)
+        return self._single
 
 
 def make_seller(source: RemoteSource, credentials: tuple[str, str] | None) -> CapacitySeller:
@@ -366,6 +454,12 @@ class RemoteSources:
         # passes look less often the longer it waits (waiting_every). Kept in memory: a restart
         # starts the pacing afresh, which costs a few early looks.
         self.waiting_since: dict[str, float] = {}
+        # Per plan uid: the extension offerings of its remote block as last searched (when, the
+        # block they were cut from, the offerings), for the pacing of handlers.remote_plans; and
+        # since when an ExtendTrainingPlan whose answer was lost holds the plan's next one. In
+        # memory: a restart searches again and reads the remote's extension history first.
+        self.extension_offers: dict[str, tuple[float, tuple, list[RemoteExtension]]] = {}
+        self.extension_unknown: dict[str, float] = {}
 
     def _client(self, pool: str, source: RemoteSource) -> tuple[str, CapacitySeller]:
         creds, version = None, ""
@@ -393,6 +487,11 @@ class RemoteSources:
             return least
         since = self.waiting_since.setdefault(uid, now)
         return min(most, max(least, (now - since) / 4))
+
+    def forget_plan(self, uid: str) -> None:
+        """A deleted plan: what is kept in memory for it goes."""
+        for kept in (self.waiting_since, self.extension_offers, self.extension_unknown):
+            kept.pop(uid, None)
 
     def capacity(self, pool: str, source: RemoteSource) -> CapacitySeller:
         """The endpoint of ``pool`` (sync: reads the Secret; a thread)."""

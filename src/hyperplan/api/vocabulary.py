@@ -163,6 +163,12 @@ REASON_EXTENSION_NOT_OFFERED = "ExtensionNotOffered"
 """An entry of ``spec.extensions`` names no extension a search again from the plan's blocks in the
 ledger and the pools cuts now (another plan's or block's id, its room sold, or too late to buy):
 nothing is bought (planning.plans)."""
+REASON_REMOTE_EXTENDING = "RemoteExtending"
+"""An entry of ``spec.extensions`` of a remote block: the remote endpoint took the extension
+(ExtendTrainingPlan answered, or its extension history names it) and the block as recorded here
+does not show the new end yet; it is never bought again meanwhile (planning.plans)."""
+REASON_REMOTE_EXTENSION_FAILED = "RemoteExtensionFailed"
+"""The remote endpoint took an extension and its history then says it failed: nothing was extended."""
 REASON_CHECKPOINT = "CheckpointRequested"
 REASON_DELETED_BY_HYPERPLAN = "DeletionByHyperplan"
 """Reason of the ``DisruptionTarget`` pod condition hyperplan sets on a pod it deletes from a dead

@@ -32,15 +32,18 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Mapping, Sequence
 
-from hyperplan.actuation.remote import NotBought
+from hyperplan.actuation.remote import CapacitySeller, NotBought, RemoteError
 from hyperplan.api.models import CapacityPool, TrainingPlanSpec
-from hyperplan.api.vocabulary import REASON_OFFERING_UNAVAILABLE, TAG_TRAINING_PLAN, TAG_TRAINING_PLAN_UID
+from hyperplan.api.vocabulary import (
+    REASON_EXTENSION_NOT_OFFERED, REASON_OFFERING_UNAVAILABLE, TAG_TRAINING_PLAN, TAG_TRAINING_PLAN_UID,
+)
 from hyperplan.planning.blocks import Block
-from hyperplan.planning.offerings import Offering, OfferingRequest, RuleViolation, matching_pools
+from hyperplan.planning.offerings import Extension, Offering, OfferingRequest, RuleViolation, matching_pools
 from hyperplan.planning.policy import Policy
 from hyperplan.planning.remote import (
-    MAX_ATTEMPTS, PoolTerms, RemoteOffering, RemotePlan, RemoteStanding, behind_the_clock, mirror_lines, pool_sells,
-    remote_plan_name, same_lines, standing_of, within_fee,
+    MAX_ATTEMPTS, ExtensionRecord, PoolTerms, RemoteExtension, RemoteOffering, RemotePlan, RemoteStanding,
+    behind_the_clock, extension_not_shown, extensions_underway, mirror_lines, pool_sells, remote_plan_name, same_lines,
+    standing_of, within_fee,
 )
 
 log = logging.getLogger("hyperplan.trainingplan")
@@ -60,6 +63,15 @@ class RemoteLook:
     next_attempt: dict[str, int] = field(default_factory=dict)  # by pool
     exhausted: list[str] = field(default_factory=list)  # pools where MAX_ATTEMPTS remote plans failed
     notes: list[str] = field(default_factory=list)  # what was not believed or not bought, for the log
+    # Extensions of the plan's last block, when a remote holds it: what the remote offers now,
+    # what it has taken that the blocks do not show yet (by local id, with its status), and the
+    # remote plan they extend.
+    extensions: list[RemoteExtension] = field(default_factory=list)
+    extending: dict[str, str] = field(default_factory=dict)
+    extended_plan: RemotePlan | None = None
+
+    def extension(self, ext: Extension | None) -> RemoteExtension | None:
+        return next((r for r in self.extensions if ext is not None and r.extension.id == ext.id), None)
 
     def offering(self, offering: Offering | None) -> RemoteOffering | None:
         return next((r for r in self.offerings if offering is not None and r.offering.id == offering.id), None)
@@ -84,15 +96,21 @@ def _endpoint(pool: CapacityPool) -> tuple:
 
 
 def look(rt: Any, pools: Sequence[CapacityPool], snapshots: Sequence[Any], name: str, uid: str,
-         spec: TrainingPlanSpec, request: OfferingRequest | None, holds: set[str], search: bool) -> RemoteLook:
+         spec: TrainingPlanSpec, request: OfferingRequest | None, holds: set[str], search: bool,
+         purchased: Sequence[Block] = (), extending: bool = False) -> RemoteLook:
     """Follow the plan's remote plans in ``pools`` and, with ``search``, search where it holds
-    nothing live (sync: a purchase thread). ``holds``: the pools where its lines are now.
-    ``request`` is None when the spec cannot be searched (the decision then says why).
+    nothing live (sync: a purchase thread). ``holds``: the pools where its lines are now
+    (``purchased``: its blocks there). ``request`` is None when the spec cannot be searched (the
+    decision then says why). ``extending``: ``spec.extensions`` names one the blocks do not hold
+    yet (planning.plans.extension_wanted), so the remote's extension history is read and its
+    extension offerings searched now, not paced.
 
     Pools that name one endpoint and key (one per zone of a capacity cluster, say) are one
     seller: its remote plans are listed once, each block is recorded in the pool of its type and
     zone, and one search serves them all, its answer split by pool."""
     seen = RemoteLook()
+    followed: dict[str, tuple[CapacitySeller, RemotePlan, CapacityPool]] = {}  # by pool: a live plan's seller
+    records: list[ExtensionRecord] = []
     by_name = {s.name: s for s in snapshots}
     sells = {p.name for p in matching_pools(request, [by_name[p.metadata["name"]] for p in pools])} \
         if request is not None else set()
@@ -106,6 +124,14 @@ def look(rt: Any, pools: Sequence[CapacityPool], snapshots: Sequence[Any], name:
         age = FOLLOW_AGE if any(p.metadata["name"] in holds for p in group) else WAITING_AGE
         now = rt.clock()
         standing = _fresh(rt, first, source, rt.remote.plans(first, source, age), uid, age, now)
+        held_here = any(p.metadata["name"] in holds for p in group)
+        if extending and held_here and standing.live is not None and standing.live.blocks:
+            taken = capacity.extension_history(standing.live)
+            records += taken
+            if extension_not_shown(taken, standing.live):  # the remote took it: read its plan, not the listing
+                fresh = rt.remote.describe(first, source, standing.live.name, uid, older_than=WAITING_AGE)
+                if fresh is not None:
+                    standing = standing_of([fresh, *standing.failed], uid)
         seen.behind = seen.behind or (standing.live is not None and behind_the_clock(standing.live, now))
         recorded = False
         for pool in group:
@@ -122,6 +148,8 @@ def look(rt: Any, pools: Sequence[CapacityPool], snapshots: Sequence[Any], name:
                            if not any(pool_sells(b, p.spec.instance_type, p.spec.availability_zone) for p in group)]
             if standing.live.live and not recorded:
                 seen.waiting = (standing.live, capacity.endpoint)
+            if held_here and standing.live.live and recorded:
+                followed.update({p.metadata["name"]: (capacity, standing.live, p) for p in group})
         if standing.exhausted:
             seen.exhausted += [p.metadata["name"] for p in group]
             continue
@@ -142,7 +170,44 @@ def look(rt: Any, pools: Sequence[CapacityPool], snapshots: Sequence[Any], name:
                 seen.notes.append(f"offering {offering.offering.id} of pool {pool_name} costs "
                                   f"{offering.upfront_fee or 'an unknown fee'} {offering.currency or ''}, "
                                   f"above the pool's maxUpfrontFee {ceiling}")
+    _look_at_extensions(rt, seen, uid, seen.blocks if seen.blocks is not None else list(purchased), followed,
+                        records, extending)
     return seen
+
+
+EXTENSION_OFFERS_EVERY = 60.0  # seconds: a plan's remote extension offerings searched again at most this often
+
+
+def _look_at_extensions(rt: Any, seen: RemoteLook, uid: str, blocks: Sequence[Block],
+                        followed: Mapping[str, tuple[CapacitySeller, RemotePlan, CapacityPool]],
+                        records: Sequence[ExtensionRecord], extending: bool) -> None:
+    """The extension offerings of the plan's last block when a remote holds it (one search with
+    the remote plan's ARN; paced to :data:`EXTENSION_OFFERS_EVERY` unless an extension is to be
+    bought now), those above the pool's fee ceiling left out, and the extensions the remote took
+    that the blocks do not show yet."""
+    if not blocks:
+        return
+    last = max(blocks, key=lambda b: (b.end, b.start))
+    if last.pool not in followed:
+        return
+    capacity, remote, pool = followed[last.pool]
+    seen.extended_plan = remote
+    seen.extending = extensions_underway(records, uid, blocks)
+    cut = (last.id, last.end)
+    cached = rt.remote.extension_offers.get(uid)
+    if not extending and cached is not None and cached[1] == cut and rt.clock().timestamp() - cached[0] \
+            < EXTENSION_OFFERS_EVERY:
+        offered = cached[2]
+    else:
+        offered = capacity.find_extensions(remote, uid, blocks, rt.policy)
+        rt.remote.extension_offers[uid] = (rt.clock().timestamp(), cut, offered)
+    ceiling = pool.spec.source.remote.max_upfront_fee
+    for ext in offered:
+        if within_fee(ext, ceiling):
+            seen.extensions.append(ext)
+        else:
+            seen.notes.append(f"extension {ext.extension.id} of block {last.id} costs {ext.upfront_fee or 'an unknown fee'} "
+                              f"{ext.currency or ''}, above pool {last.pool}'s maxUpfrontFee {ceiling}")
 
 
 def _fresh(rt: Any, pool: str, source: Any, listed: Sequence[RemotePlan], uid: str, age: float,
@@ -193,6 +258,53 @@ def buy(rt: Any, pool: CapacityPool, name: str, uid: str, spec: TrainingPlanSpec
     if not lines:
         return RemoteBuy(waiting=(remote, capacity.endpoint))
     return RemoteBuy(blocks=rt.ledger.record_remote(pool_name, name, uid, lines))
+
+
+EXTEND_UNKNOWN_HOLD = 120.0  # seconds an ExtendTrainingPlan whose answer was lost holds the plan's next one
+ANSWER_LOST = "AnswerLost"  # the remote's status of an extension asked for whose answer was lost
+
+
+@dataclass(frozen=True)
+class RemoteExtend:
+    blocks: list[Block] | None = None  # the plan's blocks as recorded after (None: unchanged)
+    taken: dict[str, str] = field(default_factory=dict)  # the extension the remote took, by local id: its status
+    violation: RuleViolation | None = None  # not bought: why
+
+
+def extend(rt: Any, pool: CapacityPool, name: str, uid: str, remote: RemotePlan,
+           extension: RemoteExtension) -> RemoteExtend:
+    """Buy ``extension`` of the remote plan (ExtendTrainingPlan, once: no retries) and record the
+    remote plan as it answers then (sync: a purchase thread). Never asked twice for one plan while
+    an answer is unknown: a call whose answer was lost (a timeout, a 5xx) holds the plan's next
+    extension for :data:`EXTEND_UNKNOWN_HOLD`, unless the remote's history shows it meanwhile (the
+    pass reads it first). A refusal (no right, no longer offered) fails the entry, not the pass."""
+    pool_name, source, local_id = pool.metadata["name"], pool.spec.source.remote, extension.extension.id
+    now = rt.clock().timestamp()
+    since = rt.remote.extension_unknown.get(uid)
+    if since is not None and now - since < EXTEND_UNKNOWN_HOLD:
+        return RemoteExtend(taken={local_id: ANSWER_LOST})
+    capacity = rt.remote.capacity(pool_name, source)
+    try:
+        capacity.extend(remote, extension)
+    except NotBought as e:
+        return RemoteExtend(violation=RuleViolation(REASON_EXTENSION_NOT_OFFERED, str(e)))
+    except RemoteError as e:
+        if e.refused:
+            return RemoteExtend(violation=RuleViolation("RemoteRefused", (
+                f"{e}: the key may need the right to patch trainingplans at the endpoint")))
+        rt.remote.extension_unknown[uid] = now
+        raise
+    rt.remote.extension_unknown.pop(uid, None)
+    rt.remote.extension_offers.pop(uid, None)
+    fresh = capacity.remote_plan(remote.name, uid)  # a remote that extends at once shows the new end now
+    blocks = None
+    if fresh is not None:
+        rt.remote.saw(pool_name, source, fresh)
+        lines, _ = mirror_lines(fresh, name, uid, pool.spec.instance_type, pool.spec.availability_zone)
+        mine = [r for r in pool.status.reservations if r.training_plan_uid == uid]
+        if lines and not same_lines([r.wire() for r in mine], [r.wire() for r in lines]):
+            blocks = rt.ledger.record_remote(pool_name, name, uid, lines)
+    return RemoteExtend(blocks=blocks, taken={local_id: "Pending"})
 
 
 def _a(noun: str) -> str:

@@ -38,7 +38,7 @@ from pydantic import ValidationError
 from hyperplan import metrics
 from hyperplan.actuation.ledger import CapacityLedger, PurchaseResult
 from hyperplan.api.models import MAX_EXTENSIONS, TrainingPlan, TrainingPlanSpec, TrainingPlanStatus
-from hyperplan.api.vocabulary import FINALIZER, PLAN_FINALIZER, REASON_OFFERING_UNAVAILABLE
+from hyperplan.api.vocabulary import FINALIZER, PLAN_FINALIZER, REASON_OFFERING_UNAVAILABLE, REASON_REMOTE_EXTENDING
 from hyperplan.handlers import remote_plans
 from hyperplan.handlers.context import (
     Runtime, status_of, status_patch, ultraserver_replacements, ultraservers_wanted,
@@ -52,7 +52,7 @@ from hyperplan.planning.offerings import Offering, OfferingRequest, RuleViolatio
 from hyperplan.planning.remote import waiting_for_remote
 from hyperplan.planning.plans import (
     FAILED, PENDING, Event, PlanDecision, PlanUsage, addition_refused, block_usage, current_block, decide_plan,
-    extension_failed, failed, request_of, reserved_capacity,
+    extension_failed, extension_wanted, failed, request_of, reserved_capacity,
 )
 from hyperplan.planning.policy import Policy, parse_duration
 from hyperplan.planning.tenancy import pools_for_plan
@@ -172,14 +172,16 @@ async def reconcile_plan(rt: Runtime, name: str) -> datetime | None:
         searching = not purchased and not (plan.status.phase == FAILED and plan.status.observed_generation == generation)
         seen = await asyncio.get_running_loop().run_in_executor(
             rt.purchase_threads, remote_plans.look, rt, remote, rt.cache.pool_snapshots(pools), name, uid, plan.spec,
-            _request(plan.spec), holds, searching)
+            _request(plan.spec), holds, searching, purchased,
+            extension_wanted(plan.spec, plan.status, uid, purchased, rt.policy))
         for note in seen.notes:
             log.info("plan %s: %s", name, note)
         if seen.blocks is not None:
             purchased = seen.blocks
     usage = node_usage(rt, plan, purchased, now) if purchased else PlanUsage()
     decision = decide_plan(plan.spec, generation, plan.status, purchased, snapshots, rt.policy, now, usage, uid,
-                           remote=[o.offering for o in seen.offerings])
+                           remote=[o.offering for o in seen.offerings],
+                           remote_extensions=[e.extension for e in seen.extensions], extending=seen.extending)
     if seen.waiting is not None and not purchased:
         decision = _waiting(decision, plan, generation, seen.waiting, rt.clock())
 
@@ -211,7 +213,7 @@ async def reconcile_plan(rt: Runtime, name: str) -> datetime | None:
             metrics.PURCHASES.labels(result.violation.reason).inc()
             decision = failed(decision.status, generation, result.violation, rt.clock())
     elif decision.extend is not None:
-        decision = await _extend(rt, name, uid, plan, generation, decision, purchased, snapshots, usage, labels)
+        decision = await _extend(rt, name, uid, plan, generation, decision, purchased, snapshots, usage, labels, seen)
     elif decision.add_ultraserver is not None:
         decision = await _add_ultraserver(rt, name, uid, plan, generation, decision, snapshots, usage, labels)
 
@@ -222,7 +224,8 @@ async def reconcile_plan(rt: Runtime, name: str) -> datetime | None:
         rt.unbought_plans.discard(name)
     if remote:  # a remote changes without a local event: look again at least every REMOTE_FOLLOW
         # Waiting for the remote to buy, or for its answer to catch up with a boundary that passed.
-        waiting = seen.behind or any(c.reason == "RemotePurchasing" for c in decision.status.conditions)
+        waiting = seen.behind or any(c.reason == "RemotePurchasing" for c in decision.status.conditions) or any(
+            e.reason == REASON_REMOTE_EXTENDING for e in decision.status.extensions)
         every = rt.remote.waiting_every(uid, waiting, rt.clock().timestamp(), REMOTE_WAITING.total_seconds(),
                                         REMOTE_WAITING_MOST.total_seconds())
         due = rt.clock() + (timedelta(seconds=every) if waiting else REMOTE_FOLLOW)
@@ -278,18 +281,31 @@ async def _buy_remote(rt: Runtime, obj: dict[str, Any], plan: TrainingPlan, gene
 
 async def _extend(rt: Runtime, name: str, uid: str, plan: TrainingPlan, generation: int, decision: PlanDecision,
                   purchased: list[Block], snapshots: list, usage: PlanUsage,
-                  labels: Mapping[str, str]) -> PlanDecision:
+                  labels: Mapping[str, str], seen: remote_plans.RemoteLook) -> PlanDecision:
     """Buy the extensions the decisions name, one after another (each runs the block on where the
     one before left it; the ledger re-checks each), deciding again from the blocks as the ledger
     then holds them. A refusal fails that extension (kept in ``status.extensions``, a condition and
-    a Warning Event), never the pass, and the entries after it are decided on."""
+    a Warning Event), never the pass, and the entries after it are decided on. An extension of a
+    remote block is bought at its remote (handlers.remote_plans.extend); the entries after it
+    wait until the remote's block shows it."""
     prior, blocks, events = plan.status, purchased, list(decision.events)
+    offered, extending = [e.extension for e in seen.extensions], dict(seen.extending)
     for _ in range(MAX_EXTENSIONS):
         extension = decision.extend
         if extension is None:
             break
-        result = await asyncio.get_running_loop().run_in_executor(
-            rt.purchase_threads, rt.ledger.extend, name, uid, extension, rt.policy, rt.clock(), labels)
+        remote = seen.extension(extension)
+        if remote is not None and seen.extended_plan is not None:
+            pool = next(iter(remote_plans.remote_pools(rt.cache.pool_objects(), {extension.block.pool})), None)
+            if pool is None:
+                break  # the pool went meanwhile: the next pass decides without it
+            outcome = await asyncio.get_running_loop().run_in_executor(
+                rt.purchase_threads, remote_plans.extend, rt, pool, name, uid, seen.extended_plan, remote)
+            result = PurchaseResult(blocks=tuple(outcome.blocks or blocks), violation=outcome.violation)
+            extending.update(outcome.taken)
+        else:
+            result = await asyncio.get_running_loop().run_in_executor(
+                rt.purchase_threads, rt.ledger.extend, name, uid, extension, rt.policy, rt.clock(), labels)
         if result.ok:
             metrics.PURCHASES.labels("Extended").inc()
             blocks = list(result.blocks)
@@ -298,7 +314,8 @@ async def _extend(rt: Runtime, name: str, uid: str, plan: TrainingPlan, generati
             refused = extension_failed(decision, generation, prior, extension.id, result.violation, rt.clock())
             events += refused.events
             prior = refused.status  # remembers the refusal: the next decision moves on
-        decision = decide_plan(plan.spec, generation, prior, blocks, snapshots, rt.policy, rt.clock(), usage, uid)
+        decision = decide_plan(plan.spec, generation, prior, blocks, snapshots, rt.policy, rt.clock(), usage, uid,
+                               remote_extensions=offered, extending=extending)
         events += decision.events
     decision.events = list(dict.fromkeys(events))  # the decisions again repeat the first one's events
     return decision
@@ -363,6 +380,8 @@ async def release_plan(rt: Runtime, obj: dict[str, Any]) -> None:
         kept = await asyncio.to_thread(remote_plans.pending_kept_message, rt, remote_pools, meta["uid"])
     if kept:
         kopf.warn(obj, reason="RemotePlanKept", message=kept)
+    if rt.remote is not None:
+        rt.remote.forget_plan(meta["uid"])
     released = await asyncio.to_thread(rt.ledger.release, meta["uid"], rt.clock())
     if released:
         kopf.info(obj, reason="Released", message=f"released {released} reservation(s) back to their pools")

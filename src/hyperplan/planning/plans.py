@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from hyperplan.api.models import (
     Condition, ExtensionOffering, ExtensionStatus, Offering as OfferingStatus, ReservedCapacity, TrainingPlanSpec,
@@ -33,7 +33,7 @@ from hyperplan.api.models import (
 )
 from hyperplan.planning.blocks import Block
 from hyperplan.api.vocabulary import (
-    ULTRASERVER_INSTANCES, REASON_EXTENSION_NOT_OFFERED, REASON_OFFERING_MISMATCH, REASON_OFFERING_NO_LONGER_OFFERED,
+    ULTRASERVER_INSTANCES, REASON_EXTENSION_NOT_OFFERED, REASON_REMOTE_EXTENDING, REASON_REMOTE_EXTENSION_FAILED, REASON_OFFERING_MISMATCH, REASON_OFFERING_NO_LONGER_OFFERED,
     REASON_OFFERING_NOT_FOUND, to_rfc3339,
 )
 from hyperplan.planning.offerings import (
@@ -214,12 +214,17 @@ def condition(type_: str, ok: bool, reason: str, message: str, generation: int,
 def decide_plan(spec: TrainingPlanSpec, generation: int, prior: TrainingPlanStatus,
                 purchased: Sequence[Block], pools: Sequence[PoolSnapshot], policy: Policy,
                 now: datetime, usage: PlanUsage = PlanUsage(), uid: str = "",
-                remote: Sequence[Offering] = ()) -> PlanDecision:
+                remote: Sequence[Offering] = (), remote_extensions: Sequence[Extension] = (),
+                extending: Mapping[str, str] | None = None) -> PlanDecision:
     """``uid`` is the plan's metadata.uid: extension offering ids are cut for one plan, so without it
     (a caller that only searches) a bought plan's extensions are neither offered nor decided, and
     the status keeps what the last pass wrote of them. ``remote`` are the offerings remote pools'
     endpoints answered in this pass (planning.remote): ranked with the local ones, and the only
-    place an ``offeringId`` of a remote pool is found."""
+    place an ``offeringId`` of a remote pool is found. ``remote_extensions`` are the extension
+    offerings a remote answered for the plan's last block (planning.remote.extensions_offered),
+    the only place an extension of a remote block is found; ``extending``, the extensions the
+    remote has taken that the blocks do not show yet, by local id, with the remote's status
+    (planning.remote.extensions_underway)."""
     if purchased:
         decision = _bought(spec, generation, prior, purchased, policy, now, usage)
         if not uid:
@@ -229,9 +234,10 @@ def decide_plan(spec: TrainingPlanSpec, generation: int, prior: TrainingPlanStat
             ExtensionOffering(id=e.id, reserved_capacity_id=e.block.id, capacity_pool=e.block.pool,
                               availability_zone=e.block.availability_zone, start_time=e.start, end_time=e.end,
                               duration_days=e.days)
-            for e in search_extensions(uid, purchased, pools, policy, now)]
+            for e in [*search_extensions(uid, purchased, pools, policy, now), *remote_extensions]]
         if spec.extensions or prior.extensions:
-            _decide_extensions(decision, spec, generation, prior, uid, purchased, pools, policy, now)
+            _decide_extensions(decision, spec, generation, prior, uid, purchased, pools, policy, now,
+                               remote_extensions, extending or {})
         return decision
     if prior.phase == FAILED and prior.observed_generation == generation:
         return PlanDecision(status=prior)
@@ -406,17 +412,22 @@ def _phase_message(phase: str, current: ReservedCapacity | None) -> str:
 
 def _decide_extensions(decision: PlanDecision, spec: TrainingPlanSpec, generation: int,
                        prior: TrainingPlanStatus, uid: str, purchased: Sequence[Block],
-                       pools: Sequence[PoolSnapshot], policy: Policy, now: datetime) -> None:
+                       pools: Sequence[PoolSnapshot], policy: Policy, now: datetime,
+                       remote_extensions: Sequence[Extension] = (), extending: Mapping[str, str] = {}) -> None:
     """``status.extensions``, the ``Extended`` condition and the extension to buy, into ``decision``.
 
     Each entry of ``spec.extensions``, in order: bought when the ledger's blocks already hold it
     (:func:`~hyperplan.planning.offerings.extension_held`; its status then follows from the
     clock); failed when the last pass recorded it failed (a remembered verdict, as a plan's
-    ``Failed``: never retried silently); else, for the first such entry, bought now if a search
-    again from the ledger's blocks and the pools cuts it (``find_extension``), failed if not.
-    Later entries wait for it: each extends the block as the one before leaves it."""
+    ``Failed``: never retried silently); being bought when a remote has taken it and the blocks
+    do not show it yet (``extending``: never bought again meanwhile; failed if the remote says it
+    failed); else, for the first such entry, bought now if a search again from the ledger's
+    blocks and the pools cuts it (``find_extension``), or a remote offers it now
+    (``remote_extensions``), failed if not. Later entries wait for it: each extends the block as
+    the one before leaves it."""
     before = {e.offering_id: e for e in prior.extensions}
     entries: list[ExtensionStatus] = []
+    underway: str | None = None  # an extension the remote is buying: later entries wait for it
     for entry in spec.extensions:
         wanted, seen = entry.offering_id, before.get(entry.offering_id)
         held = extension_held(uid, purchased, policy, wanted)
@@ -429,11 +440,27 @@ def _decide_extensions(decision: PlanDecision, spec: TrainingPlanSpec, generatio
         if seen is not None and seen.status == FAILED:
             entries.append(seen)
             continue
-        if decision.extend is not None:
+        if decision.extend is not None or underway is not None:
+            first = decision.extend.id if decision.extend is not None else underway
             entries.append(ExtensionStatus(offering_id=wanted, reason="Waiting",
-                                           message=f"waits for extension {decision.extend.id} before it"))
+                                           message=f"waits for extension {first} before it"))
             continue
-        found = find_extension(uid, purchased, pools, policy, now, wanted)
+        remote_state = extending.get(wanted)
+        if remote_state == FAILED:
+            why = RuleViolation(REASON_REMOTE_EXTENSION_FAILED, (
+                f"the remote endpoint took extension {wanted} and then failed it; its block was not extended"))
+            entries.append(ExtensionStatus(offering_id=wanted, status=FAILED, reason=why.reason, message=why.message))
+            decision.events.append(Event("Warning", why.reason, why.message))
+            continue
+        if remote_state is not None:
+            underway = wanted
+            entries.append(ExtensionStatus(
+                offering_id=wanted, reason=REASON_REMOTE_EXTENDING, extended_at=seen.extended_at if seen else None,
+                message=(f"the remote endpoint holds extension {wanted} ({remote_state}); waiting for its block "
+                         "to show the new end")))
+            continue
+        found = find_extension(uid, purchased, pools, policy, now, wanted) or next(
+            (e for e in remote_extensions if e.id == wanted), None)
         if found is None:
             why = RuleViolation(REASON_EXTENSION_NOT_OFFERED, (
                 f"extension offering {wanted} is not offered for this plan now: a search again from its last "
@@ -446,6 +473,15 @@ def _decide_extensions(decision: PlanDecision, spec: TrainingPlanSpec, generatio
         entries.append(_entry(found, PENDING, reason="Extending", message=_extension_text(found, "buying")))
     decision.status.extensions = entries
     _extension_condition(decision.status, generation, prior, now)
+
+
+def extension_wanted(spec: TrainingPlanSpec, prior: TrainingPlanStatus, uid: str, blocks: Sequence[Block],
+                     policy: Policy) -> bool:
+    """Whether ``spec.extensions`` names an extension of a bought plan that its blocks do not hold
+    and that the last pass did not fail: one to buy, or being bought."""
+    failed = {e.offering_id for e in prior.extensions if e.status == FAILED}
+    return bool(blocks) and any(e.offering_id not in failed and extension_held(uid, blocks, policy, e.offering_id) is None
+                                for e in spec.extensions)
 
 
 def extension_failed(decision: PlanDecision, generation: int, prior: TrainingPlanStatus, wanted: str,

@@ -21,6 +21,15 @@ killed after the remote bought and before the local record adopts what was bough
 buying again. A remote plan that failed (its offering was sold meanwhile) keeps its name for
 good (training plans cannot be deleted), so the next purchase takes the next attempt's name.
 
+**Extensions.** A remote plan is extended as a local one is, by ``spec.extensions``: the remote's
+``TrainingPlanExtensionOfferings`` (a search with the remote plan's ARN) are cut as extensions of
+the plan's last block as this cluster records it, with the local id
+:func:`~hyperplan.planning.offerings.extension_id` gives them (:func:`extensions_offered`), so a
+pass that buys one finds it again under that id at the remote, and ``extension_held`` tells from
+the recorded block's end that it is bought. Between ExtendTrainingPlan and the remote's block
+showing the new end, the remote's extension history says it is being bought
+(:func:`extensions_underway`): it is never bought again meanwhile.
+
 **The record.** What the remote holds for a plan is written as lines of the remote pool's
 ``status.reservations`` (:func:`mirror_lines`), by the operator alone, so that groups, the Kueue
 controller and the plan's own status read blocks from one place, whatever sold them.
@@ -37,7 +46,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from hyperplan.api.models import Reservation
 from hyperplan.planning.blocks import Block
-from hyperplan.planning.offerings import Offering, OfferingRequest
+from hyperplan.planning.offerings import Extension, Offering, OfferingRequest, extension_id
 from hyperplan.planning.policy import Policy
 
 NAME_PREFIX = "hp-"
@@ -218,6 +227,80 @@ def plan_of(answer: Mapping[str, Any]) -> RemotePlan:
     return RemotePlan(name=str(answer["TrainingPlanName"]), arn=str(answer["TrainingPlanArn"]),
                       status=str(answer.get("Status") or ""), status_message=str(answer.get("StatusMessage") or ""),
                       blocks=tuple(sorted(blocks, key=lambda b: (b.start, b.arn))))
+
+
+@dataclass(frozen=True)
+class RemoteExtension:
+    extension: Extension  # as the local plan shows and buys it: its last block as recorded here, local id
+    remote_id: str  # the remote's TrainingPlanExtensionOfferingId, passed to ExtendTrainingPlan
+    upfront_fee: str | None = None
+    currency: str | None = None
+
+
+@dataclass(frozen=True)
+class ExtensionRecord:
+    """One entry of DescribeTrainingPlanExtensionHistory (or of ExtendTrainingPlan's answer)."""
+
+    remote_id: str
+    start: datetime | None
+    end: datetime | None
+    status: str  # Pending, Scheduled, Active, Expired, Failed (as the remote writes it)
+
+
+def _same_moment(a: datetime | None, b: datetime) -> bool:
+    return a is not None and abs((a - b).total_seconds()) < 1  # the wire carries whole seconds or less
+
+
+def extensions_offered(response: Mapping[str, Any], plan_uid: str, blocks: Sequence[Block],
+                       policy: Policy) -> list[RemoteExtension]:
+    """The extension offerings of a SearchTrainingPlanOfferings answer (``TrainingPlanArn`` asked)
+    that run the plan's last block (``blocks``, as this cluster records them) on from its end in
+    its zone, each cut as that block's extension with the local id; an offering that starts
+    elsewhere, in another zone or without dates is not believed."""
+    if not blocks:
+        return []
+    last = max(blocks, key=lambda b: (b.end, b.start))
+    out: list[RemoteExtension] = []
+    for entry in response.get("TrainingPlanExtensionOfferings") or []:
+        start, end, remote_id = _time(entry.get("StartDate")), _time(entry.get("EndDate")), entry.get(
+            "TrainingPlanExtensionOfferingId")
+        if not remote_id or end is None or not _same_moment(start, last.end) or end <= last.end:
+            continue
+        if entry.get("AvailabilityZone", last.availability_zone) not in ("", last.availability_zone):
+            continue
+        days = max(1, round((end - last.end) / policy.day))
+        ext = Extension(extension_id(plan_uid, last, end), last, end, days)
+        out.append(RemoteExtension(ext, str(remote_id), entry.get("UpfrontFee"), entry.get("CurrencyCode")))
+    return out
+
+
+def extension_records(entries: Iterable[Mapping[str, Any]]) -> list[ExtensionRecord]:
+    """TrainingPlanExtension entries (a history page, or ExtendTrainingPlan's answer)."""
+    return [ExtensionRecord(str(e.get("TrainingPlanExtensionOfferingId") or ""), _time(e.get("StartDate")),
+                            _time(e.get("EndDate")), str(e.get("Status") or "Pending")) for e in entries]
+
+
+def extensions_underway(records: Iterable[ExtensionRecord], plan_uid: str,
+                        blocks: Sequence[Block]) -> dict[str, str]:
+    """The extensions the remote has taken (its history names them) that the plan's blocks as
+    recorded here do not show yet, by local id, with the remote's status: those start at the end
+    of one of ``blocks``. ``Failed`` among them: the remote refused it after it was asked. One the
+    blocks already run over is left to ``extension_held``."""
+    out: dict[str, str] = {}
+    for record in records:
+        if record.end is None:
+            continue
+        for block in blocks:
+            if _same_moment(record.start, block.end) and record.end > block.end:
+                out[extension_id(plan_uid, block, record.end)] = record.status
+    return out
+
+
+def extension_not_shown(records: Iterable[ExtensionRecord], remote: RemotePlan) -> bool:
+    """Whether the remote took an extension (not failed) that the remote plan as answered does
+    not show yet: a record starting at the end of one of its blocks and ending after it."""
+    return any(r.status != "Failed" and r.end is not None and _same_moment(r.start, b.end) and r.end > b.end
+               for r in records for b in remote.blocks)
 
 
 # --------------------------------------------------------------------------- decisions
