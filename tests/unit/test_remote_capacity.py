@@ -341,3 +341,28 @@ def test_the_extensions_a_remote_took_that_the_blocks_do_not_show(start_hours, s
     found = extensions_underway([record], UID, [_block()])
     assert found == ({extension_id(UID, _block(), start + timedelta(hours=24)): status} if underway else {})
     assert extension_not_shown([record], plan_of(summary("hp-x-0"))) == (underway and status != "Failed")
+
+
+def test_a_credentials_secret_is_read_at_most_every_ten_seconds() -> None:
+    """Every remote call of a pass asks for its pool's credentials: the Secret is read from the
+    API server once per interval, and a rotated key is used after it."""
+    import base64
+    from types import SimpleNamespace
+    from hyperplan.actuation.remote import CREDENTIALS_SECONDS, secret_credentials
+    key = ["AKIAONE"]
+    reads: list[str] = []
+
+    class Core:
+        def read_namespaced_secret(self, name: str, namespace: str):
+            reads.append(name)
+            data = {"AWS_ACCESS_KEY_ID": base64.b64encode(key[0].encode()).decode(),
+                    "AWS_SECRET_ACCESS_KEY": base64.b64encode(b"s").decode()}
+            return SimpleNamespace(data=data, metadata=SimpleNamespace(resource_version=str(len(reads))))
+    now = [0.0]
+    read = secret_credentials(Core(), "hyperplan", clock=lambda: now[0])
+    assert read("k") == (("AKIAONE", "s"), "1")
+    key[0] = "AKIATWO"
+    now[0] = CREDENTIALS_SECONDS - 0.5
+    assert [read("k") for _ in range(100)][-1] == (("AKIAONE", "s"), "1") and reads == ["k"]
+    now[0] = CREDENTIALS_SECONDS + 0.5
+    assert read("k") == (("AKIATWO", "s"), "2") and reads == ["k", "k"]

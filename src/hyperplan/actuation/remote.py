@@ -14,9 +14,9 @@ off, instead of holding a purchase thread), and a connection pool as big as the 
 that may call at once. One client per pool source and credentials, made once and reused.
 
 **Credentials**: the Secret ``credentialsSecret`` names in the operator's namespace
-(``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``), read when the client is made and again when the
-Secret's resourceVersion changes; without one, boto3's own chain (IRSA, EKS Pod Identity, the
-environment).
+(``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``), read at most every 10 s
+(:data:`CREDENTIALS_SECONDS`), and the client made again when the Secret's resourceVersion
+changes; without one, boto3's own chain (IRSA, EKS Pod Identity, the environment).
 
 **Paced reads** (:class:`RemoteFollower`): one ``ListTrainingPlans`` (paged) serves every plan of a
 pool that asks within the age it accepts; a second caller waits for the first's answer instead of
@@ -523,11 +523,19 @@ class RemoteSources:
         self.follower.forget(self._client(pool, source)[0])
 
 
-def secret_credentials(core_api: Any, namespace: str) -> Credentials:
-    """Read ``AWS_ACCESS_KEY_ID`` and ``AWS_SECRET_ACCESS_KEY`` from a Secret in ``namespace``."""
-    from kubernetes.client.rest import ApiException
+CREDENTIALS_SECONDS = 10.0  # a credentials Secret is read again at most this often (a rotated key: used within it)
 
-    def read(name: str) -> tuple[tuple[str, str], str] | None:
+
+def secret_credentials(core_api: Any, namespace: str, clock: Callable[[], float] = time.monotonic,
+                       every: float = CREDENTIALS_SECONDS) -> Credentials:
+    """Read ``AWS_ACCESS_KEY_ID`` and ``AWS_SECRET_ACCESS_KEY`` from a Secret in ``namespace``, at
+    most once every ``every`` seconds per Secret: every remote call of a pass asks for its pool's
+    credentials, and 1,000 plans buying at once read the same Secret thousands of times a minute
+    (a GET each, before this). A Secret that is missing or incomplete is remembered as long."""
+    from kubernetes.client.rest import ApiException
+    kept: dict[str, tuple[float, "tuple[tuple[str, str], str] | None"]] = {}
+
+    def fetch(name: str) -> tuple[tuple[str, str], str] | None:
         try:
             secret = core_api.read_namespaced_secret(name, namespace)
         except ApiException as e:
@@ -541,4 +549,13 @@ def secret_credentials(core_api: Any, namespace: str) -> Credentials:
         except (KeyError, ValueError):
             return None
         return (key_id, key), str(secret.metadata.resource_version or "")
+
+    def read(name: str) -> tuple[tuple[str, str], str] | None:
+        now = clock()
+        hit = kept.get(name)
+        if hit is not None and now - hit[0] < every:
+            return hit[1]
+        found = fetch(name)
+        kept[name] = (now, found)
+        return found
     return read
