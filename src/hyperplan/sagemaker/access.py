@@ -33,7 +33,8 @@ import secrets
 import string
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -48,6 +49,7 @@ SECRET_TYPE = API_KEY_SECRET_TYPE
 KEYS_SECONDS = 30.0
 UNKNOWN_KEY_SECONDS = 2.0
 REVIEW_SECONDS = 10.0
+ACTING_KEPT = 32  # impersonating clients kept (KubeWrites)
 log = logging.getLogger("hyperplan.sagemaker")
 
 # What each operation stands for in RBAC: (verb, API group, resource).
@@ -222,11 +224,22 @@ class KubeWrites:
     server's RBAC and admission judge them as if that identity had made them itself."""
 
     api: client.ApiClient
+    # One client per identity, kept: a client made per write opened a connection pool (a TLS
+    # handshake) for each CreateTrainingPlan of a purchase burst. At most ACTING_KEPT identities.
+    _acting: dict[str, client.ApiClient] = field(default_factory=dict)
+    _acting_lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def _as(self, user: str) -> client.ApiClient:
-        acting = client.ApiClient(self.api.configuration)
-        acting.set_default_header("Impersonate-User", user)
-        return acting
+    @contextmanager
+    def _as(self, user: str) -> Iterator[client.ApiClient]:
+        with self._acting_lock:
+            acting = self._acting.pop(user, None)
+            if acting is None:
+                acting = client.ApiClient(self.api.configuration)
+                acting.set_default_header("Impersonate-User", user)
+            self._acting[user] = acting  # the most recent last
+            while len(self._acting) > ACTING_KEPT:  # not closed: a write of another thread may be using it
+                self._acting.pop(next(iter(self._acting)))
+        yield acting
 
     def patch_group(self, user: str, name: str, patch: dict[str, Any]) -> None:
         with self._as(user) as api:

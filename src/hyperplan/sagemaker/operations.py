@@ -37,6 +37,7 @@ from hyperplan.planning.plans import request_of
 from hyperplan.planning.policy import DEMO, Policy, format_duration, parse_duration
 from hyperplan.planning.tenancy import pools_for_plan
 from hyperplan.sagemaker import hyperpod
+from hyperplan.sagemaker.assumed import AssumedPurchases
 from hyperplan.sagemaker.access import Writes
 from hyperplan.sagemaker.wire import (
     ApiError, Ordered, bounded, compact, epoch, invalid, matching, not_found, one_of, ordered, page, query_digest,
@@ -93,6 +94,9 @@ class Context:
     # or list them: sagemaker.access.check_rights): its user name, which those plans carry in
     # ANNOTATION_CREATED_BY. None: every plan its rights let it read.
     owner: str | None = None
+    # What CreateTrainingPlan sold that the cache does not show bought yet (sagemaker.assumed):
+    # counted as busy in searches and creates. None: nothing is assumed (each call on its own).
+    assumed: AssumedPurchases | None = None
 
     def arn(self, kind: str, name: str) -> str:
         return f"arn:aws:sagemaker:{self.region}:{self.account}:{kind}/{name}"
@@ -482,7 +486,13 @@ def _offering_shape(offering: Offering, spec: TrainingPlanSpec) -> dict[str, Any
 
 
 def _pools(ctx: "Context") -> list:
-    return pools_for_plan(ctx.fleet.pool_snapshots(), {})  # a plan made here carries no labels
+    """The pools a plan made through the API may buy from (it carries no labels), with what the
+    API sold a moment ago counted as busy (:mod:`hyperplan.sagemaker.assumed`)."""
+    snapshots = ctx.fleet.pool_snapshots()
+    if ctx.assumed is not None:
+        ctx.assumed.forget_settled(ctx.fleet.plan, ctx.fleet.blocks_of)
+        snapshots = ctx.assumed.apply(snapshots)
+    return pools_for_plan(snapshots, {})
 
 
 def search_training_plan_offerings(body: Mapping[str, Any], ctx: "Context") -> dict[str, Any]:
@@ -532,20 +542,51 @@ def create_training_plan(body: Mapping[str, Any], ctx: "Context") -> dict[str, A
             return {"TrainingPlanArn": arn}
         raise ApiError("ResourceInUse", f"Training plan {name} already exists.", 400)
     request = request_of(spec, parse_duration(spec.duration))
-    if find_offering(request, _pools(ctx), ctx.policy, ctx.now, offering_id) is None:
+    assumed = ctx.assumed
+    sold = _sell(ctx, name, request, offering_id)
+    if not sold and not (assumed is not None and assumed.holds(name, offering_id, ctx.user)):
         raise not_found(f"Training plan offering {offering_arg} not found (its capacity is sold, or it starts "
                         "too soon to buy): search again.")
     metadata: dict[str, Any] = {"name": name, "annotations": {ANNOTATION_CREATED_BY: ctx.user}}
     if tags:
         metadata["annotations"][ANNOTATION_TAGS] = json.dumps(tags, ensure_ascii=False, separators=(",", ":"))
-    created = ctx.writes.create_plan(ctx.user, {"apiVersion": API_VERSION, "kind": "TrainingPlan",
-                                                "metadata": metadata, "spec": wire})
+    try:
+        created = ctx.writes.create_plan(ctx.user, {"apiVersion": API_VERSION, "kind": "TrainingPlan",
+                                                    "metadata": metadata, "spec": wire})
+    except Exception:
+        if sold and assumed is not None:
+            assumed.drop(name)  # not made: nothing sold
+        raise
     if created is None:  # made meanwhile (a retry of ours, or another caller)
         again = ctx.fleet.plan(name)
         if again is not None and _a_retry(again, offering_id, ctx):
             return {"TrainingPlanArn": arn}
+        if sold and assumed is not None and again is not None:
+            assumed.drop(name)  # another caller's plan of that name: this call sold nothing
         raise ApiError("ResourceInUse", f"Training plan {name} already exists.", 400)
+    if assumed is not None:
+        assumed.created(name, str((created.get("metadata") or {}).get("uid") or ""))
     return {"TrainingPlanArn": arn}
+
+
+def _sell(ctx: "Context", name: str, request: Any, offering_id: str) -> bool:
+    """Whether the offering is there to sell now, counting what the API sold a moment ago; if so,
+    it is assumed sold under ``name`` in the same step (sagemaker.assumed), so that a create racing
+    for it finds it taken. The cache is read before the step: it is a hop to the loop."""
+    assumed = ctx.assumed
+    if assumed is None:
+        return find_offering(request, _pools(ctx), ctx.policy, ctx.now, offering_id) is not None
+    snapshots = ctx.fleet.pool_snapshots()
+    assumed.forget_settled(ctx.fleet.plan, ctx.fleet.blocks_of)
+    with assumed.lock:
+        if assumed.holds(name, offering_id, ctx.user):
+            return False  # a retry of a create that sold it: not sold twice
+        found = find_offering(request, pools_for_plan(assumed.apply(snapshots), {}), ctx.policy, ctx.now,
+                              offering_id)
+        if found is None:
+            return False
+        assumed.assume(name, offering_id, ctx.user, found.blocks)
+        return True
 
 
 # --------------------------------------------------------------------------- tags

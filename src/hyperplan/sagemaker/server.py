@@ -28,6 +28,7 @@ from kubernetes.client.exceptions import ApiException
 from hyperplan.planning.policy import DEMO, Policy
 from hyperplan.sagemaker import operations
 from hyperplan.sagemaker.access import Access, Writes, check_rights, rights_known
+from hyperplan.sagemaker.assumed import AssumedPurchases
 from hyperplan.sagemaker.signing import Caller, verify
 from hyperplan.sagemaker.wire import CONTENT_TYPE, ApiError, operation_of, parse_body
 
@@ -75,6 +76,7 @@ def make_app(fleet: operations.Fleet, access: Access, account: str, clock: Calla
     on threads; the operation itself runs on the loop (it reads kopf's indexes)."""
 
     views = operations.PlanViews()
+    assumed = AssumedPurchases()
 
     async def handle(request: web.Request) -> web.Response:
         try:
@@ -108,7 +110,7 @@ def make_app(fleet: operations.Fleet, access: Access, account: str, clock: Calla
             ctx = operations.Context(fleet=fleet, account=account, region=caller.region, now=clock(),
                                      cluster_name=cluster_name, user=caller.key.user, writes=writes,
                                      views=None if operation in operations.WRITES else views, policy=policy,
-                                     owner=owner)
+                                     owner=owner, assumed=assumed)
             if operation in operations.WRITES:
                 result = await asyncio.to_thread(operations.call, operation, body, ctx)
             else:
