@@ -99,7 +99,7 @@ def test_purchases_that_wait_for_a_write_go_together_into_the_next_one():
         n, f"uid-{n}", offering(), SAGEMAKER, T - timedelta(days=1))})) for n in ("two", "three", "four", "five")]
     for w in waiting:
         w.start()
-    while len(ledger._waiting) < 4:  # all four queued behind the held write
+    while len(ledger._purchases.waiting) < 4:  # all four queued behind the held write
         threading.Event().wait(0.01)
     kube.hold_first_write.set()
     for w in [t, *waiting]:
@@ -137,3 +137,44 @@ def test_a_conflict_makes_the_batch_read_again_and_write_once_more():
     assert result.ok
     assert [b.instance_count for b in result.blocks] == [2]
     assert kube.writes == [("pool-a", 1)]
+
+
+def test_remote_records_that_wait_for_a_write_go_together_into_the_next_one():
+    """Lines of remote plans (handlers.remote_plans) are group-committed as purchases are: one
+    status replace per pool for those that queued behind a write, each plan's lines exactly as
+    recorded, another plan's lines kept."""
+    from hyperplan.api.models import Reservation
+    kube = FakeKube(hold_first_write=threading.Event())
+    kube.add_pool("remote-a", 8)
+    kube.add_pool("remote-b", 8)
+    kube.pools["remote-a"]["status"]["reservations"] = [
+        Reservation(training_plan="kept", training_plan_uid="uid-kept", reserved_capacity_id="rc-kept",
+                    start_time=T, end_time=T + timedelta(days=1), instance_count=1).wire()]
+    ledger = KubeLedger(kube)  # type: ignore[arg-type]
+
+    def line(name: str, hours: int = 24) -> Reservation:
+        return Reservation(training_plan=name, training_plan_uid=f"uid-{name}", reserved_capacity_id=f"rc-{name}",
+                           start_time=T, end_time=T + timedelta(hours=hours), instance_count=1,
+                           remote_training_plan_arn=f"arn:aws:sagemaker:us-east-1:1:training-plan/hp-{name}")
+    results: dict[str, Any] = {}
+
+    def record(pool: str, name: str, hours: int = 24) -> None:
+        results[(pool, name, hours)] = ledger.record_remote(pool, name, f"uid-{name}", [line(name, hours)])
+    first = threading.Thread(target=record, args=("remote-a", "one"))
+    first.start()
+    assert kube.first_write_started.wait(5)
+    queued = [threading.Thread(target=record, args=a) for a in
+              [("remote-a", "two"), ("remote-a", "three"), ("remote-b", "four"), ("remote-a", "one", 48)]]
+    for q in queued:
+        q.start()
+    while len(ledger._records.waiting) < 4:
+        threading.Event().wait(0.01)
+    kube.hold_first_write.set()
+    for t in [first, *queued]:
+        t.join(10)
+
+    assert [w[0] for w in kube.writes] == ["remote-a", "remote-a", "remote-b"]  # 5 records, 3 writes
+    lines = {r["trainingPlan"]: r for r in kube.pools["remote-a"]["status"]["reservations"]}
+    assert sorted(lines) == ["kept", "one", "three", "two"]
+    assert lines["one"]["endTime"] == line("one", 48).wire()["endTime"]  # the later record of a plan wins
+    assert [b.id for b in results[("remote-b", "four", 24)]] == ["rc-four"]

@@ -32,7 +32,7 @@ import logging
 import threading
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 from hyperplan.actuation.kube import Kube, is_conflict
 from hyperplan.api.models import API_VERSION, CapacityPool, Reservation
@@ -193,9 +193,8 @@ class KubeLedger:
         # Ledger writes from this process take turns, so they never conflict with each other; the
         # resourceVersion check still guards against every other writer (another replica, a user).
         self._turn = threading.Lock()
-        self._batch = threading.Condition()  # purchases waiting for the next group commit
-        self._waiting: list[_Ticket] = []
-        self._committing = False
+        self._purchases = _GroupCommit(self._turn, self._commit)
+        self._records = _GroupCommit(self._turn, self._commit_records)
 
     def pools(self) -> list[CapacityPool]:
         return [CapacityPool.model_validate(o) for o in self._pool_objects().values()]
@@ -224,31 +223,7 @@ class KubeLedger:
         then re-checked and written together, one status replace per pool for the whole batch
         (each re-checked against the ledger plus the purchases accepted before it in the batch).
         A thousand purchases at once cost tens of ledger writes, not a thousand."""
-        ticket = _Ticket(plan, plan_uid, offering, policy, now, dict(plan_labels or {}))
-        with self._batch:
-            self._waiting.append(ticket)
-            while not ticket.done:
-                if self._committing:
-                    self._batch.wait()
-                    continue
-                batch, self._waiting = self._waiting, []
-                self._committing = True
-                self._batch.release()
-                try:
-                    with self._turn:
-                        self._commit(batch)
-                except BaseException as e:  # noqa: BLE001 - every waiter of the batch sees it
-                    for t in batch:
-                        if not t.done:
-                            t.error = e
-                finally:
-                    self._batch.acquire()
-                    self._committing = False
-                    self._batch.notify_all()
-        if ticket.error is not None:
-            raise ticket.error
-        assert ticket.result is not None
-        return ticket.result
+        return self._purchases.submit(_Ticket(plan, plan_uid, offering, policy, now, dict(plan_labels or {})))
 
     def _commit(self, batch: list["_Ticket"]) -> None:
         for attempt in range(1, MAX_ATTEMPTS + 1):
@@ -371,29 +346,46 @@ class KubeLedger:
 
     def record_remote(self, pool: str, plan: str, plan_uid: str, lines: Sequence[Reservation]) -> list[Block]:
         """Make the plan's lines in the remote ``pool`` exactly ``lines`` (what the remote endpoint
-        holds for it, :func:`hyperplan.planning.remote.mirror_lines`): one status replace over the
-        resourceVersion read, again after a 409. The plan's blocks in every pool afterwards."""
-        wanted = [r.wire() for r in lines]
-        with self._turn:
-            for _ in range(MAX_ATTEMPTS):
-                raw = self._pool_objects()
-                obj = raw.get(pool)
-                if obj is None:
-                    raise LookupError(f"capacity pool {pool!r} is gone")
-                have = list((obj.get("status") or {}).get("reservations") or [])
-                others = [r for r in have if r.get("trainingPlanUid") != plan_uid]
-                mine = [r for r in have if r.get("trainingPlanUid") == plan_uid]
-                if sorted(map(repr, mine)) == sorted(map(repr, wanted)):
-                    return self._blocks(plan_uid, list(raw.values()))
-                try:
-                    written = self._write_lines(obj, others + wanted)
-                except Exception as e:  # noqa: BLE001 - only conflicts are retried
-                    if not is_conflict(e):
-                        raise
-                    self._reread([pool])
-                    continue
-                return self._blocks(plan_uid, list({**raw, pool: written}.values()))
-        raise RuntimeError(f"could not record the remote plan of {plan} in pool {pool}: ledger contention")
+        holds for it, :func:`hyperplan.planning.remote.mirror_lines`). Group commit, as purchases:
+        records that arrive while another batch is written go together into one status replace
+        per pool (over the resourceVersion read, again after a 409); 1,000 plans bought remotely at
+        once took turns writing one line each before, a second of ledger writes per 15 plans.
+        The plan's blocks in every pool afterwards."""
+        return self._records.submit(_Record(pool, plan, plan_uid, [r.wire() for r in lines]))
+
+    def _commit_records(self, batch: list["_Record"]) -> None:
+        by_pool: dict[str, list[_Record]] = {}
+        for r in batch:
+            by_pool.setdefault(r.pool, []).append(r)
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            raw = self._pool_objects()
+            written: dict[str, dict[str, Any]] = {}
+            try:
+                for pool in sorted(by_pool):
+                    obj = raw.get(pool)
+                    if obj is None:
+                        for r in by_pool[pool]:
+                            r.error = LookupError(f"capacity pool {pool!r} is gone")
+                        continue
+                    wanted = {r.plan_uid: r.lines for r in by_pool[pool]}  # a later record of a plan wins
+                    have = list((obj.get("status") or {}).get("reservations") or [])
+                    kept = [line for line in have if line.get("trainingPlanUid") not in wanted]
+                    lines = kept + [line for uid in wanted for line in wanted[uid]]
+                    if sorted(map(repr, have)) != sorted(map(repr, lines)):
+                        written[pool] = self._write_lines(obj, lines)
+            except Exception as e:  # noqa: BLE001 - only conflicts are retried
+                if not is_conflict(e):
+                    raise
+                log.info("ledger conflict recording %d remote plan(s) (attempt %d); re-reading", len(batch), attempt)
+                self._reread(sorted(by_pool))
+                continue
+            after = list({**raw, **written}.values())
+            for r in batch:
+                if r.error is None:
+                    r.result = self._blocks(r.plan_uid, after)
+            return
+        for r in batch:
+            r.error = RuntimeError(f"could not record the remote plan of {r.plan} in pool {r.pool}: ledger contention")
 
     def release(self, plan_uid: str, now: datetime | None) -> int:
         """Remove the plan's reservations that have not ended by ``now`` (all when None)."""
@@ -458,6 +450,59 @@ class _Ticket:
     @property
     def done(self) -> bool:
         return self.result is not None or self.error is not None
+
+
+@dataclass
+class _Record:
+    """One remote plan's lines waiting for (or in) a group commit of records."""
+
+    pool: str
+    plan: str
+    plan_uid: str
+    lines: list[dict[str, Any]]
+    result: list[Block] | None = None
+    error: BaseException | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.result is not None or self.error is not None
+
+
+class _GroupCommit:
+    """Callers that arrive while a batch is being written wait, and are then written together by
+    one ``commit`` (taking the ledger's turn), which sets each ticket's ``result`` or ``error``."""
+
+    def __init__(self, turn: threading.Lock, commit: Callable[[list[Any]], None]) -> None:
+        self.turn, self.commit = turn, commit
+        self.cond = threading.Condition()
+        self.waiting: list[Any] = []
+        self.committing = False
+
+    def submit(self, ticket: Any) -> Any:
+        with self.cond:
+            self.waiting.append(ticket)
+            while not ticket.done:
+                if self.committing:
+                    self.cond.wait()
+                    continue
+                batch, self.waiting = self.waiting, []
+                self.committing = True
+                self.cond.release()
+                try:
+                    with self.turn:
+                        self.commit(batch)
+                except BaseException as e:  # noqa: BLE001 - every waiter of the batch sees it
+                    for t in batch:
+                        if not t.done:
+                            t.error = e
+                finally:
+                    self.cond.acquire()
+                    self.committing = False
+                    self.cond.notify_all()
+        if ticket.error is not None:
+            raise ticket.error
+        assert ticket.result is not None
+        return ticket.result
 
 
 def reservations_by_pool(plan: str, plan_uid: str, offering: Offering) -> dict[str, list[Reservation]]:
