@@ -636,3 +636,27 @@ def test_extension_offers_of_a_remote_plan_are_searched_at_most_once_a_minute_un
     later(w, 60)
     w.run(reconcile_plan, NAME)
     assert searches() == first + 1
+
+
+def test_plans_racing_for_equally_good_remote_offerings_spread_over_them_and_local_ones_take_the_first() -> None:
+    """Plans that search a remote at the same moment are answered the same offerings; each
+    autoPurchase plan takes one of the equally good ones by its uid, so racers spread instead of
+    all buying the first. A local pool's (its ledger re-checks a batch) and a better one are taken
+    as ranked."""
+    from hyperplan.api.models import TrainingPlanSpec, TrainingPlanStatus
+    from hyperplan.planning.blocks import Block
+    from hyperplan.planning.offerings import Offering
+    from hyperplan.planning.plans import decide_plan
+
+    def offer(pool: str, zone: str, hours: int = 48) -> Offering:
+        return Offering.from_blocks([Block(pool, zone, P5, 8, START, START + timedelta(hours=hours))])
+    equal = [offer(f"remote-{i}", f"use1-az{i}") for i in range(3)]
+    spec = TrainingPlanSpec.model_validate(plan()["spec"])
+
+    def bought(uid: str, remote: list[Offering]) -> str:
+        return decide_plan(spec, 1, TrainingPlanStatus(), [], [], SAGEMAKER, NOW, uid=uid, remote=remote).buy.blocks[0].pool
+    picks = {bought(f"uid-{i}", equal) for i in range(30)}
+    assert picks == {"remote-0", "remote-1", "remote-2"}
+    assert bought("uid-7", equal) == bought("uid-7", equal)  # the same plan keeps its pick
+    better = [*equal, offer("remote-9", "use1-az9", hours=47)]  # ends sooner: the best, alone
+    assert {bought(f"uid-{i}", better) for i in range(30)} == {"remote-9"}

@@ -600,7 +600,9 @@ def _candidates(
     return candidates
 
 
-def _rank_key(offering: Offering) -> tuple:
+def rank_key(offering: Offering) -> tuple:
+    """How offerings rank, best first: the earliest end, the fewest blocks and zones, the
+    shortest gap between blocks, then by start and pool (a stable order)."""
     return (
         offering.end,
         len(offering.blocks),
@@ -614,7 +616,7 @@ def rank_offerings(candidates: list[Offering]) -> list[Offering]:
     """The best MAX_OFFERINGS candidates, without duplicates or dominated ones."""
     kept: list[Offering] = []
     seen: set[str] = set()
-    for offering in sorted(candidates, key=_rank_key):
+    for offering in sorted(candidates, key=rank_key):
         if offering.id in seen:
             continue
         seen.add(offering.id)

@@ -23,6 +23,7 @@ found again by a search from the ledger's blocks, and derives each entry's state
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Mapping, Sequence
@@ -38,7 +39,7 @@ from hyperplan.api.vocabulary import (
 )
 from hyperplan.planning.offerings import (
     Extension, Offering, OfferingRequest, PoolSnapshot, RuleViolation, extension_held, find_extension, find_offering,
-    could_be_offered, rank_offerings, search_extensions, search_offerings, validate_request,
+    could_be_offered, rank_key, rank_offerings, search_extensions, search_offerings, validate_request,
 )
 from hyperplan.planning import counts
 from hyperplan.planning import naming
@@ -266,8 +267,23 @@ def decide_plan(spec: TrainingPlanSpec, generation: int, prior: TrainingPlanStat
             return refused
         return _pending(spec, generation, prior, shown, now, buy=wanted, wake=None)
     if spec.auto_purchase and offerings:
-        return _pending(spec, generation, prior, shown, now, buy=offerings[0], wake=None)
+        return _pending(spec, generation, prior, shown, now, buy=_auto_pick(offerings, remote, uid), wake=None)
     return _pending(spec, generation, prior, shown, now, buy=None, wake=wake)
+
+
+def _auto_pick(offerings: Sequence[Offering], remote: Sequence[Offering], uid: str) -> Offering:
+    """The offering an ``autoPurchase`` plan buys: the best. When the best are a remote's and
+    several are equally good (the same end, as many blocks and zones, in other pools), each plan
+    takes one of them by its uid: plans searching a remote at the same moment are answered the
+    same offerings, and all buying the first made all but one lose the race at the remote and
+    search again (a local pool's ledger re-checks a batch at once instead, so local plans take the
+    first)."""
+    best = offerings[0]
+    remote_ids = {o.id for o in remote}
+    if best.id not in remote_ids or not uid:
+        return best
+    equal = [o for o in offerings if o.id in remote_ids and rank_key(o)[:4] == rank_key(best)[:4]]
+    return equal[int(hashlib.sha256(uid.encode()).hexdigest()[:8], 16) % len(equal)]
 
 
 def refusal(wanted: str, found: Offering | None, request: OfferingRequest,
