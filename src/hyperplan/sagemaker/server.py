@@ -14,6 +14,7 @@ refuses any address but a loopback one (:func:`check_address`).
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 import ipaddress
 import json
 import logging
@@ -34,6 +35,7 @@ from hyperplan.sagemaker.wire import CONTENT_TYPE, ApiError, operation_of, parse
 
 log = logging.getLogger("hyperplan.sagemaker")
 MAX_BODY = 1 << 20  # the largest request of these operations is a few KiB
+WRITE_THREADS = 32  # writes (CreateTrainingPlan, ExtendTrainingPlan, the HyperPod calls) in flight at once
 
 
 def check_address(address: str, tls: bool) -> None:
@@ -77,6 +79,9 @@ def make_app(fleet: operations.Fleet, access: Access, account: str, clock: Calla
 
     views = operations.PlanViews()
     assumed = AssumedPurchases()
+    # The writes' own threads: asyncio's default executor has cpu_count + 4 (6 on two cores), which
+    # held a burst of CreateTrainingPlan calls (each mostly waits for the API server) six at a time.
+    writing = ThreadPoolExecutor(max_workers=WRITE_THREADS, thread_name_prefix="sagemaker-write")
 
     async def handle(request: web.Request) -> web.Response:
         try:
@@ -112,7 +117,8 @@ def make_app(fleet: operations.Fleet, access: Access, account: str, clock: Calla
                                      views=None if operation in operations.WRITES else views, policy=policy,
                                      owner=owner, assumed=assumed)
             if operation in operations.WRITES:
-                result = await asyncio.to_thread(operations.call, operation, body, ctx)
+                result = await asyncio.get_running_loop().run_in_executor(
+                    writing, operations.call, operation, body, ctx)
             else:
                 result = operations.call(operation, body, ctx)
             log.debug("%s by %s", operation, caller.key.user)
