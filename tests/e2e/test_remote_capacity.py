@@ -34,6 +34,24 @@ def _remote_pool(name: str, itype: str, url: str, secret: str, tier: str) -> dic
                      "trainingPlanSelector": {"matchLabels": {"tier": tier}}}}
 
 
+def _sold_through_the_api(ctx: Context, prefix: str, tag: str, user: str, itype: str, tier: str, size: int,
+                          verbs: list[str]) -> Endpoint:
+    """A key for ``user`` with ``verbs`` on trainingplans (no reads: it is served the plans it made
+    only), its Secret, the fleet the API sells (to plans without a tier: the API's own) and the pool
+    ``<prefix>-remote-<tag>`` that buys through the API for plans of ``tier``."""
+    k = ctx.kubectl
+    key_id, secret = mint_key(ctx, user)
+    grant_plan_reads(ctx, user, f"{prefix}-buyer-{tag}",
+                     {"apiGroups": ["hyperplan.dev"], "resources": ["trainingplans"], "verbs": verbs}, reads=False)
+    endpoint = serving(ctx, key_id, secret)
+    k.apply([{"apiVersion": "v1", "kind": "Secret", "metadata": {"name": f"{prefix}-key-{tag}", "namespace": "default"},
+              "stringData": {"AWS_ACCESS_KEY_ID": key_id, "AWS_SECRET_ACCESS_KEY": secret}}])
+    k.create(pool_body(f"{prefix}-fleet-{tag}", itype, size, az="us-east-1r", trainingPlanSelector={
+        "matchExpressions": [{"key": "tier", "operator": "DoesNotExist"}]}))
+    k.create(_remote_pool(f"{prefix}-remote-{tag}", itype, endpoint.url, f"{prefix}-key-{tag}", tier))
+    return endpoint
+
+
 def _reconciled(k, name: str) -> dict | None:
     return next((c for c in (k.get("trainingplan", name).get("status") or {}).get("conditions") or []
                  if c["type"] == "Reconciled"), None)
@@ -44,22 +62,13 @@ def remote_capacity(ctx: Context) -> dict:
     k = ctx.kubectl
     tag = uuid.uuid4().hex[:5]
     itype, tier, user = f"ml.rc-{tag}.xlarge", f"training-{tag}", f"rc-buyer-{tag}"
-    key_id, secret = mint_key(ctx, user)
-    # The buyer's key may create plans and not read them: it is served the plans it made only.
-    grant_plan_reads(ctx, user, f"rc-buyer-{tag}",
-                     {"apiGroups": ["hyperplan.dev"], "resources": ["trainingplans"], "verbs": ["create"]}, reads=False)
     # Another team's key, with a buyer's rights only (create): it is served only the plans it made.
     other_team = f"rc-other-{tag}"
     other_id, other_secret = mint_key(ctx, other_team)
     grant_plan_reads(ctx, other_team, other_team,
                      {"apiGroups": ["hyperplan.dev"], "resources": ["trainingplans"], "verbs": ["create"]}, reads=False)
-    endpoint = serving(ctx, key_id, secret)
-    k.apply([{"apiVersion": "v1", "kind": "Secret", "metadata": {"name": f"rc-key-{tag}", "namespace": "default"},
-              "stringData": {"AWS_ACCESS_KEY_ID": key_id, "AWS_SECRET_ACCESS_KEY": secret}}])
-    # The fleet that the API sells: plans without the scenario's tier (the API's own) buy from it.
-    k.create(pool_body(f"rc-fleet-{tag}", itype, 4, az="us-east-1r", trainingPlanSelector={
-        "matchExpressions": [{"key": "tier", "operator": "DoesNotExist"}]}))
-    k.create(_remote_pool(f"rc-remote-{tag}", itype, endpoint.url, f"rc-key-{tag}", tier))
+    # The buyer's key may create plans and not read them: it is served the plans it made only.
+    endpoint = _sold_through_the_api(ctx, "rc", tag, user, itype, tier, 4, ["create"])
     dead_url = f"http://127.0.0.1:{_dead_port()}"
     k.create(_remote_pool(f"rc-dead-{tag}", itype, dead_url, f"rc-key-{tag}", f"dead-{tag}"))
 
@@ -130,16 +139,8 @@ def remote_extension(ctx: Context) -> dict:
     k = ctx.kubectl
     tag = uuid.uuid4().hex[:5]
     itype, tier, user = f"ml.rx-{tag}.xlarge", f"extending-{tag}", f"rx-buyer-{tag}"
-    key_id, secret = mint_key(ctx, user)
     # A buyer that may also extend its plans (ExtendTrainingPlan is a patch of the plan).
-    grant_plan_reads(ctx, user, f"rx-buyer-{tag}", {"apiGroups": ["hyperplan.dev"], "resources": ["trainingplans"],
-                                                   "verbs": ["create", "patch"]}, reads=False)
-    endpoint = serving(ctx, key_id, secret)
-    k.apply([{"apiVersion": "v1", "kind": "Secret", "metadata": {"name": f"rx-key-{tag}", "namespace": "default"},
-              "stringData": {"AWS_ACCESS_KEY_ID": key_id, "AWS_SECRET_ACCESS_KEY": secret}}])
-    k.create(pool_body(f"rx-fleet-{tag}", itype, 2, az="us-east-1r", trainingPlanSelector={
-        "matchExpressions": [{"key": "tier", "operator": "DoesNotExist"}]}))
-    k.create(_remote_pool(f"rx-remote-{tag}", itype, endpoint.url, f"rx-key-{tag}", tier))
+    _sold_through_the_api(ctx, "rx", tag, user, itype, tier, 2, ["create", "patch"])
     start = utcnow().replace(microsecond=0) + timedelta(seconds=60)
     plan = plan_body(f"rx-{tag}", itype, 2, duration="1m", autoPurchase=True, startTimeAfter=ts(start),
                      endTimeBefore=ts(start + timedelta(minutes=3)))
