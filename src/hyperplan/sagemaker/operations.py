@@ -488,11 +488,12 @@ def _offering_shape(offering: Offering, spec: TrainingPlanSpec) -> dict[str, Any
 def _pools(ctx: "Context") -> list:
     """The pools a plan made through the API may buy from (it carries no labels), with what the
     API sold a moment ago counted as busy (:mod:`hyperplan.sagemaker.assumed`)."""
-    snapshots = ctx.fleet.pool_snapshots()
-    if ctx.assumed is not None:
-        ctx.assumed.forget_settled(ctx.fleet.plan, ctx.fleet.blocks_of)
-        snapshots = ctx.assumed.apply(snapshots)
-    return pools_for_plan(snapshots, {})
+    if ctx.assumed is None:
+        return pools_for_plan(ctx.fleet.pool_snapshots(), {})
+    # Forgotten first, then the pools read: a line the ledger gains in between is counted twice
+    # for one search (it looks taken), never not at all.
+    ctx.assumed.forget_settled(ctx.fleet.plan, ctx.fleet.blocks_of)
+    return pools_for_plan(ctx.assumed.apply(ctx.fleet.pool_snapshots()), {})
 
 
 def search_training_plan_offerings(body: Mapping[str, Any], ctx: "Context") -> dict[str, Any]:
@@ -576,8 +577,8 @@ def _sell(ctx: "Context", name: str, request: Any, offering_id: str) -> bool:
     assumed = ctx.assumed
     if assumed is None:
         return find_offering(request, _pools(ctx), ctx.policy, ctx.now, offering_id) is not None
+    assumed.forget_settled(ctx.fleet.plan, ctx.fleet.blocks_of)  # first, as in _pools
     snapshots = ctx.fleet.pool_snapshots()
-    assumed.forget_settled(ctx.fleet.plan, ctx.fleet.blocks_of)
     with assumed.lock:
         if assumed.holds(name, offering_id, ctx.user):
             return False  # a retry of a create that sold it: not sold twice
