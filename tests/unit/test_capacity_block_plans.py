@@ -265,3 +265,131 @@ def test_the_plan_pass_through_the_real_client_makes_exactly_these_ec2_calls(mon
         assert [rc["id"] for rc in status(w)["reservedCapacity"]] == [rid]
     finally:
         w.close()
+
+
+# --------------------------------------------------------------------------- extending a capacity block
+
+BLOCK_END = START + timedelta(hours=48)
+
+
+def extension_offer(oid: str = "cbeo-0123456789abcdef0", hours: int = 24, start: datetime = BLOCK_END,
+                    zone: str = ZONE, count: int = 8, fee: str = "4200.00") -> dict[str, Any]:
+    return {"CapacityBlockExtensionOfferingId": oid, "InstanceType": P5, "InstanceCount": count,
+            "AvailabilityZone": zone, "AvailabilityZoneId": "use1-az6", "StartDate": START,
+            "CapacityBlockExtensionStartDate": start, "CapacityBlockExtensionEndDate": start + timedelta(hours=hours),
+            "CapacityBlockExtensionDurationHours": hours, "UpfrontFee": fee, "CurrencyCode": "USD"}
+
+
+def bought_block(world, pool: CapacityPool | None = None) -> tuple[World, FakeCapacityBlocks]:
+    """A plan whose capacity block is paid and recorded here."""
+    w, seller = world(offering(), pool=pool)
+    w.run(reconcile_plan, NAME)
+    seller.pay(UID, "scheduled")
+    later(w, 2)
+    w.run(reconcile_plan, NAME)
+    assert status(w)["phase"] == "Scheduled"
+    return w, seller
+
+
+def ask(w: World, *ids: str) -> None:
+    w.kube.objects[(PLANS_PLURAL, NAME)]["spec"]["extensions"] = [{"offeringId": i} for i in ids]
+    later(w, 1)
+
+
+def extension_buys(seller: FakeCapacityBlocks) -> list[tuple]:
+    return [args for op, args in seller.calls if op == "purchase_extension"]
+
+
+def test_a_capacity_block_is_extended_once_and_shows_it_when_ec2_has_taken_the_payment(world) -> None:
+    w, seller = bought_block(world)
+    seller.extension_offered[RID] = [extension_offer(), extension_offer("cbeo-week", hours=168)]
+    later(w, 61)
+    w.run(reconcile_plan, NAME)
+
+    # Each duration asked for (EC2 answers one at a time), shown under local ids, shortest first.
+    assert sorted(args for op, args in seller.calls if op == "describe_extension_offerings") == [(RID, 24), (RID, 168)]
+    day, week = status(w)["extensionOfferings"]
+    assert (day["reservedCapacityId"], day["capacityPool"], day["durationDays"], week["durationDays"]) == (RID, POOL, 1, 7)
+    assert day["id"].startswith("tpe-") and "cbeo-" not in str(status(w))
+
+    ask(w, day["id"])
+    w.run(reconcile_plan, NAME)
+    assert extension_buys(seller) == [("cbeo-0123456789abcdef0", RID)]
+    [entry] = status(w)["extensions"]
+    assert (entry["status"], entry["reason"]) == ("Pending", "RemoteExtending"), entry
+
+    # Payment pending: the history says so, and nothing is bought again.
+    later(w, 3)
+    w.run(reconcile_plan, NAME)
+    assert len(extension_buys(seller)) == 1
+    assert status(w)["extensions"][0]["reason"] == "RemoteExtending"
+
+    seller.extension_paid(RID)
+    later(w, 3)
+    w.run(reconcile_plan, NAME)
+    [entry] = status(w)["extensions"]
+    assert entry["status"] == "Scheduled", entry
+    assert condition(w, "Extended")["status"] == "True"
+    assert [r.end_time for r in w.ledger.pool_objects[0].status.reservations] == [BLOCK_END + timedelta(hours=24)]
+    assert len(extension_buys(seller)) == 1
+
+
+@pytest.mark.parametrize("offer", [
+    extension_offer(start=BLOCK_END + timedelta(hours=1)),
+    extension_offer(zone="us-east-1b"),
+    extension_offer(count=4),
+    extension_offer(fee="99999.00"),
+], ids=["starts-elsewhere", "other-zone", "other-count", "above-the-fee-ceiling"])
+def test_capacity_block_extensions_the_pool_would_not_buy_are_neither_offered_nor_bought(world, offer) -> None:
+    w, seller = bought_block(world, pool=blocks_pool(max_upfront_fee="40000"))
+    seller.extension_offered[RID] = [offer]
+    later(w, 61)
+    w.run(reconcile_plan, NAME)
+    assert status(w).get("extensionOfferings") in (None, [])
+
+    from hyperplan.planning.blocks import Block
+    from hyperplan.planning.offerings import extension_id
+    block = Block(pool=POOL, availability_zone=ZONE, instance_type=P5, instance_count=8, start=START, end=BLOCK_END,
+                  id=RID)
+    ask(w, extension_id(UID, block, offer["CapacityBlockExtensionEndDate"]))
+    w.run(reconcile_plan, NAME)
+
+    assert extension_buys(seller) == []
+    [entry] = status(w)["extensions"]
+    assert (entry["status"], entry["reason"]) == ("Failed", "ExtensionNotOffered"), entry
+
+
+def test_an_extension_whose_payment_failed_fails_here_and_is_not_bought_again(world) -> None:
+    w, seller = bought_block(world)
+    seller.extension_offered[RID] = [extension_offer()]
+    later(w, 61)
+    w.run(reconcile_plan, NAME)
+    ask(w, status(w)["extensionOfferings"][0]["id"])
+    w.run(reconcile_plan, NAME)
+    seller.extension_paid(RID, "payment-failed")
+    later(w, 3)
+    w.run(reconcile_plan, NAME)
+
+    [entry] = status(w)["extensions"]
+    assert entry["status"] == "Failed", entry
+    assert len(extension_buys(seller)) == 1
+    assert [r.end_time for r in w.ledger.pool_objects[0].status.reservations] == [BLOCK_END]
+
+
+def test_a_key_refused_the_extension_fails_the_entry_naming_the_ec2_right(world) -> None:
+    w, seller = bought_block(world)
+    seller.extension_offered[RID] = [extension_offer()]
+    later(w, 61)
+    w.run(reconcile_plan, NAME)
+
+    def refused(offering_id: str, reservation: str) -> list:
+        seller.calls.append(("purchase_extension", (offering_id, reservation)))
+        raise RemoteError("PurchaseCapacityBlockExtension", "UnauthorizedOperation",
+                          "You are not authorized to perform this operation.", seller.endpoint, refused=True)
+    seller.purchase_extension = refused  # type: ignore[method-assign]
+    ask(w, status(w)["extensionOfferings"][0]["id"])
+    w.run(reconcile_plan, NAME)
+
+    [entry] = status(w)["extensions"]
+    assert (entry["status"], entry["reason"]) == ("Failed", "RemoteRefused"), entry
+    assert "ec2:PurchaseCapacityBlockExtension" in entry["message"]

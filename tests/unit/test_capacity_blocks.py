@@ -396,3 +396,105 @@ def test_one_describe_serves_every_plan_that_asks_within_its_age(stubbed) -> Non
     later = follower.plans("k", blocks, max_age=5)
     assert [p.name for p in first] == [p.name for p in again] == [NAME]
     assert len(later) == 2
+
+
+# --------------------------------------------------------------------------- extensions
+
+BLOCK_END = START + timedelta(hours=48)
+
+
+def extension_offering(oid: str = "cbeo-0123456789abcdef0", hours: int = 24, **extra) -> dict:
+    return {"CapacityBlockExtensionOfferingId": oid, "InstanceType": P5, "InstanceCount": 8, "AvailabilityZone": ZONE,
+            "AvailabilityZoneId": "use1-az6", "StartDate": START, "CapacityBlockExtensionStartDate": BLOCK_END,
+            "CapacityBlockExtensionEndDate": BLOCK_END + timedelta(hours=hours),
+            "CapacityBlockExtensionDurationHours": hours, "UpfrontFee": "4200.00", "CurrencyCode": "USD",
+            "Tenancy": "default", **extra}
+
+
+def extension_entry(oid: str = "cbeo-0123456789abcdef0", state: str = "payment-pending", hours: int = 24) -> dict:
+    return {"CapacityReservationId": RID, "InstanceType": P5, "InstanceCount": 8, "AvailabilityZone": ZONE,
+            "CapacityBlockExtensionOfferingId": oid, "CapacityBlockExtensionDurationHours": hours,
+            "CapacityBlockExtensionStatus": state, "CapacityBlockExtensionStartDate": BLOCK_END,
+            "CapacityBlockExtensionEndDate": BLOCK_END + timedelta(hours=hours)}
+
+
+def held_block():
+    """The plan's block as this cluster records it (the reservation's id is the block's)."""
+    from hyperplan.planning.blocks import Block
+    return Block(pool=POOL.name, availability_zone=ZONE, instance_type=P5, instance_count=8, start=START,
+                 end=BLOCK_END, id=RID)
+
+
+def test_extension_offerings_are_asked_per_duration_paged_and_cut_from_the_recorded_block(stubbed) -> None:
+    blocks, stub, _ = stubbed
+    remote = cb.plan_from(NAME, [reservation()], "us-east-1")
+    ask = {"CapacityReservationId": RID, "MaxResults": 1000}
+    stub.add_response("describe_capacity_block_extension_offerings",
+                      {"CapacityBlockExtensionOfferings": [extension_offering()], "NextToken": "p2"},
+                      {**ask, "CapacityBlockExtensionDurationHours": 24})
+    stub.add_response("describe_capacity_block_extension_offerings",
+                      {"CapacityBlockExtensionOfferings": [extension_offering("cbeo-other-type", InstanceType="p4d.24xlarge")]},
+                      {**ask, "CapacityBlockExtensionDurationHours": 24, "NextToken": "p2"})
+    stub.add_response("describe_capacity_block_extension_offerings",
+                      {"CapacityBlockExtensionOfferings": [extension_offering("cbeo-week", hours=168,
+                                                                              AvailabilityZone="us-east-1-by-id",
+                                                                              AvailabilityZoneId=ZONE)]},
+                      {**ask, "CapacityBlockExtensionDurationHours": 168})
+
+    found = blocks.find_extensions(remote, UID, [held_block()], SAGEMAKER)
+
+    assert [(e.remote_id, e.extension.days, e.extension.block.id, e.upfront_fee) for e in found] == [
+        ("cbeo-0123456789abcdef0", 1, RID, "4200.00"), ("cbeo-week", 7, RID, "4200.00")]
+    assert found[0].extension.end == BLOCK_END + timedelta(hours=24)
+
+
+def test_no_extension_is_searched_for_a_block_the_remote_no_longer_holds(stubbed) -> None:
+    blocks, _, _ = stubbed
+    remote = cb.plan_from(NAME, [reservation(rid="cr-0fffffffffffffff0")], "us-east-1")
+    assert blocks.find_extensions(remote, UID, [held_block()], SAGEMAKER) == []  # no call made
+
+
+def test_the_extension_history_of_every_reservation_of_the_plan_in_one_call(stubbed) -> None:
+    blocks, stub, _ = stubbed
+    remote = cb.plan_from(NAME, [reservation(), reservation(rid="cr-0fffffffffffffff0")], "us-east-1")
+    stub.add_response("describe_capacity_block_extension_history", {"CapacityBlockExtensions": [
+        extension_entry(), extension_entry("cbeo-paid", "payment-succeeded"), extension_entry("cbeo-no", "payment-failed"),
+        extension_entry("cbeo-new", "some-later-state")]},
+        {"CapacityReservationIds": [RID, "cr-0fffffffffffffff0"], "MaxResults": 1000})
+
+    records = blocks.extension_history(remote)
+
+    assert [(r.remote_id, r.status) for r in records] == [
+        ("cbeo-0123456789abcdef0", "Pending"), ("cbeo-paid", "Scheduled"), ("cbeo-no", "Failed"), ("cbeo-new", "Pending")]
+    assert records[0].start == BLOCK_END and records[0].end == BLOCK_END + timedelta(hours=24)
+
+
+def test_an_extension_is_bought_once_through_the_client_without_retries() -> None:
+    blocks = CapacityBlocks(Ec2CapacityBlocksSource(region="us-east-1"), ("AKIAEXAMPLE", "secret"))
+    remote = cb.plan_from(NAME, [reservation()], "us-east-1")
+    [offer] = cb.extensions_of([extension_offering()], UID, held_block(), SAGEMAKER)
+    with Stubber(blocks.client) as retrying, Stubber(blocks.buy_client) as once:
+        once.add_response("purchase_capacity_block_extension", {"CapacityBlockExtensions": [extension_entry()]},
+                          {"CapacityBlockExtensionOfferingId": "cbeo-0123456789abcdef0", "CapacityReservationId": RID})
+        [record] = blocks.extend(remote, offer)
+        once.assert_no_pending_responses()
+        retrying.assert_no_pending_responses()
+    assert (record.remote_id, record.status, record.end) == ("cbeo-0123456789abcdef0", "Pending",
+                                                             BLOCK_END + timedelta(hours=24))
+
+
+@pytest.mark.parametrize("code, status, raised", [
+    ("InvalidCapacityBlockExtensionOfferingId.NotFound", 400, NotBought),
+    ("InsufficientCapacityBlockCapacity", 400, NotBought),
+    ("UnauthorizedOperation", 403, RemoteError),
+    ("InternalError", 500, RemoteError),
+], ids=["offering-gone", "capacity-sold", "refused", "ec2s-own-failure"])
+def test_each_error_of_an_extension_purchase(stubbed, code, status, raised) -> None:
+    blocks, stub, _ = stubbed
+    remote = cb.plan_from(NAME, [reservation()], "us-east-1")
+    [offer] = cb.extensions_of([extension_offering()], UID, held_block(), SAGEMAKER)
+    stub.add_client_error("purchase_capacity_block_extension", code, "no", http_status_code=status)
+    with pytest.raises(raised) as failed:
+        blocks.extend(remote, offer)
+    if raised is RemoteError:
+        assert failed.value.code == code and failed.value.refused == (status < 500)

@@ -21,6 +21,12 @@ ways:
    lost answer) holds every further purchase of the plan for as long while the uid check does not
    show a reservation: the pass fails with ``PurchaseOutcomeUnknown`` and is retried with the work
    queue's backoff. Kept in memory: after a restart, step 1 is the guard.
+
+**Extensions** (:class:`ExtendsCapacityBlocks`): ``DescribeCapacityBlockExtensionOfferings`` per
+duration, ``PurchaseCapacityBlockExtension`` through the same client without retries, and
+``DescribeCapacityBlockExtensionHistory``, which the plan pass reads before it asks (the
+handler's guard, handlers.remote_plans.extend, holds a plan's next extension while an answer is
+unknown).
 """
 
 from __future__ import annotations
@@ -29,25 +35,73 @@ import threading
 import time
 from typing import Any, Callable, Mapping, Sequence
 
-from hyperplan.actuation.remote import ExtendsNothing, NotBought, RemoteCalls, RemoteError, make_client
+from hyperplan.actuation.remote import NotBought, RemoteCalls, RemoteError, make_client
 from hyperplan.api.models import Ec2CapacityBlocksSource
 from hyperplan.planning import capacity_blocks as cb
+from hyperplan.planning.blocks import Block
 from hyperplan.planning.offerings import OfferingRequest
 from hyperplan.planning.policy import Policy
-from hyperplan.planning.remote import PoolTerms, RemoteOffering, RemotePlan, standing_of
+from hyperplan.planning.remote import (ExtensionRecord, PoolTerms, RemoteExtension, RemoteOffering, RemotePlan,
+                                       standing_of)
 
-PAGE = 1000  # DescribeCapacityReservations' and DescribeCapacityBlockOfferings' MaxResults bound
+PAGE = 1000  # MaxResults' bound in EC2's describe calls
 UNCERTAIN_FOR = 120.0  # seconds a purchase of unknown outcome holds the plan's next one
 # What PurchaseCapacityBlock answers when the offering is no longer there to buy (sold to someone
 # else since the search, or expired): not the pass's error, the plan searches again.
 OFFERING_GONE = ("InsufficientInstanceCapacity", "InsufficientCapacity", "InsufficientCapacityBlockCapacity",
                  "CapacityBlockOfferingNotFound", "InvalidCapacityBlockOfferingId.NotFound",
                  "InvalidCapacityBlockOfferingId", "OfferingNotFound")
+# ... and PurchaseCapacityBlockExtension when the extension is no longer there to buy.
+EXTENSION_GONE = OFFERING_GONE + ("InvalidCapacityBlockExtensionOfferingId.NotFound",
+                                  "InvalidCapacityBlockExtensionOfferingId", "CapacityBlockExtensionOfferingNotFound")
 
 
-class CapacityBlocks(RemoteCalls, ExtendsNothing):
+class ExtendsCapacityBlocks:
+    """The extension half of :class:`~hyperplan.actuation.remote.CapacitySeller` over EC2's three
+    extension calls, shared by the real client and the unit tests' fake (actuation.fakes), as
+    SageMakerSelling is by the SageMaker ones: ``describe_extension_offerings(reservation, hours)``,
+    ``extension_entries(reservations)`` and ``purchase_extension(offering, reservation)``."""
+
+    extend_right = "ec2:PurchaseCapacityBlockExtension"
+    endpoint: str
+    describe_extension_offerings: Callable[[str, int], "list[Mapping[str, Any]]"]
+    extension_entries: Callable[[list[str]], "list[Mapping[str, Any]]"]
+    purchase_extension: Callable[[str, str], "list[Mapping[str, Any]]"]
+
+    def find_extensions(self, remote: RemotePlan, plan_uid: str, blocks: Sequence[Block],
+                        policy: Policy) -> list[RemoteExtension]:
+        if not blocks:
+            return []
+        last = max(blocks, key=lambda b: (b.end, b.start))
+        reservation = cb.reservation_id(remote, last.id)
+        if reservation is None:
+            return []
+        answer = [o for hours in cb.extension_hours(policy)
+                  for o in self.describe_extension_offerings(reservation, hours)]
+        return cb.extensions_of(answer, plan_uid, last, policy)
+
+    def extension_history(self, remote: RemotePlan) -> list[ExtensionRecord]:
+        reservations = sorted({b.arn.rsplit("/", 1)[-1] for b in remote.blocks})
+        return cb.extension_records_of(self.extension_entries(reservations)) if reservations else []
+
+    def extend(self, remote: RemotePlan, extension: RemoteExtension) -> list[ExtensionRecord]:
+        reservation = cb.reservation_id(remote, extension.extension.block.id)
+        if reservation is None:
+            raise NotBought(f"{remote.noun} {remote.name} no longer holds block {extension.extension.block.id}")
+        try:
+            return cb.extension_records_of(self.purchase_extension(extension.remote_id, reservation))
+        except RemoteError as e:
+            if e.code in EXTENSION_GONE:
+                raise NotBought(f"EC2 no longer sells extension {extension.extension.id} of capacity reservation "
+                                f"{reservation}: {e.code}: {e.message}") from None
+            raise
+
+
+class CapacityBlocks(RemoteCalls, ExtendsCapacityBlocks):
     """EC2 Capacity Blocks of one region and key. ``client`` (and ``buy_client``, which defaults to
     it) are seams for botocore's Stubber in the unit tests."""
+
+    page_size = PAGE
 
     def __init__(self, source: Ec2CapacityBlocksSource, credentials: tuple[str, str] | None = None,
                  client: Any = None, buy_client: Any = None, clock: Callable[[], float] = time.monotonic) -> None:
@@ -67,37 +121,37 @@ class CapacityBlocks(RemoteCalls, ExtendsNothing):
 
     def describe_offerings(self, arguments: Mapping[str, Any]) -> list[Mapping[str, Any]]:
         """DescribeCapacityBlockOfferings, every page."""
-        out: list[Mapping[str, Any]] = []
-        token: str | None = None
-        while True:
-            page_args: dict[str, Any] = {**arguments, "MaxResults": PAGE}
-            if token:
-                page_args["NextToken"] = token
-            page = self._call("DescribeCapacityBlockOfferings", "describe_capacity_block_offerings", **page_args)
-            out.extend(page.get("CapacityBlockOfferings") or [])
-            token = page.get("NextToken") or None
-            if token is None:
-                return out
+        return self._pages("DescribeCapacityBlockOfferings", "describe_capacity_block_offerings",
+                           "CapacityBlockOfferings", **arguments)
 
     def describe_reservations(self, filters: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
         """DescribeCapacityReservations with ``filters``, every page."""
-        out: list[Mapping[str, Any]] = []
-        token: str | None = None
-        while True:
-            arguments: dict[str, Any] = {"Filters": list(filters), "MaxResults": PAGE}
-            if token:
-                arguments["NextToken"] = token
-            page = self._call("DescribeCapacityReservations", "describe_capacity_reservations", **arguments)
-            out.extend(page.get("CapacityReservations") or [])
-            token = page.get("NextToken") or None
-            if token is None:
-                return out
+        return self._pages("DescribeCapacityReservations", "describe_capacity_reservations", "CapacityReservations",
+                           Filters=list(filters))
 
     def purchase(self, offering_id: str, tag_specifications: list[dict[str, Any]]) -> Mapping[str, Any]:
         """PurchaseCapacityBlock, once (its client makes no retries)."""
         return self._call("PurchaseCapacityBlock", "purchase_capacity_block", client=self.buy_client,
                           CapacityBlockOfferingId=offering_id, InstancePlatform=cb.PLATFORM,
                           TagSpecifications=tag_specifications)
+
+    def describe_extension_offerings(self, reservation: str, hours: int) -> list[Mapping[str, Any]]:
+        """DescribeCapacityBlockExtensionOfferings for one reservation and duration, every page."""
+        return self._pages("DescribeCapacityBlockExtensionOfferings", "describe_capacity_block_extension_offerings",
+                           "CapacityBlockExtensionOfferings", CapacityReservationId=reservation,
+                           CapacityBlockExtensionDurationHours=hours)
+
+    def extension_entries(self, reservations: list[str]) -> list[Mapping[str, Any]]:
+        """DescribeCapacityBlockExtensionHistory of the reservations, every page."""
+        return self._pages("DescribeCapacityBlockExtensionHistory", "describe_capacity_block_extension_history",
+                           "CapacityBlockExtensions", CapacityReservationIds=list(reservations))
+
+    def purchase_extension(self, offering_id: str, reservation: str) -> list[Mapping[str, Any]]:
+        """PurchaseCapacityBlockExtension, once (the purchase's client makes no retries)."""
+        answer = self._call("PurchaseCapacityBlockExtension", "purchase_capacity_block_extension",
+                            client=self.buy_client, CapacityBlockExtensionOfferingId=offering_id,
+                            CapacityReservationId=reservation)
+        return list(answer.get("CapacityBlockExtensions") or [])
 
     # ------------------------------------------------------------------ CapacitySeller
 

@@ -29,7 +29,8 @@ from hyperplan.actuation.nodes import (
     mark_healthy_patch, mark_unhealthy_patch, merged_taints, rebooting,
 )
 from hyperplan.planning.lending import LentRecord
-from hyperplan.actuation.remote import CapacitySeller, ExtendsNothing, NotBought, SageMakerSelling
+from hyperplan.actuation.capacity_blocks import ExtendsCapacityBlocks
+from hyperplan.actuation.remote import CapacitySeller, NotBought, SageMakerSelling
 from hyperplan.api.models import CapacityPool, Reservation
 from hyperplan.api.vocabulary import ANNOTATION_CLAIM, from_rfc3339, to_rfc3339
 from hyperplan.planning import deepchecks
@@ -726,14 +727,19 @@ class FakeRemoteCapacity(_FakeEndpoint, SageMakerSelling):
 
 
 @dataclass
-class FakeCapacityBlocks(_FakeEndpoint, ExtendsNothing):
+class FakeCapacityBlocks(_FakeEndpoint, ExtendsCapacityBlocks):
     """EC2 Capacity Blocks behind the :class:`~hyperplan.actuation.remote.CapacitySeller` protocol,
     for the plan pass's unit tests: it offers the ``CapacityBlockOffering`` dicts of ``offered``,
     and a purchase makes a ``payment-pending`` capacity reservation (``CapacityReservation`` dicts,
     tagged as the real purchase tags them) and takes the offering off sale; :meth:`pay` moves a
     reservation on (scheduled, active, payment-failed ...). Like EC2 behind the real seller, a
     purchase for a plan that holds a live reservation answers that one and buys nothing. Every call
-    of the protocol is recorded; ``down`` makes each fail as a refused connection does."""
+    of the protocol is recorded; ``down`` makes each fail as a refused connection does.
+
+    Extensions are EC2's three calls under the real seller's own half (ExtendsCapacityBlocks):
+    ``extension_offered`` holds ``CapacityBlockExtensionOffering`` dicts by reservation id; a
+    purchase takes one off sale as ``payment-pending`` in ``extension_log``, and
+    :meth:`extension_paid` settles it (paid: the reservation ends where the extension does)."""
 
     endpoint: str = "https://ec2.us-east-1.amazonaws.com"
     region: str = "us-east-1"
@@ -742,7 +748,46 @@ class FakeCapacityBlocks(_FakeEndpoint, ExtendsNothing):
     calls: list[tuple[str, Any]] = field(default_factory=list)
     down: bool = False
     account: str = "111122223333"
+    extension_offered: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # by CapacityReservationId
+    extension_log: list[dict[str, Any]] = field(default_factory=list)  # CapacityBlockExtension dicts
 
+    def describe_extension_offerings(self, reservation: str, hours: int) -> list[Mapping[str, Any]]:
+        self.calls.append(("describe_extension_offerings", (reservation, hours)))
+        self._up("DescribeCapacityBlockExtensionOfferings")
+        return [dict(o) for o in self.extension_offered.get(reservation, [])
+                if o.get("CapacityBlockExtensionDurationHours") == hours]
+
+    def extension_entries(self, reservations: list[str]) -> list[Mapping[str, Any]]:
+        self.calls.append(("extension_entries", list(reservations)))
+        self._up("DescribeCapacityBlockExtensionHistory")
+        return [dict(e) for e in self.extension_log if e["CapacityReservationId"] in reservations]
+
+    def purchase_extension(self, offering_id: str, reservation: str) -> list[Mapping[str, Any]]:
+        from hyperplan.actuation.remote import RemoteError
+        self.calls.append(("purchase_extension", (offering_id, reservation)))
+        self._up("PurchaseCapacityBlockExtension")
+        offered = self.extension_offered.get(reservation, [])
+        found = next((o for o in offered if o["CapacityBlockExtensionOfferingId"] == offering_id), None)
+        if found is None:
+            raise RemoteError("PurchaseCapacityBlockExtension", "InvalidCapacityBlockExtensionOfferingId.NotFound",
+                              f"The capacity block extension offering ID '{offering_id}' does not exist",
+                              self.endpoint, refused=True)
+        offered.remove(found)
+        entry = {key: found[key] for key in ("InstanceType", "InstanceCount", "AvailabilityZone",
+                                              "CapacityBlockExtensionOfferingId", "CapacityBlockExtensionDurationHours",
+                                              "CapacityBlockExtensionStartDate", "CapacityBlockExtensionEndDate",
+                                              "UpfrontFee", "CurrencyCode") if key in found}
+        entry.update(CapacityReservationId=reservation, CapacityBlockExtensionStatus="payment-pending")
+        self.extension_log.append(entry)
+        return [dict(entry)]
+
+    def extension_paid(self, reservation: str, status: str = "payment-succeeded") -> None:
+        """EC2 settled the reservation's pending extensions: paid, the reservation ends where each ends."""
+        for entry in self.extension_log:
+            if entry["CapacityReservationId"] == reservation and entry["CapacityBlockExtensionStatus"] == "payment-pending":
+                entry["CapacityBlockExtensionStatus"] = status
+                if status == "payment-succeeded":
+                    self.reservations[reservation]["EndDate"] = entry["CapacityBlockExtensionEndDate"]
 
     def find_offerings(self, request: Any, policy: Any, pools: Any) -> list[Any]:
         from hyperplan.planning import capacity_blocks as cb

@@ -86,6 +86,7 @@ class CapacitySeller(Protocol):
     place that tells them apart."""
 
     endpoint: str
+    extend_right: str  # what a key refused an extension lacks, in the source's own terms (for the message)
 
     def find_offerings(self, request: OfferingRequest, policy: Policy,
                   pools: Sequence[PoolTerms]) -> list[RemoteOffering]:
@@ -166,6 +167,7 @@ class RemoteCalls:
 
     client: Any
     endpoint: str
+    page_size = PAGE
 
     def _call(self, operation: str, method: str, client: Any = None, **arguments: Any) -> Any:
         from botocore.exceptions import BotoCoreError, ClientError
@@ -189,11 +191,25 @@ class RemoteCalls:
         metrics.REMOTE_CALLS.labels(operation, "ok").inc()
         return answer
 
+    def _pages(self, operation: str, method: str, items: str, **arguments: Any) -> list[Mapping[str, Any]]:
+        """Every page of a paged call (``NextToken``; ``MaxResults`` the API's bound,
+        :attr:`page_size`): the ``items`` of each, in order."""
+        out: list[Mapping[str, Any]] = []
+        token: str | None = None
+        while True:
+            page = self._call(operation, method, **arguments, MaxResults=self.page_size,
+                              **({"NextToken": token} if token else {}))
+            out.extend(page.get(items) or [])
+            token = page.get("NextToken") or None
+            if token is None:
+                return out
+
 
 class SageMakerSelling:
     """:class:`CapacitySeller` over the SageMaker Training Plans calls (:class:`RemoteCapacity`):
     shared by the real client and the unit tests' fake endpoint (actuation.fakes)."""
 
+    extend_right = "sagemaker:ExtendTrainingPlan (at a hyperplan endpoint: the right to patch trainingplans)"
     endpoint: str
     search: Callable[[Mapping[str, Any]], Mapping[str, Any]]
     create_plan: Callable[..., str]
@@ -260,22 +276,6 @@ class SageMakerSelling:
             raise
 
 
-class ExtendsNothing:
-    """The extension half of :class:`CapacitySeller` for a source whose blocks hyperplan does not
-    extend (EC2 Capacity Blocks: ``PurchaseCapacityBlockExtension`` is not supported yet,
-    docs/aws.md): nothing is offered, so ``spec.extensions`` of its blocks fail as not offered."""
-
-    def find_extensions(self, remote: RemotePlan, plan_uid: str, blocks: Sequence[Block],
-                        policy: Policy) -> list[RemoteExtension]:
-        return []
-
-    def extension_history(self, remote: RemotePlan) -> list[ExtensionRecord]:
-        return []
-
-    def extend(self, remote: RemotePlan, extension: RemoteExtension) -> list[ExtensionRecord]:
-        raise NotBought(f"{remote.noun} {remote.name}'s source is not extended by hyperplan")
-
-
 class SageMakerCapacity(RemoteCalls, SageMakerSelling):
     """A remote pool's endpoint through boto3's SageMaker client. ``client`` is a seam for
     botocore's Stubber in the unit tests, which checks every request against the service model."""
@@ -310,17 +310,7 @@ class SageMakerCapacity(RemoteCalls, SageMakerSelling):
             raise
 
     def list_plans(self) -> list[Mapping[str, Any]]:
-        out: list[Mapping[str, Any]] = []
-        token: str | None = None
-        while True:
-            arguments: dict[str, Any] = {"MaxResults": PAGE}
-            if token:
-                arguments["NextToken"] = token
-            page = self._call("ListTrainingPlans", "list_training_plans", **arguments)
-            out.extend(page.get("TrainingPlanSummaries") or [])
-            token = page.get("NextToken") or None
-            if token is None:
-                return out
+        return self._pages("ListTrainingPlans", "list_training_plans", "TrainingPlanSummaries")
 
     def extend_plan(self, extension_id: str) -> list[Mapping[str, Any]]:
         """ExtendTrainingPlan, through a client with boto3's retries off (as EC2's purchase): the
@@ -331,18 +321,8 @@ class SageMakerCapacity(RemoteCalls, SageMakerSelling):
         return list(answer.get("TrainingPlanExtensions") or [])
 
     def extension_entries(self, arn: str) -> list[Mapping[str, Any]]:
-        out: list[Mapping[str, Any]] = []
-        token: str | None = None
-        while True:
-            arguments: dict[str, Any] = {"TrainingPlanArn": arn, "MaxResults": PAGE}
-            if token:
-                arguments["NextToken"] = token
-            page = self._call("DescribeTrainingPlanExtensionHistory", "describe_training_plan_extension_history",
-                              **arguments)
-            out.extend(page.get("TrainingPlanExtensions") or [])
-            token = page.get("NextToken") or None
-            if token is None:
-                return out
+        return self._pages("DescribeTrainingPlanExtensionHistory", "describe_training_plan_extension_history",
+                           "TrainingPlanExtensions", TrainingPlanArn=arn)
 
     def _once(self) -> Any:
         if self._single is None:

@@ -291,7 +291,7 @@ def extend(rt: Any, pool: CapacityPool, name: str, uid: str, remote: RemotePlan,
     except RemoteError as e:
         if e.refused:
             return RemoteExtend(violation=RuleViolation("RemoteRefused", (
-                f"{e}: the key may need the right to patch trainingplans at the endpoint")))
+                f"{e}: the key may need {capacity.extend_right}")))
         rt.remote.extension_unknown[uid] = now
         raise
     rt.remote.extension_unknown.pop(uid, None)

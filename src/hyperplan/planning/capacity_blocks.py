@@ -24,6 +24,16 @@ ARN, which is what :attr:`RemoteBlock.id` takes.
 ``active`` and ``expired`` hold their block; ``payment-failed``, ``failed``, ``cancelled``,
 ``cancelling``, ``unavailable`` and ``unsupported`` hold nothing, and the next attempt may buy
 again (at most planning.remote.MAX_ATTEMPTS).
+
+**Extensions.** A block is extended as a SageMaker plan's is (planning.remote, "Extensions"), by
+its capacity reservation: ``DescribeCapacityBlockExtensionOfferings`` asks for one duration at a
+time, so a search asks for each of planning.offerings.EXTENSION_DAYS (:func:`extension_hours`);
+an answer is cut as the extension of the plan's last block as recorded here, under the local id
+(:func:`extensions_of`), and only if it runs that block on from its end with the same type and
+count in its zone. ``PurchaseCapacityBlockExtension`` is paid as a purchase is:
+``payment-pending``, then ``payment-succeeded`` (the reservation's ``EndDate`` moves to the
+extension's end, which is when the ledger line shows it) or ``payment-failed``
+(:data:`EXTENSION_STATES`, read from ``DescribeCapacityBlockExtensionHistory``).
 """
 
 from __future__ import annotations
@@ -33,9 +43,10 @@ from typing import Any, Iterable, Mapping
 
 from hyperplan.api.vocabulary import GROUP, TAG_TRAINING_PLAN_UID
 from hyperplan.planning.blocks import Block
-from hyperplan.planning.offerings import Offering, OfferingRequest
+from hyperplan.planning.offerings import EXTENSION_DAYS, Extension, Offering, OfferingRequest, extension_id
 from hyperplan.planning.policy import Policy
-from hyperplan.planning.remote import RemoteBlock, RemoteOffering, RemotePlan, _time, duration_hours
+from hyperplan.planning.remote import (ExtensionRecord, RemoteBlock, RemoteExtension, RemoteOffering, RemotePlan,
+                                       _same_moment, _time, duration_hours)
 
 TAG_REMOTE_PLAN = f"{GROUP}/remote-plan"  # the name of the attempt that bought the reservation
 PLATFORM = "Linux/UNIX"  # the nodes Karpenter launches into the block
@@ -178,3 +189,56 @@ def bought(answer: Mapping[str, Any]) -> list[Mapping[str, Any]]:
         found[str(one["CapacityReservationId"])] = one
     return list(found.values())
 
+
+
+# --------------------------------------------------------------------------- extensions
+
+# A CapacityBlockExtensionStatus as an extension record's status (planning.remote.ExtensionRecord):
+# paid, the extension holds its window (the reservation's end moves when EC2 applies it).
+EXTENSION_STATES = {"payment-pending": "Pending", "payment-succeeded": "Scheduled", "payment-failed": "Failed"}
+
+
+def reservation_id(remote: RemotePlan, block_id: str) -> str | None:
+    """The CapacityReservationId of the remote block recorded here as ``block_id`` (None: the
+    remote plan holds no such block now)."""
+    return next((b.arn.rsplit("/", 1)[-1] for b in remote.blocks if b.id == block_id), None)
+
+
+def extension_hours(policy: Policy) -> list[int]:
+    """The durations a search for extension offerings asks for, in the API's hours (24 hours are
+    one of the policy's days, as :func:`~hyperplan.planning.remote.duration_hours` counts them)."""
+    return [days * 24 for days in EXTENSION_DAYS if policy.min_duration_days <= days <= policy.max_duration_days]
+
+
+def extensions_of(answer: Iterable[Mapping[str, Any]], plan_uid: str, last: Block,
+                  policy: Policy) -> list[RemoteExtension]:
+    """The CapacityBlockExtensionOfferings (every duration's, every page) that run ``last`` (the
+    plan's last block as recorded here) on from its end with its type and count in its zone (by
+    name or by zone id), each as that block's extension under the local id; one that starts
+    elsewhere, ends no later, or names another type, count or zone is not believed. Shortest first."""
+    out: dict[str, RemoteExtension] = {}
+    for entry in answer:
+        remote_id = entry.get("CapacityBlockExtensionOfferingId")
+        start, end = _time(entry.get("CapacityBlockExtensionStartDate")), _time(entry.get("CapacityBlockExtensionEndDate"))
+        if not remote_id or end is None or not _same_moment(start, last.end) or end <= last.end:
+            continue
+        if entry.get("InstanceType", last.instance_type) != last.instance_type \
+                or int(entry.get("InstanceCount") or last.instance_count) != last.instance_count:
+            continue
+        zone, zone_id = entry.get("AvailabilityZone"), entry.get("AvailabilityZoneId")
+        if zone not in (None, "", last.availability_zone) and zone_id != last.availability_zone:
+            continue
+        days = max(1, round((end - last.end) / policy.day))
+        ext = Extension(extension_id(plan_uid, last, end), last, end, days)
+        out.setdefault(ext.id, RemoteExtension(ext, str(remote_id), entry.get("UpfrontFee"), entry.get("CurrencyCode")))
+    return sorted(out.values(), key=lambda e: e.extension.end)
+
+
+def extension_records_of(entries: Iterable[Mapping[str, Any]]) -> list[ExtensionRecord]:
+    """CapacityBlockExtensions (a history page, or PurchaseCapacityBlockExtension's answer) as the
+    records planning.remote reads; a status EC2 adds later counts as pending (nothing is bought
+    again while it stands)."""
+    return [ExtensionRecord(str(e.get("CapacityBlockExtensionOfferingId") or ""),
+                            _time(e.get("CapacityBlockExtensionStartDate")), _time(e.get("CapacityBlockExtensionEndDate")),
+                            EXTENSION_STATES.get(str(e.get("CapacityBlockExtensionStatus") or ""), "Pending"))
+            for e in entries]
