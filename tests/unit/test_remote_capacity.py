@@ -366,3 +366,23 @@ def test_a_credentials_secret_is_read_at_most_every_ten_seconds() -> None:
     assert [read("k") for _ in range(100)][-1] == (("AKIAONE", "s"), "1") and reads == ["k"]
     now[0] = CREDENTIALS_SECONDS + 0.5
     assert read("k") == (("AKIATWO", "s"), "2") and reads == ["k", "k"]
+
+
+def test_a_blocks_ultraservers_are_listed_every_page_as_health_by_id(stubbed) -> None:
+    from hyperplan.planning.remote import RemoteBlock
+    capacity, stub = stubbed
+    arn = "arn:aws:sagemaker:us-east-1:111122223333:reserved-capacity/rc-abc-0"
+    block = RemoteBlock(arn=arn, instance_type="ml.p6e-gb200.36xlarge", instance_count=18, availability_zone="use1-az1",
+                        start=START, end=START + timedelta(hours=48), status="Active", ultra_server_type="ml.u-p6e-gb200x36")
+
+    def ultraserver(uid: str, health: str) -> dict:
+        return {"UltraServerId": uid, "UltraServerType": "ml.u-p6e-gb200x36", "AvailabilityZone": "use1-az1",
+                "InstanceType": "ml.p6e-gb200.36xlarge", "TotalInstanceCount": 9, "HealthStatus": health}
+    stub.add_response("list_ultra_servers_by_reserved_capacity",
+                      {"UltraServers": [ultraserver("rc-abc-0-us-0", "OK")], "NextToken": "t1"},
+                      {"ReservedCapacityArn": arn, "MaxResults": 100})
+    stub.add_response("list_ultra_servers_by_reserved_capacity",
+                      {"UltraServers": [ultraserver("rc-abc-0-us-1", "Impaired")]},
+                      {"ReservedCapacityArn": arn, "MaxResults": 100, "NextToken": "t1"})
+
+    assert capacity.ultra_server_health(block) == {"rc-abc-0-us-0": "ok", "rc-abc-0-us-1": "impaired"}

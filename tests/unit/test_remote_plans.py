@@ -660,3 +660,95 @@ def test_plans_racing_for_equally_good_remote_offerings_spread_over_them_and_loc
     assert bought("uid-7", equal) == bought("uid-7", equal)  # the same plan keeps its pick
     better = [*equal, offer("remote-9", "use1-az9", hours=47)]  # ends sooner: the best, alone
     assert {bought(f"uid-{i}", better) for i in range(30)} == {"remote-9"}
+
+
+# --------------------------------------------------------------------------- the remote's UltraServers
+
+GB200, X36 = "ml.p6e-gb200.36xlarge", "ml.u-p6e-gb200x36"
+BLOCK_ARN = "arn:aws:sagemaker:us-east-1:111122223333:reserved-capacity/rc-0c6f9a521111-0"
+ULTRASERVER = "rc-0c6f9a521111-0-us-0"  # named as this cluster names it: <reservedCapacityId>-us-<n>
+
+
+def ultraserver_world(world) -> tuple[World, FakeRemoteCapacity]:
+    """A plan of one x36 UltraServer bought at the remote, its block running."""
+    pool = CapacityPool(metadata={"name": POOL}, spec=CapacityPoolSpec(
+        instance_type=GB200, availability_zone=ZONE, ultra_server_type=X36,
+        source=PoolSource(sage_maker=SageMakerSource(endpoint="http://127.0.0.1:1", region="us-east-1"))))
+    answer = offering(count=9, itype=GB200)
+    answer["ReservedCapacityOfferings"][0].update(ReservedCapacityType="UltraServer", UltraServerType=X36,
+                                                  UltraServerCount=1)
+    w, remote = world(answer, pool=pool, instanceType=None, instanceCount=None, ultraServerType=X36,
+                      ultraServerCount=1)
+    del w.kube.objects[(PLANS_PLURAL, NAME)]["spec"]["instanceType"]
+    del w.kube.objects[(PLANS_PLURAL, NAME)]["spec"]["instanceCount"]
+    w.run(reconcile_plan, NAME)
+    remote.sell(f"{REMOTE}-0", status="Active", UltraServerType=X36)
+    w.now = START + timedelta(hours=1)
+    w.run(reconcile_plan, NAME)  # recorded here
+    later(w, 1)
+    w.run(reconcile_plan, NAME)  # followed
+    assert status(w)["phase"] == "Active", status(w)
+    return w, remote
+
+
+def health(w: World) -> dict[str, str]:
+    return {u["id"]: u["healthStatus"] for u in status(w)["ultraServers"]}
+
+
+def listings(remote: FakeRemoteCapacity) -> list[str]:
+    return [args for op, args in remote.calls if op == "list_ultra_servers"]
+
+
+def test_an_ultraserver_the_remote_reports_impaired_is_impaired_in_the_plans_status(world) -> None:
+    w, remote = ultraserver_world(world)
+    assert health(w) == {ULTRASERVER: "ok"}
+    assert listings(remote) == [BLOCK_ARN]
+
+    remote.ultra_servers[BLOCK_ARN] = [{"UltraServerId": ULTRASERVER, "UltraServerType": X36, "InstanceType": GB200,
+                                        "HealthStatus": "Impaired"}]
+    later(w, 20)
+    w.run(reconcile_plan, NAME)
+    assert health(w) == {ULTRASERVER: "ok"} and len(listings(remote)) == 1  # paced: listed again after a minute
+
+    later(w, 45)
+    w.run(reconcile_plan, NAME)
+    assert health(w) == {ULTRASERVER: "impaired"}
+    assert len(listings(remote)) == 2
+
+    remote.ultra_servers[BLOCK_ARN][0]["HealthStatus"] = "OK"
+    later(w, 61)
+    w.run(reconcile_plan, NAME)
+    assert health(w) == {ULTRASERVER: "ok"}
+
+
+def test_a_listing_that_fails_keeps_the_last_answer_and_fails_nothing(world) -> None:
+    w, remote = ultraserver_world(world)
+    remote.ultra_servers[BLOCK_ARN] = [{"UltraServerId": ULTRASERVER, "HealthStatus": "Impaired"}]
+    later(w, 61)
+    w.run(reconcile_plan, NAME)
+    assert health(w) == {ULTRASERVER: "impaired"}
+
+    def down(arn: str) -> list:
+        remote.calls.append(("list_ultra_servers", arn))
+        raise RemoteError("ListUltraServersByReservedCapacity", "ThrottlingException", "slow down", remote.endpoint)
+    remote.list_ultra_servers = down  # type: ignore[method-assign]
+    later(w, 61)
+    w.run(reconcile_plan, NAME)  # no exception: the pass stands
+
+    assert health(w) == {ULTRASERVER: "impaired"}
+    assert len(listings(remote)) == 3
+
+
+def test_the_remotes_ok_or_unknown_never_hides_what_this_clusters_nodes_say() -> None:
+    from hyperplan.api.models import UltraServerStatus
+    from hyperplan.planning.remote import ultra_server_health_of, with_remote_health
+    mine = [UltraServerStatus(id="a", availability_zone=ZONE, health_status="impaired"),
+            UltraServerStatus(id="b", availability_zone=ZONE, health_status="ok"),
+            UltraServerStatus(id="c", availability_zone=ZONE, health_status="insufficient-data")]
+    told = ultra_server_health_of([{"UltraServerId": "a", "HealthStatus": "OK"},
+                                   {"UltraServerId": "b", "HealthStatus": "Insufficient-Data"},
+                                   {"UltraServerId": "c", "HealthStatus": "Impaired"},
+                                   {"UltraServerId": "elsewhere", "HealthStatus": "Impaired"},
+                                   {"UltraServerId": "d", "HealthStatus": "SomethingNew"}])
+    assert told["d"] == "insufficient-data"
+    assert [u.health_status for u in with_remote_health(mine, told)] == ["impaired", "ok", "impaired"]

@@ -155,6 +155,9 @@ class CapacityBlocks(RemoteCalls, ExtendsCapacityBlocks):
 
     # ------------------------------------------------------------------ CapacitySeller
 
+    def ultra_server_health(self, block: Any) -> dict[str, str]:
+        return {}  # UltraServer Capacity Blocks are not bought through this source (docs/aws.md)
+
     def find_offerings(self, request: OfferingRequest, policy: Policy,
                   pools: Sequence[PoolTerms]) -> list[RemoteOffering]:
         arguments = cb.search_arguments(request, policy)

@@ -634,6 +634,13 @@ class FakeRemoteCapacity(_FakeEndpoint, SageMakerSelling):
     # remote's own purchase of it ran (:meth:`extended`).
     extension_offerings: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     history: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # ListUltraServersByReservedCapacity's UltraServers by ReservedCapacityArn.
+    ultra_servers: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    def list_ultra_servers(self, arn: str) -> list[Mapping[str, Any]]:
+        self.calls.append(("list_ultra_servers", arn))
+        self._up("ListUltraServersByReservedCapacity")
+        return [dict(u) for u in self.ultra_servers.get(arn, [])]
 
     def search(self, arguments: Mapping[str, Any]) -> Mapping[str, Any]:
         self.calls.append(("search", dict(arguments)))
@@ -829,6 +836,9 @@ class FakeCapacityBlocks(_FakeEndpoint, ExtendsCapacityBlocks):
         newest = sorted(self._mine(plan_uid), key=lambda r: r["CapacityReservationId"])[-1]
         newest["State"] = state
         return str(newest["CapacityReservationId"])
+
+    def ultra_server_health(self, block: Any) -> dict[str, str]:
+        return {}
 
     def remote_plans(self) -> list[Any]:
         from hyperplan.planning import capacity_blocks as cb

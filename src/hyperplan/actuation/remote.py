@@ -47,8 +47,8 @@ from hyperplan.planning.offerings import OfferingRequest
 from hyperplan.planning.policy import Policy
 from hyperplan.planning.blocks import Block
 from hyperplan.planning.remote import (
-    ExtensionRecord, PoolTerms, RemoteExtension, RemoteOffering, RemotePlan, extension_records, extensions_offered,
-    offerings_of, plan_of, search_arguments,
+    ExtensionRecord, PoolTerms, RemoteBlock, RemoteExtension, RemoteOffering, RemotePlan, extension_records,
+    extensions_offered, offerings_of, plan_of, search_arguments, ultra_server_health_of,
 )
 
 log = logging.getLogger("hyperplan.remote")
@@ -125,6 +125,11 @@ class CapacitySeller(Protocol):
         offered) or :class:`RemoteError`."""
         ...
 
+    def ultra_server_health(self, block: RemoteBlock) -> dict[str, str]:
+        """The remote's health of each UltraServer of an UltraServer block, by UltraServer id, in
+        hyperplan's words (``ok``, ``impaired``, ``insufficient-data``); empty: it tells none."""
+        ...
+
 
 class RemoteCapacity(Protocol):
     """The SageMaker Training Plans calls a remote pool needs (the answers are boto3's dicts)."""
@@ -143,6 +148,8 @@ class RemoteCapacity(Protocol):
     def extend_plan(self, extension_id: str) -> list[Mapping[str, Any]]: ...
 
     def extension_entries(self, arn: str) -> list[Mapping[str, Any]]: ...
+
+    def list_ultra_servers(self, arn: str) -> list[Mapping[str, Any]]: ...
 
 
 def client_config(attempts: int = RETRY_ATTEMPTS) -> Any:
@@ -266,6 +273,9 @@ class SageMakerSelling:
     def extension_history(self, remote: RemotePlan) -> list[ExtensionRecord]:
         return extension_records(self.extension_entries(remote.arn))
 
+    def ultra_server_health(self, block: RemoteBlock) -> dict[str, str]:
+        return ultra_server_health_of(self.list_ultra_servers(block.arn))
+
     def extend(self, remote: RemotePlan, extension: RemoteExtension) -> list[ExtensionRecord]:
         try:
             return extension_records(self.extend_plan(extension.remote_id))
@@ -323,6 +333,10 @@ class SageMakerCapacity(RemoteCalls, SageMakerSelling):
     def extension_entries(self, arn: str) -> list[Mapping[str, Any]]:
         return self._pages("DescribeTrainingPlanExtensionHistory", "describe_training_plan_extension_history",
                            "TrainingPlanExtensions", TrainingPlanArn=arn)
+
+    def list_ultra_servers(self, arn: str) -> list[Mapping[str, Any]]:
+        return self._pages("ListUltraServersByReservedCapacity", "list_ultra_servers_by_reserved_capacity",
+                           "UltraServers", ReservedCapacityArn=arn)
 
     def _once(self) -> Any:
         if self._single is None:
@@ -441,6 +455,9 @@ class RemoteSources:
         # memory: a restart searches again and reads the remote's extension history first.
         self.extension_offers: dict[str, tuple[float, tuple, list[RemoteExtension]]] = {}
         self.extension_unknown: dict[str, float] = {}
+        # Per plan uid: its running UltraServer block's health as the remote last listed it (when,
+        # the block's ARN, health by UltraServer id), for the pacing of handlers.remote_plans.
+        self.ultra_health: dict[str, tuple[float, str, dict[str, str]]] = {}
 
     def _client(self, pool: str, source: RemoteSource) -> tuple[str, CapacitySeller]:
         creds, version = None, ""
@@ -471,7 +488,7 @@ class RemoteSources:
 
     def forget_plan(self, uid: str) -> None:
         """A deleted plan: what is kept in memory for it goes."""
-        for kept in (self.waiting_since, self.extension_offers, self.extension_unknown):
+        for kept in (self.waiting_since, self.extension_offers, self.extension_unknown, self.ultra_health):
             kept.pop(uid, None)
 
     def capacity(self, pool: str, source: RemoteSource) -> CapacitySeller:

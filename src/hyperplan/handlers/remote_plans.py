@@ -69,6 +69,8 @@ class RemoteLook:
     extensions: list[RemoteExtension] = field(default_factory=list)
     extending: dict[str, str] = field(default_factory=dict)
     extended_plan: RemotePlan | None = None
+    # The remote's health of the running UltraServer block's UltraServers, by id (empty: none told).
+    ultra_health: dict[str, str] = field(default_factory=dict)
 
     def extension(self, ext: Extension | None) -> RemoteExtension | None:
         return next((r for r in self.extensions if ext is not None and r.extension.id == ext.id), None)
@@ -172,7 +174,38 @@ def look(rt: Any, pools: Sequence[CapacityPool], snapshots: Sequence[Any], name:
                                   f"above the pool's maxUpfrontFee {ceiling}")
     _look_at_extensions(rt, seen, uid, seen.blocks if seen.blocks is not None else list(purchased), followed,
                         records, extending)
+    _look_at_ultra_servers(rt, seen, uid, followed)
     return seen
+
+
+ULTRASERVERS_EVERY = 60.0  # seconds: a running UltraServer block's UltraServers listed at the remote at most this often
+
+
+def _look_at_ultra_servers(rt: Any, seen: RemoteLook, uid: str,
+                           followed: Mapping[str, tuple[CapacitySeller, RemotePlan, CapacityPool]]) -> None:
+    """The remote's health of the UltraServers of the plan's running UltraServer block
+    (ListUltraServersByReservedCapacity, paced to :data:`ULTRASERVERS_EVERY`; planning.remote,
+    "UltraServers"). A failed listing keeps the last answer and fails nothing: the plan's own
+    counts come from its nodes."""
+    now = rt.clock()
+    running = [(capacity, b) for capacity, remote, _ in followed.values() for b in remote.blocks
+               if b.ultra_server_type and b.start <= now < b.end]
+    if not running:
+        rt.remote.ultra_health.pop(uid, None)
+        return
+    capacity, block = running[0]
+    cached = rt.remote.ultra_health.get(uid)
+    if cached is not None and cached[1] == block.arn and now.timestamp() - cached[0] < ULTRASERVERS_EVERY:
+        seen.ultra_health = cached[2]
+        return
+    try:
+        health = capacity.ultra_server_health(block)
+    except RemoteError as e:
+        seen.notes.append(f"the UltraServers of block {block.arn} could not be listed: {e}")
+        seen.ultra_health = cached[2] if cached is not None and cached[1] == block.arn else {}
+        return
+    rt.remote.ultra_health[uid] = (now.timestamp(), block.arn, health)
+    seen.ultra_health = health
 
 
 EXTENSION_OFFERS_EVERY = 60.0  # seconds: a plan's remote extension offerings searched again at most this often

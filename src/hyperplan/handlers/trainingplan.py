@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Callable, Mapping
 
@@ -49,7 +49,7 @@ from hyperplan.planning.blocks import Block
 from hyperplan.planning.nodefacts import facts_of_dict
 
 from hyperplan.planning.offerings import Offering, OfferingRequest, RuleViolation
-from hyperplan.planning.remote import waiting_for_remote
+from hyperplan.planning.remote import waiting_for_remote, with_remote_health
 from hyperplan.planning.plans import (
     FAILED, PENDING, Event, PlanDecision, PlanUsage, addition_refused, block_usage, current_block, decide_plan,
     extension_failed, extension_wanted, failed, request_of, reserved_capacity,
@@ -179,6 +179,8 @@ async def reconcile_plan(rt: Runtime, name: str) -> datetime | None:
         if seen.blocks is not None:
             purchased = seen.blocks
     usage = node_usage(rt, plan, purchased, now) if purchased else PlanUsage()
+    if seen.ultra_health:
+        usage = replace(usage, ultra_servers=with_remote_health(usage.ultra_servers, seen.ultra_health))
     decision = decide_plan(plan.spec, generation, plan.status, purchased, snapshots, rt.policy, now, usage, uid,
                            remote=[o.offering for o in seen.offerings],
                            remote_extensions=[e.extension for e in seen.extensions], extending=seen.extending)

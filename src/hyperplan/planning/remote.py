@@ -30,6 +30,15 @@ the recorded block's end that it is bought. Between ExtendTrainingPlan and the r
 showing the new end, the remote's extension history says it is being bought
 (:func:`extensions_underway`): it is never bought again meanwhile.
 
+**UltraServers.** The running UltraServer block's UltraServers are listed at the remote
+(``ListUltraServersByReservedCapacity``, paced): an UltraServer the remote reports ``Impaired``
+is impaired in the plan's ``status.ultraServers`` whatever this cluster's nodes say
+(:func:`with_remote_health`), since the remote sees what the nodes cannot (AWS: the NVLink
+fabric, an instance it retires). It is matched by id: hyperplan's own API names UltraServers as
+this cluster does (``<reservedCapacityId>-us-<n>``); AWS's own ids match only nodes that carry
+them. The counts stay this cluster's: its nodes run here, and the remote's are those of its own
+nodes, which a selling cluster does not have.
+
 **The record.** What the remote holds for a plan is written as lines of the remote pool's
 ``status.reservations`` (:func:`mirror_lines`), by the operator alone, so that groups, the Kueue
 controller and the plan's own status read blocks from one place, whatever sold them.
@@ -44,7 +53,7 @@ from datetime import datetime, timedelta, timezone
 from decimal import Decimal, InvalidOperation
 from typing import Any, Iterable, Mapping, Sequence
 
-from hyperplan.api.models import Reservation
+from hyperplan.api.models import Reservation, UltraServerStatus
 from hyperplan.planning.blocks import Block
 from hyperplan.planning.offerings import Extension, Offering, OfferingRequest, extension_id
 from hyperplan.planning.policy import Policy
@@ -301,6 +310,27 @@ def extension_not_shown(records: Iterable[ExtensionRecord], remote: RemotePlan) 
     not show yet: a record starting at the end of one of its blocks and ending after it."""
     return any(r.status != "Failed" and r.end is not None and _same_moment(r.start, b.end) and r.end > b.end
                for r in records for b in remote.blocks)
+
+
+# The API's UltraServer HealthStatus in hyperplan's words (api.models.UltraServerStatus).
+ULTRASERVER_HEALTH = {"OK": "ok", "Impaired": "impaired", "Insufficient-Data": "insufficient-data"}
+
+
+def ultra_server_health_of(entries: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """ListUltraServersByReservedCapacity's UltraServers (every page) as health by UltraServer id;
+    a status the API adds later is taken as insufficient data."""
+    return {str(u["UltraServerId"]): ULTRASERVER_HEALTH.get(str(u.get("HealthStatus")), "insufficient-data")
+            for u in entries if u.get("UltraServerId")}
+
+
+def with_remote_health(ultra_servers: Sequence[UltraServerStatus],
+                       remote_health: Mapping[str, str]) -> tuple[UltraServerStatus, ...]:
+    """The plan's UltraServers with the remote's word added: one the remote reports ``impaired``
+    is impaired here too. The remote's ``ok`` or lack of data changes nothing (this cluster's
+    nodes know better what they run); its counts are not taken (see the module's doc)."""
+    return tuple(u.model_copy(update={"health_status": "impaired"})
+                 if remote_health.get(u.id) == "impaired" and u.health_status != "impaired" else u
+                 for u in ultra_servers)
 
 
 # --------------------------------------------------------------------------- decisions
