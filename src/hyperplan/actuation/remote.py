@@ -24,7 +24,8 @@ listing again. A listing is made again no sooner than ten times as long as the l
 endpoint of 10,000 plans is asked less often), so a plan waiting for the remote to buy, which
 accepts two seconds' age, reads its own remote plan instead when the listing is older
 (``remote_plan``: one DescribeTrainingPlan). Plans that hold blocks look at most at their next
-boundary and every few minutes (planning.remote.follow_after).
+boundary and at least every 5 minutes; one waiting for the remote, ever less often the longer it
+waits (the wake handlers.trainingplan.reconcile_plan returns, with :meth:`RemoteSources.waiting_every`).
 
 Every call is counted by operation and result (``hyperplan_remote_calls_total``); a failed call
 raises :class:`RemoteError`, which the work queue reports on the plan as ``Reconciled=False``

@@ -49,7 +49,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from decimal import Decimal, InvalidOperation
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -379,17 +379,6 @@ def same_lines(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) -
     def key(line: Mapping[str, Any]) -> tuple:
         return tuple(sorted((k, str(v)) for k, v in line.items()))
     return sorted(map(key, a)) == sorted(map(key, b))
-
-
-def follow_after(now: datetime, next_boundary: datetime | None, waiting: bool, follow: timedelta,
-                 waiting_every: timedelta) -> datetime:
-    """When a plan bought remotely looks at the remote again: soon while the remote has not bought
-    yet (``waiting``: a Pending remote plan), else at its next boundary but at least every
-    ``follow`` (a remote may extend or fail a plan without a local event)."""
-    if waiting:
-        return now + waiting_every
-    due = now + follow
-    return min(due, next_boundary) if next_boundary is not None and next_boundary > now else due
 
 
 def waiting_for_remote(decision_status: Any, prior: Any, generation: int, remote: RemotePlan, endpoint: str,
