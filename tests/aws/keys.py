@@ -27,7 +27,7 @@ def grant_plan_reads(ctx: Context, user: str, name: str, *more: dict, reads: boo
     """A ClusterRole for ``user``: get and list TrainingPlans (without ``reads``: none), and ``more``;
     returned once the API server's authorizer grants every one of them. Its RBAC cache follows a
     watch, and a refusal read before it caught up is what the SageMaker API would then hold for a
-    while (sagemaker.access.REVIEW_SECONDS)."""
+    while (sagemaker.access.REFUSAL_SECONDS)."""
     rules = [{"apiGroups": ["hyperplan.dev"], "resources": ["trainingplans"], "verbs": ["get", "list"]}] if reads else []
     ctx.kubectl.apply([
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": name},

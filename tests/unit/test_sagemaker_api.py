@@ -978,3 +978,22 @@ def test_a_held_review_is_answered_on_the_loop_and_an_old_one_is_asked_again() -
     now[0] += REVIEW_SECONDS + 1
     assert not rights_known(access, KEY, "ListTrainingPlans")
     assert rights_known(access, KEY, "NoSuchOperation")  # stands for no right: answered by name
+
+
+def test_a_refusal_is_held_for_less_time_than_a_grant() -> None:
+    """An admin who grants a refused caller its right sees the caller's retry served within
+    REFUSAL_SECONDS, while a grant stays held for REVIEW_SECONDS."""
+    from hyperplan.sagemaker.access import REFUSAL_SECONDS, REVIEW_SECONDS, KubeAccess
+
+    assert REFUSAL_SECONDS < REVIEW_SECONDS
+    now = [100.0]
+    access = KubeAccess(api=None, namespace="default", clock=lambda: now[0])
+    access._reviews[("alice", "list", "hyperplan.dev", "trainingplans")] = (100.0, True)
+    access._reviews[("alice", "get", "hyperplan.dev", "trainingplans")] = (100.0, False)
+    now[0] += REFUSAL_SECONDS / 2
+    assert access.known(KEY, "get", "hyperplan.dev", "trainingplans") is False
+    now[0] = 100.0 + REFUSAL_SECONDS + 0.1
+    assert access.known(KEY, "get", "hyperplan.dev", "trainingplans") is None  # asked again
+    assert access.known(KEY, "list", "hyperplan.dev", "trainingplans") is True  # still held
+    now[0] = 100.0 + REVIEW_SECONDS + 0.1
+    assert access.known(KEY, "list", "hyperplan.dev", "trainingplans") is None

@@ -8,7 +8,9 @@ someone who may create Secrets in the operator's namespace can mint one.
 
 What a caller may do is what Kubernetes RBAC lets the key's identity do: every operation names
 the verb and resource it stands for (:data:`RIGHTS`), and a SubjectAccessReview for that identity
-decides (its answer is kept for :data:`REVIEW_SECONDS`). So a team whose Role lets it get and list
+decides (a grant is kept for :data:`REVIEW_SECONDS`, a refusal for :data:`REFUSAL_SECONDS` only, as the
+API server's webhook authorizer keeps its refusals shorter: a caller refused, whose admin then grants
+the right, is served on a retry within seconds). So a team whose Role lets it get and list
 TrainingPlans may describe and list them here too, and one without may not. Reads are then served
 from the watch cache, writes (in later operations) go to the API server as that identity.
 
@@ -48,7 +50,8 @@ from hyperplan.sagemaker.wire import ApiError
 SECRET_TYPE = API_KEY_SECRET_TYPE
 KEYS_SECONDS = 30.0
 UNKNOWN_KEY_SECONDS = 2.0
-REVIEW_SECONDS = 10.0
+REVIEW_SECONDS = 10.0  # a granted SubjectAccessReview is kept this long
+REFUSAL_SECONDS = 2.0  # a refused one this long
 ACTING_KEPT = 32  # impersonating clients kept (KubeWrites)
 log = logging.getLogger("hyperplan.sagemaker")
 
@@ -138,7 +141,7 @@ class KubeAccess:
     def known(self, key: AccessKey, verb: str, group: str, resource: str) -> bool | None:
         """RBAC's answer while a review of it is held (None: it must be asked, :meth:`allowed`)."""
         held = self._reviews.get((key.user, verb, group, resource))
-        if held is not None and self.clock() - held[0] < REVIEW_SECONDS:
+        if held is not None and self.clock() - held[0] < kept_for(held[1]):
             return held[1]
         return None
 
@@ -146,7 +149,7 @@ class KubeAccess:
         cache_key = (key.user, verb, group, resource)
         now = self.clock()
         held = self._reviews.get(cache_key)
-        if held is not None and now - held[0] < REVIEW_SECONDS:
+        if held is not None and now - held[0] < kept_for(held[1]):
             return held[1]
         review = client.AuthorizationV1Api(self.api).create_subject_access_review(client.V1SubjectAccessReview(
             spec=client.V1SubjectAccessReviewSpec(
@@ -155,8 +158,13 @@ class KubeAccess:
         allowed = bool(review.status and review.status.allowed)
         self._reviews[cache_key] = (now, allowed)
         if len(self._reviews) > 10_000:  # identities x rights is small; never let it grow without end
-            self._reviews = {k: v for k, v in self._reviews.items() if now - v[0] < REVIEW_SECONDS}
+            self._reviews = {k: v for k, v in self._reviews.items() if now - v[0] < kept_for(v[1])}
         return allowed
+
+
+def kept_for(allowed: bool) -> float:
+    """How long RBAC's answer is held: a grant :data:`REVIEW_SECONDS`, a refusal :data:`REFUSAL_SECONDS`."""
+    return REVIEW_SECONDS if allowed else REFUSAL_SECONDS
 
 
 def rights_known(access: Access, key: AccessKey, operation: str) -> bool:
