@@ -31,9 +31,10 @@ import json
 import logging
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -773,9 +774,11 @@ def pod_view(pod: client.V1Pod) -> lending.PodView:
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 
 
-def pods_on(kube: Kube, node_name: str) -> list[client.V1Pod]:
-    """The pods bound to ``node_name``, and the pods not bound yet that are pinned to it by a
-    ``nodeSelector`` on its hostname: a drain waits for and evicts both.
+def pods_on(kube: Kube, node_name: str, pinned: Mapping[str, list[client.V1Pod]] | None = None,
+            unbound: bool = True) -> list[client.V1Pod]:
+    """The pods bound to ``node_name``, and (``unbound``) the pods not bound yet that are pinned to
+    it by a ``nodeSelector`` on its hostname: a drain waits for and evicts both. ``pinned``: the
+    pinned pods by node (:func:`pinned_pods`) when the caller listed them once for many nodes.
 
     A pinned pod is one a scheduler has placed in advance: Kueue's topology ungater pins each pod
     of a TAS workload to a node of its assignment. When a workload loses two nodes at once, the
@@ -786,10 +789,21 @@ def pods_on(kube: Kube, node_name: str) -> list[client.V1Pod]:
     it carries ``DisruptionTarget`` (no retry spent) and its Job makes the next one, which Kueue
     pins by the current assignment."""
     bound = kube.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node_name}").items
-    unbound = kube.core.list_pod_for_all_namespaces(
-        field_selector="spec.nodeName=,status.phase=Pending").items
-    return bound + [p for p in unbound
-                    if ((p.spec.node_selector if p.spec else None) or {}).get(HOSTNAME_LABEL) == node_name]
+    if not unbound:
+        return bound
+    return bound + list((pinned if pinned is not None else pinned_pods(kube)).get(node_name, ()))
+
+
+def pinned_pods(kube: Kube) -> dict[str, list[client.V1Pod]]:
+    """The Pending pods not bound yet that a ``nodeSelector`` pins to one node by its hostname, by
+    that node: one listing of the cluster's unbound pods serves every node (a field selector
+    cannot select by ``nodeSelector``)."""
+    out: dict[str, list[client.V1Pod]] = {}
+    for pod in kube.core.list_pod_for_all_namespaces(field_selector="spec.nodeName=,status.phase=Pending").items:
+        host = ((pod.spec.node_selector if pod.spec else None) or {}).get(HOSTNAME_LABEL)
+        if host:
+            out.setdefault(host, []).append(pod)
+    return out
 
 
 def pod_ref(pod: client.V1Pod) -> dict[str, Any]:
@@ -802,7 +816,8 @@ def annotate_pods(kube: Kube, node_name: str, annotations: dict[str, str],
                   me: lending.OperatorIdentity | None = None) -> list[dict[str, Any]]:
     """Annotate the pods on ``node_name`` that a drain would evict and that lack ``annotations``
     (a pod that went meanwhile is skipped); the references of the pods annotated."""
-    pods = {(p.metadata.namespace, p.metadata.name): p for p in pods_on(kube, node_name)}
+    # Only the pods bound to it: one that waits for the node has no work to save.
+    pods = {(p.metadata.namespace, p.metadata.name): p for p in pods_on(kube, node_name, unbound=False)}
     sort = lending.sort_pods_for_drain([pod_view(p) for p in pods.values()], me or lending.OperatorIdentity())
     done = []
     for view in sort.evict:
@@ -821,14 +836,15 @@ def annotate_pods(kube: Kube, node_name: str, annotations: dict[str, str],
 
 
 def force_delete_pods(kube: Kube, node_name: str, condition: dict[str, str],
-                      me: lending.OperatorIdentity | None = None) -> list[str]:
+                      me: lending.OperatorIdentity | None = None,
+                      pinned: Mapping[str, list[client.V1Pod]] | None = None) -> list[str]:
     """Delete the pods a drain of dead node ``node_name`` waits for, the way the pod garbage
     collector deletes orphans: first the status (``condition``, and phase ``Failed`` unless the
     pod already ended), so that a Job's ``podFailurePolicy`` sees the disruption and its
     controller lets go of the pod, then a delete with grace period 0 (no kubelet is left to wait
     for). Every pod is marked before its delete, an ended one too: the chart's pod policy lets
     the operator delete only the pods that carry the mark (docs/security.md, "Admission")."""
-    pods = {(p.metadata.namespace, p.metadata.name): p for p in pods_on(kube, node_name)}
+    pods = {(p.metadata.namespace, p.metadata.name): p for p in pods_on(kube, node_name, pinned)}
     sort = lending.sort_pods_for_drain([pod_view(p) for p in pods.values()], me or lending.OperatorIdentity())
     gone = []
     for view in (*sort.evict, *sort.terminating):
@@ -847,13 +863,15 @@ def force_delete_pods(kube: Kube, node_name: str, condition: dict[str, str],
     return gone
 
 
-def evict_pods(kube: Kube, node_name: str, me: lending.OperatorIdentity | None = None) -> DrainProgress:
+def evict_pods(kube: Kube, node_name: str, me: lending.OperatorIdentity | None = None,
+               pinned: Mapping[str, list[client.V1Pod]] | None = None) -> DrainProgress:
     """Ask the Eviction API once to evict every pod on ``node_name`` that a drain should evict.
 
     The operator's own pods, DaemonSet pods and static pods stay
     (:func:`hyperplan.planning.lending.sort_pods_for_drain`); PDB refusals are counted.
     """
-    sort = lending.sort_pods_for_drain([pod_view(p) for p in pods_on(kube, node_name)], me or lending.OperatorIdentity())
+    sort = lending.sort_pods_for_drain([pod_view(p) for p in pods_on(kube, node_name, pinned)],
+                                       me or lending.OperatorIdentity())
     blocked = 0
     for pod in sort.evict:
         eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name=pod.name, namespace=pod.namespace))
@@ -892,24 +910,43 @@ class NodePods(Protocol):
         ...
 
 
+PINNED_FRESH = 1.0  # seconds one listing of the pinned pods serves the drains of one pass
+
+
 @dataclass
 class KubeNodePods:
-    """Pods on the API server, through the Eviction API."""
+    """Pods on the API server, through the Eviction API.
+
+    A pass drains or counts many nodes at once (from several threads): the cluster's unbound
+    pinned pods (:func:`pinned_pods`) are listed once for all of them, and that listing serves
+    for :data:`PINNED_FRESH` seconds; the pods bound to each node are listed per node (a field
+    selector the API server answers from its index)."""
 
     kube: Kube
     me: lending.OperatorIdentity = field(default_factory=lending.OperatorIdentity)
+    clock: Callable[[], float] = time.monotonic
+    _pinned: tuple[float, dict[str, list[client.V1Pod]]] | None = field(default=None, repr=False)
+    _pinned_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def pinned(self) -> dict[str, list[client.V1Pod]]:
+        with self._pinned_lock:
+            now = self.clock()
+            if self._pinned is None or now - self._pinned[0] >= PINNED_FRESH:
+                self._pinned = (now, pinned_pods(self.kube))
+            return self._pinned[1]
 
     def evict(self, node_name: str) -> DrainProgress:
-        return evict_pods(self.kube, node_name, self.me)
+        return evict_pods(self.kube, node_name, self.me, self.pinned())
 
     def annotate(self, node_name: str, annotations: dict[str, str]) -> list[dict[str, Any]]:
         return annotate_pods(self.kube, node_name, annotations, self.me)
 
     def count(self, node_name: str) -> int:
-        return lending.sort_pods_for_drain([pod_view(p) for p in pods_on(self.kube, node_name)], self.me).waiting_for
+        return lending.sort_pods_for_drain([pod_view(p) for p in pods_on(self.kube, node_name, self.pinned())],
+                                           self.me).waiting_for
 
     def force_delete(self, node_name: str, condition: dict[str, str]) -> list[str]:
-        return force_delete_pods(self.kube, node_name, condition, self.me)
+        return force_delete_pods(self.kube, node_name, condition, self.me, self.pinned())
 
 
 _kube_pods: type[NodePods] = KubeNodePods
