@@ -105,6 +105,12 @@ class Settings(BaseSettings):
     ``group/Kind/name`` (on AWS: ``karpenter.k8s.aws/EC2NodeClass/<name>``)."""
     karpenter_capacity_type: Literal["reserved", "on-demand"] = "reserved"
     """The ``karpenter.sh/capacity-type`` a karpenter group's NodeClaims require."""
+    karpenter_reservation_label: str = Field("", pattern=r"^(([a-z0-9.-]+/)?[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+    """The label key by which the cluster's Karpenter provider names a capacity reservation (on AWS
+    ``karpenter.k8s.aws/capacity-reservation-id``). Set, the NodeClaim of a slot whose block is
+    an EC2 Capacity Block (its id a capacity reservation's, ``cr-...``) requires that reservation,
+    so the instance launches into the block hyperplan bought. Empty (the default; Karpenter's kwok
+    provider has no reservation ids): no such requirement."""
     karpenter_launch_timeout_seconds: float = Field(300.0, gt=0)
     """How long a NodeClaim may stay without a registered Node before the operator deletes it and
     makes the slot's claim again (Karpenter's own liveness timeout is a fixed 15 minutes)."""

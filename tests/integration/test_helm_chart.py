@@ -512,8 +512,12 @@ def test_karpenter_rules_and_settings_follow_karpenter_enabled(helm, flags: tupl
     env = env_of(container(objs["Deployment"]))
     assert env.get("HYPERPLAN_KARPENTER_NODE_CLASS") == ("karpenter.k8s.aws/EC2NodeClass/gpu" if enabled else None)
     if enabled:
-        assert (env["HYPERPLAN_KARPENTER_CAPACITY_TYPE"], env["HYPERPLAN_KARPENTER_LAUNCH_TIMEOUT_SECONDS"]) == (
-            "reserved", "300")
+        assert (env["HYPERPLAN_KARPENTER_CAPACITY_TYPE"], env["HYPERPLAN_KARPENTER_LAUNCH_TIMEOUT_SECONDS"],
+                env["HYPERPLAN_KARPENTER_RESERVATION_LABEL"]) == ("reserved", "300", "")
+    aws = env_of(container(by_kind(render(
+        helm, *flags, "--set", "karpenter.reservationLabel=karpenter.k8s.aws/capacity-reservation-id"))["Deployment"]))
+    assert aws.get("HYPERPLAN_KARPENTER_RESERVATION_LABEL") == (
+        "karpenter.k8s.aws/capacity-reservation-id" if enabled else None)
 
 
 @pytest.mark.parametrize("flags, enabled", [

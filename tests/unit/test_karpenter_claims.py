@@ -4,6 +4,7 @@ and Karpenter write (the record's claim uid, the claim's status), never from a N
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -135,6 +136,21 @@ def test_the_nodeclaim_asks_for_the_slot_and_keeps_karpenters_disruption_off():
         "karpenter.sh/capacity-type": ["reserved"]}
     assert spec["taints"] == [{"key": naming.SPARE_TAINT.key, "value": naming.SPARE_TAINT.value,
                                "effect": naming.SPARE_TAINT.effect}]
+
+
+@pytest.mark.parametrize("block, label, required", [
+    ("cr-0123456789abcdef0", "karpenter.k8s.aws/capacity-reservation-id", ["cr-0123456789abcdef0"]),
+    ("cr-0123456789abcdef0", "", None),  # the provider names no reservations (kwok): not asked
+    ("rc-4f2a", "karpenter.k8s.aws/capacity-reservation-id", None),  # a hyperplan block: no EC2 reservation
+    ("", "karpenter.k8s.aws/capacity-reservation-id", None),
+], ids=["ec2-block-on-aws", "no-reservation-label", "hyperplan-block", "no-block"])
+def test_a_slot_of_an_ec2_capacity_block_requires_its_reservation(block, label, required):
+    labels = {**SPEC.labels, **({naming.LABEL_RESERVED_CAPACITY: block} if block else {})}
+    spec = dataclasses.replace(SPEC, labels=labels)
+    body = nodeclaim_body(spec, NONCE, "karpenter.k8s.aws/EC2NodeClass/gpu", "reserved", label)
+    found = {r["key"]: r["values"] for r in body["spec"]["requirements"]}
+    assert found.get("karpenter.k8s.aws/capacity-reservation-id") == required
+    assert found["karpenter.sh/capacity-type"] == ["reserved"]
 
 
 def test_a_listed_claim_reads_karpenters_status():

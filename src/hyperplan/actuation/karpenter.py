@@ -40,7 +40,7 @@ from hyperplan.actuation.nodes import (
     delete_guarded, read_node_or_none, uid_of,
 )
 from hyperplan.api.models import NodeClaimRef
-from hyperplan.api.vocabulary import ANNOTATION_CLAIM, LABEL_NODE_ID
+from hyperplan.api.vocabulary import ANNOTATION_CLAIM, LABEL_NODE_ID, LABEL_RESERVED_CAPACITY
 from hyperplan.planning.reading import time_or_none
 from hyperplan.planning import lending
 from hyperplan.planning import naming
@@ -58,6 +58,7 @@ INSTANCE_TYPE = "node.kubernetes.io/instance-type"
 ZONE = "topology.kubernetes.io/zone"
 HOSTNAME = "kubernetes.io/hostname"
 NAME_SUFFIX = 6  # hex characters of the claim's nonce in its name
+RESERVATION_PREFIX = "cr-"  # an EC2 capacity reservation's id: the block id of an EC2 Capacity Block
 
 
 def claim_name(node_id: str, nonce: str) -> str:
@@ -73,11 +74,17 @@ def node_class_ref(setting: str) -> dict[str, str]:
     return {"group": group, "kind": kind, "name": name}
 
 
-def nodeclaim_body(spec: placement.NodeSpec, nonce: str, node_class: str, capacity_type: str) -> dict[str, Any]:
+def nodeclaim_body(spec: placement.NodeSpec, nonce: str, node_class: str, capacity_type: str,
+                   reservation_label: str = "") -> dict[str, Any]:
     """The NodeClaim for ``spec``: Karpenter launches one instance of the type in the zone with the
     capacity type, and registers its Node with the claim's labels (the slot's, its node id, the
     group under the label a kubelet cannot set), taints and annotations (do-not-disrupt, the nonce
-    whose digest the group's record holds until the create's answer is recorded)."""
+    whose digest the group's record holds until the create's answer is recorded).
+
+    With ``reservation_label`` (the setting ``karpenter_reservation_label``), a slot of an EC2
+    Capacity Block also requires the block's capacity reservation by that label: the block id is
+    the reservation's id (planning.capacity_blocks), taken from the slot's own labels, which
+    planning wrote from the plan's block, not from anything on a Node."""
     labels = {**spec.labels, LABEL_NODE_ID: spec.name, **lending.trusted_labels(spec.labels)}
     for key in (INSTANCE_TYPE, ZONE, HOSTNAME):  # the requirements say the first two, and a Node's
         labels.pop(key, None)                    # hostname is its own
@@ -92,11 +99,21 @@ def nodeclaim_body(spec: placement.NodeSpec, nonce: str, node_class: str, capaci
                 {"key": INSTANCE_TYPE, "operator": "In", "values": [spec.instance_type]},
                 {"key": ZONE, "operator": "In", "values": [spec.availability_zone]},
                 {"key": CAPACITY_TYPE, "operator": "In", "values": [capacity_type]},
+                *reservation_requirement(spec, reservation_label),
             ],
             "taints": [{"key": t.key, "value": t.value, "effect": t.effect} if t.value
                        else {"key": t.key, "effect": t.effect} for t in spec.taints],
         },
     }
+
+
+def reservation_requirement(spec: placement.NodeSpec, label: str) -> list[dict[str, Any]]:
+    """``label In [cr-...]`` for a slot whose block is an EC2 capacity reservation, when the
+    provider names reservations by ``label``; nothing otherwise."""
+    block = spec.labels.get(LABEL_RESERVED_CAPACITY, "")
+    if not label or not block.startswith(RESERVATION_PREFIX):
+        return []
+    return [{"key": label, "operator": "In", "values": [block]}]
 
 
 def listed_claim(obj: dict[str, Any]) -> ownership.ListedClaim:
@@ -114,15 +131,16 @@ class KarpenterProvider(KwokProvider):
 
     ``node_class``: ``group/Kind/name`` of the node class every claim names; ``capacity_type``: the
     ``karpenter.sh/capacity-type`` they require; ``reboot_job``: the admin's reboot action for
-    nodes that are not KWOK's."""
+    nodes that are not KWOK's; ``reservation_label``: see :func:`nodeclaim_body`."""
 
     def __init__(self, kube: Kube, node_class: str = "karpenter.kwok.sh/KWOKNodeClass/default",
                  capacity_type: str = "reserved", reboot_seconds: float = DEFAULT_KWOK_REBOOT_SECONDS,
                  reboot_job: RebootJob | None = None, clock: Callable[[], datetime] | None = None,
-                 hyperpod_labels: bool = False):
+                 hyperpod_labels: bool = False, reservation_label: str = ""):
         super().__init__(kube, reboot_seconds, **({"clock": clock} if clock else {}), hyperpod_labels=hyperpod_labels)
         self.node_class = node_class
         self.capacity_type = capacity_type
+        self.reservation_label = reservation_label
         self._jobs = StaticProvider(kube, reboot_job=reboot_job)
 
     # ------------------------------------------------------------------ claims
@@ -131,7 +149,7 @@ class KarpenterProvider(KwokProvider):
         """Create the slot's NodeClaim; the node id as the name (no Node yet) and the claim's ref.
         A claim of that name that exists already (409) is this create's when it carries the same
         nonce (a retry after the answer was lost), else not the group's (no ref)."""
-        body = nodeclaim_body(spec, claim, self.node_class, self.capacity_type)
+        body = nodeclaim_body(spec, claim, self.node_class, self.capacity_type, self.reservation_label)
         name = body["metadata"]["name"]
         try:
             made = self.kube.custom.create_cluster_custom_object(KARPENTER_GROUP, KARPENTER_VERSION, NODECLAIMS, body)

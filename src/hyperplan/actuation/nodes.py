@@ -743,7 +743,8 @@ def providers(kube: Kube, me: lending.OperatorIdentity | None = None,
     return {"kwok": KwokProvider(kube, s.kwok_reboot_seconds, hyperpod_labels=hyperpod),
             "static": StaticProvider(kube, me, job, hyperpod_labels=hyperpod),
             "karpenter": KarpenterProvider(kube, s.karpenter_node_class, s.karpenter_capacity_type,
-                                           s.kwok_reboot_seconds, job, hyperpod_labels=hyperpod)}
+                                           s.kwok_reboot_seconds, job, hyperpod_labels=hyperpod,
+                                           reservation_label=s.karpenter_reservation_label)}
 
 
 # Each provider satisfies the Protocol, stated the way Go's `var _ NodeProvider = KwokProvider{}` is:
