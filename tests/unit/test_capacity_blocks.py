@@ -161,12 +161,6 @@ def test_search_sends_the_plans_request_pages_and_keeps_what_the_pool_sells(stub
     assert counted("DescribeCapacityBlockOfferings", "ok") == before + 2
 
 
-def test_an_ultraserver_request_is_not_searched_here(stubbed) -> None:
-    blocks, _, _ = stubbed
-    ultra = request(instance_type=None, instance_count=None, ultra_server_type="ml.u-p6e-gb200x72", ultra_server_count=1)
-    assert blocks.find_offerings(ultra, SAGEMAKER, [POOL]) == []  # no call: the Stubber would refuse it
-
-
 @pytest.mark.parametrize("code, status, refused", [
     ("RequestLimitExceeded", 503, False), ("UnauthorizedOperation", 403, True), ("InvalidParameterValue", 400, True),
     ("InternalError", 500, False),
@@ -360,10 +354,11 @@ def test_a_reservations_state_is_the_remote_plans_status_and_whether_it_holds_it
     assert plan.live is (status in ("Pending", "Scheduled", "Active"))
 
 
-def test_an_ultraserver_purchase_of_several_reservations_is_one_plan() -> None:
+def test_a_purchase_of_several_reservations_is_one_plan_and_its_segments_are_blocks() -> None:
+    later = {"StartDate": START + timedelta(hours=48), "EndDate": START + timedelta(hours=72)}
     answer = {"CapacityReservation": reservation("cr-0000000000000000a"),
               "CapacityReservations": [reservation("cr-0000000000000000a"),
-                                       reservation("cr-0000000000000000b", state="payment-pending")]}
+                                       reservation("cr-0000000000000000b", state="payment-pending", **later)]}
     plan = cb.plan_from(NAME, cb.bought(answer), "us-east-1")
     assert plan.status == "Pending" and [b.id for b in plan.blocks] == ["cr-0000000000000000a"]
 
@@ -456,7 +451,8 @@ def test_no_extension_is_searched_for_a_block_the_remote_no_longer_holds(stubbed
 
 def test_the_extension_history_of_every_reservation_of_the_plan_in_one_call(stubbed) -> None:
     blocks, stub, _ = stubbed
-    remote = cb.plan_from(NAME, [reservation(), reservation(rid="cr-0fffffffffffffff0")], "us-east-1")
+    segment = reservation(rid="cr-0fffffffffffffff0", StartDate=BLOCK_END, EndDate=BLOCK_END + timedelta(hours=24))
+    remote = cb.plan_from(NAME, [reservation(), segment], "us-east-1")  # two windows: two blocks
     stub.add_response("describe_capacity_block_extension_history", {"CapacityBlockExtensions": [
         extension_entry(), extension_entry("cbeo-paid", "payment-succeeded"), extension_entry("cbeo-no", "payment-failed"),
         extension_entry("cbeo-new", "some-later-state")]},

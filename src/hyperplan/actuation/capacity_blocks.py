@@ -2,7 +2,8 @@
 
 :class:`CapacityBlocks` is the :class:`~hyperplan.actuation.remote.CapacitySeller` of a pool with
 ``spec.source.ec2CapacityBlocks``: it searches with ``DescribeCapacityBlockOfferings``, buys with
-``PurchaseCapacityBlock`` and follows with ``DescribeCapacityReservations``, through boto3's EC2
+``PurchaseCapacityBlock`` and follows with ``DescribeCapacityReservations`` (UltraServer Capacity
+Blocks too, for a pool that declares an UltraServer type), through boto3's EC2
 client set as the SageMaker one is (actuation.remote.client_config). What the answers mean is
 :mod:`hyperplan.planning.capacity_blocks`.
 
@@ -81,7 +82,7 @@ class ExtendsCapacityBlocks:
         return cb.extensions_of(answer, plan_uid, last, policy)
 
     def extension_history(self, remote: RemotePlan) -> list[ExtensionRecord]:
-        reservations = sorted({b.arn.rsplit("/", 1)[-1] for b in remote.blocks})
+        reservations = cb.reservation_ids(remote)
         return cb.extension_records_of(self.extension_entries(reservations)) if reservations else []
 
     def extend(self, remote: RemotePlan, extension: RemoteExtension) -> list[ExtensionRecord]:
@@ -156,16 +157,15 @@ class CapacityBlocks(RemoteCalls, ExtendsCapacityBlocks):
     # ------------------------------------------------------------------ CapacitySeller
 
     def ultra_server_health(self, block: Any) -> dict[str, str]:
-        return {}  # UltraServer Capacity Blocks are not bought through this source (docs/aws.md)
+        return {}  # EC2 has no ListUltraServersByReservedCapacity: the nodes alone say (docs/aws.md)
 
     def find_offerings(self, request: OfferingRequest, policy: Policy,
                   pools: Sequence[PoolTerms]) -> list[RemoteOffering]:
-        arguments = cb.search_arguments(request, policy)
-        if arguments is None or not pools:
+        if not pools:
             return []
-        answer = self.describe_offerings(arguments)
+        answer = self.describe_offerings(cb.search_arguments(request, policy))
         return [o for p in pools for o in cb.offerings_of(answer, p.name, p.instance_type, p.availability_zone,
-                                                          request)]
+                                                          request, p.ultra_server_type)]
 
     def _recent(self, plan_uid: str | None = None) -> list[RemotePlan]:
         """What this process bought in the last UNCERTAIN_FOR seconds (of one plan, or of all)."""

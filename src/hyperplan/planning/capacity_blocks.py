@@ -11,13 +11,34 @@ window; an offering split in ``CapacityBlockOfferingSegments`` is one block per 
 offering of the pool with the local id planning derives from its blocks, as for any pool; its
 ``CapacityBlockOfferingId`` is kept beside it for the purchase of the same pass only.
 
-**Remote plans.** EC2 has no plan: what one purchase bought is one capacity reservation (several
-for an UltraServer block). A purchase tags them (:func:`purchase_tags`) with the name a
-SageMaker plan would have had (``hp-<uid>-<attempt>``, planning.remote.remote_plan_name) and the
-local plan's name and uid; the reservations that carry one name are one :class:`RemotePlan`
-(:func:`plans_of`), so the standing of a plan's attempts, the ledger lines and the pacing are the
-SageMaker source's. The block's id is the capacity reservation's id (``cr-...``): the tail of its
+**UltraServers.** A pool that declares an ``ultraServerType`` sells UltraServer Capacity Blocks: it
+is searched with EC2's ``UltraserverType`` and ``UltraserverCount`` (:func:`search_arguments`), and
+only an answer of that UltraServer type becomes its offering, one block carrying the pool's
+``ultra_server_type`` and every instance of its UltraServers (:func:`offerings_of`). hyperplan's
+plans and pools name UltraServer types as SageMaker does (``ml.u-p6e-gb200x72``), EC2 without the
+``ml.`` (``u-p6e-gb200x72``): :func:`ec2_name` is the one place the two namings meet, and the rest
+of the operator keeps hyperplan's. The pool's ``instanceType`` is EC2's, as for any EC2 pool
+(``p6e-gb200.36xlarge``, as Karpenter's nodes carry it).
+
+**Remote plans.** EC2 has no plan: what one purchase bought is one capacity reservation, or several
+(``PurchaseCapacityBlock`` answers ``CapacityReservations``: one per segment of an offering, and an
+UltraServer Capacity Block names a list of them, ``CapacityBlocks[].CapacityReservationIds``). A
+purchase tags them (:func:`purchase_tags`) with the name a SageMaker plan would have had
+(``hp-<uid>-<attempt>``, planning.remote.remote_plan_name) and the local plan's name and uid; the
+reservations that carry one name are one :class:`RemotePlan` (:func:`plans_of`), so the standing
+of a plan's attempts, the ledger lines and the pacing are the SageMaker source's. The block's id is the capacity reservation's id (``cr-...``): the tail of its
 ARN, which is what :attr:`RemoteBlock.id` takes.
+
+**One block per window** (:func:`plan_from`). A plan's blocks never overlap (planning.schedule
+orders them by start and runs one at a time; an UltraServer plan's block is all its UltraServers,
+planning.blocks.Block.ultra_server_count), so the reservations of one attempt that share a window
+(start, end, type and zone: those of one UltraServer Capacity Block, whether EC2 makes one
+reservation for all its UltraServers or one for each) are one block of all their instances. A block
+of one reservation keeps that reservation's id; a block of several takes the Capacity Block's id
+(the reservations' ``CapacityBlockId``, ``cb-...``; without one, a digest of their ids), and is
+held only once none of them is still being paid (a block of half its UltraServers would be placed
+as a smaller one, and its id would change). Such a block is not extended here (an extension is
+bought per reservation: :func:`reservation_id`).
 
 **States** (:data:`STATES`): a reservation bought but not paid yet (``payment-pending``, and
 ``pending``/``assessing``/``delayed``) holds no block yet, so the plan waits; ``scheduled``,
@@ -41,7 +62,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Iterable, Mapping
 
-from hyperplan.api.vocabulary import GROUP, TAG_TRAINING_PLAN_UID
+from hyperplan.api.vocabulary import GROUP, TAG_TRAINING_PLAN_UID, ULTRASERVER_INSTANCES
 from hyperplan.planning.blocks import Block
 from hyperplan.planning.offerings import EXTENSION_DAYS, Extension, Offering, OfferingRequest, extension_id
 from hyperplan.planning.policy import Policy
@@ -64,13 +85,33 @@ STATES: dict[str, tuple[str, bool]] = {
 _STATUS_ORDER = ("Pending", "Active", "Scheduled", "Expired", "Failed")  # a plan's status: its first reservation's
 
 
-def search_arguments(request: OfferingRequest, policy: Policy) -> dict[str, Any] | None:
-    """The DescribeCapacityBlockOfferings arguments (boto3's names) for the plan's request; None for
-    an UltraServer request (not sold through this source yet)."""
+def ec2_name(name: str) -> str:
+    """hyperplan's name of an UltraServer or instance type as EC2 writes it: SageMaker's (and so
+    hyperplan's plans') ``ml.u-p6e-gb200x72`` and ``ml.p6e-gb200.36xlarge`` are EC2's
+    ``u-p6e-gb200x72`` and ``p6e-gb200.36xlarge``; a name without ``ml.`` is EC2's already."""
+    return name[len("ml."):] if name.startswith("ml.") else name
+
+
+def search_arguments(request: OfferingRequest, policy: Policy) -> dict[str, Any]:
+    """The DescribeCapacityBlockOfferings arguments (boto3's names) for the plan's request.
+
+    An UltraServer request asks with ``UltraserverType`` and ``UltraserverCount`` in EC2's naming,
+    and with the ``InstanceType`` its UltraServers are made of but no ``InstanceCount`` (the
+    UltraServer count says the size; a second count could only contradict it). What this relies on,
+    from EC2's API reference for DescribeCapacityBlockOfferings and botocore's model of it
+    (``ec2/2016-11-15``): ``UltraserverType`` and ``UltraserverCount`` are "the EC2 UltraServer type
+    of the Capacity Block offerings" and "the number of EC2 UltraServers in the offerings";
+    ``InstanceType`` and ``InstanceCount`` are optional since UltraServers were added, no page says
+    that ``InstanceType`` may not go with ``UltraserverType``, and the model's
+    ``InstanceTypePreferences`` says "either this or the legacy InstanceType parameter is required".
+    """
+    args: dict[str, Any] = {"CapacityDurationHours": duration_hours(request, policy)}
     if request.is_ultra_server:
-        return None
-    args: dict[str, Any] = {"InstanceType": request.instance_type, "InstanceCount": request.instance_count,
-                            "CapacityDurationHours": duration_hours(request, policy)}
+        args.update(InstanceType=ec2_name(request.effective_instance_type or ""),
+                    UltraserverType=ec2_name(request.ultra_server_type or ""),
+                    UltraserverCount=request.ultra_server_count)
+    else:
+        args.update(InstanceType=request.instance_type, InstanceCount=request.instance_count)
     if request.start_after is not None:
         args["StartDateRange"] = request.start_after
     if request.end_before is not None:
@@ -78,35 +119,52 @@ def search_arguments(request: OfferingRequest, policy: Policy) -> dict[str, Any]
     return args
 
 
-def _blocks_of(entry: Mapping[str, Any], pool: str, instance_type: str, availability_zone: str) -> list[Block]:
-    """The blocks of one offering, all of the pool's type in its zone, or none."""
+def _blocks_of(entry: Mapping[str, Any], pool: str, instance_type: str, availability_zone: str,
+               ultra_server_type: str | None) -> list[Block]:
+    """The blocks of one offering, all of the pool's type in its zone (and of its UltraServer type,
+    in whole UltraServers, for a pool that declares one), or none."""
+    if (entry.get("UltraserverType") or None) != (ec2_name(ultra_server_type) if ultra_server_type else None):
+        return []
+    per_server = ULTRASERVER_INSTANCES.get(ultra_server_type or "")
+    if ultra_server_type and per_server is None:
+        return []  # an UltraServer type hyperplan does not know the size of
     parts = entry.get("CapacityBlockOfferingSegments") or [entry]
+    servers = entry.get("UltraserverCount")
     blocks = []
     for part in parts:
         start, end = _time(part.get("StartDate")), _time(part.get("EndDate"))
         count = part.get("InstanceCount")
+        if per_server and not count and servers and part is entry:
+            count = per_server * int(servers)  # an UltraServer offering may name only its UltraServers
         itype = part.get("InstanceType") or entry.get("InstanceType")
         zone = part.get("AvailabilityZone") or entry.get("AvailabilityZone")
         if start is None or end is None or not count or end <= start:
             return []
+        whole = not per_server or (int(count) % per_server == 0
+                                   and not (servers and part is entry and int(count) != per_server * int(servers)))
+        if not whole:
+            return []  # not whole UltraServers, or two counts that disagree: not believed
         in_zone = zone in (availability_zone, None) or part.get("AvailabilityZoneId") == availability_zone
         if itype != instance_type or not in_zone:
             return []
         blocks.append(Block(pool=pool, availability_zone=availability_zone, instance_type=instance_type,
-                            instance_count=int(count), start=start, end=end))
+                            instance_count=int(count), start=start, end=end, ultra_server_type=ultra_server_type))
     return blocks
 
 
 def offerings_of(answer: Iterable[Mapping[str, Any]], pool: str, instance_type: str, availability_zone: str,
-                 request: OfferingRequest) -> list[RemoteOffering]:
+                 request: OfferingRequest, ultra_server_type: str | None = None) -> list[RemoteOffering]:
     """The offerings among ``answer`` (CapacityBlockOfferings, every page) that the pool sells: of
     its instance type in its zone (by name, or by id for a segment that names it), each cut for
-    ``request``; an offering without an id, dates or a count is skipped, and so is an UltraServer one."""
+    ``request``; an offering without an id, dates or a count is skipped. A pool that declares an
+    UltraServer type (``ultra_server_type``, hyperplan's naming) sells only offerings of that
+    UltraServer type (EC2's ``UltraserverType``), as one block of all their instances; any other
+    pool, none."""
     out = []
     for entry in answer:
-        if entry.get("UltraserverType") or not entry.get("CapacityBlockOfferingId"):
+        if not entry.get("CapacityBlockOfferingId"):
             continue
-        blocks = _blocks_of(entry, pool, instance_type, availability_zone)
+        blocks = _blocks_of(entry, pool, instance_type, availability_zone, ultra_server_type)
         if not blocks:
             continue
         out.append(RemoteOffering(Offering.from_blocks(blocks, request), str(entry["CapacityBlockOfferingId"]),
@@ -145,11 +203,33 @@ def arn_of(reservation: Mapping[str, Any], region: str) -> str:
     return f"arn:aws:ec2:{region}:{owner}:capacity-reservation/{reservation.get('CapacityReservationId')}"
 
 
+def _window(reservation: Mapping[str, Any]) -> tuple:
+    """What makes reservations of one attempt one block: the same window, type and zone."""
+    return (_time(reservation.get("StartDate")), _time(reservation.get("EndDate")),
+            str(reservation.get("InstanceType") or ""), str(reservation.get("AvailabilityZone") or ""))
+
+
+def _block_arn(reservations: list[Mapping[str, Any]], region: str) -> str:
+    """The ARN a block is known by (its tail is the block's id, :attr:`RemoteBlock.id`): its
+    reservation's, or for several, the Capacity Block's id they share (a digest of their ids when
+    they name none). Not an ARN EC2 answers for the latter: a name in ARN form, whose type
+    ``capacity-block`` tells it from a reservation's (:func:`reservation_id`)."""
+    if len(reservations) == 1:
+        return arn_of(reservations[0], region)
+    owner = reservations[0].get("OwnerId") or ""
+    shared = {str(r.get("CapacityBlockId") or "") for r in reservations}
+    if len(shared) == 1 and "" not in shared:
+        return f"arn:aws:ec2:{region}:{owner}:capacity-block/{shared.pop()}"
+    ids = "+".join(sorted(str(r.get("CapacityReservationId")) for r in reservations))
+    return f"arn:aws:ec2:{region}:{owner}:capacity-block/{ids}"  # RemoteBlock.id digests what is not label-safe
+
+
 def plan_from(name: str, reservations: Iterable[Mapping[str, Any]], region: str) -> RemotePlan:
     """The reservations one attempt bought, as one remote plan: its status the most pressing of
     theirs (one unpaid: Pending; else Active, Scheduled, Expired; all gone: Failed), its blocks
-    those that hold theirs."""
-    blocks, statuses, messages = [], [], []
+    those that hold theirs, one per window (the module's doc, "One block per window")."""
+    statuses, messages = [], []
+    windows: dict[tuple, list[tuple[Mapping[str, Any], str, bool]]] = defaultdict(list)
     ordered = sorted(reservations, key=lambda r: str(r.get("CapacityReservationId") or ""))
     for r in ordered:
         state = str(r.get("State") or "")
@@ -157,13 +237,17 @@ def plan_from(name: str, reservations: Iterable[Mapping[str, Any]], region: str)
         statuses.append(status)
         if state not in ("scheduled", "active"):
             messages.append(f"capacity reservation {r.get('CapacityReservationId')} is {state or 'unknown'}")
-        start, end = _time(r.get("StartDate")), _time(r.get("EndDate"))
-        if not holds or start is None or end is None or not r.get("TotalInstanceCount"):
+        windows[_window(r)].append((r, status, holds))
+    blocks = []
+    for (start, end, itype, zone), members in windows.items():
+        held = [r for r, _, holds in members if holds]
+        if start is None or end is None or not held or any(status == "Pending" for _, status, _ in members) \
+                or not all(r.get("TotalInstanceCount") for r in held):
             continue
-        blocks.append(RemoteBlock(arn=arn_of(r, region), instance_type=str(r.get("InstanceType") or ""),
-                                  instance_count=int(r["TotalInstanceCount"]),
-                                  availability_zone=str(r.get("AvailabilityZone") or ""), start=start, end=end,
-                                  status=status))
+        block_status = next(s for s in _STATUS_ORDER if s in {status for _, status, holds in members if holds})
+        blocks.append(RemoteBlock(arn=_block_arn([r for r, _, _ in members], region), instance_type=itype,
+                                  instance_count=sum(int(r["TotalInstanceCount"]) for r in held),
+                                  availability_zone=zone, start=start, end=end, status=block_status))
     status = next((s for s in _STATUS_ORDER if s in statuses), "Pending")
     return RemotePlan(name=name, arn=arn_of(ordered[0], region) if ordered else "", status=status,
                       status_message="; ".join(messages), blocks=tuple(sorted(blocks, key=lambda b: (b.start, b.arn))),
@@ -200,8 +284,18 @@ EXTENSION_STATES = {"payment-pending": "Pending", "payment-succeeded": "Schedule
 
 def reservation_id(remote: RemotePlan, block_id: str) -> str | None:
     """The CapacityReservationId of the remote block recorded here as ``block_id`` (None: the
-    remote plan holds no such block now)."""
-    return next((b.arn.rsplit("/", 1)[-1] for b in remote.blocks if b.id == block_id), None)
+    remote plan holds no such block now, or the block is several reservations, which are not
+    extended here: the module's doc, "One block per window")."""
+    return next((b.arn.rsplit("/", 1)[-1] for b in remote.blocks if b.id == block_id and _one_reservation(b)), None)
+
+
+def reservation_ids(remote: RemotePlan) -> list[str]:
+    """The CapacityReservationIds of the remote plan's blocks that are one reservation each."""
+    return sorted({b.arn.rsplit("/", 1)[-1] for b in remote.blocks if _one_reservation(b)})
+
+
+def _one_reservation(block: RemoteBlock) -> bool:
+    return ":capacity-reservation/" in block.arn
 
 
 def extension_hours(policy: Policy) -> list[int]:

@@ -1,0 +1,224 @@
+"""UltraServer Capacity Blocks through ``spec.source.ec2CapacityBlocks`` (issue 23): the search,
+the cut of EC2's answer for a pool that declares an UltraServer type, the purchase and the
+following of what it bought, under botocore's Stubber (which checks each request, and each stubbed
+answer, against EC2's service model), and the pure reading of the answers (planning.capacity_blocks).
+
+hyperplan names UltraServer types as SageMaker does (``ml.u-p6e-gb200x72``), EC2 without ``ml.``;
+the pool names the EC2 instance type, as for any EC2 pool. A plan's UltraServer block is one block
+of all its UltraServers, whatever number of capacity reservations EC2 makes for it."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import boto3
+import pytest
+from botocore.stub import Stubber
+
+from hyperplan.actuation.capacity_blocks import CapacityBlocks
+from hyperplan.actuation.remote import NotBought, RemoteError
+from hyperplan.api.models import Ec2CapacityBlocksSource
+from hyperplan.planning import capacity_blocks as cb
+from hyperplan.planning.blocks import Block
+from hyperplan.planning.offerings import OfferingRequest
+from hyperplan.planning.policy import SAGEMAKER
+from hyperplan.planning.remote import PoolTerms, mirror_lines, remote_plan_name, within_fee
+
+UTC = timezone.utc
+START = datetime(2027, 1, 5, 11, 30, tzinfo=UTC)
+END = START + timedelta(hours=48)
+X72, X36 = "ml.u-p6e-gb200x72", "ml.u-p6e-gb200x36"
+GB200, ZONE = "p6e-gb200.36xlarge", "us-east-1-dfw-2a"
+UID = "0c6f9a52-1111-4a8e-9d6e-2a41c0ffee00"
+NAME = remote_plan_name(UID, 0)
+TAGS = {"hyperplan.dev/training-plan": "gb200", "hyperplan.dev/training-plan-uid": UID}
+POOL = PoolTerms("cb-gb200", GB200, ZONE, X72)
+CBID = "cb-0123456789abcdef0"
+LISTING = {"Filters": [{"Name": "tag-key", "Values": ["hyperplan.dev/remote-plan"]}], "MaxResults": 1000}
+
+
+@pytest.fixture
+def stubbed():
+    client = boto3.session.Session(aws_access_key_id="AKIAEXAMPLE", aws_secret_access_key="secret",
+                                   region_name="us-east-1").client("ec2", endpoint_url="http://127.0.0.1:9")
+    blocks = CapacityBlocks(Ec2CapacityBlocksSource(endpoint="http://127.0.0.1:9", region="us-east-1"),
+                            client=client, clock=lambda: 0.0)
+    with Stubber(client) as stub:
+        yield blocks, stub
+        stub.assert_no_pending_responses()
+
+
+def ultra_request(count: int = 2, ultra: str = X72) -> OfferingRequest:
+    return OfferingRequest(instance_type=None, instance_count=None, ultra_server_type=ultra, ultra_server_count=count,
+                           target="hyperpod-cluster", duration=timedelta(hours=48))
+
+
+def offering(oid: str = "cbo-ultra", **fields) -> dict:
+    answer = {"CapacityBlockOfferingId": oid, "InstanceType": GB200, "AvailabilityZone": ZONE, "InstanceCount": 36,
+              "UltraserverType": "u-p6e-gb200x72", "UltraserverCount": 2, "StartDate": START, "EndDate": END,
+              "CapacityBlockDurationHours": 48, "UpfrontFee": "900000.00", "CurrencyCode": "USD", "Tenancy": "default"}
+    return {k: v for k, v in {**answer, **fields}.items() if v is not None}
+
+
+def reservation(rid: str, state: str = "scheduled", count: int = 18, block: str | None = CBID, **extra) -> dict:
+    tags = [{"Key": k, "Value": v} for k, v in sorted({**TAGS, cb.TAG_REMOTE_PLAN: NAME}.items())]
+    answer = {"CapacityReservationId": rid, "OwnerId": "111122223333",
+              "CapacityReservationArn": f"arn:aws:ec2:us-east-1:111122223333:capacity-reservation/{rid}",
+              "InstanceType": GB200, "InstancePlatform": "Linux/UNIX", "AvailabilityZone": ZONE,
+              "AvailabilityZoneId": "use1-dfw2-az1", "TotalInstanceCount": count, "AvailableInstanceCount": count,
+              "State": state, "StartDate": START, "EndDate": END, "ReservationType": "capacity-block",
+              "Tags": tags, **extra}
+    if block:
+        answer["CapacityBlockId"] = block
+    return answer
+
+
+PER_ULTRASERVER = [reservation("cr-0000000000000000a"), reservation("cr-0000000000000000b")]
+
+
+# --------------------------------------------------------------------------- names and the search
+
+
+@pytest.mark.parametrize("hyperplan, ec2", [
+    (X72, "u-p6e-gb200x72"), (X36, "u-p6e-gb200x36"), ("ml.p6e-gb200.36xlarge", GB200), (GB200, GB200),
+], ids=["x72", "x36", "instance-type", "already-ec2s"])
+def test_ec2_names_types_without_the_ml_prefix(hyperplan, ec2) -> None:
+    assert cb.ec2_name(hyperplan) == ec2
+
+
+def test_an_ultraserver_search_asks_ec2_for_its_ultraserver_type_and_count(stubbed) -> None:
+    blocks, stub = stubbed
+    stub.add_response("describe_capacity_block_offerings", {"CapacityBlockOfferings": [offering()]}, {
+        "InstanceType": GB200, "UltraserverType": "u-p6e-gb200x72", "UltraserverCount": 2,
+        "CapacityDurationHours": 48, "StartDateRange": START, "MaxResults": 1000})
+
+    request = OfferingRequest(instance_type=None, instance_count=None, ultra_server_type=X72, ultra_server_count=2,
+                              target="hyperpod-cluster", duration=timedelta(hours=48), start_after=START)
+    [found] = blocks.find_offerings(request, SAGEMAKER, [POOL])
+
+    [block] = found.offering.blocks
+    assert (found.remote_id, block.pool, block.instance_type, block.instance_count) == (
+        "cbo-ultra", POOL.name, GB200, 36)
+    assert (block.ultra_server_type, block.ultra_server_count) == (X72, 2)  # hyperplan's naming from here on
+    assert found.offering.to_status().blocks[0].ultra_server_count == 2
+
+
+def test_an_ultraserver_search_ec2_refuses_is_a_refused_remote_error(stubbed) -> None:
+    blocks, stub = stubbed
+    stub.add_client_error("describe_capacity_block_offerings", service_error_code="InvalidParameterCombination",
+                          service_message="no", http_status_code=400)
+    with pytest.raises(RemoteError) as e:
+        blocks.find_offerings(ultra_request(), SAGEMAKER, [POOL])
+    assert (e.value.operation, e.value.code, e.value.refused) == (
+        "DescribeCapacityBlockOfferings", "InvalidParameterCombination", True)
+
+
+# --------------------------------------------------------------------------- the cut
+
+
+@pytest.mark.parametrize("entry, pool, count", [
+    (offering(), POOL, 36),
+    (offering(InstanceCount=None), POOL, 36),  # only the UltraServers counted: their instances
+    (offering(UltraserverType="u-p6e-gb200x36", InstanceCount=18), POOL, None),
+    (offering(UltraserverType=None, UltraserverCount=None), POOL, None),  # plain instances: not an UltraServer pool's
+    (offering(), PoolTerms("cb-plain", GB200, ZONE), None),  # and an UltraServer offering is no plain pool's
+    (offering(InstanceCount=35), POOL, None),
+    (offering(InstanceCount=18), POOL, None),  # 2 UltraServers of 18 instances are 36
+    (offering(AvailabilityZone="us-east-1a"), POOL, None),
+    (offering(InstanceType="p5.48xlarge"), POOL, None),
+    (offering(UltraserverType="u-p6e-gb200x36", InstanceCount=18, UltraserverCount=2),
+     PoolTerms("cb-x36", GB200, ZONE, X36), 18),
+], ids=["x72", "count-by-ultraservers", "other-ultraserver-type", "no-ultraserver-type", "plain-pool",
+        "not-whole-ultraservers", "counts-disagree", "other-zone", "other-instance-type", "x36-pool"])
+def test_only_offerings_of_the_pools_ultraserver_type_in_whole_ultraservers_are_cut(entry, pool, count) -> None:
+    found = cb.offerings_of([entry], pool.name, pool.instance_type, pool.availability_zone, ultra_request(),
+                            pool.ultra_server_type)
+    assert [b.instance_count for o in found for b in o.offering.blocks] == ([count] if count else [])
+    assert all(b.ultra_server_type == pool.ultra_server_type for o in found for b in o.offering.blocks)
+
+
+@pytest.mark.parametrize("fee, ceiling, kept", [("900000.00", "1000000", True), ("900000.00", "500000", False),
+                                                (None, "1000000", False)], ids=["within", "dearer", "no-fee"])
+def test_the_pools_fee_ceiling_applies_to_an_ultraserver_offering_as_to_any(fee, ceiling, kept) -> None:
+    [found] = cb.offerings_of([offering(UpfrontFee=fee)], POOL.name, GB200, ZONE, ultra_request(), X72)
+    assert within_fee(found, ceiling) is kept
+
+
+# --------------------------------------------------------------------------- purchase and follow
+
+
+def test_an_ultraserver_purchase_answer_of_one_reservation_per_ultraserver_is_one_block(stubbed) -> None:
+    blocks, stub = stubbed
+    stub.add_response("describe_capacity_reservations", {"CapacityReservations": []},
+                      {"Filters": cb.uid_filter(UID), "MaxResults": 1000})
+    stub.add_response("purchase_capacity_block", {
+        "CapacityBlocks": [{"CapacityBlockId": CBID, "UltraserverType": "u-p6e-gb200x72", "AvailabilityZone": ZONE,
+                            "CapacityReservationIds": ["cr-0000000000000000a", "cr-0000000000000000b"],
+                            "StartDate": START, "EndDate": END, "State": "scheduled"}],
+        "CapacityReservations": PER_ULTRASERVER}, {
+        "CapacityBlockOfferingId": "cbo-ultra", "InstancePlatform": "Linux/UNIX",
+        "TagSpecifications": cb.purchase_tags(NAME, TAGS)})
+    [remote_offering] = cb.offerings_of([offering()], POOL.name, GB200, ZONE, ultra_request(), X72)
+
+    plan = blocks.buy(NAME, UID, remote_offering, 1, TAGS)
+
+    [block] = plan.blocks
+    assert (plan.status, block.id, block.instance_count, block.instance_type, block.availability_zone) == (
+        "Scheduled", CBID, 36, GB200, ZONE)
+    assert cb.reservation_id(plan, block.id) is None  # several reservations: not extended here
+
+
+@pytest.mark.parametrize("reservations, block_id, count", [
+    (PER_ULTRASERVER, CBID, 36),
+    ([reservation("cr-0000000000000000a", count=36)], "cr-0000000000000000a", 36),  # one for all: its own id
+    ([reservation("cr-0000000000000000a", block=None), reservation("cr-0000000000000000b", block=None)],
+     None, 36),  # no Capacity Block id: a digest of theirs, the same on every read
+    ([reservation("cr-0000000000000000a"), reservation("cr-0000000000000000b", "payment-pending")], "", 0),
+    ([reservation("cr-0000000000000000a", "active"), reservation("cr-0000000000000000b", "payment-failed")],
+     CBID, 18),
+], ids=["per-ultraserver", "one-for-all", "no-capacity-block-id", "one-unpaid", "one-failed"])
+def test_the_listing_makes_the_reservations_of_one_window_one_block(stubbed, reservations, block_id, count) -> None:
+    blocks, stub = stubbed
+    stub.add_response("describe_capacity_reservations", {"CapacityReservations": reservations}, LISTING)
+
+    [plan] = blocks.remote_plans()
+
+    if not count:
+        assert (plan.status, plan.blocks) == ("Pending", ())  # half an UltraServer block is no block yet
+        return
+    [block] = plan.blocks
+    assert block.instance_count == count
+    if block_id is not None:
+        assert block.id == block_id
+    else:
+        assert block.id.startswith("cr-0000000000000000a-cr-") and len(block.id) <= 63
+        assert cb.plan_from(NAME, list(reversed(reservations)), "us-east-1").blocks[0].id == block.id
+
+
+def test_a_followed_ultraserver_block_is_one_ledger_line_read_back_as_all_its_ultraservers() -> None:
+    """The ledger's line carries no UltraServer type: the pool's is applied when it is read back."""
+    plan = cb.plan_from(NAME, PER_ULTRASERVER, "us-east-1")
+    [line], refused = mirror_lines(plan, "gb200", UID, GB200, ZONE)
+    assert refused == [] and (line.reserved_capacity_id, line.instance_count) == (CBID, 36)
+    block = Block.from_reservation(line, POOL.name, ZONE, GB200, X72)
+    assert (block.ultra_server_count, block.id) == (2, CBID)
+
+
+def test_a_block_of_several_reservations_is_neither_searched_for_extensions_nor_in_their_history(stubbed) -> None:
+    blocks, _ = stubbed
+    plan = cb.plan_from(NAME, PER_ULTRASERVER, "us-east-1")
+    held = Block(pool=POOL.name, availability_zone=ZONE, instance_type=GB200, instance_count=36, start=START,
+                 end=END, ultra_server_type=X72, id=CBID)
+    assert blocks.find_extensions(plan, UID, [held], SAGEMAKER) == []  # no call: the Stubber would refuse one
+    assert blocks.extension_history(plan) == []
+
+
+def test_an_ultraserver_offering_sold_meanwhile_is_not_bought(stubbed) -> None:
+    blocks, stub = stubbed
+    stub.add_response("describe_capacity_reservations", {"CapacityReservations": []},
+                      {"Filters": cb.uid_filter(UID), "MaxResults": 1000})
+    stub.add_client_error("purchase_capacity_block", service_error_code="InsufficientCapacity",
+                          service_message="no UltraServer left", http_status_code=400)
+    [remote_offering] = cb.offerings_of([offering()], POOL.name, GB200, ZONE, ultra_request(), X72)
+    with pytest.raises(NotBought, match="InsufficientCapacity"):
+        blocks.buy(NAME, UID, remote_offering, 1, TAGS)
