@@ -239,7 +239,8 @@ def test_the_plan_pass_through_the_real_client_makes_exactly_these_ec2_calls(mon
                    "CapacityReservationArn": f"arn:aws:ec2:us-east-1:111122223333:capacity-reservation/{rid}",
                    "InstanceType": P5, "AvailabilityZone": ZONE, "TotalInstanceCount": 8, "State": "payment-pending",
                    "StartDate": START, "EndDate": START + timedelta(hours=48), "ReservationType": "capacity-block",
-                   "Tags": [{"Key": "hyperplan.dev/remote-plan", "Value": remote_plan_name(UID, 0)},
+                   "Tags": [{"Key": "hyperplan.dev/availability-zone", "Value": ZONE},  # as the pool names it
+                            {"Key": "hyperplan.dev/remote-plan", "Value": remote_plan_name(UID, 0)},
                             {"Key": "hyperplan.dev/training-plan", "Value": NAME},
                             {"Key": "hyperplan.dev/training-plan-uid", "Value": UID}]}
     try:

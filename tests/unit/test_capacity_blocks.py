@@ -86,6 +86,7 @@ def uid_check(stub: Stubber, found: list[dict], uid: str = UID) -> None:
 def purchase_expected(oid: str = "cbo-0123456789abcdef0", name: str = NAME) -> dict:
     return {"CapacityBlockOfferingId": oid, "InstancePlatform": "Linux/UNIX", "TagSpecifications": [{
         "ResourceType": "capacity-reservation", "Tags": [
+            {"Key": "hyperplan.dev/availability-zone", "Value": ZONE},
             {"Key": "hyperplan.dev/remote-plan", "Value": name},
             {"Key": "hyperplan.dev/training-plan", "Value": "llama"},
             {"Key": "hyperplan.dev/training-plan-uid", "Value": UID}]}]}
@@ -494,3 +495,76 @@ def test_each_error_of_an_extension_purchase(stubbed, code, status, raised) -> N
         blocks.extend(remote, offer)
     if raised is RemoteError:
         assert failed.value.code == code and failed.value.refused == (status < 500)
+
+
+# --------------------------------------------------------------------------- a pool that names its zone by id
+
+AZ6 = "use1-az6"  # ZONE's id in the tests' account
+BY_ID = PoolTerms("cb-p5-az6", P5, AZ6)
+ZONES = {"AvailabilityZones": [{"ZoneName": ZONE, "ZoneId": AZ6, "ZoneType": "availability-zone"},
+                               {"ZoneName": "us-east-1b", "ZoneId": "use1-az1", "ZoneType": "availability-zone"},
+                               {"ZoneName": "us-east-1-dfw-2a", "ZoneId": "use1-dfw2-az1", "ZoneType": "local-zone"}]}
+
+
+@pytest.mark.parametrize("zone, by_id", [
+    (AZ6, True), ("use1-dfw2-az1", True), ("usw2-lax1-az1", True), (ZONE, False), ("us-east-1-dfw-2a", False),
+], ids=["zone-id", "local-zone-id", "other-local-zone-id", "zone-name", "local-zone-name"])
+def test_a_zone_id_is_told_from_a_zone_name(zone, by_id) -> None:
+    assert cb.is_zone_id(zone) is by_id
+
+
+def test_a_pool_named_by_zone_id_takes_offerings_in_that_zone_by_their_names_id(stubbed) -> None:
+    blocks, stub, _ = stubbed
+    wanted = {"InstanceType": P5, "InstanceCount": 8, "CapacityDurationHours": 48, "MaxResults": 1000}
+    answer = {"CapacityBlockOfferings": [
+        offering("cbo-az6"), offering("cbo-az1", zone="us-east-1b"),
+        offering("cbo-split", CapacityBlockOfferingSegments=[
+            {"InstanceType": P5, "AvailabilityZone": ZONE, "AvailabilityZoneId": AZ6, "InstanceCount": 8,
+             "StartDate": START, "EndDate": START + timedelta(hours=48)}])]}
+    stub.add_response("describe_capacity_block_offerings", answer, wanted)
+    stub.add_response("describe_availability_zones", ZONES, {"AllAvailabilityZones": True})
+    stub.add_response("describe_capacity_block_offerings", answer, wanted)  # the zones are read once
+
+    found = blocks.find_offerings(request(), SAGEMAKER, [BY_ID, POOL])
+    again = blocks.find_offerings(request(), SAGEMAKER, [BY_ID])
+
+    assert [(o.remote_id, o.offering.blocks[0].pool, o.offering.blocks[0].availability_zone) for o in found] == [
+        ("cbo-az6", BY_ID.name, AZ6), ("cbo-split", BY_ID.name, AZ6), ("cbo-az6", POOL.name, ZONE),
+        ("cbo-split", POOL.name, ZONE)]  # each pool's block in its zone as it names it
+    assert [o.remote_id for o in again] == ["cbo-az6", "cbo-split"]
+
+
+def test_a_pool_named_by_zone_name_reads_no_zones(stubbed) -> None:
+    blocks, stub, _ = stubbed
+    stub.add_response("describe_capacity_block_offerings", {"CapacityBlockOfferings": [offering()]},
+                      {"InstanceType": P5, "InstanceCount": 8, "CapacityDurationHours": 48, "MaxResults": 1000})
+    assert [o.remote_id for o in blocks.find_offerings(request(), SAGEMAKER, [POOL])] == ["cbo-0123456789abcdef0"]
+
+
+def test_a_purchase_for_a_pool_named_by_zone_id_tags_the_zone_as_the_pool_names_it(stubbed) -> None:
+    blocks, stub, _ = stubbed
+    [by_id] = cb.offerings_of([offering()], BY_ID.name, P5, AZ6, request(), zone_ids={ZONE: AZ6})
+    tagged = reservation(state="scheduled", Tags=reservation()["Tags"] + [{"Key": cb.TAG_ZONE, "Value": AZ6}])
+    uid_check(stub, [])
+    expected = purchase_expected()
+    expected["TagSpecifications"][0]["Tags"][0]["Value"] = AZ6
+    stub.add_response("purchase_capacity_block", {"CapacityReservation": tagged}, expected)
+
+    plan = blocks.buy(NAME, UID, by_id, None, TAGS)
+
+    assert [(b.id, b.availability_zone) for b in plan.blocks] == [(RID, AZ6)]
+
+
+@pytest.mark.parametrize("tag, pool_zone, zone, recorded", [
+    (AZ6, AZ6, AZ6, True),  # bought by a pool named by id: read as the pool names it
+    (ZONE, ZONE, ZONE, True),
+    (None, ZONE, ZONE, True),  # bought before the tag: by its name, as ever
+    ("use1-az1", "use1-az1", ZONE, False),  # a tag that is not the reservation's zone moves nothing
+], ids=["by-id", "by-name", "untagged", "tag-of-another-zone"])
+def test_a_followed_reservation_is_in_the_pools_zone_as_the_pool_names_it(tag, pool_zone, zone, recorded) -> None:
+    from hyperplan.planning.remote import mirror_lines
+    extra = [{"Key": cb.TAG_ZONE, "Value": tag}] if tag else []
+    plan = cb.plan_from(NAME, [reservation(Tags=reservation()["Tags"] + extra)], "us-east-1")
+    assert [b.availability_zone for b in plan.blocks] == [zone]
+    lines, refused = mirror_lines(plan, "llama", UID, P5, pool_zone)
+    assert (len(lines), len(refused)) == ((1, 0) if recorded else (0, 1))

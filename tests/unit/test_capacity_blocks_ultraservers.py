@@ -157,7 +157,7 @@ def test_an_ultraserver_purchase_answer_of_one_reservation_per_ultraserver_is_on
                             "StartDate": START, "EndDate": END, "State": "scheduled"}],
         "CapacityReservations": PER_ULTRASERVER}, {
         "CapacityBlockOfferingId": "cbo-ultra", "InstancePlatform": "Linux/UNIX",
-        "TagSpecifications": cb.purchase_tags(NAME, TAGS)})
+        "TagSpecifications": cb.purchase_tags(NAME, TAGS, ZONE)})
     [remote_offering] = cb.offerings_of([offering()], POOL.name, GB200, ZONE, ultra_request(), X72)
 
     plan = blocks.buy(NAME, UID, remote_offering, 1, TAGS)

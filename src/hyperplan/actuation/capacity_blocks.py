@@ -117,6 +117,7 @@ class CapacityBlocks(RemoteCalls, ExtendsCapacityBlocks):
         self._uncertain: dict[str, float] = {}  # plan uid -> when a purchase of unknown outcome was made
         self._bought: dict[str, tuple[str, float, RemotePlan]] = {}  # attempt name -> (plan uid, when, plan)
         self._lock = threading.Lock()
+        self._zone_ids: dict[str, str] | None = None  # zone id by name (DescribeAvailabilityZones), once
 
     # ------------------------------------------------------------------ the calls
 
@@ -164,8 +165,17 @@ class CapacityBlocks(RemoteCalls, ExtendsCapacityBlocks):
         if not pools:
             return []
         answer = self.describe_offerings(cb.search_arguments(request, policy))
+        zone_ids = self.zone_ids() if any(cb.is_zone_id(p.availability_zone) for p in pools) else {}
         return [o for p in pools for o in cb.offerings_of(answer, p.name, p.instance_type, p.availability_zone,
-                                                          request, p.ultra_server_type)]
+                                                          request, p.ultra_server_type, zone_ids)]
+
+    def zone_ids(self) -> dict[str, str]:
+        """Each zone's id by its name in the region, for pools that name their zone by id
+        (DescribeAvailabilityZones with Local Zones, once: an account's names and ids never change)."""
+        if self._zone_ids is None:
+            answer = self._call("DescribeAvailabilityZones", "describe_availability_zones", AllAvailabilityZones=True)
+            self._zone_ids = cb.zone_ids_of(answer.get("AvailabilityZones") or [])
+        return self._zone_ids
 
     def _recent(self, plan_uid: str | None = None) -> list[RemotePlan]:
         """What this process bought in the last UNCERTAIN_FOR seconds (of one plan, or of all)."""
@@ -209,7 +219,8 @@ class CapacityBlocks(RemoteCalls, ExtendsCapacityBlocks):
                 f"an earlier purchase for this plan got no answer; EC2 does not show its reservation yet, and "
                 f"nothing is bought again for {UNCERTAIN_FOR:.0f} s"), self.endpoint)
         try:
-            answer = self.purchase(offering.remote_id, cb.purchase_tags(name, tags))
+            zone = offering.offering.blocks[0].availability_zone  # the pool's, as it names it
+            answer = self.purchase(offering.remote_id, cb.purchase_tags(name, tags, zone))
         except RemoteError as e:
             if e.code in OFFERING_GONE:
                 raise NotBought(f"EC2 no longer sells capacity block offering {offering.offering.id}: "

@@ -20,14 +20,24 @@ plans and pools name UltraServer types as SageMaker does (``ml.u-p6e-gb200x72``)
 of the operator keeps hyperplan's. The pool's ``instanceType`` is EC2's, as for any EC2 pool
 (``p6e-gb200.36xlarge``, as Karpenter's nodes carry it).
 
+**Zones by name or by id.** A pool names its zone as its nodes carry it, by name (``us-east-1a``)
+or by id (``use1-az6``, the same zone in every account). An offering is in the pool's zone when
+its zone's name or id is the pool's zone: a segment names both, an offering of one block only its
+zone's name, whose id the seller reads once from ``DescribeAvailabilityZones`` (:func:`zone_ids_of`)
+when a pool names its zone by id. A purchase tags its reservations with the zone as the buying pool
+names it (:data:`TAG_ZONE`), and a reservation whose zone's name or id is that zone is read in the
+pool's form (:func:`zone_as_named`), so its block is the pool's (planning.remote.pool_sells) after a
+restart too; the tag never moves a reservation into another zone.
+
 **Remote plans.** EC2 has no plan: what one purchase bought is one capacity reservation, or several
 (``PurchaseCapacityBlock`` answers ``CapacityReservations``: one per segment of an offering, and an
 UltraServer Capacity Block names a list of them, ``CapacityBlocks[].CapacityReservationIds``). A
 purchase tags them (:func:`purchase_tags`) with the name a SageMaker plan would have had
 (``hp-<uid>-<attempt>``, planning.remote.remote_plan_name) and the local plan's name and uid; the
 reservations that carry one name are one :class:`RemotePlan` (:func:`plans_of`), so the standing
-of a plan's attempts, the ledger lines and the pacing are the SageMaker source's. The block's id is the capacity reservation's id (``cr-...``): the tail of its
-ARN, which is what :attr:`RemoteBlock.id` takes.
+of a plan's attempts, the ledger lines and the pacing are the SageMaker source's. The block's id
+is the capacity reservation's id (``cr-...``): the tail of its ARN, which is what
+:attr:`RemoteBlock.id` takes.
 
 **One block per window** (:func:`plan_from`). A plan's blocks never overlap (planning.schedule
 orders them by start and runs one at a time; an UltraServer plan's block is all its UltraServers,
@@ -59,6 +69,7 @@ extension's end, which is when the ledger line shows it) or ``payment-failed``
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from typing import Any, Iterable, Mapping
 
@@ -70,6 +81,7 @@ from hyperplan.planning.remote import (ExtensionRecord, RemoteBlock, RemoteExten
                                        _same_moment, _time, duration_hours)
 
 TAG_REMOTE_PLAN = f"{GROUP}/remote-plan"  # the name of the attempt that bought the reservation
+TAG_ZONE = f"{GROUP}/availability-zone"  # the zone as the buying pool names it (a name or an id)
 PLATFORM = "Linux/UNIX"  # the nodes Karpenter launches into the block
 NOUN = "capacity block"
 
@@ -119,8 +131,36 @@ def search_arguments(request: OfferingRequest, policy: Policy) -> dict[str, Any]
     return args
 
 
+_ZONE_ID = re.compile(r"^[a-z]{2,4}[0-9]+(-[a-z]+[0-9]+)?-az[0-9]+$")  # use1-az6, use1-dfw2-az1
+
+
+def is_zone_id(zone: str) -> bool:
+    """Whether a pool names its zone by id (``use1-az6``, a Local Zone's ``use1-dfw2-az1``), not by
+    name (``us-east-1a``, ``us-east-1-dfw-2a``)."""
+    return bool(_ZONE_ID.match(zone))
+
+
+def zone_ids_of(zones: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """DescribeAvailabilityZones' AvailabilityZones as each zone's id by its name."""
+    return {str(z["ZoneName"]): str(z["ZoneId"]) for z in zones if z.get("ZoneName") and z.get("ZoneId")}
+
+
+def _in_zone(name: str | None, zone_id: str | None, pool_zone: str) -> bool:
+    """Whether a zone EC2 names (by name, id or both; neither: the pool's) is the pool's zone, which
+    the pool names either way."""
+    return pool_zone in (name, zone_id) or (not name and not zone_id)
+
+
+def zone_as_named(reservation: Mapping[str, Any]) -> str:
+    """The reservation's zone as the pool that bought it names it (its :data:`TAG_ZONE`) when that
+    is its zone's name or id; else its zone's name."""
+    name, zone_id = reservation.get("AvailabilityZone"), reservation.get("AvailabilityZoneId")
+    tagged = tags_of(reservation).get(TAG_ZONE)
+    return tagged if tagged and tagged in (name, zone_id) else str(name or "")
+
+
 def _blocks_of(entry: Mapping[str, Any], pool: str, instance_type: str, availability_zone: str,
-               ultra_server_type: str | None) -> list[Block]:
+               ultra_server_type: str | None, zone_ids: Mapping[str, str]) -> list[Block]:
     """The blocks of one offering, all of the pool's type in its zone (and of its UltraServer type,
     in whole UltraServers, for a pool that declares one), or none."""
     if (entry.get("UltraserverType") or None) != (ec2_name(ultra_server_type) if ultra_server_type else None):
@@ -144,7 +184,7 @@ def _blocks_of(entry: Mapping[str, Any], pool: str, instance_type: str, availabi
                                    and not (servers and part is entry and int(count) != per_server * int(servers)))
         if not whole:
             return []  # not whole UltraServers, or two counts that disagree: not believed
-        in_zone = zone in (availability_zone, None) or part.get("AvailabilityZoneId") == availability_zone
+        in_zone = _in_zone(zone, part.get("AvailabilityZoneId") or zone_ids.get(zone or ""), availability_zone)
         if itype != instance_type or not in_zone:
             return []
         blocks.append(Block(pool=pool, availability_zone=availability_zone, instance_type=instance_type,
@@ -153,18 +193,19 @@ def _blocks_of(entry: Mapping[str, Any], pool: str, instance_type: str, availabi
 
 
 def offerings_of(answer: Iterable[Mapping[str, Any]], pool: str, instance_type: str, availability_zone: str,
-                 request: OfferingRequest, ultra_server_type: str | None = None) -> list[RemoteOffering]:
+                 request: OfferingRequest, ultra_server_type: str | None = None,
+                 zone_ids: Mapping[str, str] | None = None) -> list[RemoteOffering]:
     """The offerings among ``answer`` (CapacityBlockOfferings, every page) that the pool sells: of
-    its instance type in its zone (by name, or by id for a segment that names it), each cut for
-    ``request``; an offering without an id, dates or a count is skipped. A pool that declares an
-    UltraServer type (``ultra_server_type``, hyperplan's naming) sells only offerings of that
-    UltraServer type (EC2's ``UltraserverType``), as one block of all their instances; any other
-    pool, none."""
+    its instance type in its zone (by name or by id: a segment names its zone's id, ``zone_ids``
+    gives it by name for an offering that does not), each cut for ``request``; an offering without
+    an id, dates or a count is skipped. A pool that declares an UltraServer type
+    (``ultra_server_type``, hyperplan's naming) sells only offerings of that UltraServer type (EC2's
+    ``UltraserverType``), as one block of all their instances; any other pool, none."""
     out = []
     for entry in answer:
         if not entry.get("CapacityBlockOfferingId"):
             continue
-        blocks = _blocks_of(entry, pool, instance_type, availability_zone, ultra_server_type)
+        blocks = _blocks_of(entry, pool, instance_type, availability_zone, ultra_server_type, zone_ids or {})
         if not blocks:
             continue
         out.append(RemoteOffering(Offering.from_blocks(blocks, request), str(entry["CapacityBlockOfferingId"]),
@@ -172,10 +213,11 @@ def offerings_of(answer: Iterable[Mapping[str, Any]], pool: str, instance_type: 
     return out
 
 
-def purchase_tags(remote_name: str, tags: Mapping[str, str]) -> list[dict[str, Any]]:
+def purchase_tags(remote_name: str, tags: Mapping[str, str], zone: str | None = None) -> list[dict[str, Any]]:
     """PurchaseCapacityBlock's TagSpecifications: the reservations carry the attempt's name and the
-    local plan's name and uid, which is how a pass finds them again (:func:`plans_of`)."""
-    pairs = {**tags, TAG_REMOTE_PLAN: remote_name}
+    local plan's name and uid, which is how a pass finds them again (:func:`plans_of`), and the
+    zone as the buying pool names it (:func:`zone_as_named`)."""
+    pairs = {**tags, TAG_REMOTE_PLAN: remote_name, **({TAG_ZONE: zone} if zone else {})}
     return [{"ResourceType": "capacity-reservation",
              "Tags": [{"Key": k, "Value": v} for k, v in sorted(pairs.items())]}]
 
@@ -206,7 +248,7 @@ def arn_of(reservation: Mapping[str, Any], region: str) -> str:
 def _window(reservation: Mapping[str, Any]) -> tuple:
     """What makes reservations of one attempt one block: the same window, type and zone."""
     return (_time(reservation.get("StartDate")), _time(reservation.get("EndDate")),
-            str(reservation.get("InstanceType") or ""), str(reservation.get("AvailabilityZone") or ""))
+            str(reservation.get("InstanceType") or ""), zone_as_named(reservation))
 
 
 def _block_arn(reservations: list[Mapping[str, Any]], region: str) -> str:
