@@ -62,8 +62,9 @@ def nodepool(name: str, replicas: int) -> dict:
 
 
 CLAIMS = "/apis/karpenter.sh/v1/nodeclaims"
-COUNTED = (("nodeclaims", "POST"), ("nodeclaims", "LIST"), ("nodeclaims", "PATCH"), ("nodeclaims", "PUT"),
-           ("nodes", "POST"), ("nodes", "PATCH"), ("nodes", "LIST"))
+COUNTED = (("nodeclaims", "POST"), ("nodeclaims", "LIST"), ("nodeclaims", "WATCH"), ("nodeclaims", "PATCH"),
+           ("nodeclaims", "PUT"), ("nodes", "POST"), ("nodes", "PATCH"), ("nodes", "LIST"), ("events", "POST"),
+           ("instancegroups", "PATCH"))
 
 
 def requests(h: Harness) -> dict[tuple[str, str], float]:
