@@ -36,6 +36,7 @@ from hyperplan.planning.groups import (
     ObservedGroupNode,
     Peer,
     BoundPlan,
+    check_binding,
     checkpoint_time,
     decide_group,
     plan_checkpoint,
@@ -306,6 +307,21 @@ def test_binding_rule_broken_fails_without_nodes(plan, s, reason, message):
     d = decide(plan=plan, s=s)
 
     assert_failed_without_nodes(d, reason, message, unbound=True)
+
+
+EC2_X72_BLOCK = BLOCK.model_copy(update={"instance_type": "p6e-gb200.36xlarge"})
+
+
+@pytest.mark.parametrize("instance_type, problem", [
+    ("p6e-gb200.36xlarge", None),
+    ("ml.p6e-gb200.36xlarge", ("InstanceTypeMismatch",
+                               "group wants ml.p6e-gb200.36xlarge but training plan p reserves p6e-gb200.36xlarge")),
+], ids=["ec2-type-as-the-block", "sagemaker-type"])
+def test_an_ultraserver_plan_bought_as_ec2_capacity_blocks_reserves_ec2s_type(instance_type, problem):
+    """An EC2 UltraServer Capacity Block holds EC2's instance type (planning.capacity_blocks), the
+    type Karpenter's nodes carry: the group says that type."""
+    plan = BoundPlan("p", "hyperpod-cluster", None, X72, 1, (EC2_X72_BLOCK,))
+    assert check_binding(spec(instance_type=instance_type), plan) == problem
 
 
 def test_binding_rule_broken_drains_existing_nodes():

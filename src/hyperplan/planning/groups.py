@@ -199,11 +199,22 @@ def check_binding(spec: InstanceGroupSpec, plan: BoundPlan,
         return ("PlanTargetNotHyperPod",
                 f"training plan {plan.name} targets {plan.target}; instance groups need a "
                 f"{HYPERPOD} plan")
-    plan_type = placement.ULTRASERVER_INSTANCE_TYPE if plan.ultra_server_type else plan.instance_type
+    plan_type = reserved_instance_type(plan)
     if spec.instance_type != plan_type:
         return ("InstanceTypeMismatch",
                 f"group wants {spec.instance_type} but training plan {plan.name} reserves {plan_type}")
     return None
+
+
+def reserved_instance_type(plan: BoundPlan) -> str | None:
+    """The instance type the plan reserves: its spec's, or for an UltraServer plan its blocks'
+    when they name one (an UltraServer block bought as an EC2 Capacity Block holds EC2's
+    ``p6e-gb200.36xlarge``, the type its nodes carry where Karpenter launches them), else the
+    type UltraServers hold (``ml.p6e-gb200.36xlarge``)."""
+    if not plan.ultra_server_type:
+        return plan.instance_type
+    bought = {b.instance_type for b in plan.blocks}
+    return bought.pop() if len(bought) == 1 else placement.ULTRASERVER_INSTANCE_TYPE
 
 
 def with_added(block: ReservedCapacity) -> int:
