@@ -1,12 +1,13 @@
-"""KubeNodePods: one listing of the cluster's pinned pods serves the drains of a pass."""
+"""KubeNodePods: one listing of the cluster's pinned pods serves the drains of a pass; accelerators by either name."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 from kubernetes import client
 
-from hyperplan.actuation.nodes import PINNED_FRESH, KubeNodePods, pinned_pods
+from hyperplan.actuation.nodes import PINNED_FRESH, KubeNodePods, accelerators, node_capacity, pinned_pods
 
 
 def pod(name: str, node: str = "", pinned_to: str = "") -> client.V1Pod:
@@ -64,3 +65,14 @@ def test_the_checkpoint_signal_lists_only_the_pods_bound_to_the_node() -> None:
     annotated = KubeNodePods(SimpleNamespace(core=core)).annotate("n1", {"x": "y"})
     assert [r["metadata"]["name"] for r in annotated] == ["a"]
     assert core.calls == ["spec.nodeName=n1", "patch a"]
+
+
+@pytest.mark.parametrize("instance_type, found", [
+    ("ml.p5.48xlarge", ("nvidia.com/gpu", 8)),
+    ("p5.48xlarge", ("nvidia.com/gpu", 8)),  # EC2's name, as an EC2 Capacity Block's nodes carry it
+    ("p6e-gb200.36xlarge", ("nvidia.com/gpu", 4)),
+    ("m5.large", None),
+], ids=["sagemaker-name", "ec2-name", "ec2-ultraserver-instance", "no-accelerator"])
+def test_accelerators_are_known_by_either_name(instance_type, found) -> None:
+    assert accelerators(instance_type) == found
+    assert (node_capacity(instance_type).get(found[0]) if found else None) == (str(found[1]) if found else None)

@@ -81,11 +81,18 @@ ACCELERATORS: dict[str, tuple[str, int]] = {
 }
 
 
+def accelerators(instance_type: str) -> tuple[str, int] | None:
+    """The accelerator resource and count of ``instance_type``, named as SageMaker names it
+    (``ml.p5.48xlarge``) or as EC2 does (``p5.48xlarge``: an EC2 Capacity Block's, docs/aws.md)."""
+    return ACCELERATORS.get(instance_type) or ACCELERATORS.get(f"ml.{instance_type}")
+
+
 def node_capacity(instance_type: str) -> dict[str, str]:
     """Allocatable resources of a fake node of ``instance_type``."""
     capacity = {"cpu": "192", "memory": "2048Gi", "pods": "110", "ephemeral-storage": "30Ti"}
-    if instance_type in ACCELERATORS:
-        resource, count = ACCELERATORS[instance_type]
+    found = accelerators(instance_type)
+    if found is not None:
+        resource, count = found
         capacity[resource] = str(count)
     return capacity
 

@@ -49,7 +49,7 @@ from pydantic import ValidationError
 
 from hyperplan.actuation.jobnodes import WARNING_REASONS, apply_job_nodes
 from hyperplan.actuation.kueue import KUEUE_API
-from hyperplan.actuation.nodes import ACCELERATORS, NodeProvider
+from hyperplan.actuation.nodes import NodeProvider, accelerators
 from hyperplan.api.models import GROUP, VERSION, TrainingPlan
 from hyperplan.actuation.groups import node_ref
 from hyperplan.api.vocabulary import ANNOTATION_KEEP_ALIVE_UNTIL, to_rfc3339
@@ -102,9 +102,10 @@ def admission_plan(rt: Runtime, obj: dict[str, Any] | None, now: datetime) -> tu
         blocks.append(admission.BlockView(b.id, b.availability_zone, b.instance_type, usable, b.start_time, b.end_time,
                                    termination))
     failure = next((c.message for c in status.conditions if c.status == "False" and c.message), "")
-    itype = spec.instance_type or placement.ULTRASERVER_INSTANCE_TYPE
+    bought = {b.instance_type for b in status.reserved_capacity}  # an EC2 block's is EC2's name
+    itype = bought.pop() if len(bought) == 1 else spec.instance_type or placement.ULTRASERVER_INSTANCE_TYPE
     view = admission.AdmissionPlan(plan.metadata["name"], spec.target_resource, status.phase, tuple(blocks), failure,
-                       ACCELERATORS.get(itype))
+                       accelerators(itype))
     schedule = None
     if status.reserved_capacity:
         schedule = plan_block_schedule([(b.start_time, b.end_time) for b in status.reserved_capacity],
