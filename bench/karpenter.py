@@ -33,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
-    BenchError, Harness, fmt, loadavg, machine, metric_sum, pool, print_figures, step, verdict, wait_for,
+    AuditWrites, BenchError, Harness, fmt, loadavg, machine, metric_sum, pool, print_figures, step, verdict, wait_for,
 )
 from nodes_ready import NodeTracker, group_to_ready, remove_group  # noqa: E402
 
@@ -76,6 +76,19 @@ def requests(h: Harness) -> dict[tuple[str, str], float]:
             for res, verb in COUNTED}
 
 
+AUDIT: AuditWrites | None = None  # with --audit: the API server's writes by client, per run
+
+
+def audited(what: str) -> None:
+    """With --audit, the writes since the last mark by client (User-Agent), resource and verb."""
+    if AUDIT is None:
+        return
+    writes = AUDIT.since_mark()
+    rows = ", ".join(f"{agent} {verb} {res} {n}" for (agent, res, verb), n in writes.most_common(16))
+    step(f"{what}: writes by client: {rows}")
+    AUDIT.mark()
+
+
 def timeline(claims: NodeTracker, nodes: NodeTracker, t0: float, before: dict, after: dict) -> str:
     """When the last claim and the last Node were first seen and the last Node Ready (from ``t0``),
     and the requests in between."""
@@ -95,12 +108,15 @@ def timed_run(h: Harness, name: str, n: int, claims_selector: str, make: Callabl
     w = h.watch("/api/v1/nodes", tracker.on_event, labelSelector=f"bench={name}")
     wc = h.watch(CLAIMS, claims.on_event, labelSelector=claims_selector)
     before = requests(h)
+    if AUDIT is not None:
+        AUDIT.mark()
     t0 = time.time()
     make()
     wait_for(lambda: tracker.ready_count() >= n, timeout=300, what=f"{n} nodes of {name} Ready", interval=0.05)
     took = tracker.last_ready() - t0
     step(f"{what}: all Ready {took:.2f} s after the first create (load {loadavg()}); "
          + timeline(claims, tracker, t0, before, requests(h)))
+    audited(what)
     unmake()
     wait_for(lambda: not tracker.present, timeout=300, what=f"nodes of {name} gone", interval=0.2)
     w.stop()
@@ -120,9 +136,9 @@ def floor_run(h: Harness, i: int, n: int) -> float:
 
 def standalone_claim(name: str, i: int) -> dict:
     """A NodeClaim with no NodePool, as hyperplan makes one per slot (the same requirements, node
-    class, ``expireAfter`` and do-not-disrupt), without hyperplan's labels."""
+    class and its label, ``expireAfter`` and do-not-disrupt), without hyperplan's other labels."""
     return {"apiVersion": "karpenter.sh/v1", "kind": "NodeClaim",
-            "metadata": {"name": f"{name}-{i}", "labels": {"bench": name},
+            "metadata": {"name": f"{name}-{i}", "labels": {"bench": name, "karpenter.kwok.sh/kwoknodeclass": "default"},
                          "annotations": {"karpenter.sh/do-not-disrupt": "true"}},
             "spec": {"nodeClassRef": {"group": karpenter_plane.NODECLASS_GROUP, "kind": karpenter_plane.NODECLASS_KIND,
                                       "name": "default"},
@@ -167,12 +183,15 @@ def main(h: Harness, args: argparse.Namespace) -> int:
             claims = NodeTracker()
             wc = h.watch(CLAIMS, claims.on_event, labelSelector=f"hyperplan.dev/instance-group={name}")
             before = requests(h)
+            if AUDIT is not None:
+                AUDIT.mark()
             r, tracker, w = group_to_ready(
                 h, i, name, {"ultraServerType": X72, "ultraServerCount": args.ultraservers},
                 {"instanceType": GB200, "instanceCount": (PER_ULTRASERVER - 1) * args.ultraservers,
                  "nodeProvider": "karpenter"}, n, args.lead, ready_timeout=300)
             runs.append(r)
             step(f"operator run {i + 1}: " + timeline(claims, tracker, r["start"], before, requests(h)))
+            audited(f"operator run {i + 1} (from the plan's create)")
             remove_group(h, name, tracker, w, timeout=300)
             wc.stop()
         h.stop_operator()
@@ -203,6 +222,10 @@ if __name__ == "__main__":
     parser.add_argument("--claims-runs", type=int, default=2,
                         help="runs of a bare client making the same number of standalone NodeClaims (for comparison)")
     parser.add_argument("--lead", type=int, default=25)
+    parser.add_argument("--audit", action="store_true",
+                        help="the API server audits every write; each run prints the writes by client")
     args = parser.parse_args()
-    with Harness("karpenter", budget=1800) as h:
+    with Harness("karpenter", budget=1800, **({"audit_writes": True} if args.audit else {})) as h:
+        if args.audit:
+            AUDIT = AuditWrites(h.plane.audit_log)
         sys.exit(main(h, args))

@@ -128,6 +128,10 @@ def test_the_nodeclaim_asks_for_the_slot_and_keeps_karpenters_disruption_off():
     assert "karpenter.sh/nodepool" not in meta["labels"]  # no NodePool: consolidation, drift, repair pass it by
     assert "node.kubernetes.io/instance-type" not in meta["labels"]  # the requirement says it
     assert "kubernetes.io/hostname" not in meta["labels"]  # a Node's hostname is its own
+    # the node class's label, as Karpenter's own claims carry it (no hydration patch racing the launch)
+    assert meta["labels"]["karpenter.kwok.sh/kwoknodeclass"] == "default"
+    assert nodeclaim_body(SPEC, NONCE, "karpenter.k8s.aws/EC2NodeClass/gpu", "reserved")["metadata"]["labels"][
+        "karpenter.k8s.aws/ec2nodeclass"] == "gpu"
     assert meta["annotations"] == {DO_NOT_DISRUPT: "true", ANNOTATION_CLAIM: NONCE}
     assert spec["expireAfter"] == "Never"
     assert spec["nodeClassRef"] == {"group": "karpenter.kwok.sh", "kind": "KWOKNodeClass", "name": "default"}

@@ -74,18 +74,33 @@ def node_class_ref(setting: str) -> dict[str, str]:
     return {"group": group, "kind": kind, "name": name}
 
 
+def node_class_label(setting: str) -> dict[str, str]:
+    """The label Karpenter puts on every claim of a node class (``<group>/<kind, lower case>:
+    <name>``, e.g. ``karpenter.kwok.sh/kwoknodeclass: default``; on AWS
+    ``karpenter.k8s.aws/ec2nodeclass: <name>``), as its own NodePool claims carry it from their
+    create. A claim made without it is patched by Karpenter's hydration controller right after its
+    create, which races the lifecycle controller's finalizer patch: the loser's 409 requeues the
+    claim through a rate limiter (at least 1 s, then ten a second past a burst of 100), so 288
+    claims launched over 17 to 23 s instead of 1 to 7 (Karpenter v1.15.0:
+    ``nodeclaim/hydration``, ``nodeclaim/lifecycle`` ``Register``; docs/benchmarks.md)."""
+    ref = node_class_ref(setting)
+    return {f"{ref['group']}/{ref['kind'].lower()}": ref["name"]}
+
+
 def nodeclaim_body(spec: placement.NodeSpec, nonce: str, node_class: str, capacity_type: str,
                    reservation_label: str = "") -> dict[str, Any]:
     """The NodeClaim for ``spec``: Karpenter launches one instance of the type in the zone with the
     capacity type, and registers its Node with the claim's labels (the slot's, its node id, the
-    group under the label a kubelet cannot set), taints and annotations (do-not-disrupt, the nonce
-    whose digest the group's record holds until the create's answer is recorded).
+    group under the label a kubelet cannot set, and the node class's, :func:`node_class_label`),
+    taints and annotations (do-not-disrupt, the nonce whose digest the group's record holds until
+    the create's answer is recorded).
 
     With ``reservation_label`` (the setting ``karpenter_reservation_label``), a slot of an EC2
     Capacity Block also requires the block's capacity reservation by that label: the block id is
     the reservation's id (planning.capacity_blocks), taken from the slot's own labels, which
     planning wrote from the plan's block, not from anything on a Node."""
-    labels = {**spec.labels, LABEL_NODE_ID: spec.name, **lending.trusted_labels(spec.labels)}
+    labels = {**spec.labels, LABEL_NODE_ID: spec.name, **lending.trusted_labels(spec.labels),
+              **node_class_label(node_class)}
     for key in (INSTANCE_TYPE, ZONE, HOSTNAME):  # the requirements say the first two, and a Node's
         labels.pop(key, None)                    # hostname is its own
     annotations = {DO_NOT_DISRUPT: "true", **({ANNOTATION_CLAIM: nonce} if nonce else {})}
