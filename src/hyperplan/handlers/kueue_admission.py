@@ -102,10 +102,9 @@ def admission_plan(rt: Runtime, obj: dict[str, Any] | None, now: datetime) -> tu
         blocks.append(admission.BlockView(b.id, b.availability_zone, b.instance_type, usable, b.start_time, b.end_time,
                                    termination))
     failure = next((c.message for c in status.conditions if c.status == "False" and c.message), "")
-    bought = {b.instance_type for b in status.reserved_capacity}  # an EC2 block's is EC2's name
-    itype = bought.pop() if len(bought) == 1 else spec.instance_type or placement.ULTRASERVER_INSTANCE_TYPE
+    itype = groups.reserved_instance_type(spec.instance_type, spec.ultra_server_type, status.reserved_capacity)
     view = admission.AdmissionPlan(plan.metadata["name"], spec.target_resource, status.phase, tuple(blocks), failure,
-                       accelerators(itype))
+                       accelerators(itype or ""))
     schedule = None
     if status.reserved_capacity:
         schedule = plan_block_schedule([(b.start_time, b.end_time) for b in status.reserved_capacity],

@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from hyperplan.api.models import (
     Condition, InstanceGroupSpec, InstanceGroupStatus, ReservedCapacity, UltraServerReplacement, UltraServerWanted,
@@ -199,21 +199,23 @@ def check_binding(spec: InstanceGroupSpec, plan: BoundPlan,
         return ("PlanTargetNotHyperPod",
                 f"training plan {plan.name} targets {plan.target}; instance groups need a "
                 f"{HYPERPOD} plan")
-    plan_type = reserved_instance_type(plan)
+    plan_type = reserved_instance_type(plan.instance_type, plan.ultra_server_type, plan.blocks)
     if spec.instance_type != plan_type:
         return ("InstanceTypeMismatch",
                 f"group wants {spec.instance_type} but training plan {plan.name} reserves {plan_type}")
     return None
 
 
-def reserved_instance_type(plan: BoundPlan) -> str | None:
-    """The instance type the plan reserves: its spec's, or for an UltraServer plan its blocks'
-    when they name one (an UltraServer block bought as an EC2 Capacity Block holds EC2's
-    ``p6e-gb200.36xlarge``, the type its nodes carry where Karpenter launches them), else the
-    type UltraServers hold (``ml.p6e-gb200.36xlarge``)."""
-    if not plan.ultra_server_type:
-        return plan.instance_type
-    bought = {b.instance_type for b in plan.blocks}
+def reserved_instance_type(instance_type: str | None, ultra_server_type: str | None,
+                           blocks: Iterable[ReservedCapacity]) -> str | None:
+    """The instance type a plan (its spec's ``instance_type`` and ``ultra_server_type``, its
+    ``blocks``) reserves: the spec's, or for an UltraServer plan its blocks' when they name one (an
+    UltraServer block bought as an EC2 Capacity Block holds EC2's ``p6e-gb200.36xlarge``, the type
+    its nodes carry where Karpenter launches them), else the type UltraServers hold
+    (``ml.p6e-gb200.36xlarge``). The group's binding check and the Kueue admission check read it."""
+    if not ultra_server_type:
+        return instance_type
+    bought = {b.instance_type for b in blocks}
     return bought.pop() if len(bought) == 1 else placement.ULTRASERVER_INSTANCE_TYPE
 
 
