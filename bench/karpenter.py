@@ -4,20 +4,23 @@ of the same 288 nodes, in the same run, on the same plane and the same Karpenter
 
 1. Karpenter's kwok provider (build.KARPENTER_VERSION) starts beside the bench's plane, with a
    KWOKNodeClass ``default``.
-2. The floor, ``--floor-runs`` times: a static NodePool (``spec.replicas`` 288; the instance type,
+2. For comparison, ``--claims-runs`` times: a bare client making the same number of standalone
+   NodeClaims (no NodePool; the shape hyperplan makes) from as many threads as hyperplan's
+   creates, timed from the first create until all their Nodes are Ready: Karpenter's time for
+   claims of that shape, without hyperplan.
+3. The floor, ``--floor-runs`` times: a static NodePool (``spec.replicas`` 288; the instance type,
    the zone, capacity type ``reserved``; ``expireAfter: Never``, budgets ``nodes: "0"``) created by
    a bare client, timed from the create until a raw node watch has seen 288 of its Nodes Ready; then
    the NodePool is deleted and its Nodes gone. This is what Karpenter itself takes for 288 nodes.
-3. For comparison, ``--claims-runs`` times: a bare client making the same number of standalone
-   NodeClaims (no NodePool; the shape hyperplan makes) from 8 threads, timed from the first create
-   until all their Nodes are Ready: Karpenter's time for claims of that shape, without hyperplan.
-4. The operator (demo profile), ``--runs`` times: a plan of 16 x ml.u-p6e-gb200x72 and a karpenter
-   InstanceGroup of 272 (17 active + 1 spare each): timed from the block's ``startTime`` until the
-   watch has seen all 288 group Nodes Ready; then the group is deleted and its Nodes gone.
+4. The operator (demo profile), ``--runs`` times, taking turns with the floor's runs (floor,
+   group, floor, group, ...: what drifts over the bench weighs on both alike): a plan of 16 x
+   ml.u-p6e-gb200x72 and a karpenter InstanceGroup of 272 (17 active + 1 spare each): timed from
+   the block's ``startTime`` until the watch has seen all 288 group Nodes Ready; then the group
+   is deleted and its Nodes gone.
 
 Target (issue 24): the median operator time within 1.3 x the median floor.
 
-    .venv/bin/python bench/karpenter.py [--ultraservers 16] [--floor-runs 2] [--runs 2] [--lead 25]
+    .venv/bin/python bench/karpenter.py [--ultraservers 16] [--floor-runs 3] [--runs 3] [--claims-runs 0] [--lead 25]
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from _common import (  # noqa: E402
 )
 from nodes_ready import NodeTracker, group_to_ready, remove_group  # noqa: E402
 
+from hyperplan.actuation.groups import CREATE_WORKERS  # noqa: E402
 from hyperplan_dev import build  # noqa: E402
 from hyperplan_dev import karpenter as karpenter_plane  # noqa: E402
 
@@ -146,7 +150,7 @@ def standalone_claim(name: str, i: int) -> dict:
                      "requirements": nodepool(name, 0)["spec"]["template"]["spec"]["requirements"]}}
 
 
-def claims_floor_run(h: Harness, i: int, n: int, threads: int = 8) -> float:
+def claims_floor_run(h: Harness, i: int, n: int, threads: int = CREATE_WORKERS) -> float:
     """A bare client creating ``n`` standalone NodeClaims from ``threads`` threads (hyperplan's
     create width): what Karpenter takes for claims of the shape hyperplan makes, without hyperplan."""
     name = f"claims-{i}"
@@ -163,6 +167,26 @@ def claims_floor_run(h: Harness, i: int, n: int, threads: int = 8) -> float:
         f"standalone claims run {i + 1}: {n} NodeClaims from a bare client")
 
 
+def group_run(h: Harness, args: argparse.Namespace, i: int, n: int) -> dict:
+    """The operator: a plan of ``args.ultraservers`` x72 UltraServers and a karpenter group on it,
+    timed from the block's start until its ``n`` Nodes are Ready; then the group removed."""
+    name = f"bench-karpenter-{i}"
+    claims = NodeTracker()
+    wc = h.watch(CLAIMS, claims.on_event, labelSelector=f"hyperplan.dev/instance-group={name}")
+    before = requests(h)
+    if AUDIT is not None:
+        AUDIT.mark()
+    r, tracker, w = group_to_ready(
+        h, i, name, {"ultraServerType": X72, "ultraServerCount": args.ultraservers},
+        {"instanceType": GB200, "instanceCount": (PER_ULTRASERVER - 1) * args.ultraservers,
+         "nodeProvider": "karpenter"}, n, args.lead, ready_timeout=300)
+    step(f"operator run {i + 1}: " + timeline(claims, tracker, r["start"], before, requests(h)))
+    audited(f"operator run {i + 1} (from the plan's create)")
+    remove_group(h, name, tracker, w, timeout=300)
+    wc.stop()
+    return r
+
+
 def main(h: Harness, args: argparse.Namespace) -> int:
     n = PER_ULTRASERVER * args.ultraservers
     if not build.component("karpenter").is_built():
@@ -173,27 +197,18 @@ def main(h: Harness, args: argparse.Namespace) -> int:
         h.kubectl("apply", "-f", "-", input=(
             '{"apiVersion": "%s/v1alpha1", "kind": "%s", "metadata": {"name": "default"}}'
             % (karpenter_plane.NODECLASS_GROUP, karpenter_plane.NODECLASS_KIND)))
-        floors = [floor_run(h, i, n) for i in range(args.floor_runs)]
         bare_claims = [claims_floor_run(h, i, n) for i in range(args.claims_runs)]
         h.start_operator("demo", {"HYPERPLAN_KARPENTER_LAUNCH_TIMEOUT_SECONDS": "120"})
         h.create("capacitypools", pool("bench-x72", GB200, PER_ULTRASERVER * args.ultraservers * 2, AZ, X72))
-        runs = []
-        for i in range(args.runs):
-            name = f"bench-karpenter-{i}"
-            claims = NodeTracker()
-            wc = h.watch(CLAIMS, claims.on_event, labelSelector=f"hyperplan.dev/instance-group={name}")
-            before = requests(h)
-            if AUDIT is not None:
-                AUDIT.mark()
-            r, tracker, w = group_to_ready(
-                h, i, name, {"ultraServerType": X72, "ultraServerCount": args.ultraservers},
-                {"instanceType": GB200, "instanceCount": (PER_ULTRASERVER - 1) * args.ultraservers,
-                 "nodeProvider": "karpenter"}, n, args.lead, ready_timeout=300)
-            runs.append(r)
-            step(f"operator run {i + 1}: " + timeline(claims, tracker, r["start"], before, requests(h)))
-            audited(f"operator run {i + 1} (from the plan's create)")
-            remove_group(h, name, tracker, w, timeout=300)
-            wc.stop()
+        # Floor and group runs take turns (floor, group, floor, ...), so that what drifts over a
+        # run of the bench (the plane's history, Karpenter's caches, the machine) weighs on both
+        # alike; the operator, idle during a floor run, stays up throughout.
+        floors, runs = [], []
+        for i in range(max(args.floor_runs, args.runs)):
+            if i < args.floor_runs:
+                floors.append(floor_run(h, i, n))
+            if i < args.runs:
+                runs.append(group_run(h, args, i, n))
         h.stop_operator()
     finally:
         k.stop()
@@ -217,9 +232,9 @@ def main(h: Harness, args: argparse.Namespace) -> int:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ultraservers", type=int, default=16)
-    parser.add_argument("--floor-runs", type=int, default=2)
-    parser.add_argument("--runs", type=int, default=2)
-    parser.add_argument("--claims-runs", type=int, default=2,
+    parser.add_argument("--floor-runs", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--claims-runs", type=int, default=0,
                         help="runs of a bare client making the same number of standalone NodeClaims (for comparison)")
     parser.add_argument("--lead", type=int, default=25)
     parser.add_argument("--audit", action="store_true",

@@ -559,3 +559,24 @@ def test_a_group_seen_at_start_or_created_gets_a_pass_under_its_label_value(even
     assert was_woken is woken
     assert names == ({key: LONG} if known else {})
     assert reached == ([LONG] if known else [])  # an unknown key's pass does nothing
+
+
+@pytest.mark.parametrize("durations, level", [
+    pytest.param([0.1, 0.3, 0.2], None, id="a-quick-pass-logs-at-debug-only"),
+    pytest.param([0.0, 6.4, 0.8], "INFO", id="a-slow-pass-says-which-phase-held-it"),
+])
+def test_a_pass_reports_where_its_time_went(durations: list[float], level: str | None, caplog) -> None:
+    ticks = iter([0.0] + [sum(durations[:i + 1]) for i in range(len(durations))])
+    phases = workqueue.PassPhases(monotonic=lambda: next(ticks))
+    for name in ("read", "apply", "status"):
+        phases.mark(name)
+    with caplog.at_level("INFO", logger="hyperplan.workqueue"):
+        phases.report("group g", 288)
+    assert [name for name, _ in phases.phases] == ["read", "apply", "status"]
+    lines = [r for r in caplog.records if r.name == "hyperplan.workqueue"]
+    if level is None:
+        assert not lines
+    else:
+        assert [r.levelname for r in lines] == [level]
+        assert lines[0].getMessage() == ("group g: pass took 7.20 s with 288 create(s): "
+                                         "read 0.00, apply 6.40, status 0.80")

@@ -57,7 +57,12 @@ from hyperplan.planning.groups import (
 )
 from hyperplan.planning.plans import Event
 
-CREATE_WORKERS = 8
+# A pass's new nodes (with its health notes, marks and promotions) go out this many at once: a
+# block's start is a burst of creates, and Karpenter's own provisioner sends a NodePool's claims
+# all at once. At 8, a group's 288 NodeClaims took 6 to 16 s against an API server busy with
+# Karpenter's launches of the first ones, where Karpenter's own took 4 (docs/benchmarks.md).
+CREATE_WORKERS = 32
+DRAIN_WORKERS = 8  # drains at once per pass: each lists and evicts pods, heavier than a create
 NODE_WRITE_THREADS = 64  # all groups' node writes at once (run_together)
 T = TypeVar("T")
 log = logging.getLogger("hyperplan.groups")
@@ -504,7 +509,7 @@ def run_together(calls: Sequence[Callable[[], T]], width: int = CREATE_WORKERS) 
 def drain_nodes(provider: NodeProvider, pods: NodePods,
                 todo: Sequence[tuple[client.V1Node, str, datetime | None]],
                 now: datetime, records: Records | None = None) -> list[tuple[str, DrainOutcome]]:
-    """:func:`drain_node` for each (node, reason, deadline), from up to :data:`CREATE_WORKERS`
+    """:func:`drain_node` for each (node, reason, deadline), from up to :data:`DRAIN_WORKERS`
     threads (the nodes are independent; one after the other, the 288 nodes of a group of 16 x72
     UltraServers took about 3 minutes to leave); (node id, outcome) in the order given. Sync."""
     if not todo:
@@ -518,4 +523,4 @@ def drain_nodes(provider: NodeProvider, pods: NodePods,
         return (record.node_id if record is not None else node.metadata.name,
                 drain_node(provider, pods, node, reason, deadline, now, record))
 
-    return run_together([functools.partial(one, item) for item in todo])
+    return run_together([functools.partial(one, item) for item in todo], DRAIN_WORKERS)

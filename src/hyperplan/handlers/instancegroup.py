@@ -40,7 +40,7 @@ from hyperplan.api.vocabulary import FINALIZER  # set by kopf (operator.configur
 from hyperplan.handlers.context import Runtime, status_of, status_patch, ultraserver_replacements
 from hyperplan.handlers import kueue_state
 from hyperplan.handlers.trainingplan import as_the_ledger_holds
-from hyperplan.handlers.workqueue import Pace
+from hyperplan.handlers.workqueue import Pace, PassPhases
 from hyperplan.planning import deepchecks
 from hyperplan.planning import health
 from hyperplan.planning import naming
@@ -102,6 +102,7 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     obj = rt.cache.group(name)
     if obj is None or obj["metadata"].get("deletionTimestamp"):
         return None
+    phases = PassPhases()
     try:
         group = InstanceGroup.model_validate(obj)
     except ValidationError as e:
@@ -135,6 +136,7 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     check_jobs = await in_thread(rt, rt.checks.list, name, awaited) if awaited else None
 
     # Decide.
+    phases.mark("read")
     now, key = rt.clock(), naming.label_value(name)
     plan = bound_plan(as_the_ledger_holds(rt, plan_obj, now)) if plan_obj else None  # blocks: the ledger's
     rt.group_memory.bind(key, group.spec.training_plan_ref)
@@ -177,6 +179,7 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     # group's deletion, recording its cordons) may have changed it meanwhile, and a list in a merge
     # patch replaces the whole list.
     record_rv = obj["metadata"].get("resourceVersion")
+    phases.mark("decide")
     if claims or rebooting:
         intent = recorded(ownership.next_record(
             held.sorted, [ownership.pending_entry(n, c) for n, c in claims.items()], listed_fresh=fresh,
@@ -194,6 +197,7 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
             record_rv = written["metadata"].get("resourceVersion")
 
     # Apply, then remember what was done (on the event loop).
+    phases.mark("intent")
     rt.group_memory.note_releasing(key, releases_of(decision))
     checking = decision.checks is not None and bool(decision.checks.start or decision.checks.finished
                                                      or decision.checks.began)
@@ -208,6 +212,7 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     rt.group_memory.note_short_of_free_nodes(key, applied.short_of_free_nodes)  # see handlers.nodes
 
     # One status patch, then the events.
+    phases.mark("apply")
     decision.status.nodes = recorded(ownership.next_record(
         held.sorted, applied.made, applied.changed, applied.released, listed_fresh=fresh,
         launching=launching, vanished=vanished_records(rt, key)), decision)
@@ -236,6 +241,7 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
         if written:
             rt.cache.wrote(PLURAL, written)
         metrics.STATUS_WRITES.labels("InstanceGroup").inc()
+    phases.mark("status")
     post_events(obj, [(None, ev) for ev in decision.events] + applied.events)
     for ev in decision.plan_events if plan_obj is not None else ():  # logged with the group's already
         kopf.event(plan_obj, type=ev.type, reason=ev.reason, message=ev.message)
@@ -254,6 +260,8 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
                              or decision.status.ultra_servers_wanted != group.status.ultra_servers_wanted):
         # Its counts follow the nodes (see handlers.nodes); it may buy an UltraServer a group wants.
         rt.queue.wake("plan", plan.name)
+    phases.mark("events")
+    phases.report(f"group {name}", len(decision.create))
     wake_at = decision.wake_at
     if launching or any(e.node_claim is not None for e in applied.made):
         # A claim waits for its Node (made now, or before): no watch event says when Karpenter ties

@@ -106,6 +106,33 @@ class Pace:
         return 0.0 if seconds < self.start else min(seconds, self.most)
 
 
+SLOW_PASS = 2.0  # seconds: a pass longer than this logs where its time went
+
+
+class PassPhases:
+    """Where one pass's time went, phase by phase (``mark(name)`` ends the phase so named): logged
+    at info level when the pass took longer than :data:`SLOW_PASS`, else at debug level. A slow
+    pass at a block's start is what a user sees as nodes coming late; its phases say whether
+    the reads, the creates or the status writes held it."""
+
+    def __init__(self, monotonic: Callable[[], float] = time.monotonic):
+        self._monotonic = monotonic
+        self._start = self._last = monotonic()
+        self.phases: list[tuple[str, float]] = []
+
+    def mark(self, phase: str) -> None:
+        now = self._monotonic()
+        self.phases.append((phase, now - self._last))
+        self._last = now
+
+    def report(self, what: str, writes: int) -> None:
+        total = self._last - self._start
+        level = logging.INFO if total > SLOW_PASS else logging.DEBUG
+        if log.isEnabledFor(level):
+            log.log(level, "%s: pass took %.2f s with %d create(s): %s", what, total, writes,
+                    ", ".join(f"{phase} {seconds:.2f}" for phase, seconds in self.phases))
+
+
 @dataclass
 class Lane:
     """One kind's pass, its ready queue and its workers."""
