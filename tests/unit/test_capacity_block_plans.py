@@ -394,3 +394,58 @@ def test_a_key_refused_the_extension_fails_the_entry_naming_the_ec2_right(world)
     [entry] = status(w)["extensions"]
     assert (entry["status"], entry["reason"]) == ("Failed", "RemoteRefused"), entry
     assert "ec2:PurchaseCapacityBlockExtension" in entry["message"]
+
+
+# --------------------------------------------------------------------------- an UltraServer's interconnect
+
+GB200, X72 = "p6e-gb200.36xlarge", "ml.u-p6e-gb200x72"
+
+
+def ultraserver_block(world) -> tuple[World, FakeCapacityBlocks, str]:
+    """A plan of one x72 UltraServer bought as an EC2 UltraServer Capacity Block, its block running;
+    the Capacity Block's id too."""
+    pool = CapacityPool(metadata={"name": "cb-gb200"}, spec=CapacityPoolSpec(
+        instance_type=GB200, availability_zone=ZONE, ultra_server_type=X72,
+        source=PoolSource(ec2_capacity_blocks=Ec2CapacityBlocksSource(region="us-east-1"))))
+    offer = {"CapacityBlockOfferingId": "cbo-ultra", "InstanceType": GB200, "AvailabilityZone": ZONE,
+             "InstanceCount": 18, "UltraserverType": "u-p6e-gb200x72", "UltraserverCount": 1, "StartDate": START,
+             "EndDate": START + timedelta(hours=48), "CapacityBlockDurationHours": 48, "UpfrontFee": "450000.00",
+             "CurrencyCode": "USD"}
+    w, seller = world(offer, pool=pool, ultraServerType=X72, ultraServerCount=1)
+    del w.kube.objects[(PLANS_PLURAL, NAME)]["spec"]["instanceType"]
+    del w.kube.objects[(PLANS_PLURAL, NAME)]["spec"]["instanceCount"]
+    w.run(reconcile_plan, NAME)
+    assert len(buys(seller)) == 1, seller.calls
+    rid = seller.pay(UID, "active")
+    w.now = START + timedelta(hours=1)
+    w.run(reconcile_plan, NAME)
+    later(w, 2)
+    w.run(reconcile_plan, NAME)
+    assert status(w)["phase"] == "Active", status(w)
+    return w, seller, str(seller.reservations[rid]["CapacityBlockId"])
+
+
+def ultra_health(w: World) -> dict[str, str]:
+    return {u["id"]: u["healthStatus"] for u in status(w)["ultraServers"]}
+
+
+def test_an_ec2_ultraserver_whose_interconnect_is_impaired_is_impaired_in_the_plans_status(world) -> None:
+    w, seller, capacity_block = ultraserver_block(world)
+    [ultraserver] = ultra_health(w)
+    assert ultra_health(w) == {ultraserver: "ok"}
+    assert [args for op, args in seller.calls if op == "interconnect"] == [capacity_block]
+
+    seller.interconnect[capacity_block] = "impaired"
+    later(w, 20)
+    w.run(reconcile_plan, NAME)
+    assert ultra_health(w) == {ultraserver: "ok"}  # paced: asked again after a minute
+
+    later(w, 45)
+    w.run(reconcile_plan, NAME)
+    assert ultra_health(w) == {ultraserver: "impaired"}
+
+    seller.interconnect[capacity_block] = "ok"
+    later(w, 61)
+    w.run(reconcile_plan, NAME)
+    assert ultra_health(w) == {ultraserver: "ok"}
+    assert len([op for op, _ in seller.calls if op == "interconnect"]) == 3

@@ -19,6 +19,7 @@ from hyperplan.actuation.capacity_blocks import CapacityBlocks
 from hyperplan.actuation.remote import NotBought, RemoteError
 from hyperplan.api.models import Ec2CapacityBlocksSource
 from hyperplan.planning import capacity_blocks as cb
+from hyperplan.planning import naming
 from hyperplan.planning.blocks import Block
 from hyperplan.planning.offerings import OfferingRequest
 from hyperplan.planning.policy import SAGEMAKER
@@ -157,7 +158,7 @@ def test_an_ultraserver_purchase_answer_of_one_reservation_per_ultraserver_is_on
                             "StartDate": START, "EndDate": END, "State": "scheduled"}],
         "CapacityReservations": PER_ULTRASERVER}, {
         "CapacityBlockOfferingId": "cbo-ultra", "InstancePlatform": "Linux/UNIX",
-        "TagSpecifications": cb.purchase_tags(NAME, TAGS, ZONE)})
+        "TagSpecifications": cb.purchase_tags(NAME, TAGS, ZONE, X72)})  # the UltraServer type tagged
     [remote_offering] = cb.offerings_of([offering()], POOL.name, GB200, ZONE, ultra_request(), X72)
 
     plan = blocks.buy(NAME, UID, remote_offering, 1, TAGS)
@@ -222,3 +223,66 @@ def test_an_ultraserver_offering_sold_meanwhile_is_not_bought(stubbed) -> None:
     [remote_offering] = cb.offerings_of([offering()], POOL.name, GB200, ZONE, ultra_request(), X72)
     with pytest.raises(NotBought, match="InsufficientCapacity"):
         blocks.buy(NAME, UID, remote_offering, 1, TAGS)
+
+
+
+# --------------------------------------------------------------------------- interconnect health
+
+
+def tagged(*reservations: dict, ultra: str | None = X72) -> list[dict]:
+    """The reservations as a purchase tags them with its UltraServer type (none: bought before)."""
+    if ultra is None:
+        return list(reservations)
+    return [{**r, "Tags": r["Tags"] + [{"Key": cb.TAG_ULTRASERVER_TYPE, "Value": ultra}]} for r in reservations]
+
+
+ONE_ULTRASERVER = tagged(reservation("cr-0000000000000000a"))
+US0 = naming.ultraserver_id("cr-0000000000000000a", 0)
+
+
+def test_a_listed_ultraserver_block_knows_its_type_and_capacity_block_from_its_reservations() -> None:
+    [block] = cb.plan_from(NAME, tagged(*PER_ULTRASERVER), "us-east-1").blocks
+    assert (block.ultra_server_type, block.capacity_block_ids, block.id) == (X72, (CBID,), CBID)
+    [untagged] = cb.plan_from(NAME, PER_ULTRASERVER, "us-east-1").blocks
+    assert (untagged.ultra_server_type, untagged.capacity_block_ids) == (None, (CBID,))
+
+
+@pytest.mark.parametrize("reservations, interconnect, health", [
+    (ONE_ULTRASERVER, "impaired", {US0: "impaired"}),
+    (ONE_ULTRASERVER, "ok", {US0: "ok"}),
+    (ONE_ULTRASERVER, "insufficient-data", {US0: "insufficient-data"}),
+    (ONE_ULTRASERVER, "degraded", {US0: "insufficient-data"}),  # a status EC2 adds later
+    (ONE_ULTRASERVER, None, {}),  # EC2 answers about another Capacity Block only
+], ids=["impaired", "ok", "insufficient-data", "a-new-status", "not-in-the-answer"])
+def test_ec2s_interconnect_status_is_the_health_of_a_one_ultraserver_blocks_ultraserver(
+        stubbed, reservations, interconnect, health) -> None:
+    blocks, stub = stubbed
+    [block] = cb.plan_from(NAME, reservations, "us-east-1").blocks
+    status = {"CapacityBlockId": CBID if interconnect else "cb-0ther00000000000", "TotalCapacity": 18,
+              "InterconnectStatus": interconnect or "ok"}
+    stub.add_response("describe_capacity_block_status", {"CapacityBlockStatuses": [status]},
+                      {"CapacityBlockIds": [CBID], "MaxResults": 1000})
+    assert blocks.ultra_server_health(block) == health
+
+
+@pytest.mark.parametrize("reservations", [
+    tagged(*PER_ULTRASERVER),  # two UltraServers share one status: which one is impaired is not known
+    tagged(reservation("cr-0000000000000000a"), ultra=None),  # bought before the type was tagged
+    tagged(reservation("cr-0000000000000000a", block=None)),  # no Capacity Block named
+    tagged(reservation("cr-0000000000000000a", count=36)),  # one reservation of two UltraServers
+], ids=["two-ultraservers", "untagged", "no-capacity-block", "one-reservation-of-two"])
+def test_ec2_is_not_asked_about_a_block_whose_ultraserver_it_cannot_name(stubbed, reservations) -> None:
+    blocks, _ = stubbed
+    [block] = cb.plan_from(NAME, reservations, "us-east-1").blocks
+    assert blocks.ultra_server_health(block) == {}  # no call: the Stubber would refuse one
+
+
+def test_a_refused_interconnect_status_call_is_a_refused_remote_error(stubbed) -> None:
+    blocks, stub = stubbed
+    [block] = cb.plan_from(NAME, ONE_ULTRASERVER, "us-east-1").blocks
+    stub.add_client_error("describe_capacity_block_status", service_error_code="UnauthorizedOperation",
+                          service_message="not allowed", http_status_code=403)
+    with pytest.raises(RemoteError) as e:
+        blocks.ultra_server_health(block)
+    assert (e.value.operation, e.value.code, e.value.refused) == ("DescribeCapacityBlockStatus",
+                                                                  "UnauthorizedOperation", True)

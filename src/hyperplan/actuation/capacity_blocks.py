@@ -158,7 +158,15 @@ class CapacityBlocks(RemoteCalls, ExtendsCapacityBlocks):
     # ------------------------------------------------------------------ CapacitySeller
 
     def ultra_server_health(self, block: Any) -> dict[str, str]:
-        return {}  # EC2 has no ListUltraServersByReservedCapacity: the nodes alone say (docs/aws.md)
+        """DescribeCapacityBlockStatus of the block's Capacity Block, as its UltraServer's health
+        (planning.capacity_blocks.told_capacity_block: asked for a block of one UltraServer only; a
+        block bought before its reservations were tagged with their UltraServer type is not asked)."""
+        told = cb.told_capacity_block(block)
+        if told is None:
+            return {}
+        statuses = self._pages("DescribeCapacityBlockStatus", "describe_capacity_block_status",
+                               "CapacityBlockStatuses", CapacityBlockIds=[told])
+        return cb.interconnect_health_of(statuses, block)
 
     def find_offerings(self, request: OfferingRequest, policy: Policy,
                   pools: Sequence[PoolTerms]) -> list[RemoteOffering]:
@@ -220,7 +228,8 @@ class CapacityBlocks(RemoteCalls, ExtendsCapacityBlocks):
                 f"nothing is bought again for {UNCERTAIN_FOR:.0f} s"), self.endpoint)
         try:
             zone = offering.offering.blocks[0].availability_zone  # the pool's, as it names it
-            answer = self.purchase(offering.remote_id, cb.purchase_tags(name, tags, zone))
+            answer = self.purchase(offering.remote_id, cb.purchase_tags(
+                name, tags, zone, offering.offering.blocks[0].ultra_server_type))
         except RemoteError as e:
             if e.code in OFFERING_GONE:
                 raise NotBought(f"EC2 no longer sells capacity block offering {offering.offering.id}: "

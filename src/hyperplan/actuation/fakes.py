@@ -746,7 +746,11 @@ class FakeCapacityBlocks(_FakeEndpoint, ExtendsCapacityBlocks):
     Extensions are EC2's three calls under the real seller's own half (ExtendsCapacityBlocks):
     ``extension_offered`` holds ``CapacityBlockExtensionOffering`` dicts by reservation id; a
     purchase takes one off sale as ``payment-pending`` in ``extension_log``, and
-    :meth:`extension_paid` settles it (paid: the reservation ends where the extension does)."""
+    :meth:`extension_paid` settles it (paid: the reservation ends where the extension does).
+
+    An UltraServer offering (``UltraserverType``) is bought as one reservation in a Capacity Block
+    of its own (``cb-...``), tagged with its type; ``interconnect`` holds each Capacity Block's
+    ``InterconnectStatus``."""
 
     endpoint: str = "https://ec2.us-east-1.amazonaws.com"
     region: str = "us-east-1"
@@ -757,6 +761,7 @@ class FakeCapacityBlocks(_FakeEndpoint, ExtendsCapacityBlocks):
     account: str = "111122223333"
     extension_offered: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # by CapacityReservationId
     extension_log: list[dict[str, Any]] = field(default_factory=list)  # CapacityBlockExtension dicts
+    interconnect: dict[str, str] = field(default_factory=dict)  # InterconnectStatus by CapacityBlockId
 
     def describe_extension_offerings(self, reservation: str, hours: int) -> list[Mapping[str, Any]]:
         self.calls.append(("describe_extension_offerings", (reservation, hours)))
@@ -801,7 +806,7 @@ class FakeCapacityBlocks(_FakeEndpoint, ExtendsCapacityBlocks):
         self.calls.append(("find_offerings", [p.name for p in pools]))
         self._up("DescribeCapacityBlockOfferings")
         return [o for p in pools for o in cb.offerings_of(self.offered, p.name, p.instance_type,
-                                                          p.availability_zone, request)]
+                                                          p.availability_zone, request, p.ultra_server_type)]
 
     def _mine(self, plan_uid: str) -> list[dict[str, Any]]:
         from hyperplan.planning import capacity_blocks as cb
@@ -821,8 +826,9 @@ class FakeCapacityBlocks(_FakeEndpoint, ExtendsCapacityBlocks):
                             "InsufficientInstanceCapacity")
         self.offered.remove(entry)
         rid = f"cr-{len(self.reservations):017x}"
-        [spec] = cb.purchase_tags(name, tags)
-        self.reservations[rid] = {
+        [spec] = cb.purchase_tags(name, tags, None, offering.offering.blocks[0].ultra_server_type)
+        ultra = {"CapacityBlockId": f"cb-{len(self.reservations):017x}"} if entry.get("UltraserverType") else {}
+        self.reservations[rid] = {**ultra,
             "CapacityReservationId": rid, "OwnerId": self.account,
             "CapacityReservationArn": f"arn:aws:ec2:{self.region}:{self.account}:capacity-reservation/{rid}",
             "InstanceType": entry["InstanceType"], "AvailabilityZone": entry["AvailabilityZone"],
@@ -838,7 +844,16 @@ class FakeCapacityBlocks(_FakeEndpoint, ExtendsCapacityBlocks):
         return str(newest["CapacityReservationId"])
 
     def ultra_server_health(self, block: Any) -> dict[str, str]:
-        return {}
+        """The real seller's rule (planning.capacity_blocks.told_capacity_block) over
+        ``interconnect`` (InterconnectStatus by CapacityBlockId)."""
+        from hyperplan.planning import capacity_blocks as cb
+        told = cb.told_capacity_block(block)
+        if told is None:
+            return {}
+        self.calls.append(("interconnect", told))
+        self._up("DescribeCapacityBlockStatus")
+        return cb.interconnect_health_of([{"CapacityBlockId": told, "InterconnectStatus": self.interconnect[told]}]
+                                         if told in self.interconnect else [], block)
 
     def remote_plans(self) -> list[Any]:
         from hyperplan.planning import capacity_blocks as cb

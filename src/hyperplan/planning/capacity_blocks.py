@@ -50,6 +50,12 @@ held only once none of them is still being paid (a block of half its UltraServer
 as a smaller one, and its id would change). Such a block is not extended here (an extension is
 bought per reservation: :func:`reservation_id`).
 
+**UltraServer health** (:func:`told_capacity_block`, :func:`interconnect_health_of`): a purchase
+tags its reservations with its UltraServer type (:data:`TAG_ULTRASERVER_TYPE`), so that a listed
+block knows it is one; EC2's ``DescribeCapacityBlockStatus`` tells an ``InterconnectStatus`` per
+Capacity Block, which is the health of the block's UltraServer when the block is one UltraServer
+in one Capacity Block (planning.remote.with_remote_health takes it as SageMaker's).
+
 **States** (:data:`STATES`): a reservation bought but not paid yet (``payment-pending``, and
 ``pending``/``assessing``/``delayed``) holds no block yet, so the plan waits; ``scheduled``,
 ``active`` and ``expired`` hold their block; ``payment-failed``, ``failed``, ``cancelled``,
@@ -74,6 +80,7 @@ from collections import defaultdict
 from typing import Any, Iterable, Mapping
 
 from hyperplan.api.vocabulary import GROUP, TAG_TRAINING_PLAN_UID, ULTRASERVER_INSTANCES
+from hyperplan.planning import naming
 from hyperplan.planning.blocks import Block
 from hyperplan.planning.offerings import EXTENSION_DAYS, Extension, Offering, OfferingRequest, extension_id
 from hyperplan.planning.policy import Policy
@@ -82,6 +89,9 @@ from hyperplan.planning.remote import (ExtensionRecord, RemoteBlock, RemoteExten
 
 TAG_REMOTE_PLAN = f"{GROUP}/remote-plan"  # the name of the attempt that bought the reservation
 TAG_ZONE = f"{GROUP}/availability-zone"  # the zone as the buying pool names it (a name or an id)
+TAG_ULTRASERVER_TYPE = f"{GROUP}/ultraserver-type"  # an UltraServer purchase's type, in hyperplan's naming
+# EC2's CapacityBlockInterconnectStatus as an UltraServer's health (planning.remote.ULTRASERVER_HEALTH's words)
+INTERCONNECT_HEALTH = {"ok": "ok", "impaired": "impaired", "insufficient-data": "insufficient-data"}
 PLATFORM = "Linux/UNIX"  # the nodes Karpenter launches into the block
 NOUN = "capacity block"
 
@@ -213,11 +223,14 @@ def offerings_of(answer: Iterable[Mapping[str, Any]], pool: str, instance_type: 
     return out
 
 
-def purchase_tags(remote_name: str, tags: Mapping[str, str], zone: str | None = None) -> list[dict[str, Any]]:
+def purchase_tags(remote_name: str, tags: Mapping[str, str], zone: str | None = None,
+                  ultra_server_type: str | None = None) -> list[dict[str, Any]]:
     """PurchaseCapacityBlock's TagSpecifications: the reservations carry the attempt's name and the
-    local plan's name and uid, which is how a pass finds them again (:func:`plans_of`), and the
-    zone as the buying pool names it (:func:`zone_as_named`)."""
-    pairs = {**tags, TAG_REMOTE_PLAN: remote_name, **({TAG_ZONE: zone} if zone else {})}
+    local plan's name and uid, which is how a pass finds them again (:func:`plans_of`), the zone
+    as the buying pool names it (:func:`zone_as_named`), and an UltraServer purchase's type (a
+    reservation does not say it; :func:`interconnect_health_of` needs it)."""
+    pairs = {**tags, TAG_REMOTE_PLAN: remote_name, **({TAG_ZONE: zone} if zone else {}),
+             **({TAG_ULTRASERVER_TYPE: ultra_server_type} if ultra_server_type else {})}
     return [{"ResourceType": "capacity-reservation",
              "Tags": [{"Key": k, "Value": v} for k, v in sorted(pairs.items())]}]
 
@@ -287,9 +300,13 @@ def plan_from(name: str, reservations: Iterable[Mapping[str, Any]], region: str)
                 or not all(r.get("TotalInstanceCount") for r in held):
             continue
         block_status = next(s for s in _STATUS_ORDER if s in {status for _, status, holds in members if holds})
+        ultra = {tags_of(r).get(TAG_ULTRASERVER_TYPE) or None for r, _, _ in members}
         blocks.append(RemoteBlock(arn=_block_arn([r for r, _, _ in members], region), instance_type=itype,
                                   instance_count=sum(int(r["TotalInstanceCount"]) for r in held),
-                                  availability_zone=zone, start=start, end=end, status=block_status))
+                                  availability_zone=zone, start=start, end=end, status=block_status,
+                                  ultra_server_type=ultra.pop() if len(ultra) == 1 else None,
+                                  capacity_block_ids=tuple(sorted({str(r["CapacityBlockId"]) for r, _, _ in members
+                                                                   if r.get("CapacityBlockId")}))))
     status = next((s for s in _STATUS_ORDER if s in statuses), "Pending")
     return RemotePlan(name=name, arn=arn_of(ordered[0], region) if ordered else "", status=status,
                       status_message="; ".join(messages), blocks=tuple(sorted(blocks, key=lambda b: (b.start, b.arn))),
@@ -305,6 +322,30 @@ def plans_of(reservations: Iterable[Mapping[str, Any]], region: str) -> list[Rem
         if name:
             by_name[name].append(r)
     return [plan_from(name, rs, region) for name, rs in sorted(by_name.items())]
+
+
+def told_capacity_block(block: RemoteBlock) -> str | None:
+    """The Capacity Block whose interconnect health is the health of the block's UltraServer, or
+    None. EC2 tells one ``InterconnectStatus`` per Capacity Block, and which of a block's
+    UltraServers is which machine is not known here (AWS's own UltraServer ids are not mapped to
+    nodes: docs/aws.md), so only a block of one UltraServer in one Capacity Block is told: its
+    UltraServer is the Capacity Block. Any other block, none (its nodes alone say)."""
+    per_server = ULTRASERVER_INSTANCES.get(block.ultra_server_type or "")
+    if not per_server or block.instance_count != per_server or len(block.capacity_block_ids) != 1:
+        return None
+    return block.capacity_block_ids[0]
+
+
+def interconnect_health_of(statuses: Iterable[Mapping[str, Any]], block: RemoteBlock) -> dict[str, str]:
+    """DescribeCapacityBlockStatus's answer as the health of the block's UltraServer, by its id
+    here (planning.naming.ultraserver_id; :func:`told_capacity_block` says which blocks are told).
+    A status EC2 adds later is taken as insufficient data."""
+    wanted = told_capacity_block(block)
+    for status in statuses if wanted else ():
+        if status.get("CapacityBlockId") == wanted and status.get("InterconnectStatus"):
+            return {naming.ultraserver_id(block.id, 0):
+                    INTERCONNECT_HEALTH.get(str(status["InterconnectStatus"]), "insufficient-data")}
+    return {}
 
 
 def bought(answer: Mapping[str, Any]) -> list[Mapping[str, Any]]:

@@ -105,6 +105,9 @@ class RemoteBlock:
     end: datetime
     status: str
     ultra_server_type: str | None = None
+    # EC2's Capacity Blocks the block's reservations belong to (``cb-...``; planning.capacity_blocks):
+    # what EC2's interconnect health is asked by. Empty for a SageMaker block.
+    capacity_block_ids: tuple[str, ...] = ()
 
     @property
     def id(self) -> str:
