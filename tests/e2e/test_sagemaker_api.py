@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from datetime import timedelta
 
@@ -362,7 +363,14 @@ def sagemaker_extend(ctx: Context) -> dict:
     refused = eventually(lambda: next((e for e in (k.get("trainingplan", name).get("status") or {}).get(
         "extensions", []) if e["offeringId"] == made_up and e["status"] == "Failed"), None),
         timeout=60, interval=1, what="the made-up extension failed")
-    events = k.get("events", None, "--field-selector", f"involvedObject.name={name}")["items"]
+    # The Event is posted after the status that shows the failure: look for it a while (what was
+    # seen last is what the test judges).
+    deadline = time.monotonic() + 30
+    while True:
+        events = k.get("events", None, "--field-selector", f"involvedObject.name={name}")["items"]
+        if any(e["reason"] == "ExtensionNotOffered" for e in events) or time.monotonic() > deadline:
+            break
+        time.sleep(1)
     # Past the old end, the block (same id) still runs: the group keeps its node.
     eventually(lambda: utcnow() > old_end + timedelta(seconds=5), timeout=300, interval=1, what="past the old end")
     plan_after = k.get("trainingplan", name)

@@ -73,7 +73,9 @@ def lent(kind: KindEnv) -> dict:
                             timeout=90, interval=1, what="both workers adopted")
         adopted_at = L.utcnow()
         step("both workers adopted")
-        records = eventually(lambda: (lambda rs: rs if len(rs) == 2 else None)(
+        # Both entries made (with the adopted node's uid), not the intent the pass writes before it
+        # adopts (named by slot, holding the claim's digest), which a read between the two shows.
+        records = eventually(lambda: (lambda rs: rs if len(rs) == 2 and all(r.get("uid") for r in rs) else None)(
             (k.get("instancegroup", name).get("status") or {}).get("nodes") or []),
             timeout=30, interval=1, what="both workers in the group's record")
         pods_running = eventually(
