@@ -227,9 +227,9 @@ class CapacityBlocks(RemoteCalls, ExtendsCapacityBlocks):
                 f"an earlier purchase for this plan got no answer; EC2 does not show its reservation yet, and "
                 f"nothing is bought again for {UNCERTAIN_FOR:.0f} s"), self.endpoint)
         try:
-            zone = offering.offering.blocks[0].availability_zone  # the pool's, as it names it
+            block = offering.offering.blocks[0]  # its zone as the pool names it, and its UltraServer type
             answer = self.purchase(offering.remote_id, cb.purchase_tags(
-                name, tags, zone, offering.offering.blocks[0].ultra_server_type))
+                name, tags, block.availability_zone, block.ultra_server_type))
         except RemoteError as e:
             if e.code in OFFERING_GONE:
                 raise NotBought(f"EC2 no longer sells capacity block offering {offering.offering.id}: "
