@@ -48,6 +48,39 @@ def test_kwok_node_becomes_ready_and_runs_a_pod(kubectl: Kubectl) -> None:
     kubectl.delete("node", node)
 
 
+def test_kwok_heartbeat_refreshes_only_the_kubelets_own_conditions(kubectl: Kubectl) -> None:
+    """KWOK's heartbeat renders a node as it was up to 45 s before; a condition someone else set
+    (a health agent, hyperplan's checkpoint signal) must be neither refreshed nor, once removed,
+    written back as a bare type with no status (which a handed-back node once carried)."""
+    node = f"kwok-beat-{uuid.uuid4().hex[:6]}"
+    kubectl.apply({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": node, "annotations": {"kwok.x-k8s.io/node": "fake"},
+                     "labels": {"kubernetes.io/hostname": node}},
+        "spec": {"taints": [{"key": "kwok.x-k8s.io/node", "value": "fake", "effect": "NoSchedule"}]},
+    })
+
+    def conditions() -> dict[str, dict]:
+        return {c["type"]: c for c in kubectl.get("node", node).get("status", {}).get("conditions", [])}
+
+    try:
+        eventually(lambda: conditions().get("Ready", {}).get("status") == "True", timeout=60,
+                   what=f"node {node} Ready")
+        stamp = "2026-01-01T00:00:00Z"
+        kubectl.run("patch", "node", node, "--subresource=status", "--type=strategic", "-p", json.dumps(
+            {"status": {"conditions": [{"type": "example.com/Checked", "status": "True", "reason": "Test",
+                                        "message": "set by the test", "lastHeartbeatTime": stamp,
+                                        "lastTransitionTime": stamp}]}}))
+        ready_beat = conditions()["Ready"]["lastHeartbeatTime"]
+        # The heartbeat comes 20 to 45 s after the node's last change.
+        eventually(lambda: conditions()["Ready"]["lastHeartbeatTime"] != ready_beat, timeout=90,
+                   what=f"a heartbeat of node {node}")
+        checked = conditions()["example.com/Checked"]
+        assert (checked["status"], checked["lastHeartbeatTime"]) == ("True", stamp)
+    finally:
+        kubectl.delete("node", node)
+
+
 def _cli(plane: Plane, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "HYPERPLAN_STATE_DIR": str(plane.dir)}
     return subprocess.run([sys.executable, "-m", "hyperplan.cli", *args], env=env,
