@@ -401,17 +401,18 @@ def test_a_key_refused_the_extension_fails_the_entry_naming_the_ec2_right(world)
 GB200, X72 = "p6e-gb200.36xlarge", "ml.u-p6e-gb200x72"
 
 
-def ultraserver_block(world) -> tuple[World, FakeCapacityBlocks, str]:
-    """A plan of one x72 UltraServer bought as an EC2 UltraServer Capacity Block, its block running;
-    the Capacity Block's id too."""
+def ultraserver_block(world, count: int = 1, per_ultraserver: bool = False) -> tuple[World, FakeCapacityBlocks, str]:
+    """A plan of ``count`` x72 UltraServers bought as an EC2 UltraServer Capacity Block (one
+    reservation, or one per UltraServer), its block running; the Capacity Block's id too."""
     pool = CapacityPool(metadata={"name": "cb-gb200"}, spec=CapacityPoolSpec(
         instance_type=GB200, availability_zone=ZONE, ultra_server_type=X72,
         source=PoolSource(ec2_capacity_blocks=Ec2CapacityBlocksSource(region="us-east-1"))))
     offer = {"CapacityBlockOfferingId": "cbo-ultra", "InstanceType": GB200, "AvailabilityZone": ZONE,
-             "InstanceCount": 18, "UltraserverType": "u-p6e-gb200x72", "UltraserverCount": 1, "StartDate": START,
-             "EndDate": START + timedelta(hours=48), "CapacityBlockDurationHours": 48, "UpfrontFee": "450000.00",
-             "CurrencyCode": "USD"}
-    w, seller = world(offer, pool=pool, ultraServerType=X72, ultraServerCount=1)
+             "InstanceCount": 18 * count, "UltraserverType": "u-p6e-gb200x72", "UltraserverCount": count,
+             "StartDate": START, "EndDate": START + timedelta(hours=48), "CapacityBlockDurationHours": 48,
+             "UpfrontFee": f"{450000 * count}.00", "CurrencyCode": "USD"}
+    w, seller = world(offer, pool=pool, ultraServerType=X72, ultraServerCount=count)
+    seller.reservation_per_ultraserver = per_ultraserver
     del w.kube.objects[(PLANS_PLURAL, NAME)]["spec"]["instanceType"]
     del w.kube.objects[(PLANS_PLURAL, NAME)]["spec"]["instanceCount"]
     w.run(reconcile_plan, NAME)
@@ -449,3 +450,88 @@ def test_an_ec2_ultraserver_whose_interconnect_is_impaired_is_impaired_in_the_pl
     w.run(reconcile_plan, NAME)
     assert ultra_health(w) == {ultraserver: "ok"}
     assert len([op for op, _ in seller.calls if op == "interconnect"]) == 3
+
+
+# --------------------------------------------------------------------------- an UltraServer block of a reservation each
+
+
+def ultra_extension_offer(oid: str, count: int = 18, start: datetime = BLOCK_END) -> dict[str, Any]:
+    return {**extension_offer(oid, start=start, count=count, fee="450000.00"), "InstanceType": GB200}
+
+
+def ledger_ends(w: World) -> list[datetime]:
+    return [r.end_time for p in w.ledger.pool_objects for r in p.status.reservations]
+
+
+def test_an_ultraserver_block_of_a_reservation_each_is_extended_reservation_by_reservation(world) -> None:
+    w, seller, capacity_block = ultraserver_block(world, count=2, per_ultraserver=True)
+    a, b = sorted(seller.reservations)
+    seller.extension_offered = {a: [ultra_extension_offer("cbeo-a")], b: [ultra_extension_offer("cbeo-b")]}
+    later(w, 61)
+    w.run(reconcile_plan, NAME)
+
+    # One offering of the block (its Capacity Block's id), not one per reservation.
+    [offer] = status(w)["extensionOfferings"]
+    assert (offer["reservedCapacityId"], offer["durationDays"]) == (capacity_block, 1)
+    ask(w, offer["id"])
+    w.run(reconcile_plan, NAME)
+    assert extension_buys(seller) == [("cbeo-a", a), ("cbeo-b", b)]
+    assert status(w)["extensions"][0]["reason"] == "RemoteExtending"
+
+    # One reservation paid: the block still ends with the other, and nothing is bought again.
+    seller.extension_paid(a)
+    later(w, 3)
+    w.run(reconcile_plan, NAME)
+    assert status(w)["extensions"][0]["reason"] == "RemoteExtending"
+    assert ledger_ends(w) == [BLOCK_END]
+
+    seller.extension_paid(b)
+    later(w, 3)
+    w.run(reconcile_plan, NAME)
+    [entry] = status(w)["extensions"]
+    assert entry["status"] == "Scheduled", entry  # from the block's old end
+    assert ledger_ends(w) == [BLOCK_END + timedelta(hours=24)]
+    assert len(extension_buys(seller)) == 2
+
+
+def test_a_reservation_whose_extension_was_gone_is_extended_alone_when_asked_again(world) -> None:
+    w, seller, _ = ultraserver_block(world, count=2, per_ultraserver=True)
+    a, b = sorted(seller.reservations)
+    seller.extension_offered = {a: [ultra_extension_offer("cbeo-a")], b: [ultra_extension_offer("cbeo-b")]}
+    later(w, 61)
+    w.run(reconcile_plan, NAME)
+    [offer] = status(w)["extensionOfferings"]
+    buy = seller.purchase_extension
+
+    def sold_meanwhile(offering_id: str, reservation: str) -> list:  # between the pass's search and its purchase
+        if reservation != b:
+            return buy(offering_id, reservation)
+        seller.calls.append(("refused_extension", (offering_id, reservation)))
+        raise RemoteError("PurchaseCapacityBlockExtension", "InsufficientCapacityBlockCapacity",
+                          "There is not enough capacity to fulfill your request.", seller.endpoint, refused=True)
+    seller.purchase_extension = sold_meanwhile  # type: ignore[method-assign]
+    ask(w, offer["id"])
+    w.run(reconcile_plan, NAME)
+
+    [entry] = status(w)["extensions"]
+    assert (entry["status"], entry["reason"]) == ("Failed", "ExtensionNotOffered"), entry
+    assert f"{a} extended already" in entry["message"]
+    assert extension_buys(seller) == [("cbeo-a", a)]
+
+    # Offered again: the same extension of the block, now only the reservation left to extend.
+    seller.purchase_extension = buy  # type: ignore[method-assign]
+    seller.extension_offered[b] = [ultra_extension_offer("cbeo-b2")]
+    w.kube.objects[(PLANS_PLURAL, NAME)]["spec"]["extensions"] = []
+    later(w, 61)
+    w.run(reconcile_plan, NAME)
+    [again] = status(w)["extensionOfferings"]
+    assert again["id"] == offer["id"]
+    ask(w, offer["id"])
+    w.run(reconcile_plan, NAME)
+    assert extension_buys(seller) == [("cbeo-a", a), ("cbeo-b2", b)]
+    seller.extension_paid(a)
+    seller.extension_paid(b)
+    later(w, 3)
+    w.run(reconcile_plan, NAME)
+    assert status(w)["extensions"][0]["status"] == "Scheduled"
+    assert ledger_ends(w) == [BLOCK_END + timedelta(hours=24)]

@@ -23,7 +23,7 @@ from hyperplan.planning import naming
 from hyperplan.planning.blocks import Block
 from hyperplan.planning.offerings import OfferingRequest
 from hyperplan.planning.policy import SAGEMAKER
-from hyperplan.planning.remote import PoolTerms, mirror_lines, remote_plan_name, within_fee
+from hyperplan.planning.remote import PoolTerms, RemoteExtension, mirror_lines, remote_plan_name, within_fee
 
 UTC = timezone.utc
 START = datetime(2027, 1, 5, 11, 30, tzinfo=UTC)
@@ -166,7 +166,8 @@ def test_an_ultraserver_purchase_answer_of_one_reservation_per_ultraserver_is_on
     [block] = plan.blocks
     assert (plan.status, block.id, block.instance_count, block.instance_type, block.availability_zone) == (
         "Scheduled", CBID, 36, GB200, ZONE)
-    assert cb.reservation_id(plan, block.id) is None  # several reservations: not extended here
+    assert cb.reservation_id(plan, block.id) is None  # several reservations: extended one by one
+    assert [r.id for r in cb.block_reservations(plan, block.id)] == ["cr-0000000000000000a", "cr-0000000000000000b"]
 
 
 @pytest.mark.parametrize("reservations, block_id, count", [
@@ -205,13 +206,139 @@ def test_a_followed_ultraserver_block_is_one_ledger_line_read_back_as_all_its_ul
     assert (block.ultra_server_count, block.id) == (2, CBID)
 
 
-def test_a_block_of_several_reservations_is_neither_searched_for_extensions_nor_in_their_history(stubbed) -> None:
-    blocks, _ = stubbed
-    plan = cb.plan_from(NAME, PER_ULTRASERVER, "us-east-1")
-    held = Block(pool=POOL.name, availability_zone=ZONE, instance_type=GB200, instance_count=36, start=START,
+# --------------------------------------------------------------------------- extending a block of several reservations
+
+A, B = "cr-0000000000000000a", "cr-0000000000000000b"
+DAY = END + timedelta(hours=24)  # the block extended by one of the profile's days
+
+
+def held_ultra_block() -> Block:
+    return Block(pool=POOL.name, availability_zone=ZONE, instance_type=GB200, instance_count=36, start=START,
                  end=END, ultra_server_type=X72, id=CBID)
-    assert blocks.find_extensions(plan, UID, [held], SAGEMAKER) == []  # no call: the Stubber would refuse one
-    assert blocks.extension_history(plan) == []
+
+
+def ext_offering(oid: str, rid_end=END, hours: int = 24, count: int = 18, fee: str = "450000.00", **extra) -> dict:
+    return {"CapacityBlockExtensionOfferingId": oid, "InstanceType": GB200, "InstanceCount": count,
+            "AvailabilityZone": ZONE, "StartDate": START, "CapacityBlockExtensionStartDate": rid_end,
+            "CapacityBlockExtensionEndDate": rid_end + timedelta(hours=hours), "CapacityBlockExtensionDurationHours": hours,
+            "UpfrontFee": fee, "CurrencyCode": "USD", "Tenancy": "default", **extra}
+
+
+def ext_entry(rid: str, oid: str, state: str = "payment-pending", until=DAY) -> dict:
+    return {"CapacityReservationId": rid, "InstanceType": GB200, "InstanceCount": 18, "AvailabilityZone": ZONE,
+            "CapacityBlockExtensionOfferingId": oid, "CapacityBlockExtensionDurationHours": 24,
+            "CapacityBlockExtensionStatus": state, "CapacityBlockExtensionStartDate": END,
+            "CapacityBlockExtensionEndDate": until}
+
+
+def test_a_block_part_way_extended_stays_one_block_until_the_first_of_its_reservations_ends() -> None:
+    """EC2 moves each reservation's end when its own extension is paid: the block keeps its id and
+    count, and ends with the first of them, until all have moved."""
+    part_way = [reservation(A, EndDate=DAY), reservation(B)]
+    [block] = cb.plan_from(NAME, part_way, "us-east-1").blocks
+    assert (block.id, block.instance_count, block.end) == (CBID, 36, END)
+    assert [(r.id, r.end) for r in block.reservations] == [(A, DAY), (B, END)]
+    [block] = cb.plan_from(NAME, [reservation(A, EndDate=DAY), reservation(B, EndDate=DAY)], "us-east-1").blocks
+    assert (block.id, block.end) == (CBID, DAY)
+
+
+@pytest.mark.parametrize("offered, history, parts, fee", [
+    ({A: [ext_offering("cbeo-a")], B: [ext_offering("cbeo-b")]}, [],
+     (("cr-0000000000000000a", "cbeo-a"), ("cr-0000000000000000b", "cbeo-b")), "900000.00"),
+    ({A: [ext_offering("cbeo-a")], B: []}, [], None, None),
+    ({A: [ext_offering("cbeo-a")], B: [ext_offering("cbeo-b", count=36)]}, [], None, None),
+    ({A: [], B: [ext_offering("cbeo-b")]}, [ext_entry(A, "cbeo-a")], (("cr-0000000000000000b", "cbeo-b"),), "450000.00"),
+    ({A: [ext_offering("cbeo-a2")], B: [ext_offering("cbeo-b")]}, [ext_entry(A, "cbeo-a", "payment-failed")],
+     (("cr-0000000000000000a", "cbeo-a2"), ("cr-0000000000000000b", "cbeo-b")), "900000.00"),
+    ({A: [], B: []}, [ext_entry(A, "cbeo-a"), ext_entry(B, "cbeo-b")], None, None),
+], ids=["each-offered", "one-not-offered", "another-count", "one-bought-before", "one-failed-before", "both-bought"])
+def test_a_block_of_several_reservations_is_extended_when_each_of_them_can_be(stubbed, offered, history, parts,
+                                                                              fee) -> None:
+    """Each reservation's offerings per duration, and the block's history in one call: the block's
+    extension until an end is each reservation's extension until then, less those bought."""
+    blocks, stub = stubbed
+    plan = cb.plan_from(NAME, PER_ULTRASERVER, "us-east-1")
+    for rid in (A, B):
+        for hours in (24, 168):
+            stub.add_response("describe_capacity_block_extension_offerings", {"CapacityBlockExtensionOfferings": [
+                o for o in offered[rid] if o["CapacityBlockExtensionDurationHours"] == hours]},
+                {"CapacityReservationId": rid, "CapacityBlockExtensionDurationHours": hours, "MaxResults": 1000})
+    stub.add_response("describe_capacity_block_extension_history", {"CapacityBlockExtensions": history},
+                      {"CapacityReservationIds": [A, B], "MaxResults": 1000})
+
+    found = blocks.find_extensions(plan, UID, [held_ultra_block()], SAGEMAKER)
+
+    if parts is None:
+        assert found == []
+        return
+    [ext] = found
+    assert (ext.parts, ext.upfront_fee, ext.currency, ext.extension.block.id, ext.extension.end, ext.extension.days) == (
+        parts, fee, "USD", CBID, DAY, 1)
+
+
+def extension_of() -> RemoteExtension:
+    """The block's extension by one day, each reservation offered its own."""
+    offered = {A: [ext_offering("cbeo-a")], B: [ext_offering("cbeo-b")]}
+    [ext] = cb.reservations_extensions_of(offered, [], UID, held_ultra_block(),
+                                          cb.plan_from(NAME, PER_ULTRASERVER, "us-east-1").blocks[0].reservations,
+                                          SAGEMAKER)
+    return ext
+
+
+def test_each_reservations_extension_is_bought_once_through_the_client_without_retries() -> None:
+    blocks = CapacityBlocks(Ec2CapacityBlocksSource(region="us-east-1"), ("AKIAEXAMPLE", "secret"))
+    plan = cb.plan_from(NAME, PER_ULTRASERVER, "us-east-1")
+    with Stubber(blocks.client) as retrying, Stubber(blocks.buy_client) as once:
+        retrying.add_response("describe_capacity_block_extension_history", {"CapacityBlockExtensions": []},
+                              {"CapacityReservationIds": [A, B], "MaxResults": 1000})
+        for rid, oid in ((A, "cbeo-a"), (B, "cbeo-b")):
+            once.add_response("purchase_capacity_block_extension", {"CapacityBlockExtensions": [ext_entry(rid, oid)]},
+                              {"CapacityBlockExtensionOfferingId": oid, "CapacityReservationId": rid})
+        [record] = blocks.extend(plan, extension_of())
+        once.assert_no_pending_responses()
+        retrying.assert_no_pending_responses()
+    assert (record.status, record.start, record.end) == ("Pending", END, DAY)
+
+
+def test_a_part_bought_before_is_not_bought_again_and_a_part_gone_says_what_was_bought(stubbed) -> None:
+    blocks, stub = stubbed
+    plan = cb.plan_from(NAME, PER_ULTRASERVER, "us-east-1")
+    stub.add_response("describe_capacity_block_extension_history",
+                      {"CapacityBlockExtensions": [ext_entry(A, "cbeo-a")]},  # bought before its answer was lost
+                      {"CapacityReservationIds": [A, B], "MaxResults": 1000})
+    stub.add_response("purchase_capacity_block_extension", {"CapacityBlockExtensions": [ext_entry(B, "cbeo-b")]},
+                      {"CapacityBlockExtensionOfferingId": "cbeo-b", "CapacityReservationId": B})
+    [record] = blocks.extend(plan, extension_of())
+    assert (record.remote_id, record.status) == ("cbeo-a+cbeo-b", "Pending")
+
+    stub.add_response("describe_capacity_block_extension_history", {"CapacityBlockExtensions": []},
+                      {"CapacityReservationIds": [A, B], "MaxResults": 1000})
+    stub.add_response("purchase_capacity_block_extension", {"CapacityBlockExtensions": [ext_entry(A, "cbeo-a")]},
+                      {"CapacityBlockExtensionOfferingId": "cbeo-a", "CapacityReservationId": A})
+    stub.add_client_error("purchase_capacity_block_extension", "InsufficientCapacityBlockCapacity", "sold",
+                          http_status_code=400)
+    with pytest.raises(NotBought, match=f"{B}.*InsufficientCapacityBlockCapacity.*{A} extended already"):
+        blocks.extend(plan, extension_of())
+
+
+@pytest.mark.parametrize("history, ends, records", [
+    ([], (END, END), []),
+    ([ext_entry(A, "cbeo-a")], (END, END), []),  # half asked: not underway, the rest is bought next
+    ([ext_entry(A, "cbeo-a"), ext_entry(B, "cbeo-b")], (END, END), [("cbeo-a+cbeo-b", "Pending")]),
+    ([ext_entry(A, "cbeo-a", "payment-succeeded"), ext_entry(B, "cbeo-b")], (DAY, END), [("cbeo-a+cbeo-b", "Pending")]),
+    ([ext_entry(A, "cbeo-a", "payment-succeeded"), ext_entry(B, "cbeo-b", "payment-succeeded")], (DAY, END),
+     [("cbeo-a+cbeo-b", "Scheduled")]),
+    ([ext_entry(A, "cbeo-a", "payment-succeeded"), ext_entry(B, "cbeo-b", "payment-failed")], (DAY, END),
+     [("cbeo-a+cbeo-b", "Failed")]),
+], ids=["none", "one-asked", "both-pending", "one-paid", "both-paid", "one-failed"])
+def test_the_history_of_a_block_of_several_reservations_is_one_record_per_end(stubbed, history, ends, records) -> None:
+    blocks, stub = stubbed
+    plan = cb.plan_from(NAME, [reservation(A, EndDate=ends[0]), reservation(B, EndDate=ends[1])], "us-east-1")
+    stub.add_response("describe_capacity_block_extension_history", {"CapacityBlockExtensions": history},
+                      {"CapacityReservationIds": [A, B], "MaxResults": 1000})
+    found = blocks.extension_history(plan)
+    assert [(r.remote_id, r.status) for r in found] == records
+    assert all((r.start, r.end) == (END, DAY) for r in found)
 
 
 def test_an_ultraserver_offering_sold_meanwhile_is_not_bought(stubbed) -> None:

@@ -75,20 +75,29 @@ class ExtendsCapacityBlocks:
             return []
         last = max(blocks, key=lambda b: (b.end, b.start))
         reservation = cb.reservation_id(remote, last.id)
-        if reservation is None:
+        if reservation is not None:
+            answer = [o for hours in cb.extension_hours(policy)
+                      for o in self.describe_extension_offerings(reservation, hours)]
+            return cb.extensions_of(answer, plan_uid, last, policy)
+        reservations = cb.block_reservations(remote, last.id)  # an UltraServer block: each reservation's own
+        if not reservations:
             return []
-        answer = [o for hours in cb.extension_hours(policy)
-                  for o in self.describe_extension_offerings(reservation, hours)]
-        return cb.extensions_of(answer, plan_uid, last, policy)
+        answers = {r.id: [o for hours in cb.extension_hours(policy) for o in self.describe_extension_offerings(r.id, hours)]
+                   for r in reservations}
+        history = self.extension_entries([r.id for r in reservations])
+        return cb.reservations_extensions_of(answers, history, plan_uid, last, reservations, policy)
 
     def extension_history(self, remote: RemotePlan) -> list[ExtensionRecord]:
         reservations = cb.reservation_ids(remote)
-        return cb.extension_records_of(self.extension_entries(reservations)) if reservations else []
+        return cb.plan_extension_records(remote, self.extension_entries(reservations)) if reservations else []
 
     def extend(self, remote: RemotePlan, extension: RemoteExtension) -> list[ExtensionRecord]:
-        reservation = cb.reservation_id(remote, extension.extension.block.id)
+        block = extension.extension.block
+        if extension.parts:
+            return self._extend_reservations(remote, extension)
+        reservation = cb.reservation_id(remote, block.id)
         if reservation is None:
-            raise NotBought(f"{remote.noun} {remote.name} no longer holds block {extension.extension.block.id}")
+            raise NotBought(f"{remote.noun} {remote.name} no longer holds block {block.id}")
         try:
             return cb.extension_records_of(self.purchase_extension(extension.remote_id, reservation))
         except RemoteError as e:
@@ -96,6 +105,31 @@ class ExtendsCapacityBlocks:
                 raise NotBought(f"EC2 no longer sells extension {extension.extension.id} of capacity reservation "
                                 f"{reservation}: {e.code}: {e.message}") from None
             raise
+
+    def _extend_reservations(self, remote: RemotePlan, extension: RemoteExtension) -> list[ExtensionRecord]:
+        """A block of several reservations: each reservation's extension, one after another, those
+        the history shows bought left out (a part bought before a lost answer or a refusal of the
+        next). Not atomic, as EC2 sells them one by one: a part refused leaves the others bought,
+        and the block runs until the first of its reservations' ends until that part is bought too
+        (the next search offers only it) or the block ends."""
+        block = extension.extension.block
+        reservations = cb.block_reservations(remote, block.id)
+        if not reservations or {rid for rid, _ in extension.parts} - {r.id for r in reservations}:
+            raise NotBought(f"{remote.noun} {remote.name} no longer holds block {block.id} as it was offered")
+        history = self.extension_entries([r.id for r in reservations])
+        bought: list[Mapping[str, Any]] = []
+        for reservation, offering in cb.parts_to_buy(extension, history, reservations):
+            try:
+                bought += self.purchase_extension(offering, reservation)
+            except RemoteError as e:
+                if e.code not in EXTENSION_GONE:
+                    raise
+                done = sorted({str(b.get("CapacityReservationId")) for b in bought})
+                raise NotBought(f"EC2 no longer sells extension {extension.extension.id} of capacity reservation "
+                                f"{reservation} (block {block.id}): {e.code}: {e.message}"
+                                + (f"; {', '.join(done)} extended already: the block runs until the first of its "
+                                   "reservations' ends until the rest is extended" if done else "")) from None
+        return cb.combined_records([*history, *bought], block.end, reservations)
 
 
 class CapacityBlocks(RemoteCalls, ExtendsCapacityBlocks):

@@ -749,8 +749,9 @@ class FakeCapacityBlocks(_FakeEndpoint, ExtendsCapacityBlocks):
     :meth:`extension_paid` settles it (paid: the reservation ends where the extension does).
 
     An UltraServer offering (``UltraserverType``) is bought as one reservation in a Capacity Block
-    of its own (``cb-...``), tagged with its type; ``interconnect`` holds each Capacity Block's
-    ``InterconnectStatus``."""
+    of its own (``cb-...``), tagged with its type, or with ``reservation_per_ultraserver`` as one
+    reservation per UltraServer in that Capacity Block (EC2 answers either); ``interconnect`` holds
+    each Capacity Block's ``InterconnectStatus``."""
 
     endpoint: str = "https://ec2.us-east-1.amazonaws.com"
     region: str = "us-east-1"
@@ -762,6 +763,7 @@ class FakeCapacityBlocks(_FakeEndpoint, ExtendsCapacityBlocks):
     extension_offered: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # by CapacityReservationId
     extension_log: list[dict[str, Any]] = field(default_factory=list)  # CapacityBlockExtension dicts
     interconnect: dict[str, str] = field(default_factory=dict)  # InterconnectStatus by CapacityBlockId
+    reservation_per_ultraserver: bool = False
 
     def describe_extension_offerings(self, reservation: str, hours: int) -> list[Mapping[str, Any]]:
         self.calls.append(("describe_extension_offerings", (reservation, hours)))
@@ -825,23 +827,32 @@ class FakeCapacityBlocks(_FakeEndpoint, ExtendsCapacityBlocks):
             raise NotBought(f"EC2 no longer sells capacity block offering {offering.offering.id}: "
                             "InsufficientInstanceCapacity")
         self.offered.remove(entry)
-        rid = f"cr-{len(self.reservations):017x}"
         [spec] = cb.purchase_tags(name, tags, None, offering.offering.blocks[0].ultra_server_type)
         ultra = {"CapacityBlockId": f"cb-{len(self.reservations):017x}"} if entry.get("UltraserverType") else {}
-        self.reservations[rid] = {**ultra,
-            "CapacityReservationId": rid, "OwnerId": self.account,
-            "CapacityReservationArn": f"arn:aws:ec2:{self.region}:{self.account}:capacity-reservation/{rid}",
-            "InstanceType": entry["InstanceType"], "AvailabilityZone": entry["AvailabilityZone"],
-            "TotalInstanceCount": entry["InstanceCount"], "AvailableInstanceCount": entry["InstanceCount"],
-            "StartDate": entry["StartDate"], "EndDate": entry["EndDate"], "State": "payment-pending",
-            "ReservationType": "capacity-block", "Tags": spec["Tags"]}
-        return cb.plan_from(name, [self.reservations[rid]], self.region)
+        parts = int(entry.get("UltraserverCount") or 1) if ultra and self.reservation_per_ultraserver else 1
+        made = []
+        for _ in range(parts):
+            rid = f"cr-{len(self.reservations):017x}"
+            count = int(entry["InstanceCount"]) // parts
+            self.reservations[rid] = {**ultra,
+                "CapacityReservationId": rid, "OwnerId": self.account,
+                "CapacityReservationArn": f"arn:aws:ec2:{self.region}:{self.account}:capacity-reservation/{rid}",
+                "InstanceType": entry["InstanceType"], "AvailabilityZone": entry["AvailabilityZone"],
+                "TotalInstanceCount": count, "AvailableInstanceCount": count,
+                "StartDate": entry["StartDate"], "EndDate": entry["EndDate"], "State": "payment-pending",
+                "ReservationType": "capacity-block", "Tags": spec["Tags"]}
+            made.append(self.reservations[rid])
+        return cb.plan_from(name, made, self.region)
 
     def pay(self, plan_uid: str, state: str = "scheduled") -> str:
-        """Moves the plan's newest reservation to ``state``; answers its id."""
-        newest = sorted(self._mine(plan_uid), key=lambda r: r["CapacityReservationId"])[-1]
-        newest["State"] = state
-        return str(newest["CapacityReservationId"])
+        """Moves the reservations of the plan's newest purchase to ``state``; answers the newest's id."""
+        from hyperplan.planning import capacity_blocks as cb
+        mine = sorted(self._mine(plan_uid), key=lambda r: r["CapacityReservationId"])
+        newest = cb.tags_of(mine[-1]).get(cb.TAG_REMOTE_PLAN)
+        for r in mine:
+            if cb.tags_of(r).get(cb.TAG_REMOTE_PLAN) == newest:
+                r["State"] = state
+        return str(mine[-1]["CapacityReservationId"])
 
     def ultra_server_health(self, block: Any) -> dict[str, str]:
         """The real seller's rule (planning.capacity_blocks.told_capacity_block) over

@@ -47,8 +47,8 @@ reservation for all its UltraServers or one for each) are one block of all their
 of one reservation keeps that reservation's id; a block of several takes the Capacity Block's id
 (the reservations' ``CapacityBlockId``, ``cb-...``; without one, a digest of their ids), and is
 held only once none of them is still being paid (a block of half its UltraServers would be placed
-as a smaller one, and its id would change). Such a block is not extended here (an extension is
-bought per reservation: :func:`reservation_id`).
+as a smaller one, and its id would change). Reservations of one Capacity Block are one block
+whatever their ends, ending with the first of them: EC2 extends each on its own (below).
 
 **UltraServer health** (:func:`told_capacity_block`, :func:`interconnect_health_of`): a purchase
 tags its reservations with its UltraServer type (:data:`TAG_ULTRASERVER_TYPE`), so that a listed
@@ -71,21 +71,29 @@ count in its zone. ``PurchaseCapacityBlockExtension`` is paid as a purchase is:
 ``payment-pending``, then ``payment-succeeded`` (the reservation's ``EndDate`` moves to the
 extension's end, which is when the ledger line shows it) or ``payment-failed``
 (:data:`EXTENSION_STATES`, read from ``DescribeCapacityBlockExtensionHistory``).
+
+**Extending a block of several reservations** (:func:`reservations_extensions_of`,
+:func:`combined_records`, :func:`parts_to_buy`): EC2 has no extension of a Capacity Block, only of
+each reservation. The block's extension until an end is offered when each of its reservations is
+offered one until that end from its own end (or runs until then, or has one bought), and is bought
+as its ``parts``, one purchase per reservation still to extend; its history is one record per end.
 """
 
 from __future__ import annotations
 
 import re
 from collections import defaultdict
-from typing import Any, Iterable, Mapping
+from datetime import datetime
+from decimal import Decimal, InvalidOperation
+from typing import Any, Iterable, Mapping, Sequence
 
 from hyperplan.api.vocabulary import GROUP, TAG_TRAINING_PLAN_UID, ULTRASERVER_INSTANCES
 from hyperplan.planning import naming
 from hyperplan.planning.blocks import Block
 from hyperplan.planning.offerings import EXTENSION_DAYS, Extension, Offering, OfferingRequest, extension_id
 from hyperplan.planning.policy import Policy
-from hyperplan.planning.remote import (ExtensionRecord, RemoteBlock, RemoteExtension, RemoteOffering, RemotePlan,
-                                       _same_moment, _time, duration_hours)
+from hyperplan.planning.remote import (BlockReservation, ExtensionRecord, RemoteBlock, RemoteExtension, RemoteOffering,
+                                       RemotePlan, _same_moment, _time, duration_hours)
 
 TAG_REMOTE_PLAN = f"{GROUP}/remote-plan"  # the name of the attempt that bought the reservation
 TAG_ZONE = f"{GROUP}/availability-zone"  # the zone as the buying pool names it (a name or an id)
@@ -259,9 +267,14 @@ def arn_of(reservation: Mapping[str, Any], region: str) -> str:
 
 
 def _window(reservation: Mapping[str, Any]) -> tuple:
-    """What makes reservations of one attempt one block: the same window, type and zone."""
-    return (_time(reservation.get("StartDate")), _time(reservation.get("EndDate")),
-            str(reservation.get("InstanceType") or ""), zone_as_named(reservation))
+    """What makes reservations of one attempt one block: the same start, type and zone, and the
+    same Capacity Block (an UltraServer Capacity Block's reservations), or without one the same
+    end. Not the end within a Capacity Block: EC2 extends each reservation on its own, so one
+    extended before the others ends later for a while, and the block stays one (ending with the
+    first of them: :func:`plan_from`)."""
+    capacity_block = str(reservation.get("CapacityBlockId") or "")
+    return (_time(reservation.get("StartDate")), str(reservation.get("InstanceType") or ""),
+            zone_as_named(reservation), capacity_block or _time(reservation.get("EndDate")))
 
 
 def _block_arn(reservations: list[Mapping[str, Any]], region: str) -> str:
@@ -294,11 +307,13 @@ def plan_from(name: str, reservations: Iterable[Mapping[str, Any]], region: str)
             messages.append(f"capacity reservation {r.get('CapacityReservationId')} is {state or 'unknown'}")
         windows[_window(r)].append((r, status, holds))
     blocks = []
-    for (start, end, itype, zone), members in windows.items():
+    for (start, itype, zone, _), members in windows.items():
         held = [r for r, _, holds in members if holds]
-        if start is None or end is None or not held or any(status == "Pending" for _, status, _ in members) \
+        ends = [_time(r.get("EndDate")) for r in held]
+        if start is None or not held or None in ends or any(status == "Pending" for _, status, _ in members) \
                 or not all(r.get("TotalInstanceCount") for r in held):
             continue
+        end = min(e for e in ends if e is not None)
         block_status = next(s for s in _STATUS_ORDER if s in {status for _, status, holds in members if holds})
         ultra = {tags_of(r).get(TAG_ULTRASERVER_TYPE) or None for r, _, _ in members}
         blocks.append(RemoteBlock(arn=_block_arn([r for r, _, _ in members], region), instance_type=itype,
@@ -306,7 +321,10 @@ def plan_from(name: str, reservations: Iterable[Mapping[str, Any]], region: str)
                                   availability_zone=zone, start=start, end=end, status=block_status,
                                   ultra_server_type=ultra.pop() if len(ultra) == 1 else None,
                                   capacity_block_ids=tuple(sorted({str(r["CapacityBlockId"]) for r, _, _ in members
-                                                                   if r.get("CapacityBlockId")}))))
+                                                                   if r.get("CapacityBlockId")})),
+                                  reservations=tuple(BlockReservation(str(r["CapacityReservationId"]),
+                                                                      int(r["TotalInstanceCount"]), e)
+                                                     for r, e in zip(held, ends) if e is not None)))
     status = next((s for s in _STATUS_ORDER if s in statuses), "Pending")
     return RemotePlan(name=name, arn=arn_of(ordered[0], region) if ordered else "", status=status,
                       status_message="; ".join(messages), blocks=tuple(sorted(blocks, key=lambda b: (b.start, b.arn))),
@@ -366,15 +384,22 @@ EXTENSION_STATES = {"payment-pending": "Pending", "payment-succeeded": "Schedule
 
 
 def reservation_id(remote: RemotePlan, block_id: str) -> str | None:
-    """The CapacityReservationId of the remote block recorded here as ``block_id`` (None: the
-    remote plan holds no such block now, or the block is several reservations, which are not
-    extended here: the module's doc, "One block per window")."""
+    """The CapacityReservationId of the remote block recorded here as ``block_id`` when that block
+    is one reservation (None: the remote plan holds no such block now, or it is several:
+    :func:`block_reservations`)."""
     return next((b.arn.rsplit("/", 1)[-1] for b in remote.blocks if b.id == block_id and _one_reservation(b)), None)
 
 
+def block_reservations(remote: RemotePlan, block_id: str) -> tuple[BlockReservation, ...]:
+    """The capacity reservations of the remote block recorded here as ``block_id`` that hold it
+    (none: the remote plan holds no such block now)."""
+    return next((b.reservations for b in remote.blocks if b.id == block_id), ())
+
+
 def reservation_ids(remote: RemotePlan) -> list[str]:
-    """The CapacityReservationIds of the remote plan's blocks that are one reservation each."""
-    return sorted({b.arn.rsplit("/", 1)[-1] for b in remote.blocks if _one_reservation(b)})
+    """The CapacityReservationIds of the remote plan's blocks, every reservation of each."""
+    return sorted({r.id for b in remote.blocks for r in b.reservations}
+                  | {b.arn.rsplit("/", 1)[-1] for b in remote.blocks if _one_reservation(b)})
 
 
 def _one_reservation(block: RemoteBlock) -> bool:
@@ -387,28 +412,155 @@ def extension_hours(policy: Policy) -> list[int]:
     return [days * 24 for days in EXTENSION_DAYS if policy.min_duration_days <= days <= policy.max_duration_days]
 
 
+def _offered_ends(answer: Iterable[Mapping[str, Any]], start: datetime, instance_type: str, count: int,
+                  zone: str) -> dict[datetime, Mapping[str, Any]]:
+    """The CapacityBlockExtensionOfferings that run a reservation of ``count`` x ``instance_type`` in
+    ``zone`` (by name or by zone id) on from ``start``, by their end; one that starts elsewhere,
+    ends no later, or names another type, count or zone is not believed."""
+    out: dict[datetime, Mapping[str, Any]] = {}
+    for entry in answer:
+        begin, end = _time(entry.get("CapacityBlockExtensionStartDate")), _time(entry.get("CapacityBlockExtensionEndDate"))
+        if not entry.get("CapacityBlockExtensionOfferingId") or end is None or not _same_moment(begin, start) \
+                or end <= start:
+            continue
+        if entry.get("InstanceType", instance_type) != instance_type \
+                or int(entry.get("InstanceCount") or count) != count:
+            continue
+        found_zone, zone_id = entry.get("AvailabilityZone"), entry.get("AvailabilityZoneId")
+        if found_zone not in (None, "", zone) and zone_id != zone:
+            continue
+        out.setdefault(end, entry)
+    return out
+
+
+def _extension(plan_uid: str, last: Block, end: datetime, policy: Policy) -> Extension:
+    days = max(1, round((end - last.end) / policy.day))
+    return Extension(extension_id(plan_uid, last, end), last, end, days)
+
+
 def extensions_of(answer: Iterable[Mapping[str, Any]], plan_uid: str, last: Block,
                   policy: Policy) -> list[RemoteExtension]:
-    """The CapacityBlockExtensionOfferings (every duration's, every page) that run ``last`` (the
-    plan's last block as recorded here) on from its end with its type and count in its zone (by
-    name or by zone id), each as that block's extension under the local id; one that starts
-    elsewhere, ends no later, or names another type, count or zone is not believed. Shortest first."""
-    out: dict[str, RemoteExtension] = {}
-    for entry in answer:
-        remote_id = entry.get("CapacityBlockExtensionOfferingId")
-        start, end = _time(entry.get("CapacityBlockExtensionStartDate")), _time(entry.get("CapacityBlockExtensionEndDate"))
-        if not remote_id or end is None or not _same_moment(start, last.end) or end <= last.end:
+    """The CapacityBlockExtensionOfferings (every duration's, every page) of ``last`` (the plan's
+    last block as recorded here) when it is one reservation: those that run it on from its end with
+    its type and count in its zone, each as that block's extension under the local id. Shortest
+    first."""
+    ends = _offered_ends(answer, last.end, last.instance_type, last.instance_count, last.availability_zone)
+    return [RemoteExtension(_extension(plan_uid, last, end, policy), str(entry["CapacityBlockExtensionOfferingId"]),
+                            entry.get("UpfrontFee"), entry.get("CurrencyCode"))
+            for end, entry in sorted(ends.items())]
+
+
+def _taken(entries: Iterable[Mapping[str, Any]]) -> dict[tuple[str, datetime], str]:
+    """The extension history as the latest status per (reservation, end): one that failed and was
+    bought again counts as bought."""
+    out: dict[tuple[str, datetime], str] = {}
+    for e in entries:
+        end = _time(e.get("CapacityBlockExtensionEndDate"))
+        if end is None or not e.get("CapacityReservationId"):
             continue
-        if entry.get("InstanceType", last.instance_type) != last.instance_type \
-                or int(entry.get("InstanceCount") or last.instance_count) != last.instance_count:
+        status = EXTENSION_STATES.get(str(e.get("CapacityBlockExtensionStatus") or ""), "Pending")
+        key = (str(e["CapacityReservationId"]), end)
+        if out.get(key) in (None, "Failed"):
+            out[key] = status
+    return out
+
+
+def _part_status(reservation: BlockReservation, end: datetime, taken: Mapping[tuple[str, datetime], str]) -> str | None:
+    """Where one reservation of a block stands for the block's extension until ``end``: Scheduled
+    (it runs until then already), its history's status, or None (nothing asked yet)."""
+    if reservation.end >= end:
+        return "Scheduled"
+    return next((status for (rid, until), status in taken.items() if rid == reservation.id and _same_moment(until, end)),
+                None)
+
+
+def reservations_extensions_of(answers: Mapping[str, Iterable[Mapping[str, Any]]], history: Iterable[Mapping[str, Any]],
+                               plan_uid: str, last: Block, reservations: Sequence[BlockReservation],
+                               policy: Policy) -> list[RemoteExtension]:
+    """The extensions of ``last``, a block of several capacity reservations (``reservations``,
+    as the remote plan answers them), from each reservation's own offerings (``answers``, by
+    reservation id) and the extension history of all of them: an extension of the block until an
+    end is offered when each reservation either runs until then already, has an extension until
+    then bought and not failed, or is offered one from its own end until then; what it costs is
+    those offerings' fees. Its ``parts`` are the reservations still to extend, each with its
+    offering; none left to buy, nothing is offered (the history shows it: :func:`combined_records`)."""
+    taken = _taken(history)
+    offered = {r.id: _offered_ends(answers.get(r.id, ()), r.end, last.instance_type, r.instance_count,
+                                   last.availability_zone) for r in reservations}
+    ends = sorted({end for by_end in offered.values() for end in by_end if end > last.end})
+    out = []
+    for end in ends:
+        parts, fees, currencies = [], Decimal(0), set()
+        for r in reservations:
+            if _part_status(r, end, taken) not in (None, "Failed"):
+                continue
+            entry = next((e for until, e in offered[r.id].items() if _same_moment(until, end)), None)
+            if entry is None:
+                break
+            parts.append((r.id, str(entry["CapacityBlockExtensionOfferingId"])))
+            fee = _fee(entry.get("UpfrontFee"))
+            fees = fees + fee if fees is not None and fee is not None else None
+            currencies.add(entry.get("CurrencyCode"))
+        else:
+            if parts:
+                out.append(RemoteExtension(_extension(plan_uid, last, end, policy), "+".join(o for _, o in parts),
+                                           str(fees) if fees is not None else None,
+                                           currencies.pop() if len(currencies) == 1 else None, tuple(parts)))
+    return out
+
+
+def _fee(value: Any) -> Decimal | None:
+    try:
+        return Decimal(str(value)) if value is not None else None
+    except InvalidOperation:
+        return None
+
+
+def combined_records(history: Iterable[Mapping[str, Any]], start: datetime,
+                     reservations: Sequence[BlockReservation]) -> list[ExtensionRecord]:
+    """The extension history of a block of several capacity reservations (it ends at ``start``),
+    one record per end that every reservation has reached or been asked for: Failed when one of
+    them failed, Pending while one is being paid, else Scheduled (each reservation's end moves when
+    EC2 applies its extension; the block runs until the first of them). An end that only some
+    were asked for has no record: that extension is not underway, and buying it again buys only
+    the rest (:func:`parts_to_buy`)."""
+    ids = {r.id for r in reservations}
+    mine = [e for e in history if str(e.get("CapacityReservationId") or "") in ids]
+    taken = _taken(mine)
+    out = []
+    for end in sorted({until for _, until in taken}):
+        statuses = [_part_status(r, end, taken) for r in reservations]
+        if None in statuses and "Failed" not in statuses:
             continue
-        zone, zone_id = entry.get("AvailabilityZone"), entry.get("AvailabilityZoneId")
-        if zone not in (None, "", last.availability_zone) and zone_id != last.availability_zone:
-            continue
-        days = max(1, round((end - last.end) / policy.day))
-        ext = Extension(extension_id(plan_uid, last, end), last, end, days)
-        out.setdefault(ext.id, RemoteExtension(ext, str(remote_id), entry.get("UpfrontFee"), entry.get("CurrencyCode")))
-    return sorted(out.values(), key=lambda e: e.extension.end)
+        status = "Failed" if "Failed" in statuses else "Pending" if "Pending" in statuses else "Scheduled"
+        offerings = sorted({str(e.get("CapacityBlockExtensionOfferingId") or "") for e in mine
+                            if _same_moment(_time(e.get("CapacityBlockExtensionEndDate")), end)})
+        out.append(ExtensionRecord("+".join(offerings), start, end, status))
+    return out
+
+
+def parts_to_buy(extension: RemoteExtension, history: Iterable[Mapping[str, Any]],
+                 reservations: Sequence[BlockReservation]) -> list[tuple[str, str]]:
+    """The parts of ``extension`` (reservation, offering) that the history does not show bought
+    and not failed, of the reservations the block still holds: a part bought by an earlier attempt
+    whose answer was lost, or before a later part's offering was gone, is not bought again."""
+    taken = _taken(history)
+    held = {r.id: r for r in reservations}
+    return [(rid, offering) for rid, offering in extension.parts
+            if rid in held and _part_status(held[rid], extension.extension.end, taken) in (None, "Failed")]
+
+
+def plan_extension_records(remote: RemotePlan, history: Iterable[Mapping[str, Any]]) -> list[ExtensionRecord]:
+    """DescribeCapacityBlockExtensionHistory's entries of the remote plan's reservations as the
+    records planning.remote reads: a block of one reservation's entries as they are, a block of
+    several as one record per end (:func:`combined_records`)."""
+    entries = list(history)
+    single = {b.arn.rsplit("/", 1)[-1] for b in remote.blocks if _one_reservation(b)}
+    records = extension_records_of(e for e in entries if str(e.get("CapacityReservationId") or "") in single)
+    for block in remote.blocks:
+        if not _one_reservation(block) and block.reservations:
+            records += combined_records(entries, block.end, block.reservations)
+    return records
 
 
 def extension_records_of(entries: Iterable[Mapping[str, Any]]) -> list[ExtensionRecord]:

@@ -96,6 +96,16 @@ class RemoteOffering:
 
 
 @dataclass(frozen=True)
+class BlockReservation:
+    """One of EC2's capacity reservations that make a block (planning.capacity_blocks): an
+    extension is bought per reservation, so the block's extension is one per reservation."""
+
+    id: str  # CapacityReservationId
+    instance_count: int
+    end: datetime  # its own end: ahead of the block's while the block is part-way extended
+
+
+@dataclass(frozen=True)
 class RemoteBlock:
     arn: str  # ReservedCapacityArn
     instance_type: str
@@ -108,6 +118,8 @@ class RemoteBlock:
     # EC2's Capacity Blocks the block's reservations belong to (``cb-...``; planning.capacity_blocks):
     # what EC2's interconnect health is asked by. Empty for a SageMaker block.
     capacity_block_ids: tuple[str, ...] = ()
+    # ... and the capacity reservations it is made of (what EC2 extends). Empty for a SageMaker block.
+    reservations: tuple[BlockReservation, ...] = ()
 
     @property
     def id(self) -> str:
@@ -247,6 +259,9 @@ class RemoteExtension:
     remote_id: str  # the remote's TrainingPlanExtensionOfferingId, passed to ExtendTrainingPlan
     upfront_fee: str | None = None
     currency: str | None = None
+    # EC2, a block of several capacity reservations: (reservation, extension offering) for each
+    # reservation still to extend, bought one after another (planning.capacity_blocks).
+    parts: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
