@@ -19,14 +19,20 @@ def test_binaries_report_the_pinned_release(kubectl: Kubectl) -> None:
     assert version["clientVersion"]["gitVersion"] == build.KUBERNETES_VERSION
 
 
-def test_kwok_node_becomes_ready_and_runs_a_pod(kubectl: Kubectl) -> None:
-    node = f"kwok-smoke-{uuid.uuid4().hex[:6]}"
+def kwok_node(kubectl: Kubectl, prefix: str) -> str:
+    """A fake node of KWOK's, by a fresh name."""
+    node = f"{prefix}-{uuid.uuid4().hex[:6]}"
     kubectl.apply({
         "apiVersion": "v1", "kind": "Node",
         "metadata": {"name": node, "annotations": {"kwok.x-k8s.io/node": "fake"},
                      "labels": {"kubernetes.io/hostname": node}},
         "spec": {"taints": [{"key": "kwok.x-k8s.io/node", "value": "fake", "effect": "NoSchedule"}]},
     })
+    return node
+
+
+def test_kwok_node_becomes_ready_and_runs_a_pod(kubectl: Kubectl) -> None:
+    node = kwok_node(kubectl, "kwok-smoke")
 
     def ready() -> bool:
         conds = kubectl.get("node", node).get("status", {}).get("conditions", [])
@@ -52,13 +58,7 @@ def test_kwok_heartbeat_refreshes_only_the_kubelets_own_conditions(kubectl: Kube
     """KWOK's heartbeat renders a node as it was up to 45 s before; a condition someone else set
     (a health agent, hyperplan's checkpoint signal) must be neither refreshed nor, once removed,
     written back as a bare type with no status (which a handed-back node once carried)."""
-    node = f"kwok-beat-{uuid.uuid4().hex[:6]}"
-    kubectl.apply({
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": node, "annotations": {"kwok.x-k8s.io/node": "fake"},
-                     "labels": {"kubernetes.io/hostname": node}},
-        "spec": {"taints": [{"key": "kwok.x-k8s.io/node", "value": "fake", "effect": "NoSchedule"}]},
-    })
+    node = kwok_node(kubectl, "kwok-beat")
 
     def conditions() -> dict[str, dict]:
         return {c["type"]: c for c in kubectl.get("node", node).get("status", {}).get("conditions", [])}

@@ -463,15 +463,22 @@ def ledger_ends(w: World) -> list[datetime]:
     return [r.end_time for p in w.ledger.pool_objects for r in p.status.reservations]
 
 
-def test_an_ultraserver_block_of_a_reservation_each_is_extended_reservation_by_reservation(world) -> None:
+def offered_two_reservation_block(world) -> tuple[World, FakeCapacityBlocks, str, str, str, dict[str, Any]]:
+    """A running block of two x72 UltraServers, a reservation each, and each reservation offered
+    a day more: the plan, the seller, the Capacity Block, the two reservations and the offering."""
     w, seller, capacity_block = ultraserver_block(world, count=2, per_ultraserver=True)
     a, b = sorted(seller.reservations)
     seller.extension_offered = {a: [ultra_extension_offer("cbeo-a")], b: [ultra_extension_offer("cbeo-b")]}
     later(w, 61)
     w.run(reconcile_plan, NAME)
+    [offer] = status(w)["extensionOfferings"]
+    return w, seller, capacity_block, a, b, offer
+
+
+def test_an_ultraserver_block_of_a_reservation_each_is_extended_reservation_by_reservation(world) -> None:
+    w, seller, capacity_block, a, b, offer = offered_two_reservation_block(world)
 
     # One offering of the block (its Capacity Block's id), not one per reservation.
-    [offer] = status(w)["extensionOfferings"]
     assert (offer["reservedCapacityId"], offer["durationDays"]) == (capacity_block, 1)
     ask(w, offer["id"])
     w.run(reconcile_plan, NAME)
@@ -495,12 +502,7 @@ def test_an_ultraserver_block_of_a_reservation_each_is_extended_reservation_by_r
 
 
 def test_a_reservation_whose_extension_was_gone_is_extended_alone_when_asked_again(world) -> None:
-    w, seller, _ = ultraserver_block(world, count=2, per_ultraserver=True)
-    a, b = sorted(seller.reservations)
-    seller.extension_offered = {a: [ultra_extension_offer("cbeo-a")], b: [ultra_extension_offer("cbeo-b")]}
-    later(w, 61)
-    w.run(reconcile_plan, NAME)
-    [offer] = status(w)["extensionOfferings"]
+    w, seller, _, a, b, offer = offered_two_reservation_block(world)
     buy = seller.purchase_extension
 
     def sold_meanwhile(offering_id: str, reservation: str) -> list:  # between the pass's search and its purchase
