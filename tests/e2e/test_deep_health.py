@@ -183,7 +183,12 @@ def deep_health_checks(ctx: Context) -> dict:
         stop_looking.set()
     out["nodes"] = _nodes(k, group)
     out["record"] = k.get("instancegroup", group)["status"]["nodes"]
-    out["group_events"] = events_for(k, group)
+    # kopf posts Events from a queue of its own after the pass's writes; under a full run's load
+    # the last ones arrive after the group shows Ready (seen in CI: NodeRemoved not there yet).
+    out["group_events"] = eventually(
+        lambda: (ev := events_for(k, group)) and {"NodeUnhealthy", "NodeRemoved"} <= {e["reason"] for e in ev}
+        and sum(e["reason"] == "DeepHealthCheckPassed" for e in ev) >= 3 and ev,
+        timeout=60, interval=0.5, what="the group's Events of the failure, the removal and three passed checks")
     out["metrics_after"] = eventually(
         lambda: (m := _read(ctx)) and _value(m, "hyperplan_deep_health_checks_total", result="failed")
         > _value(out["metrics_before"], "hyperplan_deep_health_checks_total", result="failed") and m,
