@@ -131,6 +131,24 @@ def test_a_deleted_pool_leaves_no_ledger_lines_behind() -> None:
     assert cache._lines == {} and cache._parsed_pools == {}
 
 
+def test_a_pool_version_is_parsed_into_its_model_once() -> None:
+    """Every pass of a plan bought remotely reads the remote pools as models: one parse per pool
+    version, shared; a new version, a pool that does not parse, and a deleted pool are not."""
+    cache = cache_with({})
+    v1 = pool(1, [("rc-1", "u1", 2)])
+    first = cache.pool_model(v1)
+    assert first is not None and cache.pool_model(dict(v1)) is first
+    assert [r.instance_count for r in first.status.reservations] == [2]
+    v2 = pool(2, [("rc-1", "u1", 2), ("rc-2", "u2", 3)])
+    second = cache.pool_model(v2)
+    assert second is not first and [r.instance_count for r in second.status.reservations] == [2, 3]
+    assert cache.pool_model({**pool(3, []), "spec": {"instanceCount": "many"}}) is None
+    cache.forget("capacitypools", "pool-a")
+    assert cache._pool_models == {}
+    unversioned = {**v1, "metadata": {"name": "pool-a"}}  # no resourceVersion: parsed each time
+    assert cache.pool_model(unversioned) is not cache.pool_model(unversioned)
+
+
 def test_a_ledger_line_that_does_not_parse_is_kept_as_it_is_and_fails_only_the_read() -> None:
     """The pool index must not fail on a bad line (the pool would vanish from the cache); the pass
     that reads the pool reports it instead."""

@@ -47,7 +47,7 @@ from typing import Any, Callable, Iterable, Mapping, TypeVar
 import kopf
 from kubernetes import client
 
-from hyperplan.api.models import GROUP, VERSION, Reservation
+from hyperplan.api.models import GROUP, VERSION, CapacityPool, Reservation
 from hyperplan.api.vocabulary import ANNOTATION_LAST_HANDLED, OWN_PREFIX, from_rfc3339
 from hyperplan.planning.blocks import Block, with_additions
 from hyperplan.planning.offerings import Busy, PoolSnapshot
@@ -185,6 +185,7 @@ class WatchCache:
     _indexes: Mapping[str, Any] | None = None
     _written: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     _parsed_pools: dict[str, _ParsedPool] = field(default_factory=dict)
+    _pool_models: dict[str, tuple[str, CapacityPool | None]] = field(default_factory=dict)  # by name: (rv, model)
     _lines: dict[tuple, _Line] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     # The owners of nodes, ("group" or "job", label value), whose last pass wrote to their nodes:
@@ -479,6 +480,25 @@ class WatchCache:
                 self._lines = {k: v for k, v in self._lines.items() if k in live}
         return parsed
 
+    def pool_model(self, obj: dict[str, Any]) -> CapacityPool | None:
+        """The pool as the API's model (None: it does not parse), parsed once per resourceVersion
+        and shared by the passes that read it: every pass of a plan bought from a remote source
+        reads every remote pool it may buy from, each with the ledger lines of every plan bought
+        there, and parsing them afresh each pass took a fifth of the operator's time in
+        bench/remote_purchases.py (docs/benchmarks.md). Read only: a caller never changes it."""
+        name, rv = obj["metadata"]["name"], obj["metadata"].get("resourceVersion", "")
+        with self._lock:
+            cached = self._pool_models.get(name)
+        if cached is not None and cached[0] == rv and rv:
+            return cached[1]
+        try:
+            model: CapacityPool | None = CapacityPool.model_validate(obj)
+        except ValueError:
+            model = None
+        with self._lock:
+            self._pool_models[name] = (rv, model)
+        return model
+
     def pool_snapshots(self, pools: Iterable[dict[str, Any]] | None = None) -> list[PoolSnapshot]:
         """What planning sees of every pool: its size minus `unavailable` windows and reservations."""
         return [self._parsed(p).snapshot for p in (self.pool_objects() if pools is None else pools)]
@@ -496,6 +516,7 @@ class WatchCache:
             self._written.pop((kind, name), None)
             if kind == "capacitypools":
                 self._parsed_pools.pop(name, None)
+                self._pool_models.pop(name, None)
                 self._lines = {k: v for k, v in self._lines.items() if k[0] != name}
 
 

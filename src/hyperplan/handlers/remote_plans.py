@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from hyperplan.actuation.remote import CapacitySeller, NotBought, RemoteError
 from hyperplan.api.models import CapacityPool, TrainingPlanSpec
@@ -79,17 +79,26 @@ class RemoteLook:
         return next((r for r in self.offerings if offering is not None and r.offering.id == offering.id), None)
 
 
-def remote_pools(pool_objects: Sequence[Mapping[str, Any]], allowed: set[str]) -> list[CapacityPool]:
-    """The remote pools among ``pool_objects`` whose names are in ``allowed`` (the plan may buy)."""
+def remote_pools(pool_objects: Sequence[Mapping[str, Any]], allowed: set[str],
+                 parse: Callable[[Any], "CapacityPool | None"] | None = None) -> list[CapacityPool]:
+    """The remote pools among ``pool_objects`` whose names are in ``allowed`` (the plan may buy),
+    each parsed by ``parse`` (the watch cache's, which parses a pool version once: WatchCache.pool_model);
+    one that does not parse sells nothing (the schema keeps these out)."""
     out = []
     for obj in pool_objects:
         if not (obj.get("spec") or {}).get("source") or obj["metadata"]["name"] not in allowed:
             continue
-        try:
-            out.append(CapacityPool.model_validate(obj))
-        except ValueError:
-            continue  # the schema keeps these out; an unreadable one sells nothing
+        pool = parse(obj) if parse is not None else _parsed_or_none(obj)
+        if pool is not None:
+            out.append(pool)
     return out
+
+
+def _parsed_or_none(obj: Mapping[str, Any]) -> CapacityPool | None:
+    try:
+        return CapacityPool.model_validate(obj)
+    except ValueError:
+        return None
 
 
 def _endpoint(pool: CapacityPool) -> tuple:

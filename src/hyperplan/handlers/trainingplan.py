@@ -166,7 +166,7 @@ async def reconcile_plan(rt: Runtime, name: str) -> datetime | None:
     labels = obj["metadata"].get("labels") or {}
     snapshots = pools_for_plan(rt.cache.pool_snapshots(pools), labels)  # the pools that let it buy
     holds = {b.pool for b in purchased}
-    remote = remote_plans.remote_pools(pools, {s.name for s in snapshots} | holds) if rt.remote else []
+    remote = remote_plans.remote_pools(pools, {s.name for s in snapshots} | holds, rt.cache.pool_model) if rt.remote else []
     seen = remote_plans.RemoteLook()
     if remote:
         searching = not purchased and not (plan.status.phase == FAILED and plan.status.observed_generation == generation)
@@ -255,7 +255,7 @@ async def _buy_remote(rt: Runtime, obj: dict[str, Any], plan: TrainingPlan, gene
     """Buy a remote pool's offering (handlers.remote_plans.buy) and decide from what it holds then."""
     name, uid = obj["metadata"]["name"], obj["metadata"]["uid"]
     pool_name = offering.offering.blocks[0].pool
-    pool = next(p for p in remote_plans.remote_pools(rt.cache.pool_objects(), {pool_name}))
+    pool = next(p for p in remote_plans.remote_pools(rt.cache.pool_objects(), {pool_name}, rt.cache.pool_model))
     outcome = await asyncio.get_running_loop().run_in_executor(
         rt.purchase_threads, remote_plans.buy, rt, pool, name, uid, plan.spec, offering,
         seen.next_attempt.get(pool_name, 0))
@@ -298,7 +298,7 @@ async def _extend(rt: Runtime, name: str, uid: str, plan: TrainingPlan, generati
             break
         remote = seen.extension(extension)
         if remote is not None and seen.extended_plan is not None:
-            pool = next(iter(remote_plans.remote_pools(rt.cache.pool_objects(), {extension.block.pool})), None)
+            pool = next(iter(remote_plans.remote_pools(rt.cache.pool_objects(), {extension.block.pool}, rt.cache.pool_model)), None)
             if pool is None:
                 break  # the pool went meanwhile: the next pass decides without it
             outcome = await asyncio.get_running_loop().run_in_executor(
@@ -374,7 +374,7 @@ async def release_plan(rt: Runtime, obj: dict[str, Any]) -> None:
     if PLAN_FINALIZER not in finalizers and FINALIZER not in finalizers:
         return
     pools = rt.cache.pool_objects()
-    remote_pools = remote_plans.remote_pools(pools, {p["metadata"]["name"] for p in pools})
+    remote_pools = remote_plans.remote_pools(pools, {p["metadata"]["name"] for p in pools}, rt.cache.pool_model)
     kept = remote_plans.kept_message(remote_pools, meta["uid"], rt.clock())
     if not kept and remote_pools and rt.remote is not None and not rt.cache.blocks_of(meta["uid"]):
         # Nothing bought remotely in the ledger yet, but a CreateTrainingPlan may have been answered:
