@@ -179,6 +179,7 @@ def run_remote(h: Harness, args: argparse.Namespace, capacity: "CapacityCluster 
                      "trainingPlanSelector": {"matchLabels": {"tier": "remote"}}}})
     m0 = op.metrics()
     cpu0 = proc_cpu_seconds(op.pid)
+    seller_cpu0 = proc_cpu_seconds(capacity.proc.pid) if capacity is not None and capacity.proc else None
     start_after = utcnow() + timedelta(minutes=5)
     end_before = start_after + timedelta(minutes=args.window)
     step(f"remote: creating {args.plans} plans (tier=remote) that buy through {url}")
@@ -213,6 +214,9 @@ def run_remote(h: Harness, args: argparse.Namespace, capacity: "CapacityCluster 
          "", ""),
         ("operator CPU during the remote run", f"{proc_cpu_seconds(op.pid) - cpu0:.1f} s", "", ""),
     ]
+    if seller_cpu0 is not None and capacity is not None and capacity.proc:
+        rows.append(("the capacity cluster's operator CPU (the API) during the remote run",
+                     f"{proc_cpu_seconds(capacity.proc.pid) - seller_cpu0:.1f} s", "", ""))
     print_figures("remote purchases", rows)
     return 0 if ratio <= TARGET_RATIO and remote_phases.get("Scheduled", 0) == args.plans else 1
 

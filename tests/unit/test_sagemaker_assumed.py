@@ -13,7 +13,7 @@ from kubernetes.client.exceptions import ApiException
 from hyperplan.handlers.cache import GROUPS, NODES, PLANS, POOLS, WatchCache
 from hyperplan.planning.offerings import Busy, PoolSnapshot
 from hyperplan.sagemaker import operations
-from hyperplan.sagemaker.assumed import ASSUMED_FOR, AssumedPurchases, with_busy
+from hyperplan.sagemaker.assumed import ASSUMED_FOR, FORGET_EVERY, AssumedPurchases, with_busy
 from hyperplan.sagemaker.wire import ApiError
 
 UTC = timezone.utc
@@ -127,6 +127,20 @@ def test_an_assumption_ends_when_the_ledger_shows_the_purchase_and_is_never_coun
     assert starts(world.offerings(4))[0] == starts([best])[0]  # 4 of 8 assumed: room for 4 more there
     world.bought("first", best)
     assert starts(world.offerings(4))[0] == starts([best])[0]  # the ledger's 4, not the ledger's and the assumed
+    assert len(world.assumed) == 0
+
+
+def test_settled_assumptions_are_looked_for_at_most_every_so_often_and_meanwhile_count_as_taken(world: World) -> None:
+    world.assumed = AssumedPurchases(clock=lambda: world.now, every=FORGET_EVERY)
+    [best, *_] = world.offerings(4)
+    world.create("first", best)
+    world.bought("first", best)
+    # Within FORGET_EVERY of the last look the purchase is both in the ledger and assumed: the
+    # offering's start looks full (taken twice), never free.
+    assert starts(world.offerings(4))[0] > starts([best])[0]
+    assert len(world.assumed) == 1
+    world.now += FORGET_EVERY
+    assert starts(world.offerings(4))[0] == starts([best])[0]
     assert len(world.assumed) == 0
 
 

@@ -28,6 +28,11 @@ from hyperplan.planning.blocks import Block
 from hyperplan.planning.offerings import Busy, PoolSnapshot
 
 ASSUMED_FOR = 60.0  # seconds an accepted create's blocks count as busy if the cache never shows them bought
+# The API's searches and creates look for settled assumptions at most this often: each look reads
+# every assumed plan from the watch cache (a hop to the event loop and an unpack each), and at a
+# burst's rate that was a tenth of the capacity operator's time (docs/benchmarks.md). Between looks
+# a settled purchase is counted twice (in the ledger and assumed): it looks taken, never free.
+FORGET_EVERY = 0.25
 
 
 @dataclass(frozen=True)
@@ -45,10 +50,12 @@ class AssumedPurchases:
     create's check of its offering and its assumption one step: two creates racing for one
     offering cannot both find it free."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic, hold: float = ASSUMED_FOR) -> None:
-        self.clock, self.hold = clock, hold
+    def __init__(self, clock: Callable[[], float] = time.monotonic, hold: float = ASSUMED_FOR,
+                 every: float = 0.0) -> None:
+        self.clock, self.hold, self.every = clock, hold, every
         self.lock = threading.RLock()
         self._held: dict[str, _Assumed] = {}
+        self._looked: float | None = None  # when forget_settled last looked
 
     def assume(self, name: str, offering_id: str, user: str, blocks: Sequence[Block]) -> None:
         with self.lock:
@@ -78,10 +85,13 @@ class AssumedPurchases:
         """Forget what the cache now shows (``plan``: a plan of the fleet by name; ``blocks_of``:
         its lines by uid) and what is older than the hold. The cache is read outside the lock:
         from a write's thread each read is a hop to the event loop, which may itself wait for the
-        lock in :meth:`apply`."""
-        with self.lock:
-            held = list(self._held.items())
+        lock in :meth:`apply`. At most every ``every`` seconds (the server's :data:`FORGET_EVERY`)."""
         now = self.clock()
+        with self.lock:
+            if self.every and self._looked is not None and now - self._looked < self.every:
+                return
+            self._looked = now
+            held = list(self._held.items())
         done, seen = [], []
         for name, h in held:
             obj = plan(name)

@@ -29,7 +29,7 @@ from kubernetes.client.exceptions import ApiException
 from hyperplan.planning.policy import DEMO, Policy
 from hyperplan.sagemaker import operations
 from hyperplan.sagemaker.access import Access, Writes, check_rights, rights_known
-from hyperplan.sagemaker.assumed import AssumedPurchases
+from hyperplan.sagemaker.assumed import FORGET_EVERY, AssumedPurchases
 from hyperplan.sagemaker.signing import Caller, verify
 from hyperplan.sagemaker.wire import CONTENT_TYPE, ApiError, operation_of, parse_body
 
@@ -78,7 +78,7 @@ def make_app(fleet: operations.Fleet, access: Access, account: str, clock: Calla
     on threads; the operation itself runs on the loop (it reads kopf's indexes)."""
 
     views = operations.PlanViews()
-    assumed = AssumedPurchases()
+    assumed = AssumedPurchases(every=FORGET_EVERY)
     # The writes' own threads: asyncio's default executor has cpu_count + 4 (6 on two cores), which
     # held a burst of CreateTrainingPlan calls (each mostly waits for the API server) six at a time.
     writing = ThreadPoolExecutor(max_workers=WRITE_THREADS, thread_name_prefix="sagemaker-write")
