@@ -129,12 +129,14 @@ class PhaseTracker:
         self.reason: dict[str, str] = {}
         self.settled_at: dict[str, float] = {}
         self.flips = 0  # phase changes after a plan first settled
+        self.events: Counter = Counter()  # watch events by plan: its writes (the create and each status patch)
 
     def on_event(self, kind: str, obj: dict, t: float) -> None:
         name = obj["metadata"]["name"]
         st = obj.get("status") or {}
         phase = st.get("phase") or "none"
         with self.lock:
+            self.events[name] += 1
             if kind == "DELETED":
                 self.phase.pop(name, None)
                 return

@@ -63,6 +63,12 @@ def settle(h: Harness, tracker: PhaseTracker, names: set[str], t0: float, timeou
         time.sleep(1)
 
 
+def writes_per_plan(tracker: PhaseTracker, names: set[str]) -> str:
+    with tracker.lock:
+        counts = [tracker.events[n] for n in names]
+    return f"{sum(counts) / max(1, len(counts)):.1f}, {max(counts, default=0)}"
+
+
 def mint_key(kubeconfig: Path, user: str) -> tuple[str, str]:
     done = subprocess.run([sys.executable, "-m", "hyperplan.cli", "api-key", "create", "--user", user,
                            "--namespace", "default"], capture_output=True, text=True, timeout=60,
@@ -213,6 +219,8 @@ def run_remote(h: Harness, args: argparse.Namespace, capacity: "CapacityCluster 
         ("remote calls (operation result: count)", ", ".join(f"{k}: {v:.0f}" for k, v in sorted(calls.items())),
          "", ""),
         ("operator CPU during the remote run", f"{proc_cpu_seconds(op.pid) - cpu0:.1f} s", "", ""),
+        ("writes per plan seen by a watch until settled, local / remote (mean, max)",
+         f"{writes_per_plan(tracker, local)} / {writes_per_plan(tracker, remote)}", "", ""),
     ]
     if seller_cpu0 is not None and capacity is not None and capacity.proc:
         rows.append(("the capacity cluster's operator CPU (the API) during the remote run",
