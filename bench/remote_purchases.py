@@ -219,7 +219,7 @@ def run_remote(h: Harness, args: argparse.Namespace, capacity: "CapacityCluster 
         ("remote calls (operation result: count)", ", ".join(f"{k}: {v:.0f}" for k, v in sorted(calls.items())),
          "", ""),
         ("operator CPU during the remote run", f"{proc_cpu_seconds(op.pid) - cpu0:.1f} s", "", ""),
-        ("writes per plan seen by a watch until settled, local / remote (mean, max)",
+        ("writes per plan seen by the bench's watch, local / remote (mean, max)",
          f"{writes_per_plan(tracker, local)} / {writes_per_plan(tracker, remote)}", "", ""),
     ]
     if seller_cpu0 is not None and capacity is not None and capacity.proc:
