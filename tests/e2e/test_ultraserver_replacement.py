@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 from tests.e2e.scenarios import Context, Recorder, events_for, scenario, ts, utcnow
@@ -42,6 +43,17 @@ def _state(node: dict) -> tuple[bool, bool]:
     """(signalled, cordoned) as the node shows them."""
     signalled = any(c["type"] == SIGNAL and c["status"] == "True" for c in (node.get("status") or {}).get("conditions") or [])
     return signalled, bool((node.get("spec") or {}).get("unschedulable"))
+
+
+def fail_together(ctx: Context, victims: list[str]) -> None:
+    """Label ``victims`` unhealthy at the same moment, each patch from a thread of its own. Seen
+    seconds apart (past the health ladder's batch window), the first failure's backfill makes the
+    UltraServer whole again before the second fails, and nothing moves or is bought: two kubectl
+    calls under a CI run's load came seconds apart, and so did one call for both (kubectl reads
+    and patches one node after the other; seen in CI, 2.4 s)."""
+    patch = {"metadata": {"labels": {"sagemaker.amazonaws.com/node-health-status": "Unschedulable"}}}
+    with ThreadPoolExecutor(len(victims)) as pool:
+        list(pool.map(lambda name: ctx.kube.core.patch_node(name, patch), victims))
 
 
 @scenario
@@ -77,9 +89,7 @@ def ultraserver_replaced(ctx: Context) -> dict:
                              if n["metadata"]["name"] in old}, interval=0.2).start()
     victims = [n["metadata"]["name"] for n in first if n["metadata"]["labels"].get("hyperplan.dev/role") == "active"][:2]
     failed_at = utcnow()
-    # One kubectl call for both: two calls under a CI run's load came seconds apart, past the
-    # ladder's batch window, and the first failure's backfill could make the UltraServer whole again.
-    k.run("label", "node", *victims, "--overwrite", "sagemaker.amazonaws.com/node-health-status=Unschedulable")
+    fail_together(ctx, victims)
 
     st, after = eventually(lambda: next((r for r in [ready_with(1)] if r and r[1] and all(
         n["metadata"]["labels"].get(US_LABEL) != failed_us for n in r[1])), None),
@@ -129,9 +139,7 @@ def ultraserver_bought(ctx: Context) -> dict:
 
     def fail_two(nodes: list[dict]) -> list[str]:
         victims = [n["metadata"]["name"] for n in nodes if n["metadata"]["labels"].get("hyperplan.dev/role") == "active"][:2]
-        # One kubectl call for both (see above): seen seconds apart, the first one's backfill may
-        # make the UltraServer whole before the second fails, and nothing is bought.
-        k.run("label", "node", *victims, "--overwrite", "sagemaker.amazonaws.com/node-health-status=Unschedulable")
+        fail_together(ctx, victims)
         return victims
 
     _, first = eventually(lambda: ready_off(None), timeout=150, what="group Ready on the plan's one UltraServer")
