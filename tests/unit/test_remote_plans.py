@@ -97,6 +97,12 @@ def later(w: World, seconds: float) -> None:
     w.now += timedelta(seconds=seconds)  # the follower's clock too: the listing is as old as the step
 
 
+def bought_offering(w: World) -> str:
+    """The local offering id the Purchased Event names."""
+    [message] = [m for _, _, reason, m in w.events if reason == "Purchased"]
+    return message.split()[2]
+
+
 def test_a_plan_buys_from_the_remote_then_follows_it_until_it_holds_blocks(world) -> None:
     w, remote = world(offering())
     wake = w.run(reconcile_plan, NAME)
@@ -104,10 +110,10 @@ def test_a_plan_buys_from_the_remote_then_follows_it_until_it_holds_blocks(world
     # The remote's offering id is passed on; the plan's name there derives from its uid.
     assert creates(remote) == [(f"{REMOTE}-0", "tpo-remote-1", None,
                                 {"hyperplan.dev/training-plan": NAME, "hyperplan.dev/training-plan-uid": UID})]
-    assert status(w)["phase"] == "Pending"
-    assert condition(w, "Purchased")["reason"] == "RemotePurchasing"
-    assert f"training plan {REMOTE}-0 at http://127.0.0.1:1 is Pending" in condition(w, "Purchased")["message"]
-    assert "Purchased" in w.reasons()
+    # The Event says it was bought; the status is not written while the remote buys (REMOTE_QUIET).
+    assert status(w) == {}
+    bought = bought_offering(w)
+    assert bought.startswith("tpo-2027") and f"as training plan {REMOTE}-0" in w.events[-1][3]
     assert lines(w) == []
     assert wake is not None and wake - w.now <= timedelta(seconds=2)  # waits for the remote, soon
 
@@ -116,12 +122,42 @@ def test_a_plan_buys_from_the_remote_then_follows_it_until_it_holds_blocks(world
     w.run(reconcile_plan, NAME)
 
     assert status(w)["phase"] == "Scheduled"
+    assert status(w)["purchasedOfferingId"] == bought
     [rc] = status(w)["reservedCapacity"]
     assert (rc["capacityPool"], rc["instanceCount"], rc["availabilityZone"]) == (POOL, 8, ZONE)
     assert rc["id"] == "rc-0c6f9a521111-0"  # the remote's own id, so both sides name the block alike
     assert lines(w) == [(NAME, "rc-0c6f9a521111-0", 8,
                          f"arn:aws:sagemaker:us-east-1:111122223333:training-plan/{REMOTE}-0")]
     assert len(creates(remote)) == 1
+    assert w.rt.remote.bought == {}  # the status holds the id now
+
+
+@pytest.mark.parametrize("restarted", [False, True], ids=["same-process", "after-a-restart"])
+def test_a_remote_that_has_not_bought_after_the_quiet_while_shows_pending_remote_purchasing(world, restarted) -> None:
+    w, remote = world(offering())
+    w.run(reconcile_plan, NAME)
+    bought = bought_offering(w)
+    if restarted:
+        w.rt.remote.bought.clear()  # what a new process knows: the remote's answers and the status
+
+    later(w, 4)
+    w.run(reconcile_plan, NAME)
+    assert status(w) == {} or restarted  # within REMOTE_QUIET of the purchase: nothing written yet
+
+    later(w, 8)
+    w.run(reconcile_plan, NAME)
+    assert status(w)["phase"] == "Pending"
+    assert condition(w, "Purchased")["reason"] == "RemotePurchasing"
+    assert f"training plan {REMOTE}-0 at http://127.0.0.1:1 is Pending" in condition(w, "Purchased")["message"]
+    assert status(w).get("purchasedOfferingId") == (None if restarted else bought)
+
+    remote.sell(f"{REMOTE}-0")
+    later(w, 20)
+    w.run(reconcile_plan, NAME)
+    assert status(w)["phase"] == "Scheduled"
+    # After a restart, the id is the one of the blocks the remote holds: the offering's.
+    assert status(w)["purchasedOfferingId"] == bought
+    assert len(creates(remote)) == 1 and w.reasons().count("Purchased") == 1
 
 
 def test_a_pass_killed_after_the_remote_bought_adopts_the_remote_plan_and_never_buys_twice(world) -> None:
@@ -158,6 +194,7 @@ def test_a_plan_the_remote_does_not_show_yet_after_it_answered_the_create_is_wai
     remote.hidden.add(name)
     remote.offerings.clear()  # the purchase took the capacity
 
+    later(w, 10)  # past REMOTE_QUIET: the waiting is written
     for _ in range(3):
         later(w, 3)
         w.run(reconcile_plan, NAME)
@@ -190,7 +227,7 @@ def test_a_waiting_plan_reads_its_own_remote_plan_when_the_shared_listing_is_old
         return listed()
     remote.list_plans = slow_listing  # type: ignore[method-assign]
     w.run(reconcile_plan, NAME)
-    assert status(w)["phase"] == "Pending"
+    assert "Purchased" in w.reasons() and status(w) == {}  # bought; no status within REMOTE_QUIET
     remote.sell(f"{REMOTE}-0")
     remote.calls.clear()
 
@@ -315,12 +352,13 @@ def test_a_block_the_remote_holds_outside_what_the_pool_sells_is_not_recorded(wo
     w, remote = world(offering())
     w.run(reconcile_plan, NAME)
     remote.sell(f"{REMOTE}-0", InstanceType="ml.trn1.32xlarge")
-    later(w, 2)
+    later(w, 12)  # past REMOTE_QUIET: the plan shows what it waits for
 
     w.run(reconcile_plan, NAME)
 
     assert lines(w) == []
     assert status(w)["phase"] == "Pending"
+    assert condition(w, "Purchased")["reason"] == "RemotePurchasing"
 
 
 @pytest.mark.parametrize("still_offered", [True, False], ids=["still-offered", "sold-meanwhile"])
@@ -340,6 +378,10 @@ def test_a_plan_that_names_a_remote_offering_buys_it_only_as_the_remote_offers_i
 
     if still_offered:
         assert [c[1] for c in creates(remote)] == ["tpo-remote-a"]
+        remote.sell(f"{REMOTE}-0")
+        later(w, 2)
+        w.run(reconcile_plan, NAME)
+        assert status(w)["phase"] == "Scheduled"
         assert status(w)["purchasedOfferingId"] == listed
     else:
         assert creates(remote) == []

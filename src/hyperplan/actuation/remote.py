@@ -459,6 +459,11 @@ class RemoteSources:
         # Per plan uid: its running UltraServer block's health as the remote last listed it (when,
         # the block's ARN, health by UltraServer id), for the pacing of handlers.remote_plans.
         self.ultra_health: dict[str, tuple[float, str, dict[str, str]]] = {}
+        # Per plan uid: the local id of the offering its remote purchase bought, and when
+        # (handlers.trainingplan): the pass that bought writes no status while the remote buys (it
+        # usually holds the blocks within seconds), so a later pass writes the id. In memory: after
+        # a restart the id is the one of the blocks the remote holds (Offering.from_blocks).
+        self.bought: dict[str, tuple[str, float]] = {}
 
     def _client(self, pool: str, source: RemoteSource) -> tuple[str, CapacitySeller]:
         creds, version = None, ""
@@ -489,7 +494,7 @@ class RemoteSources:
 
     def forget_plan(self, uid: str) -> None:
         """A deleted plan: what is kept in memory for it goes."""
-        for kept in (self.waiting_since, self.extension_offers, self.extension_unknown, self.ultra_health):
+        for kept in (self.waiting_since, self.extension_offers, self.extension_unknown, self.ultra_health, self.bought):
             kept.pop(uid, None)
 
     def capacity(self, pool: str, source: RemoteSource) -> CapacitySeller:

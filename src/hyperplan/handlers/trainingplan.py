@@ -65,6 +65,10 @@ CONTENDED_RETRY = timedelta(seconds=1)
 REMOTE_WAITING = timedelta(seconds=2)  # a plan waiting for a remote endpoint to buy looks again this soon,
 REMOTE_WAITING_MOST = timedelta(seconds=20)  # and later the longer it waits, up to this
 REMOTE_FOLLOW = timedelta(minutes=5)  # a plan bought remotely looks at its remote plan at least this often
+# A remote purchase answered but not held yet writes no status this long (the Event says it was
+# bought): most remotes hold the blocks within seconds, and the plan's next write is then its
+# Scheduled or Active; one still waiting after it shows Pending, RemotePurchasing.
+REMOTE_QUIET = timedelta(seconds=10)
 log = logging.getLogger("hyperplan.trainingplan")
 
 
@@ -181,17 +185,24 @@ async def reconcile_plan(rt: Runtime, name: str) -> datetime | None:
     usage = node_usage(rt, plan, purchased, now) if purchased else PlanUsage()
     if seen.ultra_health:
         usage = replace(usage, ultra_servers=with_remote_health(usage.ultra_servers, seen.ultra_health))
-    decision = decide_plan(plan.spec, generation, plan.status, purchased, snapshots, rt.policy, now, usage, uid,
+    prior = plan.status
+    if remote and not prior.purchased_offering_id:
+        prior = prior.model_copy(update={"purchased_offering_id": _bought_remotely(rt, plan, uid, purchased, remote)})
+    decision = decide_plan(plan.spec, generation, prior, purchased, snapshots, rt.policy, now, usage, uid,
                            remote=[o.offering for o in seen.offerings],
                            remote_extensions=[e.extension for e in seen.extensions], extending=seen.extending)
+    quiet = False
     if seen.waiting is not None and not purchased:
-        decision = _waiting(decision, plan, generation, seen.waiting, rt.clock())
+        quiet = _quiet(rt, uid)
+        decision = _unchanged(obj) if quiet else _waiting(decision, plan, generation, seen.waiting, rt.clock(),
+                                                          prior.purchased_offering_id)
 
     if (decision.buy is not None or purchased or seen.waiting) and not await _hold_finalizer(rt, obj):
         return None  # deleted meanwhile: nothing was bought
     bought_remotely = seen.offering(decision.buy)
     if bought_remotely is not None:
         decision = await _buy_remote(rt, obj, plan, generation, decision, bought_remotely, seen, snapshots, usage)
+        quiet = _quiet(rt, uid) and decision.status.wire() == status_of(TrainingPlanStatus, obj).wire()
     elif decision.buy is not None:
         outcome = await asyncio.get_running_loop().run_in_executor(
             rt.purchase_threads, purchase, rt.ledger, name, uid, plan.spec, generation, plan.status,
@@ -224,10 +235,12 @@ async def reconcile_plan(rt: Runtime, name: str) -> datetime | None:
         rt.unbought_plans.add(name)
     else:
         rt.unbought_plans.discard(name)
+    if remote and not quiet:
+        rt.remote.bought.pop(uid, None)  # written (or bought elsewhere, or failed): the status holds it now
     if remote:  # a remote changes without a local event: look again at least every REMOTE_FOLLOW
         # Waiting for the remote to buy, or for its answer to catch up with a boundary that passed.
-        waiting = seen.behind or any(c.reason == "RemotePurchasing" for c in decision.status.conditions) or any(
-            e.reason == REASON_REMOTE_EXTENDING for e in decision.status.extensions)
+        waiting = quiet or seen.behind or any(c.reason == "RemotePurchasing" for c in decision.status.conditions) \
+            or any(e.reason == REASON_REMOTE_EXTENDING for e in decision.status.extensions)
         every = rt.remote.waiting_every(uid, waiting, rt.clock().timestamp(), REMOTE_WAITING.total_seconds(),
                                         REMOTE_WAITING_MOST.total_seconds())
         due = rt.clock() + (timedelta(seconds=every) if waiting else REMOTE_FOLLOW)
@@ -243,9 +256,40 @@ def _request(spec: TrainingPlanSpec) -> OfferingRequest | None:
         return None  # decide_plan says why
 
 
-def _waiting(decision: PlanDecision, plan: TrainingPlan, generation: int, waiting: tuple, now: datetime) -> PlanDecision:
+def _bought_remotely(rt: Runtime, plan: TrainingPlan, uid: str, purchased: list[Block],
+                     remote: list) -> str | None:
+    """The local id of the offering the plan's remote purchase bought, for a status that does not
+    show it yet (the buying pass wrote none: :data:`REMOTE_QUIET`): as this process bought it, or,
+    after a restart, the id of the blocks the remote holds for it, which is the offering's when the
+    remote sold what it offered (Offering.from_blocks; a plan not Scheduled yet has not extended)."""
+    kept = rt.remote.bought.get(uid)
+    if kept is not None:
+        return kept[0]
+    pools = {p.metadata["name"] for p in remote}
+    if purchased and plan.status.phase in (None, PENDING) and all(b.pool in pools for b in purchased):
+        return Offering.from_blocks(purchased, _request(plan.spec)).id
+    return None
+
+
+def _quiet(rt: Runtime, uid: str) -> bool:
+    """Whether the plan's remote purchase is recent enough that a status showing the remote has not
+    bought yet is not written (:data:`REMOTE_QUIET`)."""
+    kept = rt.remote.bought.get(uid)
+    return kept is not None and rt.clock().timestamp() - kept[1] < REMOTE_QUIET.total_seconds()
+
+
+def _unchanged(obj: Mapping[str, Any]) -> PlanDecision:
+    """A decision that writes nothing: the status as it is."""
+    return PlanDecision(status=status_of(TrainingPlanStatus, obj))
+
+
+def _waiting(decision: PlanDecision, plan: TrainingPlan, generation: int, waiting: tuple, now: datetime,
+             bought: str | None) -> PlanDecision:
+    """The plan waits for its remote plan to hold blocks; ``bought``: the local id of the offering
+    it bought there (a search's status, which the decision's is, does not carry it)."""
     remote, endpoint = waiting
     status = waiting_for_remote(decision.status, plan.status, generation, remote, endpoint, now)
+    status.purchased_offering_id = bought
     return PlanDecision(status=status, wake_at=now + REMOTE_WAITING,  # no search ran: nothing found or not
                         events=[e for e in decision.events if e.reason not in ("OfferingsFound", "NoCapacity")])
 
@@ -268,10 +312,11 @@ async def _buy_remote(rt: Runtime, obj: dict[str, Any], plan: TrainingPlan, gene
             return decision
         return failed(decision.status, generation, outcome.violation, rt.clock())
     metrics.PURCHASES.labels("Purchased").inc()
+    rt.remote.bought[uid] = (offering.offering.id, rt.clock().timestamp())
     bought = decision.status.model_copy(update={"purchased_offering_id": offering.offering.id})
-    if outcome.blocks is None:
-        waiting = _waiting(PlanDecision(status=bought), plan, generation, outcome.waiting, rt.clock())
+    if outcome.blocks is None:  # the remote buys after it answered: no status until REMOTE_QUIET passed
         remote, endpoint = outcome.waiting
+        waiting = _unchanged(obj)
         waiting.events.append(Event("Normal", "Purchased", (
             f"bought offering {offering.offering.id} at {endpoint} as {remote.noun} {remote.name}; "
             "waiting for the remote to hold its blocks")))
