@@ -263,6 +263,28 @@ def test_a_listing_that_takes_long_is_made_less_often() -> None:
     assert Slow.calls == 2
 
 
+def test_a_forgotten_listing_is_made_again_and_keeps_the_plans_this_process_made() -> None:
+    """A refused create forgets the endpoint's listing; a plan another pass bought a moment ago,
+    which the remote's next listing does not show yet, stays believed (else it is bought again)."""
+    class Lagging:
+        endpoint = "http://x"
+        calls = 0
+
+        def remote_plans(self):
+            Lagging.calls += 1
+            return [plan_of(summary("a"))]  # "b" was just made: not listed yet
+    now = [0.0]
+    follower = RemoteFollower(clock=lambda: now[0])
+    follower.plans("k", Lagging(), max_age=10)
+    follower.saw("k", plan_of(summary("b")))
+    now[0] = 1.0
+
+    follower.forget("k")
+
+    assert sorted(p.name for p in follower.plans("k", Lagging(), max_age=10)) == ["a", "b"]
+    assert Lagging.calls == 2  # listed again at once, younger than max_age
+
+
 # --------------------------------------------------------------------------- extensions
 
 

@@ -423,8 +423,13 @@ class RemoteFollower:
         return None if listing.at is None else self.clock() - listing.at
 
     def forget(self, pool: str) -> None:
-        with self._lock:
-            self._listings.pop(pool, None)
+        """The next ask lists again (an answer said the listing is behind). The plans this
+        process made or described stay believed over it, as over any listing (:meth:`saw`):
+        dropping them made every plan bought a moment before search and buy again under its
+        name (``ResourceInUse``), and each such refusal forgot the listing again."""
+        listing = self._listing(pool)
+        with listing.lock:
+            listing.at = None
 
 
 Credentials = Callable[[str], "tuple[tuple[str, str], str] | None"]
