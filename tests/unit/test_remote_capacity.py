@@ -285,6 +285,25 @@ def test_a_forgotten_listing_is_made_again_and_keeps_the_plans_this_process_made
     assert Lagging.calls == 2  # listed again at once, younger than max_age
 
 
+def test_a_live_plan_one_listing_misses_is_kept_over_that_listing_only() -> None:
+    """A listing paged while the remote's plans change may miss one it showed before (its
+    StartTime order moved past the page being read); one missing twice is gone."""
+    answers = [["a", "b"], ["a"], ["a"], ["a", "b"]]
+
+    class Paging:
+        endpoint = "http://x"
+
+        def remote_plans(self):
+            return [plan_of(summary(name)) for name in answers.pop(0)]
+    now = [0.0]
+    follower = RemoteFollower(clock=lambda: now[0])
+    shown = []
+    for _ in range(4):
+        shown.append(sorted(p.name for p in follower.plans("k", Paging(), max_age=1)))
+        now[0] += 2
+    assert shown == [["a", "b"], ["a", "b"], ["a"], ["a", "b"]]
+
+
 # --------------------------------------------------------------------------- extensions
 
 

@@ -364,6 +364,8 @@ class _Listing:
     # The plans this process made or described, by name, and when: kept over a listing that does
     # not show them yet (until one does, or for SEEN_KEPT), see RemoteFollower.plans.
     seen: dict[str, float] = field(default_factory=dict)
+    # Live plans an earlier listing showed and the last one did not, kept over that one listing.
+    carried: set[str] = field(default_factory=set)
 
 
 LISTING_SHARE = 0.1  # a listing is made again no sooner than 10 times as long as the last one took
@@ -392,7 +394,8 @@ class RemoteFollower:
             # (an endpoint with 10,000 plans takes long to page through: it is asked less often).
             if listing.at is None or asked - listing.at >= max(max_age, listing.took / LISTING_SHARE):
                 at = self.clock()
-                fresh = {p.name: p for p in capacity.remote_plans()}
+                listed = {p.name: p for p in capacity.remote_plans()}
+                fresh = dict(listed)
                 for name, since in list(listing.seen.items()):
                     if name in fresh or at - since > SEEN_KEPT:
                         del listing.seen[name]  # the listing caught up (or never will: it is believed)
@@ -400,6 +403,15 @@ class RemoteFollower:
                         log.info("the listing of %s does not show the remote plan %s it answered %.1f s ago; "
                                  "kept as it was answered", getattr(capacity, "endpoint", "?"), name, at - since)
                         fresh[name] = listing.plans[name]
+                # A listing paged while the plans change can miss a live plan it showed before (a
+                # plan the remote just bought moves in the order of StartTime, past the page being
+                # read): its buyer then searched and bought again under its name (ResourceInUse,
+                # seen in the remote bench). Such a plan is kept over one listing that lacks it; one
+                # gone for good is missing from the next as well.
+                for name, before in listing.plans.items():
+                    if name not in fresh and before.live and name not in listing.carried:
+                        fresh[name] = before
+                listing.carried = {name for name in fresh if name not in listed and name not in listing.seen}
                 listing.plans = fresh
                 listing.at, listing.took = at, self.clock() - at
             return list(listing.plans.values())
