@@ -76,16 +76,17 @@ class ExtendsCapacityBlocks:
         last = max(blocks, key=lambda b: (b.end, b.start))
         reservation = cb.reservation_id(remote, last.id)
         if reservation is not None:
-            answer = [o for hours in cb.extension_hours(policy)
-                      for o in self.describe_extension_offerings(reservation, hours)]
-            return cb.extensions_of(answer, plan_uid, last, policy)
+            return cb.extensions_of(self._extension_offers(reservation, policy), plan_uid, last, policy)
         reservations = cb.block_reservations(remote, last.id)  # an UltraServer block: each reservation's own
         if not reservations:
             return []
-        answers = {r.id: [o for hours in cb.extension_hours(policy) for o in self.describe_extension_offerings(r.id, hours)]
-                   for r in reservations}
+        answers = {r.id: self._extension_offers(r.id, policy) for r in reservations}
         history = self.extension_entries([r.id for r in reservations])
         return cb.reservations_extensions_of(answers, history, plan_uid, last, reservations, policy)
+
+    def _extension_offers(self, reservation: str, policy: Policy) -> list:
+        """Every extension EC2 offers one reservation: a call per duration (it answers one a call)."""
+        return [o for hours in cb.extension_hours(policy) for o in self.describe_extension_offerings(reservation, hours)]
 
     def extension_history(self, remote: RemotePlan) -> list[ExtensionRecord]:
         reservations = cb.reservation_ids(remote)

@@ -329,6 +329,14 @@ class CapacityPool(Model):
     spec: CapacityPoolSpec
     status: CapacityPoolStatus = Field(default_factory=CapacityPoolStatus)
 
+    @classmethod
+    def parsed_or_none(cls, obj: Any) -> "CapacityPool | None":
+        """The pool as this model, or None when it does not parse (the schema keeps such pools out)."""
+        try:
+            return cls.model_validate(obj)
+        except ValueError:
+            return None
+
 
 # --------------------------------------------------------------------------- TrainingPlan
 

@@ -491,10 +491,7 @@ class WatchCache:
             cached = self._pool_models.get(name)
         if cached is not None and cached[0] == rv and rv:
             return cached[1]
-        try:
-            model: CapacityPool | None = CapacityPool.model_validate(obj)
-        except ValueError:
-            model = None
+        model = CapacityPool.parsed_or_none(obj)
         with self._lock:
             self._pool_models[name] = (rv, model)
         return model

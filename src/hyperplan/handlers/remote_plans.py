@@ -88,17 +88,10 @@ def remote_pools(pool_objects: Sequence[Mapping[str, Any]], allowed: set[str],
     for obj in pool_objects:
         if not (obj.get("spec") or {}).get("source") or obj["metadata"]["name"] not in allowed:
             continue
-        pool = parse(obj) if parse is not None else _parsed_or_none(obj)
+        pool = (parse or CapacityPool.parsed_or_none)(obj)
         if pool is not None:
             out.append(pool)
     return out
-
-
-def _parsed_or_none(obj: Mapping[str, Any]) -> CapacityPool | None:
-    try:
-        return CapacityPool.model_validate(obj)
-    except ValueError:
-        return None
 
 
 def _endpoint(pool: CapacityPool) -> tuple:
