@@ -194,8 +194,7 @@ async def reconcile_plan(rt: Runtime, name: str) -> datetime | None:
     quiet = False
     if seen.waiting is not None and not purchased:
         quiet = _quiet(rt, uid)
-        decision = _unchanged(obj) if quiet else _waiting(decision, plan, generation, seen.waiting, rt.clock(),
-                                                          prior.purchased_offering_id)
+        decision = _unchanged(obj) if quiet else _waiting(decision, prior, generation, seen.waiting, rt.clock())
 
     if (decision.buy is not None or purchased or seen.waiting) and not await _hold_finalizer(rt, obj):
         return None  # deleted meanwhile: nothing was bought
@@ -283,13 +282,12 @@ def _unchanged(obj: Mapping[str, Any]) -> PlanDecision:
     return PlanDecision(status=status_of(TrainingPlanStatus, obj))
 
 
-def _waiting(decision: PlanDecision, plan: TrainingPlan, generation: int, waiting: tuple, now: datetime,
-             bought: str | None) -> PlanDecision:
-    """The plan waits for its remote plan to hold blocks; ``bought``: the local id of the offering
-    it bought there (a search's status, which the decision's is, does not carry it)."""
+def _waiting(decision: PlanDecision, prior: TrainingPlanStatus, generation: int, waiting: tuple,
+             now: datetime) -> PlanDecision:
+    """The plan waits for its remote plan to hold blocks (``prior``: its status, with the id of
+    the offering it bought there: :func:`_bought_remotely`)."""
     remote, endpoint = waiting
-    status = waiting_for_remote(decision.status, plan.status, generation, remote, endpoint, now)
-    status.purchased_offering_id = bought
+    status = waiting_for_remote(decision.status, prior, generation, remote, endpoint, now)
     return PlanDecision(status=status, wake_at=now + REMOTE_WAITING,  # no search ran: nothing found or not
                         events=[e for e in decision.events if e.reason not in ("OfferingsFound", "NoCapacity")])
 

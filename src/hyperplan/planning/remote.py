@@ -404,10 +404,13 @@ def waiting_for_remote(decision_status: Any, prior: Any, generation: int, remote
     """The status of a plan whose remote plan is bought but holds no block yet (the remote's own
     purchase runs after CreateTrainingPlan answers): Pending, ``Purchased=False`` with reason
     ``RemotePurchasing``, and the offerings the pass found kept. A waiting pass does not search
-    (its purchase took the capacity), so ``OfferingsAvailable`` stays as the last search left it."""
+    (its purchase took the capacity), so ``OfferingsAvailable`` stays as the last search left it.
+    The offering it bought stays named (``purchasedOfferingId`` of ``prior``): the decision's
+    status is a search's, which does not carry it."""
     from hyperplan.planning.plans import condition  # plans imports nothing of this module
     status = decision_status.model_copy(deep=True)
     status.phase = "Pending"
+    status.purchased_offering_id = prior.purchased_offering_id
     status.observed_generation = generation
     message = (f"{remote.noun} {remote.name} at {endpoint} is {remote.status or 'unknown'}"
                + (f": {remote.status_message}" if remote.status_message else "")
