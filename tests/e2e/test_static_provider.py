@@ -15,6 +15,11 @@ Two scenarios:
   schedulable again, the one the admin cordoned is not.
 * ``static_race``: two groups on one plan race at the same block start for the same four free
   nodes: each gets two distinct nodes, and the operator counts no reconcile error.
+* ``static_ultraservers`` (late: it buys x36 UltraServers, as other late scenarios do): free
+  nodes of three cloud UltraServers (``topology.k8s.aws/ultraserver-id`` as EKS sets it, 9 each,
+  their names interleaved) and a group of 16 on a plan of two x36 UltraServers: each of the plan's
+  UltraServers gets its 9 nodes (8 and a spare) from one cloud UltraServer, a different one each,
+  the group's record keeps each node's cloud id, and hand-back gives it back.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ from datetime import timedelta
 
 from hyperplan.api.vocabulary import LABEL_POOL, LABEL_TRUSTED_GROUP
 from tests.e2e.scenarios import (
-    Context, events_for, first_block, group_body, parse_ts, plan_body, pool_body, scenario, ts, utcnow, wait_phase,
+    Context, events_for, first_block, group_body, late_scenario, parse_ts, plan_body, pool_body, scenario, ts, utcnow,
+    wait_phase,
 )
 from tests.kube import Kubectl, eventually
 
@@ -287,3 +293,52 @@ def test_groups_racing_for_free_nodes_get_distinct_nodes_without_errors(scenario
         assert "NoFreeNode" not in [reason for reason, _ in events]
     for labels in r["after"].values():
         assert labels[LABEL_POOL] == "free" and "hyperplan.dev/instance-group" not in labels
+
+
+# --------------------------------------------------------------------------- cloud UltraServers
+
+GB200, X36, US_KEY = "ml.p6e-gb200.36xlarge", "ml.u-p6e-gb200x36", "topology.k8s.aws/ultraserver-id"
+
+
+@late_scenario
+def static_ultraservers(ctx: Context) -> dict:
+    k = ctx.kubectl
+    tag = uuid.uuid4().hex[:5]
+    plan = group = f"sus-{tag}"
+    k.create(pool_body(f"sus-{tag}", GB200, 18, az=f"us-sus-{tag}", ultraServerType=X36))
+    k.create({"apiVersion": "hyperplan.dev/v1alpha1", "kind": "TrainingPlan", "metadata": {"name": plan},
+              "spec": {"ultraServerType": X36, "ultraServerCount": 2, "targetResource": "hyperpod-cluster",
+                       "duration": "2m", "autoPurchase": True,
+                       "startTimeAfter": ts(utcnow() + timedelta(seconds=40))}})
+    block = first_block(k, plan)
+    # The free nodes, in the zone the plan was sold (another x36 pool's, perhaps), before the block starts.
+    clouds = {f"sus-{tag}-{i:02d}": f"i-us-{tag}-{'abc'[i % 3]}" for i in range(27)}
+    k.apply([free_node(n, GB200, block["availabilityZone"], labels={US_KEY: c}) for n, c in clouds.items()])
+    k.create(group_body(group, plan, GB200, 16, nodeProvider="static"))
+    status = wait_phase(k, "instancegroup", group, "Ready", timeout=150)
+    held = {n["metadata"]["name"]: n["metadata"]["labels"]
+            for n in k.get("nodes", None, "-l", f"hyperplan.dev/instance-group={group}")["items"]}
+
+    def handed_back() -> dict | None:
+        nodes = {n: k.get("node", n)["metadata"]["labels"] for n in held}
+        return nodes if all(labels.get(LABEL_POOL) == "free" for labels in nodes.values()) else None
+
+    after = eventually(handed_back, timeout=180, interval=0.5, what="the lent nodes handed back")
+    for n in clouds:
+        k.run("delete", "node", n, "--wait=false", check=False)
+    return {"clouds": clouds, "held": held, "status": status, "after": after}
+
+
+def test_each_ultraserver_of_a_static_group_is_one_cloud_ultraserver(late_scenarios) -> None:
+    r = late_scenarios["static_ultraservers"].result(timeout=600)
+    clouds, held = r["clouds"], r["held"]
+    assert len(held) == 18, sorted(held)  # 8 active and a spare on each of the two
+    came_from: dict[str, set[str]] = {}
+    for name, labels in held.items():
+        came_from.setdefault(labels[US_KEY], set()).add(clouds[name])  # hyperplan's id while lent
+    assert len(came_from) == 2 and all(len(c) == 1 for c in came_from.values()), came_from
+    assert len(set.union(*came_from.values())) == 2, came_from
+    # The group's record keeps what each node carried, and hand-back gives it back.
+    record = {e["name"]: e for e in r["status"]["nodes"]}
+    assert {n: record[n]["lent"]["labels"][US_KEY] for n in held} == {n: clouds[n] for n in held}
+    assert {n: labels[US_KEY] for n, labels in r["after"].items()} == {n: clouds[n] for n in held}

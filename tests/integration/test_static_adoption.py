@@ -204,3 +204,53 @@ def test_only_the_node_restriction_pool_key_lends_a_node(labels, lent, plane, cr
             assert lending.LABEL_NODE_ID not in kube.core.read_node(name).metadata.labels
     finally:
         crds.delete("node", name)
+
+
+def test_one_ultraservers_nodes_come_from_one_cloud_ultraserver(plane, crds: Kubectl) -> None:
+    """Free nodes of three cloud UltraServers (5, 5 and 3 free nodes, named so that the plain
+    rendezvous order would mix them), and the creates of one pass for two of hyperplan's
+    UltraServers of 4 nodes each, all at once through one provider: each of hyperplan's takes
+    its nodes from one cloud UltraServer, not the other's. A restarted provider (no memory of
+    its choices) adds a node where the group's record says the UltraServer's nodes came from."""
+    tag = uuid.uuid4().hex[:5]
+    itype, zone = f"ml.us-{tag}.xlarge", f"us-us-{tag}"
+    clouds = {f"adopt-{tag}-{i}": f"cloud-{tag}-{c}" for i, c in enumerate("abcabcabcabab")}
+    crds.apply([{"apiVersion": "v1", "kind": "Node",
+                 "metadata": {"name": n, "annotations": {"kwok.x-k8s.io/node": "fake"},
+                              "labels": {lending.LABEL_POOL: lending.POOL_FREE, naming.LABEL_INSTANCE_TYPE: itype,
+                                         naming.LABEL_ZONE: zone, naming.TOPOLOGY_ULTRASERVER_ID: c}}}
+                for n, c in clouds.items()])
+    try:
+        kube = Kube(api_client(str(plane.kubeconfig)))
+        eventually(lambda: len([n for n in StaticProvider(kube).free_nodes(itype, zone)
+                                if lending.why_not_lendable(n) is None]) == len(clouds), timeout=60,
+                   what="free nodes Ready")
+
+        def on(ours: str, i: int, bound: dict | None = None) -> placement.NodeSpec:
+            base = spec(f"hp-{ours}-{i}", itype, zone)
+            return placement.NodeSpec(base.name, {**base.labels, naming.TOPOLOGY_ULTRASERVER_ID: ours}, (), "active",
+                                      ours, itype, zone, cloud_ultraservers=bound or {})
+
+        provider = StaticProvider(kube)
+        specs = [on(ours, i) for i in range(4) for ours in ("us-0", "us-1")]
+        with ThreadPoolExecutor(8) as pool_:
+            made = list(pool_.map(provider.create, specs))
+        came_from: dict[str, set[str]] = {}
+        for s, m in zip(specs, made):
+            came_from.setdefault(s.ultraserver_id, set()).add(clouds[m.name])
+            assert m.lent.labels[naming.TOPOLOGY_ULTRASERVER_ID] == clouds[m.name]  # the group's record keeps it
+            # while lent, the node carries hyperplan's UltraServer id
+            assert kube.core.read_node(m.name).metadata.labels[naming.TOPOLOGY_ULTRASERVER_ID] == s.ultraserver_id
+        assert all(len(c) == 1 for c in came_from.values()), came_from
+        bound = {ours: next(iter(c)) for ours, c in came_from.items()}
+        assert set(bound.values()) == {f"cloud-{tag}-a", f"cloud-{tag}-b"}, bound  # the two with room for 4
+
+        # Left free: one node of each of those two, three of the third. A new process knows only
+        # the record: us-1's fifth node comes from us-1's cloud UltraServer, not from the third
+        # (which a new UltraServer would take: it has the most free nodes).
+        fifth = StaticProvider(kube).create(on("us-1", 4, bound))
+        assert clouds[fifth.name] == bound["us-1"]
+        assert clouds[StaticProvider(kube).create(on("us-2", 0, bound)).name] == f"cloud-{tag}-c"
+    finally:
+        for n in clouds:
+            crds.delete("node", n)

@@ -82,6 +82,80 @@ def test_each_node_id_has_its_own_reproducible_preference():
     assert lending.choose_free_node("hp-g-x-0", nodes).node == lending.choose_free_node("hp-g-x-0", list(reversed(nodes))).node
 
 
+# --------------------------------------------------------------------------- UltraServer membership
+
+US_KEY = naming.TOPOLOGY_ULTRASERVER_ID
+OURS_0, OURS_1 = "rc-1-us-0", "rc-1-us-1"  # hyperplan's UltraServers
+
+
+def cloud_pool(**sizes: int) -> list[lending.PoolNode]:
+    """Free nodes of cloud UltraServers (``us_a=3``: 3 nodes carrying cloud id us-a), and
+    ``none=n`` nodes that name none."""
+    nodes = []
+    for cloud, n in sizes.items():
+        for i in range(n):
+            labels = {lending.LABEL_POOL: lending.POOL_FREE}
+            if cloud != "none":
+                labels[US_KEY] = cloud.replace("_", "-")
+            nodes.append(free(f"{cloud.replace('_', '-')}-{i}", labels=labels))
+    return nodes
+
+
+def cloud_of(choice: lending.Choice) -> str | None:
+    return choice.node.labels.get(US_KEY) if choice.node is not None else None
+
+
+@pytest.mark.parametrize("pool, ultraserver, bound, cloud", [
+    (cloud_pool(us_a=2, us_b=4), OURS_0, {}, "us-b"),
+    (cloud_pool(us_a=4, us_b=4), OURS_0, {OURS_0: "us-a"}, "us-a"),
+    (cloud_pool(us_a=2, us_b=4), OURS_1, {OURS_0: "us-b"}, "us-a"),
+    (cloud_pool(us_a=1, us_b=4), OURS_0, {OURS_0: "us-a", OURS_1: "us-b"}, "us-a"),
+    (cloud_pool(us_b=4, none=1), OURS_0, {OURS_0: "us-a", OURS_1: "us-b"}, None),
+    (cloud_pool(us_b=4), OURS_0, {OURS_0: "us-a", OURS_1: "us-b"}, "us-b"),
+    (cloud_pool(none=3), OURS_0, {}, None),
+], ids=["a-new-ultraserver-takes-the-largest-free-cloud-one", "bound-takes-its-own", "skips-one-bound-to-another",
+        "bound-takes-its-own-even-when-smaller", "then-a-node-naming-none", "last-one-bound-to-another",
+        "no-cloud-ids-plain-order"])
+def test_a_node_on_an_ultraserver_comes_from_the_cloud_ultraserver_behind_it(pool, ultraserver, bound, cloud):
+    choice = lending.choose_free_node(f"hp-g-{ultraserver}-0", pool,
+                                      membership=lending.Membership(US_KEY, ultraserver, bound))
+    assert choice.node is not None and cloud_of(choice) == cloud
+
+
+def test_without_cloud_ids_the_membership_keeps_the_rendezvous_order():
+    nodes = [free(f"w{i}") for i in range(8)]
+    for i in range(8):
+        node_id = f"hp-g-x-{i}"
+        assert (lending.choose_free_node(node_id, nodes, membership=lending.Membership(US_KEY, OURS_0)).node
+                == lending.choose_free_node(node_id, nodes).node)
+
+
+def test_the_nodes_of_one_pass_fill_one_cloud_ultraserver_each():
+    """Two of hyperplan's UltraServers of 4 nodes each, chosen in turns from three cloud UltraServers
+    of 4, 4 and 3 free nodes, as one process's creates do (each choice binds its UltraServer)."""
+    pool = cloud_pool(us_a=4, us_b=4, us_c=3)
+    claimed: set[str] = set()
+    bound: dict[str, str] = {}
+    got: dict[str, list[str]] = {OURS_0: [], OURS_1: []}
+    for i in range(4):
+        for ours in (OURS_0, OURS_1):
+            choice = lending.choose_free_node(f"hp-g-{ours}-{i}", pool, claimed=claimed,
+                                              membership=lending.Membership(US_KEY, ours, dict(bound)))
+            claimed.add(choice.node.name)
+            bound.setdefault(ours, cloud_of(choice))
+            got[ours].append(cloud_of(choice))
+    assert {ours: set(clouds) for ours, clouds in got.items()} == {OURS_0: {bound[OURS_0]}, OURS_1: {bound[OURS_1]}}
+    assert {bound[OURS_0], bound[OURS_1]} == {"us-a", "us-b"}
+
+
+def test_the_cloud_ultraserver_a_held_node_had_comes_from_the_record():
+    from hyperplan.api.models import GroupNode, LentState
+    lent = GroupNode(name="w1", uid="u1", node_id="hp-g-0", lent=LentState(labels={US_KEY: "us-a"}))
+    made = GroupNode(name="hp-g-1", uid="u2", node_id="hp-g-1")
+    none = GroupNode(name="w2", uid="u3", node_id="hp-g-2", lent=LentState(absent_labels=[US_KEY]))
+    assert [lending.cloud_ultraserver_before(e, US_KEY) for e in (lent, made, none, None)] == ["us-a", None, None, None]
+
+
 # --------------------------------------------------------------------------- adoption, update, hand-back
 
 

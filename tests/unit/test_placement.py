@@ -587,3 +587,22 @@ def test_ultraserver_reports_counts():
         "configuredSpareInstanceCount": 1, "availableInstanceCount": 2,
         "inUseInstanceCount": 14, "availableSpareInstanceCount": 1,
         "unhealthyInstanceCount": 1, "healthStatus": "impaired"}
+
+
+# --------------------------------------------------------------------------- the cloud's UltraServers
+
+
+@pytest.mark.parametrize("members, paired", [
+    ([("us-0", "aws-a"), ("us-0", "aws-a"), ("us-1", "aws-b")], {"us-0": "aws-a", "us-1": "aws-b"}),
+    ([("us-0", "aws-a"), ("us-0", "aws-b")], {}),
+    ([("us-0", "aws-a"), ("us-0", None)], {}),
+    ([("us-0", "aws-a"), ("us-1", "aws-a"), ("us-2", "aws-c")], {"us-2": "aws-c"}),
+    ([("us-0", "aws-a"), ("us-1", "aws-a"), ("us-1", "aws-b")], {}),
+    ([("us-0", None), (None, "aws-a")], {}),
+    ([], {}),
+], ids=["each-from-one-of-its-own", "mixed-pairs-nothing", "a-node-of-unknown-membership-pairs-nothing",
+        "one-cloud-ultraserver-behind-two-pairs-neither", "a-mixed-one-still-claims-its-clouds",
+        "nodes-without-ids", "no-nodes"])
+def test_cloud_ultraservers_pair_by_membership_never_by_guess(members, paired):
+    from hyperplan.planning.placement import cloud_ultraservers
+    assert cloud_ultraservers(members) == paired

@@ -11,6 +11,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from kubernetes import client
 
 from hyperplan.actuation.fakes import FakeRemoteCapacity
 from hyperplan.actuation.remote import RemoteError, RemoteFollower, RemoteSources
@@ -784,6 +785,47 @@ def test_a_listing_that_fails_keeps_the_last_answer_and_fails_nothing(world) -> 
     assert len(listings(remote)) == 3
 
 
+def lend_nodes(w: World, clouds: list[str | None], recorded: bool = True) -> None:
+    """A static group on the plan holding one lent node per entry of ``clouds`` on its UltraServer,
+    each recorded with the cloud UltraServer id it carried before the group labelled it (None:
+    a node hyperplan made, with no record of one)."""
+    from hyperplan.planning.naming import LABEL_GROUP, LABEL_RESERVED_CAPACITY, TOPOLOGY_ULTRASERVER_ID, label_value
+    [block] = status(w)["reservedCapacity"]
+    entries = []
+    for i, cloud in enumerate(clouds):
+        name = f"worker-{i}"
+        w.provider.nodes[name] = client.V1Node(metadata=client.V1ObjectMeta(
+            name=name, uid=f"uid-{name}", labels={LABEL_GROUP: "g", LABEL_RESERVED_CAPACITY: label_value(block["id"]),
+                                                  TOPOLOGY_ULTRASERVER_ID: ULTRASERVER}),
+            status=client.V1NodeStatus(conditions=[client.V1NodeCondition(type="Ready", status="True")]))
+        entry = {"name": name, "uid": f"uid-{name}", "nodeId": f"hp-g-{i}"}
+        if cloud is not None:
+            entry["lent"] = {"labels": {TOPOLOGY_ULTRASERVER_ID: cloud}}
+        entries.append(entry)
+    w.kube.put("instancegroups", {"metadata": {"name": "g", "uid": "uid-g"},
+                                  "spec": {"trainingPlanRef": NAME, "nodeProvider": "static"},
+                                  "status": {"nodes": entries if recorded else []}})
+
+
+@pytest.mark.parametrize("clouds, recorded, told", [
+    (["i-us-aws-1"] * 3, True, "impaired"),
+    (["i-us-aws-1", "i-us-aws-1", "i-us-aws-2"], True, "ok"),
+    (["i-us-aws-1", "i-us-aws-1", None], True, "ok"),
+    (["i-us-aws-1"] * 3, False, "ok"),
+], ids=["every-lent-node-came-from-it", "mixed-membership", "a-node-of-unknown-membership", "nodes-not-recorded"])
+def test_the_remotes_own_ultraserver_id_reaches_the_plan_by_its_lent_nodes(world, clouds, recorded, told) -> None:
+    """AWS names an UltraServer by its own id: it is this cluster's UltraServer only when every node
+    the groups hold there was lent from it (the groups' records say so, not the nodes' labels)."""
+    w, remote = ultraserver_world(world)
+    lend_nodes(w, clouds, recorded)
+    remote.ultra_servers[BLOCK_ARN] = [{"UltraServerId": "i-us-aws-1", "HealthStatus": "Impaired"},
+                                       {"UltraServerId": "i-us-aws-2", "HealthStatus": "OK"}]
+    later(w, 61)
+    w.run(reconcile_plan, NAME)
+    assert len(listings(remote)) == 2
+    assert health(w) == {ULTRASERVER: told}
+
+
 def test_the_remotes_ok_or_unknown_never_hides_what_this_clusters_nodes_say() -> None:
     from hyperplan.api.models import UltraServerStatus
     from hyperplan.planning.remote import ultra_server_health_of, with_remote_health
@@ -797,3 +839,7 @@ def test_the_remotes_ok_or_unknown_never_hides_what_this_clusters_nodes_say() ->
                                    {"UltraServerId": "d", "HealthStatus": "SomethingNew"}])
     assert told["d"] == "insufficient-data"
     assert [u.health_status for u in with_remote_health(mine, told)] == ["impaired", "ok", "impaired"]
+    # By the remote's own ids, through the pairing: "b" is "elsewhere" (impaired), "c" is "d".
+    assert [u.health_status for u in with_remote_health(mine, told, {"b": "elsewhere", "c": "d"})] == \
+        ["impaired", "impaired", "impaired"]
+    assert [u.health_status for u in with_remote_health(mine, told, {"b": "a"})] == ["impaired", "ok", "impaired"]

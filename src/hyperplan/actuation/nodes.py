@@ -534,15 +534,23 @@ class StaticProvider:
     CORDON_ATTEMPTS = 3
     REBOOT_ATTEMPTS = 3
 
+    BOUND_KEPT = 4096  # hyperplan UltraServers whose cloud UltraServer this process remembers
+
     def __init__(self, kube: Kube, me: lending.OperatorIdentity | None = None, reboot_job: RebootJob | None = None,
-                 hyperpod_labels: bool = False):
+                 hyperpod_labels: bool = False, ultraserver_key: str = naming.TOPOLOGY_ULTRASERVER_ID):
         """``reboot_job``: the admin's reboot action (:class:`RebootJob`; the chart's values);
-        ``hyperpod_labels``: the marks write HyperPod's health label and taint too."""
+        ``hyperpod_labels``: the marks write HyperPod's health label and taint too;
+        ``ultraserver_key``: the label under which a free node names its cloud UltraServer
+        (the topology key hyperplan writes, settings.ultraserver_id_label)."""
         self.kube = kube
         self.hyperpod_labels = hyperpod_labels
+        self.ultraserver_key = ultraserver_key
         self.me = me or lending.OperatorIdentity()
         self.reboot_job = reboot_job or RebootJob(namespace=self.me.namespace or "default")
         self._claims: set[str] = set()
+        # hyperplan's UltraServer -> the cloud's, as this process's adoptions chose them: the
+        # creates of one pass run together, before the group's record shows the first choice.
+        self._bound: dict[str, str] = {}
         self._lock = threading.Lock()
 
     def _read(self, node: str, uid: str = "") -> client.V1Node | None:
@@ -577,10 +585,12 @@ class StaticProvider:
         for attempt in range(1, self.ADOPT_ATTEMPTS + 1):
             free = self.free_nodes(spec.instance_type, spec.availability_zone)
             with self._lock:
-                choice = lending.choose_free_node(spec.name, free, operator_nodes, self._claims)
+                membership = self._membership(spec)
+                choice = lending.choose_free_node(spec.name, free, operator_nodes, self._claims, membership)
                 if choice.node is None:
                     break
                 self._claims.add(choice.node.name)
+                self._bind(membership, choice.node)
             node = choice.node
             try:
                 lent = lending.adoption_patch(node, spec.name, spec.labels, spec.taints, {t.key for t in spec.taints})
@@ -602,6 +612,23 @@ class StaticProvider:
         why = f": {choice.explain()}" if choice.skipped else ""
         raise NoFreeNode(f"no free node of {spec.instance_type} in {spec.availability_zone} "
                          f"(label {LABEL_POOL}={POOL_FREE}) for {spec.name}{why}")
+
+    def _membership(self, spec: placement.NodeSpec) -> lending.Membership | None:
+        """What ``spec``'s UltraServer asks of the node it takes (under the lock): the group's
+        record wins over this process's own choices."""
+        if not spec.ultraserver_id:
+            return None
+        return lending.Membership(self.ultraserver_key, spec.ultraserver_id,
+                                  {**self._bound, **spec.cloud_ultraservers})
+
+    def _bind(self, membership: lending.Membership | None, node: lending.PoolNode) -> None:
+        """Remember the cloud UltraServer the first node of hyperplan's came from (under the lock)."""
+        cloud = membership.cloud_of(node) if membership is not None else None
+        if cloud is None or membership.ultraserver in membership.bound:
+            return
+        if len(self._bound) >= self.BOUND_KEPT:
+            self._bound.pop(next(iter(self._bound)))  # the oldest: its block is long over
+        self._bound[membership.ultraserver] = cloud
 
     def update(self, node: str, spec: placement.NodeSpec, managed_keys: set[str], uid: str = "",
                lent: lending.LentRecord | None = None) -> lending.LentRecord | None:
@@ -748,7 +775,7 @@ def providers(kube: Kube, me: lending.OperatorIdentity | None = None,
     from hyperplan.actuation.karpenter import KarpenterProvider  # it builds on KwokProvider
     hyperpod = s.hyperpod_labels
     return {"kwok": KwokProvider(kube, s.kwok_reboot_seconds, hyperpod_labels=hyperpod),
-            "static": StaticProvider(kube, me, job, hyperpod_labels=hyperpod),
+            "static": StaticProvider(kube, me, job, hyperpod_labels=hyperpod, ultraserver_key=s.ultraserver_id_label),
             "karpenter": KarpenterProvider(kube, s.karpenter_node_class, s.karpenter_capacity_type,
                                            s.kwok_reboot_seconds, job, hyperpod_labels=hyperpod,
                                            reservation_label=s.karpenter_reservation_label)}

@@ -18,6 +18,7 @@ handler :func:`drain_group` needs it), and no node is created before it is there
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import secrets
@@ -43,8 +44,10 @@ from hyperplan.handlers.trainingplan import as_the_ledger_holds
 from hyperplan.handlers.workqueue import Pace, PassPhases
 from hyperplan.planning import deepchecks
 from hyperplan.planning import health
+from hyperplan.planning import lending
 from hyperplan.planning import naming
 from hyperplan.planning import ownership
+from hyperplan.planning import placement
 from hyperplan.planning import recovery
 from hyperplan.planning.groups import BoundPlan, GroupDecision, Peer, decide_group
 from hyperplan.planning.memory import Vanished, vanished_labels
@@ -169,6 +172,11 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     launching, let_go = held.launching_wanted({spec.name for spec in decision.create})
     taken |= {e.node_id for e in launching}
     decision.create = [spec for spec in decision.create if spec.name not in taken]
+    if group.spec.node_provider == "static" and any(spec.ultraserver_id for spec in decision.create):
+        # A lent node joins the cloud UltraServer its UltraServer's other lent nodes came from.
+        bound = placement.cloud_ultraservers((n.health.ultraserver_id, lending.cloud_ultraserver_before(
+            records.get(n.name), rt.keys.ultraserver_id)) for n in seen.nodes if n.health.exists)
+        decision.create = [dataclasses.replace(spec, cloud_ultraservers=bound) for spec in decision.create]
 
     # Intent first: the record names each node about to be made, with the digest of the nonce the
     # node will carry, before the node exists (planning.ownership: a crash in between loses nothing).

@@ -45,6 +45,7 @@ from hyperplan.handlers.context import (
 )
 from hyperplan.planning import counts
 from hyperplan.planning import naming
+from hyperplan.planning import placement
 from hyperplan.planning.blocks import Block
 from hyperplan.planning.nodefacts import facts_of_dict
 
@@ -86,14 +87,33 @@ def node_usage(rt: Runtime, plan: TrainingPlan, purchased: list[Block], now: dat
     block = current_block(purchased, plan.spec.target_resource, rt.policy, now)
     if block is None:
         return PlanUsage()
-    nodes = [plan_observed_node(n, rt.keys) for n in rt.cache.block_nodes(naming.label_value(block.id))
-             if not n["metadata"].get("deletionTimestamp")]
+    live = [n for n in rt.cache.block_nodes(naming.label_value(block.id)) if not n["metadata"].get("deletionTimestamp")]
+    nodes = [plan_observed_node(n, rt.keys) for n in live]
     name = plan.metadata.get("name")
     groups = [g for g in rt.cache.groups() if (g.get("spec") or {}).get("trainingPlanRef") == name] \
         if block.ultra_server_type else []
-    return block_usage(block, plan.spec.spare_instances_per_ultra_server, nodes,
-                       [r for g in groups for r in ultraserver_replacements(g)],
-                       [w for g in groups for w in ultraservers_wanted(g)])
+    usage = block_usage(block, plan.spec.spare_instances_per_ultra_server, nodes,
+                        [r for g in groups for r in ultraserver_replacements(g)],
+                        [w for g in groups for w in ultraservers_wanted(g)])
+    if not groups:
+        return usage
+    lent = lent_from(groups, rt.keys.ultraserver_id)
+    return replace(usage, cloud_ultraservers=placement.cloud_ultraservers(
+        (seen.ultraserver_id, lent[uid]) for raw, seen in zip(live, nodes) if (uid := raw["metadata"].get("uid")) in lent))
+
+
+def lent_from(groups: list[Mapping[str, Any]], key: str) -> dict[str, str | None]:
+    """The cloud UltraServer id (under ``key``) each node in the groups' records carried before
+    the group labelled it, by the node's uid (None: a node hyperplan made, or one that carried
+    none). Only recorded nodes count: a node that merely wears the block's label pairs nothing."""
+    out: dict[str, str | None] = {}
+    for g in groups:
+        for entry in (g.get("status") or {}).get("nodes") or ():
+            if not isinstance(entry, Mapping) or not entry.get("uid"):
+                continue
+            before = ((entry.get("lent") or {}).get("labels") or {}).get(key)
+            out[str(entry["uid"])] = before if isinstance(before, str) and before else None
+    return out
 
 
 def as_the_ledger_holds(rt: Runtime, obj: Mapping[str, Any], now: datetime) -> TrainingPlan:
@@ -184,7 +204,8 @@ async def reconcile_plan(rt: Runtime, name: str) -> datetime | None:
             purchased = seen.blocks
     usage = node_usage(rt, plan, purchased, now) if purchased else PlanUsage()
     if seen.ultra_health:
-        usage = replace(usage, ultra_servers=with_remote_health(usage.ultra_servers, seen.ultra_health))
+        usage = replace(usage, ultra_servers=with_remote_health(usage.ultra_servers, seen.ultra_health,
+                                                                usage.cloud_ultraservers))
     prior = plan.status
     if remote and not prior.purchased_offering_id:
         prior = prior.model_copy(update={"purchased_offering_id": _bought_remotely(rt, plan, uid, purchased, remote)})

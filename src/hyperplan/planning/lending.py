@@ -38,7 +38,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from hyperplan.api.models import KUBERNETES_DOMAINS, LentState, RecordedTaint
+from hyperplan.api.models import KUBERNETES_DOMAINS, GroupNode, LentState, RecordedTaint
 from hyperplan.api.vocabulary import ANNOTATION_CLAIM, Unreadable
 from hyperplan.planning import reading
 from hyperplan.planning.health import ANNOTATION_EVICTING_SINCE, ANNOTATION_HEALTH_SINCE, DEFAULT_BAD_CONDITIONS
@@ -183,14 +183,60 @@ class Choice:
         return "; ".join(f"{n} {why}" for n, why in sorted(self.skipped.items()))
 
 
+@dataclass(frozen=True)
+class Membership:
+    """What a node id placed on an UltraServer asks of the free node it takes: to come from the
+    cloud's UltraServer behind hyperplan's (an NVLink domain is a machine, not a label).
+
+    ``key``: the label under which a free node carries its cloud UltraServer id (on EKS and
+    HyperPod ``topology.k8s.aws/ultraserver-id``, the key hyperplan itself writes while it
+    lends the node); ``ultraserver``: hyperplan's UltraServer the node id is placed on;
+    ``bound``: hyperplan's UltraServer id -> the cloud's, for those that hold lent nodes
+    already (``placement.cloud_ultraservers`` of the group's record, and the choices this
+    process made since)."""
+
+    key: str
+    ultraserver: str
+    bound: Mapping[str, str] = field(default_factory=dict)
+
+    def cloud_of(self, node: PoolNode) -> str | None:
+        return node.labels.get(self.key) or None
+
+
+def _membership_order(node_id: str, lendable: Sequence[PoolNode], m: Membership):
+    """The sort key that keeps hyperplan's UltraServer on one cloud UltraServer: first a node of
+    the one it is bound to; then, from a cloud UltraServer no other of hyperplan's is bound to,
+    the one with the most free nodes (so that the whole UltraServer fits), ties broken per
+    hyperplan UltraServer; then nodes that name no cloud UltraServer; last, nodes of one that
+    another of hyperplan's UltraServers is bound to. Within each, the rendezvous order."""
+    mine = m.bound.get(m.ultraserver)
+    taken = {c for u, c in m.bound.items() if u != m.ultraserver and c != mine}
+    sizes: dict[str, int] = {}
+    for n in lendable:
+        c = m.cloud_of(n)
+        if c is not None:
+            sizes[c] = sizes.get(c, 0) + 1
+
+    def key(n: PoolNode) -> tuple[int, int, str, str]:
+        c = m.cloud_of(n)
+        if c is not None and c == mine:
+            return (0, 0, "", _rank(node_id, n.name))
+        if c is not None and c not in taken:
+            return (1, -sizes[c], _rank(m.ultraserver, c), _rank(node_id, n.name))
+        return (2 if c is None else 3, 0, "", _rank(node_id, n.name))
+    return key
+
+
 def choose_free_node(node_id: str, free: Sequence[PoolNode], operator_nodes: Iterable[str] = (),
-                     claimed: Iterable[str] = ()) -> Choice:
+                     claimed: Iterable[str] = (), membership: Membership | None = None) -> Choice:
     """The free node that ``node_id`` should take, and why the others were left out.
 
     Nodes in ``claimed`` (taken by adoptions still in flight in this process) are skipped
     quietly. Among the rest, the order is a hash of (node id, node name): each node id has
     its own preference (rendezvous hashing), so two writers that see the same free list for
-    different node ids rarely reach for the same node, and the choice is reproducible.
+    different node ids rarely reach for the same node, and the choice is reproducible. A node
+    id placed on an UltraServer (``membership``) first prefers nodes of the cloud UltraServer
+    behind it (:func:`_membership_order`); free nodes that name none keep the plain order.
     """
     operator_nodes, claimed = set(operator_nodes), set(claimed)
     skipped = {}
@@ -201,8 +247,18 @@ def choose_free_node(node_id: str, free: Sequence[PoolNode], operator_nodes: Ite
             skipped[n.name] = why
         elif n.name not in claimed:
             lendable.append(n)
-    lendable.sort(key=lambda n: _rank(node_id, n.name))
+    if membership is not None:
+        lendable.sort(key=_membership_order(node_id, lendable, membership))
+    else:
+        lendable.sort(key=lambda n: _rank(node_id, n.name))
     return Choice(lendable[0] if lendable else None, skipped)
+
+
+def cloud_ultraserver_before(entry: GroupNode | None, key: str) -> str | None:
+    """The cloud UltraServer id (under ``key``) a node the group holds carried before the group
+    labelled it, from the group's record (None: a node hyperplan made, or one that had none)."""
+    lent = entry.lent if entry is not None else None
+    return (lent.labels.get(key) or None) if lent is not None else None
 
 
 # --------------------------------------------------------------------------- what lending records

@@ -43,7 +43,7 @@ count as (in use, unhealthy, spares, UltraServer health) in :mod:`hyperplan.plan
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from hyperplan.api.vocabulary import ULTRASERVER_INSTANCE_TYPE, ULTRASERVER_INSTANCES  # noqa: F401
 from hyperplan.planning.nodefacts import hyperpod_mirror
@@ -425,6 +425,33 @@ class NodeSpec:
     availability_zone: str
     slot: str = "0"
     generation: int = 0
+    # For a lent node: the cloud's UltraServer behind each of the group's UltraServers that
+    # holds lent nodes already (:func:`cloud_ultraservers`), so that the node is chosen from
+    # the same one (``lending.choose_free_node``). Empty for the other providers.
+    cloud_ultraservers: Mapping[str, str] = field(default_factory=dict)
+
+
+def cloud_ultraservers(members: Iterable[tuple[str | None, str | None]]) -> dict[str, str]:
+    """Which of the cloud's UltraServers each of hyperplan's is, by membership.
+
+    ``members`` holds one pair per node: the UltraServer hyperplan placed it on, and the
+    cloud's UltraServer id the node carried before hyperplan labelled it (None when unknown:
+    a node hyperplan made, or a lent node that carried none). hyperplan's UltraServer ``u``
+    is the cloud's ``c`` when every node of ``u`` came from ``c`` and no node of another of
+    hyperplan's UltraServers did: a mixed or unknown membership pairs nothing, since pairing
+    by guess would pass one machine's health to another (the cloud's ``Impaired`` reaches a
+    plan's UltraServer only through this pairing; ``planning.remote.with_remote_health``).
+    """
+    clouds: dict[str, set[str | None]] = {}
+    for ours, cloud in members:
+        if ours:
+            clouds.setdefault(ours, set()).add(cloud)
+    single = {ours: next(iter(c)) for ours, c in clouds.items() if len(c) == 1 and None not in c}
+    claimed: dict[str, int] = {}
+    for c in clouds.values():
+        for cloud in c - {None}:
+            claimed[cloud] = claimed.get(cloud, 0) + 1
+    return {ours: cloud for ours, cloud in single.items() if claimed[cloud] == 1}
 
 
 def topology_labels(

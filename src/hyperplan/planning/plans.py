@@ -63,6 +63,9 @@ class PlanUsage:
     # UltraServers of the block the groups' nodes must leave with no free one to go to (the groups'
     # ``status.ultraServersWanted``: input to check, see :func:`ultraserver_to_buy`).
     wanted: tuple[UltraServerWanted, ...] = ()
+    # The cloud's UltraServer behind each of the block's (by membership of the groups' lent
+    # nodes, ``placement.cloud_ultraservers``): how the remote's UltraServer health finds them.
+    cloud_ultraservers: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -341,14 +341,22 @@ def ultra_server_health_of(entries: Iterable[Mapping[str, Any]]) -> dict[str, st
             for u in entries if u.get("UltraServerId")}
 
 
-def with_remote_health(ultra_servers: Sequence[UltraServerStatus],
-                       remote_health: Mapping[str, str]) -> tuple[UltraServerStatus, ...]:
+def with_remote_health(ultra_servers: Sequence[UltraServerStatus], remote_health: Mapping[str, str],
+                       cloud_ultraservers: Mapping[str, str] | None = None) -> tuple[UltraServerStatus, ...]:
     """The plan's UltraServers with the remote's word added: one the remote reports ``impaired``
     is impaired here too. The remote's ``ok`` or lack of data changes nothing (this cluster's
-    nodes know better what they run); its counts are not taken (see the module's doc)."""
-    return tuple(u.model_copy(update={"health_status": "impaired"})
-                 if remote_health.get(u.id) == "impaired" and u.health_status != "impaired" else u
-                 for u in ultra_servers)
+    nodes know better what they run); its counts are not taken (see the module's doc).
+
+    The remote names an UltraServer by this cluster's id (another hyperplan names them as the
+    buying cluster does) or by its own (AWS): then ``cloud_ultraservers`` (this cluster's id ->
+    the remote's, paired by the membership of the groups' lent nodes,
+    ``placement.cloud_ultraservers``) says which of this cluster's it is."""
+    pairs = cloud_ultraservers or {}
+
+    def impaired(u: UltraServerStatus) -> bool:
+        return remote_health.get(u.id) == "impaired" or (u.id in pairs and remote_health.get(pairs[u.id]) == "impaired")
+    return tuple(u.model_copy(update={"health_status": "impaired"}) if impaired(u) and u.health_status != "impaired"
+                 else u for u in ultra_servers)
 
 
 # --------------------------------------------------------------------------- decisions
