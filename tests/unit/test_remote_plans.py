@@ -826,6 +826,19 @@ def test_the_remotes_own_ultraserver_id_reaches_the_plan_by_its_lent_nodes(world
     assert health(w) == {ULTRASERVER: told}
 
 
+def test_the_cloud_ultraserver_of_each_recorded_node_by_uid() -> None:
+    """From the groups' records as the schema lets them be: a node with no lent record, a lent one
+    that had no such label, one that had it; an entry without a uid (a create under way) is none."""
+    from hyperplan.handlers.trainingplan import lent_from
+    from hyperplan.planning.naming import TOPOLOGY_ULTRASERVER_ID as KEY
+    groups = [{"status": {"nodes": [{"uid": "a"}, {"uid": "b", "lent": {"absentLabels": [KEY]}},
+                                    {"uid": "c", "lent": {"labels": {"team": "x"}}},
+                                    {"uid": "d", "lent": {"labels": {KEY: "i-us-1"}}},
+                                    {"uid": "", "lent": {"labels": {KEY: "i-us-2"}}}]}},
+              {"status": {}}, {}]
+    assert lent_from(groups, KEY) == {"a": None, "b": None, "c": None, "d": "i-us-1"}
+
+
 def test_the_remotes_ok_or_unknown_never_hides_what_this_clusters_nodes_say() -> None:
     from hyperplan.api.models import UltraServerStatus
     from hyperplan.planning.remote import ultra_server_health_of, with_remote_health

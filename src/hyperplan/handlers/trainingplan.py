@@ -111,8 +111,8 @@ def lent_from(groups: list[Mapping[str, Any]], key: str) -> dict[str, str | None
         for entry in (g.get("status") or {}).get("nodes") or ():
             if not isinstance(entry, Mapping) or not entry.get("uid"):
                 continue
-            before = ((entry.get("lent") or {}).get("labels") or {}).get(key)
-            out[str(entry["uid"])] = before if isinstance(before, str) and before else None
+            before = ((entry.get("lent") or {}).get("labels") or {}).get(key)  # the schema: strings
+            out[str(entry["uid"])] = before or None
     return out
 
 
