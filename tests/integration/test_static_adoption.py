@@ -254,3 +254,50 @@ def test_one_ultraservers_nodes_come_from_one_cloud_ultraserver(plane, crds: Kub
     finally:
         for n in clouds:
             crds.delete("node", n)
+
+
+def test_a_cloud_ultraserver_an_ended_block_used_is_free_for_the_next(plane, crds: Kubectl) -> None:
+    """One provider (one process) lends two of hyperplan's UltraServers of block 1 from two cloud
+    UltraServers of 4 free nodes each, hands every node back, then lends blocks 2 and 3 the same way
+    from the same nodes: each UltraServer again from one cloud UltraServer (what an ended block
+    chose does not count as taken for the next)."""
+    tag = uuid.uuid4().hex[:5]
+    itype, zone = f"ml.next-{tag}.xlarge", f"us-next-{tag}"
+    clouds = {f"next-{tag}-{i}": f"cloud-{tag}-{'ab'[i % 2]}" for i in range(8)}
+    crds.apply([{"apiVersion": "v1", "kind": "Node",
+                 "metadata": {"name": n, "annotations": {"kwok.x-k8s.io/node": "fake"},
+                              "labels": {lending.LABEL_POOL: lending.POOL_FREE, naming.LABEL_INSTANCE_TYPE: itype,
+                                         naming.LABEL_ZONE: zone, naming.TOPOLOGY_ULTRASERVER_ID: c}}}
+                for n, c in clouds.items()])
+    try:
+        kube = Kube(api_client(str(plane.kubeconfig)))
+        provider = StaticProvider(kube)
+
+        def free_count() -> int:
+            return len([n for n in provider.free_nodes(itype, zone) if lending.why_not_lendable(n) is None])
+
+        def lend_block(block: str) -> dict[str, set[str]]:
+            eventually(lambda: free_count() == len(clouds), timeout=60, what="free nodes Ready")
+            specs = []
+            for i in range(4):
+                for us in (f"{block}-us-0", f"{block}-us-1"):
+                    base = spec(f"hp-{us}-{i}", itype, zone)
+                    specs.append(placement.NodeSpec(
+                        base.name, {**base.labels, naming.LABEL_RESERVED_CAPACITY: block,
+                                    naming.TOPOLOGY_ULTRASERVER_ID: us}, (), "active", us, itype, zone))
+            with ThreadPoolExecutor(8) as pool_:
+                made = list(pool_.map(provider.create, specs))
+            came_from: dict[str, set[str]] = {}
+            for s, m in zip(specs, made):
+                came_from.setdefault(s.ultraserver_id, set()).add(clouds[m.name])
+            for m in made:
+                provider.release(m.name, m.uid, m.lent)
+            return came_from
+
+        for block in (f"rc1-{tag}", f"rc2-{tag}", f"rc3-{tag}"):
+            came_from = lend_block(block)
+            assert all(len(c) == 1 for c in came_from.values()), (block, came_from)
+            assert set.union(*came_from.values()) == {f"cloud-{tag}-a", f"cloud-{tag}-b"}, (block, came_from)
+    finally:
+        for n in clouds:
+            crds.delete("node", n)

@@ -534,7 +534,7 @@ class StaticProvider:
     CORDON_ATTEMPTS = 3
     REBOOT_ATTEMPTS = 3
 
-    BOUND_KEPT = 4096  # hyperplan UltraServers whose cloud UltraServer this process remembers
+    BLOCKS_KEPT = 256  # blocks whose UltraServers' cloud UltraServers this process remembers
 
     def __init__(self, kube: Kube, me: lending.OperatorIdentity | None = None, reboot_job: RebootJob | None = None,
                  hyperpod_labels: bool = False, ultraserver_key: str = naming.TOPOLOGY_ULTRASERVER_ID):
@@ -548,9 +548,11 @@ class StaticProvider:
         self.me = me or lending.OperatorIdentity()
         self.reboot_job = reboot_job or RebootJob(namespace=self.me.namespace or "default")
         self._claims: set[str] = set()
-        # hyperplan's UltraServer -> the cloud's, as this process's adoptions chose them: the
-        # creates of one pass run together, before the group's record shows the first choice.
-        self._bound: dict[str, str] = {}
+        # By block (its reserved-capacity label): hyperplan's UltraServer -> the cloud's, as this
+        # process's adoptions chose them (the creates of one pass run together, before the group's
+        # record shows the first choice). Per block: a cloud UltraServer an ended block used is
+        # free for the next one.
+        self._bound: dict[str, dict[str, str]] = {}
         self._lock = threading.Lock()
 
     def _read(self, node: str, uid: str = "") -> client.V1Node | None:
@@ -590,7 +592,7 @@ class StaticProvider:
                 if choice.node is None:
                     break
                 self._claims.add(choice.node.name)
-                self._bind(membership, choice.node)
+                self._bind(spec, membership, choice.node)
             node = choice.node
             try:
                 lent = lending.adoption_patch(node, spec.name, spec.labels, spec.taints, {t.key for t in spec.taints})
@@ -619,16 +621,21 @@ class StaticProvider:
         if not spec.ultraserver_id:
             return None
         return lending.Membership(self.ultraserver_key, spec.ultraserver_id,
-                                  {**self._bound, **spec.cloud_ultraservers})
+                                  {**self._bound.get(self._block(spec), {}), **spec.cloud_ultraservers})
 
-    def _bind(self, membership: lending.Membership | None, node: lending.PoolNode) -> None:
+    @staticmethod
+    def _block(spec: placement.NodeSpec) -> str:
+        return spec.labels.get(naming.LABEL_RESERVED_CAPACITY, "")
+
+    def _bind(self, spec: placement.NodeSpec, membership: lending.Membership | None, node: lending.PoolNode) -> None:
         """Remember the cloud UltraServer the first node of hyperplan's came from (under the lock)."""
         cloud = membership.cloud_of(node) if membership is not None else None
         if cloud is None or membership.ultraserver in membership.bound:
             return
-        if len(self._bound) >= self.BOUND_KEPT:
-            self._bound.pop(next(iter(self._bound)))  # the oldest: its block is long over
-        self._bound[membership.ultraserver] = cloud
+        block = self._block(spec)
+        if block not in self._bound and len(self._bound) >= self.BLOCKS_KEPT:
+            self._bound.pop(next(iter(self._bound)))  # the oldest: that block is long over
+        self._bound.setdefault(block, {})[membership.ultraserver] = cloud
 
     def update(self, node: str, spec: placement.NodeSpec, managed_keys: set[str], uid: str = "",
                lent: lending.LentRecord | None = None) -> lending.LentRecord | None:
