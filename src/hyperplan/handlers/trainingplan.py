@@ -82,8 +82,11 @@ def plan_observed_node(node: Mapping[str, Any], keys: naming.TopologyKeys) -> co
                            facts.pending_replacement)
 
 
-def node_usage(rt: Runtime, plan: TrainingPlan, purchased: list[Block], now: datetime) -> PlanUsage:
-    """What the groups' nodes hold of the plan's current (or next) block, from the watch cache."""
+def node_usage(rt: Runtime, plan: TrainingPlan, purchased: list[Block], now: datetime,
+               pair_cloud_ultraservers: bool = False) -> PlanUsage:
+    """What the groups' nodes hold of the plan's current (or next) block, from the watch cache;
+    with ``pair_cloud_ultraservers`` (the remote told UltraServer health), which cloud
+    UltraServer each of the block's is (``PlanUsage.cloud_ultraservers``)."""
     block = current_block(purchased, plan.spec.target_resource, rt.policy, now)
     if block is None:
         return PlanUsage()
@@ -95,7 +98,7 @@ def node_usage(rt: Runtime, plan: TrainingPlan, purchased: list[Block], now: dat
     usage = block_usage(block, plan.spec.spare_instances_per_ultra_server, nodes,
                         [r for g in groups for r in ultraserver_replacements(g)],
                         [w for g in groups for w in ultraservers_wanted(g)])
-    if not groups:
+    if not groups or not pair_cloud_ultraservers:
         return usage
     lent = lent_from(groups, rt.keys.ultraserver_id)
     return replace(usage, cloud_ultraservers=placement.cloud_ultraservers(
@@ -202,7 +205,7 @@ async def reconcile_plan(rt: Runtime, name: str) -> datetime | None:
             log.info("plan %s: %s", name, note)
         if seen.blocks is not None:
             purchased = seen.blocks
-    usage = node_usage(rt, plan, purchased, now) if purchased else PlanUsage()
+    usage = node_usage(rt, plan, purchased, now, bool(seen.ultra_health)) if purchased else PlanUsage()
     if seen.ultra_health:
         usage = replace(usage, ultra_servers=with_remote_health(usage.ultra_servers, seen.ultra_health,
                                                                 usage.cloud_ultraservers))
