@@ -206,6 +206,15 @@ def test_only_the_node_restriction_pool_key_lends_a_node(labels, lent, plane, cr
         crds.delete("node", name)
 
 
+def apply_cloud_nodes(crds: Kubectl, clouds: dict[str, str], itype: str, zone: str) -> None:
+    """Free KWOK nodes of ``itype`` in ``zone``, each naming its cloud UltraServer (node -> id)."""
+    crds.apply([{"apiVersion": "v1", "kind": "Node",
+                 "metadata": {"name": n, "annotations": {"kwok.x-k8s.io/node": "fake"},
+                              "labels": {lending.LABEL_POOL: lending.POOL_FREE, naming.LABEL_INSTANCE_TYPE: itype,
+                                         naming.LABEL_ZONE: zone, naming.TOPOLOGY_ULTRASERVER_ID: c}}}
+                for n, c in clouds.items()])
+
+
 def test_one_ultraservers_nodes_come_from_one_cloud_ultraserver(plane, crds: Kubectl) -> None:
     """Free nodes of three cloud UltraServers (5, 5 and 3 free nodes, named so that the plain
     rendezvous order would mix them), and the creates of one pass for two of hyperplan's
@@ -215,11 +224,7 @@ def test_one_ultraservers_nodes_come_from_one_cloud_ultraserver(plane, crds: Kub
     tag = uuid.uuid4().hex[:5]
     itype, zone = f"ml.us-{tag}.xlarge", f"us-us-{tag}"
     clouds = {f"adopt-{tag}-{i}": f"cloud-{tag}-{c}" for i, c in enumerate("abcabcabcabab")}
-    crds.apply([{"apiVersion": "v1", "kind": "Node",
-                 "metadata": {"name": n, "annotations": {"kwok.x-k8s.io/node": "fake"},
-                              "labels": {lending.LABEL_POOL: lending.POOL_FREE, naming.LABEL_INSTANCE_TYPE: itype,
-                                         naming.LABEL_ZONE: zone, naming.TOPOLOGY_ULTRASERVER_ID: c}}}
-                for n, c in clouds.items()])
+    apply_cloud_nodes(crds, clouds, itype, zone)
     try:
         kube = Kube(api_client(str(plane.kubeconfig)))
         eventually(lambda: len([n for n in StaticProvider(kube).free_nodes(itype, zone)
@@ -264,11 +269,7 @@ def test_a_cloud_ultraserver_an_ended_block_used_is_free_for_the_next(plane, crd
     tag = uuid.uuid4().hex[:5]
     itype, zone = f"ml.next-{tag}.xlarge", f"us-next-{tag}"
     clouds = {f"next-{tag}-{i}": f"cloud-{tag}-{'ab'[i % 2]}" for i in range(8)}
-    crds.apply([{"apiVersion": "v1", "kind": "Node",
-                 "metadata": {"name": n, "annotations": {"kwok.x-k8s.io/node": "fake"},
-                              "labels": {lending.LABEL_POOL: lending.POOL_FREE, naming.LABEL_INSTANCE_TYPE: itype,
-                                         naming.LABEL_ZONE: zone, naming.TOPOLOGY_ULTRASERVER_ID: c}}}
-                for n, c in clouds.items()])
+    apply_cloud_nodes(crds, clouds, itype, zone)
     try:
         kube = Kube(api_client(str(plane.kubeconfig)))
         provider = StaticProvider(kube)
