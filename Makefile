@@ -135,3 +135,12 @@ bench-scale: venv
 	$(BIN)/python bench/scale.py --groups 80
 	$(BIN)/python bench/provisioning.py
 	$(BIN)/python bench/storm.py
+
+# The reference pages generated from the code (docs/reference/: settings, metrics, CRD fields);
+# a unit test (tests/unit/test_docs.py) fails when they drift.
+.PHONY: docs docs-check
+docs: venv
+	$(BIN)/python -m hyperplan_dev.docgen
+
+docs-check: venv
+	$(BIN)/python -m hyperplan_dev.docgen --check
