@@ -30,6 +30,7 @@ from kubernetes.client.rest import ApiException
 from hyperplan.actuation.kube import Kube, api_client
 from hyperplan.actuation.nodes import (
     KWOK_ANNOTATION, REBOOT_REASON, kwok_node_body, kwok_reboot_patches, providers, reboot_job_body,
+    write_over_read,
 )
 from hyperplan.planning.lending import OperatorIdentity
 from hyperplan.settings import DEFAULT_REBOOT_COMMAND, Settings
@@ -989,15 +990,20 @@ def test_service_account_may_change_only_nodes_hyperplan_owns(as_operator: Kubec
             proc = as_operator.create(_filled(args[0], name), check=False)
         elif verb == "status":
             proc = as_kubectl_would(lambda: core_api(as_operator).patch_node_status(name, args[0]))
-        elif verb == "taints-back":  # the node's taints as read (the controllers' may change meanwhile), plus ours
-            def written_back() -> None:
-                now = core_api(as_operator).read_node(name).spec.taints or []
-                body = [{k: v for k, v in (("key", t.key), ("value", t.value), ("effect", t.effect)) if v}
-                        for t in now] + args[0]
-                core_api(as_operator).patch_node(name, {"spec": {"taints": body}})
-            proc = as_kubectl_would(written_back)
-        elif verb == "taints":
-            proc = as_kubectl_would(lambda: core_api(as_operator).patch_node(name, {"spec": {"taints": args[0]}}))
+        elif verb in ("taints-back", "taints"):
+            # As the operator writes a taint list (write_over_read): built from the node as read and
+            # sent over its resourceVersion, so a taint the node lifecycle controller adds or removes
+            # meanwhile is a conflict and a new read, never part of what the policy judges.
+            # "taints-back": every taint kept, ours added; "taints": the kubelet-domain
+            # node.kubernetes.io/unschedulable left out, which the policy refuses.
+            dropped = () if verb == "taints-back" else ("node.kubernetes.io/unschedulable",)
+
+            def written(node: client.V1Node) -> dict:
+                kept = [{k: v for k, v in (("key", t.key), ("value", t.value), ("effect", t.effect)) if v}
+                        for t in node.spec.taints or [] if t.key not in dropped]
+                return {"spec": {"taints": kept + args[0]}}
+            proc = as_kubectl_would(lambda: write_over_read(Kube(api_client(str(as_operator.kubeconfig))), name,
+                                                            written))
         else:
             proc = as_operator.run(verb, *(_filled(a, name) for a in args), check=False)
         if refusal is None:

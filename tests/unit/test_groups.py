@@ -1429,12 +1429,16 @@ def test_without_spares_the_pods_leave_once_the_backfill_is_ready():
 class _NodeApi:
     """A recording stand-in for the client's CoreV1Api: one node whose resourceVersion moves."""
 
-    def __init__(self, rv: str):
-        self.rv, self.calls = rv, []
+    def __init__(self, rv: str, moves_after_read: int = 0):
+        self.rv, self.calls, self.moves = rv, [], moves_after_read
 
     def read_node(self, name):
         self.calls.append(("read", name))
-        return client.V1Node(metadata=client.V1ObjectMeta(name=name, resource_version=self.rv),
+        rv = self.rv
+        if self.moves:  # another writer (the node lifecycle controller) changes it right after the read
+            self.moves -= 1
+            self.rv = str(int(self.rv) + 1)
+        return client.V1Node(metadata=client.V1ObjectMeta(name=name, resource_version=rv),
                              spec=client.V1NodeSpec(taints=[client.V1Taint(key=naming.SPARE_TAINT.key,
                                                                            effect="NoSchedule")]))
 
@@ -1448,17 +1452,22 @@ class _NodeApi:
 
 
 @pytest.mark.parametrize(
-    "last_seen_rv, calls",
+    "last_seen_rv, moves, calls",
     [
-        pytest.param(None, [("read", "n"), ("patch", "n", None)], id="nothing-seen-reads-first"),
-        pytest.param("7", [("patch", "n", "7")], id="seen-current-patches-at-once"),
-        pytest.param("6", [("patch", "n", "6"), ("read", "n"), ("patch", "n", None)], id="seen-stale-409-reads-again"),
+        pytest.param(None, 0, [("read", "n"), ("patch", "n", "7")], id="nothing-seen-reads-first-writes-over-it"),
+        pytest.param("7", 0, [("patch", "n", "7")], id="seen-current-patches-at-once"),
+        pytest.param("6", 0, [("patch", "n", "6"), ("read", "n"), ("patch", "n", "7")],
+                     id="seen-stale-409-reads-again"),
+        pytest.param(None, 1, [("read", "n"), ("patch", "n", "7"), ("read", "n"), ("patch", "n", "8")],
+                     id="changed-between-read-and-write-409-reads-again"),
     ],
 )
-def test_kwok_promotion_patches_from_the_node_last_seen_with_its_resource_version(last_seen_rv, calls):
+def test_kwok_promotion_patches_from_the_node_last_seen_with_its_resource_version(last_seen_rv, moves, calls):
+    """A taint list is written over the resourceVersion it was built from, never blind: a taint
+    another controller added or removed in between is a conflict and a new read."""
     from hyperplan.actuation.nodes import KwokProvider
 
-    api = _NodeApi(rv="7")
+    api = _NodeApi(rv="7", moves_after_read=moves)
     provider = KwokProvider(kube=type("K", (), {"core": api})())
     seen = None if last_seen_rv is None else client.V1Node(
         metadata=client.V1ObjectMeta(name="n", resource_version=last_seen_rv),

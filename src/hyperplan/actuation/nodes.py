@@ -204,6 +204,53 @@ def gone_or_another(e: ApiException) -> bool:
     return e.status == 404 or (e.status in (409, 422) and "uid" in str(e.body or "").lower())
 
 
+TAINT_WRITE_ATTEMPTS = 5
+
+
+class NodeKeptChanging(RuntimeError):
+    """Every attempt to write a node's taint list met a newer node (409 each time)."""
+
+
+def write_over_read(kube: Kube, node: str, make: Callable[[client.V1Node], dict | None], uid: str = "",
+                    last_seen: client.V1Node | None = None) -> bool:
+    """Write the patch ``make`` builds from the node over the resourceVersion it was built from.
+
+    A node's taint list is written whole (a merge patch replaces lists), so a patch built from one
+    read must not land on a node that changed since: the node lifecycle controller adds and removes
+    ``node.kubernetes.io/*`` taints at any moment, and a list written over its change would remove
+    its taint (or put back one it removed, which the node policy refuses). Each patch carries the
+    resourceVersion of the node it was made from; the API server answers 409 when the node moved
+    on, and the node is read again and the patch made again from it. ``last_seen`` (the watch's
+    copy) saves the first read when it has a resourceVersion.
+
+    ``uid`` (the node the group holds; "" takes any) is checked on every read and sent in the
+    patch. False when the node is gone or is another node of that name, or when ``make`` answers
+    None (nothing to write); raises :class:`NodeKeptChanging` after
+    :data:`TAINT_WRITE_ATTEMPTS` conflicts in a row."""
+    current = last_seen if (last_seen is not None and last_seen.metadata
+                            and last_seen.metadata.resource_version) else None
+    for _ in range(TAINT_WRITE_ATTEMPTS):
+        if current is None:
+            current = read_node_or_none(kube, node)
+        if current is None or (uid and uid_of(current) != uid):
+            return False
+        body = make(current)
+        if body is None:
+            return False
+        body = guarded(body, uid_of(current))
+        body["metadata"]["resourceVersion"] = current.metadata.resource_version
+        try:
+            kube.core.patch_node(node, body)
+            return True
+        except ApiException as e:
+            if gone_or_another(e):
+                return False
+            if e.status != 409:
+                raise
+        current = None  # it changed since: read it again
+    raise NodeKeptChanging(f"node {node} changed under each of {TAINT_WRITE_ATTEMPTS} writes of its taints")
+
+
 def mark_unhealthy_patch(current: client.V1Node, health_status: str, taint: naming.Taint,
                          hyperpod: bool = False, fault: str | None = None) -> dict:
     """Label the node's health ``health_status`` and add ``taint``; with ``hyperpod`` (the setting
@@ -323,12 +370,9 @@ class KwokProvider:
 
     def update(self, node: str, spec: placement.NodeSpec, managed_keys: set[str], uid: str = "",
                lent: lending.LentRecord | None = None) -> lending.LentRecord | None:
-        current = self.kube.core.read_node(node)
-        if uid and uid_of(current) != uid:
-            return None  # another node of that name: not the group's
-        taints = merged_taints(current, spec.taints, managed_keys)
-        self.kube.core.patch_node(node, guarded({"metadata": {"labels": dict(spec.labels)},
-                                                 "spec": {"taints": _taint_body(taints) or None}}, uid))
+        write_over_read(self.kube, node, lambda current: {
+            "metadata": {"labels": dict(spec.labels)},
+            "spec": {"taints": _taint_body(merged_taints(current, spec.taints, managed_keys)) or None}}, uid)
         return None
 
     def cordon(self, node: str, uid: str = "") -> bool:
@@ -368,23 +412,10 @@ class KwokProvider:
 
     def _patch_from(self, node: str, last_seen: client.V1Node | None,
                     make: Callable[[client.V1Node], dict]) -> None:
-        """The patch ``make`` builds from the node; it carries the uid of ``last_seen`` (the node
-        the group holds), so a read that finds another node of that name writes nothing."""
-        uid = uid_of(last_seen)
-        try:
-            if last_seen is not None and last_seen.metadata and last_seen.metadata.resource_version:
-                body = make(last_seen)
-                body.setdefault("metadata", {})["resourceVersion"] = last_seen.metadata.resource_version
-                try:
-                    self.kube.core.patch_node(node, body)
-                    return
-                except ApiException as e:
-                    if e.status != 409 or gone_or_another(e):
-                        raise
-            self.kube.core.patch_node(node, guarded(make(self.kube.core.read_node(node)), uid))
-        except ApiException as e:
-            if not (uid and gone_or_another(e)):
-                raise
+        """The patch ``make`` builds from the node (:func:`write_over_read`); it carries the uid of
+        ``last_seen`` (the node the group holds), so a read that finds another node of that name
+        writes nothing."""
+        write_over_read(self.kube, node, make, uid_of(last_seen), last_seen)
 
     def annotate(self, node: str, annotations: dict[str, str | None], uid: str = "") -> None:
         try:
@@ -639,13 +670,15 @@ class StaticProvider:
 
     def update(self, node: str, spec: placement.NodeSpec, managed_keys: set[str], uid: str = "",
                lent: lending.LentRecord | None = None) -> lending.LentRecord | None:
-        current = self._read(node, uid)
-        if current is None:
-            return lent
-        change = lending.held_update_patch(pool_node(current), spec.name, spec.labels, spec.taints, managed_keys,
-                                           lent)
-        self.kube.core.patch_node(current.metadata.name, change.patch)
-        return change.record
+        made: list[lending.LentRecord] = []
+
+        def patch(current: client.V1Node) -> dict:
+            change = lending.held_update_patch(pool_node(current), spec.name, spec.labels, spec.taints, managed_keys,
+                                               lent)
+            made[:] = [change.record]
+            return change.patch
+
+        return made[0] if write_over_read(self.kube, node, patch, uid) else lent
 
     def cordon(self, node: str, uid: str = "") -> bool:
         for _ in range(self.CORDON_ATTEMPTS):
@@ -663,11 +696,15 @@ class StaticProvider:
 
     def release(self, node: str, uid: str = "", lent: lending.LentRecord | None = None,
                 cordoned: bool = False) -> str:
-        current = self._read(node, uid)
-        if current is None:
+        read: list[tuple[client.V1Node, lending.HandBack]] = []
+
+        def patch(current: client.V1Node) -> dict:
+            read[:] = [(current, lending.hand_back(pool_node(current), lent, cordoned))]
+            return read[0][1].patch
+
+        if not write_over_read(self.kube, node, patch, uid):
             return f"{node} already handed back"
-        back = lending.hand_back(pool_node(current), lent, cordoned)
-        self.kube.core.patch_node(current.metadata.name, back.patch)
+        current, back = read[0]
         ours = [c.type for c in (current.status.conditions if current.status else None) or []
                 if c.type.startswith(OWN_CONDITION_PREFIX)]
         if ours:  # a condition hyperplan set for the group (the checkpoint signal) goes with it
@@ -679,20 +716,15 @@ class StaticProvider:
 
     def mark_unhealthy(self, node: str, health_status: str, taint: naming.Taint,
                        last_seen: client.V1Node | None = None, fault: str | None = None) -> None:
-        current = self._read(node, uid_of(last_seen))  # read again: the taints are replaced whole
-        if current is not None:
-            self.kube.core.patch_node(node, mark_unhealthy_patch(current, health_status, taint, self.hyperpod_labels,
-                                                                 fault))
+        # Read again (no last_seen): the taints are replaced whole, over the resourceVersion read.
+        write_over_read(self.kube, node, lambda n: mark_unhealthy_patch(n, health_status, taint, self.hyperpod_labels,
+                                                                        fault), uid_of(last_seen))
 
     def promote_spare(self, node: str, replacing: str, last_seen: client.V1Node | None = None) -> None:
-        current = self._read(node, uid_of(last_seen))
-        if current is not None:
-            self.kube.core.patch_node(node, promote_spare_patch(current, replacing))
+        write_over_read(self.kube, node, lambda n: promote_spare_patch(n, replacing), uid_of(last_seen))
 
     def mark_healthy(self, node: str, last_seen: client.V1Node | None = None) -> None:
-        current = self._read(node, uid_of(last_seen))
-        if current is not None:
-            self.kube.core.patch_node(node, mark_healthy_patch(current, self.hyperpod_labels))
+        write_over_read(self.kube, node, lambda n: mark_healthy_patch(n, self.hyperpod_labels), uid_of(last_seen))
 
     def annotate(self, node: str, annotations: dict[str, str | None], uid: str = "") -> None:
         try:
