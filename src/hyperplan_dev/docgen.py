@@ -10,7 +10,9 @@ the code says (``make docs`` / ``make docs-check``; ``tests/unit/test_docs.py`` 
 - docs/reference/metrics.md: every ``hyperplan_*`` family the operator serves
   (``hyperplan.metrics.declared_families``): type, labels and help text.
 - docs/reference/crds.md: every field of the three kinds, from the CRD schemas that
-  ``hyperplan crds`` writes (``hyperplan.api.crds``), with type, constraints and description.
+  ``hyperplan crds`` writes (``hyperplan.api.crds``), with type, constraints and description
+  (the schema's; where it has none, the string under the field in ``hyperplan.api.models`` or
+  the comment at the end of its line).
 """
 
 from __future__ import annotations
@@ -165,10 +167,63 @@ def _constraints(schema: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def _walk(schema: dict[str, Any], path: str, required: bool, rows: list[tuple[str, ...]]) -> None:
+def _field_notes(cls: type) -> dict[str, str]:
+    """What the source says of each field of ``cls`` where pydantic has no description: the string
+    under the field, else the comment at the end of its line (or of its last line)."""
+    import io
+    import tokenize
+
+    notes = _attribute_docstrings(cls)
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):
+        return notes
+    tree = ast.parse(source)
+    comments: dict[int, str] = {}
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            comments[token.start[0]] = token.string.lstrip("#").strip()
+    for node in tree.body[0].body:  # type: ignore[attr-defined]
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id not in notes:
+            for line in (node.lineno, node.end_lineno):
+                text = comments.get(line or 0, "")
+                if text and not text.startswith(("noqa", "type:")):
+                    notes[node.target.id] = text
+                    break
+    return notes
+
+
+def _models_in(annotation: Any) -> list[type]:
+    """The pydantic model classes an annotation holds (through Optional, lists and dicts)."""
+    from typing import get_args
+
+    from pydantic import BaseModel
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _models_in(arg)]
+
+
+def _notes_by_alias(cls: type | None) -> dict[str, tuple[str, type | None]]:
+    """Each wire name of ``cls``'s fields: the source's note, and the model class it holds."""
+    if cls is None:
+        return {}
+    notes = {}
+    for klass in reversed(cls.__mro__):
+        if hasattr(klass, "model_fields") and klass.__module__.startswith("hyperplan"):
+            notes.update(_field_notes(klass))
+    out = {}
+    for name, field in cls.model_fields.items():  # type: ignore[attr-defined]
+        inner = _models_in(field.annotation)
+        out[field.alias or name] = (notes.get(name, ""), inner[0] if inner else None)
+    return out
+
+
+def _walk(schema: dict[str, Any], path: str, required: bool, rows: list[tuple[str, ...]],
+          model: type | None = None, note: str = "") -> None:
     if path:
         rows.append((f"`{path}`", _type(schema), "yes" if required else "",
-                     " ".join(filter(None, [schema.get("description", ""), _constraints(schema)]))))
+                     schema.get("description", "") or note, _constraints(schema)))
     target = schema
     suffix = ""
     while target.get("type") == "array":
@@ -177,10 +232,12 @@ def _walk(schema: dict[str, Any], path: str, required: bool, rows: list[tuple[st
     if target.get("type") == "object" and "additionalProperties" in target and "properties" not in target:
         target, suffix = target["additionalProperties"], suffix + "{}"
     needed = set(target.get("required", []))
+    fields = _notes_by_alias(model)
     for name, sub in (target.get("properties") or {}).items():
         if not path and name in ("apiVersion", "kind", "metadata"):
             continue
-        _walk(sub, f"{path}{suffix}.{name}" if path else name, name in needed, rows)
+        sub_note, sub_model = fields.get(name, ("", None))
+        _walk(sub, f"{path}{suffix}.{name}" if path else name, name in needed, rows, sub_model, sub_note)
 
 
 def crd_tables() -> str:
@@ -192,13 +249,13 @@ def crd_tables() -> str:
         version = body["spec"]["versions"][0]
         schema = version["schema"]["openAPIV3Schema"]
         rows: list[tuple[str, ...]] = []
-        _walk(schema, "", True, rows)
+        _walk(schema, "", True, rows, kind.model)
         names = body["spec"]["names"]
         out.append(f"## {kind.name}\n\n`{body['spec']['group']}/{version['name']}`, "
                    f"cluster-scoped; `kubectl get {names['plural']}` (short: "
                    f"{', '.join('`' + s + '`' for s in names.get('shortNames', []))}). "
                    f"{_cell(schema.get('description', ''))}\n\n"
-                   + _table(("field", "type", "required", "meaning and constraints"), rows))
+                   + _table(("field", "type", "required", "meaning", "constraints"), rows))
     return "\n".join(out)
 
 
