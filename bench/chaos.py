@@ -23,7 +23,7 @@ identity at once (it takes its own Lease back) or, after the standby took over, 
 the standby; ``kube-apiserver`` restarted twice (once killed, once stopped), ``etcd`` restarted
 once (its data kept).
 
-Invariants (hyperplan.invariants): no two live nodes in one slot; no node without a live group;
+Invariants (hyperplan_testing.invariants): no two live nodes in one slot; no node without a live group;
 no pool's ledger above its capacity (on every pool watch event); no plan bought twice (the ledger
 matches each plan's blocks after a settling time; a bought plan's blocks never change on any
 watch event); no spare promoted twice for one failure (on every node watch event); every group
@@ -60,7 +60,7 @@ from _common import (  # noqa: E402
     API, PYTHON, ROOT, STATE, BenchError, Harness, free_port, machine, parse_ts, pool, print_figures, run,
     step, ts, utcnow, verdict,
 )
-from hyperplan import invariants as inv  # noqa: E402
+from hyperplan_testing import invariants as inv  # noqa: E402
 
 LEASE, RENEW, RETRY = 4, 3, 1
 CONVERGE_S = 60.0  # the stated bound: a group is at its desired counts this long after a trigger

@@ -107,7 +107,7 @@ def field_managers(h: Harness, group: str) -> str:
 
 
 def floor_body(group: str, i: int) -> dict:
-    from hyperplan.actuation.nodes import node_capacity
+    from hyperplan.actuation.providers.base import node_capacity
 
     name = f"{group}-{i:03d}"
     labels = {

@@ -35,7 +35,7 @@ if str(ROOT / "src") not in sys.path:
 from kubernetes import client  # noqa: E402
 
 from hyperplan.actuation.groups import observe_nodes  # noqa: E402
-from hyperplan.actuation.fakes import FakeProvider  # noqa: E402
+from hyperplan_testing.fakes import FakeProvider  # noqa: E402
 from hyperplan.api.models import InstanceGroupSpec, InstanceGroupStatus, ReservedCapacity  # noqa: E402
 from hyperplan.planning import counts  # noqa: E402
 from hyperplan.planning import naming  # noqa: E402

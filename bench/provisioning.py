@@ -40,7 +40,7 @@ from _common import (  # noqa: E402
 from nodes_ready import NodeTracker, cpu_delta, group_to_ready, plane_cpu, remove_group, show_cpu  # noqa: E402
 
 from hyperplan.actuation.groups import CREATE_WORKERS  # noqa: E402
-from hyperplan.actuation.nodes import kwok_node_body  # noqa: E402
+from hyperplan.actuation.providers.kwok import kwok_node_body  # noqa: E402
 from hyperplan.api.models import InstanceGroupSpec, InstanceGroupStatus, ReservedCapacity  # noqa: E402
 from hyperplan.planning import placement  # noqa: E402
 from hyperplan.planning.groups import Peer, BoundPlan, decide_group  # noqa: E402

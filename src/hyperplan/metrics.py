@@ -313,7 +313,7 @@ def _escape(value: str) -> str:
 
 @dataclass
 class ObservedObjects:
-    """The operator's copy of its objects, fed by watch events (handlers.events).
+    """The operator's copy of its objects, fed by watch events (wiring.events).
 
     Written from the operator's event loop and read from the metrics server's thread, so
     every access takes the lock. Bodies that do not parse keep their last good copy out:

@@ -1,6 +1,6 @@
 """Wire the operator together and run it: settings, clients, metrics, leader election, kopf.
 
-Everything a handler needs travels in :class:`hyperplan.handlers.context.Runtime`, which is put into kopf's
+Everything a handler needs travels in :class:`hyperplan.runtime.context.Runtime`, which is put into kopf's
 operator-level memo before the operator starts; kopf hands each handler a copy of that
 memo, so there are no module-level clients.
 
@@ -147,11 +147,11 @@ def run_operator() -> int:
     if not hp.verbose:  # one line per handler call drowns what the operator does; keep our own lines
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
 
-    from hyperplan import handlers  # noqa: F401  (registers the handlers with kopf)
+    from hyperplan import wiring  # noqa: F401  (registers every kopf handler)
     # kopf's index readiness woke every listed object's worker on every object listed: a start with
     # 10,000 plans made no pass for minutes (issue 22, hyperplan.kopf_readiness).
     kopf_readiness.install()
-    from hyperplan.handlers.context import build_runtime
+    from hyperplan.runtime.context import build_runtime
 
     runtime = build_runtime(hp)
     liveness = f"http://{hp.liveness_address}:{hp.liveness_port}/healthz" if hp.liveness_port else None

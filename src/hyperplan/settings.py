@@ -95,7 +95,7 @@ class Settings(BaseSettings):
 
     verbose: bool = False
 
-    # Reboots through the node provider (actuation/nodes.py, NodeProvider.reboot).
+    # Reboots through the node provider (actuation/providers, NodeProvider.reboot).
     kwok_reboot_seconds: float = Field(10.0, gt=0)
     """Seconds a KWOK node stays NotReady (Ready=False, reason Rebooting) when it is rebooted
     before KWOK's stage brings it back Ready (src/hyperplan_dev/kwok-stages.yaml)."""

@@ -41,7 +41,7 @@ from typing import Any, Callable, Iterable
 
 import yaml
 
-from hyperplan.actuation.nodes import ACCELERATORS, node_capacity
+from hyperplan.actuation.providers.base import ACCELERATORS, node_capacity
 from hyperplan_dev import build
 from hyperplan_dev.plane import Plane, free_port, stop_process_group
 

@@ -23,7 +23,7 @@ import time
 import uuid
 from datetime import timedelta
 
-from hyperplan.invariants import ledger_overbooking
+from hyperplan_testing.invariants import ledger_overbooking
 from tests.e2e.scenarios import group_body, plan_body, pool_body, ts, utcnow, wait_phase
 from tests.aws.keys import grant_plan_reads, mint_key, serving
 from tests.federation.conftest import Cluster

@@ -14,7 +14,8 @@ import uuid
 import pytest
 
 from hyperplan.actuation.kube import Kube, api_client
-from hyperplan.actuation.nodes import KubeNodePods, KwokProvider, pods_on
+from hyperplan.actuation.pods import KubeNodePods, pods_on
+from hyperplan.actuation.providers.kwok import KwokProvider
 from hyperplan.planning import naming, placement
 from tests.kube import Kubectl, eventually
 

@@ -28,10 +28,10 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from hyperplan.actuation.kube import Kube, api_client
-from hyperplan.actuation.nodes import (
-    KWOK_ANNOTATION, REBOOT_REASON, kwok_node_body, kwok_reboot_patches, providers, reboot_job_body,
-    write_over_read,
-)
+from hyperplan.actuation.pods import reboot_job_body
+from hyperplan.actuation.providers.base import REBOOT_REASON, write_over_read
+from hyperplan.actuation.providers.factory import providers
+from hyperplan.actuation.providers.kwok import KWOK_ANNOTATION, kwok_node_body, kwok_reboot_patches
 from hyperplan.planning.lending import OperatorIdentity
 from hyperplan.settings import DEFAULT_REBOOT_COMMAND, Settings
 from hyperplan.api import vocabulary
@@ -184,12 +184,12 @@ OPERATOR_CALLS = [
     ("hyperplan.dev", "capacitypools/status", "update", "ledger.KubeLedger: replace_status"),
     ("hyperplan.dev", "trainingplans", "list", "kopf"),
     ("hyperplan.dev", "trainingplans", "watch", "kopf"),
-    ("hyperplan.dev", "trainingplans", "get", "context.report_failure (a plan's pass failed)"),
+    ("hyperplan.dev", "trainingplans", "get", "workqueue.report_failure (a plan's pass failed)"),
     ("hyperplan.dev", "trainingplans", "patch", "Kube.set_finalizers; kopf drops its old finalizer"),
     ("hyperplan.dev", "trainingplans/status", "patch", "Kube.patch_status"),
     ("hyperplan.dev", "instancegroups", "list", "kopf"),
     ("hyperplan.dev", "instancegroups", "watch", "kopf"),
-    ("hyperplan.dev", "instancegroups", "get", "context.report_failure (a group's pass failed)"),
+    ("hyperplan.dev", "instancegroups", "get", "workqueue.report_failure (a group's pass failed)"),
     ("hyperplan.dev", "instancegroups", "patch", "kopf: its finalizer and progress annotations (daemon, on.delete)"),
     ("hyperplan.dev", "instancegroups/status", "patch", "Kube.patch_status"),
     # Nodes.
@@ -504,7 +504,7 @@ KARPENTER_CALLS = [  # karpenter.enabled
     ((), False), (("--set", "karpenter.enabled=true"), True), (("--set", "karpenter.enabled=false"), False),
 ], ids=["default-off", "on", "off"])
 def test_karpenter_rules_and_settings_follow_karpenter_enabled(helm, flags: tuple[str, ...], enabled: bool) -> None:
-    """`karpenter.enabled` grants exactly the NodeClaim calls of actuation.karpenter (no NodePools,
+    """`karpenter.enabled` grants exactly the NodeClaim calls of actuation.providers.karpenter (no NodePools,
     no patch: Karpenter owns a claim's status and finalizers) and passes the node class, capacity
     type and launch timeout to the operator; off, neither."""
     objs = by_kind(render(helm, *flags, "--set", "karpenter.nodeClass=karpenter.k8s.aws/EC2NodeClass/gpu"))

@@ -16,10 +16,10 @@ import pytest
 from kubernetes import client
 
 from hyperplan.actuation.kube import Kube, api_client
-from hyperplan.actuation.nodes import (
-    ANNOTATION_REBOOT_UNTIL, REBOOT_JOB_COMPONENT, REBOOT_REASON, KwokProvider, RebootJob, StaticProvider,
-    ready_condition, reboot_job_name,
-)
+from hyperplan.actuation.pods import REBOOT_JOB_COMPONENT, RebootJob, reboot_job_name
+from hyperplan.actuation.providers.base import REBOOT_REASON, ready_condition
+from hyperplan.actuation.providers.kwok import ANNOTATION_REBOOT_UNTIL, KwokProvider
+from hyperplan.actuation.providers.static import StaticProvider
 from hyperplan.api.vocabulary import from_rfc3339
 from hyperplan.planning import lending, naming, placement
 from tests.kube import Kubectl, eventually

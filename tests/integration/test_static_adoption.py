@@ -12,7 +12,8 @@ import pytest
 from kubernetes.client.rest import ApiException
 
 from hyperplan.actuation.kube import Kube, api_client
-from hyperplan.actuation.nodes import AdoptionConflict, NoFreeNode, StaticProvider, pool_node
+from hyperplan.actuation.providers.base import AdoptionConflict, NoFreeNode
+from hyperplan.actuation.providers.static import StaticProvider, pool_node
 from hyperplan.planning import lending
 from hyperplan.planning import naming
 from hyperplan.planning import placement
@@ -76,7 +77,7 @@ def test_eight_adopters_racing_for_three_nodes(pool, plane, caplog) -> None:
     """Eight adoptions at once from eight separate providers (as from separate processes):
     three win distinct nodes; the others learn there is no node left, or that they lost every
     race (retried on the next pass), and never see a raw 409."""
-    caplog.set_level(logging.INFO, logger="hyperplan.actuation.nodes")
+    caplog.set_level(logging.INFO, logger="hyperplan.actuation.providers.static")
     make, itype, zone = pool
     names = make(3)
     kube = Kube(api_client(str(plane.kubeconfig)))

@@ -21,15 +21,15 @@ from typing import Any, Iterator
 import kopf
 from kubernetes import client
 
-from hyperplan.actuation.fakes import (
+from hyperplan_testing.fakes import (
     FakeDeepCheckJobs, FakeKarpenterProvider, FakeKube, FakeLedger, FakeNodePods, FakeProvider,
 )
 from hyperplan.api.models import CapacityPool
-from hyperplan.handlers.cache import GROUPS, NODES, PLANS, POOLS, WatchCache
-from hyperplan.handlers.context import Runtime
-from hyperplan.handlers.nodes import node_changed
-from hyperplan.handlers.nodewatch import NodeStore
-from hyperplan.handlers.workqueue import WorkQueue
+from hyperplan.runtime.store import GROUPS, NODES, PLANS, POOLS, WatchCache
+from hyperplan.runtime.context import Runtime
+from hyperplan.wiring.nodes import node_changed
+from hyperplan.runtime.nodewatch import NodeStore
+from hyperplan.runtime.workqueue import WorkQueue
 from hyperplan.planning import naming
 from hyperplan.planning.policy import Policy
 from hyperplan.settings import Settings
@@ -103,8 +103,8 @@ class World:
     now: datetime
     calls: list[tuple] = field(default_factory=list)
     events: list[tuple[str, str, str, str]] = field(default_factory=list)  # (object, type, reason, message)
-    karpenter: Any = None  # actuation.fakes.FakeKarpenterProvider, for nodeProvider: karpenter
-    checks: Any = None  # actuation.fakes.FakeDeepCheckJobs: the deep health checks' Jobs
+    karpenter: Any = None  # hyperplan_testing.fakes.FakeKarpenterProvider, for nodeProvider: karpenter
+    checks: Any = None  # hyperplan_testing.fakes.FakeDeepCheckJobs: the deep health checks' Jobs
 
     def record_event(self, obj: Any, *, type: str, reason: str, message: str = "") -> None:
         name = (obj.get("metadata") or {}).get("name", "") if isinstance(obj, dict) else obj.metadata.name
@@ -157,7 +157,7 @@ def make_world(monkeypatch: Any, now: datetime, policy: Policy, *, plans: list[d
     rt = Runtime(settings=Settings(), policy=policy, kube=kube, ledger=ledger, providers={"kwok": provider, "karpenter": karpenter},
                  clock=lambda: world.now, cache=cache, pods=pods, checks=checks, node_store=store,
                  queue=WorkQueue(lambda: world.now))
-    for group in groups:  # as the group's watch event does (handlers.instancegroup.group_event)
+    for group in groups:  # as the group's watch event does (controllers.group.reconciler.group_event)
         rt.group_names[naming.label_value(group["metadata"]["name"])] = group["metadata"]["name"]
     world = World(rt, plan_watch, pool_watch, kube, ledger, provider, pods, store, now, calls, karpenter=karpenter,
                   checks=checks)

@@ -9,13 +9,13 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from hyperplan import invariants
-from hyperplan.actuation.fakes import FakeLedger
+from hyperplan_testing import invariants
+from hyperplan_testing.fakes import FakeLedger
 from hyperplan.actuation.ledger import KubeLedger, blocks_of
 from hyperplan.api.models import (
     CapacityPool, Reservation, TrainingPlanSpec, TrainingPlanStatus, UltraServerStatus, UltraServerWanted,
 )
-from hyperplan.handlers.cache import GROUPS, NODES, PLANS, POOLS, WatchCache
+from hyperplan.runtime.store import GROUPS, NODES, PLANS, POOLS, WatchCache
 from hyperplan.planning import placement
 from hyperplan.planning.blocks import Block, with_additions
 from hyperplan.planning.offerings import ULTRASERVER_INSTANCE_TYPE, RuleViolation
@@ -238,13 +238,13 @@ def test_the_ledger_and_the_status_agree_with_an_added_ultraserver_and_it_is_no_
     pytest.param({"a": 1}, {}, (), {"a": 1}, id="nothing-to-clear"),
 ])
 def test_the_status_patch_clears_what_the_status_no_longer_sets(desired, current, keep, patch):
-    from hyperplan.handlers.context import status_patch
+    from hyperplan.runtime.context import status_patch
     assert status_patch(desired, current, keep) == patch
 
 
 def test_a_plan_past_its_last_block_loses_its_next_transition_time_on_the_api_server(monkeypatch):
     """A merge patch leaves an absent key as it was: the pass nulls what the status no longer sets."""
-    from hyperplan.handlers.trainingplan import reconcile_plan
+    from hyperplan.controllers.plan.reconciler import reconcile_plan
     from tests.unit.fake_runtime import PLANS_PLURAL, make_world
     pool = CapacityPool.model_validate(pool_obj())
     body = {"apiVersion": "hyperplan.dev/v1alpha1", "kind": "TrainingPlan",

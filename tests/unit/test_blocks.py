@@ -8,10 +8,10 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from hyperplan.actuation.fakes import FakeLedger
+from hyperplan_testing.fakes import FakeLedger
 from hyperplan.actuation.ledger import blocks_of
 from hyperplan.api.models import CapacityPool, Offering as OfferingStatus, Reservation, ReservedCapacity
-from hyperplan.handlers.cache import GROUPS, NODES, PLANS, POOLS, WatchCache
+from hyperplan.runtime.store import GROUPS, NODES, PLANS, POOLS, WatchCache
 from hyperplan.planning.blocks import Block
 from hyperplan.planning.offerings import ULTRASERVER_INSTANCE_TYPE, Offering
 from hyperplan.planning.policy import SAGEMAKER

@@ -1,6 +1,6 @@
 """A plan bought as EC2 Capacity Blocks (issue 23): the real plan pass
-(handlers.trainingplan.reconcile_plan) against a Runtime of recording fakes, the remote being
-actuation.fakes.FakeCapacityBlocks, a recording fake of the CapacitySeller protocol that answers
+(controllers.plan.reconciler.reconcile_plan) against a Runtime of recording fakes, the remote being
+hyperplan_testing.fakes.FakeCapacityBlocks, a recording fake of the CapacitySeller protocol that answers
 with EC2's shapes; and once through the real CapacityBlocks client under botocore's Stubber.
 
 What a user sees is asserted: the plan's status and Events, the pool's ledger lines (the block's
@@ -13,11 +13,12 @@ from typing import Any
 
 import pytest
 
-from hyperplan.actuation.fakes import FakeCapacityBlocks
-from hyperplan.actuation.remote import RemoteError, RemoteFollower, RemoteSources
+from hyperplan_testing.fakes import FakeCapacityBlocks
+from hyperplan.actuation.remote.calls import RemoteError
+from hyperplan.actuation.remote.sources import RemoteFollower, RemoteSources
 from hyperplan.api.models import CapacityPool, CapacityPoolSpec, Ec2CapacityBlocksSource, PoolSource
-from hyperplan.handlers.trainingplan import reconcile_plan, release_plan
-from hyperplan.handlers.workqueue import describe_failure
+from hyperplan.controllers.plan.reconciler import reconcile_plan, release_plan
+from hyperplan.runtime.workqueue import describe_failure
 from hyperplan.planning.policy import SAGEMAKER
 from hyperplan.planning.remote import remote_plan_name
 from tests.unit.fake_runtime import PLANS_PLURAL, World, make_world
@@ -229,7 +230,7 @@ def _remote_offering():
 def test_the_plan_pass_through_the_real_client_makes_exactly_these_ec2_calls(monkeypatch) -> None:
     import boto3
     from botocore.stub import Stubber
-    from hyperplan.actuation.capacity_blocks import CapacityBlocks
+    from hyperplan.actuation.remote.capacity_blocks import CapacityBlocks
 
     w = make_world(monkeypatch, NOW, SAGEMAKER, plans=[plan()], pools=[blocks_pool()])
     client = boto3.session.Session(aws_access_key_id="AKIAEXAMPLE", aws_secret_access_key="secret",

@@ -1,4 +1,4 @@
-"""EC2 Capacity Blocks as a remote source (actuation.capacity_blocks.CapacityBlocks) under
+"""EC2 Capacity Blocks as a remote source (actuation.remote.capacity_blocks.CapacityBlocks) under
 botocore's Stubber, which checks every request against EC2's service model (names, types,
 required members), and the pure reading of its answers (planning.capacity_blocks). Each call and
 each error is covered; above all, a purchase (which spends money, and which EC2 cannot take
@@ -13,8 +13,9 @@ import pytest
 from botocore.stub import ANY, Stubber
 
 from hyperplan import metrics
-from hyperplan.actuation.capacity_blocks import UNCERTAIN_FOR, CapacityBlocks
-from hyperplan.actuation.remote import NotBought, RemoteError, RemoteSources, make_seller
+from hyperplan.actuation.remote.capacity_blocks import UNCERTAIN_FOR, CapacityBlocks
+from hyperplan.actuation.remote.calls import NotBought, RemoteError
+from hyperplan.actuation.remote.sources import RemoteSources, make_seller
 from hyperplan.api.models import Ec2CapacityBlocksSource, PoolSource, SageMakerSource
 from hyperplan.planning import capacity_blocks as cb
 from hyperplan.planning.offerings import OfferingRequest
@@ -303,7 +304,7 @@ def test_what_was_bought_is_followed_while_ec2s_listing_lags(stubbed) -> None:
 
 
 def test_one_attempt_is_read_by_the_plans_tag_in_one_call(stubbed) -> None:
-    """What a plan waiting for its block reads when the shared listing is old (handlers.remote_plans)."""
+    """What a plan waiting for its block reads when the shared listing is old (controllers.plan.remote)."""
     blocks, stub, _ = stubbed
     uid_check(stub, [reservation(state="scheduled"), reservation(rid="cr-0123456789abcdef1",
                                                                  name=remote_plan_name(UID, 1), state="active")])
@@ -375,7 +376,7 @@ def test_stubbed_requests_carry_no_retry_or_token_of_our_own(stubbed) -> None:
 
 
 def test_one_describe_serves_every_plan_that_asks_within_its_age(stubbed) -> None:
-    from hyperplan.actuation.remote import RemoteFollower
+    from hyperplan.actuation.remote.sources import RemoteFollower
     blocks, stub, _ = stubbed
     now = [0.0]
     follower = RemoteFollower(clock=lambda: now[0])

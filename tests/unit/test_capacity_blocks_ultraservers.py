@@ -15,8 +15,8 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
-from hyperplan.actuation.capacity_blocks import CapacityBlocks
-from hyperplan.actuation.remote import NotBought, RemoteError
+from hyperplan.actuation.remote.capacity_blocks import CapacityBlocks
+from hyperplan.actuation.remote.calls import NotBought, RemoteError
 from hyperplan.api.models import Ec2CapacityBlocksSource
 from hyperplan.planning import capacity_blocks as cb
 from hyperplan.planning import naming

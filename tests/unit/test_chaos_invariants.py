@@ -1,4 +1,4 @@
-"""The invariants the chaos run asserts (hyperplan.invariants): each must catch what it names."""
+"""The invariants the chaos run asserts (hyperplan_testing.invariants): each must catch what it names."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from hyperplan import invariants as inv
+from hyperplan_testing import invariants as inv
 from hyperplan.api.models import to_rfc3339
 
 T0 = datetime(2027, 1, 1, 12, 0, tzinfo=timezone.utc)

@@ -1,4 +1,4 @@
-"""Deep health checks through the real group pass (handlers.instancegroup.reconcile_group) against
+"""Deep health checks through the real group pass (controllers.group.reconciler.reconcile_group) against
 the recording fakes: the check Jobs are a FakeDeepCheckJobs that the test ends (tests/unit/fake_runtime.py).
 
 The world is tests/unit/test_group_pass.py's: a group of two active nodes and the spare of their
@@ -12,7 +12,7 @@ from datetime import timedelta
 from prometheus_client import REGISTRY
 
 from hyperplan.actuation.deepchecks import CheckJobSettings, Target, check_job_body, cohort_service_body
-from hyperplan.actuation.nodes import taints_of
+from hyperplan.actuation.providers.base import taints_of
 from hyperplan.api.vocabulary import (
     to_rfc3339, INSTANCE_CONNECTIVITY, INSTANCE_STRESS, LABEL_DEEP_HEALTH_CHECK, LABEL_SAGEMAKER_DEEP_HEALTH_CHECK,
 )

@@ -18,7 +18,7 @@ from hyperplan.actuation.ledger import KubeLedger
 from hyperplan.api.models import (
     PURCHASED_SPEC_FIELDS, to_rfc3339, CapacityPool, CapacityPoolSpec, Reservation, TrainingPlanSpec, TrainingPlanStatus,
 )
-from hyperplan.handlers.trainingplan import reconcile_plan
+from hyperplan.controllers.plan.reconciler import reconcile_plan
 from hyperplan.planning.blocks import Block
 from hyperplan.planning.offerings import (
     Busy, PoolSnapshot, extension_held, extension_id, find_extension, search_extensions,

@@ -1,4 +1,5 @@
-"""The recording fakes live in hyperplan.actuation.fakes, and no module of the operator imports them.
+"""The recording fakes live in hyperplan_testing.fakes (outside the shipped package), and no module of
+the operator imports them.
 
 A fake that a production module imports (or defines) is code that ships in the operator's image and
 can stand in for a real side effect by mistake; this reads every module of the package as source.
@@ -12,8 +13,9 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "hyperplan"
-FAKES = "hyperplan.actuation.fakes"
-MODULES = sorted(p for p in PACKAGE.rglob("*.py") if p != PACKAGE / "actuation" / "fakes.py")
+FAKES = "hyperplan_testing.fakes"
+MODULES = sorted(PACKAGE.rglob("*.py"))
+TESTING = PACKAGE.parent / "hyperplan_testing"
 
 
 def _module_name(path: Path) -> str:
@@ -45,7 +47,7 @@ def _fake_classes(tree: ast.Module) -> list[str]:
 
 
 def test_the_fakes_module_exists_and_holds_the_fakes() -> None:
-    tree = ast.parse((PACKAGE / "actuation" / "fakes.py").read_text())
+    tree = ast.parse((TESTING / "fakes.py").read_text())
     assert set(_fake_classes(tree)) >= {"FakeLedger", "FakeProvider", "FakeNodePods", "FakeLeaseStore",
                                         "RecordingKueueWrites"}
 

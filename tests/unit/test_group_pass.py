@@ -1,4 +1,4 @@
-"""The real group pass (handlers.instancegroup.reconcile_group) against a Runtime of recording fakes.
+"""The real group pass (controllers.group.reconciler.reconcile_group) against a Runtime of recording fakes.
 
 The group and its plan live in a FakeKube, the nodes in a FakeProvider that the node store lists
 before each pass (tests/unit/fake_runtime.py); the plan's wakes go to the real WorkQueue, not
@@ -18,11 +18,11 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from hyperplan.actuation.nodes import LABEL_NODE_ID, taints_of
+from hyperplan.actuation.providers.base import LABEL_NODE_ID, taints_of
 from hyperplan.api.models import CapacityPool
 from hyperplan.api.vocabulary import FINALIZER, ULTRASERVER_INSTANCE_TYPE
-from hyperplan.handlers.instancegroup import ADOPTION_RETRY, drain_group, reconcile_group
-from hyperplan.handlers.workqueue import WorkQueue
+from hyperplan.controllers.group.reconciler import ADOPTION_RETRY, drain_group, reconcile_group
+from hyperplan.runtime.workqueue import WorkQueue
 from hyperplan.planning import health
 from hyperplan.planning import naming
 from hyperplan.planning.memory import GroupMemory
@@ -792,14 +792,14 @@ def test_the_deletion_records_each_cordon_before_it_and_the_hand_back_of_a_later
     spec = stale_body["spec"]
 
     with pytest.raises(kopf.TemporaryError):
-        asyncio.run(drain_group(GROUP, spec, memo, stale_body))
+        asyncio.run(drain_group(world.rt, GROUP, spec, stale_body))
     first_write = next(i for i, c in enumerate(world.calls) if c[:2] == ("patch_status", GROUPS_PLURAL))
     assert all(n["cordoned"] for n in world.calls[first_write][3]["nodes"])  # recorded ...
     assert world.provider.calls[0][0] == "cordon"  # ... then cordoned (the record was written first)
     assert ACTIVE[0] not in released
 
     world.pods.guarded.clear()
-    asyncio.run(drain_group(GROUP, spec, memo, stale_body))  # kopf's old body again
+    asyncio.run(drain_group(world.rt, GROUP, spec, stale_body))  # kopf's old body again
     assert released == {ACTIVE[1]: True, SPARE: True, ACTIVE[0]: True}
     assert world.kube.objects[(GROUPS_PLURAL, GROUP)]["status"]["nodes"] == []
 

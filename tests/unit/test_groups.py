@@ -23,8 +23,8 @@ from hyperplan.actuation.groups import (
     Applied, Observation, apply_decision, count_pods, drain_node, observe_node, observe_nodes,
     releases_of,
 )
-from hyperplan.actuation.fakes import FakeNodePods, FakeProvider
-from hyperplan.actuation.nodes import LABEL_NODE_ID, NodeProvider, taints_of
+from hyperplan_testing.fakes import FakeNodePods, FakeProvider
+from hyperplan.actuation.providers.base import LABEL_NODE_ID, NodeProvider, taints_of
 from hyperplan.api.models import InstanceGroupSpec, InstanceGroupStatus, ReservedCapacity
 from hyperplan.planning import health
 from hyperplan.planning import naming
@@ -1202,8 +1202,8 @@ def test_a_deleted_group_leaves_nothing_in_the_memory():
 )
 def test_a_plan_is_woken_when_its_groups_nodes_moved(reads, moved):
     """The group pass wakes its plan only when what the plan counts of its nodes changed since its
-    last pass (handlers.nodes no longer wakes the plan on every node event): a heartbeat does not."""
-    from hyperplan.handlers.instancegroup import node_fingerprint
+    last pass (wiring.nodes no longer wakes the plan on every node event): a heartbeat does not."""
+    from hyperplan.controllers.group.reconciler import node_fingerprint
 
     m = GroupMemory()
     def node(name: str, label: str, ready: str = "True", rv: str = "rv-1", deleting: bool = False) -> client.V1Node:
@@ -1244,7 +1244,7 @@ def test_a_deletion_event_is_a_failure_only_when_the_operator_did_not_remove_the
 ])
 def test_whose_deletion_it_was_comes_from_the_record_not_an_annotation(labels, recorded_cordon, want):
     """A kubelet may write hyperplan.dev/cordoned on its own Node; only the group's record says
-    that the drain's cordon was the operator's (handlers.nodes reads its entry's ``cordoned``)."""
+    that the drain's cordon was the operator's (wiring.nodes reads its entry's ``cordoned``)."""
     assert health.removed_by_operator(labels, recorded_cordon) is want
 
 
@@ -1465,7 +1465,7 @@ class _NodeApi:
 def test_kwok_promotion_patches_from_the_node_last_seen_with_its_resource_version(last_seen_rv, moves, calls):
     """A taint list is written over the resourceVersion it was built from, never blind: a taint
     another controller added or removed in between is a conflict and a new read."""
-    from hyperplan.actuation.nodes import KwokProvider
+    from hyperplan.actuation.providers.kwok import KwokProvider
 
     api = _NodeApi(rv="7", moves_after_read=moves)
     provider = KwokProvider(kube=type("K", (), {"core": api})())

@@ -15,7 +15,7 @@ from datetime import timedelta
 import pytest
 from kubernetes import client
 
-from hyperplan.actuation.nodes import mark_healthy_patch, mark_unhealthy_patch
+from hyperplan.actuation.providers.base import mark_healthy_patch, mark_unhealthy_patch
 from hyperplan.planning import naming, nodefacts, placement, recovery
 from hyperplan.settings import Settings
 from tests.unit.test_group_pass import ACTIVE, GRACE, LADDER, NOW, SPARE, group, run, running, set_ready, worlds  # noqa: F401

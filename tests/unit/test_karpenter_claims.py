@@ -1,4 +1,4 @@
-"""A karpenter group's NodeClaims (actuation.karpenter, planning.ownership.bind_claims): the claim
+"""A karpenter group's NodeClaims (actuation.providers.karpenter, planning.ownership.bind_claims): the claim
 the operator makes for a slot, and how a claim is tied to its Node, from what only the operator
 and Karpenter write (the record's claim uid, the claim's status), never from a Node's labels."""
 
@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from hyperplan.actuation.karpenter import DO_NOT_DISRUPT, claim_name, listed_claim, nodeclaim_body
+from hyperplan.actuation.providers.karpenter import DO_NOT_DISRUPT, claim_name, listed_claim, nodeclaim_body
 from hyperplan.api.models import GroupNode, NodeClaimRef
 from hyperplan.api.vocabulary import ANNOTATION_CLAIM, LABEL_NODE_ID
 from hyperplan.planning import naming, ownership

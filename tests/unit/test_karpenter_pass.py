@@ -1,5 +1,5 @@
 """The real group pass for ``nodeProvider: karpenter`` against recording fakes: Karpenter is
-played by the test (actuation.fakes.FakeKarpenterProvider: ``launch``, ``register``). The block
+played by the test (hyperplan_testing.fakes.FakeKarpenterProvider: ``launch``, ``register``). The block
 and times are tests/unit/test_group_pass.py's: the demo policy, two x72 UltraServers from T0 to
 T0 + 3 min, a group of 2 active nodes and their UltraServer's spare."""
 
@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import pytest
 
-from hyperplan.handlers.instancegroup import LAUNCH_POLL, drain_group, reconcile_group
+from hyperplan.controllers.group.reconciler import LAUNCH_POLL, drain_group, reconcile_group
 from tests.unit.fake_runtime import GROUPS_PLURAL
 from tests.unit.test_group_pass import (  # noqa: F401 (the fixture)
     ACTIVE, GRACE, GROUP, LADDER, NOW, SPARE, T0, TERMINATION, group, patches, run, set_ready, worlds,
@@ -156,7 +156,7 @@ def test_deleting_the_group_deletes_its_claims_launching_or_not(worlds) -> None:
     memo = kopf.Memo(runtime=world.rt)
     for _ in range(3):
         try:
-            asyncio.run(drain_group(name=GROUP, spec=obj["spec"], memo=memo, body=obj))
+            asyncio.run(drain_group(world.rt, GROUP, obj["spec"], obj))
             break
         except kopf.TemporaryError:
             world.list_nodes()

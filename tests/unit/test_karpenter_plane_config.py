@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hyperplan.actuation.nodes import ACCELERATORS, node_capacity
+from hyperplan.actuation.providers.base import ACCELERATORS, node_capacity
 from hyperplan_dev import build, karpenter
 from hyperplan_dev.plane import Plane, kwok_stages
 

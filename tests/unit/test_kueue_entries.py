@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from hyperplan.handlers import kueue_admission
+from hyperplan.controllers.kueue import admission as kueue_admission
 from hyperplan.planning import admission
 
 NOW = datetime(2027, 1, 1, 12, 0, tzinfo=timezone.utc)

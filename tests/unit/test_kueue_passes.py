@@ -2,7 +2,7 @@
 
 The pass reads the plan from a fake watch cache, the Workloads and job nodes from kopf-shaped
 indexes (dicts of lists, filled by the real index functions), and writes through
-:class:`hyperplan.actuation.fakes.RecordingKueueWrites`, a :class:`FakeProvider` and
+:class:`hyperplan_testing.fakes.RecordingKueueWrites`, a :class:`FakeProvider` and
 :class:`FakeNodePods`. ``rt.kube`` is None: any API call a pass made would fail the test.
 """
 
@@ -17,19 +17,20 @@ from typing import Any
 
 import pytest
 
-from hyperplan.actuation.fakes import FakeNodePods, FakeProvider, RecordingKueueWrites
+from hyperplan_testing.fakes import FakeNodePods, FakeProvider, RecordingKueueWrites
 from hyperplan.actuation.kueue import KueueWrites
 from hyperplan.actuation import jobnodes
-from hyperplan.handlers import kueue
-from hyperplan.handlers import kueue_admission
-from hyperplan.handlers import kueue_checks
-from hyperplan.handlers.cache import GROUPS, NODES, PLANS, POOLS, WatchCache, hp_plans, slim_object, v1_node
-from hyperplan.handlers.kueue_state import (
+from hyperplan.wiring import kueue
+from hyperplan.controllers.kueue import admission as kueue_admission
+from hyperplan.controllers.kueue import checks as kueue_checks
+from hyperplan.runtime.store import GROUPS, NODES, PLANS, POOLS, WatchCache, slim_object, v1_node
+from hyperplan.wiring.events import hp_plans
+from hyperplan.controllers.kueue.state import (
     CHECK_KIND, CHECKS, CHECKS_INDEX, PLAN_KIND, WORKLOADS, WORKLOADS_INDEX, KueueState, slim_check, slim_workload,
     workloads_with,
 )
-from hyperplan.handlers.nodewatch import NodeChange, NodeStore
-from hyperplan.handlers.workqueue import WorkQueue
+from hyperplan.runtime.nodewatch import NodeChange, NodeStore
+from hyperplan.runtime.workqueue import WorkQueue
 from hyperplan.planning import naming
 from hyperplan.planning import trainingjobs
 from hyperplan.planning.naming import TopologyKeys
@@ -43,7 +44,7 @@ BLOCK = "rc-a"
 
 async def plan_event(rt, name: str, type_: str | None) -> None:
     """A plan's watch event as the Kueue controller hears it: through its listener of
-    ``handlers.events.plan_event`` (on the event loop, as kopf calls it)."""
+    ``wiring.events.plan_event`` (on the event loop, as kopf calls it)."""
     kueue.plan_changed_for_admission(rt, name, type_)
 
 

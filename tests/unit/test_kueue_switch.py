@@ -16,7 +16,7 @@ import pytest
 
 PROBE = """
 import json, kopf
-import hyperplan.handlers
+import hyperplan.wiring
 registry = kopf.get_default_registry()
 handlers = [h for r in (registry._indexing, registry._watching) for h in r.get_all_handlers()]
 print(json.dumps(sorted({h.selector.any_name or '' for h in handlers})))
@@ -34,7 +34,7 @@ def test_kueue_handlers_follow_the_setting(value: str | None, served: bool) -> N
     assert out.returncode == 0, out.stderr
     plurals = set(json.loads(out.stdout.strip().splitlines()[-1]))
     assert {"trainingplans", "instancegroups"} <= plurals  # the rest of the operator is there either way
-    assert "nodes" not in plurals  # the operator's own node watch (handlers.nodewatch), not kopf's
+    assert "nodes" not in plurals  # the operator's own node watch (runtime.nodewatch), not kopf's
     assert ({"workloads", "admissionchecks"} <= plurals) is served
     assert not ({"workloads", "admissionchecks"} & plurals) or served
 

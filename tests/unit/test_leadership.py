@@ -10,7 +10,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from hyperplan.actuation.fakes import FakeLeaseStore
+from hyperplan_testing.fakes import FakeLeaseStore
 from hyperplan.actuation.leadership import LeaderElector, LeaseRecord, Timing, may_take
 
 T0 = datetime(2027, 1, 1, tzinfo=timezone.utc)

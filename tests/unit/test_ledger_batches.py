@@ -140,7 +140,7 @@ def test_a_conflict_makes_the_batch_read_again_and_write_once_more():
 
 
 def test_remote_records_that_wait_for_a_write_go_together_into_the_next_one():
-    """Lines of remote plans (handlers.remote_plans) are group-committed as purchases are: one
+    """Lines of remote plans (controllers.plan.remote) are group-committed as purchases are: one
     status replace per pool for those that queued behind a write, each plan's lines exactly as
     recorded, another plan's lines kept."""
     from hyperplan.api.models import Reservation

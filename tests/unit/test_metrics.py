@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from hyperplan import metrics
 from hyperplan.actuation.ledger import pool_snapshot
-from hyperplan.handlers.events import observe
+from hyperplan.wiring.events import observe
 from hyperplan.api.models import CapacityPool, InstanceGroupStatus, to_rfc3339
 from hyperplan.planning import health
 

@@ -4,7 +4,7 @@ import copy
 
 import pytest
 
-from hyperplan.handlers.nodewatch import node_digest
+from hyperplan.runtime.nodewatch import node_digest
 
 NODE = {
     "metadata": {"name": "n", "labels": {"hyperplan.dev/role": "active"}},

@@ -7,7 +7,8 @@ from types import SimpleNamespace
 import pytest
 from kubernetes import client
 
-from hyperplan.actuation.nodes import PINNED_FRESH, KubeNodePods, accelerators, node_capacity, pinned_pods
+from hyperplan.actuation.pods import PINNED_FRESH, KubeNodePods, pinned_pods
+from hyperplan.actuation.providers.base import accelerators, node_capacity
 
 
 def pod(name: str, node: str = "", pinned_to: str = "") -> client.V1Pod:

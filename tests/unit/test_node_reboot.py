@@ -12,11 +12,13 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from hyperplan.actuation.fakes import FakeProvider
-from hyperplan.actuation.nodes import (
-    ANNOTATION_REBOOT_NODE, ANNOTATION_REBOOT_NODE_UID, ANNOTATION_REBOOT_UNTIL, REBOOT_REASON, KwokProvider,
-    RebootJob, StaticProvider, job_finished, kwok_reboot_patches, reboot_job_body, reboot_job_name, rebooting,
+from hyperplan_testing.fakes import FakeProvider
+from hyperplan.actuation.pods import (
+    ANNOTATION_REBOOT_NODE, ANNOTATION_REBOOT_NODE_UID, RebootJob, job_finished, reboot_job_body, reboot_job_name,
 )
+from hyperplan.actuation.providers.base import REBOOT_REASON, rebooting
+from hyperplan.actuation.providers.kwok import ANNOTATION_REBOOT_UNTIL, KwokProvider, kwok_reboot_patches
+from hyperplan.actuation.providers.static import StaticProvider
 from hyperplan.api.vocabulary import from_rfc3339
 from hyperplan.planning import naming, placement
 from hyperplan.settings import DEFAULT_REBOOT_COMMAND

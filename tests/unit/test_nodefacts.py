@@ -1,7 +1,7 @@
 """A node's facts (hyperplan.planning.nodefacts), and every reader of node health agreeing on them.
 
 The facts are read from the two shapes the operator holds a node in: the watch cache's plain
-dict (``handlers.cache.slim_node`` of the API's JSON) and the Kubernetes client's ``V1Node`` (here
+dict (``runtime.store.slim_node`` of the API's JSON) and the Kubernetes client's ``V1Node`` (here
 deserialized from the same JSON by the client itself). The last tests put one node that only
 SageMaker labels ``Unschedulable`` through each reader: Kueue's count of the nodes it may admit
 work onto, ``hyperplan status``, the plan's counts and the group's health planning.
@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from hyperplan import invariants
+from hyperplan_testing import invariants
 from hyperplan import status
 from hyperplan.actuation.groups import observe_node
-from hyperplan.handlers import kueue_admission
-from hyperplan.handlers.cache import slim_node
-from hyperplan.handlers.trainingplan import plan_observed_node
+from hyperplan.controllers.kueue import admission as kueue_admission
+from hyperplan.runtime.store import slim_node
+from hyperplan.controllers.plan.reconciler import plan_observed_node
 from hyperplan.planning import counts
 from hyperplan.planning import health
 from hyperplan.planning import naming

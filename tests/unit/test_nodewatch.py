@@ -1,4 +1,4 @@
-"""The operator's node watch (handlers.nodewatch): what a node event hands on, what the store
+"""The operator's node watch (runtime.nodewatch): what a node event hands on, what the store
 holds under which key, and how the stream resumes and lists again."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from hyperplan.api.vocabulary import LABEL_POOL
-from hyperplan.handlers.nodewatch import (
+from hyperplan.runtime.nodewatch import (
     ADDED, DELETED, MODIFIED, Expired, NodeChange, NodeStore, NodeWatch, _lines,
 )
 

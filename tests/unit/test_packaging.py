@@ -101,9 +101,12 @@ def test_the_wheel_holds_the_operator_and_not_the_dev_tools(wheel: Path) -> None
     names = zipfile.ZipFile(wheel).namelist()
     tops = {name.split("/", 1)[0] for name in names}
     assert tops == {"hyperplan", "hyperplan-0.1.0.dist-info"}, sorted(tops)
-    assert {"hyperplan/cli.py", "hyperplan/operator.py", "hyperplan/actuation/nodes.py"} <= set(names)
+    assert {"hyperplan/cli.py", "hyperplan/operator.py", "hyperplan/actuation/providers/kwok.py"} <= set(names)
     dev = [n for n in names if "devcluster" in n or "demo" in n or n.startswith("hyperplan_dev")]
     assert not dev, dev
+    # The recording fakes and the chaos invariants are test support (src/hyperplan_testing).
+    testing = [n for n in names if n.startswith("hyperplan_testing") or "fakes" in n or "invariants" in n]
+    assert not testing, testing
 
 
 def test_hyperplan_dev_from_the_wheel_says_where_the_dev_tools_are(wheel: Path, tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ import copy
 
 import pytest
 
-from hyperplan.handlers.nodes import plan_digest, plan_wakes_groups
+from hyperplan.wiring.nodes import plan_digest, plan_wakes_groups
 
 BLOCK = {"id": "rc-1", "availabilityZone": "use1-az3", "instanceType": "ml.p5.48xlarge", "instanceCount": 2,
          "startTime": "2026-01-01T00:00:00Z", "endTime": "2026-01-01T01:00:00Z"}

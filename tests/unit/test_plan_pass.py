@@ -1,4 +1,4 @@
-"""The real plan pass (handlers.trainingplan.reconcile_plan) against a Runtime of recording fakes.
+"""The real plan pass (controllers.plan.reconciler.reconcile_plan) against a Runtime of recording fakes.
 
 The plan lives in a FakeKube, the pools in a FakeLedger, both read through a real WatchCache
 (tests/unit/fake_runtime.py). The kube's and the ledger's calls go to one list, so the order of
@@ -15,7 +15,7 @@ from kubernetes.client.rest import ApiException
 
 from hyperplan.api.models import CapacityPool, CapacityPoolSpec, Reservation
 from hyperplan.api.vocabulary import FINALIZER, PLAN_FINALIZER
-from hyperplan.handlers.trainingplan import reconcile_plan
+from hyperplan.controllers.plan.reconciler import reconcile_plan
 from hyperplan.planning.policy import SAGEMAKER
 from tests.unit.fake_runtime import PLANS_PLURAL, World, make_world
 

@@ -11,7 +11,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from hyperplan.actuation.fakes import FakeLedger
+from hyperplan_testing.fakes import FakeLedger
 from hyperplan.actuation.ledger import (
     CapacityLedger,
     blocks_of,

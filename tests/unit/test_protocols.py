@@ -7,14 +7,17 @@ import inspect
 import pytest
 
 from hyperplan.actuation.deepchecks import DeepCheckJobs, KubeDeepCheckJobs
-from hyperplan.actuation.fakes import (
+from hyperplan_testing.fakes import (
     FakeDeepCheckJobs, FakeKube, FakeLedger, FakeLeaseStore, FakeNodePods, FakeProvider, RecordingKueueWrites,
 )
 from hyperplan.actuation.kube import Kube
 from hyperplan.actuation.kueue import KubeKueueWrites, KueueWrites
 from hyperplan.actuation.leadership import KubeLeaseStore, LeaseStore
 from hyperplan.actuation.ledger import CapacityLedger, KubeLedger
-from hyperplan.actuation.nodes import KubeNodePods, KwokProvider, NodePods, NodeProvider, StaticProvider
+from hyperplan.actuation.pods import KubeNodePods, NodePods
+from hyperplan.actuation.providers.base import NodeProvider
+from hyperplan.actuation.providers.kwok import KwokProvider
+from hyperplan.actuation.providers.static import StaticProvider
 
 
 def _methods(proto: type) -> list[str]:

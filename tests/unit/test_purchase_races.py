@@ -1,6 +1,6 @@
 """An auto-purchase that loses the race for its offering searches again and buys the next one.
 
-``handlers.trainingplan.purchase`` against an in-memory ledger whose first purchases are beaten
+``controllers.plan.reconciler.purchase`` against an in-memory ledger whose first purchases are beaten
 by a rival buyer: just before the plan's write lands, the rival takes exactly the capacity the
 offering asks for. Only a plan whose window has no room left fails; a plan that loses every race
 of a pass stays Pending and tries again (``contended``); an offering the user chose is never
@@ -14,10 +14,10 @@ from datetime import datetime, timezone
 
 import pytest
 
-from hyperplan.actuation.fakes import FakeLedger
+from hyperplan_testing.fakes import FakeLedger
 from hyperplan.actuation.ledger import PurchaseResult, pool_snapshot
 from hyperplan.api.models import CapacityPool, CapacityPoolSpec, Reservation, TrainingPlanSpec, TrainingPlanStatus
-from hyperplan.handlers.trainingplan import purchase
+from hyperplan.controllers.plan.reconciler import purchase
 from hyperplan.planning.offerings import Offering
 from hyperplan.planning.plans import decide_plan
 from hyperplan.planning.policy import SAGEMAKER

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from kubernetes.client.rest import ApiException
 
-from hyperplan.handlers.workqueue import describe_failure, failure_backoff, failure_conditions
+from hyperplan.runtime.workqueue import describe_failure, failure_backoff, failure_conditions
 
 NOW = datetime(2027, 1, 1, 12, tzinfo=timezone.utc)
 

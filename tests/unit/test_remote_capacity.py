@@ -12,7 +12,9 @@ import pytest
 from botocore.stub import Stubber
 
 from hyperplan import metrics
-from hyperplan.actuation.remote import RemoteError, RemoteFollower, SageMakerCapacity, client_config
+from hyperplan.actuation.remote.calls import RemoteError, client_config
+from hyperplan.actuation.remote.sagemaker import SageMakerCapacity
+from hyperplan.actuation.remote.sources import RemoteFollower
 from hyperplan.api.models import SageMakerSource
 from hyperplan.planning.offerings import OfferingRequest
 from hyperplan.planning.policy import DEMO, SAGEMAKER
@@ -237,7 +239,7 @@ def test_mirror_lines_record_only_live_blocks_of_the_pools_type(status, itype, r
 @pytest.mark.parametrize("waited, every", [(0, 2), (4, 2), (20, 5), (60, 15), (600, 20)],
                          ids=["just-bought", "a-few-seconds", "twenty-seconds", "a-minute", "ten-minutes"])
 def test_a_plan_waiting_for_the_remote_looks_less_often_the_longer_it_waits(waited, every) -> None:
-    from hyperplan.actuation.remote import RemoteSources
+    from hyperplan.actuation.remote.sources import RemoteSources
     sources = RemoteSources(credentials=lambda name: None)
     sources.waiting_every("uid", True, 1000.0, 2, 20)
     assert sources.waiting_every("uid", True, 1000.0 + waited, 2, 20) == every
@@ -351,7 +353,7 @@ def test_extend_and_the_history_are_the_models_calls(stubbed) -> None:
 
 @pytest.mark.parametrize("code", ["ResourceNotFound", "ValidationException"])
 def test_an_extension_no_longer_offered_is_not_bought_and_no_error_of_the_pass(stubbed, code) -> None:
-    from hyperplan.actuation.remote import NotBought
+    from hyperplan.actuation.remote.calls import NotBought
     from hyperplan.planning.remote import RemoteExtension
     from hyperplan.planning.offerings import Extension
     capacity, stub = stubbed
@@ -389,7 +391,7 @@ def test_a_credentials_secret_is_read_at_most_every_ten_seconds() -> None:
     API server once per interval, and a rotated key is used after it."""
     import base64
     from types import SimpleNamespace
-    from hyperplan.actuation.remote import CREDENTIALS_SECONDS, secret_credentials
+    from hyperplan.actuation.remote.sources import CREDENTIALS_SECONDS, secret_credentials
     key = ["AKIAONE"]
     reads: list[str] = []
 

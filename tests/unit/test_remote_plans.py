@@ -1,6 +1,6 @@
 """A plan bought through a remote SageMaker endpoint (issue 23): the real plan pass
-(handlers.trainingplan.reconcile_plan) against a Runtime of recording fakes, the remote being
-actuation.fakes.FakeRemoteCapacity, which answers in the service model's shapes.
+(controllers.plan.reconciler.reconcile_plan) against a Runtime of recording fakes, the remote being
+hyperplan_testing.fakes.FakeRemoteCapacity, which answers in the service model's shapes.
 
 What a user sees is asserted: the plan's status and Events, the pool's ledger lines, and which
 calls the endpoint got (a retry must never buy twice)."""
@@ -13,11 +13,12 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from hyperplan.actuation.fakes import FakeRemoteCapacity
-from hyperplan.actuation.remote import RemoteError, RemoteFollower, RemoteSources
+from hyperplan_testing.fakes import FakeRemoteCapacity
+from hyperplan.actuation.remote.calls import RemoteError
+from hyperplan.actuation.remote.sources import RemoteFollower, RemoteSources
 from hyperplan.api.models import CapacityPool, CapacityPoolSpec, PoolSource, SageMakerSource
-from hyperplan.handlers.trainingplan import reconcile_plan, release_plan
-from hyperplan.handlers.workqueue import describe_failure
+from hyperplan.controllers.plan.reconciler import reconcile_plan, release_plan
+from hyperplan.runtime.workqueue import describe_failure
 from hyperplan.planning.policy import SAGEMAKER
 from tests.unit.fake_runtime import PLANS_PLURAL, World, make_world
 
@@ -465,7 +466,7 @@ def test_deleting_a_plan_whose_remote_plan_is_still_pending_says_it_stays(world,
     ([("ADDED", 1, True), ("DELETED", 1, True)], [True, True]),
 ], ids=["remote-record-written", "remote-spec-changed", "local-ledger-written", "remote-deleted"])
 def test_only_a_remote_pools_record_changing_wakes_no_plan(events, wakes) -> None:
-    from hyperplan.handlers.events import remote_record_only
+    from hyperplan.wiring.events import remote_record_only
     generations: dict = {}
     got = []
     for type_, generation, remote in events:
@@ -504,7 +505,7 @@ def test_a_failing_plans_own_condition_writes_do_not_run_it_again_past_its_backo
     """Every failed pass writes Reconciled=False, an event of the plan; a plan that never passed has
     no observedGeneration. Only a new generation (a spec change) wakes it, not its own writes."""
     from types import SimpleNamespace
-    from hyperplan.handlers.trainingplan import plan_event
+    from hyperplan.controllers.plan.reconciler import plan_event
 
     class Queue:
         def __init__(self) -> None:
@@ -829,7 +830,7 @@ def test_the_remotes_own_ultraserver_id_reaches_the_plan_by_its_lent_nodes(world
 def test_the_cloud_ultraserver_of_each_recorded_node_by_uid() -> None:
     """From the groups' records as the schema lets them be: a node with no lent record, a lent one
     that had no such label, one that had it; an entry without a uid (a create under way) is none."""
-    from hyperplan.handlers.trainingplan import lent_from
+    from hyperplan.controllers.plan.reconciler import lent_from
     from hyperplan.planning.naming import TOPOLOGY_ULTRASERVER_ID as KEY
     groups = [{"status": {"nodes": [{"uid": "a"}, {"uid": "b", "lent": {"absentLabels": [KEY]}},
                                     {"uid": "c", "lent": {"labels": {"team": "x"}}},

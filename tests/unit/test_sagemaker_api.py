@@ -21,7 +21,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from hyperplan.handlers.cache import GROUPS, NODES, PLANS, POOLS, WatchCache
+from hyperplan.runtime.store import GROUPS, NODES, PLANS, POOLS, WatchCache
 from hyperplan.sagemaker import signing
 from hyperplan.sagemaker.server import check_address, make_app, serve
 from hyperplan.sagemaker.signing import AccessKey, canonical_request, signing_key, verify
@@ -159,7 +159,7 @@ def node(name: str, group_name: str, *, ready: str = "True", ultraserver: str = 
 
 class WatchedPlans(dict):
     """The plans' index as the watch fills it: each change is also a plan event, which moves the
-    cache's ``plans_version`` (handlers.events.plan_event), so listings see it."""
+    cache's ``plans_version`` (wiring.events.plan_event), so listings see it."""
 
     cache: WatchCache | None = None
 
@@ -459,7 +459,7 @@ def test_the_tags_of_a_purchase_are_kept_on_the_plan_and_listed_by_its_arn(serve
     """CreateTrainingPlan's Tags go into the plan's annotation as JSON, in their order; ListTags on
     the plan's ARN reads them from the watch cache (the slim copy keeps the annotation); a retry
     answers the same ARN and writes nothing more."""
-    from hyperplan.handlers.cache import hp_plans
+    from hyperplan.wiring.events import hp_plans
     from hyperplan.sagemaker.operations import ANNOTATION_TAGS
 
     endpoint = signed_in(server)
@@ -729,7 +729,7 @@ def test_the_skew_is_five_minutes() -> None:
 def test_a_listing_derives_only_the_plans_that_changed(monkeypatch) -> None:
     """10,000 plans must not be unpacked and validated on every page: a plan's view is kept per
     version of it, and only a new version (or a plan not seen before) is derived again."""
-    from hyperplan.handlers.cache import hp_plans
+    from hyperplan.wiring.events import hp_plans
     from hyperplan.sagemaker import operations
 
     packed = {f"p{i}": [asyncio.run(hp_plans(name=f"p{i}", body=plan(f"p{i}", "Active", i)))[f"p{i}"]]
@@ -754,7 +754,7 @@ def test_a_listing_derives_only_the_plans_that_changed(monkeypatch) -> None:
     changed = plan("p3", "Expired", 3)
     changed["metadata"]["resourceVersion"] = "2"
     packed["p3"] = [asyncio.run(hp_plans(name="p3", body=changed))["p3"]]
-    cache.plans_version += 1  # the watch's event of the change (handlers.events.plan_event)
+    cache.plans_version += 1  # the watch's event of the change (wiring.events.plan_event)
     listed = operations.list_training_plans({}, ctx)
     assert derived == ["p3"]
     assert {s["TrainingPlanName"]: s["Status"] for s in listed["TrainingPlanSummaries"]}["p3"] == "Expired"
@@ -847,7 +847,7 @@ def test_a_standby_serves_from_a_read_only_watch_of_its_own_until_kopf_has_liste
     (a plan modified, a plan deleted) are what boto3 reads; a write goes through the writes as the
     caller; nothing is handed on to reconcile. Once kopf has listed (``indexed``), the API reads
     kopf's cache and its own watches stop."""
-    from hyperplan.handlers.cache import hp_plans
+    from hyperplan.wiring.events import hp_plans
 
     kinds = {"trainingplans": FakeKind([plan("seen", "Scheduled", 1), plan("going", "Active", 2)]),
              "capacitypools": FakeKind([P5_POOL]),
@@ -899,7 +899,7 @@ def test_a_standby_serves_from_a_read_only_watch_of_its_own_until_kopf_has_liste
 def test_the_standbys_indexes_hold_what_kopfs_hold() -> None:
     """The own watch's index of each kind holds exactly what kopf's index handler makes of an
     object (plans packed, pools and groups slim), so every operation reads the same shapes."""
-    from hyperplan.handlers.cache import hp_groups, hp_plans
+    from hyperplan.wiring.events import hp_groups, hp_plans
     from hyperplan.sagemaker.replica import KindStore
 
     posted: list = []

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from hyperplan.handlers.cache import GROUPS, NODES, PLANS, POOLS, WatchCache
+from hyperplan.runtime.store import GROUPS, NODES, PLANS, POOLS, WatchCache
 from hyperplan.planning.offerings import Busy, PoolSnapshot
 from hyperplan.sagemaker import operations
 from hyperplan.sagemaker.assumed import ASSUMED_FOR, FORGET_EVERY, AssumedPurchases, with_busy

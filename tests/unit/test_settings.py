@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from hyperplan.handlers.context import build_runtime
+from hyperplan.runtime.context import build_runtime
 from hyperplan.settings import Settings
 
 IDENTITY_VARS = ("POD_NAME", "POD_NAMESPACE", "NODE_NAME", "HYPERPLAN_POD_NAME", "HYPERPLAN_POD_NAMESPACE",

@@ -20,7 +20,7 @@ from hyperplan.api.models import CapacityPool, CapacityPoolSpec, Reservation, Tr
 from hyperplan.api.vocabulary import (
     PLAN_FINALIZER, REASON_OFFERING_MISMATCH, REASON_OFFERING_NO_LONGER_OFFERED, REASON_OFFERING_NOT_FOUND,
 )
-from hyperplan.handlers.trainingplan import reconcile_plan
+from hyperplan.controllers.plan.reconciler import reconcile_plan
 from hyperplan.planning.blocks import Block
 from hyperplan.planning.offerings import Offering, OfferingRequest, offering_id, start_named_by
 from hyperplan.planning.plans import decide_plan, request_of

@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-from hyperplan.actuation.fakes import FakeLedger
+from hyperplan_testing.fakes import FakeLedger
 from hyperplan.actuation.ledger import KubeLedger
 from hyperplan.api.models import CapacityPool, CapacityPoolSpec, InstanceGroupStatus, LabelSelector, TrainingPlan
 from hyperplan.api.vocabulary import REASON_OFFERING_UNAVAILABLE
-from hyperplan.handlers.instancegroup import bound_plan, peers_of
-from hyperplan.handlers.trainingplan import plan_event, reconcile_plan
+from hyperplan.controllers.group.reconciler import bound_plan, peers_of
+from hyperplan.controllers.plan.reconciler import plan_event, reconcile_plan
 from hyperplan.planning.groups import Peer, decide_group
 from hyperplan.planning.offerings import Block, Offering
 from hyperplan.planning.policy import DEMO, SAGEMAKER

@@ -1,5 +1,5 @@
 """The watch cache: the operator's own writes are read back until the watch catches up, and a
-deleted object leaves nothing behind (handlers.cache.WatchCache)."""
+deleted object leaves nothing behind (runtime.store.WatchCache)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from hyperplan.handlers.cache import GROUPS, NODES, PLANS, POOLS, WatchCache
+from hyperplan.runtime.store import GROUPS, NODES, PLANS, POOLS, WatchCache
 
 
 def plan(name: str, rv: int, phase: str) -> dict:
@@ -44,7 +44,8 @@ def test_a_deleted_object_leaves_no_copy_behind() -> None:
 def test_a_plan_is_kept_packed_and_read_back_slim() -> None:
     """Plans are the many objects: the index keeps them as compact JSON text, a read gives the
     slim object (no managedFields, no kopf bookkeeping annotation) as plain dicts."""
-    from hyperplan.handlers.cache import PackedObject, hp_plans, slim_object
+    from hyperplan.runtime.store import PackedObject, slim_object
+    from hyperplan.wiring.events import hp_plans
 
     body = plan("p", 7, "Scheduled")
     body["metadata"].update({

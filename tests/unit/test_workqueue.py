@@ -1,4 +1,4 @@
-"""The one work queue of every kind's passes (handlers.workqueue.WorkQueue), on a fake clock.
+"""The one work queue of every kind's passes (runtime.workqueue.WorkQueue), on a fake clock.
 
 The queue's clock, its monotonic clock and its timer are one :class:`FakeTime`: a timer fires
 only when a test advances the time, and a pass "takes" time by advancing it. Nothing sleeps:
@@ -17,9 +17,9 @@ from typing import Callable
 import pytest
 from prometheus_client import REGISTRY
 
-from hyperplan.handlers import instancegroup
-from hyperplan.handlers import workqueue
-from hyperplan.handlers.workqueue import Pace, WorkQueue
+from hyperplan.controllers.group import reconciler as instancegroup
+from hyperplan.runtime import workqueue
+from hyperplan.runtime.workqueue import Pace, WorkQueue
 from hyperplan.planning import naming
 
 START = datetime(2027, 1, 1, 12, tzinfo=timezone.utc)

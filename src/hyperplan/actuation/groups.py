@@ -5,8 +5,8 @@
   under the group that the memory still holds, and says which health-signal notes the
   nodes need, and the values of theirs it could not read (:class:`Observation`).
 * :func:`apply_decision` carries out a :class:`~hyperplan.planning.groups.GroupDecision`
-  through the group's :class:`~hyperplan.actuation.nodes.NodeProvider` and
-  :class:`~hyperplan.actuation.nodes.NodePods`, on the nodes the group holds by its record
+  through the group's :class:`~hyperplan.actuation.providers.base.NodeProvider` and
+  :class:`~hyperplan.actuation.pods.NodePods`, on the nodes the group holds by its record
   (``planning.ownership``: each provider call names the node by the name and uid recorded,
   never by a label): first, together (each writes a node no other
   one writes), the health-signal notes, marks, spare promotions and creates; then evictions and
@@ -39,9 +39,8 @@ from kubernetes import client
 from hyperplan import metrics
 from hyperplan.api.vocabulary import to_rfc3339
 from hyperplan.actuation.deepchecks import DeepCheckJobs, Target
-from hyperplan.actuation.nodes import (
-    AdoptionConflict, DrainProgress, NodePods, NodeProvider, NoFreeNode, taints_of,
-)
+from hyperplan.actuation.pods import DrainProgress, NodePods
+from hyperplan.actuation.providers.base import AdoptionConflict, NodeProvider, NoFreeNode, taints_of
 from hyperplan.api.models import GroupNode
 from hyperplan.planning.lending import LentRecord
 from hyperplan.planning.memory import GroupMemory, PresentNode, Vanished

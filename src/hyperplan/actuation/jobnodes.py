@@ -5,7 +5,7 @@
 Eviction API and :class:`hyperplan.actuation.kueue.KueueWrites`); it owns no state and reads
 none: the nodes it acts on are handed to it, and what it did comes back as
 :class:`JobNodeFacts` (the Events to post, the nodes released, the nodes signalled), which the
-Kueue admission pass (:mod:`hyperplan.handlers.kueue_admission`) records on the event loop. Drains go through
+Kueue admission pass (:mod:`hyperplan.controllers.kueue.admission`) records on the event loop. Drains go through
 :func:`hyperplan.actuation.groups.drain_node` and the checkpoint signal through
 :func:`hyperplan.actuation.groups.signal_checkpoint`, as a group's do.
 """
@@ -20,7 +20,8 @@ from kubernetes import client
 
 from hyperplan.actuation.groups import drain_node, signal_checkpoint
 from hyperplan.actuation.kueue import KueueWrites
-from hyperplan.actuation.nodes import NodePods, NodeProvider
+from hyperplan.actuation.pods import NodePods
+from hyperplan.actuation.providers.base import NodeProvider
 from hyperplan.api.vocabulary import to_rfc3339
 from hyperplan.planning import groups
 from hyperplan.planning import trainingjobs

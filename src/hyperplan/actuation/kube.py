@@ -32,7 +32,7 @@ class TimedApiClient(client.ApiClient):
     """An API client whose calls that set no ``_request_timeout`` of their own get
     ``default_timeout`` (seconds), so that an API server that accepts and never answers cannot
     hold a handler's thread for ever. Watch streams (``watch=true``) are left without one: they
-    are meant to stay open, and the operator's set their own (handlers.nodewatch, the Lease's).
+    are meant to stay open, and the operator's set their own (runtime.nodewatch, the Lease's).
 
     Every generated API method ends in :meth:`request` (the client of kubernetes 36, which the lock
     pins: botocore needs a python-dateutil that kubernetes 37 refuses), so this is the one place

@@ -1,7 +1,7 @@
 """What the Kueue AdmissionCheck controller writes, behind one Protocol (tests record them with
-:class:`hyperplan.actuation.fakes.RecordingKueueWrites`).
+:class:`hyperplan_testing.fakes.RecordingKueueWrites`).
 
-:mod:`hyperplan.handlers.kueue_admission` and :mod:`hyperplan.handlers.kueue_checks` read
+:mod:`hyperplan.controllers.kueue.admission` and :mod:`hyperplan.controllers.kueue.checks` read
 Kueue's objects and the job nodes from the operator's watches and decide through
 :mod:`hyperplan.planning`; every side effect of a pass goes through a
 :class:`KueueWrites`: the check's entry on a Workload's status, an AdmissionCheck's ``Active``

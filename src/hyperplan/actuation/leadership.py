@@ -10,7 +10,7 @@ that cannot be cancelled, never releases the Lease (a rolling upgrade would then
 lease duration), and writes times from the local naive clock. kopf's peering is not a Lease at
 all (its own KopfPeering resource), and a frozen kopf still runs its watchers. The API calls
 go through the kubernetes client's ``CoordinationV1Api``; the decisions are small and tested
-against :class:`hyperplan.actuation.fakes.FakeLeaseStore`.
+against :class:`hyperplan_testing.fakes.FakeLeaseStore`.
 
 Like client-go, expiry is judged on the local monotonic clock from the moment this replica
 last saw the record change, not from the record's ``renewTime``: two machines' clocks may

@@ -21,7 +21,7 @@ VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 # kopf's finalizer and its annotations on our objects (handlers.configure_kopf).
 FINALIZER = f"{GROUP}/finalizer"
-# The operator's own finalizer on a TrainingPlan that may hold reservations (handlers.trainingplan).
+# The operator's own finalizer on a TrainingPlan that may hold reservations (controllers.plan.reconciler).
 # Not kopf's: kopf removes its finalizer from objects of a kind it has no deletion handler for.
 PLAN_FINALIZER = f"{GROUP}/release-reservations"
 ANNOTATION_PREFIX = GROUP
@@ -115,7 +115,7 @@ ANNOTATION_CLAIM = f"{GROUP}/claim"
 """A nonce the operator writes on a node it creates or adopts, whose SHA-256 the group's record
 holds (``status.nodes[].claim``) from just before the write: after a crash between the write and
 the pass's status patch, the node is recognised as the group's by it (``planning.ownership``)."""
-# Tags of a training plan bought at a remote SageMaker endpoint (handlers.remote_plans, docs/aws.md):
+# Tags of a training plan bought at a remote SageMaker endpoint (controllers.plan.remote, docs/aws.md):
 # which plan of this cluster bought it.
 TAG_TRAINING_PLAN = f"{GROUP}/training-plan"
 TAG_TRAINING_PLAN_UID = f"{GROUP}/training-plan-uid"
@@ -145,10 +145,10 @@ KUBE_NODE_TAINT_PREFIX = "node.kubernetes.io/"
 # --------------------------------------------------------------------------- conditions and reasons shared by modules
 
 CONDITION_READY = "Ready"
-CONDITION_RECONCILED = "Reconciled"  # False while an object's passes fail (handlers.workqueue)
+CONDITION_RECONCILED = "Reconciled"  # False while an object's passes fail (runtime.workqueue)
 REASON_OFFERING_UNAVAILABLE = "OfferingUnavailable"
 """The ledger's re-check refused an offering: its capacity was sold meanwhile, or its pool changed
-(made by planning.offerings, matched by the purchase's search-again in handlers.trainingplan)."""
+(made by planning.offerings, matched by the purchase's search-again in controllers.plan.reconciler)."""
 REASON_OFFERING_NOT_FOUND = "OfferingNotFound"
 """``spec.offeringId`` names no offering: not one the plan's status lists, nor one a search again
 from the spec finds (planning.plans)."""
@@ -170,6 +170,7 @@ does not show the new end yet; it is never bought again meanwhile (planning.plan
 REASON_REMOTE_EXTENSION_FAILED = "RemoteExtensionFailed"
 """The remote endpoint took an extension and its history then says it failed: nothing was extended."""
 REASON_CHECKPOINT = "CheckpointRequested"
+REASON_UNREADABLE = "UnreadableValue"  # a label or annotation of a node that a pass read as absent
 REASON_DELETED_BY_HYPERPLAN = "DeletionByHyperplan"
 """Reason of the ``DisruptionTarget`` pod condition hyperplan sets on a pod it deletes from a dead
 node (the Eviction API sets ``EvictionByEvictionAPI`` itself)."""

@@ -4,7 +4,7 @@ A CapacityPool with ``spec.source.ec2CapacityBlocks`` is sold by EC2 itself, for
 launches its instances (through Karpenter). This module turns what EC2 answers into the values
 the SageMaker source yields too (:mod:`hyperplan.planning.remote`: ``RemoteOffering``,
 ``RemotePlan``, ``RemoteBlock``), so that the plan pass reads both alike. The calls are
-:mod:`hyperplan.actuation.capacity_blocks`.
+:mod:`hyperplan.actuation.remote.capacity_blocks`.
 
 **Offerings.** A ``CapacityBlockOffering`` (one block: an instance type, a count and a zone for a
 window; an offering split in ``CapacityBlockOfferingSegments`` is one block per segment) becomes an

@@ -221,7 +221,7 @@ def reserved_instance_type(instance_type: str | None, ultra_server_type: str | N
 
 def with_added(block: ReservedCapacity) -> int:
     """The block's instances with those of the UltraServers its plan bought for the rest of it
-    (``addedUltraServers``, read from the plan's ledger: handlers.trainingplan.as_the_ledger_holds)."""
+    (``addedUltraServers``, read from the plan's ledger: runtime.views.as_the_ledger_holds)."""
     return block.instance_count + sum(a.instance_count for a in block.added_ultra_servers or ())
 
 

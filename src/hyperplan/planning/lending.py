@@ -27,7 +27,7 @@ clock:
 * which pods a drain evicts and which it leaves alone (:func:`sort_pods_for_drain`): the
   operator's own pods, DaemonSet pods and static (mirror) pods stay.
 
-``actuation.nodes.StaticProvider`` and ``actuation.nodes.evict_pods`` read the objects,
+``actuation.providers.static.StaticProvider`` and ``actuation.pods.evict_pods`` read the objects,
 turn them into the views below and send these patches.
 """
 

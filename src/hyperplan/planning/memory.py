@@ -116,7 +116,7 @@ class GroupMemory:
 
     def note_nodes_read(self, group: str, fingerprint: int) -> bool:
         """A pass read nodes with ``fingerprint`` (what the plan's counts read of them: names,
-        labels, Ready, being deleted; ``handlers.instancegroup.node_fingerprint``): whether they
+        labels, Ready, being deleted; ``controllers.group.reconciler.node_fingerprint``): whether they
         differ from what the group's last pass read, so that its plan's counts may have moved
         (the plan is woken through its groups' passes, not by every node event)."""
         state = self._group(group)

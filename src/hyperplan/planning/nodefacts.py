@@ -248,7 +248,7 @@ def _time(value: Any) -> datetime | None:
 def facts_of_dict(node: Mapping[str, Any], keys: TopologyKeys = TopologyKeys(),
                   now: datetime | None = None) -> NodeFacts:
     """The facts of a node as a plain dict: the watch cache's slim node
-    (:func:`hyperplan.handlers.cache.slim_node`) or the API server's JSON. ``now``: the transition
+    (:func:`hyperplan.runtime.store.slim_node`) or the API server's JSON. ``now``: the transition
     time of a condition that has none (give it when the times are read)."""
     meta, spec, status = node.get("metadata") or {}, node.get("spec") or {}, node.get("status") or {}
     conditions = tuple(NodeCondition(c.get("type"), c.get("status"), _time(c.get("lastTransitionTime")) or now)

@@ -59,7 +59,7 @@ TAG_PATTERN = r"([\p{L}\p{Z}\p{N}_.:/=+\-@]*)"  # the model's, as its messages q
 
 
 class Fleet(Protocol):
-    """What the operations read: the operator's watch cache (``handlers.cache.WatchCache``)."""
+    """What the operations read: the operator's watch cache (``runtime.store.WatchCache``)."""
 
     def plan(self, name: str) -> dict[str, Any] | None: ...
 

@@ -6,8 +6,8 @@ reconciling acts on what either writes. kopf runs on the leader only (``hyperpla
 it starts once the Lease is held), so a standby has no kopf indexes to read. Here it gets a
 read-only watch of its own: TrainingPlans, CapacityPools and InstanceGroups (:class:`KindStore`,
 each fed by one watch stream) and the Nodes of groups (the operator's own
-:class:`~hyperplan.handlers.nodewatch.NodeStore`), held in a
-:class:`~hyperplan.handlers.cache.WatchCache` exactly as kopf's indexes hold them (plans packed,
+:class:`~hyperplan.runtime.nodewatch.NodeStore`), held in a
+:class:`~hyperplan.runtime.store.WatchCache` exactly as kopf's indexes hold them (plans packed,
 pools with their ledger lines shared, the same slim copies), so every operation reads the same
 shapes on either replica. Nothing in it reconciles, wakes a pass or writes: its events only
 change what the cache holds.
@@ -20,7 +20,7 @@ kopf runs none before all its indexes are filled), the API reads kopf's indexes 
 So a replica promoted from standby serves on the same port without a gap, and a leader that has
 just started never answers from an index kopf has not listed yet.
 
-The watch streams are the node watch's own machinery (:class:`~hyperplan.handlers.nodewatch.NodeWatch`:
+The watch streams are the node watch's own machinery (:class:`~hyperplan.runtime.nodewatch.NodeWatch`:
 pages, bookmarks, resume, relist on 410), reading a custom kind through :class:`_KindLister`.
 Events are applied on the event loop (``call_soon_threadsafe``), where the operations read the
 indexes, so no read ever iterates a dict that a watch thread is changing.
@@ -41,8 +41,8 @@ from kubernetes import client
 
 from hyperplan.actuation.kube import api_client
 from hyperplan.api.vocabulary import GROUP, VERSION
-from hyperplan.handlers.cache import GROUPS, NODES, PLANS, POOLS, PackedObject, WatchCache, slim_object
-from hyperplan.handlers.nodewatch import NodeStore, NodeWatch
+from hyperplan.runtime.store import GROUPS, NODES, PLANS, POOLS, PackedObject, WatchCache, slim_object
+from hyperplan.runtime.nodewatch import NodeStore, NodeWatch
 from hyperplan.planning.offerings import PoolSnapshot
 from hyperplan.planning.blocks import Block
 from hyperplan.planning.policy import Policy
@@ -119,7 +119,7 @@ class KindStore:
 
     def held(self, obj: Mapping[str, Any]) -> Any:
         """What the index holds of ``obj``: what kopf's index handler of the kind makes of it
-        (``handlers.cache.hp_plans``, ``hp_pools``, ``hp_groups``)."""
+        (``runtime.store.hp_plans``, ``hp_pools``, ``hp_groups``)."""
         slim = slim_object(obj)
         if self.plural == "trainingplans":
             return PackedObject.of(slim)
@@ -231,7 +231,7 @@ class ReplicaApi:
     @classmethod
     def of(cls, settings: Settings, runtime: Any) -> "ReplicaApi | None":
         """The API ``settings`` ask for (None when no port is set), with ``runtime``'s client,
-        clock and policy (``handlers.context.Runtime``)."""
+        clock and policy (``runtime.context.Runtime``)."""
         if settings.sagemaker_api_port is None:
             return None
         return cls(settings, runtime.kube.api, runtime.clock, runtime.policy)

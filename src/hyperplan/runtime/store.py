@@ -1,8 +1,8 @@
 """The operator's read side: what its watches already hold, read by every pass instead of the API.
 
 kopf keeps one watch stream per kind. Each kind a pass reads (plans, pools, groups) is also
-registered here as a kopf *index*, fed by that same stream; the nodes come from the operator's
-own node watch (handlers.nodewatch, which kopf's per-event cost made necessary at fleet size).
+registered as a kopf *index* (in hyperplan.wiring.events), fed by that same stream; the nodes come from the operator's
+own node watch (runtime.nodewatch, which kopf's per-event cost made necessary at fleet size).
 So a pass reads its object, the pools and its nodes from memory: no GET or LIST per pass. API
 reads stay where optimistic concurrency needs them (the ledger re-reads a pool after a 409).
 
@@ -44,16 +44,17 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, TypeVar
 
-import kopf
 from kubernetes import client
 
-from hyperplan.api.models import GROUP, VERSION, CapacityPool, Reservation
+from hyperplan.api.models import CapacityPool, Reservation
 from hyperplan.api.vocabulary import ANNOTATION_LAST_HANDLED, OWN_PREFIX, from_rfc3339
 from hyperplan.planning.blocks import Block, with_additions
 from hyperplan.planning.offerings import Busy, PoolSnapshot
 from hyperplan.planning.tenancy import selector_of
 
 PLANS, POOLS, GROUPS, NODES = "hp_plans", "hp_pools", "hp_groups", "nodes"  # NODES: the node store
+# Kueue's Workloads (when Kueue is on): kopf's index of them (wiring.kueue) and their kind here.
+WORKLOADS_INDEX, WORKLOADS = "hp_kueue_workloads", "workloads"
 KEEP_ANNOTATION_PREFIXES = (OWN_PREFIX,)
 # How long a worker thread waits for the event loop to take its copy of an index (the loop is
 # busy for at most a pass's slice, tens to hundreds of milliseconds); past it the read fails, and
@@ -135,21 +136,6 @@ def _raw(value: Any) -> dict[str, Any]:
     return dict(value) if isinstance(value, Mapping) else {}
 
 
-@kopf.index(GROUP, VERSION, "trainingplans")
-async def hp_plans(name: str, body: kopf.Body, **_: Any) -> dict[str, PackedObject]:
-    return {name: PackedObject.of(slim_object(body))}
-
-
-@kopf.index(GROUP, VERSION, "capacitypools")
-async def hp_pools(name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict[str, dict[str, Any]]:
-    return {name: memo.runtime.cache.share_ledger(slim_object(body))}
-
-
-@kopf.index(GROUP, VERSION, "instancegroups")
-async def hp_groups(name: str, body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
-    return {name: slim_object(body)}
-
-
 def _rv(obj: Mapping[str, Any] | None) -> int:
     try:
         return int((obj or {}).get("metadata", {}).get("resourceVersion") or -1)
@@ -199,7 +185,7 @@ class WatchCache:
     # The loop kopf runs on (set by :meth:`bind`): kopf's indexes are read there (:meth:`_on_loop`).
     _loop: asyncio.AbstractEventLoop | None = None
     _loop_thread: int | None = None
-    # Moves with every plan the watch delivers (handlers.events.plan_event) or the operator
+    # Moves with every plan the watch delivers (wiring.events.plan_event) or the operator
     # writes: a reader that derived something from every plan (the SageMaker API's listing, whose
     # every page walks them) may keep it while this stays the same.
     plans_version: int = 0

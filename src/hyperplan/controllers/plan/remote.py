@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Callable, Mapping, Sequence
 
-from hyperplan.actuation.remote import CapacitySeller, NotBought, RemoteError
+from hyperplan.actuation.remote.calls import CapacitySeller, NotBought, RemoteError
 from hyperplan.api.models import CapacityPool, TrainingPlanSpec
 from hyperplan.api.vocabulary import (
     REASON_EXTENSION_NOT_OFFERED, REASON_OFFERING_UNAVAILABLE, TAG_TRAINING_PLAN, TAG_TRAINING_PLAN_UID,

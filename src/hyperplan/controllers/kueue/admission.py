@@ -2,9 +2,9 @@
 hold it, and a ``training-job`` plan's job nodes follow its workloads.
 
 Each plan that an AdmissionCheck of ours names is a key of the work queue (kind
-:data:`~hyperplan.handlers.kueue_state.PLAN_KIND`), passed over at the plan's next block
+:data:`~hyperplan.controllers.kueue.state.PLAN_KIND`), passed over at the plan's next block
 boundary, a keep-alive expiry, or a wake from a Workload, the plan or a check changing
-(:mod:`hyperplan.handlers.kueue` routes them). One pass (:func:`reconcile_plan_workloads`):
+(:mod:`hyperplan.wiring.kueue` routes them). One pass (:func:`reconcile_plan_workloads`):
 
 * each Workload that carries one of the plan's checks and holds quota gets the check's state
   from :func:`hyperplan.planning.admission.decide_plan_admission` (Ready, Retry with a message and
@@ -19,11 +19,11 @@ boundary, a keep-alive expiry, or a wake from a Workload, the plan or a check ch
   absent, and a Warning Event (``UnreadableValue``) on the node and the plan names the node and
   the key, once per value.
 
-The pass never writes a check's ``Active`` condition: :mod:`hyperplan.handlers.kueue_checks` does.
+The pass never writes a check's ``Active`` condition: :mod:`hyperplan.controllers.kueue.checks` does.
 Its loop ends when no check names the plan any more and none of its job nodes is left.
 
 **Reads.** A pass makes no API read: the checks it serves come from
-:class:`~hyperplan.handlers.kueue_state.KueueState`; the Workloads (our newer writes preferred),
+:class:`~hyperplan.controllers.kueue.state.KueueState`; the Workloads (our newer writes preferred),
 the plan, its groups' nodes and the job nodes from the operator's watch cache, copied on the
 event loop. The job nodes are listed
 from the API once after a pass that wrote to them (as a group's nodes are).
@@ -49,14 +49,13 @@ from pydantic import ValidationError
 
 from hyperplan.actuation.jobnodes import WARNING_REASONS, apply_job_nodes
 from hyperplan.actuation.kueue import KUEUE_API
-from hyperplan.actuation.nodes import NodeProvider, accelerators
+from hyperplan.actuation.providers.base import NodeProvider, accelerators
 from hyperplan.api.models import GROUP, VERSION, TrainingPlan
 from hyperplan.actuation.groups import node_ref
-from hyperplan.api.vocabulary import ANNOTATION_KEEP_ALIVE_UNTIL, to_rfc3339
-from hyperplan.handlers.context import Runtime
-from hyperplan.handlers.instancegroup import REASON_UNREADABLE
-from hyperplan.handlers.trainingplan import as_the_ledger_holds
-from hyperplan.handlers.kueue_state import WORKLOADS, job_nodes, state_of, workload, workloads_with
+from hyperplan.api.vocabulary import ANNOTATION_KEEP_ALIVE_UNTIL, REASON_UNREADABLE, to_rfc3339
+from hyperplan.runtime.context import Runtime
+from hyperplan.runtime.views import as_the_ledger_holds
+from hyperplan.controllers.kueue.state import WORKLOADS, job_nodes, state_of, workload, workloads_with
 from hyperplan.planning import admission
 from hyperplan.planning import groups
 from hyperplan.planning import naming

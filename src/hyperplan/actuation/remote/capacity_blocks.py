@@ -26,7 +26,7 @@ ways:
 **Extensions** (:class:`ExtendsCapacityBlocks`): ``DescribeCapacityBlockExtensionOfferings`` per
 duration, ``PurchaseCapacityBlockExtension`` through the same client without retries, and
 ``DescribeCapacityBlockExtensionHistory``, which the plan pass reads before it asks (the
-handler's guard, handlers.remote_plans.extend, holds a plan's next extension while an answer is
+handler's guard, controllers.plan.remote.extend, holds a plan's next extension while an answer is
 unknown).
 """
 
@@ -36,14 +36,20 @@ import threading
 import time
 from typing import Any, Callable, Mapping, Sequence
 
-from hyperplan.actuation.remote import NotBought, RemoteCalls, RemoteError, make_client
+from hyperplan.actuation.remote.calls import NotBought, RemoteCalls, RemoteError, make_client
 from hyperplan.api.models import Ec2CapacityBlocksSource
 from hyperplan.planning import capacity_blocks as cb
 from hyperplan.planning.blocks import Block
 from hyperplan.planning.offerings import OfferingRequest
 from hyperplan.planning.policy import Policy
-from hyperplan.planning.remote import (ExtensionRecord, PoolTerms, RemoteExtension, RemoteOffering, RemotePlan,
-                                       standing_of)
+from hyperplan.planning.remote import (
+    ExtensionRecord,
+    PoolTerms,
+    RemoteExtension,
+    RemoteOffering,
+    RemotePlan,
+    standing_of,
+)
 
 PAGE = 1000  # MaxResults' bound in EC2's describe calls
 UNCERTAIN_FOR = 120.0  # seconds a purchase of unknown outcome holds the plan's next one
@@ -59,7 +65,7 @@ EXTENSION_GONE = OFFERING_GONE + ("InvalidCapacityBlockExtensionOfferingId.NotFo
 
 class ExtendsCapacityBlocks:
     """The extension half of :class:`~hyperplan.actuation.remote.CapacitySeller` over EC2's three
-    extension calls, shared by the real client and the unit tests' fake (actuation.fakes), as
+    extension calls, shared by the real client and the unit tests' fake (hyperplan_testing.fakes), as
     SageMakerSelling is by the SageMaker ones: ``describe_extension_offerings(reservation, hours)``,
     ``extension_entries(reservations)`` and ``purchase_extension(offering, reservation)``."""
 

@@ -1,12 +1,12 @@
 """The AdmissionCheck controller: one small pass per check, the only writer of its ``Active``.
 
 A check that hyperplan serves (``spec.controllerName: hyperplan.dev/training-plan``) is a key of
-the work queue (kind :data:`~hyperplan.handlers.kueue_state.CHECK_KIND`, by check name). Its
+the work queue (kind :data:`~hyperplan.controllers.kueue.state.CHECK_KIND`, by check name). Its
 pass reads the check as its last watch event (or our last write) showed it and the plan its
 parameters name, both from the operator's watch cache, and applies ``Active`` when it differs from
 what the check says: ``True`` while the plan exists, else ``False`` with the reason
 (``PlanNotFound``, ``InvalidParameters``). Anything that changes either wakes the key: an event of
-the check or of its plan (:mod:`hyperplan.handlers.kueue`). An unreadable plan fails the pass (it
+the check or of its plan (:mod:`hyperplan.wiring.kueue`). An unreadable plan fails the pass (it
 is retried with backoff) and leaves the condition as it is, as the admission pass leaves the
 workloads.
 
@@ -23,9 +23,9 @@ from datetime import datetime
 from typing import Any, Mapping
 
 from hyperplan.api.vocabulary import to_rfc3339
-from hyperplan.handlers.context import Runtime
-from hyperplan.handlers.kueue_admission import admission_plan, plan_object
-from hyperplan.handlers.kueue_state import CHECK_KIND, CHECKS, check_object, state_of
+from hyperplan.runtime.context import Runtime
+from hyperplan.controllers.kueue.admission import admission_plan, plan_object
+from hyperplan.controllers.kueue.state import CHECK_KIND, CHECKS, check_object, state_of
 from hyperplan.planning import admission
 
 log = logging.getLogger("hyperplan.kueue")

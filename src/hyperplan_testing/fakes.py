@@ -24,13 +24,14 @@ from hyperplan.actuation.ledger import (
     CapacityLedger, PurchaseResult, addition_refusal, blocks_of, extended_lines, extension_refusal, pool_snapshot,
     reservations_by_pool,
 )
-from hyperplan.actuation.nodes import (
-    LABEL_NODE_ID, REBOOT_REASON, AdoptionConflict, DrainProgress, MadeNode, NodePods, NodeProvider,
-    mark_healthy_patch, mark_unhealthy_patch, merged_taints, rebooting,
+from hyperplan.actuation.pods import DrainProgress, NodePods
+from hyperplan.actuation.providers.base import (
+    LABEL_NODE_ID, REBOOT_REASON, AdoptionConflict, MadeNode, NodeProvider, mark_healthy_patch, mark_unhealthy_patch, merged_taints, rebooting,
 )
 from hyperplan.planning.lending import LentRecord
-from hyperplan.actuation.capacity_blocks import ExtendsCapacityBlocks
-from hyperplan.actuation.remote import CapacitySeller, NotBought, SageMakerSelling
+from hyperplan.actuation.remote.capacity_blocks import ExtendsCapacityBlocks
+from hyperplan.actuation.remote.calls import CapacitySeller, NotBought
+from hyperplan.actuation.remote.sagemaker import SageMakerSelling
 from hyperplan.api.models import CapacityPool, Reservation
 from hyperplan.api.vocabulary import ANNOTATION_CLAIM, from_rfc3339, to_rfc3339
 from hyperplan.planning import deepchecks
@@ -270,7 +271,7 @@ class FakeProvider:
 @dataclass
 class FakeKarpenterProvider(FakeProvider):
     """NodeClaims in memory, Karpenter played by the test (:meth:`launch`, :meth:`register`):
-    ``create`` records a claim (no Node yet) as :class:`~hyperplan.actuation.karpenter.KarpenterProvider`
+    ``create`` records a claim (no Node yet) as :class:`~hyperplan.actuation.providers.karpenter.KarpenterProvider`
     does; ``release`` deletes the claim standing behind the Node, and its Node; the Node-level
     calls are :class:`FakeProvider`'s, on the Nodes ``register`` made (give it the kwok fake's
     ``nodes`` to share one node store)."""
@@ -278,7 +279,7 @@ class FakeKarpenterProvider(FakeProvider):
     claims: dict[str, dict[str, Any]] = field(default_factory=dict)  # by claim name
 
     def create(self, spec: placement.NodeSpec, claim: str = "") -> MadeNode:
-        from hyperplan.actuation.karpenter import claim_name, nodeclaim_body
+        from hyperplan.actuation.providers.karpenter import claim_name, nodeclaim_body
         from hyperplan.api.models import NodeClaimRef
         self._maybe_fail("create", spec.name)
         body = nodeclaim_body(spec, claim, "karpenter.kwok.sh/KWOKNodeClass/default", "reserved")
@@ -290,7 +291,7 @@ class FakeKarpenterProvider(FakeProvider):
         return MadeNode(spec.name, "", node_claim=NodeClaimRef(name=name, uid=self.claims[name]["metadata"]["uid"]))
 
     def list_claims(self, group: str) -> list:
-        from hyperplan.actuation.karpenter import listed_claim
+        from hyperplan.actuation.providers.karpenter import listed_claim
         self.calls.append(("list_claims", group))
         return [listed_claim(c) for c in self.claims.values()
                 if c["metadata"]["labels"].get(naming.LABEL_GROUP) == naming.label_value(group)]
@@ -606,7 +607,7 @@ class _FakeEndpoint:
     down: bool
 
     def _up(self, operation: str) -> None:
-        from hyperplan.actuation.remote import RemoteError
+        from hyperplan.actuation.remote.calls import RemoteError
         if self.down:
             raise RemoteError(operation, "EndpointConnectionError",
                               f'Could not connect to the endpoint URL: "{self.endpoint}/"', self.endpoint)
@@ -651,7 +652,7 @@ class FakeRemoteCapacity(_FakeEndpoint, SageMakerSelling):
         return {"TrainingPlanOfferings": list(self.offerings)}
 
     def extend_plan(self, extension_id: str) -> list[Mapping[str, Any]]:
-        from hyperplan.actuation.remote import RemoteError
+        from hyperplan.actuation.remote.calls import RemoteError
         self.calls.append(("extend_plan", extension_id))
         self._up("ExtendTrainingPlan")
         for arn, offered in self.extension_offerings.items():
@@ -683,7 +684,7 @@ class FakeRemoteCapacity(_FakeEndpoint, SageMakerSelling):
                     rc["EndTime"] = entry["EndDate"]
 
     def create_plan(self, name: str, offering_id: str, spares: int | None, tags: Mapping[str, str]) -> str:
-        from hyperplan.actuation.remote import RemoteError
+        from hyperplan.actuation.remote.calls import RemoteError
         self.calls.append(("create_plan", (name, offering_id, spares, dict(tags))))
         self._up("CreateTrainingPlan")
         arn = f"arn:aws:sagemaker:us-east-1:{self.account}:training-plan/{name}"
@@ -777,7 +778,7 @@ class FakeCapacityBlocks(_FakeEndpoint, ExtendsCapacityBlocks):
         return [dict(e) for e in self.extension_log if e["CapacityReservationId"] in reservations]
 
     def purchase_extension(self, offering_id: str, reservation: str) -> list[Mapping[str, Any]]:
-        from hyperplan.actuation.remote import RemoteError
+        from hyperplan.actuation.remote.calls import RemoteError
         self.calls.append(("purchase_extension", (offering_id, reservation)))
         self._up("PurchaseCapacityBlockExtension")
         offered = self.extension_offered.get(reservation, [])

@@ -7,7 +7,7 @@ the groups to wake, the plan's own pass) was the order of imports. Here each kin
 handler that does, in order:
 
 1. **the read side**: the write-through copy of an object that the watch has now delivered is
-   dropped (``WatchCache.watched``/``forget``); the kopf indexes themselves (``handlers.cache``)
+   dropped (``WatchCache.watched``/``forget``); the kopf indexes themselves (``runtime.store``)
    are kopf's, filled before any handler runs;
 2. **the object metrics' copy** (``metrics.OBSERVED``), so a deleted object's series leave
    ``/metrics`` with it;
@@ -32,9 +32,11 @@ import kopf
 
 from hyperplan import metrics
 from hyperplan.api.vocabulary import ANNOTATION_PREFIX, FINALIZER, GROUP, VERSION
-from hyperplan.handlers import instancegroup, nodes, trainingplan
-from hyperplan.handlers.cache import NODES, slim_object
-from hyperplan.handlers.context import Runtime
+from hyperplan.controllers.group import reconciler as instancegroup
+from hyperplan.wiring import nodes
+from hyperplan.controllers.plan import reconciler as trainingplan
+from hyperplan.runtime.store import NODES, PackedObject, slim_object
+from hyperplan.runtime.context import Runtime
 from hyperplan.planning.offerings import PoolSnapshot
 from hyperplan.settings import Settings
 
@@ -57,6 +59,22 @@ def configure_kopf(settings: kopf.OperatorSettings, hp: Settings) -> None:
     settings.execution.max_workers = 8
     settings.batching.error_delays = [1, 2, 5, 10, 20, 30]
     settings.networking.error_backoffs = [1, 2, 5, 10]
+
+
+# The read side's kopf indexes (runtime.store binds them at startup, by these names).
+@kopf.index(GROUP, VERSION, PLANS)
+async def hp_plans(name: str, body: kopf.Body, **_: Any) -> dict[str, PackedObject]:
+    return {name: PackedObject.of(slim_object(body))}
+
+
+@kopf.index(GROUP, VERSION, POOLS)
+async def hp_pools(name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict[str, dict[str, Any]]:
+    return {name: memo.runtime.cache.share_ledger(slim_object(body))}
+
+
+@kopf.index(GROUP, VERSION, GROUPS)
+async def hp_groups(name: str, body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
+    return {name: slim_object(body)}
 
 
 @kopf.on.startup()
@@ -153,7 +171,7 @@ async def pool_event(name: str, type: str | None, body: kopf.Body, memo: kopf.Me
 
 def remote_record_only(generations: dict[str, Any], name: str, type: str | None, body: Any) -> bool:
     """Whether a pool's event is only a change of a remote pool's record (the lines the operator
-    writes from what its endpoint answered, handlers.remote_plans): no plan's offerings depend on
+    writes from what its endpoint answered, controllers.plan.remote): no plan's offerings depend on
     them (a remote pool's offerings come from its endpoint), and waking every plan not bought yet
     on each such write made 1,000 remote purchases search 13,800 times (bench/remote_purchases).
     A change of its spec (a new generation) still wakes them."""
@@ -163,3 +181,16 @@ def remote_record_only(generations: dict[str, Any], name: str, type: str | None,
     generation = (body.get("metadata") or {}).get("generation")
     seen, generations[name] = generations.get(name), generation
     return bool((body.get("spec") or {}).get("source")) and type == "MODIFIED" and seen == generation
+
+
+# (The handler ids are the names these handlers had, so kopf's records of them on existing groups
+# still apply.)
+@kopf.on.update(GROUP, VERSION, GROUPS, field="spec", id="group_spec_changed")
+@kopf.on.update(GROUP, VERSION, GROUPS, field="metadata.labels", id="group_labels_changed")
+async def group_changed(name: str, spec: kopf.Spec, memo: kopf.Memo, **_: Any) -> None:
+    instancegroup.group_changed(memo.runtime, name, spec)
+
+
+@kopf.on.delete(GROUP, VERSION, GROUPS)
+async def drain_group(name: str, spec: kopf.Spec, memo: kopf.Memo, body: kopf.Body, **_: Any) -> None:
+    await instancegroup.drain_group(memo.runtime, name, spec, body)

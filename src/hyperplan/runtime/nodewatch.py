@@ -10,7 +10,7 @@ handler). With 256 KWOK nodes that was 4 to 6 % of a core for an operator with n
 its JSON parse and a digest comparison, on this watch's own thread.
 
 The guarantee the kopf indexes gave is kept: the first listing is made in a kopf startup
-handler (:func:`hyperplan.handlers.nodes.start_node_watch`), which kopf finishes before it runs
+handler (:func:`hyperplan.wiring.nodes.start_node_watch`), which kopf finishes before it runs
 any other handler or daemon, so a group's first pass never sees a half-listed world. After that
 the stream runs on a thread; when the API server ends it (its timeout, or 410 Gone: the
 resourceVersion compacted away), it resumes from the last resourceVersion it saw (bookmarks
@@ -19,7 +19,7 @@ that went meanwhile are reported deleted, like an informer's relist.
 
 What is tracked: nodes with a group label (a group's nodes, by group and by reserved-capacity
 block), job nodes (by plan), and nodes of the free static pool. The store keeps their slim copy
-(``handlers.cache.slim_node``) and the digest of what the operator reads
+(``runtime.store.slim_node``) and the digest of what the operator reads
 (:func:`node_digest`); every event replaces the slim copy (a heartbeat's new resourceVersion
 keeps the marks' optimistic-concurrency patches from meeting a 409), but only an event whose
 digest differs, or a node added or deleted, is handed on (to the event loop).
@@ -35,8 +35,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from hyperplan.actuation.nodes import LABEL_POOL, POOL_FREE
-from hyperplan.handlers.cache import slim_node
+from hyperplan.actuation.providers.base import LABEL_POOL, POOL_FREE
+from hyperplan.runtime.store import slim_node
 from hyperplan.planning.naming import LABEL_GROUP, LABEL_PLAN, LABEL_RESERVED_CAPACITY
 from hyperplan.planning.trainingjobs import LABEL_WORKLOAD
 

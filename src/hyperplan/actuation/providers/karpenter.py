@@ -35,17 +35,20 @@ from typing import Any
 from kubernetes.client.rest import ApiException
 
 from hyperplan.actuation.kube import Kube
-from hyperplan.actuation.nodes import (
-    KWOK_ANNOTATION, DEFAULT_KWOK_REBOOT_SECONDS, KwokProvider, MadeNode, NodeProvider, RebootJob, StaticProvider,
-    delete_guarded, read_node_or_none, uid_of,
+from hyperplan.actuation.pods import RebootJob
+from hyperplan.actuation.providers.base import (
+    MadeNode,
+    NodeProvider,
+    delete_guarded,
+    read_node_or_none,
+    uid_of,
 )
+from hyperplan.actuation.providers.kwok import DEFAULT_KWOK_REBOOT_SECONDS, KWOK_ANNOTATION, KwokProvider
+from hyperplan.actuation.providers.static import StaticProvider
 from hyperplan.api.models import NodeClaimRef
 from hyperplan.api.vocabulary import ANNOTATION_CLAIM, LABEL_NODE_ID, LABEL_RESERVED_CAPACITY
+from hyperplan.planning import lending, naming, ownership, placement
 from hyperplan.planning.reading import time_or_none
-from hyperplan.planning import lending
-from hyperplan.planning import naming
-from hyperplan.planning import ownership
-from hyperplan.planning import placement
 
 log = logging.getLogger(__name__)
 
@@ -235,4 +238,4 @@ class KarpenterProvider(KwokProvider):
             self._jobs.reboot(node, uid)
 
 
-_karpenter: type[NodeProvider] = KarpenterProvider  # it satisfies the Protocol (see actuation.nodes)
+_karpenter: type[NodeProvider] = KarpenterProvider  # it satisfies the Protocol (see actuation.providers.base)

@@ -1,8 +1,8 @@
 """What the Kueue controller knows: :class:`KueueState`, its one owner of state, and its reads.
 
 Every field of :class:`KueueState` is written on the event loop only, through its methods,
-which refuse to run on any other thread: the passes (:mod:`hyperplan.handlers.kueue_admission`
-and :mod:`hyperplan.handlers.kueue_checks`) hand values to worker threads and apply what the
+which refuse to run on any other thread: the passes (:mod:`hyperplan.controllers.kueue.admission`
+and :mod:`hyperplan.controllers.kueue.checks`) hand values to worker threads and apply what the
 threads return. What is kept and why:
 
 * ``checks``: the AdmissionChecks served (name -> the plan their parameters name, None when
@@ -16,7 +16,7 @@ threads return. What is kept and why:
   each gets one Warning Event, not one per pass.
 
 The objects themselves are not kept here: the Workloads and the AdmissionChecks are kinds of
-the operator's watch cache (:class:`hyperplan.handlers.cache.WatchCache`, ``rt.cache``), fed by
+the operator's watch cache (:class:`hyperplan.runtime.store.WatchCache`, ``rt.cache``), fed by
 kopf indexes (:data:`WORKLOADS_INDEX`, :data:`CHECKS_INDEX`), with its write-through of our own
 writes; the job nodes are its node store's, listed again from the API after a pass that wrote
 to them (:meth:`WatchCache.must_list_nodes`). They are read on the event loop, and the copies
@@ -36,13 +36,12 @@ from typing import Any, Iterable, Mapping
 from kubernetes import client
 
 from hyperplan.actuation.kueue import KUEUE_API, KubeKueueWrites, KueueWrites
-from hyperplan.handlers.cache import v1_node
-from hyperplan.handlers.context import Runtime
+from hyperplan.runtime.store import WORKLOADS, WORKLOADS_INDEX, v1_node
+from hyperplan.runtime.context import Runtime
 from hyperplan.planning import admission
 
-WORKLOADS_INDEX = "hp_kueue_workloads"  # kopf's index of Workloads (handlers.kueue)
-CHECKS_INDEX = "hp_kueue_checks"  # kopf's index of AdmissionChecks (handlers.kueue)
-WORKLOADS, CHECKS = "workloads", "admissionchecks"  # their kinds in the watch cache
+CHECKS_INDEX = "hp_kueue_checks"  # kopf's index of AdmissionChecks (wiring.kueue)
+CHECKS = "admissionchecks"  # its kind in the watch cache
 PLAN_KIND = "kueue-plan"  # the work queue's kind of the admission pass, keyed by plan
 CHECK_KIND = "kueue-check"  # the work queue's kind of the check controller, keyed by AdmissionCheck
 
@@ -151,17 +150,6 @@ def check_object(rt: Runtime, name: str) -> dict[str, Any] | None:
 def workloads_with(rt: Runtime, check: str) -> list[dict[str, Any]]:
     """The Workloads that carry ``check`` (from the index, or our newer write)."""
     return rt.cache.objects(WORKLOADS_INDEX, WORKLOADS, ("check", check))
-
-
-def workloads_assigned_to(rt: Runtime, node_name: str) -> tuple[str, ...]:
-    """The running Workloads (``namespace/name``) whose topology assignment names ``node_name``;
-    none when Kueue is turned off (``kueue_enabled``: its Workloads are not watched)."""
-    if not rt.cache.has_index(WORKLOADS_INDEX):
-        return ()
-    found = rt.cache.objects(WORKLOADS_INDEX, WORKLOADS, ("node", node_name))
-    return tuple(sorted(f"{w['metadata'].get('namespace')}/{w['metadata'].get('name')}" for w in found
-                        if node_name in ((w.get("status") or {}).get("assignedNodes") or ())
-                        and admission.workload_runs(w)))
 
 
 def workload(rt: Runtime, label_value: str) -> dict[str, Any] | None:

@@ -51,17 +51,14 @@ import logging
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol
+from typing import Any, Awaitable, Callable, Protocol
 
 import kopf
 from kubernetes.client.rest import ApiException
 
 from hyperplan import metrics
-from hyperplan.actuation.remote import RemoteError
+from hyperplan.actuation.remote.calls import RemoteError
 from hyperplan.api.vocabulary import CONDITION_RECONCILED, to_rfc3339
-
-if TYPE_CHECKING:
-    from hyperplan.handlers.context import Runtime
 
 log = logging.getLogger("hyperplan.workqueue")
 WORKERS = 64  # passes of one kind in flight at once (a pass mostly waits: a purchase, a status patch)
@@ -421,18 +418,19 @@ def failure_conditions(prior: list[dict[str, Any]], reason: str, message: str, f
                     "lastTransitionTime": since, "observedGeneration": generation}]
 
 
-def report_failure(rt: Runtime, plural: str, name: str, reason: str, message: str, failures: int,
-                   retry_in: timedelta) -> None:
+def report_failure(kube: Any, clock: Callable[[], datetime], plural: str, name: str, reason: str, message: str,
+                   failures: int, retry_in: timedelta) -> None:
     """Put a failed pass on the object: the ``Reconciled=False`` condition and a Warning Event
-    (sync, thread). Best effort: the object may be gone, or the API server unreachable."""
+    (sync, thread). Best effort: the object may be gone, or the API server unreachable.
+    ``kube``: the operator's :class:`~hyperplan.actuation.kube.Kube` (the runtime injects it)."""
     try:
-        obj = rt.kube.get_object(plural, name)
+        obj = kube.get_object(plural, name)
         if obj is None:
             return
         prior = (obj.get("status") or {}).get("conditions") or []
-        conditions = failure_conditions(prior, reason, message, failures, retry_in, rt.clock(),
+        conditions = failure_conditions(prior, reason, message, failures, retry_in, clock(),
                                         obj["metadata"].get("generation"))
-        rt.kube.patch_status(plural, name, {"conditions": conditions})
+        kube.patch_status(plural, name, {"conditions": conditions})
         if failures == 1 or failures % 5 == 0:  # an Event at the first failure, then now and then
             kopf.event(obj, type="Warning", reason="ReconcileFailed", message=message)
     except Exception as e:  # noqa: BLE001 - reporting must not fail the queue either

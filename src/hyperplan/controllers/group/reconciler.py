@@ -9,7 +9,7 @@ should exist; ``actuation.groups.apply_decision`` carries it out through the gro
 provider (health notes, marks and spare promotions, new nodes, label and taint updates,
 drains and removals) and returns what it did, which the handler notes in the memory; then
 one status patch (the record of the nodes held among it) and the events. The passes run on the operator's work queue
-(``handlers.workqueue``), keyed by the label value of the group's name (which its nodes carry);
+(``runtime.workqueue``), keyed by the label value of the group's name (which its nodes carry);
 the group is looked at again at its next block boundary, health deadline or drain retry, or
 when a node, the plan or the group changes. kopf's finalizer stays on the group (its deletion
 handler :func:`drain_group` needs it), and no node is created before it is there.
@@ -22,7 +22,7 @@ import dataclasses
 import functools
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -35,13 +35,12 @@ from hyperplan.actuation.groups import (
     Applied, apply_decision, being_evacuated, count_pods, drain_nodes, node_ref, observe_nodes, releases_of,
 )
 from hyperplan.api.models import (
-    GROUP, VERSION, GroupNode, InstanceGroup, InstanceGroupStatus, TrainingPlan, VanishedRecord,
+    GroupNode, InstanceGroup, InstanceGroupStatus, TrainingPlan, VanishedRecord,
 )
-from hyperplan.api.vocabulary import FINALIZER  # set by kopf (operator.configure_kopf)
-from hyperplan.handlers.context import Runtime, status_of, status_patch, ultraserver_replacements
-from hyperplan.handlers import kueue_state
-from hyperplan.handlers.trainingplan import as_the_ledger_holds
-from hyperplan.handlers.workqueue import Pace, PassPhases
+from hyperplan.api.vocabulary import FINALIZER, REASON_UNREADABLE  # set by kopf (operator.configure_kopf)
+from hyperplan.runtime.context import Runtime, status_of, status_patch, ultraserver_replacements
+from hyperplan.runtime.views import as_the_ledger_holds, workloads_assigned_to
+from hyperplan.runtime.workqueue import Pace, PassPhases
 from hyperplan.planning import deepchecks
 from hyperplan.planning import health
 from hyperplan.planning import lending
@@ -60,14 +59,13 @@ PLURAL = "instancegroups"
 # share) tens to hundreds of milliseconds; while a group's nodes come up, every node event would
 # start the next one at once. A pass that took longer than PACE.start waits as long as it took
 # (at most PACE.most) before the next one that an event asks for, so a group keeps at most half of the
-# loop. Its own deadlines (grace ends, block boundaries) are never delayed (handlers.workqueue).
+# loop. Its own deadlines (grace ends, block boundaries) are never delayed (runtime.workqueue).
 PACE = Pace(start=0.05, most=0.5)
 ADOPTION_RETRY = timedelta(seconds=1)  # after a lost race for a free static node
 RECORD_CONFLICT_RETRY = timedelta(seconds=1)  # after another writer changed the group's status
 # While a NodeClaim waits for its Node: no watch event says when Karpenter writes the claim's
 # status (the operator watches Nodes, not claims), so the pass looks again at this pace.
 LAUNCH_POLL = timedelta(seconds=2)
-REASON_UNREADABLE = "UnreadableValue"  # a node's label or annotation the pass read as absent
 KIND = "group"
 T = TypeVar("T")
 log = logging.getLogger("hyperplan.instancegroup")
@@ -99,7 +97,7 @@ def peers_of(groups: list[dict[str, Any]], plan: str, selector: Selector | None 
 
 async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     """One pass: read, decide (planning), apply (actuation), one status patch, events."""
-    # Read, from the watch cache (handlers.cache): the group, its plan, the groups sharing the
+    # Read, from the watch cache (runtime.store): the group, its plan, the groups sharing the
     # plan, the group's nodes. A pass right after one that wrote to the nodes lists them from the
     # API once instead, so it never acts on a view older than its own writes.
     obj = rt.cache.group(name)
@@ -132,7 +130,7 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     raw, records = held.raw, held.records
     pod_counts = (await in_thread(rt, count_pods, rt.pods, raw)  # nodes marked for replacement only
                   if any(being_evacuated(n) for n in raw) else {})
-    kueue_assigned = {n.metadata.name: kueue_state.workloads_assigned_to(rt, n.metadata.name)
+    kueue_assigned = {n.metadata.name: workloads_assigned_to(rt, n.metadata.name)
                       for n in raw if being_evacuated(n)}
     # The deep health checks' Jobs, while one runs (their ends wake no pass: the pass polls).
     awaited = deepchecks.awaited(group.status.nodes)
@@ -217,7 +215,7 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
         # (their entries are out of the record already; the slot's new claim, made above, is in it)
         applied.events.extend(await in_thread(rt, delete_claims, provider, let_go))
     rt.cache.note_group_wrote(key, writes)
-    rt.group_memory.note_short_of_free_nodes(key, applied.short_of_free_nodes)  # see handlers.nodes
+    rt.group_memory.note_short_of_free_nodes(key, applied.short_of_free_nodes)  # see wiring.nodes
 
     # One status patch, then the events.
     phases.mark("apply")
@@ -266,7 +264,7 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     if plan is not None and (nodes_moved or decision.create or decision.drain or decision.remediation
                              or decision.update
                              or decision.status.ultra_servers_wanted != group.status.ultra_servers_wanted):
-        # Its counts follow the nodes (see handlers.nodes); it may buy an UltraServer a group wants.
+        # Its counts follow the nodes (see wiring.nodes); it may buy an UltraServer a group wants.
         rt.queue.wake("plan", plan.name)
     phases.mark("events")
     phases.report(f"group {name}", len(decision.create))
@@ -462,21 +460,16 @@ def group_event(rt: Runtime, name: str, type: str | None) -> None:
         rt.queue.wake(KIND, key)
 
 
-@kopf.on.update(GROUP, VERSION, PLURAL, field="spec", id="group_spec_changed")
-@kopf.on.update(GROUP, VERSION, PLURAL, field="metadata.labels", id="group_labels_changed")
-async def group_changed(name: str, spec: kopf.Spec, memo: kopf.Memo, **_: Any) -> None:
+def group_changed(rt: Runtime, name: str, spec: Mapping[str, Any]) -> None:
     """A changed count may move every group that shares the plan, and a group's labels say whether
     its plan lets it in (``instanceGroupSelector``): a change may bind or unbind it. Either way
-    the group and the groups sharing its plan look again. (The handler ids are the names the two
-    handlers had, so kopf's records of them on existing groups still apply.)"""
-    memo.runtime.queue.wake(KIND, naming.label_value(name))
-    memo.runtime.wake_groups_of(spec.get("trainingPlanRef", ""))
+    the group and the groups sharing its plan look again."""
+    rt.queue.wake(KIND, naming.label_value(name))
+    rt.wake_groups_of(spec.get("trainingPlanRef", ""))
 
 
-@kopf.on.delete(GROUP, VERSION, PLURAL)
-async def drain_group(name: str, spec: kopf.Spec, memo: kopf.Memo, body: kopf.Body, **_: Any) -> None:
-    """Drain and remove every node of the group before it goes away (retried until done)."""
-    rt: Runtime = memo.runtime
+async def drain_group(rt: Runtime, name: str, spec: Mapping[str, Any], body: Mapping[str, Any]) -> None:
+    """Drain and remove every node of the group before it goes away (kopf retries it until done)."""
     key = naming.label_value(name)
     await rt.queue.quiet(KIND, key)  # a pass in flight ends first: its nodes are drained too
     kind = spec.get("nodeProvider", "kwok")

@@ -3,18 +3,18 @@
 hyperplan serves the ``AdmissionCheck``\\s (``kueue.x-k8s.io/v1beta2``) whose
 ``spec.controllerName`` is ``hyperplan.dev/training-plan`` and whose ``spec.parameters`` name a
 TrainingPlan (``apiGroup: hyperplan.dev, kind: TrainingPlan, name: <plan>``). It is two
-reconcilers on the operator's work queue (``handlers.workqueue``), and one actuator:
+reconcilers on the operator's work queue (``runtime.workqueue``), and one actuator:
 
-* :mod:`hyperplan.handlers.kueue_checks`, keyed by AdmissionCheck (kind ``kueue-check``): the
+* :mod:`hyperplan.controllers.kueue.checks`, keyed by AdmissionCheck (kind ``kueue-check``): the
   only writer of a check's ``Active`` condition;
-* :mod:`hyperplan.handlers.kueue_admission`, keyed by plan (kind ``kueue-plan``): the checks'
+* :mod:`hyperplan.controllers.kueue.admission`, keyed by plan (kind ``kueue-plan``): the checks'
   entries on the Workloads, and on a ``training-job`` plan the job nodes;
 * :mod:`hyperplan.actuation.jobnodes`: the job nodes' side effects, on worker threads, returning
   what they did.
 
-What they know is :class:`hyperplan.handlers.kueue_state.KueueState`, written on the event loop
+What they know is :class:`hyperplan.controllers.kueue.state.KueueState`, written on the event loop
 only, and the Workloads and AdmissionChecks kept by the operator's watch cache
-(:class:`hyperplan.handlers.cache.WatchCache`, with its write-through). This module owns
+(:class:`hyperplan.runtime.store.WatchCache`, with its write-through). This module owns
 nothing: it adds those two kinds to the watch cache at startup, registers the two passes, and turns each watch event into the state it changes and the keys it
 wakes.
 
@@ -43,14 +43,14 @@ from typing import Any, Mapping
 import kopf
 
 from hyperplan.actuation.kueue import KUEUE_GROUP, KUEUE_VERSION
-from hyperplan.handlers import kueue_checks
-from hyperplan.handlers.context import Runtime
-from hyperplan.handlers.kueue_admission import reconcile_plan_workloads
-from hyperplan.handlers.kueue_state import (
+from hyperplan.controllers.kueue import checks as kueue_checks
+from hyperplan.runtime.context import Runtime
+from hyperplan.controllers.kueue.admission import reconcile_plan_workloads
+from hyperplan.controllers.kueue.state import (
     CHECK_KIND, CHECKS, CHECKS_INDEX, PLAN_KIND, WORKLOADS, WORKLOADS_INDEX, KueueState, slim_check, slim_workload,
     state_of,
 )
-from hyperplan.handlers.nodewatch import DELETED, NodeChange
+from hyperplan.runtime.nodewatch import DELETED, NodeChange
 from hyperplan.planning import admission
 from hyperplan.planning import naming
 from hyperplan.planning import trainingjobs
@@ -151,7 +151,7 @@ async def workload_changed(namespace: str, name: str, body: kopf.Body, type: str
 
 
 def job_node_changed(rt: Runtime, change: NodeChange) -> None:
-    """A job node of a plan that has no loop changed (a node listener, handlers.nodes): start
+    """A job node of a plan that has no loop changed (a node listener, wiring.nodes): start
     one, so that the node is released once no workload runs on it."""
     plan = change.labels.get(naming.LABEL_PLAN)
     if trainingjobs.LABEL_WORKLOAD not in change.labels or not plan or change.type == DELETED:
@@ -162,7 +162,7 @@ def job_node_changed(rt: Runtime, change: NodeChange) -> None:
 
 
 def plan_changed_for_admission(rt: Runtime, name: str, type: str | None) -> None:
-    """A plan appeared, changed or went (a listener of ``handlers.events.plan_event``): the checks
+    """A plan appeared, changed or went (a listener of ``wiring.events.plan_event``): the checks
     naming it look at their ``Active`` again, and its admission loop looks again. A plan first
     seen (kopf's initial listing, after a restart) that still has job nodes but no check naming
     it gets a loop, so that its nodes are released once no workload runs on them."""

@@ -1,10 +1,10 @@
 """TrainingPlan handlers: a pass per plan when it is seen, changed, woken or falls due.
 
 Each pass reads the plan, the pools and the block's nodes from the watch cache
-(``handlers.cache``, no API read), asks ``planning.plans.decide_plan`` what the status should
+(``runtime.store``, no API read), asks ``planning.plans.decide_plan`` what the status should
 be, buys through the ledger when the decision says so, and writes one status patch when
 anything changed. Between passes a plan costs one timer for its next block boundary, held by
-the operator's one work queue (``handlers.workqueue.WorkQueue``, started with kopf); a
+the operator's one work queue (``runtime.workqueue.WorkQueue``, started with kopf); a
 pool change, a change to the plan's spec or nodes, or its groups wake it: no polling, and no
 task or daemon per plan (a kopf daemon per plan cost about 97 KiB each at 5,000 plans:
 docs/benchmarks.md 5.4).
@@ -39,8 +39,8 @@ from hyperplan import metrics
 from hyperplan.actuation.ledger import CapacityLedger, PurchaseResult
 from hyperplan.api.models import MAX_EXTENSIONS, TrainingPlan, TrainingPlanSpec, TrainingPlanStatus
 from hyperplan.api.vocabulary import FINALIZER, PLAN_FINALIZER, REASON_OFFERING_UNAVAILABLE, REASON_REMOTE_EXTENDING
-from hyperplan.handlers import remote_plans
-from hyperplan.handlers.context import (
+from hyperplan.controllers.plan import remote as remote_plans
+from hyperplan.runtime.context import (
     Runtime, status_of, status_patch, ultraserver_replacements, ultraservers_wanted,
 )
 from hyperplan.planning import counts
@@ -53,7 +53,7 @@ from hyperplan.planning.offerings import Offering, OfferingRequest, RuleViolatio
 from hyperplan.planning.remote import waiting_for_remote, with_remote_health
 from hyperplan.planning.plans import (
     FAILED, PENDING, Event, PlanDecision, PlanUsage, addition_refused, block_usage, current_block, decide_plan,
-    extension_failed, extension_wanted, failed, request_of, reserved_capacity,
+    extension_failed, extension_wanted, failed, request_of,
 )
 from hyperplan.planning.policy import Policy, parse_duration
 from hyperplan.planning.tenancy import pools_for_plan
@@ -117,24 +117,6 @@ def lent_from(groups: list[Mapping[str, Any]], key: str) -> dict[str, str | None
             before = ((entry.get("lent") or {}).get("labels") or {}).get(key)  # the schema: strings
             out[str(entry["uid"])] = before or None
     return out
-
-
-def as_the_ledger_holds(rt: Runtime, obj: Mapping[str, Any], now: datetime) -> TrainingPlan:
-    """The plan (raises ValidationError when unreadable) with its ``status.reservedCapacity`` and
-    phase as the capacity ledger holds them, not as its status says: the groups and the Kueue
-    controller provision and admit on these blocks, and anyone allowed to write
-    ``trainingplans/status`` could write others. A plan with no line in the ledger has no
-    blocks; the phase it shows is kept only while it says it is not bought (Pending, Failed)."""
-    plan = TrainingPlan.model_validate(obj)
-    blocks = rt.cache.blocks_of(obj["metadata"].get("uid") or "")
-    if blocks:
-        schedule, plan.status.reserved_capacity = reserved_capacity(blocks, plan.spec.target_resource, rt.policy, now)
-        plan.status.phase = schedule.phase
-    else:
-        plan.status.reserved_capacity = []
-        if plan.status.phase not in (None, PENDING, FAILED):
-            plan.status.phase = PENDING
-    return plan
 
 
 @dataclass(frozen=True)
@@ -318,7 +300,7 @@ def _waiting(decision: PlanDecision, prior: TrainingPlanStatus, generation: int,
 
 async def _buy_remote(rt: Runtime, obj: dict[str, Any], plan: TrainingPlan, generation: int, decision: PlanDecision,
                       offering: Any, seen: remote_plans.RemoteLook, snapshots: list, usage: PlanUsage) -> PlanDecision:
-    """Buy a remote pool's offering (handlers.remote_plans.buy) and decide from what it holds then."""
+    """Buy a remote pool's offering (controllers.plan.remote.buy) and decide from what it holds then."""
     name, uid = obj["metadata"]["name"], obj["metadata"]["uid"]
     pool_name = offering.offering.blocks[0].pool
     pool = next(p for p in remote_plans.remote_pools(rt.cache.pool_objects(), {pool_name}, rt.cache.pool_model))
@@ -355,7 +337,7 @@ async def _extend(rt: Runtime, name: str, uid: str, plan: TrainingPlan, generati
     one before left it; the ledger re-checks each), deciding again from the blocks as the ledger
     then holds them. A refusal fails that extension (kept in ``status.extensions``, a condition and
     a Warning Event), never the pass, and the entries after it are decided on. An extension of a
-    remote block is bought at its remote (handlers.remote_plans.extend); the entries after it
+    remote block is bought at its remote (controllers.plan.remote.extend); the entries after it
     wait until the remote's block shows it."""
     prior, blocks, events = plan.status, purchased, list(decision.events)
     offered, extending = [e.extension for e in seen.extensions], dict(seen.extending)

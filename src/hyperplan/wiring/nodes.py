@@ -15,8 +15,8 @@ from kubernetes import client
 
 from hyperplan import metrics
 from hyperplan.actuation.kube import api_client
-from hyperplan.actuation.nodes import LABEL_POOL, POOL_FREE
-from hyperplan.handlers.nodewatch import DELETED, NodeChange, NodeWatch
+from hyperplan.actuation.providers.base import LABEL_POOL, POOL_FREE
+from hyperplan.runtime.nodewatch import DELETED, NodeChange, NodeWatch
 from hyperplan.planning.health import removed_by_operator
 from hyperplan.planning.naming import LABEL_GROUP, LABEL_PLAN
 from hyperplan.planning.nodefacts import effective_health, unschedulable_health
@@ -26,7 +26,7 @@ log = logging.getLogger("hyperplan.nodes")
 
 async def start_node_watch(rt: Any) -> None:
     """List the nodes into the runtime's node store, then watch them on a thread of their own
-    (handlers.nodewatch). kopf runs no other handler or daemon before its startup handlers are
+    (runtime.nodewatch). kopf runs no other handler or daemon before its startup handlers are
     done, so no pass ever reads a half-listed store."""
     loop = asyncio.get_running_loop()
     core = client.CoreV1Api(api_client(rt.settings.kubeconfig))  # its own connection for the stream

@@ -12,13 +12,15 @@ from pydantic import BaseModel, ValidationError
 
 from hyperplan.actuation.deepchecks import CheckJobSettings, DeepCheckJobs, KubeDeepCheckJobs
 from hyperplan.actuation.kube import Kube, api_client
-from hyperplan.actuation.remote import RemoteSources, secret_credentials
+from hyperplan.actuation.remote.sources import RemoteSources, secret_credentials
 from hyperplan.actuation.ledger import CapacityLedger, KubeLedger
-from hyperplan.actuation.nodes import KubeNodePods, NodePods, NodeProvider, providers
+from hyperplan.actuation.pods import KubeNodePods, NodePods
+from hyperplan.actuation.providers.base import NodeProvider
+from hyperplan.actuation.providers.factory import providers
 from hyperplan.api.models import UltraServerReplacement, UltraServerWanted
-from hyperplan.handlers.cache import WatchCache
-from hyperplan.handlers.nodewatch import NodeStore
-from hyperplan.handlers.workqueue import WorkQueue, report_failure, utcnow
+from hyperplan.runtime.store import WatchCache
+from hyperplan.runtime.nodewatch import NodeStore
+from hyperplan.runtime.workqueue import WorkQueue, report_failure, utcnow
 from hyperplan.planning.lending import OperatorIdentity
 from hyperplan.planning.memory import GroupMemory
 from hyperplan.planning.naming import TopologyKeys
@@ -38,7 +40,7 @@ class Runtime:
     keys: TopologyKeys = field(default_factory=TopologyKeys)
     me: OperatorIdentity = field(default_factory=OperatorIdentity)  # never drained, never lent
     clock: Clock = utcnow
-    # The one work queue of every kind's passes (handlers.workqueue): plans, groups, Kueue's plans.
+    # The one work queue of every kind's passes (runtime.workqueue): plans, groups, Kueue's plans.
     queue: WorkQueue | None = None
     cache: WatchCache = field(default_factory=WatchCache)  # what the watches hold: the read side of passes
     # Threads for purchases, which mostly wait for the ledger's next group commit: on the loop's
@@ -59,26 +61,26 @@ class Runtime:
     # Who needs waking when something changes, so a change wakes only the passes it concerns:
     # plans not bought yet (their offerings depend on the pools).
     unbought_plans: set[str] = field(default_factory=set)
-    # Each pool's metadata.generation as its last event had it (handlers.events.remote_record_only).
+    # Each pool's metadata.generation as its last event had it (wiring.events.remote_record_only).
     pool_generations: dict[str, Any] = field(default_factory=dict)
     # The nodes of groups, jobs and the free pool, from the operator's own node watch
-    # (handlers.nodewatch; started by handlers.nodes.start_node_watch, which sets node_watch).
+    # (runtime.nodewatch; started by wiring.nodes.start_node_watch, which sets node_watch).
     node_store: NodeStore = field(default_factory=NodeStore)
     node_watch: Any = None
-    plan_digests: dict[str, str] = field(default_factory=dict)  # see handlers.nodes.plan_digest
+    plan_digests: dict[str, str] = field(default_factory=dict)  # see wiring.nodes.plan_digest
     # Each plan's labels as its last event had them: a relabelled plan not bought yet searches again,
-    # since the pools' trainingPlanSelectors read them (handlers.trainingplan.plan_event).
+    # since the pools' trainingPlanSelectors read them (controllers.plan.reconciler.plan_event).
     plan_labels: dict[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
     # Each plan's metadata.generation as its last event had it (a spec change is a new one).
     plan_generations: dict[str, Any] = field(default_factory=dict)
     # Other controllers' callbacks for a plan's watch event (name, type, body), called by
-    # handlers.events after the operator's own (the Kueue controller registers one).
+    # wiring.events after the operator's own (the Kueue controller registers one).
     plan_listeners: list[Callable[[str, str | None, Mapping[str, Any]], None]] = field(default_factory=list)
-    # The Kueue admission controller's state (handlers.kueue_state.KueueState): the AdmissionChecks it
+    # The Kueue admission controller's state (controllers.kueue.state.KueueState): the AdmissionChecks it
     # serves and the plans it passes over. Set when its handlers start.
     kueue: Any = None
     # The object name of each group by its key in the queue: the label value of its name, which
-    # its nodes carry and every wake of a group names (handlers.instancegroup).
+    # its nodes carry and every wake of a group names (controllers.group.reconciler).
     group_names: dict[str, str] = field(default_factory=dict)
     # hyperplan's SageMaker API while it is served (an aiohttp runner; hyperplan.sagemaker.server).
     sagemaker_api: Any = None
@@ -93,7 +95,7 @@ class Runtime:
             namespace = self.me.namespace or self.settings.pod_namespace or "default"
             self.checks = KubeDeepCheckJobs(self.kube, CheckJobSettings.from_settings(self.settings, namespace))
         if self.queue is None:
-            self.queue = WorkQueue(self.clock, report=functools.partial(report_failure, self))
+            self.queue = WorkQueue(self.clock, report=functools.partial(report_failure, self.kube, self.clock))
 
     def wake_unbought_plans(self) -> None:
         for name in list(self.unbought_plans):
