@@ -111,3 +111,40 @@ def test_the_walk_finds_every_kind_of_cycle(tmp_path: Path, files: dict[str, str
         assert cycles(import_graph(root)) == expected
     finally:
         SRC = saved
+
+
+# Which floor may import which: (importer's package, a package it must not import, why).
+FLOORS = [
+    ("hyperplan.planning", "hyperplan.actuation", "planning is pure: it decides, actuation acts"),
+    ("hyperplan.planning", "hyperplan.runtime", "planning is pure: its inputs are passed in"),
+    ("hyperplan.planning", "hyperplan.controllers", "planning is pure"),
+    ("hyperplan.actuation", "hyperplan.runtime", "actuation is called by the controllers, not the other way"),
+    ("hyperplan.actuation", "hyperplan.controllers", "actuation is called by the controllers"),
+    ("hyperplan.runtime", "hyperplan.controllers", "the runtime is under every controller"),
+    ("hyperplan.runtime", "hyperplan.wiring", "the runtime is under the kopf wiring"),
+    ("hyperplan.controllers", "hyperplan.wiring", "the kopf wiring calls the controllers"),
+    ("hyperplan.sagemaker", "hyperplan.controllers", "the SageMaker API reads the runtime's store only"),
+    ("hyperplan.sagemaker", "hyperplan.wiring", "the SageMaker API never reaches the kopf layer"),
+]
+CONTROLLERS = ("plan", "group", "kueue")
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_each_floor_imports_only_the_floors_under_it() -> None:
+    graph = import_graph()
+    found = sorted(f"{importer} imports {imported} ({why})"
+                   for importer, imports in graph.items() for imported in imports
+                   for low, high, why in FLOORS if _within(importer, low) and _within(imported, high))
+    assert found == []
+
+
+def test_no_controller_imports_another() -> None:
+    graph = import_graph()
+    found = sorted(f"{importer} imports {imported}" for importer, imports in graph.items() for imported in imports
+                   for a in CONTROLLERS for b in CONTROLLERS
+                   if a != b and _within(importer, f"hyperplan.controllers.{a}")
+                   and _within(imported, f"hyperplan.controllers.{b}"))
+    assert found == []
