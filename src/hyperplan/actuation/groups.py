@@ -36,7 +36,7 @@ from typing import TypeVar
 
 from kubernetes import client
 
-from hyperplan import metrics
+from hyperplan import metrics, threads
 from hyperplan.api.vocabulary import to_rfc3339
 from hyperplan.actuation.deepchecks import DeepCheckJobs, Target
 from hyperplan.actuation.pods import DrainProgress, NodePods
@@ -62,7 +62,7 @@ from hyperplan.planning.plans import Event
 # Karpenter's launches of the first ones, where Karpenter's own took 4 (docs/benchmarks.md).
 CREATE_WORKERS = 32
 DRAIN_WORKERS = 8  # drains at once per pass: each lists and evicts pods, heavier than a create
-NODE_WRITE_THREADS = 64  # all groups' node writes at once (run_together)
+NODE_WRITE_THREADS = threads.size("node-write")  # all groups' node writes at once (run_together)
 T = TypeVar("T")
 log = logging.getLogger("hyperplan.groups")
 
@@ -470,20 +470,11 @@ def apply_checks(checks: DeepCheckJobs | None, d: GroupDecision, raw: Mapping[st
     return events
 
 
-_NODE_WRITES: ThreadPoolExecutor | None = None
-_NODE_WRITES_LOCK = threading.Lock()
-
-
 def node_writes() -> ThreadPoolExecutor:
-    """The threads that every group's pass fans its node writes out to: one pool for the process,
-    made on first use. A pool opened per call paid a thread start for every write of every pass,
-    and nothing bounded them across groups. Only group threads submit to it, and its calls never
-    submit again, so a full pool makes a pass wait, never deadlock."""
-    global _NODE_WRITES
-    with _NODE_WRITES_LOCK:
-        if _NODE_WRITES is None:
-            _NODE_WRITES = ThreadPoolExecutor(max_workers=NODE_WRITE_THREADS, thread_name_prefix="node-write")
-        return _NODE_WRITES
+    """The threads that every group's pass fans its node writes out to: one pool for the process
+    (``hyperplan.threads``, "node-write"). A pool opened per call paid a thread start for every
+    write of every pass, and nothing bounded them across groups."""
+    return threads.shared_pool("node-write")
 
 
 def run_together(calls: Sequence[Callable[[], T]], width: int = CREATE_WORKERS) -> list[T]:

@@ -25,6 +25,7 @@ from hyperplan.planning.lending import OperatorIdentity
 from hyperplan.planning.memory import GroupMemory
 from hyperplan.planning.naming import TopologyKeys
 from hyperplan.planning.policy import Policy, get_policy
+from hyperplan import threads
 from hyperplan.settings import Settings
 
 Clock = Callable[[], datetime]
@@ -43,14 +44,9 @@ class Runtime:
     # The one work queue of every kind's passes (runtime.workqueue): plans, groups, Kueue's plans.
     queue: WorkQueue | None = None
     cache: WatchCache = field(default_factory=WatchCache)  # what the watches hold: the read side of passes
-    # Threads for purchases, which mostly wait for the ledger's next group commit: on the loop's
-    # default executor (6 threads on 2 cores) they would cap a batch at 6 and starve other passes.
-    purchase_threads: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(max_workers=64, thread_name_prefix="purchase"))
-    # Threads for the groups' API calls (list, apply, status): on the default executor, 20 groups
-    # failing at once queued their marks, promotions and backfills behind each other (bench/storm.py).
-    group_threads: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(max_workers=32, thread_name_prefix="group"))
+    # The plans' and the groups' threads (hyperplan.threads says why each is as big as it is).
+    purchase_threads: ThreadPoolExecutor = field(default_factory=lambda: threads.new_pool("purchase"))
+    group_threads: ThreadPoolExecutor = field(default_factory=lambda: threads.new_pool("group"))
     # What the operator remembers of its groups between passes (first sights of health labels,
     # vanished and releasing nodes, the plan of each group): one owner, changed on the event loop.
     group_memory: GroupMemory = field(default_factory=GroupMemory)

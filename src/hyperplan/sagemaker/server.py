@@ -14,7 +14,6 @@ refuses any address but a loopback one (:func:`check_address`).
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import ThreadPoolExecutor
 import ipaddress
 import json
 import logging
@@ -26,6 +25,7 @@ from typing import Any
 from aiohttp import web
 from kubernetes.client.exceptions import ApiException
 
+from hyperplan import threads
 from hyperplan.planning.policy import DEMO, Policy
 from hyperplan.sagemaker import operations
 from hyperplan.sagemaker.access import Access, Writes, check_rights, rights_known
@@ -35,7 +35,7 @@ from hyperplan.sagemaker.wire import CONTENT_TYPE, ApiError, operation_of, parse
 
 log = logging.getLogger("hyperplan.sagemaker")
 MAX_BODY = 1 << 20  # the largest request of these operations is a few KiB
-WRITE_THREADS = 32  # writes (CreateTrainingPlan, ExtendTrainingPlan, the HyperPod calls) in flight at once
+WRITE_THREADS = threads.size("sagemaker-write")  # writes in flight at once
 
 
 def check_address(address: str, tls: bool) -> None:
@@ -81,7 +81,7 @@ def make_app(fleet: operations.Fleet, access: Access, account: str, clock: Calla
     assumed = AssumedPurchases(every=FORGET_EVERY)
     # The writes' own threads: asyncio's default executor has cpu_count + 4 (6 on two cores), which
     # held a burst of CreateTrainingPlan calls (each mostly waits for the API server) six at a time.
-    writing = ThreadPoolExecutor(max_workers=WRITE_THREADS, thread_name_prefix="sagemaker-write")
+    writing = threads.new_pool("sagemaker-write")
 
     async def handle(request: web.Request) -> web.Response:
         try:

@@ -30,7 +30,7 @@ from typing import Any
 
 import kopf
 
-from hyperplan import metrics
+from hyperplan import metrics, threads
 from hyperplan.api.vocabulary import ANNOTATION_PREFIX, FINALIZER, GROUP, VERSION
 from hyperplan.controllers.group import reconciler as instancegroup
 from hyperplan.wiring import nodes
@@ -56,7 +56,7 @@ def configure_kopf(settings: kopf.OperatorSettings, hp: Settings) -> None:
     settings.posting.level = logging.INFO
     settings.watching.server_timeout = hp.watch_server_timeout
     settings.watching.client_timeout = hp.watch_server_timeout + 30
-    settings.execution.max_workers = 8
+    settings.execution.max_workers = threads.size("kopf")
     settings.batching.error_delays = [1, 2, 5, 10, 20, 30]
     settings.networking.error_backoffs = [1, 2, 5, 10]
 

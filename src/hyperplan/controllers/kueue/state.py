@@ -35,6 +35,7 @@ from typing import Any, Iterable, Mapping
 
 from kubernetes import client
 
+from hyperplan import threads
 from hyperplan.actuation.kueue import KUEUE_API, KubeKueueWrites, KueueWrites
 from hyperplan.runtime.store import WORKLOADS, WORKLOADS_INDEX, v1_node
 from hyperplan.runtime.context import Runtime
@@ -61,8 +62,7 @@ class KueueState:
     job_workloads: dict[str, str] = field(default_factory=dict)
     unreadable: dict[str, set[Any]] = field(default_factory=dict)
     writes: KueueWrites | None = None
-    executor: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(max_workers=2, thread_name_prefix="kueue-admission"))
+    executor: ThreadPoolExecutor = field(default_factory=lambda: threads.new_pool("kueue-admission"))
     loop_thread: int = field(default_factory=threading.get_ident)
 
     def on_loop(self) -> None:
