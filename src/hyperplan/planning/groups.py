@@ -34,7 +34,8 @@ from datetime import datetime, timedelta
 from typing import Iterable, Mapping, Sequence
 
 from hyperplan.api.models import (
-    Condition, InstanceGroupSpec, InstanceGroupStatus, ReservedCapacity, UltraServerReplacement, UltraServerWanted,
+    Condition, GroupNode, InstanceGroupSpec, InstanceGroupStatus, ReservedCapacity, UltraServerReplacement,
+    UltraServerWanted,
 )
 from hyperplan.api.vocabulary import (  # noqa: F401  (the checkpoint words re-exported)
     ANNOTATION_BLOCK_TERMINATION, CONDITION_BLOCK_TERMINATING, HYPERPOD_CLUSTER, REASON_CHECKPOINT, to_rfc3339,
@@ -180,6 +181,9 @@ class GroupDecision:
     checks: deepchecks.ChecksPlan | None = None  # the deep health checks' Jobs and record moves
     events: list[Event] = field(default_factory=list)
     wake_at: datetime | None = None
+    # A karpenter group's NodeClaims still launching that keep their slots, and those let go (with why).
+    launching: list[GroupNode] = field(default_factory=list)
+    let_go: list[tuple[GroupNode, str]] = field(default_factory=list)
 
 
 def _min_time(*times: datetime | None) -> datetime | None:
@@ -284,14 +288,79 @@ def failed_by_ultraserver(on_block: Sequence[ObservedGroupNode], verdict: health
     return out
 
 
+FINALIZER_WAIT = timedelta(seconds=1)  # a new group's first look after kopf put its finalizer on
+
+
+@dataclass(frozen=True)
+class PassFacts:
+    """What the pass knows besides the group, its plan and its nodes that bounds what it may make.
+
+    The decision takes them in, so that what :func:`decide_group` returns is exactly what the
+    controller applies: no step after it edits the decision.
+
+    ``finalizer_held``: the group's finalizer is on it (no node is made before it is, so deleting a
+    group never orphans one). ``names_taken``: node names another node holds (KWOK would refuse
+    the create), or that the record holds but the view does not show yet. ``launching`` and
+    ``expired``: a karpenter group's NodeClaims still waiting for their Node, and those past the
+    launch timeout (``ownership.ClaimBinding``). ``cloud_ultraservers``: for a static group, the
+    cloud UltraServer each of hyperplan's UltraServers was lent from (None: not a static group).
+    ``unrecorded``: the condition naming nodes that carry the group's label but are not in its
+    record (``ownership.unrecorded_condition``), or None."""
+
+    finalizer_held: bool = True
+    names_taken: frozenset[str] = frozenset()
+    launching: tuple[GroupNode, ...] = ()
+    expired: tuple[GroupNode, ...] = ()
+    cloud_ultraservers: Mapping[str, str] | None = None
+    unrecorded: Condition | None = None
+
+
+REASON_LAUNCH_TIMEOUT = "no Node registered within the launch timeout"
+REASON_SLOT_NOT_WANTED = "its slot is no longer wanted"
+
+
 def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: InstanceGroupStatus,
                  plan: BoundPlan | None, peers: Sequence[Peer], nodes: Sequence[ObservedGroupNode],
                  policy: Policy, now: datetime, keys: naming.TopologyKeys = naming.TopologyKeys(),
                  labels: Mapping[str, str] | None = None,
                  check_jobs: Mapping[str, deepchecks.JobResult] | None = None,
-                 hyperpod_labels: bool = True) -> GroupDecision:
+                 hyperpod_labels: bool = True, facts: PassFacts = PassFacts()) -> GroupDecision:
     """What the group ``name`` (its ``metadata.labels`` are ``labels``) should hold at ``now``;
-    ``check_jobs``: the group's deep health check Jobs by name (None: not listed this pass)."""
+    ``check_jobs``: the group's deep health check Jobs by name (None: not listed this pass);
+    ``facts``: what else bounds the creates (:class:`PassFacts`). The result is final."""
+    wanted = _decide_group(name, generation, spec, prior, plan, peers, nodes, policy, now, keys, labels, check_jobs,
+                           hyperpod_labels)
+    return bounded_by(wanted, facts, now)
+
+
+def bounded_by(decision: GroupDecision, facts: PassFacts, now: datetime) -> GroupDecision:
+    """``decision`` within ``facts``: no create before the finalizer (look again in a second), none
+    of a name taken or of a slot whose NodeClaim still launches, the static group's creates bound to
+    their cloud UltraServers; the launching claims kept and the ones let go (with why); the
+    unrecorded-nodes condition added to the status."""
+    creates, wake = list(decision.create), decision.wake_at
+    if creates and not facts.finalizer_held:
+        creates, wake = [], now + FINALIZER_WAIT
+    wanted = {spec.name for spec in creates}
+    keep = [e for e in facts.launching if e.node_id in wanted]
+    let_go = [(e, REASON_LAUNCH_TIMEOUT) for e in facts.expired]
+    let_go += [(e, REASON_SLOT_NOT_WANTED) for e in facts.launching if e.node_id not in wanted]
+    taken = facts.names_taken | {e.node_id for e in keep}
+    creates = [spec for spec in creates if spec.name not in taken]
+    if facts.cloud_ultraservers is not None and any(spec.ultraserver_id for spec in creates):
+        bound = dict(facts.cloud_ultraservers)
+        creates = [dataclasses.replace(spec, cloud_ultraservers=bound) for spec in creates]
+    status = decision.status
+    if facts.unrecorded is not None:
+        status = status.model_copy(update={"conditions": [*status.conditions, facts.unrecorded]})
+    return dataclasses.replace(decision, create=creates, wake_at=wake, status=status, launching=keep, let_go=let_go)
+
+
+def _decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: InstanceGroupStatus,
+                  plan: BoundPlan | None, peers: Sequence[Peer], nodes: Sequence[ObservedGroupNode],
+                  policy: Policy, now: datetime, keys: naming.TopologyKeys, labels: Mapping[str, str] | None,
+                  check_jobs: Mapping[str, deepchecks.JobResult] | None, hyperpod_labels: bool) -> GroupDecision:
+    """What the group wants, before :class:`PassFacts` bound it."""
     conds = prior.conditions
     broken = check_binding(spec, plan, labels) if plan is not None else None
     # Bound=False names the rule a group breaks against its plan (NotAllowed among them); a group

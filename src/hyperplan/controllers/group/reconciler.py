@@ -18,7 +18,6 @@ handler :func:`drain_group` needs it), and no node is created before it is there
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import logging
 import secrets
@@ -48,7 +47,7 @@ from hyperplan.planning import naming
 from hyperplan.planning import ownership
 from hyperplan.planning import placement
 from hyperplan.planning import recovery
-from hyperplan.planning.groups import BoundPlan, GroupDecision, Peer, decide_group
+from hyperplan.planning.groups import BoundPlan, GroupDecision, PassFacts, Peer, decide_group
 from hyperplan.planning.memory import Vanished, vanished_labels
 from hyperplan.planning.nodefacts import NodeFacts, facts_of_v1
 from hyperplan.planning.plans import Event
@@ -154,27 +153,13 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
                   for node, finding in seen.unreadable if finding in first_seen]  # once per node, key and value
     post_events(obj, unreadable)
     peers = peers_of(groups, group.spec.training_plan_ref, plan.group_selector if plan else None)
-    decision = decide_group(name, obj["metadata"].get("generation", 1), group.spec, group.status, plan, peers,
-                            seen.nodes, rt.policy, now, rt.keys, obj["metadata"].get("labels") or {}, check_jobs,
-                            rt.settings.hyperpod_labels)
-    if decision.create and FINALIZER not in obj["metadata"].get("finalizers", []):
-        # kopf adds the finalizer on its first pass over a new group; no node exists before it,
-        # so deleting the group can never orphan one.
-        decision.create = []
-        decision.wake_at = now + timedelta(seconds=1)
-    # No node of a name another node holds (KWOK would refuse it) or that the record holds but the
-    # watch cache does not show yet.
-    taken = {n.name for n in held.sorted.unrecorded} | (set() if fresh else {e.node_id for e in held.sorted.missing})
+    generation = obj["metadata"].get("generation", 1)
+    decision = decide_group(name, generation, group.spec, group.status, plan, peers, seen.nodes, rt.policy, now,
+                            rt.keys, obj["metadata"].get("labels") or {}, check_jobs, rt.settings.hyperpod_labels,
+                            pass_facts(rt, obj, group, held, seen, records, fresh, now))
     # A NodeClaim still launching holds its slot while planning still wants the slot; one it no
     # longer wants (the block ended, the count went down), or that timed out, is deleted now.
-    launching, let_go = held.launching_wanted({spec.name for spec in decision.create})
-    taken |= {e.node_id for e in launching}
-    decision.create = [spec for spec in decision.create if spec.name not in taken]
-    if group.spec.node_provider == "static" and any(spec.ultraserver_id for spec in decision.create):
-        # A lent node joins the cloud UltraServer its UltraServer's other lent nodes came from.
-        bound = placement.cloud_ultraservers((n.health.ultraserver_id, lending.cloud_ultraserver_before(
-            records.get(n.name), rt.keys.ultraserver_id)) for n in seen.nodes if n.health.exists)
-        decision.create = [dataclasses.replace(spec, cloud_ultraservers=bound) for spec in decision.create]
+    launching, let_go = decision.launching, decision.let_go
 
     # Intent first: the record names each node about to be made, with the digest of the nonce the
     # node will carry, before the node exists (planning.ownership: a crash in between loses nothing).
@@ -219,14 +204,11 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
 
     # One status patch, then the events.
     phases.mark("apply")
-    decision.status.nodes = recorded(ownership.next_record(
+    status = decision.status.model_copy(update={"nodes": recorded(ownership.next_record(
         held.sorted, applied.made, applied.changed, applied.released, listed_fresh=fresh,
-        launching=launching, vanished=vanished_records(rt, key)), decision)
-    unrecorded = ownership.unrecorded_condition(held.sorted.unrecorded, name, obj["metadata"].get("generation", 1),
-                                                group.status.conditions, now)
-    if unrecorded is not None:
-        decision.status.conditions.append(unrecorded)
-    desired, current = decision.status.wire(), status_of(InstanceGroupStatus, obj).wire()
+        launching=launching, vanished=vanished_records(rt, key)), decision)})
+    record_retry = None
+    desired, current = status.wire(), status_of(InstanceGroupStatus, obj).wire()
     if claims or rebooting or desired != current:  # with claims or a reboot: the intent is replaced
         record_moved = bool(claims or rebooting) or desired.get("nodes") != current.get("nodes")
         patch = status_patch(desired if record_moved else {k: v for k, v in desired.items() if k != "nodes"},
@@ -242,8 +224,7 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
             if written is None:  # the rest of the status still lands; the record at the next pass
                 written = await in_thread(rt, rt.kube.patch_status, PLURAL, name,
                                           {k: v for k, v in desired.items() if k != "nodes"})
-                retry = now + RECORD_CONFLICT_RETRY
-                decision.wake_at = retry if decision.wake_at is None else min(decision.wake_at, retry)
+                record_retry = now + RECORD_CONFLICT_RETRY
         if written:
             rt.cache.wrote(PLURAL, written)
         metrics.STATUS_WRITES.labels("InstanceGroup").inc()
@@ -259,16 +240,16 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
                 rt.queue.wake(KIND, naming.label_value(peer.name))
     for pod, ev in applied.pod_events:
         kopf.event(pod, type=ev.type, reason=ev.reason, message=ev.message)
-    metrics.observe_group_pass(name, group.status, decision.status,
+    metrics.observe_group_pass(name, group.status, status,
                                decision.block.start_time if decision.block else None, rt.clock())
     if plan is not None and (nodes_moved or decision.create or decision.drain or decision.remediation
                              or decision.update
-                             or decision.status.ultra_servers_wanted != group.status.ultra_servers_wanted):
+                             or status.ultra_servers_wanted != group.status.ultra_servers_wanted):
         # Its counts follow the nodes (see wiring.nodes); it may buy an UltraServer a group wants.
         rt.queue.wake("plan", plan.name)
     phases.mark("events")
     phases.report(f"group {name}", len(decision.create))
-    wake_at = decision.wake_at
+    wake_at = decision.wake_at if record_retry is None else min(t for t in (decision.wake_at, record_retry) if t)
     if launching or any(e.node_claim is not None for e in applied.made):
         # A claim waits for its Node (made now, or before): no watch event says when Karpenter ties
         # them (the Node's labels come before the claim's nodeName), or that it never will.
@@ -280,6 +261,29 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
         retry = now + ADOPTION_RETRY
         return retry if wake_at is None else min(wake_at, retry)
     return wake_at
+
+
+def pass_facts(rt: Runtime, obj: dict[str, Any], group: InstanceGroup, held: Held, seen: Any,
+               records: dict[str, GroupNode], fresh: bool, now: datetime) -> PassFacts:
+    """What bounds this pass's creates besides the group and its nodes (``planning.groups.PassFacts``)."""
+    bound = None
+    if group.spec.node_provider == "static":
+        # A lent node joins the cloud UltraServer its UltraServer's other lent nodes came from.
+        bound = placement.cloud_ultraservers((n.health.ultraserver_id, lending.cloud_ultraserver_before(
+            records.get(n.name), rt.keys.ultraserver_id)) for n in seen.nodes if n.health.exists)
+    binding = held.binding
+    return PassFacts(
+        # kopf adds the finalizer on its first pass over a new group; no node exists before it.
+        finalizer_held=FINALIZER in obj["metadata"].get("finalizers", []),
+        # No node of a name another node holds (KWOK would refuse it) or that the record holds but
+        # the watch cache does not show yet.
+        names_taken=frozenset({n.name for n in held.sorted.unrecorded}
+                              | (set() if fresh else {e.node_id for e in held.sorted.missing})),
+        launching=tuple(binding.launching) if binding is not None else (),
+        expired=tuple(binding.expired) if binding is not None else (),
+        cloud_ultraservers=bound,
+        unrecorded=ownership.unrecorded_condition(held.sorted.unrecorded, group.metadata["name"],
+                                                  obj["metadata"].get("generation", 1), group.status.conditions, now))
 
 
 def vanished_records(rt: Runtime, key: str) -> dict[str, VanishedRecord]:
@@ -344,16 +348,6 @@ class Held:
         self.by_name = by_name
         self.binding = binding
         self.launch_deadline = launch_deadline
-
-    def launching_wanted(self, wanted: set[str]) -> tuple[list[GroupNode], list[tuple[GroupNode, str]]]:
-        """The launching NodeClaims kept (planning still wants their slots), and the ones to let go
-        with the reason: expired, or a slot no longer wanted."""
-        if self.binding is None:
-            return [], []
-        keep = [e for e in self.binding.launching if e.node_id in wanted]
-        let_go = [(e, "no Node registered within the launch timeout") for e in self.binding.expired]
-        let_go += [(e, "its slot is no longer wanted") for e in self.binding.launching if e.node_id not in wanted]
-        return keep, let_go
 
 
 def held_nodes(provider: str, status: InstanceGroupStatus, listed: list,
