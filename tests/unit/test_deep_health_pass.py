@@ -281,7 +281,9 @@ def test_kwoks_stages_end_a_check_pod_by_the_keys_the_code_names() -> None:
     wrote on it: the stages select by the component label and annotations the code names."""
     import yaml
 
-    from hyperplan.actuation.deepchecks import ANNOTATION_KWOK_EXIT_CODE, ANNOTATION_KWOK_OUTPUT, CHECK_COMPONENT
+    from hyperplan.actuation.deepchecks import CHECK_COMPONENT
+    from hyperplan.api.vocabulary import ANNOTATION_KWOK_CHECK_EXIT_CODE as ANNOTATION_KWOK_EXIT_CODE
+    from hyperplan.api.vocabulary import ANNOTATION_KWOK_CHECK_OUTPUT as ANNOTATION_KWOK_OUTPUT
     from hyperplan_dev.plane import kwok_stages
     stages = {s["metadata"]["name"]: s["spec"] for s in yaml.safe_load_all(kwok_stages())}
     passing, failing = stages["hyperplan-deep-health-check-pass"], stages["hyperplan-deep-health-check-fail"]

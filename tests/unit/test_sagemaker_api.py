@@ -460,7 +460,7 @@ def test_the_tags_of_a_purchase_are_kept_on_the_plan_and_listed_by_its_arn(serve
     the plan's ARN reads them from the watch cache (the slim copy keeps the annotation); a retry
     answers the same ARN and writes nothing more."""
     from hyperplan.wiring.events import hp_plans
-    from hyperplan.sagemaker.operations import ANNOTATION_TAGS
+    from hyperplan.api.vocabulary import ANNOTATION_SAGEMAKER_TAGS as ANNOTATION_TAGS
 
     endpoint = signed_in(server)
     best = ok(boto3_call(endpoint, "search_training_plan_offerings", **search_args()))["TrainingPlanOfferings"][0]
@@ -534,7 +534,8 @@ def test_list_tags_errors(server: Server, arn: str, code: str) -> None:
                  id="a-value-not-a-string"),
 ])
 def test_the_tags_a_plan_holds_are_read_defensively(annotation: str, expect: list) -> None:
-    from hyperplan.sagemaker.operations import ANNOTATION_TAGS, held_tags
+    from hyperplan.api.vocabulary import ANNOTATION_SAGEMAKER_TAGS as ANNOTATION_TAGS
+    from hyperplan.sagemaker.operations import held_tags
 
     assert held_tags({"metadata": {"annotations": {ANNOTATION_TAGS: annotation}}}) == expect
 

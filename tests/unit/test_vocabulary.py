@@ -13,7 +13,11 @@ from hyperplan.api.vocabulary import from_rfc3339, to_rfc3339
 SRC = Path(__file__).resolve().parents[2] / "src" / "hyperplan"
 # A label, annotation, taint or condition key of the operator's, HyperPod's or the topology's,
 # written out as a string literal.
-KEY_LITERAL = re.compile(r"""["'](hyperplan\.dev/|sagemaker\.amazonaws\.com/|topology\.k8s\.aws/)""")
+KEY_LITERAL = re.compile(r"""["'](hyperplan\.dev/|sagemaker\.amazonaws\.com/|topology\.k8s\.aws/|kwok\.x-k8s\.io/)""")
+# A key built from the vocabulary's prefixes (an f-string or a concatenation): a key all the same.
+# f"{GROUP}/{VERSION}" is an apiVersion, not a key.
+KEY_BUILT = re.compile(r"""\{(OWN_PREFIX|ANNOTATION_PREFIX|SAGEMAKER_PREFIX)\}|\{GROUP\}/(?!\{VERSION\})|"""
+                       r"""\b(OWN_PREFIX|ANNOTATION_PREFIX|SAGEMAKER_PREFIX)\s*\+""")
 
 
 def test_every_key_is_declared_only_in_the_vocabulary():
@@ -22,9 +26,22 @@ def test_every_key_is_declared_only_in_the_vocabulary():
         if path.name == "vocabulary.py" or "devcluster" in path.parts:
             continue
         for number, line in enumerate(path.read_text().splitlines(), start=1):
-            if KEY_LITERAL.search(line):
+            if KEY_LITERAL.search(line) or KEY_BUILT.search(line):
                 found.append(f"{path.relative_to(SRC)}:{number}: {line.strip()}")
     assert found == []
+
+
+@pytest.mark.parametrize("line, caught", [
+    pytest.param('KEY = "hyperplan.dev/thing"', True, id="a-literal"),
+    pytest.param('KEY = f"{OWN_PREFIX}thing"', True, id="an-f-string-over-the-prefix"),
+    pytest.param('KEY = f"{GROUP}/thing"', True, id="an-f-string-over-the-group"),
+    pytest.param('KEY = OWN_PREFIX + "thing"', True, id="a-concatenation"),
+    pytest.param('KEY = "kwok.x-k8s.io/node"', True, id="kwoks-key"),
+    pytest.param('api = f"{GROUP}/{VERSION}"', False, id="an-api-version-is-no-key"),
+    pytest.param('q = f"sum(x{{{GROUP}}})"', False, id="a-promql-matcher-is-no-key"),
+])
+def test_the_guard_sees_keys_however_they_are_written(line: str, caught: bool) -> None:
+    assert bool(KEY_LITERAL.search(line) or KEY_BUILT.search(line)) == caught
 
 
 @pytest.mark.parametrize("moment, micro, text", [

@@ -21,7 +21,7 @@ Job's own reason (its deadline passed, say).
 
 On KWOK nothing runs in a pod: KWOK's stages (src/hyperplan_dev/kwok-stages.yaml) end a check pod
 Succeeded after 5 s, or at once Failed with the exit code and output a test wrote on the pod
-(:data:`ANNOTATION_KWOK_EXIT_CODE`, :data:`ANNOTATION_KWOK_OUTPUT`).
+(:data:`ANNOTATION_KWOK_CHECK_EXIT_CODE`, :data:`ANNOTATION_KWOK_CHECK_OUTPUT`).
 """
 
 from __future__ import annotations
@@ -34,22 +34,21 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from hyperplan.actuation.kube import Kube
-from hyperplan.api.vocabulary import INSTANCE_CONNECTIVITY, LABEL_GROUP, OWN_PREFIX
+from hyperplan.api.vocabulary import (
+    ANNOTATION_CHECK_NODE,
+    ANNOTATION_CHECK_NODE_ID,
+    ANNOTATION_CHECK_NODE_UID,
+    INSTANCE_CONNECTIVITY,
+    LABEL_DEEP_CHECK,
+    LABEL_DEEP_CHECK_RUN,
+    LABEL_GROUP,
+)
 from hyperplan.planning import deepchecks, naming
 from hyperplan.settings import DEFAULT_DEEP_HEALTH_CHECK_COMMANDS, Settings
 
 log = logging.getLogger(__name__)
 
 CHECK_COMPONENT = "deep-health-check"  # app.kubernetes.io/component of check Jobs, their pods and Services
-LABEL_CHECK = f"{OWN_PREFIX}deep-health-check"  # the check a Job runs
-LABEL_COHORT = f"{OWN_PREFIX}deep-health-check-run"  # the InstanceConnectivity run of a pod (its Service selects it)
-ANNOTATION_NODE = f"{OWN_PREFIX}check-node"
-ANNOTATION_NODE_UID = f"{OWN_PREFIX}check-node-uid"
-ANNOTATION_NODE_ID = f"{OWN_PREFIX}check-node-id"
-# On KWOK: a test ends a check pod Failed with this exit code and output (the stage
-# hyperplan-deep-health-check-fail).
-ANNOTATION_KWOK_EXIT_CODE = f"{OWN_PREFIX}kwok-check-exit-code"
-ANNOTATION_KWOK_OUTPUT = f"{OWN_PREFIX}kwok-check-output"
 DEADLINE_SLACK = 60  # seconds a Job has past its check's time before it fails (a pod that never ran)
 
 
@@ -83,14 +82,14 @@ class Target:
 
 def labels_of(group: str, check: str) -> dict[str, str]:
     return {"app.kubernetes.io/name": "hyperplan", "app.kubernetes.io/component": CHECK_COMPONENT,
-            LABEL_GROUP: naming.label_value(group), LABEL_CHECK: check}
+            LABEL_GROUP: naming.label_value(group), LABEL_DEEP_CHECK: check}
 
 
 def check_job_body(s: CheckJobSettings, group: str, target: Target) -> dict[str, Any]:
     """The Job of one check of one node (see the module docstring)."""
     job = target.job
     labels = labels_of(group, job.check)
-    pod_labels = {**labels, **({LABEL_COHORT: job.cohort} if job.cohort else {})}
+    pod_labels = {**labels, **({LABEL_DEEP_CHECK_RUN: job.cohort} if job.cohort else {})}
     env = {"HYPERPLAN_CHECK": job.check, "HYPERPLAN_CHECK_NODE": target.node,
            "HYPERPLAN_CHECK_SECONDS": str(s.seconds)}
     pod: dict[str, Any] = {
@@ -113,8 +112,8 @@ def check_job_body(s: CheckJobSettings, group: str, target: Target) -> dict[str,
     return {
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": {"name": job.name, "namespace": s.namespace, "labels": labels,
-                     "annotations": {ANNOTATION_NODE: target.node, ANNOTATION_NODE_UID: target.node_uid,
-                                     ANNOTATION_NODE_ID: job.node_id}},
+                     "annotations": {ANNOTATION_CHECK_NODE: target.node, ANNOTATION_CHECK_NODE_UID: target.node_uid,
+                                     ANNOTATION_CHECK_NODE_ID: job.node_id}},
         "spec": {
             "backoffLimit": 0,
             "activeDeadlineSeconds": s.seconds + DEADLINE_SLACK,
@@ -132,7 +131,7 @@ def cohort_service_body(s: CheckJobSettings, group: str, cohort: str, owners: Se
         "metadata": {"name": cohort, "namespace": s.namespace, "labels": labels_of(group, INSTANCE_CONNECTIVITY),
                      "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": uid}
                                          for name, uid in owners]},
-        "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": {LABEL_COHORT: cohort},
+        "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": {LABEL_DEEP_CHECK_RUN: cohort},
                  "ports": [{"name": "check", "port": s.port, "targetPort": s.port, "protocol": "TCP"}]},
     }
 

@@ -16,7 +16,8 @@ from kubernetes.client.rest import ApiException
 
 from hyperplan.actuation.kube import Kube
 from hyperplan.api.vocabulary import (
-    OWN_PREFIX,
+    ANNOTATION_REBOOT_NODE,
+    ANNOTATION_REBOOT_NODE_UID,
 )
 from hyperplan.planning import lending
 from hyperplan.settings import DEFAULT_REBOOT_COMMAND, Settings
@@ -39,10 +40,8 @@ class RebootJob:
 REBOOT_JOB_COMPONENT = "node-reboot"  # app.kubernetes.io/component of reboot Jobs and their pods
 
 
-ANNOTATION_REBOOT_NODE = f"{OWN_PREFIX}reboot-node"
 
 
-ANNOTATION_REBOOT_NODE_UID = f"{OWN_PREFIX}reboot-node-uid"
 
 
 _JOB_NAME_MAX = 63  # the Job controller labels its pods job-name=<name>: a label value

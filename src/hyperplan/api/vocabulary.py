@@ -231,3 +231,26 @@ def from_rfc3339(text: str) -> datetime:
 # them, and the label naming whose key a Secret is.
 API_KEY_SECRET_TYPE = f"{GROUP}/api-key"
 SECRET_LABEL_API_KEY_USER = f"{GROUP}/api-key-user"
+
+
+# Keys of the operator's Jobs, pods, plans and EC2 reservations, and KWOK's node annotation.
+ANNOTATION_SAGEMAKER_TAGS = f"{OWN_PREFIX}sagemaker-tags"  # a plan's tags as the SageMaker API took them
+# When a rebooted KWOK node is back: the stage hyperplan-node-reboot of
+# src/hyperplan_dev/kwok-stages.yaml waits until then (an absolute time, so that the node's other
+# changes meanwhile, each of which makes KWOK match its stages again, do not restart the wait).
+ANNOTATION_REBOOT_UNTIL = f"{OWN_PREFIX}reboot-until"
+ANNOTATION_REBOOT_NODE = f"{OWN_PREFIX}reboot-node"  # the node a reboot Job runs on
+ANNOTATION_REBOOT_NODE_UID = f"{OWN_PREFIX}reboot-node-uid"
+LABEL_DEEP_CHECK = f"{OWN_PREFIX}deep-health-check"  # the check a deep-check Job runs
+LABEL_DEEP_CHECK_RUN = f"{OWN_PREFIX}deep-health-check-run"  # the InstanceConnectivity run of a pod
+ANNOTATION_CHECK_NODE = f"{OWN_PREFIX}check-node"
+ANNOTATION_CHECK_NODE_UID = f"{OWN_PREFIX}check-node-uid"
+ANNOTATION_CHECK_NODE_ID = f"{OWN_PREFIX}check-node-id"
+# On KWOK: a test ends a check pod Failed with this exit code and output (the stage
+# hyperplan-deep-health-check-fail).
+ANNOTATION_KWOK_CHECK_EXIT_CODE = f"{OWN_PREFIX}kwok-check-exit-code"
+ANNOTATION_KWOK_CHECK_OUTPUT = f"{OWN_PREFIX}kwok-check-output"
+TAG_REMOTE_PLAN = f"{GROUP}/remote-plan"  # EC2 tag: the attempt that bought the reservation
+TAG_ZONE = f"{GROUP}/availability-zone"  # EC2 tag: the zone as the buying pool names it
+TAG_ULTRASERVER_TYPE = f"{GROUP}/ultraserver-type"  # EC2 tag: an UltraServer purchase's type
+KWOK_ANNOTATION = "kwok.x-k8s.io/node"  # KWOK runs a node that carries it (=fake)

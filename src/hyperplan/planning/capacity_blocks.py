@@ -87,17 +87,29 @@ from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any, Iterable, Mapping, Sequence
 
-from hyperplan.api.vocabulary import GROUP, TAG_TRAINING_PLAN_UID, ULTRASERVER_INSTANCES
+from hyperplan.api.vocabulary import (
+    TAG_REMOTE_PLAN,
+    TAG_TRAINING_PLAN_UID,
+    TAG_ULTRASERVER_TYPE,
+    TAG_ZONE,
+    ULTRASERVER_INSTANCES,
+)
 from hyperplan.planning import naming
 from hyperplan.planning.blocks import Block
 from hyperplan.planning.offerings import EXTENSION_DAYS, Extension, Offering, OfferingRequest, extension_id
 from hyperplan.planning.policy import Policy
-from hyperplan.planning.remote import (BlockReservation, ExtensionRecord, RemoteBlock, RemoteExtension, RemoteOffering,
-                                       RemotePlan, _same_moment, _time, duration_hours)
+from hyperplan.planning.remote import (
+    BlockReservation,
+    ExtensionRecord,
+    RemoteBlock,
+    RemoteExtension,
+    RemoteOffering,
+    RemotePlan,
+    _same_moment,
+    _time,
+    duration_hours,
+)
 
-TAG_REMOTE_PLAN = f"{GROUP}/remote-plan"  # the name of the attempt that bought the reservation
-TAG_ZONE = f"{GROUP}/availability-zone"  # the zone as the buying pool names it (a name or an id)
-TAG_ULTRASERVER_TYPE = f"{GROUP}/ultraserver-type"  # an UltraServer purchase's type, in hyperplan's naming
 # EC2's CapacityBlockInterconnectStatus as an UltraServer's health (planning.remote.ULTRASERVER_HEALTH's words)
 INTERCONNECT_HEALTH = {"ok": "ok", "impaired": "impaired", "insufficient-data": "insufficient-data"}
 PLATFORM = "Linux/UNIX"  # the nodes Karpenter launches into the block

@@ -46,13 +46,19 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from hyperplan.api.models import Condition, GroupNode, NodeClaimRef, VanishedRecord
-from hyperplan.api.vocabulary import ANNOTATION_CLAIM, ANNOTATION_CORDONED, ANNOTATION_LENT, LABEL_NODE_ID, POOL_HELD
+from hyperplan.api.vocabulary import (
+    ANNOTATION_CLAIM,
+    ANNOTATION_CORDONED,
+    ANNOTATION_LENT,
+    KWOK_ANNOTATION,
+    LABEL_NODE_ID,
+    POOL_HELD,
+)
 from hyperplan.planning import lending
 from hyperplan.planning.plans import condition
 
 CONDITION_UNRECORDED = "UnrecordedNodes"
 REASON_NOT_OWNED = "NodeNotOwned"
-KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 MAX_NAMED = 20  # nodes named in the condition's message
 
 

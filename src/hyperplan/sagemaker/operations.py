@@ -26,22 +26,45 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from hyperplan.api.models import (
-    API_VERSION, MAX_EXTENSIONS, ExtensionStatus, ReservedCapacity, TrainingPlan, TrainingPlanSpec,
+    API_VERSION,
+    MAX_EXTENSIONS,
+    ExtensionStatus,
+    ReservedCapacity,
+    TrainingPlan,
+    TrainingPlanSpec,
 )
-from hyperplan.api.vocabulary import ANNOTATION_CREATED_BY, OWN_PREFIX, to_rfc3339
+from hyperplan.api.vocabulary import ANNOTATION_CREATED_BY, ANNOTATION_SAGEMAKER_TAGS, to_rfc3339
 from hyperplan.planning.blocks import Block
 from hyperplan.planning.offerings import (
-    Extension, Offering, PoolSnapshot, find_extension, find_offering, search_extensions, search_offerings,
+    Extension,
+    Offering,
+    PoolSnapshot,
+    find_extension,
+    find_offering,
+    search_extensions,
+    search_offerings,
 )
 from hyperplan.planning.plans import request_of
 from hyperplan.planning.policy import DEMO, Policy, format_duration, parse_duration
 from hyperplan.planning.tenancy import pools_for_plan
 from hyperplan.sagemaker import hyperpod
-from hyperplan.sagemaker.assumed import AssumedPurchases
 from hyperplan.sagemaker.access import Writes
+from hyperplan.sagemaker.assumed import AssumedPurchases
 from hyperplan.sagemaker.wire import (
-    ApiError, Ordered, bounded, compact, epoch, invalid, matching, not_found, one_of, ordered, page, query_digest,
-    required, time_of,
+    ApiError,
+    Ordered,
+    bounded,
+    compact,
+    epoch,
+    invalid,
+    matching,
+    not_found,
+    one_of,
+    ordered,
+    page,
+    query_digest,
+    required,
+    time_of,
 )
 
 PLAN_NAME = r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,63}"
@@ -53,7 +76,6 @@ HEALTH = {"ok": "OK", "impaired": "Impaired", "insufficient-data": "Insufficient
 TARGET_RESOURCES = ("training-job", "hyperpod-cluster", "endpoint", "studio-apps")
 # The Tags of CreateTrainingPlan, kept on the plan it creates as JSON (docs/sagemaker-api.md,
 # "Tags"): ``[{"Key": ..., "Value": ...}, ...]`` in the order given.
-ANNOTATION_TAGS = f"{OWN_PREFIX}sagemaker-tags"
 MAX_TAGS, MAX_TAG_KEY, MAX_TAG_VALUE = 50, 128, 256  # the model's TagList, TagKey and TagValue
 TAG_PATTERN = r"([\p{L}\p{Z}\p{N}_.:/=+\-@]*)"  # the model's, as its messages quote it
 
@@ -516,7 +538,7 @@ def _a_retry(existing: Mapping[str, Any], offering_id: str, ctx: "Context") -> b
 
 def create_training_plan(body: Mapping[str, Any], ctx: "Context") -> dict[str, Any]:
     """A TrainingPlan of the offering's spec, with ``offeringId`` set, created as the caller,
-    with the request's ``Tags`` in the annotation :data:`ANNOTATION_TAGS`. Safe to retry (boto3
+    with the request's ``Tags`` in the annotation :data:`ANNOTATION_SAGEMAKER_TAGS`. Safe to retry (boto3
     retries by itself and the call has no client token): the same name with the same offering
     answers the same ARN (and keeps the tags the first call wrote); a name taken otherwise is
     ``ResourceInUse``."""
@@ -550,7 +572,7 @@ def create_training_plan(body: Mapping[str, Any], ctx: "Context") -> dict[str, A
                         "too soon to buy): search again.")
     metadata: dict[str, Any] = {"name": name, "annotations": {ANNOTATION_CREATED_BY: ctx.user}}
     if tags:
-        metadata["annotations"][ANNOTATION_TAGS] = json.dumps(tags, ensure_ascii=False, separators=(",", ":"))
+        metadata["annotations"][ANNOTATION_SAGEMAKER_TAGS] = json.dumps(tags, ensure_ascii=False, separators=(",", ":"))
     try:
         created = ctx.writes.create_plan(ctx.user, {"apiVersion": API_VERSION, "kind": "TrainingPlan",
                                                     "metadata": metadata, "spec": wire})
@@ -636,9 +658,9 @@ def tags_of(body: Mapping[str, Any]) -> list[dict[str, str]]:
 
 
 def held_tags(obj: Mapping[str, Any]) -> list[dict[str, str]]:
-    """The tags a plan holds (:data:`ANNOTATION_TAGS`); none when the annotation is absent or not
+    """The tags a plan holds (:data:`ANNOTATION_SAGEMAKER_TAGS`); none when the annotation is absent or not
     a list of string keys and values (a kubectl user may write anything there)."""
-    text = ((obj.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_TAGS)
+    text = ((obj.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_SAGEMAKER_TAGS)
     try:
         tags = json.loads(text) if text else []
     except (TypeError, ValueError):

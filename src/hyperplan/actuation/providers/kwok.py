@@ -16,8 +16,6 @@ from hyperplan.actuation.providers.base import (
     REBOOT_REASON,
     MadeNode,
     NodeProvider,
-    taint_body,
-    utcnow,
     delete_guarded,
     gone_or_another,
     guarded,
@@ -29,24 +27,18 @@ from hyperplan.actuation.providers.base import (
     read_node_or_none,
     rebooting,
     set_node_condition,
+    taint_body,
     uid_of,
+    utcnow,
     write_over_read,
 )
 from hyperplan.api.vocabulary import (
     ANNOTATION_CLAIM,
-    OWN_PREFIX,
+    ANNOTATION_REBOOT_UNTIL,
+    KWOK_ANNOTATION,
     to_rfc3339,
 )
 from hyperplan.planning import lending, naming, placement
-
-KWOK_ANNOTATION = "kwok.x-k8s.io/node"
-
-
-# When a rebooted KWOK node is back: the stage hyperplan-node-reboot of
-# src/hyperplan_dev/kwok-stages.yaml waits until then (an absolute time, so that the node's other
-# changes meanwhile, each of which makes KWOK match its stages again, do not restart the wait).
-ANNOTATION_REBOOT_UNTIL = f"{OWN_PREFIX}reboot-until"
-
 
 DEFAULT_KWOK_REBOOT_SECONDS = 10.0
 
