@@ -32,7 +32,7 @@ POOLS: dict[str, Pool] = {p.name: p for p in (
                          "a batch of purchases went 6 at a time and starved other passes"),
     Pool("group", 32, "group passes' API calls (list, the steps that act, status writes): on the default executor, "
                       "20 groups failing at once queued their marks, promotions and backfills behind each other"),
-    Pool("node-write", 64, "the node writes one group pass fans out (creates, marks, promotions; at most 16 of one "
+    Pool("node-write", 64, "the node writes one group pass fans out (creates, marks, promotions; at most 32 of one "
                            "pass at once), shared by every group so that nothing unbounded grows across groups; only "
                            "group threads submit to it and its calls never submit again (no deadlock)"),
     Pool("kueue-admission", 2, "the Kueue controller's writes (Workload check states, job-node keys): few and rare"),
