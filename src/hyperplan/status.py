@@ -39,7 +39,7 @@ PAST, ACTIVE, NEXT = "past", "active", "next"
 
 # Node states, in the order a node is classified (the first that applies wins).
 UNHEALTHY, DRAINING, PROVISIONING, SPARE, SERVING = "unhealthy", "draining", "provisioning", "spare", "active"
-REBOOTING = "rebooting"  # labelled UnschedulablePendingReboot (either key): the recovery ladder's reboot
+REBOOTING = "rebooting"  # effective health UnschedulablePendingReboot (NodeFacts.rebooting): the ladder's reboot
 CHECKING = "checking"  # Ready, its deep health checks under way (deep-health-check-status InProgress)
 NODE_STATES = (SERVING, SPARE, PROVISIONING, CHECKING, DRAINING, REBOOTING, UNHEALTHY)
 
@@ -223,9 +223,10 @@ def _message(conditions: Iterable[Any]) -> str:
 
 
 def node_state(facts: NodeFacts) -> str:
-    """One node's state in its group's view (see :data:`NODE_STATES`): ``active`` exactly when the
-    node serves (``NodeFacts.is_serving``), so that the view agrees with what Kueue admits onto."""
-    if naming.HEALTH_PENDING_REBOOT in (facts.hyperplan_health, facts.sagemaker_health):
+    """One node's state in its group's view (see :data:`NODE_STATES`), from its facts only: its
+    health is their effective health (the worse of both keys), ``active`` exactly when the node
+    serves (``NodeFacts.is_serving``), so that the view agrees with what Kueue admits onto."""
+    if facts.rebooting:
         return REBOOTING
     if facts.is_unhealthy or facts.ready in ("False", "Unknown") or facts.deep_check == CHECK_FAILED:
         return UNHEALTHY

@@ -7,7 +7,8 @@ they are handed back. This module decides, from plain observations and without I
 clock:
 
 * which free nodes may be lent at all (:func:`why_not_lendable`): not cordoned, Ready,
-  no failed hardware condition or health label, and not running the operator itself
+  no failed hardware condition or health label (``nodefacts.why_unfit``: read as every reader
+  reads a node), and not running the operator itself
   (a drain of that node would evict the operator, so it is never adopted);
 * which of them a new node id takes (:func:`choose_free_node`), skipping the nodes other
   adoptions of this process hold in flight;
@@ -57,7 +58,7 @@ from hyperplan.planning.naming import (
     UNHEALTHY_TAINT,
     Taint,
 )
-from hyperplan.planning.nodefacts import HEALTH_KEYS, is_unschedulable
+from hyperplan.planning.nodefacts import NodeFacts, facts_of_statuses, is_unschedulable, why_unfit
 
 from hyperplan.api.vocabulary import (  # noqa: F401
     ANNOTATION_LENT, LABEL_NODE_ID, LABEL_POOL, LABEL_TRUSTED_GROUP, OWN_PREFIX, POOL_FREE, POOL_HELD,
@@ -101,6 +102,12 @@ class PoolNode:
     unschedulable: bool = False
     conditions: Mapping[str, str] = field(default_factory=dict)  # type -> status
     deleting: bool = False
+
+    @property
+    def facts(self) -> NodeFacts:
+        """The node as every reader of a node reads it (``planning.nodefacts``)."""
+        return facts_of_statuses(self.name, self.labels, self.conditions, uid=self.uid,
+                                 cordoned=self.unschedulable, deleting=self.deleting)
 
 
 @dataclass(frozen=True)
@@ -153,21 +160,12 @@ class PodView:
 
 def why_not_lendable(node: PoolNode, operator_nodes: Iterable[str] = ()) -> str | None:
     """Why ``node`` of the free pool may not be lent now (a short phrase), or None if it may."""
-    if node.deleting:
+    facts = node.facts
+    if facts.deleting:
         return "is being deleted"
     if node.name in set(operator_nodes):
         return "runs the operator"
-    if node.unschedulable:
-        return "is cordoned"
-    if node.conditions.get("Ready") != "True":
-        return f"is not Ready ({node.conditions.get('Ready', 'no Ready condition')})"
-    for type_, bad in DEFAULT_BAD_CONDITIONS:
-        if node.conditions.get(type_) == bad:
-            return f"has {type_}={bad}"
-    for key in HEALTH_KEYS:
-        if is_unschedulable(node.labels.get(key)):
-            return f"is labelled {key}={node.labels[key]}"
-    return None
+    return why_unfit(facts, DEFAULT_BAD_CONDITIONS)  # the node's own state, read as every reader reads it
 
 
 def _rank(node_id: str, node_name: str) -> str:

@@ -1,10 +1,13 @@
 """What a node is, as every part of hyperplan reads it: one set of facts and the answers built on them.
 
-The group's pass, the plan's counts, Kueue's count of the nodes that can take work, ``hyperplan
-status`` and the chaos invariants must agree on what a node is (a node that one of them took
+The group's pass and its slot states (placement), the plan's counts, lending's choice of a free
+node, Kueue's count of the nodes that can take work, ``hyperplan status`` and the chaos
+invariants must agree on what a node is (a node that one of them took
 for serving and another for failed would get work that the plan counts as lost), so none of them
 reads a node's labels and conditions itself: each turns the node into :class:`NodeFacts` (:func:`facts_of_dict` for the plain dicts of the watch cache and of API
-JSON, :func:`facts_of_v1` for the Kubernetes client's ``V1Node``) and ask it.
+JSON, :func:`facts_of_v1` for the Kubernetes client's ``V1Node``, :func:`facts_of_statuses` for a
+view that holds condition statuses only) and asks it; a reader that holds only a node's labels
+asks :func:`effective_health` of them.
 
 Health
 ------
@@ -33,7 +36,7 @@ Pure: stdlib only, no I/O, no clock; ``now`` is passed in where a time is needed
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -42,6 +45,7 @@ from hyperplan.api.vocabulary import CHECK_FAILED, CHECK_IN_PROGRESS
 from hyperplan.api.vocabulary import CONDITION_READY as READY
 from hyperplan.planning.reading import generation_of, slot_of, time_or_none
 from hyperplan.planning.naming import (
+    HEALTH_PENDING_REBOOT,
     HEALTH_PENDING_REPLACEMENT,
     HEALTH_UNSCHEDULABLE,
     LABEL_DEEP_HEALTH_CHECK,
@@ -90,10 +94,17 @@ def is_unschedulable(value: str | None) -> bool:
     return bool(value) and value.startswith(HEALTH_UNSCHEDULABLE)
 
 
+def unschedulable_label(labels: Mapping[str, str]) -> tuple[str, str] | None:
+    """The health label that says the node must take no work, as (key, value): hyperplan's when
+    both do (see "Health" in the module docstring), None when neither does."""
+    return next(((k, v) for k in HEALTH_KEYS if is_unschedulable(v := labels.get(k))), None)
+
+
 def unschedulable_health(labels: Mapping[str, str]) -> str | None:
     """The ``Unschedulable*`` value of the hyperplan or SageMaker health label (hyperplan's first),
     or None when neither says so."""
-    return next((v for v in (labels.get(k) for k in HEALTH_KEYS) if is_unschedulable(v)), None)
+    found = unschedulable_label(labels)
+    return found[1] if found else None
 
 
 def effective_health(labels: Mapping[str, str]) -> str | None:
@@ -169,6 +180,22 @@ class NodeFacts:
         return self.unschedulable_health is not None
 
     @property
+    def health_verdict(self) -> bool | None:
+        """The node's health as a tri-state: False when a health label (either) says it must take
+        no work, else None while its ``Ready`` is unknown (or not reported yet), else True. Only
+        the labels and the ``Ready`` being known count: a node ``Ready=False`` with healthy labels
+        is True here (the plan's counters, ``planning.counts.ObservedNode.healthy``)."""
+        if self.is_unhealthy:
+            return False
+        return None if self.ready_status == "Unknown" else True
+
+    @property
+    def rebooting(self) -> bool:
+        """Whether its effective health is ``UnschedulablePendingReboot`` (the recovery ladder's
+        reboot): by either key, unless hyperplan's label holds another ``Unschedulable*`` verdict."""
+        return self.health == HEALTH_PENDING_REBOOT
+
+    @property
     def pending_replacement(self) -> bool:
         """Whether either health label says ``UnschedulablePendingReplacement``."""
         return HEALTH_PENDING_REPLACEMENT in (self.hyperplan_health, self.sagemaker_health)
@@ -226,6 +253,27 @@ class NodeFacts:
         return next((c for c in self.conditions if c.type == type_), None)
 
 
+def why_unfit(facts: NodeFacts, bad_conditions: Iterable[tuple[str, str]]) -> str | None:
+    """Why the node may take no work by its own state, as a short phrase (the first that applies:
+    being deleted, cordoned, not ``Ready``, a condition of ``bad_conditions`` (``(type, status)``
+    pairs) with that status, a health label of either key that says ``Unschedulable*``), or None
+    when nothing does. Whether the node's deep health checks run is not read here."""
+    if facts.deleting:
+        return "is being deleted"
+    if facts.cordoned:
+        return "is cordoned"
+    if not facts.is_ready:
+        return f"is not Ready ({facts.ready or 'no Ready condition'})"
+    for type_, bad in bad_conditions:
+        condition = facts.condition(type_)
+        if condition is not None and condition.status == bad:
+            return f"has {type_}={bad}"
+    label = unschedulable_label(facts.labels)
+    if label is not None:
+        return f"is labelled {label[0]}={label[1]}"
+    return None
+
+
 def _facts(name: str, uid: str | None, labels: Mapping[str, str], keys: TopologyKeys,
            conditions: tuple[NodeCondition, ...], created: datetime | None, deleting: bool,
            cordoned: bool) -> NodeFacts:
@@ -256,6 +304,15 @@ def facts_of_dict(node: Mapping[str, Any], keys: TopologyKeys = TopologyKeys(),
     return _facts(meta.get("name", ""), meta.get("uid"), meta.get("labels") or {}, keys, conditions,
                   _time(meta.get("creationTimestamp")), bool(meta.get("deletionTimestamp")),
                   bool(spec.get("unschedulable")))
+
+
+def facts_of_statuses(name: str, labels: Mapping[str, str], statuses: Mapping[str, str], *,
+                      uid: str | None = None, cordoned: bool = False, deleting: bool = False,
+                      keys: TopologyKeys = TopologyKeys()) -> NodeFacts:
+    """The facts of a node known by its condition statuses only (``statuses``: type -> status, no
+    transition times), as a view that read the node already holds it (``planning.lending.PoolNode``)."""
+    conditions = tuple(NodeCondition(t, s, None) for t, s in statuses.items())  # type: ignore[arg-type]
+    return _facts(name, uid, labels, keys, conditions, None, deleting, cordoned)
 
 
 def facts_of_v1(node: Any, keys: TopologyKeys = TopologyKeys(), now: datetime | None = None) -> NodeFacts:

@@ -46,11 +46,10 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from hyperplan.api.vocabulary import ULTRASERVER_INSTANCE_TYPE, ULTRASERVER_INSTANCES  # noqa: F401
-from hyperplan.planning.nodefacts import hyperpod_mirror
+from hyperplan.planning.nodefacts import effective_health, hyperpod_mirror, is_unschedulable
 from hyperplan.planning.reading import generation_of, slot_of
 from hyperplan.planning.naming import (
     HEALTH_SCHEDULABLE,
-    HEALTH_UNSCHEDULABLE,
     LABEL_GENERATION,
     LABEL_GROUP,
     LABEL_HEALTH,
@@ -391,14 +390,16 @@ class SlotState:
 
     @property
     def unhealthy(self) -> bool:
-        return self.health.startswith(HEALTH_UNSCHEDULABLE)
+        return is_unschedulable(self.health)
 
 
 def slot_states_from_labels(nodes_labels: Iterable[Mapping[str, str]]) -> dict[str, SlotState]:
     """Slot states from the labels of a group's existing nodes on one block.
 
-    Nodes without a slot label are ignored. When a slot has several nodes (a replacement
-    exists before the failed node is gone) the highest generation wins.
+    A slot's health is its node's effective health (``nodefacts.effective_health``: the worse of
+    hyperplan's and HyperPod's labels), ``Schedulable`` when neither is set. Nodes without a slot
+    label are ignored. When a slot has several nodes (a replacement exists before the failed node
+    is gone) the highest generation wins.
     """
     states: dict[str, SlotState] = {}
     for labels in nodes_labels:
@@ -408,7 +409,7 @@ def slot_states_from_labels(nodes_labels: Iterable[Mapping[str, str]]) -> dict[s
         generation = generation_of(labels)
         role = labels.get(LABEL_ROLE)
         state = SlotState(generation, role if role in (ROLE_ACTIVE, ROLE_SPARE) else None,
-                          labels.get(LABEL_HEALTH, HEALTH_SCHEDULABLE))
+                          effective_health(labels) or HEALTH_SCHEDULABLE)
         if slot not in states or generation > states[slot].generation:
             states[slot] = state
     return states
