@@ -75,11 +75,10 @@ log = logging.getLogger("hyperplan.trainingplan")
 
 def plan_observed_node(node: Mapping[str, Any], keys: naming.TopologyKeys) -> counts.ObservedNode:
     """A node (as the watch cache holds it) as the plan's counters see it: unhealthy when either
-    health label says so (``NodeFacts.is_unhealthy``), of unknown health while its Ready is unknown."""
+    health label says so, of unknown health while its Ready is unknown (``NodeFacts.health_verdict``)."""
     facts = facts_of_dict(node, keys)
-    healthy = False if facts.is_unhealthy else (None if facts.ready_status == "Unknown" else True)
-    return counts.ObservedNode(facts.name, facts.group or "", facts.role, facts.ultraserver_id, healthy, facts.is_ready,
-                           facts.pending_replacement)
+    return counts.ObservedNode(facts.name, facts.group or "", facts.role, facts.ultraserver_id, facts.health_verdict,
+                               facts.is_ready, facts.pending_replacement)
 
 
 def node_usage(rt: Runtime, plan: TrainingPlan, purchased: list[Block], now: datetime,
