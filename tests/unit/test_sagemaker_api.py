@@ -16,9 +16,11 @@ import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from aiohttp import web
 from kubernetes.client.exceptions import ApiException
 
 from hyperplan.runtime.store import GROUPS, NODES, PLANS, POOLS, WatchCache
@@ -26,6 +28,7 @@ from hyperplan.sagemaker import signing
 from hyperplan.sagemaker.server import check_address, make_app, serve
 from hyperplan.sagemaker.signing import AccessKey, canonical_request, signing_key, verify
 from hyperplan.sagemaker.wire import ApiError
+from hyperplan_testing import botocore_shapes
 from tests.aws.clients import Endpoint, boto3_call, boto3_calls
 from tests.kube import eventually
 
@@ -181,6 +184,54 @@ class WatchedPlans(dict):
         return out
 
 
+@dataclass(frozen=True)
+class Answer:
+    """One answer a test server gave: the operation, its status, headers and JSON body."""
+
+    operation: str
+    status: int
+    headers: dict[str, str]
+    body: object
+
+
+ANSWERS: list[Answer] = []  # every answer of every test server, in order (model_checked empties it)
+
+
+@web.middleware
+async def record_answers(request: web.Request, handler) -> web.StreamResponse:
+    response = await handler(request)
+    target = request.headers.get("X-Amz-Target") or ""
+    try:
+        body = json.loads(response.body or b"null")
+    except (TypeError, ValueError):
+        body = response.body
+    ANSWERS.append(Answer(target.removeprefix("SageMaker."), response.status, dict(response.headers), body))
+    return response
+
+
+def model_violations(answers: list[Answer]) -> list[str]:
+    """How the answers break botocore's model (their shapes, their error codes)."""
+    found: list[str] = []
+    for answer in answers:
+        served = answer.operation in botocore_shapes.operations()
+        if answer.status == 200 and served:
+            found += botocore_shapes.violations(answer.operation, answer.body)
+        elif answer.status != 200:
+            found += botocore_shapes.error_violations(answer.operation or "(no operation)", answer.status,
+                                                      answer.body)
+    return found
+
+
+@pytest.fixture(autouse=True)
+def model_checked() -> Iterator[list[Answer]]:
+    """Every answer a test's servers give is checked against botocore's model after the test."""
+    ANSWERS.clear()
+    yield ANSWERS
+    answers = list(ANSWERS)
+    ANSWERS.clear()
+    assert model_violations(answers) == []
+
+
 class Server:
     """The API's aiohttp app on a loopback port, on a loop in a thread of its own."""
 
@@ -202,6 +253,7 @@ class Server:
         self.thread.start()
         self.access = FakeAccess()
         app = make_app(self.cache, self.access, ACCOUNT, lambda: datetime.now(timezone.utc), "lab", self.writes)
+        app.middlewares.append(record_answers)
         self.runner = asyncio.run_coroutine_threadsafe(serve(app, "127.0.0.1", self.port), self.loop).result(10)
 
     @property
@@ -377,10 +429,11 @@ def test_a_key_that_may_only_buy_sees_only_the_plans_it_made(server: Server) -> 
         assert ok(boto3_call(bob, "describe_training_plan", TrainingPlanName="bobs-plan"))["TrainingPlanName"] == \
             "bobs-plan"
         assert ok(boto3_call(bob, "list_tags", ResourceArn=PLAN_ARN + "bobs-plan"))["Tags"] == tags
-        for op, args in (("describe_training_plan", {"TrainingPlanName": "plan-001"}),
-                         ("list_tags", {"ResourceArn": PLAN_ARN + "plan-001"}),
-                         ("describe_training_plan_extension_history", {"TrainingPlanArn": PLAN_ARN + "plan-001"})):
-            assert boto3_call(bob, op, **args)["error"]["code"] == "ResourceNotFound", op
+        for op, args, code in (("describe_training_plan", {"TrainingPlanName": "plan-001"}, "ResourceNotFound"),
+                               ("list_tags", {"ResourceArn": PLAN_ARN + "plan-001"}, "ValidationException"),
+                               ("describe_training_plan_extension_history", {"TrainingPlanArn": PLAN_ARN + "plan-001"},
+                                "ResourceNotFound")):
+            assert boto3_call(bob, op, **args)["error"]["code"] == code, op
         ultra_block = server.plans["ultra"][0]["status"]["reservedCapacity"][0]["id"]
         assert boto3_call(bob, "describe_reserved_capacity", ReservedCapacityArn=(
             f"arn:aws:sagemaker:us-west-2:{ACCOUNT}:reserved-capacity/{ultra_block}"))["error"]["code"] == \
@@ -516,7 +569,7 @@ def test_fifty_tags_of_the_longest_are_kept() -> None:
 
 
 @pytest.mark.parametrize("arn, code", [
-    pytest.param(PLAN_ARN + "nope", "ResourceNotFound", id="unknown-plan"),
+    pytest.param(PLAN_ARN + "nope", "ValidationException", id="unknown-plan"),  # the model lists no other
     pytest.param(f"arn:aws:sagemaker:us-west-2:{ACCOUNT}:cluster/abcdefabcdef", "ValidationException",
                  id="not-a-training-plan"),
     pytest.param("arn:aws:s3:::bucket", "ValidationException", id="arn-pattern"),
@@ -602,11 +655,15 @@ def test_cluster_nodes_have_stable_instance_ids_status_and_ultraserver(server: S
     nodes = first["ClusterNodeSummaries"]
     assert nodes == again["ClusterNodeSummaries"]
     assert all(re.fullmatch(r"i-[a-f0-9]{17}", n["InstanceId"]) for n in nodes)
-    assert [(n["PrivateDnsHostname"], n["InstanceStatus"]["Status"]) for n in nodes] == [
-        ("trainers-0", "Running"), ("trainers-1", "Pending"), ("trainers-2", "Failure")]
+    assert [n["InstanceStatus"]["Status"] for n in nodes] == ["Running", "Pending", "Failure"]
+    hostnames = [n["PrivateDnsHostname"] for n in nodes]
+    assert all(re.fullmatch(r"ip-10-\d+-\d+-\d+\.us-west-2\.compute\.internal", h) for h in hostnames), hostnames
+    assert len(set(hostnames)) == 3
     assert nodes[2]["UltraServerInfo"] == {"Id": "us-b", "Type": "ml.u-p6e-gb200x36"}
     detail = ok(boto3_call(endpoint, "describe_cluster_node", ClusterName="lab", NodeId=nodes[0]["InstanceId"]))
-    assert detail["NodeDetails"]["PrivateDnsHostname"] == "trainers-0"
+    assert detail["NodeDetails"]["PrivateDnsHostname"] == hostnames[0]
+    assert hostnames[0] == "ip-" + detail["NodeDetails"]["PrivatePrimaryIp"].replace(".", "-") + \
+        ".us-west-2.compute.internal"
     assert detail["NodeDetails"]["Placement"] == {"AvailabilityZone": "us-west-2a"}
 
 
@@ -863,7 +920,7 @@ def test_a_standby_serves_from_a_read_only_watch_of_its_own_until_kopf_has_liste
             {"op": "list_cluster_nodes", "args": {"ClusterName": "lab"}}])]
         assert [s["TrainingPlanName"] for s in listed["TrainingPlanSummaries"]] == ["going", "seen"]
         assert described["Status"] == "Scheduled"
-        assert [n["PrivateDnsHostname"] for n in nodes["ClusterNodeSummaries"]] == ["trainers-0"]
+        assert [n["InstanceGroupName"] for n in nodes["ClusterNodeSummaries"]] == ["trainers"]
 
         active = plan("seen", "Active", 1)
         active["metadata"]["resourceVersion"] = "6"

@@ -13,7 +13,7 @@ import pytest
 
 from hyperplan.api.models import to_rfc3339
 from tests.aws.clients import boto3_call, boto3_calls
-from tests.unit.test_sagemaker_api import ACCOUNT, DENIED, Endpoint, Server, ok, signed_in
+from tests.unit.test_sagemaker_api import ACCOUNT, DENIED, Endpoint, Server, model_checked, ok, signed_in  # noqa: F401
 
 AT = datetime.now(timezone.utc).replace(microsecond=0)
 START, END = AT + timedelta(minutes=5), AT + timedelta(minutes=10)  # the bought block (demo days)
@@ -148,7 +148,7 @@ def made_up(plan: str) -> str:
     ("extend_training_plan", {"TrainingPlanExtensionOfferingId": "tpe-nothing"}, "ResourceNotFound"),
     ("extend_training_plan", {"TrainingPlanExtensionOfferingId": made_up("long-run")}, "ResourceNotFound"),
     ("extend_training_plan", {"TrainingPlanExtensionOfferingId": made_up("nobody")}, "ResourceNotFound"),
-    ("search_training_plan_offerings", {"TrainingPlanArn": ARN.replace("long-run", "nobody")}, "ResourceNotFound"),
+    ("search_training_plan_offerings", {"TrainingPlanArn": ARN.replace("long-run", "nobody")}, "ValidationException"),
     ("search_training_plan_offerings", {"TrainingPlanArn": "arn:aws:sagemaker:us-west-2:1:training-plan/x" + "x" * 40},
      "ValidationException"),
     ("search_training_plan_offerings", {"TrainingPlanArn": ARN, "DurationHours": 30}, "ValidationException"),
@@ -195,7 +195,9 @@ def test_a_plan_whose_status_changed_since_the_cache_is_written_again_over_its_n
         s.close()
 
 
-def test_an_extension_written_meanwhile_by_someone_else_is_a_conflict() -> None:
+def test_an_extension_written_meanwhile_by_someone_else_makes_the_offering_gone() -> None:
+    """The offering was cut from the plan's last block before the other extension: it is gone
+    (ResourceNotFound, the model's only error of ExtendTrainingPlan), and nothing is written again."""
     held = bought("long-run", UID)
     s = Server({"long-run": [held]}, pools={"p5-west": [pool(("long-run", UID, START, END))]})
     try:
@@ -208,7 +210,7 @@ def test_an_extension_written_meanwhile_by_someone_else_is_a_conflict() -> None:
                                 DurationHours=24))["TrainingPlanExtensionOfferings"]
         answer = boto3_call(endpoint, "extend_training_plan",
                             TrainingPlanExtensionOfferingId=offer["TrainingPlanExtensionOfferingId"])
-        assert answer["error"]["code"] == "ConflictException", answer
+        assert answer["error"]["code"] == "ResourceNotFound", answer
         assert [c[0] for c in s.writes.calls if c[0] == "extend_plan"] == ["extend_plan"]
     finally:
         s.close()

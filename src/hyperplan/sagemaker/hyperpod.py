@@ -21,6 +21,8 @@ The writes go to the API server as the key's identity (``access.Writes``):
 from __future__ import annotations
 
 import hashlib
+import ipaddress
+import re
 from collections.abc import Iterator, Mapping
 from datetime import datetime
 from typing import Any
@@ -28,8 +30,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from hyperplan.api.models import InstanceGroup
+from kubernetes.client.exceptions import ApiException
+
 from hyperplan.api.vocabulary import (
-    HEALTH_PENDING_REBOOT, HEALTH_PENDING_REPLACEMENT, LABEL_SAGEMAKER_HEALTH, from_rfc3339,
+    CHECK_IN_PROGRESS, HEALTH_PENDING_REBOOT, HEALTH_PENDING_REPLACEMENT, LABEL_SAGEMAKER_HEALTH, LABEL_ZONE,
+    from_rfc3339,
 )
 from hyperplan.planning import naming
 from hyperplan.planning.nodefacts import NodeFacts, facts_of_dict
@@ -45,8 +50,38 @@ GROUP_STATUS = {"Waiting": "Creating", "Provisioning": "Updating", "Ready": "InS
                 "Failed": "Degraded"}
 
 
+MAX_BATCH = 25  # node ids per BatchReboot/BatchReplace call, as the model bounds them
+MAX_LABELS = 50  # the model's ClusterKubernetesLabels: at most 50, keys of 1-317, values of 1-63 characters
+LABEL_KEY = r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
+LABEL_VALUE = r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?"
+
+
 def instance_id(node_name: str) -> str:
     return "i-" + hashlib.sha256(node_name.encode()).hexdigest()[:17]
+
+
+def private_ip(node_name: str, node: Mapping[str, Any] | None = None) -> str:
+    """The node's private IPv4 address: its ``InternalIP`` when its status lists one, else a
+    stable stand-in in 10.0.0.0/8 (a digest of its name, the same on every replica), since the
+    model's ``PrivateDnsHostname`` is made of an address and a node of the watch cache may
+    carry none."""
+    for address in ((node or {}).get("status") or {}).get("addresses") or []:
+        if isinstance(address, Mapping) and address.get("type") == "InternalIP":
+            try:
+                found = ipaddress.ip_address(str(address.get("address")))
+            except ValueError:
+                continue
+            if found.version == 4:
+                return str(found)
+    digest = hashlib.sha256(node_name.encode()).digest()
+    return f"10.{digest[0]}.{digest[1]}.{1 + digest[2] % 254}"
+
+
+def private_dns_hostname(ip: str, region: str) -> str:
+    """EC2's private DNS name of an address (``ip-10-1-2-3.us-west-2.compute.internal``;
+    ``ec2.internal`` in us-east-1), the model's ``ClusterPrivateDnsHostname`` pattern."""
+    domain = "ec2.internal" if region == "us-east-1" else f"{region}.compute.internal"
+    return f"ip-{ip.replace('.', '-')}.{domain}"
 
 
 def cluster_id(cluster_name: str) -> str:
@@ -99,6 +134,8 @@ def _status(facts: NodeFacts) -> dict[str, str]:
         return {"Status": "Failure", "Message": f"health: {facts.unschedulable_health}"}
     if not facts.is_ready:
         return {"Status": "Pending", "Message": f"Ready is {facts.ready_status}"}
+    if facts.deep_check == CHECK_IN_PROGRESS:
+        return {"Status": "DeepHealthCheckInProgress", "Message": "the node's deep health checks run"}
     return {"Status": "Running"}
 
 
@@ -107,14 +144,36 @@ def _ultra_type(ctx: Any, group: InstanceGroup) -> str | None:
     return ((plan or {}).get("spec") or {}).get("ultraServerType")
 
 
-def node_summary(ctx: Any, group: InstanceGroup, facts: NodeFacts) -> dict[str, Any]:
+def node_summary(ctx: Any, group: InstanceGroup, facts: NodeFacts,
+                 node: Mapping[str, Any] | None = None) -> dict[str, Any]:
     ultra = {"Id": facts.ultraserver_id, "Type": _ultra_type(ctx, group)} if facts.ultraserver_id else None
     return compact({
         "InstanceGroupName": group.metadata["name"], "InstanceId": instance_id(facts.name),
         "InstanceType": group.spec.instance_type, "LaunchTime": epoch(facts.created),
         "InstanceStatus": _status(facts), "UltraServerInfo": compact(ultra) if ultra else None,
-        "PrivateDnsHostname": facts.name,
+        "PrivateDnsHostname": private_dns_hostname(private_ip(facts.name, node), ctx.region),
     })
+
+
+def model_labels(labels: Mapping[str, Any]) -> dict[str, str]:
+    """Kubernetes labels as the model's ``ClusterKubernetesLabels`` can carry them: at most 50,
+    each key and value of the model's patterns and lengths. An empty value (Kubernetes allows
+    it; the model's values are 1 to 63 characters) has no place there and is left out."""
+    kept = {k: v for k, v in sorted(labels.items())
+            if isinstance(k, str) and isinstance(v, str) and 1 <= len(k) <= 317 and 1 <= len(v) <= 63
+            and re.fullmatch(LABEL_KEY, k) and re.fullmatch(LABEL_VALUE, v)}
+    return dict(list(kept.items())[:MAX_LABELS])
+
+
+def model_taints(taints: Any) -> list[dict[str, str]]:
+    """Kubernetes taints as the model's ``ClusterKubernetesTaint`` list (at most 50; an empty
+    value left out, as the model's value is optional but at least one character)."""
+    out = []
+    for t in taints or []:
+        if not isinstance(t, Mapping) or t.get("effect") not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
+            continue
+        out.append(compact({"Key": t.get("key"), "Value": t.get("value") or None, "Effect": t.get("effect")}))
+    return out[:MAX_LABELS]
 
 
 def describe_cluster(body: Mapping[str, Any], ctx: Any) -> dict[str, Any]:
@@ -161,7 +220,7 @@ def list_cluster_nodes(body: Mapping[str, Any], ctx: Any) -> dict[str, Any]:
         if (after and (facts.created is None or facts.created <= after)) or \
                 (before and (facts.created is None or facts.created >= before)):
             continue
-        summary = node_summary(ctx, group, facts)
+        summary = node_summary(ctx, group, facts, node)
         created = summary.get("LaunchTime") or 0.0
         key = [created, facts.name] if sort_by == "CREATION_TIME" else [facts.name]
         items.append((key, summary))
@@ -182,14 +241,13 @@ def describe_cluster_node(body: Mapping[str, Any], ctx: Any) -> dict[str, Any]:
     if found is None:
         raise not_found(f"Node {node_id} not found in cluster {ctx.cluster_name}.")
     group, facts, node = found
-    details = node_summary(ctx, group, facts)
-    labels = dict((node.get("metadata") or {}).get("labels") or {})
-    taints = [compact({"Key": t.get("key"), "Value": t.get("value") or None, "Effect": t.get("effect")})
-              for t in (node.get("spec") or {}).get("taints") or []]
-    zone = facts.labels.get("topology.kubernetes.io/zone")
-    details.update(compact({"Placement": compact({"AvailabilityZone": zone}) if zone else None,
-                            "KubernetesConfig": {"CurrentLabels": dict(list(sorted(labels.items()))[:50]),
-                                                 "CurrentTaints": taints[:50]}}))
+    details = node_summary(ctx, group, facts, node)
+    zone = facts.labels.get(LABEL_ZONE)
+    details.update(compact({"PrivatePrimaryIp": private_ip(facts.name, node),
+                            "Placement": compact({"AvailabilityZone": zone}) if zone else None,
+                            "KubernetesConfig": {
+                                "CurrentLabels": model_labels((node.get("metadata") or {}).get("labels") or {}),
+                                "CurrentTaints": model_taints((node.get("spec") or {}).get("taints"))}}))
     return {"NodeDetails": details}
 
 
@@ -229,22 +287,50 @@ def batch_reboot_cluster_nodes(body: Mapping[str, Any], ctx: Any) -> dict[str, A
     return _label_nodes(body, ctx, HEALTH_PENDING_REBOOT)
 
 
-def _label_nodes(body: Mapping[str, Any], ctx: Any, value: str) -> dict[str, Any]:
-    _cluster(body, ctx)
+def node_ids(body: Mapping[str, Any], most: int = MAX_BATCH) -> list[str]:
+    """The request's ``NodeIds``: 1 to ``most`` ids of the model's pattern (a ValidationException
+    naming the first that is not, before anything is done), each once, in the order given."""
     if body.get("NodeLogicalIds"):
         raise invalid("hyperplan's nodes have no logical ids: give NodeIds")
     ids = required(body, "NodeIds")
-    if not isinstance(ids, list) or not 1 <= len(ids) <= 25:
-        raise invalid("NodeIds must list 1 to 25 node ids")
+    if not isinstance(ids, list) or not 1 <= len(ids) <= most:
+        raise invalid(f"1 validation error detected: Value at 'nodeIds' failed to satisfy constraint: Member must "
+                      f"have length between 1 and {most}")
+    for i, node_id in enumerate(ids, 1):
+        if not isinstance(node_id, str) or not 1 <= len(node_id) <= 256 or re.fullmatch(NODE_ID, node_id) is None:
+            raise invalid(f"1 validation error detected: Value '{node_id}' at 'nodeIds.{i}.member' failed to satisfy "
+                          f"constraint: Member must satisfy regular expression pattern: {NODE_ID}")
+    return list(dict.fromkeys(ids))
+
+
+# How a refusal of one node's write reads in a batch's ``Failed`` (the model's error codes).
+REFUSAL_CODES = {404: "InstanceIdNotFound", 409: "InstanceIdInUse", 403: "InvalidInstanceStatus",
+                 422: "InvalidInstanceStatus"}
+
+
+def _label_nodes(body: Mapping[str, Any], ctx: Any, value: str) -> dict[str, Any]:
+    """Label each node named once; a node not in the cluster, being deleted, or whose write the
+    API server refuses is reported in ``Failed`` and the others are still done."""
+    _cluster(body, ctx)
+    ids = node_ids(body)
     nodes = {instance_id(f.name): f for _, f, _ in _nodes(ctx)}
     done, failed = [], []
     for node_id in ids:
-        facts = nodes.get(node_id) if isinstance(node_id, str) else None
+        facts = nodes.get(node_id)
         if facts is None:
-            failed.append({"NodeId": str(node_id), "ErrorCode": "InstanceIdNotFound",
+            failed.append({"NodeId": node_id, "ErrorCode": "InstanceIdNotFound",
                            "Message": f"no node {node_id} in cluster {ctx.cluster_name}"})
             continue
-        ctx.writes.label_node(ctx.user, facts.name, {LABEL_SAGEMAKER_HEALTH: value})
+        if facts.deleting:
+            failed.append({"NodeId": node_id, "ErrorCode": "InvalidInstanceStatus",
+                           "Message": f"node {node_id} is being deleted"})
+            continue
+        try:
+            ctx.writes.label_node(ctx.user, facts.name, {LABEL_SAGEMAKER_HEALTH: value})
+        except ApiException as e:
+            failed.append({"NodeId": node_id, "ErrorCode": REFUSAL_CODES.get(e.status or 0, "InternalServerError"),
+                           "Message": f"node {node_id}: the API server answered {e.status} {e.reason}"[:1000]})
+            continue
         done.append(node_id)
     return compact({"Successful": done or None, "Failed": failed})
 

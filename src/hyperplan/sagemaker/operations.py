@@ -683,8 +683,8 @@ def list_tags(body: Mapping[str, Any], ctx: "Context") -> dict[str, Any]:
     if kind != "training-plan":
         raise invalid(f"hyperplan keeps the tags of training plans only, not of {kind!r} resources")
     obj = ctx.plan(name) if re.fullmatch(PLAN_NAME, name) else None
-    if obj is None:
-        raise not_found(f"Training plan {arn} not found.")
+    if obj is None:  # the model lists no ResourceNotFound for ListTags: AWS answers a ValidationException
+        raise invalid(f"Training plan {arn} does not exist.")
     items = [([i], tag) for i, tag in enumerate(held_tags(obj))]
     shown, token = page(items, body, most=1 << 31, default=MAX_TAGS)
     return compact({"Tags": shown, "NextToken": token})
@@ -755,7 +755,10 @@ def _search_extensions(body: Mapping[str, Any], ctx: "Context") -> dict[str, Any
     """SearchTrainingPlanOfferings with ``TrainingPlanArn``: the extension offerings of that plan's
     last block (``planning.offerings.search_extensions``), for ``DurationHours`` when given (whole
     days: 24 hours are one of the policy's days), else for a few durations, shortest first."""
-    obj, plan = _plan_of_arn(body, ctx)
+    try:
+        obj, plan = _plan_of_arn(body, ctx)
+    except ApiError as e:  # the model lists no ResourceNotFound for SearchTrainingPlanOfferings
+        raise invalid(e.message) if e.code == "ResourceNotFound" else e from None
     hours = bounded(body, "DurationHours", 1, 87600)
     if hours is not None and hours % 24:
         raise invalid(f"DurationHours {hours} of an extension must be whole days (a multiple of 24)")
@@ -771,8 +774,8 @@ WRITE_ATTEMPTS = 3
 
 def extend_training_plan(body: Mapping[str, Any], ctx: "Context") -> dict[str, Any]:
     """ExtendTrainingPlan: the extension offering's id appended to the plan's ``spec.extensions``,
-    written as the caller (with the resourceVersion read: a concurrent change is
-    ``ConflictException``); the operator then buys it. Safe to retry: an id the spec already lists
+    written as the caller (with the resourceVersion read: another extension written meanwhile
+    makes this offering ``ResourceNotFound``); the operator then buys it. Safe to retry: an id the spec already lists
     answers its extension again. An id hyperplan did not cut for the plan now is ``ResourceNotFound``."""
     arg = required(body, "TrainingPlanExtensionOfferingId")
     if not isinstance(arg, str) or len(arg) > 2048:
@@ -809,7 +812,7 @@ def extend_training_plan(body: Mapping[str, Any], ctx: "Context") -> dict[str, A
             # was read finds its id in the plan as the API server has it: answered as a retry. A
             # change elsewhere (the operator writes the plan's status on every transition) leaves
             # the extensions as read: written again over the new version. A change of the
-            # extensions themselves is a concurrent change: ConflictException.
+            # extensions themselves is another extension: this offering is gone (below).
             now = ctx.writes.plan_now(name) if e.status == 409 else None
             fresh = _plan_model(now) if now is not None else None
             if fresh is None:
@@ -818,7 +821,12 @@ def extend_training_plan(body: Mapping[str, Any], ctx: "Context") -> dict[str, A
                 entry = next((x for x in fresh.status.extensions if x.offering_id == wanted),
                              ExtensionStatus(offering_id=wanted))
                 return {"TrainingPlanExtensions": [_history_shape(entry, name, ctx)]}
-            if [x.wire() for x in fresh.spec.extensions] != entries[:-1] or attempt == WRITE_ATTEMPTS - 1:
+            if [x.wire() for x in fresh.spec.extensions] != entries[:-1]:
+                # Extended meanwhile by another call: this offering was cut from the block that
+                # was last before, so it is gone (the model's only error here is ResourceNotFound).
+                raise not_found(f"Training plan extension offering {arg} not found: training plan {name} was "
+                                "extended meanwhile; search again.") from None
+            if attempt == WRITE_ATTEMPTS - 1:
                 raise
             version = (now.get("metadata") or {}).get("resourceVersion")
     return {"TrainingPlanExtensions": [compact({**_extension_shape(found, name, ctx), "ExtendedAt": epoch(ctx.now),
@@ -857,6 +865,40 @@ WRITES = frozenset({"UpdateCluster", "BatchReplaceClusterNodes", "BatchRebootClu
                     "ExtendTrainingPlan"})
 """The operations that write: they run on a thread (their API calls block), reading the watch
 cache through the loop (``WatchCache._on_loop``)."""
+
+
+MODELED_ERRORS: dict[str, frozenset[str]] = {
+    "SearchTrainingPlanOfferings": frozenset({"ResourceLimitExceeded"}),
+    "CreateTrainingPlan": frozenset({"ResourceNotFound", "ResourceInUse", "ResourceLimitExceeded"}),
+    "ExtendTrainingPlan": frozenset({"ResourceNotFound"}),
+    "DescribeTrainingPlanExtensionHistory": frozenset({"ResourceNotFound"}),
+    "DescribeTrainingPlan": frozenset({"ResourceNotFound"}),
+    "ListTrainingPlans": frozenset(),
+    "DescribeReservedCapacity": frozenset({"ResourceNotFound"}),
+    "ListUltraServersByReservedCapacity": frozenset({"ResourceNotFound"}),
+    "ListTags": frozenset(),
+    "DescribeCluster": frozenset({"ResourceNotFound"}),
+    "ListClusters": frozenset(),
+    "ListClusterNodes": frozenset({"ResourceNotFound"}),
+    "DescribeClusterNode": frozenset({"ResourceNotFound"}),
+    "UpdateCluster": frozenset({"ConflictException", "ResourceNotFound", "ResourceLimitExceeded"}),
+    "BatchReplaceClusterNodes": frozenset({"ResourceNotFound"}),
+    "BatchRebootClusterNodes": frozenset({"ResourceNotFound"}),
+}
+"""The errors botocore's model lists for each served operation (checked against the model by the
+unit tests). Every operation may also answer the errors of any AWS JSON service: ValidationException,
+AccessDeniedException, ThrottlingException, the signature's, InternalFailure."""
+SPECIFIC_ERRORS = frozenset({"ResourceNotFound", "ResourceInUse", "ResourceLimitExceeded", "ConflictException"})
+
+
+def modeled(error: ApiError, operation: str) -> ApiError:
+    """``error`` as ``operation`` may answer it: a specific code the model does not list for the
+    operation (a conflict or a missing object the API server reported on a write) is a
+    ``ValidationException`` with the same message, since a client that reads the model expects
+    no other."""
+    if error.code in SPECIFIC_ERRORS and error.code not in MODELED_ERRORS.get(operation, frozenset()):
+        return ApiError("ValidationException", error.message, 400)
+    return error
 
 
 def call(operation: str, body: Mapping[str, Any], ctx: Context) -> dict[str, Any]:

@@ -1,0 +1,223 @@
+"""Every answer of hyperplan's SageMaker API against botocore's own model
+(hyperplan_testing.botocore_shapes): the checker itself, every served operation driven once by
+the real boto3 with each answer checked (the autouse ``model_checked`` of
+tests/unit/test_sagemaker_api.py checks every answer of every test there too), and the fixes the
+checker found: node hostnames of the model's pattern, labels the model can carry, node ids of
+the model's pattern in a batch's answer."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from hyperplan.sagemaker import hyperpod, operations
+from hyperplan_testing import botocore_shapes
+from tests.aws.clients import boto3_calls
+from tests.unit.test_sagemaker_api import (  # noqa: F401 - model_checked: every answer here is checked
+    ACCOUNT, ANSWERS, Server, group, model_checked, model_violations, node, ok, plan, signed_in,
+)
+
+PLAN_ARN = f"arn:aws:sagemaker:us-west-2:{ACCOUNT}:training-plan/"
+RC_ARN = f"arn:aws:sagemaker:us-west-2:{ACCOUNT}:reserved-capacity/"
+
+
+# --------------------------------------------------------------------------- the checker
+
+
+@pytest.mark.parametrize("operation, answer, found", [
+    pytest.param("DescribeClusterNode", {"NodeDetails": {"PrivateDnsHostname": "node-0"}}, "pattern",
+                 id="pattern"),
+    pytest.param("DescribeClusterNode", {"NodeDetails": {"InstanceStatus": {"Status": "Sleeping"}}}, "enum",
+                 id="enum"),
+    pytest.param("DescribeClusterNode", {"NodeDetails": {"InstanceStatus": {"Message": "m"}}}, "required",
+                 id="required-member"),
+    pytest.param("DescribeClusterNode", {"NodeDetails": {"ThreadsPerCore": 3}}, "range", id="range"),
+    pytest.param("DescribeClusterNode", {"NodeDetails": {"LaunchTime": "2027-01-01T00:00:00Z"}}, "epoch",
+                 id="timestamp-as-epoch"),
+    pytest.param("DescribeClusterNode", {"NodeDetails": {"KubernetesConfig": {"CurrentLabels": {"a": ""}}}},
+                 "bounds", id="empty-label-value"),
+    pytest.param("DescribeClusterNode", {"NodeDetails": {"Nickname": "x"}}, "no member", id="unknown-member"),
+    pytest.param("ListClusterNodes", {}, "required", id="required-list"),
+    pytest.param("ListClusterNodes", {"ClusterNodeSummaries": "none"}, "list", id="list-type"),
+    pytest.param("BatchRebootClusterNodes", {"Failed": [{"NodeId": "node-0", "ErrorCode": "InstanceIdNotFound",
+                                                         "Message": "m"}]}, "pattern", id="nested-list-pattern"),
+    pytest.param("BatchRebootClusterNodes", {"Successful": []}, "bounds", id="list-length"),
+    pytest.param("ListTags", {"Tags": [{"Key": "team#1", "Value": "v"}]}, "pattern", id="unicode-class-pattern"),
+    pytest.param("DescribeTrainingPlan", {"TrainingPlanArn": PLAN_ARN + "p", "TrainingPlanName": "p",
+                                          "Status": "Active", "TotalInstanceCount": True}, "integer",
+                 id="a-boolean-is-no-integer"),
+])
+def test_the_checker_finds_each_kind_of_violation(operation: str, answer: dict, found: str) -> None:
+    violations = botocore_shapes.violations(operation, answer)
+    assert any(found in v for v in violations), violations
+
+
+def test_the_checker_passes_what_the_model_allows() -> None:
+    assert botocore_shapes.violations("ListTags", {"Tags": [{"Key": "cost centre", "Value": "ml/42 = über+@"}]}) == []
+    assert botocore_shapes.violations("DescribeClusterNode", {"NodeDetails": {
+        "PrivateDnsHostname": "ip-10-1-2-3.us-west-2.compute.internal", "PrivatePrimaryIp": "10.1.2.3",
+        "InstanceStatus": {"Status": "DeepHealthCheckInProgress"}, "LaunchTime": 1.5,
+        "KubernetesConfig": {"CurrentLabels": {"topology.kubernetes.io/zone": "us-west-2a"}}}}) == []
+
+
+@pytest.mark.parametrize("status, body, found", [
+    pytest.param(400, {"__type": "ResourceNotFound", "message": "m"}, "neither", id="not-modeled-for-the-op"),
+    pytest.param(200, {"__type": "ValidationException", "message": "m"}, "status", id="not-an-error-status"),
+    pytest.param(400, {"message": "m"}, "error body", id="no-type"),
+])
+def test_the_checker_finds_errors_the_model_does_not_list(status: int, body: dict, found: str) -> None:
+    violations = botocore_shapes.error_violations("ListTags", status, body)
+    assert any(found in v for v in violations), violations
+    assert botocore_shapes.error_violations("DescribeCluster", 400, {"__type": "ResourceNotFound", "message": "m"}) \
+        == []
+
+
+def test_the_modeled_errors_of_every_served_operation_are_the_models() -> None:
+    assert set(operations.MODELED_ERRORS) == set(operations.OPERATIONS)
+    for operation, codes in operations.MODELED_ERRORS.items():
+        assert codes == botocore_shapes.modeled_errors(operation), operation
+
+
+def test_a_specific_error_the_model_does_not_list_is_a_validation_exception() -> None:
+    from hyperplan.sagemaker.wire import ApiError
+
+    conflict = ApiError("ConflictException", "changed meanwhile")
+    assert operations.modeled(conflict, "UpdateCluster") is conflict
+    assert operations.modeled(conflict, "ExtendTrainingPlan").code == "ValidationException"
+    assert operations.modeled(ApiError("ResourceNotFound", "m"), "ListTags").code == "ValidationException"
+
+
+# --------------------------------------------------------------------------- every operation, once
+
+
+def labelled(name: str, **more) -> dict:
+    """A node of the group ``trainers`` with labels and taints as Kubernetes allows them."""
+    made = node(name, "trainers", created=more.pop("created", "2027-03-01T02:00:00Z"))
+    made["metadata"]["labels"].update({"empty": "", "team": "vision"}, **more.pop("labels", {}))
+    made["spec"]["taints"] = [{"key": "dedicated", "effect": "NoSchedule"},
+                              {"key": "team", "value": "vision", "effect": "NoExecute"}]
+    made.update(more)
+    return made
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    plans = {"ultra": [plan("ultra", "Active", 2, ultra=True)], "plain": [plan("plain", "Scheduled", 5)]}
+    nodes = {("group", "trainers"): [
+        labelled("trainers-0", status={"addresses": [{"type": "InternalIP", "address": "192.168.7.21"}],
+                                       "conditions": [{"type": "Ready", "status": "True"}]}),
+        labelled("trainers-1", labels={"sagemaker.amazonaws.com/deep-health-check-status": "InProgress"},
+                 created="2027-03-01T02:00:01Z"),
+        labelled("trainers-2", created="2027-03-01T02:00:02Z")]}
+    s = Server(plans, {"trainers": [group("trainers", "ultra", 3)]}, nodes)
+    yield s
+    s.close()
+
+
+def every_operation(server: Server) -> list[dict]:
+    """One call of each served operation, each to be answered 200."""
+    ids = [hyperpod.instance_id(f"trainers-{i}") for i in range(3)]
+    return [
+        {"op": "search_training_plan_offerings", "args": {"InstanceType": "ml.p5.48xlarge", "InstanceCount": 2,
+                                                          "DurationHours": 48}},
+        {"op": "search_training_plan_offerings", "args": {"TrainingPlanArn": PLAN_ARN + "plain"}},
+        {"op": "create_training_plan", "args": {"TrainingPlanName": "ultra",
+                                                "TrainingPlanOfferingId": "set-below"}},
+        {"op": "extend_training_plan", "args": {"TrainingPlanExtensionOfferingId": "set-below"}},
+        {"op": "describe_training_plan_extension_history", "args": {"TrainingPlanArn": PLAN_ARN + "plain"}},
+        {"op": "describe_training_plan", "args": {"TrainingPlanName": "ultra"}},
+        {"op": "list_training_plans", "args": {}},
+        {"op": "describe_reserved_capacity", "args": {"ReservedCapacityArn": RC_ARN + "rc-ultra"}},
+        {"op": "list_ultra_servers_by_reserved_capacity", "args": {"ReservedCapacityArn": RC_ARN + "rc-ultra"}},
+        {"op": "list_tags", "args": {"ResourceArn": PLAN_ARN + "ultra"}},
+        {"op": "describe_cluster", "args": {"ClusterName": "lab"}},
+        {"op": "list_clusters", "args": {}},
+        {"op": "list_cluster_nodes", "args": {"ClusterName": "lab"}},
+        {"op": "describe_cluster_node", "args": {"ClusterName": "lab", "NodeId": ids[0]}},
+        {"op": "describe_cluster_node", "args": {"ClusterName": "lab", "NodeId": ids[1]}},
+        {"op": "update_cluster", "args": {"ClusterName": "lab", "InstanceGroups": [
+            {"InstanceGroupName": "trainers", "InstanceCount": 3,
+             "ExecutionRole": "arn:aws:iam::111122223333:role/hp"}]}},
+        {"op": "batch_replace_cluster_nodes", "args": {"ClusterName": "lab", "NodeIds": [ids[2]]}},
+        {"op": "batch_reboot_cluster_nodes", "args": {"ClusterName": "lab",
+                                                      "NodeIds": [ids[2], "i-00000000000000000"]}},
+    ]
+
+
+def test_every_served_operation_answers_as_the_model_says(server: Server) -> None:
+    """Each operation hyperplan serves, driven by boto3 and answered 200; every answer (the JSON
+    as it crossed the wire) is checked against the model by ``model_checked``."""
+    from hyperplan.sagemaker.operations import api_extension_id
+
+    calls = every_operation(server)
+    endpoint = signed_in(server)
+    [offers] = [ok(a) for a in boto3_calls(endpoint, calls[:1])]
+    # A create the plan of that name already answers (a retry of the same offering by its maker)
+    # would need the offering it was made of: buy a fresh one instead, under a new name.
+    calls[2]["args"] = {"TrainingPlanName": "bought", "Tags": [{"Key": "team", "Value": "vision"}],
+                        "TrainingPlanOfferingId": offers["TrainingPlanOfferings"][0]["TrainingPlanOfferingId"]}
+    calls[3]["args"]["TrainingPlanExtensionOfferingId"] = api_extension_id("tpe-20270101t000000-0123456789abcdef",
+                                                                           "plain")
+    answers = boto3_calls(endpoint, calls[1:])
+    try:
+        extend = answers[2]
+        assert extend.get("error", {}).get("code") == "ResourceNotFound"  # a made-up extension: not ours
+        assert all("ok" in a for i, a in enumerate(answers) if i != 2), answers
+        answered = {a.operation for a in ANSWERS if a.status == 200}
+        assert set(operations.OPERATIONS) - answered == {"ExtendTrainingPlan"}
+        assert model_violations(list(ANSWERS)) == []
+        nodes = {n["InstanceId"]: n for n in answers[11]["ok"]["ClusterNodeSummaries"]}
+        ids = [hyperpod.instance_id(f"trainers-{i}") for i in range(3)]
+        assert nodes[ids[0]]["PrivateDnsHostname"] == "ip-192-168-7-21.us-west-2.compute.internal"
+        assert nodes[ids[1]]["InstanceStatus"]["Status"] == "DeepHealthCheckInProgress"
+        detail = answers[12]["ok"]["NodeDetails"]
+        assert detail["PrivatePrimaryIp"] == "192.168.7.21"
+        assert detail["KubernetesConfig"]["CurrentLabels"]["team"] == "vision"
+        assert "empty" not in detail["KubernetesConfig"]["CurrentLabels"]
+        assert detail["KubernetesConfig"]["CurrentTaints"] == [
+            {"Key": "dedicated", "Effect": "NoSchedule"}, {"Key": "team", "Value": "vision", "Effect": "NoExecute"}]
+    finally:
+        server.plans.pop("bought", None)
+
+
+def test_a_made_up_hostname_is_stable_and_of_the_pattern() -> None:
+    first, again = hyperpod.private_ip("node-a"), hyperpod.private_ip("node-a")
+    assert first == again and first.startswith("10.") and first != hyperpod.private_ip("node-b")
+    assert hyperpod.private_dns_hostname("10.1.2.3", "us-east-1") == "ip-10-1-2-3.ec2.internal"
+    assert hyperpod.private_ip("n", {"status": {"addresses": [{"type": "Hostname", "address": "n"},
+                                                              {"type": "InternalIP", "address": "fd00::1"},
+                                                              {"type": "InternalIP", "address": "172.16.0.9"}]}}) \
+        == "172.16.0.9"
+
+
+# --------------------------------------------------------------------------- batches
+
+
+@pytest.mark.parametrize("op", ["batch_replace_cluster_nodes", "batch_reboot_cluster_nodes"])
+def test_a_node_id_of_another_pattern_is_refused_before_anything_is_done(server: Server, op: str) -> None:
+    server.writes.calls.clear()
+    answer = boto3_calls(signed_in(server), [{"op": op, "args": {
+        "ClusterName": "lab", "NodeIds": [hyperpod.instance_id("trainers-0"), "trainers-1"]}}])[0]
+    assert answer["error"]["code"] == "ValidationException" and "trainers-1" in answer["error"]["message"]
+    assert server.writes.calls == []
+
+
+def test_a_node_named_twice_is_acted_on_once_and_a_refusal_fails_only_its_node(server: Server, monkeypatch) -> None:
+    ids = [hyperpod.instance_id(f"trainers-{i}") for i in range(3)]
+    real = server.writes.label_node
+
+    def label_node(user: str, name: str, labels: dict) -> None:
+        if name == "trainers-1":
+            raise ApiException(status=403, reason="Forbidden")  # admission refused this one node
+        real(user, name, labels)
+
+    monkeypatch.setattr(server.writes, "label_node", label_node)
+    server.writes.calls.clear()
+    [answer] = boto3_calls(signed_in(server), [{"op": "batch_reboot_cluster_nodes", "args": {
+        "ClusterName": "lab", "NodeIds": [ids[0], ids[1], ids[0], ids[2]]}}])
+    got = ok(answer)
+    assert got["Successful"] == [ids[0], ids[2]]
+    assert [(f["NodeId"], f["ErrorCode"]) for f in got["Failed"]] == [(ids[1], "InvalidInstanceStatus")]
+    assert [c[2] for c in server.writes.calls] == ["trainers-0", "trainers-2"]
