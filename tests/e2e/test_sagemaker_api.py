@@ -16,6 +16,7 @@ import uuid
 from datetime import timedelta
 
 from hyperplan.api.vocabulary import from_rfc3339
+from hyperplan.sagemaker.hyperpod import instance_id
 from tests.aws.clients import Endpoint, aws_cli, boto3_call, boto3_calls
 from tests.aws.keys import grant_plan_reads, mint_key, serving  # noqa: F401  (others import them from here too)
 from tests.e2e.scenarios import Context, first_block, group_body, plan_body, pool_body, scenario, ts, utcnow, wait_phase
@@ -160,7 +161,10 @@ def sagemaker_replace(ctx: Context) -> dict:
     endpoint = serving(ctx, key_id, secret)
     listed = boto3_call(endpoint, "list_cluster_nodes", ClusterName="hyperplan", InstanceGroupNameContains=name)
     assert "ok" in listed, listed
-    before = {n["PrivateDnsHostname"]: n for n in listed["ok"]["ClusterNodeSummaries"]}
+    # The API names a node by its instance id (PrivateDnsHostname is EC2's ip-a-b-c-d form): kubectl's names by id.
+    named = {instance_id(n["metadata"]["name"]): n["metadata"]["name"]
+             for n in k.get("nodes", None, "-l", f"hyperplan.dev/instance-group={name}")["items"]}
+    before = {named[n["InstanceId"]]: n for n in listed["ok"]["ClusterNodeSummaries"]}
     victim = sorted(before)[0]
     denied = boto3_call(Endpoint(endpoint.url, reader_id, reader_secret), "batch_replace_cluster_nodes",
                         ClusterName="hyperplan", NodeIds=[before[victim]["InstanceId"]])
