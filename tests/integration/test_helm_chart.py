@@ -190,7 +190,7 @@ OPERATOR_CALLS = [
     ("hyperplan.dev", "instancegroups", "list", "kopf"),
     ("hyperplan.dev", "instancegroups", "watch", "kopf"),
     ("hyperplan.dev", "instancegroups", "get", "workqueue.report_failure (a group's pass failed)"),
-    ("hyperplan.dev", "instancegroups", "patch", "kopf: its finalizer and progress annotations (daemon, on.delete)"),
+    ("hyperplan.dev", "instancegroups", "patch", "Kube.set_finalizers (the group's finalizer); kopf drops its old one"),
     ("hyperplan.dev", "instancegroups/status", "patch", "Kube.patch_status"),
     # Nodes.
     ("", "nodes", "list", "Kube.list_nodes; nodewatch.NodeWatch.list"),

@@ -9,18 +9,16 @@ tests/unit/test_groups.py: the demo policy, a two-UltraServer block from T0 to T
 from __future__ import annotations
 
 import asyncio
-import types
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-import kopf
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from hyperplan.actuation.providers.base import LABEL_NODE_ID, taints_of
 from hyperplan.api.models import CapacityPool
-from hyperplan.api.vocabulary import FINALIZER, ULTRASERVER_INSTANCE_TYPE
+from hyperplan.api.vocabulary import FINALIZER, GROUP_FINALIZER, ULTRASERVER_INSTANCE_TYPE
 from hyperplan.controllers.group.reconciler import ADOPTION_RETRY, drain_group, reconcile_group
 from hyperplan.runtime.workqueue import WorkQueue
 from hyperplan.planning import health
@@ -65,7 +63,7 @@ def pool() -> CapacityPool:
                                      "instanceCount": 36}]}})
 
 
-def group(finalizers: tuple[str, ...] = (FINALIZER,), **spec: Any) -> dict[str, Any]:
+def group(finalizers: tuple[str, ...] = (GROUP_FINALIZER,), **spec: Any) -> dict[str, Any]:
     # rebootBudget 0: a failed node is replaced at once (the ladder's reboots: test_a_failed_node_is_rebooted_*).
     fields = {"trainingPlanRef": PLAN, "instanceType": ULTRASERVER_INSTANCE_TYPE, "instanceCount": 2,
               "healthCheck": {"graceSeconds": 5, "maxUnhealthy": 2, "rebootBudget": 0}, **spec}
@@ -122,20 +120,27 @@ def patches(world: World) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------- the finalizer guard
 
 
-@pytest.mark.parametrize("finalizers, created, wake", [
-    ((FINALIZER,), [*ACTIVE, SPARE], CHECKPOINT),
-    ((), [], NOW + timedelta(seconds=1)),
-], ids=["with-kopfs-finalizer-creates-its-nodes", "without-it-creates-nothing-and-looks-again-in-1s"])
-def test_no_node_is_created_before_kopfs_finalizer_is_on_the_group(worlds, finalizers, created, wake) -> None:
+@pytest.mark.parametrize("finalizers, written", [
+    ((GROUP_FINALIZER,), None),
+    ((), [GROUP_FINALIZER]),
+    ((FINALIZER,), [GROUP_FINALIZER]),
+    (("example.com/keep", FINALIZER), ["example.com/keep", GROUP_FINALIZER]),
+], ids=["with-the-operators-finalizer-writes-none", "without-one-puts-it-on-first",
+        "kopfs-finalizer-of-earlier-versions-is-replaced", "anyone-elses-finalizer-is-kept"])
+def test_the_operators_finalizer_is_on_the_group_before_any_node_is_made(worlds, finalizers, written) -> None:
     world = worlds(group(finalizers=finalizers))
 
-    assert run(world) == wake
+    assert run(world) == CHECKPOINT
 
+    writes = [call for call in world.calls if call[0] == "set_finalizers"]
+    assert writes == ([] if written is None else [("set_finalizers", GROUPS_PLURAL, GROUP, written)])
+    assert world.kube.objects[(GROUPS_PLURAL, GROUP)]["metadata"]["finalizers"] == (written or list(finalizers))
+    created = [*ACTIVE, SPARE]
     assert sorted(node for op, node in world.provider.calls if op == "create") == created
     assert sorted(world.provider.nodes) == created
     # A creating pass writes its intent (planning.ownership), then its one status patch.
     *intent, status = patches(world)
-    assert len(intent) == (1 if created else 0)
+    assert len(intent) == 1
     assert (status["phase"], status["desiredCount"], status["reservedCapacityId"]) == ("Provisioning", 2, "rc-abc-0")
     assert sorted(message.split()[0] for _, _, reason, message in world.events if reason == "NodeCreated") == created
 
@@ -788,18 +793,17 @@ def test_the_deletion_records_each_cordon_before_it_and_the_hand_back_of_a_later
     monkeypatch.setattr(world.provider, "release", release)
     world.calls.clear()
     world.provider.calls.clear()
-    memo = types.SimpleNamespace(runtime=world.rt)
     spec = stale_body["spec"]
 
-    with pytest.raises(kopf.TemporaryError):
-        asyncio.run(drain_group(world.rt, GROUP, spec, stale_body))
+    assert asyncio.run(drain_group(world.rt, GROUP, spec, stale_body)) is not None  # looks again
+
     first_write = next(i for i, c in enumerate(world.calls) if c[:2] == ("patch_status", GROUPS_PLURAL))
     assert all(n["cordoned"] for n in world.calls[first_write][3]["nodes"])  # recorded ...
     assert world.provider.calls[0][0] == "cordon"  # ... then cordoned (the record was written first)
     assert ACTIVE[0] not in released
 
     world.pods.guarded.clear()
-    asyncio.run(drain_group(world.rt, GROUP, spec, stale_body))  # kopf's old body again
+    assert asyncio.run(drain_group(world.rt, GROUP, spec, stale_body)) is None  # the old body again
     assert released == {ACTIVE[1]: True, SPARE: True, ACTIVE[0]: True}
     assert world.kube.objects[(GROUPS_PLURAL, GROUP)]["status"]["nodes"] == []
 

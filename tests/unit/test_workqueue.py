@@ -545,11 +545,12 @@ def test_a_group_seen_at_start_or_created_gets_a_pass_under_its_label_value(even
     monkeypatch.setattr(instancegroup, "reconcile_group", reconcile_group)
 
     async def go():
-        rt = SimpleNamespace(queue=WorkQueue(), group_names={})
+        rt = SimpleNamespace(queue=WorkQueue(), group_names={}, group_seen={})
+        body = {"metadata": {"name": LONG, "generation": 1}}
         if event_type in ("MODIFIED", "DELETED"):
-            instancegroup.group_event(rt, LONG, "ADDED")
+            instancegroup.group_event(rt, LONG, body, "ADDED")
             rt.queue = WorkQueue()  # a fresh queue: only the event under test counts
-        instancegroup.group_event(rt, LONG, event_type)
+        instancegroup.group_event(rt, LONG, body, event_type)
         was_woken = rt.queue.woken(instancegroup.KIND, key)
         await instancegroup.group_pass(rt, key)
         await rt.queue.stop()
@@ -580,3 +581,32 @@ def test_a_pass_reports_where_its_time_went(durations: list[float], level: str |
         assert [r.levelname for r in lines] == [level]
         assert lines[0].getMessage() == ("group g: pass took 7.20 s with 288 create(s): "
                                          "read 0.00, apply 6.40, status 0.80")
+
+
+@pytest.mark.parametrize("change, woken, peers_woken", [
+    ({}, False, False),
+    ({"generation": 2}, True, True),
+    ({"labels": {"team": "b"}}, True, True),
+    ({"deletionTimestamp": "2026-12-01T12:00:00Z"}, True, False),
+], ids=["own-status-write-none", "spec-changed-wakes-it-and-its-plans-groups", "relabelled-wakes-it-and-its-plans-groups",
+        "being-deleted-gets-a-pass"])
+def test_a_group_looks_again_when_its_generation_or_labels_change(change, woken, peers_woken) -> None:
+    """Groups, like plans, are woken from their watch events: no kopf change handler."""
+    key = naming.label_value(LONG)
+    peers: list[str] = []
+
+    async def go():
+        rt = SimpleNamespace(queue=WorkQueue(), group_names={}, group_seen={}, wake_groups_of=peers.append)
+        meta = {"name": LONG, "generation": 1, "labels": {"team": "a"}}
+        instancegroup.group_event(rt, LONG, {"metadata": meta, "spec": {"trainingPlanRef": "p"}}, "ADDED")
+        rt.queue = WorkQueue()
+        labels = change.get("labels", meta["labels"])
+        changed = {**meta, **{k: v for k, v in change.items() if k != "labels"}, "labels": labels}
+        instancegroup.group_event(rt, LONG, {"metadata": changed, "spec": {"trainingPlanRef": "p"}}, "MODIFIED")
+        was_woken = rt.queue.woken(instancegroup.KIND, key)
+        await rt.queue.stop()
+        return was_woken
+
+    assert run(go()) is woken
+    assert peers == (["p"] if peers_woken else [])
+

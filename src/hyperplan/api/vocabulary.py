@@ -19,11 +19,13 @@ from datetime import datetime, timezone
 GROUP = "hyperplan.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
-# kopf's finalizer and its annotations on our objects (handlers.configure_kopf).
+# kopf's finalizer and its annotations on our objects (wiring.events.configure_kopf).
 FINALIZER = f"{GROUP}/finalizer"
 # The operator's own finalizer on a TrainingPlan that may hold reservations (controllers.plan.reconciler).
 # Not kopf's: kopf removes its finalizer from objects of a kind it has no deletion handler for.
 PLAN_FINALIZER = f"{GROUP}/release-reservations"
+# The operator's own finalizer on a group: its nodes are drained and removed before it goes.
+GROUP_FINALIZER = f"{GROUP}/drain-nodes"
 ANNOTATION_PREFIX = GROUP
 OWN_PREFIX = f"{GROUP}/"  # every key below that starts with it is the operator's own
 

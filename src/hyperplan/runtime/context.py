@@ -78,6 +78,8 @@ class Runtime:
     # The object name of each group by its key in the queue: the label value of its name, which
     # its nodes carry and every wake of a group names (controllers.group.reconciler).
     group_names: dict[str, str] = field(default_factory=dict)
+    # Each group's generation and labels as its last event had them, by key (a change wakes it).
+    group_seen: dict[str, tuple] = field(default_factory=dict)
     # hyperplan's SageMaker API while it is served (an aiohttp runner; hyperplan.sagemaker.server).
     sagemaker_api: Any = None
     # The endpoints of pools whose capacity a SageMaker endpoint sells (actuation.remote.RemoteSources);

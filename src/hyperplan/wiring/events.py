@@ -150,7 +150,7 @@ async def group_event(name: str, type: str | None, body: kopf.Body, memo: kopf.M
     rt: Runtime = memo.runtime
     caught_up(rt, GROUPS, name, type, body)
     observe(metrics.OBSERVED, GROUPS, name, type, body)
-    instancegroup.group_event(rt, name, type)
+    instancegroup.group_event(rt, name, body, type)
 
 
 @kopf.on.event(GROUP, VERSION, POOLS)
@@ -181,16 +181,3 @@ def remote_record_only(generations: dict[str, Any], name: str, type: str | None,
     generation = (body.get("metadata") or {}).get("generation")
     seen, generations[name] = generations.get(name), generation
     return bool((body.get("spec") or {}).get("source")) and type == "MODIFIED" and seen == generation
-
-
-# (The handler ids are the names these handlers had, so kopf's records of them on existing groups
-# still apply.)
-@kopf.on.update(GROUP, VERSION, GROUPS, field="spec", id="group_spec_changed")
-@kopf.on.update(GROUP, VERSION, GROUPS, field="metadata.labels", id="group_labels_changed")
-async def group_changed(name: str, spec: kopf.Spec, memo: kopf.Memo, **_: Any) -> None:
-    instancegroup.group_changed(memo.runtime, name, spec)
-
-
-@kopf.on.delete(GROUP, VERSION, GROUPS)
-async def drain_group(name: str, spec: kopf.Spec, memo: kopf.Memo, body: kopf.Body, **_: Any) -> None:
-    await instancegroup.drain_group(memo.runtime, name, spec, body)

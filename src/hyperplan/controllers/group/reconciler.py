@@ -1,4 +1,4 @@
-"""InstanceGroup handlers: passes over each group that hold nodes only while a block is usable.
+"""The InstanceGroup controller: passes over each group that hold nodes only while a block is usable.
 
 Each pass (:func:`reconcile_group`) reads the group, its plan, the groups sharing the plan
 and the group's nodes; ``planning.ownership`` keeps only the nodes in the group's record
@@ -11,8 +11,11 @@ drains and removals) and returns what it did, which the handler notes in the mem
 one status patch (the record of the nodes held among it) and the events. The passes run on the operator's work queue
 (``runtime.workqueue``), keyed by the label value of the group's name (which its nodes carry);
 the group is looked at again at its next block boundary, health deadline or drain retry, or
-when a node, the plan or the group changes. kopf's finalizer stays on the group (its deletion
-handler :func:`drain_group` needs it), and no node is created before it is there.
+when a node, the plan or the group changes (its generation or its labels). The operator's own
+finalizer is put on before a pass decides (:func:`hold_finalizer`), so no node exists before it;
+a group being deleted is a pass too (:func:`delete_group`): its nodes drained and removed, then
+the finalizer taken off. Groups and plans share this one lifecycle: the work queue, generation
+changes, the operator's finalizer; kopf only delivers the watch events.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from hyperplan.actuation.groups import (
 from hyperplan.api.models import (
     GroupNode, InstanceGroup, InstanceGroupStatus, TrainingPlan, VanishedRecord,
 )
-from hyperplan.api.vocabulary import FINALIZER, REASON_UNREADABLE  # set by kopf (operator.configure_kopf)
+from hyperplan.api.vocabulary import FINALIZER, GROUP_FINALIZER, REASON_UNREADABLE
 from hyperplan.runtime.context import Runtime, status_of, status_patch, ultraserver_replacements
 from hyperplan.runtime.views import as_the_ledger_holds, workloads_assigned_to
 from hyperplan.runtime.workqueue import Pace, PassPhases
@@ -62,6 +65,7 @@ PLURAL = "instancegroups"
 PACE = Pace(start=0.05, most=0.5)
 ADOPTION_RETRY = timedelta(seconds=1)  # after a lost race for a free static node
 RECORD_CONFLICT_RETRY = timedelta(seconds=1)  # after another writer changed the group's status
+DRAIN_RETRY = timedelta(seconds=1)  # a deleted group's nodes still draining
 # While a NodeClaim waits for its Node: no watch event says when Karpenter writes the claim's
 # status (the operator watches Nodes, not claims), so the pass looks again at this pace.
 LAUNCH_POLL = timedelta(seconds=2)
@@ -100,14 +104,20 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     # plan, the group's nodes. A pass right after one that wrote to the nodes lists them from the
     # API once instead, so it never acts on a view older than its own writes.
     obj = rt.cache.group(name)
-    if obj is None or obj["metadata"].get("deletionTimestamp"):
+    if obj is None:
         return None
+    if obj["metadata"].get("deletionTimestamp"):
+        return await delete_group(rt, obj)
     phases = PassPhases()
     try:
         group = InstanceGroup.model_validate(obj)
     except ValidationError as e:
         kopf.event(obj, type="Warning", reason="InvalidSpec", message=str(e)[:900])
         return None
+    held_obj = await hold_finalizer(rt, obj)
+    if held_obj is None:  # changed or deleted meanwhile: the next pass reads it again
+        return rt.clock() + RECORD_CONFLICT_RETRY
+    obj = held_obj
     plan_obj = rt.cache.plan(group.spec.training_plan_ref)
     groups = rt.cache.groups()
     provider = rt.providers[group.spec.node_provider]
@@ -273,8 +283,8 @@ def pass_facts(rt: Runtime, obj: dict[str, Any], group: InstanceGroup, held: Hel
             records.get(n.name), rt.keys.ultraserver_id)) for n in seen.nodes if n.health.exists)
     binding = held.binding
     return PassFacts(
-        # kopf adds the finalizer on its first pass over a new group; no node exists before it.
-        finalizer_held=FINALIZER in obj["metadata"].get("finalizers", []),
+        # The pass puts the finalizer on before it decides (hold_finalizer); no node exists before it.
+        finalizer_held=GROUP_FINALIZER in obj["metadata"].get("finalizers", []),
         # No node of a name another node holds (KWOK would refuse it) or that the record holds but
         # the watch cache does not show yet.
         names_taken=frozenset({n.name for n in held.sorted.unrecorded}
@@ -298,15 +308,16 @@ def cordoned_already(node: Any) -> bool:
 
 
 async def write_record(rt: Runtime, name: str, record: list[GroupNode], rv: str | None) -> str | None:
-    """The deletion handler's write of the group's record, over ``rv``; the new resourceVersion.
-    A conflict (a pass wrote meanwhile) retries the handler, which reads the record again."""
+    """The deletion's write of the group's record, over ``rv``; the new resourceVersion, None on a
+    conflict (someone wrote meanwhile: the deletion looks again and reads the record anew)."""
     try:
         written = await in_thread(rt, rt.kube.patch_status, PLURAL, name, {"nodes": [e.wire() for e in record]}, rv)
     except ApiException as e:
         if e.status != 409:
             raise
-        raise kopf.TemporaryError("the group's status changed meanwhile; reading it again", delay=1) from e
-    return (written or {}).get("metadata", {}).get("resourceVersion")
+        log.info("group %s: its status changed meanwhile; reading it again", name)
+        return None
+    return (written or {}).get("metadata", {}).get("resourceVersion") or ""
 
 
 def recorded(entries: list[GroupNode], decision: GroupDecision) -> list[GroupNode]:
@@ -440,32 +451,80 @@ async def group_pass(rt: Runtime, key: str) -> datetime | None:
     return None if name is None else await reconcile_group(rt, name)
 
 
-def group_event(rt: Runtime, name: str, type: str | None) -> None:
-    """A group gets a pass when it is listed at start (resume) or created; its spec changes
-    (:func:`group_changed`), its nodes and its plan wake it after that."""
-    rt.queue.start()  # inside a kopf handler, for kopf.event (see trainingplan.plan_event)
+def group_event(rt: Runtime, name: str, body: Mapping[str, Any], type: str | None) -> None:
+    """A group gets a pass when it is listed at start (resume) or created, when it is being
+    deleted, and when its spec or its labels changed; its nodes and its plan wake it after that.
+    A changed count may move every group that shares the plan, and a group's labels say whether its
+    plan lets it in (``instanceGroupSelector``): on either change the groups sharing its plan look
+    again too. Its other events are its own status writes, which need none."""
+    rt.queue.start()  # inside a kopf handler, for kopf.event (see the plan controller's plan_event)
     key = naming.label_value(name)
     if type == "DELETED":
         rt.group_names.pop(key, None)
+        rt.group_seen.pop(key, None)
         rt.queue.forget(KIND, key)
         return
     rt.group_names[key] = name
-    if type in (None, "ADDED"):
+    meta = body.get("metadata") or {}
+    seen = (meta.get("generation"), tuple(sorted((meta.get("labels") or {}).items())))
+    changed = key in rt.group_seen and rt.group_seen[key] != seen
+    rt.group_seen[key] = seen
+    if type in (None, "ADDED") or meta.get("deletionTimestamp") or changed:
         rt.queue.wake(KIND, key)
+    if changed:
+        rt.wake_groups_of((body.get("spec") or {}).get("trainingPlanRef", ""))
 
 
-def group_changed(rt: Runtime, name: str, spec: Mapping[str, Any]) -> None:
-    """A changed count may move every group that shares the plan, and a group's labels say whether
-    its plan lets it in (``instanceGroupSelector``): a change may bind or unbind it. Either way
-    the group and the groups sharing its plan look again."""
-    rt.queue.wake(KIND, naming.label_value(name))
-    rt.wake_groups_of(spec.get("trainingPlanRef", ""))
+async def hold_finalizer(rt: Runtime, obj: dict[str, Any]) -> dict[str, Any] | None:
+    """The group with the operator's finalizer on it (put on now if it is not), so that its
+    deletion waits for its nodes to be drained; kopf's finalizer of earlier versions is replaced.
+    None when the group changed or went since it was read (the write is over its resourceVersion)."""
+    finalizers = list(obj["metadata"].get("finalizers") or [])
+    if GROUP_FINALIZER in finalizers and FINALIZER not in finalizers:
+        return obj
+    want = [f for f in finalizers if f != FINALIZER] + ([] if GROUP_FINALIZER in finalizers else [GROUP_FINALIZER])
+    try:
+        written = await in_thread(rt, rt.kube.set_finalizers, PLURAL, obj["metadata"]["name"], want,
+                                  obj["metadata"]["resourceVersion"])
+    except ApiException as e:
+        if e.status != 409:
+            raise
+        return None
+    if written is None:
+        return None
+    rt.cache.wrote(PLURAL, written)
+    return written
 
 
-async def drain_group(rt: Runtime, name: str, spec: Mapping[str, Any], body: Mapping[str, Any]) -> None:
-    """Drain and remove every node of the group before it goes away (kopf retries it until done)."""
+async def delete_group(rt: Runtime, obj: dict[str, Any]) -> datetime | None:
+    """A group being deleted: drain and remove every node it holds (:func:`drain_group`), then let it
+    go (its finalizers, the operator's and kopf's of earlier versions, removed). Looks again while
+    nodes still drain."""
+    name, meta = obj["metadata"]["name"], obj["metadata"]
+    finalizers = meta.get("finalizers") or []
+    if GROUP_FINALIZER not in finalizers and FINALIZER not in finalizers:
+        return None
+    again = await drain_group(rt, name, obj.get("spec") or {}, obj)
+    if again is not None:
+        return again
+    current = await in_thread(rt, rt.kube.get_object, PLURAL, name)
+    if current is None:
+        return None
+    try:
+        await in_thread(rt, rt.kube.set_finalizers, PLURAL, name,
+                        [f for f in current["metadata"].get("finalizers") or [] if f not in (GROUP_FINALIZER, FINALIZER)],
+                        current["metadata"]["resourceVersion"])
+    except ApiException as e:
+        if e.status != 409:
+            raise
+        return rt.clock() + RECORD_CONFLICT_RETRY
+    return None
+
+
+async def drain_group(rt: Runtime, name: str, spec: Mapping[str, Any], body: Mapping[str, Any]) -> datetime | None:
+    """Drain and remove every node of the group; when to look again while nodes still drain (or the
+    record changed under it), None when every node is gone."""
     key = naming.label_value(name)
-    await rt.queue.quiet(KIND, key)  # a pass in flight ends first: its nodes are drained too
     kind = spec.get("nodeProvider", "kwok")
     provider = rt.providers[kind]
     # The record as the API server has it now, not as kopf's body had it: the cordons recorded by
@@ -483,6 +542,8 @@ async def drain_group(rt: Runtime, name: str, spec: Mapping[str, Any], body: Map
         post_events(dict(body), await in_thread(rt, delete_claims, provider, let_go))
         status = status.model_copy(update={"nodes": held.binding.record})
         rv = await write_record(rt, name, held.binding.record, rv)
+        if rv is None:
+            return rt.clock() + RECORD_CONFLICT_RETRY
         held = held_nodes(kind, status, listed)
     rt.group_memory.note_releasing(key, list(held.records))
     # Intent first: the nodes this attempt will cordon are recorded as cordoned by hyperplan before
@@ -494,6 +555,8 @@ async def drain_group(rt: Runtime, name: str, spec: Mapping[str, Any], body: Map
     if to_cordon:
         recorded = ownership.next_record(held.sorted, changed=to_cordon)
         rv = await write_record(rt, name, recorded, rv)
+        if rv is None:
+            return rt.clock() + RECORD_CONFLICT_RETRY
         held = held_nodes(kind, status.model_copy(update={"nodes": recorded}), listed)
     drained = await in_thread(rt, drain_nodes, provider, rt.pods, [(n, "GroupDeleted", None) for n in held.raw],
                               rt.clock(), held.records)
@@ -501,10 +564,12 @@ async def drain_group(rt: Runtime, name: str, spec: Mapping[str, Any], body: Map
         post_events(dict(body), list(outcome.events))
     released = {nid for nid, outcome in drained if outcome.released is not None}
     record = ownership.next_record(held.sorted, released=released)
-    if record != recorded or status.nodes is None:
-        await write_record(rt, name, record, rv)
+    if (record != recorded or status.nodes is None) and await write_record(rt, name, record, rv) is None:
+        return rt.clock() + RECORD_CONFLICT_RETRY
     if record:
-        raise kopf.TemporaryError(f"{len(record)} node(s) still draining", delay=1)
-    kopf.info(body, reason="Drained", message=f"all nodes of {name} drained and removed")
+        log.info("group %s: %d node(s) still draining", name, len(record))
+        return rt.clock() + DRAIN_RETRY
+    kopf.info(dict(body), reason="Drained", message=f"all nodes of {name} drained and removed")
     rt.group_memory.forget_group(key)
     rt.wake_groups_of(spec.get("trainingPlanRef", ""))  # they may take the room it leaves
+    return None
