@@ -626,8 +626,12 @@ class MetricsServer(ThreadingHTTPServer):
       to its response's last, whether the client is silent, trickles its request or does not read
       the body; past it the connection is shut down, and its thread is free. An idle keep-alive
       connection is closed after the same time (a scraper opens a new one).
-    - **A cap on connections** (``max_connections``): a connection past it gets a 503 at once and
-      is closed by the accepting thread, without a thread of its own.
+    - **A shorter deadline for the headers** (``header_seconds``, at most the request's): a client
+      that has not sent its request line and headers by then is shut down as well.
+    - **A cap on connections** (``max_connections``): past it, the connection that has waited
+      longest for its request line and headers is shut down to make room, so idle and half-sent
+      connections cannot lock a scraper out; when every connection is being answered, a new one
+      gets a 503 at once and is closed by the accepting thread, without a thread of its own.
     - **One render per** ``cache_seconds`` (:class:`RenderCache`), however many scrapers: a flood
       of scrapes must not compete for the interpreter with the Lease renewal thread, whose miss
       makes the process exit.
@@ -637,19 +641,28 @@ class MetricsServer(ThreadingHTTPServer):
     request_queue_size = 64  # socketserver's 5 drops the SYNs of scrapers that come together
 
     def __init__(self, address: tuple[str, int], *, timeout_seconds: float, max_connections: int,
-                 cache_seconds: float, render: Callable[[], list[bytes]] = render_metrics) -> None:
+                 cache_seconds: float, render: Callable[[], list[bytes]] = render_metrics,
+                 header_seconds: float | None = None) -> None:
         super().__init__(address, _MetricsHandler)
         self.request_timeout = timeout_seconds
+        self.header_timeout = min(timeout_seconds, header_seconds or timeout_seconds)
         self.renders = RenderCache(render, cache_seconds)
         self._slots = threading.BoundedSemaphore(max_connections)
+        self._waiting: dict[Any, None] = {}  # held connections not past their headers, oldest first
+        self._waiting_lock = threading.Lock()
+
+    EVICT_WAIT = 1.0  # how long the accepting thread waits for an evicted connection's slot
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self._slots.acquire(blocking=False):
-            self._refuse(request)
-            return
+            if not (self._evict() and self._slots.acquire(timeout=self.EVICT_WAIT)):
+                self._refuse(request)
+                return
+        self.waiting(request, True)
         try:
             super().process_request(request, client_address)
         except BaseException:
+            self.waiting(request, False)
             self._slots.release()
             raise
 
@@ -657,7 +670,27 @@ class MetricsServer(ThreadingHTTPServer):
         try:
             super().process_request_thread(request, client_address)
         finally:
+            self.waiting(request, False)
             self._slots.release()
+
+    def waiting(self, request: Any, waits: bool) -> None:
+        """``request``'s connection waits for a request's headers (or no longer does)."""
+        with self._waiting_lock:
+            self._waiting.pop(request, None)
+            if waits:
+                self._waiting[request] = None
+
+    def _evict(self) -> bool:
+        """Shut down the connection that has waited longest for its headers (its thread then ends
+        and frees its slot); False when every connection is past its headers."""
+        with self._waiting_lock:
+            oldest = next(iter(self._waiting), None)
+            if oldest is None:
+                return False
+            del self._waiting[oldest]
+        with contextlib.suppress(OSError):
+            oldest.shutdown(socket.SHUT_RDWR)
+        return True
 
     def _refuse(self, request: socket.socket) -> None:
         with contextlib.suppress(OSError):
@@ -692,11 +725,23 @@ class _MetricsHandler(BaseHTTPRequestHandler):
     def handle_one_request(self) -> None:
         deadline = threading.Timer(self.server.request_timeout, self._cut)
         deadline.daemon = True
+        self._headers_due = threading.Timer(self.server.header_timeout, self._cut)
+        self._headers_due.daemon = True
         deadline.start()
+        self._headers_due.start()
+        self.server.waiting(self.request, True)
         try:
             super().handle_one_request()
         finally:
             deadline.cancel()
+            self._headers_due.cancel()
+
+    def parse_request(self) -> bool:
+        """The headers are in (read by ``parse_request``): the header deadline is met."""
+        parsed = super().parse_request()
+        self._headers_due.cancel()
+        self.server.waiting(self.request, False)
+        return parsed
 
     def _cut(self) -> None:
         """The request's deadline passed: wake the blocked read or write and end the connection."""
@@ -724,12 +769,13 @@ class _MetricsHandler(BaseHTTPRequestHandler):
 
 
 def serve(port: int, address: str = "0.0.0.0", *, timeout_seconds: float = 10.0, max_connections: int = 8,
-          cache_seconds: float = 1.0, render: Callable[[], list[bytes]] = render_metrics) -> MetricsServer | None:
+          cache_seconds: float = 1.0, render: Callable[[], list[bytes]] = render_metrics,
+          header_seconds: float | None = None) -> MetricsServer | None:
     """Serve ``/metrics`` on ``address``:``port`` from a daemon thread (port 0: not at all);
     :class:`MetricsServer` says what the limits bound."""
     if not port:
         return None
     server = MetricsServer((address, port), timeout_seconds=timeout_seconds, max_connections=max_connections,
-                           cache_seconds=cache_seconds, render=render)
+                           cache_seconds=cache_seconds, render=render, header_seconds=header_seconds)
     threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     return server

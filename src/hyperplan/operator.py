@@ -27,27 +27,66 @@ import kopf
 from aiohttp import web
 
 from hyperplan import allocator, kopf_readiness, metrics
+from hyperplan.serving import HeldServer, Limits
 from hyperplan.actuation.kube import api_client
 from hyperplan.actuation.leadership import KubeLeaseStore, LeaderElector, Timing
 from hyperplan.settings import Settings
 
 
-async def serve_liveness(port: int, elector: LeaderElector | None,
-                         address: str = "0.0.0.0") -> web.AppRunner | None:
-    """``/healthz`` for both roles: 200 while the event loop answers (leader or standby)."""
+class Liveness:
+    """``/healthz`` for both roles, answered from a thread of its own (``hyperplan.serving``) so
+    that no client of the port costs kopf's event loop anything; it still proves that loop alive:
+    a task on the loop beats every second, and ``/healthz`` answers 503 once the last beat is
+    older than ``stall_seconds`` (the kubelet then restarts the container, as it did when the
+    answer itself came from a stuck loop)."""
+
+    BEAT_SECONDS = 1.0
+
+    def __init__(self, server: HeldServer, stall_seconds: float) -> None:
+        self.server = server
+        self.stall_seconds = stall_seconds
+        self.beat = time.monotonic()
+        self._beating: asyncio.Task | None = None
+
+    async def _beat(self) -> None:
+        while True:
+            self.beat = time.monotonic()
+            await asyncio.sleep(self.BEAT_SECONDS)
+
+    def start_beating(self) -> None:
+        self._beating = asyncio.create_task(self._beat(), name="liveness-heartbeat")
+
+    async def cleanup(self) -> None:
+        if self._beating is not None:
+            self._beating.cancel()
+        await self.server.cleanup()
+
+
+async def serve_liveness(port: int, elector: LeaderElector | None, address: str = "0.0.0.0", *,
+                         limits: Limits = Limits(16, 5.0, 10.0), stall_seconds: float = 5.0) -> Liveness | None:
+    """``/healthz`` for both roles: 200 while the event loop runs (leader or standby), 503 once it
+    has stalled for ``stall_seconds`` (:class:`Liveness`)."""
     if not port:
         return None
 
-    async def healthz(_: web.Request) -> web.Response:
+    async def healthz(request: web.BaseRequest) -> web.Response:
+        if request.path != "/healthz" or request.method not in ("GET", "HEAD"):
+            return web.Response(status=404)
+        stalled = time.monotonic() - liveness.beat
+        if stalled > stall_seconds:
+            return web.json_response({"status": "stalled", "seconds": round(stalled, 1)}, status=503)
         role = "leader" if elector is None or elector.is_leader else "standby"
         return web.json_response({"status": "ok", "role": role})
 
-    app = web.Application()
-    app.router.add_get("/healthz", healthz)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, address, port).start()
-    return runner
+    server = HeldServer("liveness", healthz, address, port, limits)
+    liveness = Liveness(server, stall_seconds)
+    liveness.start_beating()  # before kopf starts: kopf cancels the tasks made after its start
+    try:
+        await asyncio.to_thread(server.start)
+    except BaseException:
+        await liveness.cleanup()
+        raise
+    return liveness
 
 
 def build_elector(hp: Settings, api) -> LeaderElector:
@@ -71,10 +110,16 @@ async def run_elected(hp: Settings, runtime) -> int:
     # handlers' many threads (a pool that 64 purchase threads churn costs a renewal a fresh TLS
     # handshake, under the GIL, at the worst moment).
     elector = build_elector(hp, api_client(hp.kubeconfig)) if hp.leader_election else None
-    liveness = await serve_liveness(hp.liveness_port, elector, hp.liveness_address)
+    liveness = await serve_liveness(
+        hp.liveness_port, elector, hp.liveness_address, stall_seconds=hp.liveness_stall_seconds,
+        limits=Limits(hp.liveness_max_connections, hp.header_timeout_seconds, hp.body_timeout_seconds))
     trimming = asyncio.create_task(allocator.trim_after_busy_spells())  # before kopf: it would cancel it
     # The SageMaker API is served in both roles, from before the election (hyperplan.sagemaker.replica).
     from hyperplan.sagemaker.replica import ReplicaApi  # imports the handlers, as run_operator does
+    from hyperplan.sagemaker import server as sagemaker_server
+    sagemaker_server.SERVING = sagemaker_server.Serving(
+        Limits(hp.sagemaker_api_max_connections, hp.header_timeout_seconds, hp.body_timeout_seconds),
+        hp.sagemaker_api_answer_seconds)
     sagemaker_api = runtime.sagemaker_api = ReplicaApi.of(hp, runtime)
     if sagemaker_api is not None:
         sagemaker_api.start()  # a task made before kopf's start
@@ -159,5 +204,6 @@ def run_operator() -> int:
     logging.getLogger("hyperplan").info(
         "hyperplan starting: policy=%s, liveness=%s, metrics=%s", hp.policy, liveness, served)
     metrics.serve(hp.metrics_port, hp.metrics_address, timeout_seconds=hp.metrics_timeout_seconds,
-                  max_connections=hp.metrics_max_connections, cache_seconds=hp.metrics_cache_seconds)
+                  max_connections=hp.metrics_max_connections, cache_seconds=hp.metrics_cache_seconds,
+                  header_seconds=hp.header_timeout_seconds)
     return asyncio.run(run_elected(hp, runtime))

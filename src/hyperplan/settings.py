@@ -40,6 +40,19 @@ class Settings(BaseSettings):
     """Port of the liveness endpoint (/healthz); 0 disables it."""
     liveness_address: str = "0.0.0.0"
     """Address the liveness endpoint binds (0.0.0.0: every interface, as the kubelet's probe needs)."""
+    liveness_max_connections: int = Field(16, ge=1)
+    """Liveness connections held at once; past it the one that has waited longest for its request
+    is closed to make room (a 503 at once when every one is being answered)."""
+    liveness_stall_seconds: float = Field(5.0, gt=0)
+    """/healthz answers 503 once the operator's event loop has not run for this long (it is
+    answered from a thread of its own, and reads the loop's heartbeat)."""
+    header_timeout_seconds: float = Field(5.0, gt=0)
+    """Every port (liveness, metrics, SageMaker API): a client's request headers must arrive
+    within this long of its connection (its TLS handshake included) or of its previous answer;
+    it is closed otherwise."""
+    body_timeout_seconds: float = Field(10.0, gt=0)
+    """The SageMaker API: a request's body must arrive within this long of its headers; the
+    connection is closed otherwise."""
 
     metrics_port: int = 8000
     """Port of the Prometheus endpoint (/metrics); 0 disables it."""
@@ -173,6 +186,12 @@ class Settings(BaseSettings):
     """PEM certificate (chain) file for HTTPS (the chart mounts it from a Secret)."""
     sagemaker_api_tls_key: str | None = None
     """PEM private key file for HTTPS."""
+    sagemaker_api_max_connections: int = Field(128, ge=1)
+    """SageMaker API connections held at once; past it the one that has waited longest for its
+    request is closed to make room (a 503 at once when every one is being answered)."""
+    sagemaker_api_answer_seconds: float = Field(60.0, gt=0)
+    """Longest an API operation may run once its request is read (it runs on the operator's event
+    loop); past it the caller gets a 503 ServiceUnavailable."""
     aws_account_id: str = Field("000000000000", pattern=r"^[0-9]{12}$")
     """The 12-digit account id in the ARNs the API hands out."""
     cluster_name: str = Field("hyperplan", pattern=r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")

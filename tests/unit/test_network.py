@@ -135,23 +135,37 @@ def test_a_client_that_does_not_read_the_body_frees_its_slot(serve) -> None:
     assert status == 200 and len(body) == 64 * 1024 * 1024
 
 
-def test_connections_past_the_cap_are_refused_at_once(serve) -> None:
+def test_connections_past_the_cap_make_room_or_are_refused_at_once(serve) -> None:
+    """Past the cap, the connection that has waited longest for its headers is shut down and the
+    new one is answered; while every connection is being answered, a new one gets a 503 at once."""
     port = serve(max_connections=2, timeout_seconds=5)
     held = [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]
     try:
         time.sleep(0.2)  # both accepted and waiting for their requests
         started = time.monotonic()
-        try:
-            status = scrape(port)[0]
-        except (ConnectionResetError, http.client.RemoteDisconnected):
-            status = None  # closed before the 503 was read: refused all the same
-        assert status in (503, None)
+        assert scrape(port)[0] == 200
         assert time.monotonic() - started < 1.0
+        assert closed_after(held[0], 1.0) is not None  # the oldest made room
     finally:
-        held.pop().close()
-    time.sleep(0.2)  # a slot is free again
-    assert scrape(port)[0] == 200
-    held[0].close()
+        for sock in held:
+            sock.close()
+
+    busy = serve(CountingRender(seconds=1.5), max_connections=2, timeout_seconds=5, cache_seconds=0)
+    scrapers = [threading.Thread(target=scrape, args=(busy,)) for _ in range(2)]
+    for t in scrapers:
+        t.start()
+    time.sleep(0.3)  # both past their headers, waiting for the render
+    started = time.monotonic()
+    try:
+        status = scrape(busy)[0]
+    except (ConnectionResetError, http.client.RemoteDisconnected):
+        status = None  # closed before the 503 was read: refused all the same
+    assert status in (503, None)
+    assert time.monotonic() - started < 1.0
+    for t in scrapers:
+        t.join()
+    time.sleep(0.2)  # their threads see the scrapers close and free the slots
+    assert scrape(busy)[0] == 200
 
 
 def test_concurrent_scrapes_share_one_render(serve) -> None:

@@ -1,8 +1,11 @@
 """The HTTP side of hyperplan's SageMaker API: one aiohttp application on its own port.
 
-It runs on the operator's event loop, so its reads of the watch cache are reads of the indexes
-on the loop (kopf's on the leader, the replica's own before that: :mod:`hyperplan.sagemaker.replica`;
-no copy, no API call). A request is verified (SigV4,
+The port is served from a thread of its own (:func:`serve`, :mod:`hyperplan.serving`: a cap on
+connections, deadlines for a request's headers and body), so no client of the port costs the
+operator's event loop anything until its request is read and bounded in size. The request is then
+handed to the operator's event loop, where the operation runs, so its reads of the watch cache are
+reads of the indexes on the loop (kopf's on the leader, the replica's own before that:
+:mod:`hyperplan.sagemaker.replica`; no copy, no API call). A request is verified (SigV4,
 :mod:`hyperplan.sagemaker.signing`) before its body is parsed; then the operation runs
 (:mod:`hyperplan.sagemaker.operations`) and the answer is JSON 1.1. Whatever fails inside an
 operation is answered as ``InternalFailure`` (500) and logged; the server goes on.
@@ -18,14 +21,17 @@ import ipaddress
 import json
 import logging
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from aiohttp import web
 from kubernetes.client.exceptions import ApiException
+from multidict import CIMultiDict, CIMultiDictProxy
 
-from hyperplan import threads
+from hyperplan import serving, threads
 from hyperplan.planning.policy import DEMO, Policy
 from hyperplan.sagemaker import operations
 from hyperplan.sagemaker.access import Access, Writes, check_rights, rights_known
@@ -134,19 +140,88 @@ def make_app(fleet: operations.Fleet, access: Access, account: str, clock: Calla
 
     app = web.Application(client_max_size=MAX_BODY)
     app.router.add_route("*", "/{tail:.*}", handle)
+    app[HANDLE] = handle
     return app
 
 
+@dataclass(frozen=True)
+class Serving:
+    """How the API's port holds its clients (:mod:`hyperplan.serving`), and how long an operation
+    may run on the operator's loop once its request is read (``answer_seconds``)."""
+
+    limits: serving.Limits = serving.Limits(max_connections=128, header_seconds=5.0, body_seconds=10.0)
+    answer_seconds: float = 60.0
+
+
+SERVING = Serving()  # the operator sets it from its settings (hyperplan.operator) before serving
+HANDLE: web.AppKey[Callable[..., Awaitable[web.StreamResponse]]] = web.AppKey("handle")
+
+
+class _Body:
+    def __init__(self, raw: bytes) -> None:
+        self.raw = raw
+
+    async def read(self, n: int = -1) -> bytes:
+        return self.raw if n < 0 else self.raw[:n]
+
+
+class Received(dict):
+    """A request as the port's thread read it, handed to the operator's loop: what the handler
+    and the app's middlewares read of an aiohttp request (method, path, query, headers, the
+    declared length, the body already read and cut at ``MAX_BODY + 1``), and a mapping as a
+    request is."""
+
+    def __init__(self, method: str, path: str, query_string: str, headers: CIMultiDictProxy[str],
+                 body: bytes, content_length: int | None) -> None:
+        super().__init__()
+        self.method, self.path, self.query_string = method, path, query_string
+        self.headers = headers
+        self.content = _Body(body)
+        self.content_length = content_length
+
+
+def _relay(app: web.Application, loop: asyncio.AbstractEventLoop, answer_seconds: float):
+    """The port thread's handler: read the request (at most ``MAX_BODY + 1`` bytes of body, within
+    the body deadline), then answer it with ``app``'s handler and middlewares on ``loop``."""
+    handler = app[HANDLE]
+    for middleware in reversed(app.middlewares):
+        handler = partial(middleware, handler=handler)
+
+    async def relay(request: web.BaseRequest) -> web.StreamResponse:
+        declared = request.content_length
+        try:
+            # A body declared too long is not read: the handler refuses it by its length.
+            raw = b"" if (declared or 0) > MAX_BODY else await serving.read_body(request, MAX_BODY + 1)
+        except ConnectionError:
+            return web.Response(status=408)  # closed at the body deadline: no one reads this
+        serving.answering(request)
+        received = Received(request.method, request.path, request.query_string,
+                            CIMultiDictProxy(CIMultiDict(request.headers)), raw, declared)
+        try:
+            response = await serving.handled_elsewhere(loop, lambda: handler(received), answer_seconds)
+        except asyncio.TimeoutError:
+            log.warning("SageMaker API: %s not answered within %gs", request.headers.get("X-Amz-Target"),
+                        answer_seconds)
+            response = _answer(503, {"__type": "ServiceUnavailable",
+                                     "message": f"the operation did not end within {answer_seconds:g}s"})
+        if len(raw) > MAX_BODY or (declared or 0) > MAX_BODY:
+            response.force_close()  # the rest of the body is not read
+        return response
+
+    return relay
+
+
 async def serve(app: web.Application, address: str, port: int, cert: str | None = None,
-                key: str | None = None) -> web.AppRunner:
-    """Start serving ``app`` on ``address:port`` (HTTPS with ``cert`` and ``key``); the caller
-    keeps the runner and calls ``cleanup()`` on it to stop."""
+                key: str | None = None, how: Serving | None = None) -> serving.HeldServer:
+    """Start serving ``app`` on ``address:port`` (HTTPS with ``cert`` and ``key``) from a thread of
+    its own within ``how`` (default :data:`SERVING`); its operations run on the calling loop. The
+    caller keeps the server and calls ``cleanup()`` on it to stop."""
     check_address(address, tls=bool(cert and key))
+    how = how or SERVING
     context = None
     if cert and key:
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(cert, key)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, address, port, ssl_context=context).start()
-    return runner
+    server = serving.HeldServer("sagemaker-api", _relay(app, asyncio.get_running_loop(), how.answer_seconds),
+                                address, port, how.limits, context)
+    return await asyncio.to_thread(server.start)
