@@ -6,8 +6,10 @@ one the whole process shares), so that the table below is the whole story; docs/
 shows it, and a unit test checks that the page and the table agree.
 
 Threads that are not pools (one each): the node watch (``node-watch``), the leader's Lease
-renewal (``leader-election``), the /metrics server (``metrics``), and on a standby the SageMaker
-API's own watches. kopf's own executor for sync handlers has ``kopf`` workers (every hyperplan
+renewal (``leader-election``), the /metrics server (``metrics``, with a thread per connection it
+holds, at most ``HYPERPLAN_METRICS_MAX_CONNECTIONS``), the /healthz server (``liveness``) and the
+SageMaker API's server (``sagemaker-api``), each with an event loop of its own
+(:mod:`hyperplan.serving`), and on a standby the SageMaker API's own watches. kopf's own executor for sync handlers has ``kopf`` workers (every hyperplan
 handler is async, so it stays idle), and asyncio's default executor (cpu count + 4) serves only
 ``asyncio.to_thread`` calls outside the passes.
 """
