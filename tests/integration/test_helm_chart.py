@@ -120,7 +120,7 @@ def test_default_render_runs_the_operator_locked_down(helm) -> None:
     docs = render(helm, namespace="hyperplan-system")
     objs = by_kind(docs)
     assert set(objs) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "Deployment", "Role",
-                         "RoleBinding", "PodDisruptionBudget"}
+                         "RoleBinding", "PodDisruptionBudget", "NetworkPolicy"}
     assert sorted(admission_policies(docs)) == [f"{kind}/hp-hyperplan-{name}" for kind in ADMISSION_KINDS
                                                 for name in ("owned-nodes", "pod-writes")]
     dep = objs["Deployment"]
@@ -605,27 +605,32 @@ def _namespace(name: str) -> dict[str, Any]:
 
 
 PROMETHEUS_PODS = {"podSelector": {"matchLabels": {"app": "prometheus"}}}
+PROMETHEUS_ANYWHERE = {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
+NO_DEFAULT_METRICS_PEER = ("--set", "networkPolicy.metrics.from=null")
 
 
 @pytest.mark.parametrize("flags, ingress", [
-    (("--set", "networkPolicy.enabled=true"), []),
-    (("--set", "networkPolicy.enabled=true", "--set", "networkPolicy.metrics.namespaces={monitoring}"),
+    ((), [{"from": [PROMETHEUS_ANYWHERE], "ports": [{"port": "metrics", "protocol": "TCP"}]}]),
+    (NO_DEFAULT_METRICS_PEER, []),
+    ((*NO_DEFAULT_METRICS_PEER, "--set", "networkPolicy.metrics.namespaces={monitoring}"),
      [{"from": [_namespace("monitoring")], "ports": [{"port": "metrics", "protocol": "TCP"}]}]),
-    (("--set", "networkPolicy.enabled=true", "--set", "networkPolicy.metrics.namespaces={monitoring,sre}",
+    (("--set", "networkPolicy.metrics.namespaces={monitoring,sre}",
       "--set", "networkPolicy.metrics.from[0].podSelector.matchLabels.app=prometheus",
       "--set", "networkPolicy.liveness.namespaces={probes}"),
      [{"from": [_namespace("monitoring"), _namespace("sre"), PROMETHEUS_PODS],
        "ports": [{"port": "metrics", "protocol": "TCP"}]},
       {"from": [_namespace("probes")], "ports": [{"port": "liveness", "protocol": "TCP"}]}]),
-    (("--set", "networkPolicy.enabled=true", "--set", "networkPolicy.sagemakerApi.namespaces={buyers}"), []),
-    (("--set", "networkPolicy.enabled=true", "--set", "sagemakerApi.enabled=true", "--set", "sagemakerApi.tlsSecret=api-tls",
+    ((*NO_DEFAULT_METRICS_PEER, "--set", "networkPolicy.sagemakerApi.namespaces={buyers}"), []),
+    ((*NO_DEFAULT_METRICS_PEER, "--set", "sagemakerApi.enabled=true", "--set", "sagemakerApi.tlsSecret=api-tls",
       "--set", "networkPolicy.sagemakerApi.namespaces={buyers}"),
      [{"from": [_namespace("buyers")], "ports": [{"port": "sagemaker-api", "protocol": "TCP"}]}]),
-    (("--set", "networkPolicy.enabled=true", "--set", "sagemakerApi.enabled=true", "--set", "sagemakerApi.tlsSecret=api-tls"),
+    ((*NO_DEFAULT_METRICS_PEER, "--set", "sagemakerApi.enabled=true", "--set", "sagemakerApi.tlsSecret=api-tls"),
      []),
-], ids=["nobody", "metrics-from-a-namespace", "both-ports-from-namespaces-and-pods",
+], ids=["defaults-prometheus-pods-to-metrics", "nobody", "metrics-from-a-namespace", "both-ports-from-namespaces-and-pods",
         "sagemaker-api-peers-without-the-api", "sagemaker-api-from-a-namespace", "sagemaker-api-from-nobody"])
 def test_network_policy_lets_in_only_the_chosen_peers(helm, flags, ingress) -> None:
+    """On by default: the liveness port to no pod (the kubelet's probes come from the node), the
+    metrics port to Prometheus's pods, the SageMaker API's to the peers listed for it."""
     # (with the SageMaker API there are two Services, two Roles, ...: pick by kind, not by_kind)
     objs = {d["kind"]: d for d in render(helm, *flags, namespace="hyperplan-system")}
     policy = objs["NetworkPolicy"]
@@ -634,7 +639,7 @@ def test_network_policy_lets_in_only_the_chosen_peers(helm, flags, ingress) -> N
     assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     assert policy["spec"]["ingress"] == ingress
-    assert "NetworkPolicy" not in by_kind(render(helm))  # off by default
+    assert "NetworkPolicy" not in by_kind(render(helm, "--set", "networkPolicy.enabled=false"))  # it can be turned off
 
 
 def test_service_account_can_be_brought_by_the_user(helm) -> None:
@@ -649,9 +654,10 @@ def test_service_account_can_be_brought_by_the_user(helm) -> None:
 
 
 @pytest.mark.parametrize("flags", [
-    (), ("--set", "networkPolicy.enabled=true", "--set", "networkPolicy.metrics.namespaces={monitoring}",
+    (), ("--set", "networkPolicy.metrics.namespaces={monitoring}",
          "--set", "networkPolicy.liveness.from[0].podSelector.matchLabels.app=probe"),
-], ids=["defaults", "with-network-policy"])
+    ("--set", "networkPolicy.enabled=false"),
+], ids=["defaults", "with-network-policy-peers", "without-network-policy"])
 def test_rendered_manifests_pass_server_side_dry_run(helm, crds: Kubectl, flags) -> None:
     manifests = helm("template", "hp-dry", str(CHART), "--namespace", "default", *flags).stdout
     proc = crds.run("apply", "--dry-run=server", "-f", "-", input=manifests)
