@@ -196,6 +196,10 @@ class Settings(BaseSettings):
     """The 12-digit account id in the ARNs the API hands out."""
     cluster_name: str = Field("hyperplan", pattern=r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
     """This Kubernetes cluster's name as one HyperPod cluster (DescribeCluster, ListClusterNodes)."""
+    eks_cluster_arn: str | None = Field(None, pattern=(r"^arn:aws[a-z\-]*:eks:[a-z0-9\-]*:[0-9]{12}:cluster/"
+                                                        r"[0-9A-Za-z][A-Za-z0-9\-_]{0,99}$"))
+    """The EKS cluster ARN DescribeCluster answers as ``Orchestrator.Eks.ClusterArn`` (the HyperPod
+    CLI reads it to find the cluster's Kubernetes API); unset: no ``Orchestrator`` is answered."""
     api_key_namespace: str | None = None
     """Namespace of the API's access-key Secrets; unset: $POD_NAMESPACE, else `default`."""
 

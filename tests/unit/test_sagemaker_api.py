@@ -213,6 +213,8 @@ def model_violations(answers: list[Answer]) -> list[str]:
     """How the answers break botocore's model (their shapes, their error codes)."""
     found: list[str] = []
     for answer in answers:
+        if not any(k.lower() == "x-amzn-requestid" and v for k, v in answer.headers.items()):
+            found.append(f"{answer.operation}: answered {answer.status} without x-amzn-RequestId")
         served = answer.operation in botocore_shapes.operations()
         if answer.status == 200 and served:
             found += botocore_shapes.violations(answer.operation, answer.body)

@@ -221,3 +221,105 @@ def test_a_node_named_twice_is_acted_on_once_and_a_refusal_fails_only_its_node(s
     assert got["Successful"] == [ids[0], ids[2]]
     assert [(f["NodeId"], f["ErrorCode"]) for f in got["Failed"]] == [(ids[1], "InvalidInstanceStatus")]
     assert [c[2] for c in server.writes.calls] == ["trainers-0", "trainers-2"]
+
+
+# --------------------------------------------------------------------------- the cluster as its groups have it
+
+
+def cluster_ctx(groups: list[dict], nodes: dict | None = None, **more) -> operations.Context:
+    from datetime import datetime, timezone
+
+    from hyperplan.runtime.store import GROUPS, NODES, PLANS, POOLS, WatchCache
+
+    cache = WatchCache()
+    cache.bind({PLANS: {"ultra": [plan("ultra", "Active", 2, ultra=True)]}, POOLS: {},
+                GROUPS: {g["metadata"]["name"]: [g] for g in groups}, NODES: nodes or {}})
+    return operations.Context(fleet=cache, account=ACCOUNT, region="us-west-2", now=datetime.now(timezone.utc),
+                              cluster_name="lab", **more)
+
+
+def shaped(name: str, phase: str = "Ready", **spec) -> dict:
+    made = group(name, "ultra", 2)
+    made["spec"].update(spec)
+    made["status"] = {"phase": phase}
+    return made
+
+
+def test_describe_cluster_reports_each_groups_labels_taints_checks_and_recovery() -> None:
+    labelled_group = shaped("trainers", labels={"team": "vision", "tier": "gold"},
+                            taints=[{"key": "dedicated", "value": "ml", "effect": "NoSchedule"}],
+                            onStartDeepHealthChecks=["InstanceStress"], nodeRecovery="None")
+    on_node = node("trainers-0", "trainers")
+    on_node["metadata"]["labels"]["team"] = "vision"  # tier not applied yet
+    on_node["spec"]["taints"] = [{"key": "dedicated", "value": "ml", "effect": "NoSchedule"}]
+    ctx = cluster_ctx([labelled_group], {("group", "trainers"): [on_node]},
+                      eks_cluster_arn="arn:aws:eks:us-west-2:123456789012:cluster/lab")
+    got = operations.call("DescribeCluster", {"ClusterName": "lab"}, ctx)
+    assert botocore_shapes.violations("DescribeCluster", got) == []
+    [details] = got["InstanceGroups"]
+    assert details["KubernetesConfig"] == {
+        "CurrentLabels": {"team": "vision"}, "DesiredLabels": {"team": "vision", "tier": "gold"},
+        "CurrentTaints": [{"Key": "dedicated", "Value": "ml", "Effect": "NoSchedule"}],
+        "DesiredTaints": [{"Key": "dedicated", "Value": "ml", "Effect": "NoSchedule"}]}
+    assert details["OnStartDeepHealthChecks"] == ["InstanceStress"]
+    assert got["NodeRecovery"] == "None"
+    assert got["Orchestrator"] == {"Eks": {"ClusterArn": "arn:aws:eks:us-west-2:123456789012:cluster/lab"}}
+    assert "Orchestrator" not in operations.call("DescribeCluster", {"ClusterName": "lab"}, cluster_ctx([]))
+
+
+@pytest.mark.parametrize("phases, status, recovery", [
+    pytest.param(["Ready", "Ready"], "InService", "Automatic", id="all-ready"),
+    pytest.param(["Ready", "Provisioning"], "Updating", "Automatic", id="one-scaling"),
+    pytest.param(["Ready", "Waiting"], "Updating", "Automatic", id="one-being-made"),
+    pytest.param(["Ready", "Failed"], "InService", "Automatic", id="one-failed"),
+    pytest.param(["Failed", "Failed"], "Failed", "Automatic", id="all-failed"),
+])
+def test_the_clusters_status_is_its_groups(phases: list[str], status: str, recovery: str) -> None:
+    ctx = cluster_ctx([shaped(f"g{i}", phase) for i, phase in enumerate(phases)])
+    got = operations.call("DescribeCluster", {"ClusterName": "lab"}, ctx)
+    assert botocore_shapes.violations("DescribeCluster", got) == []
+    assert (got["ClusterStatus"], got["NodeRecovery"]) == (status, recovery)
+    assert ("FailureMessage" in got) == ("Failed" in phases)
+    [summary] = operations.call("ListClusters", {}, ctx)["ClusterSummaries"]
+    assert summary["ClusterStatus"] == status
+
+
+def test_groups_that_differ_in_recovery_answer_none_for_the_cluster() -> None:
+    ctx = cluster_ctx([shaped("a", nodeRecovery="None"), shaped("b")])
+    assert "NodeRecovery" not in operations.call("DescribeCluster", {"ClusterName": "lab"}, ctx)
+
+
+@pytest.mark.parametrize("body, shown", [
+    pytest.param({}, True, id="no-filter"),
+    pytest.param({"CreationTimeAfter": 1800000000}, True, id="created-after"),  # 2027-02-01 is 1801440000
+    pytest.param({"CreationTimeAfter": 1801440000}, False, id="not-strictly-after"),
+    pytest.param({"CreationTimeBefore": 1800000000}, False, id="created-before"),
+    pytest.param({"NameContains": "la"}, True, id="name-contains"),
+    pytest.param({"NameContains": "other"}, False, id="another-name"),
+    pytest.param({"TrainingPlanArn": PLAN_ARN + "ultra"}, True, id="its-plan"),
+    pytest.param({"TrainingPlanArn": PLAN_ARN + "other"}, False, id="another-plan"),
+])
+def test_list_clusters_honours_its_filters(body: dict, shown: bool) -> None:
+    got = operations.call("ListClusters", body, cluster_ctx([shaped("trainers")]))
+    assert botocore_shapes.violations("ListClusters", got) == []
+    assert len(got["ClusterSummaries"]) == (1 if shown else 0)
+
+
+@pytest.mark.parametrize("body", [
+    pytest.param({"MaxResults": 0}, id="max-results-minimum"),
+    pytest.param({"MaxResults": 101}, id="max-results-maximum"),
+    pytest.param({"NameContains": "a_b"}, id="name-contains-pattern"),
+    pytest.param({"NameContains": "a" * 64}, id="name-contains-length"),
+    pytest.param({"SortBy": "SIZE"}, id="sort-by-enum"),
+    pytest.param({"SortOrder": "Up"}, id="sort-order-enum"),
+    pytest.param({"TrainingPlanArn": "arn:aws:s3:::bucket-of-fifty-characters-or-more-to-pass-length"},
+                 id="plan-arn-pattern"),
+    pytest.param({"CreationTimeAfter": "yesterday"}, id="time-type"),
+    pytest.param({"NextToken": "forged"}, id="forged-token"),
+])
+def test_list_clusters_checks_its_inputs(body: dict) -> None:
+    from hyperplan.sagemaker.wire import ApiError
+
+    with pytest.raises(ApiError) as refused:
+        operations.call("ListClusters", body, cluster_ctx([shaped("trainers")]))
+    assert refused.value.code == "ValidationException"

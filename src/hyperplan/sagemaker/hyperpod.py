@@ -27,6 +27,7 @@ from collections.abc import Iterator, Mapping
 from datetime import datetime
 from typing import Any
 
+from aiohttp import web
 from pydantic import ValidationError
 
 from hyperplan.api.models import InstanceGroup
@@ -46,10 +47,14 @@ CLUSTER_NAME_OR_ARN = (r"((arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]*:[0-9]{12}:clust
                        r"([a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}))")
 GROUP_NAME = r"[a-zA-Z0-9](-*[a-zA-Z0-9])*"
 NODE_ID = r"i-[a-f0-9]{8}(?:[a-f0-9]{9})?"
+TRAINING_PLAN_ARN = r"arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]*:[0-9]{12}:training-plan/.*"
 GROUP_STATUS = {"Waiting": "Creating", "Provisioning": "Updating", "Ready": "InService", "Draining": "Deleting",
                 "Failed": "Degraded"}
 
 
+EKS_CLUSTER_ARN: web.AppKey[str | None] = web.AppKey("eks-cluster-arn")
+"""Where the app keeps the EKS cluster ARN DescribeCluster answers as ``Orchestrator.Eks.ClusterArn``
+(the setting ``eks_cluster_arn``; ``sagemaker.replica`` sets it)."""
 MAX_BATCH = 25  # node ids per BatchReboot/BatchReplace call, as the model bounds them
 MAX_LABELS = 50  # the model's ClusterKubernetesLabels: at most 50, keys of 1-317, values of 1-63 characters
 LABEL_KEY = r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
@@ -176,35 +181,103 @@ def model_taints(taints: Any) -> list[dict[str, str]]:
     return out[:MAX_LABELS]
 
 
+def group_status(group: InstanceGroup) -> str:
+    return GROUP_STATUS.get(group.status.phase or "Waiting", "Creating")
+
+
+def cluster_status(groups: list[InstanceGroup]) -> str:
+    """The cluster's ``ClusterStatus`` from its groups: ``Updating`` while any group is being made,
+    scaled or drained; ``Failed`` when every group failed; else ``InService``. A group that failed
+    beside others that serve is ``Degraded`` on the group itself (the model's cluster statuses have
+    no degraded one) and named in the cluster's ``FailureMessage``."""
+    statuses = {group_status(g) for g in groups}
+    if statuses & {"Creating", "Updating", "Deleting"}:
+        return "Updating"
+    return "Failed" if statuses == {"Degraded"} else "InService"
+
+
+def _failure_message(groups: list[InstanceGroup]) -> str | None:
+    failed = []
+    for g in groups:
+        if g.status.phase != "Failed":
+            continue
+        why = next((c.message for c in g.status.conditions if c.status == "False" and c.message), None)
+        failed.append(f"{g.metadata['name']}: {why}" if why else g.metadata["name"])
+    return ("instance groups failed: " + "; ".join(failed))[:1024] if failed else None
+
+
+def node_recovery(groups: list[InstanceGroup]) -> str | None:
+    """The cluster's ``NodeRecovery``: the groups' own when they agree (``Automatic`` with none,
+    hyperplan's default). The model has one value per cluster and hyperplan one per group: groups
+    that differ answer none rather than a value that is wrong for some of them."""
+    values = {g.spec.node_recovery for g in groups}
+    return "Automatic" if not values else values.pop() if len(values) == 1 else None
+
+
+def _on_every_node(nodes: list[Mapping[str, Any]], labels: Mapping[str, str],
+                   taints: list[Mapping[str, Any]]) -> tuple[dict[str, str], list[Mapping[str, Any]]]:
+    """The group's labels and taints that every node of it carries (what is applied, not only asked)."""
+    node_labels = [(n.get("metadata") or {}).get("labels") or {} for n in nodes]
+    node_taints = [{(t.get("key"), t.get("value") or "", t.get("effect")) for t in (n.get("spec") or {}).get("taints") or []}
+                   for n in nodes]
+    on_labels = {k: v for k, v in labels.items() if all(held.get(k) == v for held in node_labels)}
+    on_taints = [t for t in taints if all((t.get("key"), t.get("value") or "", t.get("effect")) in held
+                                          for held in node_taints)]
+    return on_labels, on_taints
+
+
+def group_details(ctx: Any, group: InstanceGroup) -> dict[str, Any]:
+    """One group as DescribeCluster's ``ClusterInstanceGroupDetails``: counts, status, its training
+    plan, the Kubernetes labels and taints it puts on its nodes (desired: the spec; current: those
+    every node carries now) and its deep health checks."""
+    nodes = ctx.fleet.group_nodes(naming.label_value(group.metadata["name"]))
+    plan = ctx.fleet.plan(group.spec.training_plan_ref)
+    taints = [t.model_dump(by_alias=True) for t in group.spec.taints]
+    current_labels, current_taints = _on_every_node(nodes, group.spec.labels, taints)
+    config = compact({"CurrentLabels": model_labels(current_labels), "DesiredLabels": model_labels(group.spec.labels),
+                      "CurrentTaints": model_taints(current_taints), "DesiredTaints": model_taints(taints)})
+    return compact({
+        "InstanceGroupName": group.metadata["name"], "InstanceType": group.spec.instance_type,
+        "CurrentCount": len(nodes), "TargetCount": group.spec.instance_count, "Status": group_status(group),
+        "TrainingPlanArn": ctx.arn("training-plan", group.spec.training_plan_ref),
+        "TrainingPlanStatus": ((plan or {}).get("status") or {}).get("phase"),
+        "OnStartDeepHealthChecks": list(group.spec.on_start_deep_health_checks) or None,
+        "KubernetesConfig": {k: v for k, v in config.items() if v} or None,
+    })
+
+
 def describe_cluster(body: Mapping[str, Any], ctx: Any) -> dict[str, Any]:
+    """The cluster as its groups have it: their details, the cluster's status from theirs
+    (:func:`cluster_status`), ``NodeRecovery`` as they have it, and ``Orchestrator.Eks.ClusterArn``
+    when the setting names one."""
     _cluster(body, ctx)
-    details = []
-    for group in _groups(ctx):
-        nodes = ctx.fleet.group_nodes(naming.label_value(group.metadata["name"]))
-        plan = ctx.fleet.plan(group.spec.training_plan_ref)
-        details.append(compact({
-            "InstanceGroupName": group.metadata["name"], "InstanceType": group.spec.instance_type,
-            "CurrentCount": len(nodes), "TargetCount": group.spec.instance_count,
-            "Status": GROUP_STATUS.get(group.status.phase or "Waiting", "Creating"),
-            "TrainingPlanArn": ctx.arn("training-plan", group.spec.training_plan_ref),
-            "TrainingPlanStatus": ((plan or {}).get("status") or {}).get("phase"),
-        }))
-    return compact({"ClusterArn": cluster_arn(ctx), "ClusterName": ctx.cluster_name, "ClusterStatus": "InService",
-                    "CreationTime": epoch(_created(ctx)), "InstanceGroups": details,
-                    "NodeRecovery": "Automatic"})
+    groups = _groups(ctx)
+    orchestrator = {"Eks": {"ClusterArn": ctx.eks_cluster_arn}} if getattr(ctx, "eks_cluster_arn", None) else None
+    return compact({"ClusterArn": cluster_arn(ctx), "ClusterName": ctx.cluster_name,
+                    "ClusterStatus": cluster_status(groups), "FailureMessage": _failure_message(groups),
+                    "CreationTime": epoch(_created(ctx)), "InstanceGroups": [group_details(ctx, g) for g in groups],
+                    "Orchestrator": orchestrator, "NodeRecovery": node_recovery(groups)})
 
 
 def list_clusters(body: Mapping[str, Any], ctx: Any) -> dict[str, Any]:
-    bounded(body, "MaxResults", 1, 100)
-    one_of(body, "SortBy", ("CREATION_TIME", "NAME"))
-    one_of(body, "SortOrder", ("Ascending", "Descending"))
-    contains = body.get("NameContains")
-    summary = {"ClusterArn": cluster_arn(ctx), "ClusterName": ctx.cluster_name, "ClusterStatus": "InService",
-               "CreationTime": epoch(_created(ctx)),
-               "TrainingPlanArns": sorted({ctx.arn("training-plan", g.spec.training_plan_ref) for g in _groups(ctx)})}
-    plan = body.get("TrainingPlanArn")
-    shown = (not contains or contains in ctx.cluster_name) and (not plan or plan in summary["TrainingPlanArns"])
-    return {"ClusterSummaries": [summary] if shown else []}
+    """This one cluster, if it passes the request's filters (its name, a training plan one of its
+    groups is bound to, its creation time strictly between the bounds), paged as the model says
+    (every member checked as the model says: a ValidationException naming it)."""
+    sort_by = one_of(body, "SortBy", ("CREATION_TIME", "NAME")) or "CREATION_TIME"
+    order = one_of(body, "SortOrder", ("Ascending", "Descending")) or "Ascending"
+    contains = matching(body, "NameContains", r"[a-zA-Z0-9\-]+", low=0, high=63)
+    plan = matching(body, "TrainingPlanArn", TRAINING_PLAN_ARN, low=50)
+    after, before = time_of(body, "CreationTimeAfter"), time_of(body, "CreationTimeBefore")
+    created = _created(ctx)
+    groups = _groups(ctx)
+    summary = {"ClusterArn": cluster_arn(ctx), "ClusterName": ctx.cluster_name,
+               "ClusterStatus": cluster_status(groups), "CreationTime": epoch(created),
+               "TrainingPlanArns": sorted({ctx.arn("training-plan", g.spec.training_plan_ref) for g in groups})}
+    shown = (not contains or contains in ctx.cluster_name) and (not plan or plan in summary["TrainingPlanArns"]) \
+        and (after is None or created > after) and (before is None or created < before)
+    key = [summary["CreationTime"], ctx.cluster_name] if sort_by == "CREATION_TIME" else [ctx.cluster_name]
+    listed, token = page([(key, summary)] if shown else [], body, descending=order == "Descending")
+    return compact({"ClusterSummaries": listed, "NextToken": token})
 
 
 def list_cluster_nodes(body: Mapping[str, Any], ctx: Any) -> dict[str, Any]:
@@ -261,7 +334,9 @@ def update_cluster(body: Mapping[str, Any], ctx: Any) -> dict[str, Any]:
         raise invalid("InstanceGroups must list 1 to 100 instance groups")
     known = {g.metadata["name"]: g for g in _groups(ctx)}
     counts = {}
-    for spec in wanted:
+    for i, spec in enumerate(wanted, 1):
+        if not isinstance(spec, Mapping):
+            raise invalid(f"InstanceGroups.{i} must be a structure (ClusterInstanceGroupSpecification), not {spec!r}")
         name = matching(spec, "InstanceGroupName", GROUP_NAME, high=63) or required(spec, "InstanceGroupName")
         count = bounded(spec, "InstanceCount", 0, 6758)
         if count is None:

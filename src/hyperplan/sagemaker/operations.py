@@ -119,6 +119,9 @@ class Context:
     # What CreateTrainingPlan sold that the cache does not show bought yet (sagemaker.assumed):
     # counted as busy in searches and creates. None: nothing is assumed (each call on its own).
     assumed: AssumedPurchases | None = None
+    # The EKS cluster this cluster is, as DescribeCluster's Orchestrator.Eks.ClusterArn (the
+    # setting eks_cluster_arn); None: no Orchestrator is answered.
+    eks_cluster_arn: str | None = None
 
     def arn(self, kind: str, name: str) -> str:
         return f"arn:aws:sagemaker:{self.region}:{self.account}:{kind}/{name}"

@@ -47,6 +47,7 @@ from hyperplan.planning.offerings import PoolSnapshot
 from hyperplan.planning.blocks import Block
 from hyperplan.planning.policy import Policy
 from hyperplan.sagemaker.access import SECRET_TYPE, Access, KubeAccess, KubeWrites, Writes
+from hyperplan.sagemaker.hyperpod import EKS_CLUSTER_ARN
 from hyperplan.sagemaker.server import check_address, make_app, serve
 from hyperplan.settings import Settings
 
@@ -250,6 +251,7 @@ class ReplicaApi:
                     await self.own.start()  # (not once kopf's indexes are read: see indexed)
                 app = make_app(self.fleet, self.access, s.aws_account_id, self.clock, s.cluster_name, self.writes,
                                self.policy)
+                app[EKS_CLUSTER_ARN] = s.eks_cluster_arn
                 self.runner = await serve(app, s.sagemaker_api_address, s.sagemaker_api_port,
                                           s.sagemaker_api_tls_cert, s.sagemaker_api_tls_key)
             except asyncio.CancelledError:

@@ -33,11 +33,11 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from hyperplan import serving, threads
 from hyperplan.planning.policy import DEMO, Policy
-from hyperplan.sagemaker import operations
+from hyperplan.sagemaker import hyperpod, operations
 from hyperplan.sagemaker.access import Access, Writes, check_rights, rights_known
 from hyperplan.sagemaker.assumed import FORGET_EVERY, AssumedPurchases
 from hyperplan.sagemaker.signing import Caller, verify
-from hyperplan.sagemaker.wire import CONTENT_TYPE, ApiError, operation_of, parse_body
+from hyperplan.sagemaker.wire import CONTENT_TYPE, REQUEST_ID, ApiError, new_request_id, operation_of, parse_body
 
 log = logging.getLogger("hyperplan.sagemaker")
 MAX_BODY = 1 << 20  # the largest request of these operations is a few KiB
@@ -66,13 +66,15 @@ def _answer(status: int, body: dict[str, Any]) -> web.Response:
 def refused(e: ApiException) -> ApiError:
     """A write the API server refused, as an AWS client reads it: RBAC or admission's 403 is
     ``AccessDeniedException``, a conflict ``ConflictException``, an invalid value
-    ``ValidationException``; the API server's own message goes with it."""
+    ``ValidationException``, its throttling (429) ``ThrottlingException`` (400, as AWS answers it:
+    boto3 retries it); the API server's own message goes with it. A code the operation's model
+    does not list is then made one it does (``operations.modeled``)."""
     try:
         message = json.loads(e.body or "{}").get("message") or e.reason
     except ValueError:
         message = e.reason
     code = {403: "AccessDeniedException", 404: "ResourceNotFound", 409: "ConflictException",
-            422: "ValidationException"}.get(e.status or 0, "InternalFailure")
+            422: "ValidationException", 429: "ThrottlingException"}.get(e.status or 0, "InternalFailure")
     return ApiError(code, str(message)[:1000], 400 if code != "InternalFailure" else 500)
 
 
@@ -90,6 +92,12 @@ def make_app(fleet: operations.Fleet, access: Access, account: str, clock: Calla
     writing = threads.new_pool("sagemaker-write")
 
     async def handle(request: web.Request) -> web.Response:
+        response = await answer(request)
+        response.headers[REQUEST_ID] = new_request_id()  # every answer's (boto3's ResponseMetadata.RequestId)
+        return response
+
+    async def answer(request: web.Request) -> web.Response:
+        operation = ""
         try:
             if request.method != "POST" or request.path != "/":
                 raise ApiError("UnknownOperationException", "the SageMaker API takes POST / only", 404)
@@ -121,7 +129,8 @@ def make_app(fleet: operations.Fleet, access: Access, account: str, clock: Calla
             ctx = operations.Context(fleet=fleet, account=account, region=caller.region, now=clock(),
                                      cluster_name=cluster_name, user=caller.key.user, writes=writes,
                                      views=None if operation in operations.WRITES else views, policy=policy,
-                                     owner=owner, assumed=assumed)
+                                     owner=owner, assumed=assumed,
+                                     eks_cluster_arn=app.get(hyperpod.EKS_CLUSTER_ARN))
             if operation in operations.WRITES:
                 result = await asyncio.get_running_loop().run_in_executor(
                     writing, operations.call, operation, body, ctx)
@@ -130,9 +139,10 @@ def make_app(fleet: operations.Fleet, access: Access, account: str, clock: Calla
             log.debug("%s by %s", operation, caller.key.user)
             return _answer(200, result)
         except ApiError as e:
-            return _answer(e.status, e.body())
+            error = operations.modeled(e, operation)  # a code the model lists for the operation
+            return _answer(error.status, error.body())
         except ApiException as e:  # a write the API server refused, as the caller
-            error = refused(e)
+            error = operations.modeled(refused(e), operation)
             return _answer(error.status, error.body())
         except Exception:  # noqa: BLE001 - one bad request never stops the server
             log.exception("SageMaker API request failed")

@@ -21,6 +21,7 @@ import bisect
 import hashlib
 import json
 import re
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -61,16 +62,45 @@ def operation_of(target: str | None) -> str:
     return target[len(TARGET_PREFIX):]
 
 
+MAX_DEPTH = 32
+"""How deeply a request's JSON may nest: the deepest input of the served operations is a few
+levels (a group's taints in UpdateCluster); anything deeper is refused before an operation walks it."""
+REQUEST_ID = "x-amzn-RequestId"
+
+
+def new_request_id() -> str:
+    """An answer's request id (``x-amzn-RequestId``; boto3's ``ResponseMetadata.RequestId``)."""
+    return str(uuid.uuid4())
+
+
 def parse_body(raw: bytes) -> dict[str, Any]:
+    """The request's JSON object; anything else (not JSON, not an object, nested deeper than
+    :data:`MAX_DEPTH`) is a ``SerializationException`` (400)."""
     if not raw.strip():
         return {}
     try:
         body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ApiError("SerializationException", f"the body is not JSON: {e}", 400) from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise ApiError("SerializationException", f"the body is not JSON: {str(e)[:200]}", 400) from None
     if not isinstance(body, dict):
         raise ApiError("SerializationException", "the body must be a JSON object", 400)
+    if _depth(body) > MAX_DEPTH:
+        raise ApiError("SerializationException", f"the body nests deeper than {MAX_DEPTH} levels", 400)
     return body
+
+
+def _depth(value: Any) -> int:
+    """How deeply ``value`` nests (a scalar 0, ``{}`` 1), walked without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, level)
+        if level <= MAX_DEPTH:  # no deeper than needed to know it is too deep
+            stack.extend((child, level + 1) for child in children)
+    return deepest
 
 
 # --------------------------------------------------------------------------- values
