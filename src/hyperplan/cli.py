@@ -95,13 +95,19 @@ def cmd_dev(args: argparse.Namespace) -> int:
                 st = karpenter.state()
                 rows.append(("karpenter", f"running (pid {st.pid})" if karpenter.running() else "stopped",
                              f"health :{st.ports.get('health')}"))
+                classes = karpenter.node_classes()
+                rows.append(("karpenter node classes", f"{len(classes)} present" if classes else "none",
+                             ", ".join(f"KWOKNodeClass/{c}" for c in classes) or
+                             "no KWOKNodeClass: `hyperplan dev up --karpenter` creates the default"))
             for name, state, where in rows:
                 _say(f"{name:<24} {state:<22} {where}")
             _say(f"kubeconfig               {plane.kubeconfig}")
-            return 0 if all(r[1].startswith("running") for r in rows) else 1
+            return 0 if all(r[1].startswith("running") for r in rows if r[0] != "karpenter node classes") else 1
         elif args.action == "env":
             for line in plane.env_lines():
                 print(line)
+            if karpenter.state() is not None:  # the offerings the operator checks a karpenter group against
+                print(f"export HYPERPLAN_KARPENTER_INSTANCE_TYPES_FILE={karpenter.instance_types_file}")
     except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

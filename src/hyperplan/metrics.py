@@ -106,6 +106,12 @@ ULTRASERVER_REPLACEMENTS = Counter(
     "FailuresBeyondSpares, ImpairedTooLong, UltraServerBought (to the one its plan bought in place of it, "
     "though replacements in place made it whole meanwhile); and NoFreeUltraServer each time a group first "
     "found none free for an UltraServer that could no longer hold its nodes.", ["reason"])
+KARPENTER_LAUNCH_FAILURES = Counter(
+    "hyperplan_karpenter_launch_failures_total",
+    "A karpenter group's NodeClaims that did not launch, each counted once, by reason: Karpenter's, from the "
+    "claim's Launched condition (e.g. LaunchFailed), or NodeClaimDeletedBeforeLaunch for a claim Karpenter "
+    "deleted before it launched; and each time a group's own check first stopped its claims: NodeClassNotFound, "
+    "NodeClassNotReady, NotOffered (its instance type or zone).", ["reason"])
 REMOTE_CALLS = Counter(
     "hyperplan_remote_calls_total",
     "Calls to a remote SageMaker endpoint (a pool's spec.source), by operation and result (ok, or the "

@@ -124,6 +124,11 @@ class Settings(BaseSettings):
     an EC2 Capacity Block (its id a capacity reservation's, ``cr-...``) requires that reservation,
     so the instance launches into the block hyperplan bought. Empty (the default; Karpenter's kwok
     provider has no reservation ids): no such requirement."""
+    karpenter_instance_types_file: str = ""
+    """The instance-type file of the cluster's Karpenter kwok provider (its ``INSTANCE_TYPES_FILE_PATH``;
+    ``hyperplan dev env`` prints the local plane's). Set, a karpenter group whose instance type or
+    zone it does not offer with ``karpenter_capacity_type`` makes no NodeClaim and says so
+    (``NodesLaunched=False``); empty, or a file that cannot be read: the offering is not checked."""
     karpenter_launch_timeout_seconds: float = Field(300.0, gt=0)
     """How long a NodeClaim may stay without a registered Node before the operator deletes it and
     makes the slot's claim again (Karpenter's own liveness timeout is a fixed 15 minutes)."""

@@ -29,7 +29,7 @@ from rich.text import Text
 
 from hyperplan.api.models import (CapacityPoolSpec, CapacityPoolStatus, HealthCheckSpec, InstanceGroupStatus,
                                   TrainingPlanStatus, from_rfc3339, to_rfc3339)
-from hyperplan.api.vocabulary import CHECK_FAILED
+from hyperplan.api.vocabulary import CHECK_FAILED, CONDITION_NODES_LAUNCHED
 from hyperplan.planning import naming
 from hyperplan.planning.nodefacts import NodeFacts, facts_of_v1
 
@@ -213,7 +213,13 @@ def _parse(model: type, raw: Any) -> Any:
 
 
 def _message(conditions: Iterable[Any]) -> str:
-    """The message of the first condition that says something is wrong, else ''."""
+    """The message of the first condition that says something is wrong, else ''; a karpenter
+    group's ``NodesLaunched=False`` (why its nodes do not come, with Karpenter's reason) before
+    the rest, which it explains."""
+    conditions = list(conditions)
+    for c in conditions:
+        if c.type == CONDITION_NODES_LAUNCHED and c.status == "False" and c.message:
+            return f"{c.type}=False ({c.reason}): {c.message}"
     for c in conditions:
         bad = (c.type in ("Failed", "Degraded") and c.status == "True") or \
               (c.type in ("RemediationAllowed", "Ready", "Purchased") and c.status == "False")

@@ -20,6 +20,12 @@ kwok-stages.yaml makes it Ready). What that takes, and why:
   hyperplan's own vocabulary: the instance types of actuation/nodes.py, with the resources its
   KWOK nodes get, each offered ``on-demand`` and ``reserved`` in each zone. The file is read once
   at start: a zone or instance type added later needs a restart.
+- **The node class the settings default to.** Every NodeClaim names a node class
+  (``karpenter_node_class``, by default ``karpenter.kwok.sh/KWOKNodeClass/default``), and the kwok
+  provider will not launch a claim whose class does not exist (it deletes the claim as
+  "insufficient capacity"). :meth:`Karpenter.start` creates that class (:data:`NODE_CLASS`) when it
+  is not there, so a group with no other setting launches on a fresh plane; ``hyperplan dev
+  status`` lists the node classes (:meth:`Karpenter.node_classes`).
 - **Stopped by pid.** The process runs in its own session; its pid is recorded in
   ``karpenter.json`` under the plane's state folder, and :meth:`Karpenter.stop` stops exactly
   that process group (``plane.stop_process_group``) once it checked the pid still runs the
@@ -55,6 +61,10 @@ CAPACITY_TYPE_LABEL = "karpenter.sh/capacity-type"
 ZONE_LABEL = "topology.kubernetes.io/zone"
 # Karpenter's defaults stay as they are; StaticCapacity is what a NodePool with replicas needs.
 FEATURE_GATES = "StaticCapacity=true"
+NODECLASS_VERSION = "v1alpha1"
+NODECLASS_PLURAL = "kwoknodeclasses"
+# The node class the operator's setting ``karpenter_node_class`` names by default (its name part).
+NODE_CLASS = "default"
 # hyperplan's instance types (the accelerated ones its KWOK nodes know, actuation/nodes.py).
 INSTANCE_TYPES: tuple[str, ...] = tuple(ACCELERATORS)
 # The zones of the demo (deploy/examples/demo) and of the e2e scenarios that name a fixed zone
@@ -183,6 +193,7 @@ class Karpenter:
         started = time.monotonic()
         if self.running():
             self.log(f"karpenter already running (pid {self.state().pid})")
+            self.ensure_node_class()
             return 0.0
         if not build.component("karpenter").is_built():
             raise RuntimeError(f"Karpenter {build.KARPENTER_VERSION} is not built; run `make binaries`")
@@ -203,6 +214,7 @@ class Karpenter:
         st.pid = self._child.pid
         st.save(self.state_file)
         self._wait_ready(st, timeout)
+        self.ensure_node_class()
         seconds = time.monotonic() - started
         self.log(f"karpenter ready in {seconds:.1f}s (pid {st.pid}, "
                  f"http://127.0.0.1:{st.ports['health']}/readyz)")
@@ -227,6 +239,26 @@ class Karpenter:
                       "--field-manager=hyperplan-dev-plane", "-f", str(crd_dir()))
         names = [f"crd/{yaml.safe_load(f.read_text())['metadata']['name']}" for f in sorted(crd_dir().glob("*.yaml"))]
         self._kubectl("wait", "--for=condition=Established", "--timeout=60s", *names)
+
+    def node_class_body(self, name: str = NODE_CLASS) -> dict[str, Any]:
+        return {"apiVersion": f"{NODECLASS_GROUP}/{NODECLASS_VERSION}", "kind": NODECLASS_KIND,
+                "metadata": {"name": name}}
+
+    def ensure_node_class(self, name: str = NODE_CLASS) -> None:
+        """The KWOKNodeClass ``name`` (the one the operator's NodeClaims name by default), created
+        when it does not exist; one that exists is left as it is (its ``nodeRegistrationDelay``)."""
+        if name in self.node_classes():
+            return
+        self._kubectl("create", "-f", "-", input=json.dumps(self.node_class_body(name)))
+        self.log(f"created {NODECLASS_KIND} {name} (the operator's default karpenter.nodeClass)")
+
+    def node_classes(self) -> list[str]:
+        """The names of the plane's KWOKNodeClasses (none while the CRD is not there)."""
+        try:
+            out = self._kubectl("get", f"{NODECLASS_PLURAL}.{NODECLASS_GROUP}", "-o", "json", timeout=20)
+        except (RuntimeError, subprocess.TimeoutExpired, OSError):
+            return []
+        return sorted(item["metadata"]["name"] for item in json.loads(out).get("items") or [])
 
     # ----------------------------------------------------------------- internals
 

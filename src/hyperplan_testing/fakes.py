@@ -277,6 +277,14 @@ class FakeKarpenterProvider(FakeProvider):
     ``nodes`` to share one node store)."""
 
     claims: dict[str, dict[str, Any]] = field(default_factory=dict)  # by claim name
+    # What the real provider reads besides the claims: why its node class cannot launch (None: it
+    # can); and the group passes' memory of launches it keeps.
+    node_class_cause: Any = None
+    launch_memory: dict[str, Any] = field(default_factory=dict)
+
+    def node_class_problem(self) -> Any:
+        self.calls.append(("node_class_problem",))
+        return self.node_class_cause
 
     def create(self, spec: placement.NodeSpec, claim: str = "") -> MadeNode:
         from hyperplan.actuation.providers.karpenter import claim_name, nodeclaim_body
@@ -321,6 +329,16 @@ class FakeKarpenterProvider(FakeProvider):
         provider_id = f"kwok://kwok-{name}"
         self.claims[name].setdefault("status", {})["providerID"] = provider_id
         return provider_id
+
+    def fail(self, name: str, reason: str = "LaunchFailed", message: str = "", delete: bool = False) -> None:
+        """Karpenter fails the claim's launch: ``Launched=Unknown`` with ``reason`` and ``message``
+        (it retries it), or with ``delete`` it deletes the claim (as it does one it cannot launch
+        for insufficient capacity: its reason only in an Event and its log)."""
+        if delete:
+            del self.claims[name]
+            return
+        self.claims[name].setdefault("status", {})["conditions"] = [
+            {"type": "Launched", "status": "Unknown", "reason": reason, "message": message}]
 
     def register(self, name: str, ready_since: datetime | None = None) -> str:
         """The claim's Node made and registered (the claim's labels and taints, its providerID, the

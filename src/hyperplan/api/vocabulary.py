@@ -175,6 +175,14 @@ REASON_CHECKPOINT = "CheckpointRequested"
 REASON_UNREADABLE = "UnreadableValue"  # a label or annotation of a node that a pass read as absent
 REASON_DELETED_BY_HYPERPLAN = "DeletionByHyperplan"
 """Reason of the ``DisruptionTarget`` pod condition hyperplan sets on a pod it deletes from a dead
+CONDITION_NODES_LAUNCHED = "NodesLaunched"
+"""A karpenter group's condition, ``False`` while its NodeClaims cannot launch: its node class is
+missing or not ready, Karpenter does not offer its instance type or zone, or Karpenter failed its
+claims (its reason and message); absent while nothing stands in the way (planning.ownership)."""
+REASON_NODE_CLASS_NOT_FOUND = "NodeClassNotFound"
+REASON_NODE_CLASS_NOT_READY = "NodeClassNotReady"
+REASON_NOT_OFFERED = "NotOffered"  # Karpenter's instance types have no such type, zone and capacity type
+REASON_CLAIM_DELETED = "NodeClaimDeletedBeforeLaunch"  # Karpenter (or someone) deleted a claim it had not launched
 node (the Eviction API sets ``EvictionByEvictionAPI`` itself)."""
 
 # --------------------------------------------------------------------------- plans

@@ -43,6 +43,7 @@ from hyperplan.api.vocabulary import (  # noqa: F401  (the checkpoint words re-e
 from hyperplan.planning import deepchecks
 from hyperplan.planning import health
 from hyperplan.planning import naming
+from hyperplan.planning import ownership
 from hyperplan.planning import placement
 from hyperplan.planning import recovery
 from hyperplan.planning import tenancy
@@ -184,6 +185,10 @@ class GroupDecision:
     # A karpenter group's NodeClaims still launching that keep their slots, and those let go (with why).
     launching: list[GroupNode] = field(default_factory=list)
     let_go: list[tuple[GroupNode, str]] = field(default_factory=list)
+    # A karpenter group's launches (ownership.launch_verdict): the memory to keep, the reasons of
+    # the launch failures to count (None: not a karpenter group).
+    launch_memory: ownership.LaunchMemory | None = None
+    launch_failures: tuple[str, ...] = ()
 
 
 def _min_time(*times: datetime | None) -> datetime | None:
@@ -305,7 +310,8 @@ class PassFacts:
     launch timeout (``ownership.ClaimBinding``). ``cloud_ultraservers``: for a static group, the
     cloud UltraServer each of hyperplan's UltraServers was lent from (None: not a static group).
     ``unrecorded``: the condition naming nodes that carry the group's label but are not in its
-    record (``ownership.unrecorded_condition``), or None."""
+    record (``ownership.unrecorded_condition``), or None. ``launch``: a karpenter group's launches
+    (its node class, Karpenter's offerings, its claims that failed; ``ownership.LaunchFacts``)."""
 
     finalizer_held: bool = True
     names_taken: frozenset[str] = frozenset()
@@ -313,6 +319,7 @@ class PassFacts:
     expired: tuple[GroupNode, ...] = ()
     cloud_ultraservers: Mapping[str, str] | None = None
     unrecorded: Condition | None = None
+    launch: ownership.LaunchFacts | None = None
 
 
 REASON_LAUNCH_TIMEOUT = "no Node registered within the launch timeout"
@@ -330,14 +337,17 @@ def decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: Ins
     ``facts``: what else bounds the creates (:class:`PassFacts`). The result is final."""
     wanted = _decide_group(name, generation, spec, prior, plan, peers, nodes, policy, now, keys, labels, check_jobs,
                            hyperpod_labels)
-    return bounded_by(wanted, facts, now)
+    return bounded_by(wanted, facts, now, prior.conditions)
 
 
-def bounded_by(decision: GroupDecision, facts: PassFacts, now: datetime) -> GroupDecision:
+def bounded_by(decision: GroupDecision, facts: PassFacts, now: datetime,
+               prior: Sequence[Condition] = ()) -> GroupDecision:
     """``decision`` within ``facts``: no create before the finalizer (look again in a second), none
     of a name taken or of a slot whose NodeClaim still launches, the static group's creates bound to
     their cloud UltraServers; the launching claims kept and the ones let go (with why); the
-    unrecorded-nodes condition added to the status."""
+    unrecorded-nodes condition added to the status; a karpenter group's creates held while its
+    claims cannot launch or back off, with its ``NodesLaunched`` condition and Warning
+    (``ownership.launch_verdict``; ``prior``: the group's conditions before the pass)."""
     creates, wake = list(decision.create), decision.wake_at
     if creates and not facts.finalizer_held:
         creates, wake = [], now + FINALIZER_WAIT
@@ -350,10 +360,20 @@ def bounded_by(decision: GroupDecision, facts: PassFacts, now: datetime) -> Grou
     if facts.cloud_ultraservers is not None and any(spec.ultraserver_id for spec in creates):
         bound = dict(facts.cloud_ultraservers)
         creates = [dataclasses.replace(spec, cloud_ultraservers=bound) for spec in creates]
-    status = decision.status
+    status, events, memory, counted = decision.status, decision.events, None, ()
     if facts.unrecorded is not None:
         status = status.model_copy(update={"conditions": [*status.conditions, facts.unrecorded]})
-    return dataclasses.replace(decision, create=creates, wake_at=wake, status=status, launching=keep, let_go=let_go)
+    if facts.launch is not None:
+        verdict = ownership.launch_verdict(facts.launch, [(c.instance_type, c.availability_zone) for c in creates],
+                                           status.observed_generation or 1, prior, now)
+        if not verdict.creates_allowed:
+            creates = []
+        if verdict.condition is not None:
+            status = status.model_copy(update={"conditions": [*status.conditions, verdict.condition]})
+        events, memory, counted = [*events, *verdict.events], verdict.memory, verdict.counted
+        wake = _min_time(wake, verdict.wake_at)
+    return dataclasses.replace(decision, create=creates, wake_at=wake, status=status, launching=keep, let_go=let_go,
+                               events=events, launch_memory=memory, launch_failures=counted)
 
 
 def _decide_group(name: str, generation: int, spec: InstanceGroupSpec, prior: InstanceGroupStatus,

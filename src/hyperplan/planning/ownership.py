@@ -47,6 +47,10 @@ from datetime import datetime, timedelta
 
 from hyperplan.api.models import Condition, GroupNode, NodeClaimRef, VanishedRecord
 from hyperplan.api.vocabulary import (
+    CONDITION_NODES_LAUNCHED,
+    REASON_CLAIM_DELETED,
+    REASON_NOT_OFFERED,
+    to_rfc3339,
     ANNOTATION_CLAIM,
     ANNOTATION_CORDONED,
     ANNOTATION_LENT,
@@ -55,7 +59,7 @@ from hyperplan.api.vocabulary import (
     POOL_HELD,
 )
 from hyperplan.planning import lending
-from hyperplan.planning.plans import condition
+from hyperplan.planning.plans import Event, condition
 
 CONDITION_UNRECORDED = "UnrecordedNodes"
 REASON_NOT_OWNED = "NodeNotOwned"
@@ -249,6 +253,8 @@ class ListedClaim:
     provider_id: str = ""
     node_name: str = ""
     deleting: bool = False
+    # Karpenter's ``Launched`` condition of the claim, when it says the launch failed (:func:`launch_failure`).
+    launch_failure: "LaunchCause | None" = None
 
 
 @dataclass(frozen=True)
@@ -334,7 +340,12 @@ def bind_claims(record: Sequence[GroupNode] | None, claims: Sequence[ListedClaim
         node = nodes_by_name.get(listed.node_name) if listed.node_name else None
         if node is not None and node.uid and listed.provider_id and node.provider_id == listed.provider_id:
             out.append(entry.model_copy(update={"name": node.name, "uid": node.uid}))
-        elif not listed.deleting and (listed.created is None or now < listed.created + launch_timeout):
+        elif listed.deleting:
+            # Deleted before its Node came, by someone other than the pass (its let-go entries are out
+            # of the record): Karpenter, giving up on a launch it cannot make. Gone: the slot's claim
+            # is made again, after the launch backoff (:func:`launch_verdict`).
+            gone.append(entry)
+        elif listed.created is None or now < listed.created + launch_timeout:
             launching.append(entry)
             if listed.provider_id:
                 arriving.add(listed.provider_id)
@@ -343,3 +354,178 @@ def bind_claims(record: Sequence[GroupNode] | None, claims: Sequence[ListedClaim
         else:
             expired.append(entry)
     return Binding(out, tuple(launching), tuple(expired), tuple(gone), frozenset(arriving), frozenset(unlaunched))
+
+
+# --------------------------------------------------------------------------- why NodeClaims do not launch
+
+# A claim Karpenter deleted before it launched is made again after a backoff, doubled for each pass
+# that found such claims since the group's last launch: 5 s, 10 s, 20 s ... at most 2 minutes.
+LAUNCH_BACKOFF_FIRST = timedelta(seconds=5)
+LAUNCH_BACKOFF_MOST = timedelta(minutes=2)
+# While the group's own check (node class, offering) stops its creates, it looks again this often:
+# no watch event says when a node class is created.
+LAUNCH_RECHECK = timedelta(seconds=5)
+AWAITING = "AwaitingReconciliation"  # the reason of a condition Karpenter has not looked at yet
+COUNTED_MOST = 1000  # claim uids a group's launch memory keeps (each failed claim is counted once)
+
+
+@dataclass(frozen=True)
+class LaunchCause:
+    """Why a karpenter group's NodeClaims do not launch: a reason and a message, Karpenter's (from a
+    claim's ``Launched`` condition, or the Event it posted on a claim it deleted) or the group's own
+    check before any claim (its node class, what Karpenter offers)."""
+
+    reason: str
+    message: str
+
+
+def launch_failure(status: str, reason: str, message: str, provider_id: str = "") -> LaunchCause | None:
+    """What a claim's ``Launched`` condition (``status``, ``reason``, ``message``) says of a launch
+    that failed: ``False``, or ``Unknown`` with a reason of Karpenter's (``LaunchFailed``, a cloud
+    provider's); None while it launched (a ``providerID``), has not been looked at, or is fine."""
+    if provider_id or status == "True" or not reason or reason == AWAITING or status not in ("False", "Unknown"):
+        return None
+    return LaunchCause(reason, message or reason)
+
+
+@dataclass(frozen=True)
+class ClaimFailure:
+    """A claim of the group that did not launch: still there (``gone`` False: Karpenter retries it
+    itself, and hyperplan's launch timeout bounds it), or deleted before its Node came (the slot's
+    claim is made again, after the backoff)."""
+
+    name: str
+    uid: str
+    cause: LaunchCause
+    gone: bool = False
+
+
+@dataclass(frozen=True)
+class LaunchMemory:
+    """What the group's passes remember of its launches (the operator's memory; a restart starts
+    from nothing, the condition on the group stays): the cause last reported, the passes in a row
+    that found claims deleted before launch and when the last one did, the claims counted."""
+
+    cause: LaunchCause | None = None
+    failures: int = 0
+    last_failure: datetime | None = None
+    counted: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class LaunchFacts:
+    """A karpenter group's pass's knowledge of its launches (``planning.groups.PassFacts.launch``).
+
+    ``blocked``: the node class is missing or not ready (None: it is there, or cannot be read);
+    ``offered``: the (instance type, zone) pairs Karpenter offers with ``capacity_type`` (None:
+    cannot be known); ``failures``: the group's claims that did not launch, as this pass found
+    them; ``launched``: a claim of the group launched (Karpenter wrote its providerID)."""
+
+    memory: LaunchMemory = LaunchMemory()
+    blocked: LaunchCause | None = None
+    offered: frozenset[tuple[str, str]] | None = None
+    capacity_type: str = "reserved"
+    failures: tuple[ClaimFailure, ...] = ()
+    launched: bool = False
+
+
+@dataclass(frozen=True)
+class LaunchVerdict:
+    """What the launches allow: whether the pass may make claims now, the ``NodesLaunched``
+    condition (None: absent), the Warning Events (one per new cause), the reasons to count
+    (``hyperplan_karpenter_launch_failures_total``), when to look again, and the memory to keep."""
+
+    memory: LaunchMemory
+    creates_allowed: bool = True
+    condition: Condition | None = None
+    events: tuple[Event, ...] = ()
+    counted: tuple[str, ...] = ()
+    wake_at: datetime | None = None
+
+
+def launch_backoff(failures: int) -> timedelta:
+    """The wait before the claims are made again after ``failures`` passes in a row found claims
+    deleted before launch."""
+    if failures <= 0:
+        return timedelta(0)
+    return min(LAUNCH_BACKOFF_FIRST * 2 ** min(failures - 1, 16), LAUNCH_BACKOFF_MOST)
+
+
+def not_offered(offered: frozenset[tuple[str, str]] | None, capacity_type: str,
+                wanted: Iterable[tuple[str, str]]) -> LaunchCause | None:
+    """``NotOffered`` when a wanted (instance type, zone) is not among Karpenter's offerings of
+    ``capacity_type``; None when all are, or the offerings are unknown."""
+    if offered is None:
+        return None
+    missing = sorted({w for w in wanted if w not in offered})
+    if not missing:
+        return None
+    parts = []
+    for itype, zone in missing:
+        zones = sorted(z for t, z in offered if t == itype)
+        parts.append(f"instance type {itype} is not one of them" if not zones else
+                     f"{itype} is offered {capacity_type} only in {', '.join(zones)}, not in zone {zone}")
+    return LaunchCause(REASON_NOT_OFFERED, "Karpenter's instance types cannot launch the group's nodes: "
+                       + "; ".join(parts))
+
+
+def launch_verdict(facts: LaunchFacts, wanted: Sequence[tuple[str, str]], generation: int,
+                   prior: Sequence[Condition], now: datetime) -> LaunchVerdict:
+    """Whether a karpenter group may make its ``wanted`` claims now (their (instance type, zone)
+    pairs), and what the group says about its launches.
+
+    * The group's own check first: a missing or unready node class, or an instance type or zone
+      Karpenter does not offer, stops every create while it stands (looked at again every
+      :data:`LAUNCH_RECHECK`): ``NodesLaunched=False`` with that reason, before any claim is made.
+    * Claims Karpenter failed: ``NodesLaunched=False`` with the reason and message of the latest.
+      A pass that finds claims deleted before launch doubles the backoff (:func:`launch_backoff`);
+      no claim is made before it is over, and the message says until when. A claim Karpenter still
+      retries itself keeps its slot (and the condition) until it launches or times out.
+    * A claim launched: the backoff and the cause are forgotten; the condition goes.
+
+    A Warning Event once per cause (not per retry: after a restart, the condition's reason and
+    message say it was posted), and each failed claim counted once by its reason."""
+    memory = facts.memory
+    fresh = [f for f in facts.failures if f.uid not in memory.counted]
+    counted = memory.counted | {f.uid for f in fresh}
+    if len(counted) > COUNTED_MOST:
+        counted = frozenset(f.uid for f in facts.failures)
+    failures, last = memory.failures, memory.last_failure
+    if any(f.gone for f in fresh):
+        failures, last = failures + 1, now
+    elif facts.launched and not facts.failures:
+        failures, last = 0, None
+    blocked = facts.blocked or not_offered(facts.offered, facts.capacity_type, wanted) if wanted else None
+    allowed, wake, cause, message = True, None, None, ""
+    if blocked is not None:
+        cause, allowed, wake = blocked, False, now + LAUNCH_RECHECK
+        message = f"{blocked.message}: no NodeClaim is made until that is fixed (looked at again every " \
+                  f"{int(LAUNCH_RECHECK.total_seconds())}s)"
+    elif facts.failures or failures:
+        latest = facts.failures[-1] if facts.failures else None
+        cause = latest.cause if latest is not None else memory.cause
+        if cause is None:
+            cause = LaunchCause(REASON_CLAIM_DELETED, "a NodeClaim was deleted before it launched")
+        message = f"NodeClaim {latest.name}: {cause.message}" if latest is not None else cause.message
+        if failures and last is not None:
+            retry = last + launch_backoff(failures)
+            allowed = now >= retry
+            when = "from" if allowed else "at"
+            message += (f"; {failures} time(s) in a row Karpenter deleted claims before they launched: the "
+                        f"slots' claims are made again {when} {to_rfc3339(retry)} (backoff "
+                        f"{int(launch_backoff(failures).total_seconds())}s)")
+            if not allowed:
+                wake = retry
+        else:
+            message += "; Karpenter retries it"
+    if cause is None:
+        return LaunchVerdict(LaunchMemory(counted=counted if facts.failures else frozenset()))
+    before = next((c for c in prior if c.type == CONDITION_NODES_LAUNCHED), None)
+    known = memory.cause == cause or (memory.cause is None and before is not None and before.status == "False"
+                                      and before.reason == cause.reason and cause.message in before.message)
+    events = () if known else (Event("Warning", cause.reason, message),)
+    reasons = tuple(f.cause.reason for f in fresh) + ((cause.reason,) if blocked is not None and not known else ())
+    return LaunchVerdict(
+        LaunchMemory(cause, failures, last, counted), allowed,
+        condition(CONDITION_NODES_LAUNCHED, False, cause.reason, message, generation, prior, now),
+        events, reasons, wake)

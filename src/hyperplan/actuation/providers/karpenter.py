@@ -27,7 +27,11 @@ Node; a reboot is KWOK's on a KWOK node, else the admin's reboot Job, as for sta
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import threading
+import time
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -46,7 +50,9 @@ from hyperplan.actuation.providers.base import (
 from hyperplan.actuation.providers.kwok import DEFAULT_KWOK_REBOOT_SECONDS, KWOK_ANNOTATION, KwokProvider
 from hyperplan.actuation.providers.static import StaticProvider
 from hyperplan.api.models import NodeClaimRef
-from hyperplan.api.vocabulary import ANNOTATION_CLAIM, LABEL_NODE_ID, LABEL_RESERVED_CAPACITY
+from hyperplan.api.vocabulary import (
+    ANNOTATION_CLAIM, LABEL_NODE_ID, LABEL_RESERVED_CAPACITY, REASON_NODE_CLASS_NOT_FOUND, REASON_NODE_CLASS_NOT_READY,
+)
 from hyperplan.planning import lending, naming, ownership, placement
 from hyperplan.planning.reading import time_or_none
 
@@ -61,6 +67,8 @@ INSTANCE_TYPE = "node.kubernetes.io/instance-type"
 ZONE = "topology.kubernetes.io/zone"
 HOSTNAME = "kubernetes.io/hostname"
 NAME_SUFFIX = 6  # hex characters of the claim's nonce in its name
+LAUNCHED = "Launched"  # the NodeClaim condition Karpenter sets once the cloud provider launched it
+NODE_CLASS_TTL = 4.0  # seconds a read of the node class serves the passes of every karpenter group
 RESERVATION_PREFIX = "cr-"  # an EC2 capacity reservation's id: the block id of an EC2 Capacity Block
 
 
@@ -136,12 +144,54 @@ def reservation_requirement(spec: placement.NodeSpec, label: str) -> list[dict[s
 
 def listed_claim(obj: dict[str, Any]) -> ownership.ListedClaim:
     meta, status = obj.get("metadata") or {}, obj.get("status") or {}
+    launched = next((c for c in status.get("conditions") or [] if c.get("type") == LAUNCHED), None) or {}
     return ownership.ListedClaim(
+        launch_failure=ownership.launch_failure(launched.get("status", ""), launched.get("reason", ""),
+                                                launched.get("message", ""), status.get("providerID") or ""),
         name=meta.get("name", ""), uid=meta.get("uid", ""), annotations=dict(meta.get("annotations") or {}),
         node_id=(meta.get("labels") or {}).get(LABEL_NODE_ID, ""),
         created=time_or_none(meta.get("creationTimestamp")),
         provider_id=status.get("providerID") or "", node_name=status.get("nodeName") or "",
         deleting=bool(meta.get("deletionTimestamp")))
+
+
+def read_offerings(path: str, capacity_type: str) -> frozenset[tuple[str, str]] | None:
+    """The (instance type, zone) pairs the kwok provider's instance-type file (its
+    ``INSTANCE_TYPES_FILE_PATH``, the setting ``karpenter_instance_types_file``) offers with
+    ``capacity_type``: an offering whose requirements say that capacity type and one zone (``In``).
+    None when there is no file to read or it cannot be read: what Karpenter offers is then unknown.
+    The file is read again only when it changed (its mtime)."""
+    if not path:
+        return None
+    try:
+        mtime = os.stat(path).st_mtime_ns
+    except OSError:
+        return None
+    with _offerings_lock:
+        cached = _offerings.get((path, capacity_type))
+        if cached is not None and cached[0] == mtime:
+            return cached[1]
+    try:
+        with open(path) as f:
+            types = json.load(f)
+        out = set()
+        for it in types:
+            for offering in it.get("offerings") or ():
+                req = {r.get("key"): r.get("values") or [] for r in offering.get("Requirements") or ()
+                       if r.get("operator") == "In"}
+                if capacity_type in req.get(CAPACITY_TYPE, ()) and offering.get("Available", True) is not False:
+                    out.update((it["name"], zone) for zone in req.get(ZONE, ()))
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
+        log.warning("karpenter: cannot read the instance types in %s (%s): offerings not checked", path, e)
+        return None
+    offered = frozenset(out)
+    with _offerings_lock:
+        _offerings[(path, capacity_type)] = (mtime, offered)
+    return offered
+
+
+_offerings: dict[tuple[str, str], tuple[int, frozenset[tuple[str, str]]]] = {}
+_offerings_lock = threading.Lock()
 
 
 class KarpenterProvider(KwokProvider):
@@ -160,6 +210,66 @@ class KarpenterProvider(KwokProvider):
         self.capacity_type = capacity_type
         self.reservation_label = reservation_label
         self._jobs = StaticProvider(kube, reboot_job=reboot_job)
+        # What each group's passes remember of its launches, by group key (planning.ownership.launch_verdict).
+        self.launch_memory: dict[str, ownership.LaunchMemory] = {}
+        self._node_class: tuple[float, ownership.LaunchCause | None] | None = None
+        self._node_class_api: tuple[str, str] | None = None  # (version, plural), once discovered
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ launches
+
+    def node_class_problem(self) -> ownership.LaunchCause | None:
+        """Why the node class every claim names cannot launch one: it does not exist
+        (``NodeClassNotFound``: Karpenter's kwok provider deletes such a claim as "insufficient
+        capacity") or its ``Ready`` condition is False (``NodeClassNotReady``, with its message);
+        None when it is there, or cannot be read (no right to, the API failed): then nothing is
+        said. One read serves :data:`NODE_CLASS_TTL` seconds. Sync (thread)."""
+        with self._lock:
+            if self._node_class is not None and time.monotonic() - self._node_class[0] < NODE_CLASS_TTL:
+                return self._node_class[1]
+        try:
+            problem = self._read_node_class()
+        except (ApiException, OSError, ValueError, KeyError) as e:
+            log.info("karpenter: cannot read node class %s (%s): not checked", self.node_class, e)
+            problem = None
+        with self._lock:
+            self._node_class = (time.monotonic(), problem)
+        return problem
+
+    def _read_node_class(self) -> ownership.LaunchCause | None:
+        ref = node_class_ref(self.node_class)
+        group, kind, name = ref["group"], ref["kind"], ref["name"]
+        missing = ownership.LaunchCause(REASON_NODE_CLASS_NOT_FOUND, f"{kind} {name} ({group}), the node class every "
+                                        "NodeClaim names (setting karpenter_node_class), does not exist")
+        if self._node_class_api is None:
+            try:
+                served = self._get(f"/apis/{group}")
+            except ApiException as e:
+                if e.status == 404:
+                    return ownership.LaunchCause(missing.reason, f"{missing.message} (no {group} API is served)")
+                raise
+            version = (served.get("preferredVersion") or {}).get("version") or served["versions"][0]["version"]
+            resources = self._get(f"/apis/{group}/{version}").get("resources") or []
+            plural = next((r["name"] for r in resources if r.get("kind") == kind and "/" not in r["name"]), None)
+            if plural is None:
+                return ownership.LaunchCause(missing.reason, f"{missing.message} (no kind {kind} in {group}/{version})")
+            self._node_class_api = (version, plural)
+        version, plural = self._node_class_api
+        try:
+            obj = self.kube.custom.get_cluster_custom_object(group, version, plural, name)
+        except ApiException as e:
+            if e.status == 404:
+                return missing
+            raise
+        ready = next((c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), None)
+        if ready is not None and ready.get("status") == "False":
+            return ownership.LaunchCause(REASON_NODE_CLASS_NOT_READY, f"{kind} {name} is not ready: "
+                                         f"{ready.get('reason') or ''} {ready.get('message') or ''}".strip())
+        return None
+
+    def _get(self, path: str) -> dict[str, Any]:
+        return self.kube.api.call_api(path, "GET", response_type="object", auth_settings=["BearerToken"],
+                                      _return_http_data_only=True)
 
     # ------------------------------------------------------------------ claims
 

@@ -39,7 +39,8 @@ from hyperplan.actuation.groups import (
 from hyperplan.api.models import (
     GroupNode, InstanceGroup, InstanceGroupStatus, TrainingPlan, VanishedRecord,
 )
-from hyperplan.api.vocabulary import FINALIZER, GROUP_FINALIZER, REASON_UNREADABLE
+from hyperplan.actuation.providers.karpenter import read_offerings
+from hyperplan.api.vocabulary import FINALIZER, GROUP_FINALIZER, REASON_CLAIM_DELETED, REASON_UNREADABLE
 from hyperplan.runtime.context import Runtime, status_of, status_patch, ultraserver_replacements
 from hyperplan.runtime.views import as_the_ledger_holds, workloads_assigned_to
 from hyperplan.runtime.workqueue import Pace, PassPhases
@@ -164,9 +165,14 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
     post_events(obj, unreadable)
     peers = peers_of(groups, group.spec.training_plan_ref, plan.group_selector if plan else None)
     generation = obj["metadata"].get("generation", 1)
+    launch = await launch_facts(rt, group, provider, key, held, node_claims)
     decision = decide_group(name, generation, group.spec, group.status, plan, peers, seen.nodes, rt.policy, now,
                             rt.keys, obj["metadata"].get("labels") or {}, check_jobs, rt.settings.hyperpod_labels,
-                            pass_facts(rt, obj, group, held, seen, records, fresh, now))
+                            pass_facts(rt, obj, group, held, seen, records, fresh, now, launch))
+    if decision.launch_memory is not None:
+        provider.launch_memory[key] = decision.launch_memory
+    for reason in decision.launch_failures:
+        metrics.KARPENTER_LAUNCH_FAILURES.labels(reason).inc()
     # A NodeClaim still launching holds its slot while planning still wants the slot; one it no
     # longer wants (the block ended, the count went down), or that timed out, is deleted now.
     launching, let_go = decision.launching, decision.let_go
@@ -274,7 +280,8 @@ async def reconcile_group(rt: Runtime, name: str) -> datetime | None:
 
 
 def pass_facts(rt: Runtime, obj: dict[str, Any], group: InstanceGroup, held: Held, seen: Any,
-               records: dict[str, GroupNode], fresh: bool, now: datetime) -> PassFacts:
+               records: dict[str, GroupNode], fresh: bool, now: datetime,
+               launch: ownership.LaunchFacts | None = None) -> PassFacts:
     """What bounds this pass's creates besides the group and its nodes (``planning.groups.PassFacts``)."""
     bound = None
     if group.spec.node_provider == "static":
@@ -292,8 +299,44 @@ def pass_facts(rt: Runtime, obj: dict[str, Any], group: InstanceGroup, held: Hel
         launching=tuple(binding.launching) if binding is not None else (),
         expired=tuple(binding.expired) if binding is not None else (),
         cloud_ultraservers=bound,
+        launch=launch,
         unrecorded=ownership.unrecorded_condition(held.sorted.unrecorded, group.metadata["name"],
                                                   obj["metadata"].get("generation", 1), group.status.conditions, now))
+
+
+async def launch_facts(rt: Runtime, group: InstanceGroup, provider: Any, key: str, held: Held,
+                       claims: list[ownership.ListedClaim] | None) -> ownership.LaunchFacts | None:
+    """A karpenter group's launches as this pass finds them (``ownership.LaunchFacts``): its node
+    class (read at most every few seconds, for every group), Karpenter's offerings (the kwok
+    provider's instance-type file, when the settings name it), the group's claims Karpenter failed
+    (their ``Launched`` condition, or deleted before they launched), and whether one launched.
+    None for other groups."""
+    if group.spec.node_provider != "karpenter":
+        return None
+    memory = provider.launch_memory.get(key, ownership.LaunchMemory())
+    blocked = await in_thread(rt, provider.node_class_problem)
+    offered = await in_thread(rt, read_offerings, rt.settings.karpenter_instance_types_file,
+                              rt.settings.karpenter_capacity_type)
+    binding, failures = held.binding, []
+    if binding is not None:
+        by_uid = {c.uid: c for c in claims or ()}
+        for entry in binding.launching:
+            listed = by_uid.get(entry.node_claim.uid) if entry.node_claim else None
+            if listed is not None and listed.launch_failure is not None:
+                failures.append(ownership.ClaimFailure(listed.name, listed.uid, listed.launch_failure))
+        for entry in binding.gone:
+            ref = entry.node_claim
+            if ref is None:
+                continue
+            listed = by_uid.get(ref.uid)
+            cause = listed.launch_failure if listed is not None else None
+            failures.append(ownership.ClaimFailure(ref.name, ref.uid, cause or ownership.LaunchCause(
+                REASON_CLAIM_DELETED, "deleted before it launched (Karpenter deletes a claim it cannot launch: "
+                "insufficient capacity, or its node class not ready; the claim's Warning Events and Karpenter's "
+                "log say which)"), gone=True))
+    return ownership.LaunchFacts(
+        memory=memory, blocked=blocked, offered=offered, capacity_type=rt.settings.karpenter_capacity_type,
+        failures=tuple(failures), launched=any(c.provider_id and not c.deleting for c in claims or ()))
 
 
 def vanished_records(rt: Runtime, key: str) -> dict[str, VanishedRecord]:
