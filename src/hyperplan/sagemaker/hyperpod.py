@@ -106,8 +106,12 @@ def _groups(ctx: Any) -> list[InstanceGroup]:
 def _cluster(body: Mapping[str, Any], ctx: Any) -> None:
     """Check that the request names this cluster (by name or ARN)."""
     named = matching(body, "ClusterName", CLUSTER_NAME_OR_ARN, low=0, high=256) or required(body, "ClusterName")
-    wanted = named.rsplit("/", 1)[-1] if named.startswith("arn:") else named
-    if wanted not in (ctx.cluster_name, cluster_id(ctx.cluster_name)):
+    if named.startswith("arn:"):  # this cluster's ARN as handed out: this partition, region and account
+        wanted = ctx.local(named, "cluster")
+        found = wanted == cluster_id(ctx.cluster_name)
+    else:
+        found = named in (ctx.cluster_name, cluster_id(ctx.cluster_name))
+    if not found:
         raise not_found(f"Cluster {named} not found.")
 
 

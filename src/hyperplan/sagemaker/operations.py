@@ -43,6 +43,7 @@ from hyperplan.planning.offerings import (
     find_offering,
     search_extensions,
     search_offerings,
+    validate_request,
 )
 from hyperplan.planning.plans import request_of
 from hyperplan.planning.policy import DEMO, Policy, format_duration, parse_duration
@@ -123,8 +124,23 @@ class Context:
     # setting eks_cluster_arn); None: no Orchestrator is answered.
     eks_cluster_arn: str | None = None
 
+    @property
+    def partition(self) -> str:
+        return partition_of(self.region)
+
     def arn(self, kind: str, name: str) -> str:
-        return f"arn:aws:sagemaker:{self.region}:{self.account}:{kind}/{name}"
+        return f"arn:{self.partition}:sagemaker:{self.region}:{self.account}:{kind}/{name}"
+
+    def local(self, arn: str, kind: str) -> str | None:
+        """The name ``arn`` gives a resource of ``kind`` when it is an ARN this server hands out to
+        the caller (this partition, the region the request was signed for, this account); None
+        for any other ARN (another account's, region's or partition's names nothing here)."""
+        parts = arn.split(":", 5)
+        if len(parts) != 6 or parts[0] != "arn" or parts[2] != "sagemaker" or \
+                (parts[1], parts[3], parts[4]) != (self.partition, self.region, self.account):
+            return None
+        found, slash, name = parts[5].partition("/")
+        return name if slash and found == kind and name else None
 
     def sees(self, obj: Mapping[str, Any] | None) -> bool:
         """Whether the caller may see the plan ``obj`` (a plan another user made is, to a caller
@@ -135,6 +151,15 @@ class Context:
         """The plan ``name`` from the fleet, if the caller may see it (:meth:`sees`)."""
         obj = self.fleet.plan(name)
         return obj if self.sees(obj) else None
+
+
+PARTITIONS = (("cn-", "aws-cn"), ("us-gov-", "aws-us-gov"), ("us-isob-", "aws-iso-b"), ("us-isof-", "aws-iso-f"),
+              ("us-iso-", "aws-iso"), ("eu-isoe-", "aws-iso-e"))
+
+
+def partition_of(region: str) -> str:
+    """The AWS partition of ``region`` (``aws`` but for China, GovCloud and the isolated regions)."""
+    return next((partition for prefix, partition in PARTITIONS if region.startswith(prefix)), "aws")
 
 
 def created_by(obj: Mapping[str, Any]) -> str | None:
@@ -155,8 +180,6 @@ def _plan_model(obj: Mapping[str, Any]) -> TrainingPlan | None:
         return None  # a plan the operator reports as invalid on the object itself; not served
 
 
-def _name_of(name_or_arn: str) -> str:
-    return name_or_arn.rsplit("/", 1)[-1] if name_or_arn.startswith("arn:") else name_or_arn
 
 
 def _duration(start: datetime | None, end: datetime | None) -> tuple[int | None, int | None]:
@@ -215,7 +238,10 @@ def plan_summary(plan: TrainingPlan, ctx: Context, *, detail: bool) -> dict[str,
 
 
 def _plan_named(body: Mapping[str, Any], ctx: Context) -> TrainingPlan:
-    name = _name_of(matching(body, "TrainingPlanName", PLAN_NAME_OR_ARN) or required(body, "TrainingPlanName"))
+    given = matching(body, "TrainingPlanName", PLAN_NAME_OR_ARN) or required(body, "TrainingPlanName")
+    name = ctx.local(given, "training-plan") if given.startswith("arn:") else given
+    if name is None:
+        raise not_found(f"Training plan {given} not found.")
     obj = ctx.plan(name)
     plan = _plan_model(obj) if obj is not None else None
     if plan is None:
@@ -356,7 +382,9 @@ def list_training_plans(body: Mapping[str, Any], ctx: Context) -> dict[str, Any]
 
 def _reserved_capacity(body: Mapping[str, Any], ctx: Context) -> tuple[ReservedCapacity, TrainingPlan]:
     arn = matching(body, "ReservedCapacityArn", RESERVED_CAPACITY_ARN, low=50) or required(body, "ReservedCapacityArn")
-    block_id = arn.rsplit("/", 1)[-1]
+    block_id = ctx.local(arn, "reserved-capacity")
+    if block_id is None:
+        raise not_found(f"Reserved capacity {arn} not found.")
     for view in _views(ctx):
         if block_id in view.block_ids:
             obj = ctx.plan(view.summary["TrainingPlanName"])
@@ -472,6 +500,13 @@ def _requested_spec(body: Mapping[str, Any], ctx: "Context") -> TrainingPlanSpec
     hours = bounded(body, "DurationHours", 1, 87600)
     if hours is None:
         raise invalid("DurationHours is required")
+    policy = ctx.policy
+    if hours % 24:
+        raise invalid(f"DurationNotWholeDays: DurationHours {hours} is not a whole number of days (a multiple of 24)")
+    if not policy.min_duration_days <= hours // 24 <= policy.max_duration_days:
+        raise invalid(f"DurationOutOfRange: DurationHours {hours} is outside {policy.min_duration_days * 24} to "
+                      f"{policy.max_duration_days * 24} ({policy.min_duration_days} to {policy.max_duration_days} "
+                      "days)")
     duration = ctx.policy.day * hours / 24
     spec: dict[str, Any] = {"targetResource": targets[0], "duration": format_duration(duration)}
     ultra = body.get("UltraServerType")
@@ -523,11 +558,16 @@ def _pools(ctx: "Context") -> list:
 
 def search_training_plan_offerings(body: Mapping[str, Any], ctx: "Context") -> dict[str, Any]:
     """The offering search of a TrainingPlan with the spec the request describes, over the pools
-    of the watch cache (at most 3, best first)."""
+    of the watch cache (at most 3, best first). A request outside the policy's rules (its
+    duration, count, lead and how far ahead it may start) is a ValidationException naming the
+    rule it breaks, never an empty list: the list is empty only when capacity is short."""
     if body.get("TrainingPlanArn") is not None:
         return _search_extensions(body, ctx)
     spec = _requested_spec(body, ctx)
     request = request_of(spec, parse_duration(spec.duration))
+    broken = validate_request(request, ctx.policy, ctx.now)
+    if broken:  # outside the policy's rules: no search could offer anything, and the caller is told why
+        raise invalid("; ".join(f"{v.reason}: {v.message}" for v in broken)[:1000])
     found = search_offerings(request, _pools(ctx), ctx.policy, ctx.now)
     return {"TrainingPlanOfferings": [_offering_shape(o, spec) for o in found]}
 
@@ -682,10 +722,11 @@ def list_tags(body: Mapping[str, Any], ctx: "Context") -> dict[str, Any]:
     (``MaxResults`` at least 50, as the model says: one page holds every tag a plan may have).
     Only training plans are tagged here; another kind of ARN is a ``ValidationException``."""
     arn = matching(body, "ResourceArn", RESOURCE_ARN, low=0, high=256) or required(body, "ResourceArn")
-    kind, _, name = arn.split(":", 5)[-1].partition("/")
+    kind = arn.split(":", 5)[-1].partition("/")[0]
     if kind != "training-plan":
         raise invalid(f"hyperplan keeps the tags of training plans only, not of {kind!r} resources")
-    obj = ctx.plan(name) if re.fullmatch(PLAN_NAME, name) else None
+    name = ctx.local(arn, "training-plan")
+    obj = ctx.plan(name) if name is not None and re.fullmatch(PLAN_NAME, name) else None
     if obj is None:  # the model lists no ResourceNotFound for ListTags: AWS answers a ValidationException
         raise invalid(f"Training plan {arn} does not exist.")
     items = [([i], tag) for i, tag in enumerate(held_tags(obj))]
@@ -698,8 +739,8 @@ def list_tags(body: Mapping[str, Any], ctx: "Context") -> dict[str, Any]:
 
 def _plan_of_arn(body: Mapping[str, Any], ctx: "Context") -> tuple[dict[str, Any], TrainingPlan]:
     arn = matching(body, "TrainingPlanArn", TRAINING_PLAN_ARN, low=50) or required(body, "TrainingPlanArn")
-    name = arn.rsplit("/", 1)[-1]
-    obj = ctx.plan(name)
+    name = ctx.local(arn, "training-plan")
+    obj = ctx.plan(name) if name is not None else None
     plan = _plan_model(obj) if obj is not None else None
     if obj is None or plan is None:
         raise not_found(f"Training plan {arn} not found.")
