@@ -187,13 +187,16 @@ class Karpenter:
         st = self.state()
         return bool(st and st.pid and self.plane._is_ours(BINARY, st.pid))
 
-    def start(self, timeout: float = 90) -> float:
-        """CRDs applied and Established, instance types written, Karpenter started and ready;
-        the seconds it took. A Karpenter of this plane that already runs is left as it is."""
+    def start(self, timeout: float = 90, node_class: bool = True) -> float:
+        """CRDs applied and Established, instance types written, Karpenter started and ready, the
+        default node class made (:meth:`ensure_node_class`; not with ``node_class=False``, for a
+        test of its absence); the seconds it took. A Karpenter of this plane that already runs is
+        left as it is."""
         started = time.monotonic()
         if self.running():
             self.log(f"karpenter already running (pid {self.state().pid})")
-            self.ensure_node_class()
+            if node_class:
+                self.ensure_node_class()
             return 0.0
         if not build.component("karpenter").is_built():
             raise RuntimeError(f"Karpenter {build.KARPENTER_VERSION} is not built; run `make binaries`")
@@ -214,7 +217,8 @@ class Karpenter:
         st.pid = self._child.pid
         st.save(self.state_file)
         self._wait_ready(st, timeout)
-        self.ensure_node_class()
+        if node_class:
+            self.ensure_node_class()
         seconds = time.monotonic() - started
         self.log(f"karpenter ready in {seconds:.1f}s (pid {st.pid}, "
                  f"http://127.0.0.1:{st.ports['health']}/readyz)")

@@ -176,3 +176,12 @@ def test_offerings_that_cannot_be_read_are_unknown(tmp_path, content) -> None:
         path.write_text(content)
     assert read_offerings(str(path), "reserved") is None
     assert read_offerings("", "reserved") is None
+
+
+def test_hyperplan_status_shows_why_the_nodes_do_not_launch_before_the_ready_condition() -> None:
+    from hyperplan.status import _message
+    ready = Condition(type="Ready", status="False", reason="Provisioning", message="0/2 active nodes Ready",
+                      last_transition_time=NOW, observed_generation=1)
+    v = launch_verdict(LaunchFacts(blocked=NO_CLASS), WANTED, 1, [], NOW)
+    assert _message([ready, v.condition]).startswith(f"NodesLaunched=False (NodeClassNotFound): {NO_CLASS.message}")
+    assert _message([ready]) == "Ready=False: 0/2 active nodes Ready"

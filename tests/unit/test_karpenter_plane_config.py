@@ -173,3 +173,49 @@ def test_stop_leaves_a_recorded_pid_alone_that_no_longer_runs_karpenter(tmp_path
     assert not k.running()
     k.stop()  # this test process is still here to see the next line
     assert k.state() is None and not k.dir.exists()
+
+
+# ----------------------------------------------------------------- the default node class
+
+
+class _RecordingKubectl:
+    """kubectl as the node class calls see it: the KWOKNodeClasses there, creates recorded."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names, self.created = list(names), []
+
+    def __call__(self, *args: str, input: str | None = None, timeout: float = 120) -> str:
+        if args[0] == "get":
+            return json.dumps({"items": [{"metadata": {"name": n}} for n in self.names]})
+        assert args[:3] == ("create", "-f", "-"), args
+        body = json.loads(input)
+        self.created.append(body)
+        self.names.append(body["metadata"]["name"])
+        return ""
+
+
+@pytest.mark.parametrize("there, created", [
+    pytest.param([], ["default"], id="a-fresh-plane-gets-the-default"),
+    pytest.param(["default"], [], id="one-there-is-left-as-it-is"),
+    pytest.param(["other"], ["default"], id="another-class-is-not-the-default"),
+])
+def test_the_plane_makes_the_node_class_the_settings_default_to(tmp_path: Path, monkeypatch, there, created) -> None:
+    from hyperplan.settings import Settings
+    k = karpenter.Karpenter(Plane(root=tmp_path, log=lambda s: None))
+    kubectl = _RecordingKubectl(there)
+    monkeypatch.setattr(k, "_kubectl", kubectl)
+    k.ensure_node_class()
+    assert [b["metadata"]["name"] for b in kubectl.created] == created
+    group, kind, name = Settings.model_fields["karpenter_node_class"].default.split("/")
+    for body in kubectl.created:
+        assert (body["apiVersion"].split("/")[0], body["kind"], body["metadata"]["name"]) == (group, kind, name)
+    assert "default" in k.node_classes()
+
+
+def test_node_classes_are_none_when_kubectl_cannot_list_them(tmp_path: Path, monkeypatch) -> None:
+    k = karpenter.Karpenter(Plane(root=tmp_path, log=lambda s: None))
+
+    def refused(*args, **kwargs):
+        raise RuntimeError("the server doesn't have a resource type")
+    monkeypatch.setattr(k, "_kubectl", refused)
+    assert k.node_classes() == []
