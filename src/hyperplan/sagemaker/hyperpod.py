@@ -328,30 +328,167 @@ def describe_cluster_node(body: Mapping[str, Any], ctx: Any) -> dict[str, Any]:
     return {"NodeDetails": details}
 
 
+# UpdateCluster's members hyperplan applies, or takes when they say what is so already; any other
+# member given is refused by name before anything is written.
+CLUSTER_MEMBERS = {"ClusterName", "InstanceGroups", "InstanceGroupsToDelete", "NodeRecovery", "Orchestrator"}
+GROUP_MEMBERS = {"InstanceGroupName", "InstanceCount", "ExecutionRole", "InstanceType", "TrainingPlanArn",
+                 "KubernetesConfig", "OnStartDeepHealthChecks"}
+SERVED_CHECKS = ("InstanceStress", "InstanceConnectivity")  # hyperplan's deep checks (of the model's three)
+
+
+def _refuse_others(given: Mapping[str, Any], served: set[str], where: str) -> None:
+    others = sorted(k for k, v in given.items() if k not in served and v is not None)
+    if others:
+        raise invalid(f"{where}{', '.join(others)}: not applied by hyperplan (it applies "
+                      f"{', '.join(sorted(served - {'ClusterName', 'InstanceGroupName'}))}); nothing was changed")
+
+
+def _taints_of(config: Mapping[str, Any], where: str) -> list[dict[str, str]] | None:
+    taints = config.get("Taints")
+    if taints is None:
+        return None
+    if not isinstance(taints, list) or len(taints) > MAX_LABELS:
+        raise invalid(f"{where}.KubernetesConfig.Taints must list at most {MAX_LABELS} taints")
+    out = []
+    for i, t in enumerate(taints, 1):
+        at = f"{where}.KubernetesConfig.Taints.{i}"
+        if not isinstance(t, Mapping):
+            raise invalid(f"{at} must be a structure of Key, Value and Effect")
+        _refuse_others(t, {"Key", "Value", "Effect"}, f"{at}: ")
+        key = matching(t, "Key", LABEL_KEY, high=317) or required(t, "Key")
+        value = matching(t, "Value", LABEL_VALUE, high=63)
+        effect = one_of(t, "Effect", ("NoSchedule", "PreferNoSchedule", "NoExecute")) or required(t, "Effect")
+        out.append({"key": key, "value": value or "", "effect": effect})
+    return out
+
+
+def _labels_of(config: Mapping[str, Any], where: str) -> dict[str, str] | None:
+    labels = config.get("Labels")
+    if labels is None:
+        return None
+    if not isinstance(labels, Mapping) or len(labels) > MAX_LABELS:
+        raise invalid(f"{where}.KubernetesConfig.Labels must map at most {MAX_LABELS} labels")
+    for key, value in labels.items():
+        for text, pattern, high, what in ((key, LABEL_KEY, 317, "key"), (value, LABEL_VALUE, 63, "value")):
+            if not isinstance(text, str) or not 1 <= len(text) <= high or re.fullmatch(pattern, text) is None:
+                raise invalid(f"{where}.KubernetesConfig.Labels[{key!r}]: the {what} {text!r} is not 1 to {high} "
+                              f"characters of the pattern {pattern}")
+    return dict(labels)
+
+
+def _group_patch(spec: Mapping[str, Any], group: InstanceGroup, ctx: Any, where: str) -> dict[str, Any]:
+    """The merge patch of the group's spec that ``spec`` (a ClusterInstanceGroupSpecification)
+    asks for; a ValidationException naming a member hyperplan does not apply, or a value it
+    cannot take (another instance type or training plan than the group's is a new group)."""
+    _refuse_others(spec, GROUP_MEMBERS, where)
+    patch: dict[str, Any] = {}
+    count = bounded(spec, "InstanceCount", 0, 6758)
+    if count is None:
+        raise invalid(f"{where}InstanceCount is required")
+    if count != group.spec.instance_count:
+        patch["instanceCount"] = count
+    itype = spec.get("InstanceType")
+    if itype is not None and itype != group.spec.instance_type:
+        raise invalid(f"{where}InstanceType {itype!r}: group {group.metadata['name']} is of "
+                      f"{group.spec.instance_type}; a group's instance type does not change (nothing was changed)")
+    plan_arn = matching(spec, "TrainingPlanArn", TRAINING_PLAN_ARN, low=50)
+    if plan_arn is not None and ctx.local(plan_arn, "training-plan") != group.spec.training_plan_ref:
+        raise invalid(f"{where}TrainingPlanArn {plan_arn}: group {group.metadata['name']} is bound to training plan "
+                      f"{group.spec.training_plan_ref}; its plan does not change (nothing was changed)")
+    checks = spec.get("OnStartDeepHealthChecks")
+    if checks is not None:
+        if not isinstance(checks, list) or not 1 <= len(checks) <= 3 or \
+                any(not isinstance(c, str) for c in checks):
+            raise invalid(f"{where}OnStartDeepHealthChecks must list 1 to 3 checks")
+        unserved = [c for c in checks if c not in SERVED_CHECKS]
+        if unserved:
+            raise invalid(f"{where}OnStartDeepHealthChecks {', '.join(map(str, unserved))}: hyperplan runs "
+                          f"{' and '.join(SERVED_CHECKS)} only (nothing was changed)")
+        wanted_checks = list(dict.fromkeys(checks))
+        if wanted_checks != list(group.spec.on_start_deep_health_checks):
+            patch["onStartDeepHealthChecks"] = wanted_checks
+    config = spec.get("KubernetesConfig")
+    if config is not None:
+        if not isinstance(config, Mapping):
+            raise invalid(f"{where}KubernetesConfig must be a structure of Labels and Taints")
+        _refuse_others(config, {"Labels", "Taints"}, f"{where}KubernetesConfig.")
+        labels = _labels_of(config, where.rstrip(": "))
+        if labels is not None and labels != group.spec.labels:  # the labels are replaced: gone ones removed
+            patch["labels"] = {**{k: None for k in group.spec.labels if k not in labels}, **labels}
+        taints = _taints_of(config, where.rstrip(": "))
+        if taints is not None and taints != [t.model_dump(by_alias=True) for t in group.spec.taints]:
+            patch["taints"] = taints
+    return patch
+
+
 def update_cluster(body: Mapping[str, Any], ctx: Any) -> dict[str, Any]:
-    """Set the ``instanceCount`` of each group named in ``InstanceGroups``, as the caller."""
+    """Apply to the named groups what hyperplan models, as the caller: ``InstanceCount``, the
+    Kubernetes labels and taints of ``KubernetesConfig`` (the whole set: labels not given are
+    removed), ``OnStartDeepHealthChecks``, and the cluster's ``NodeRecovery`` (on every group).
+    Every member is checked first: any other member, or a value hyperplan cannot take, is a
+    ValidationException naming it and nothing is written. Then the groups are patched one by one;
+    if the API server refuses one, those already patched are set back as they were, so a call
+    changes all its groups or none."""
     _cluster(body, ctx)
+    _refuse_others(body, CLUSTER_MEMBERS, "")
     if body.get("InstanceGroupsToDelete"):
-        raise invalid("InstanceGroupsToDelete is not served: delete the InstanceGroup with kubectl")
-    wanted = body.get("InstanceGroups") or []
-    if not isinstance(wanted, list) or not 1 <= len(wanted) <= 100:
+        raise invalid("InstanceGroupsToDelete: not applied by hyperplan: delete the InstanceGroup with kubectl "
+                      "(nothing was changed)")
+    orchestrator = body.get("Orchestrator")
+    if orchestrator is not None and orchestrator != ({"Eks": {"ClusterArn": ctx.eks_cluster_arn}}
+                                                     if getattr(ctx, "eks_cluster_arn", None) else None):
+        raise invalid("Orchestrator: the cluster's orchestrator does not change (nothing was changed)")
+    recovery = one_of(body, "NodeRecovery", ("Automatic", "None"))
+    wanted = body.get("InstanceGroups")
+    if wanted is None and recovery is None:
+        raise invalid("give InstanceGroups or NodeRecovery")
+    if wanted is not None and (not isinstance(wanted, list) or not 1 <= len(wanted) <= 100):
         raise invalid("InstanceGroups must list 1 to 100 instance groups")
     known = {g.metadata["name"]: g for g in _groups(ctx)}
-    counts = {}
-    for i, spec in enumerate(wanted, 1):
+    patches: dict[str, dict[str, Any]] = {}
+    for i, spec in enumerate(wanted or [], 1):
         if not isinstance(spec, Mapping):
             raise invalid(f"InstanceGroups.{i} must be a structure (ClusterInstanceGroupSpecification), not {spec!r}")
         name = matching(spec, "InstanceGroupName", GROUP_NAME, high=63) or required(spec, "InstanceGroupName")
-        count = bounded(spec, "InstanceCount", 0, 6758)
-        if count is None:
-            raise invalid(f"InstanceGroups: {name} needs an InstanceCount")
+        if name in patches:
+            raise invalid(f"InstanceGroups: {name} is named more than once")
         if name not in known:
             raise not_found(f"Instance group {name} not found in cluster {ctx.cluster_name}; hyperplan's "
                             "instance groups are made with kubectl (kind InstanceGroup)")
-        counts[name] = count
-    for name, count in counts.items():
-        ctx.writes.patch_group(ctx.user, name, {"spec": {"instanceCount": count}})
+        patches[name] = _group_patch(spec, known[name], ctx, f"InstanceGroups.{i} ({name}): ")
+    if recovery is not None:
+        for name, group in known.items():
+            if group.spec.node_recovery != recovery:
+                patches.setdefault(name, {})["nodeRecovery"] = recovery
+    _apply_together(ctx, {name: patch for name, patch in patches.items() if patch}, known)
     return {"ClusterArn": cluster_arn(ctx)}
+
+
+def _undo(patch: Mapping[str, Any], group: InstanceGroup) -> dict[str, Any]:
+    """The merge patch that sets back what ``patch`` changed of ``group``'s spec."""
+    held = group.spec.model_dump(by_alias=True)
+    back: dict[str, Any] = {}
+    for field, value in patch.items():
+        if field == "labels":
+            back["labels"] = {**{k: None for k in value if k not in group.spec.labels}, **group.spec.labels}
+        else:
+            back[field] = held.get(field)
+    return back
+
+
+def _apply_together(ctx: Any, patches: Mapping[str, Mapping[str, Any]], known: Mapping[str, InstanceGroup]) -> None:
+    done: list[str] = []
+    try:
+        for name, patch in patches.items():
+            ctx.writes.patch_group(ctx.user, name, {"spec": dict(patch)})
+            done.append(name)
+    except Exception:
+        for name in reversed(done):  # best effort: the refusal is what the caller is told
+            try:
+                ctx.writes.patch_group(ctx.user, name, {"spec": _undo(patches[name], known[name])})
+            except Exception:  # noqa: BLE001 - logged by the caller's answer; the others are still set back
+                continue
+        raise
 
 
 def batch_replace_cluster_nodes(body: Mapping[str, Any], ctx: Any) -> dict[str, Any]:
