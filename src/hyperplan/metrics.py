@@ -688,9 +688,11 @@ class MetricsServer(ThreadingHTTPServer):
 
     def _evict(self) -> bool:
         """Shut down the connection that has waited longest for its headers (its thread then ends
-        and frees its slot); False when every connection is past its headers."""
+        and frees its slot), of those with nothing unread (``serving.unread``: one whose request
+        has just come is not chosen); False when there is none."""
+        from hyperplan.serving import pending_bytes
         with self._waiting_lock:
-            oldest = next(iter(self._waiting), None)
+            oldest = next((r for r in self._waiting if pending_bytes(r.fileno()) == 0), None)
             if oldest is None:
                 return False
             del self._waiting[oldest]

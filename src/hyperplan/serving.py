@@ -4,10 +4,14 @@ no client of the port can make it cost the operator much.
 Each server runs on a thread of its own with an event loop of its own (:class:`HeldServer`), so a
 flood of connections costs that thread, never kopf's event loop, and what it holds is bounded:
 
-- **A cap on connections** (``max_connections``). Past it, the connection that has waited longest
-  for its request (its headers, or its body) is closed to make room, so idle and half-sent
-  connections cannot keep a client that sends its request at once from being answered; only when
-  every connection held is being answered does a new one get a 503 at once (and is closed).
+- **A cap on connections** (``max_connections``). Past it, the connections that have waited
+  longest for their request (its headers, or its body) are closed to make room, so idle and
+  half-sent connections cannot keep a client that sends its request at once from being answered.
+  The room is made on the loop's next turn, not at the accept: a burst of accepts runs before any
+  of them is read, and a connection with bytes not yet read (a request that has just come) is
+  never chosen, so a flood's newcomers cannot close a client whose whole request is waiting to be
+  read. One burst (``BURST`` accepts) may pass the cap until then; past that a connection gets a
+  503 at once. At most ``max_connections`` requests are answered at once: one more gets a 503.
 - **A deadline for the headers** (``header_seconds``): from the accept (and the TLS handshake,
   which runs within it), or from the previous answer on a kept-alive connection, to the request's
   last header. A client silent or trickling past it is closed.
@@ -22,8 +26,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
 import ssl
+import struct
+import termios
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -39,6 +46,8 @@ BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nConten
         b"Connection: close\r\nRetry-After: 1\r\n\r\nbusy\n")
 
 WAITING, BODY, ANSWERING = "waiting", "body", "answering"  # a connection's phases
+BURST = 128  # accepts that may pass the cap until the loop's next turn (the listen backlog too)
+TRIM_AGAIN_SECONDS = 0.05  # when room could not all be made (requests unread or being answered)
 
 
 @dataclass(frozen=True)
@@ -68,6 +77,8 @@ class _Connection(asyncio.Protocol):
         self.made = False  # aiohttp's handler has its transport
         self.dropped = False  # closed by the server before its transport came
         self.early: list[bytes] = []  # what TLS decrypted before start_tls returned
+        self.whole = False  # its request's headers all came in this phase (its handler is due)
+        self._tail = b""  # the last bytes of this phase, to see the headers' end across reads
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.raw = transport
@@ -75,6 +86,7 @@ class _Connection(asyncio.Protocol):
             transport.abort()  # type: ignore[attr-defined]
             return
         self.server._phase(self, WAITING, self.server.limits.header_seconds)
+        self.server._over()
         if self.server.ssl_context is None:
             self._hand_over(transport)
             return
@@ -104,6 +116,10 @@ class _Connection(asyncio.Protocol):
             self.handler.data_received(data)
 
     def data_received(self, data: bytes) -> None:
+        if self.phase == WAITING and not self.whole:
+            seen = self._tail + data
+            self.whole = b"\r\n\r\n" in seen
+            self._tail = seen[-3:]
         if self.made:
             self.handler.data_received(data)
         else:
@@ -166,10 +182,11 @@ class HeldServer:
         self.ssl_context = ssl_context
         self.loop = asyncio.new_event_loop()
         self._conns: dict[RequestHandler, _Connection] = {}  # oldest phase first (see _phase)
+        self._trimming: asyncio.Handle | None = None
         self._thread: threading.Thread | None = None
         self._listening: asyncio.AbstractServer | None = None
         self._aiohttp: web.Server | None = None
-        self.refused = 0  # connections answered 503 at the cap
+        self.refused = 0  # connections and requests answered 503 at the cap
         self.evicted = 0  # connections closed at the cap to make room
         self.expired = 0  # connections closed at a deadline
 
@@ -208,7 +225,7 @@ class HeldServer:
         self._aiohttp = web.Server(self._handle, keepalive_timeout=h, lingering_time=0,
                                    max_line_size=8190, max_field_size=8190, max_headers=64)
         self._listening = await self.loop.create_server(
-            self._connection, self.address, self.port, backlog=max(128, self.limits.max_connections),
+            self._connection, self.address, self.port, backlog=BURST,
             reuse_address=True)
         self.port = self._listening.sockets[0].getsockname()[1]
 
@@ -246,8 +263,9 @@ class HeldServer:
         return len(self._conns)
 
     def _connection(self) -> asyncio.Protocol:
-        """The protocol of a connection just accepted: held within the cap, or busy."""
-        if len(self._conns) >= self.limits.max_connections and not self._evict():
+        """The protocol of a connection just accepted: held (the cap is made good on the loop's
+        next turn, :meth:`_trim`), or busy past the cap and a burst."""
+        if len(self._conns) >= self.limits.max_connections + BURST:
             self.refused += 1
             return _Busy(self.ssl_context is not None)
         assert self._aiohttp is not None
@@ -256,19 +274,33 @@ class HeldServer:
         self._conns[handler] = conn
         return conn
 
-    def _evict(self) -> bool:
-        """Close the connection that has waited longest for its request (headers or body)."""
-        for conn in self._conns.values():
-            if conn.phase != ANSWERING:  # (one whose transport has not come yet is closed when it comes)
+    def _over(self) -> None:
+        """A connection came: past the cap, room is made on the loop's next turn."""
+        if len(self._conns) > self.limits.max_connections and self._trimming is None:
+            self._trimming = self.loop.call_soon(self._trim)
+
+    def _trim(self) -> None:
+        """Close the connections that have waited longest for their request (headers or body), of
+        those the server has read all that came (:func:`unread`; and not one whose headers are all
+        in, its handler due), down to the cap; what cannot be closed yet is looked at again
+        shortly."""
+        self._trimming = None
+        excess = len(self._conns) - self.limits.max_connections
+        for conn in list(self._conns.values()):
+            if excess <= 0:
+                return
+            if conn.phase != ANSWERING and not conn.whole and conn.raw is not None and not unread(conn.raw):
                 self.evicted += 1
                 self._drop(conn)
-                return True
-        return False
+                excess -= 1
+        if excess > 0:
+            self._trimming = self.loop.call_later(TRIM_AGAIN_SECONDS, self._trim)
 
     def _phase(self, conn: _Connection, phase: str, seconds: float | None) -> None:
         """``conn`` enters ``phase``, to end within ``seconds`` (None: no deadline here). It moves
         to the end of the order, so the first held is the one longest in its phase."""
         conn.phase = phase
+        conn.whole, conn._tail = False, b""
         if conn.timer is not None:
             conn.timer.cancel()
         conn.timer = None if seconds is None else self.loop.call_later(seconds, self._expire, conn, phase)
@@ -297,6 +329,12 @@ class HeldServer:
         conn = self._conns.get(request.protocol)  # type: ignore[arg-type]
         if conn is None:  # closed at a deadline or the cap as its headers were parsed: no one reads this
             return web.Response(status=503)
+        busy = sum(1 for c in self._conns.values() if c.phase != WAITING)
+        if busy >= self.limits.max_connections:  # as many requests as the cap are being answered
+            self.refused += 1
+            response = web.Response(status=503, text="busy\n", headers={"Retry-After": "1"})
+            response.force_close()
+            return response
         self._phase(conn, BODY, self.limits.body_seconds)
         request[_CONNECTION] = conn
         try:
@@ -306,6 +344,23 @@ class HeldServer:
                 # The answer is written next, and the next request's headers are due within
                 # the header deadline of it.
                 self._phase(conn, WAITING, self.limits.header_seconds)
+
+
+def unread(transport: asyncio.BaseTransport) -> bool:
+    """Whether bytes wait in the connection's socket that the server has not read yet. A burst of
+    accepts runs before any of them is read: without this, the newcomers of one burst would close
+    a client that sent its whole request at once before it was read."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return False
+    return pending_bytes(sock.fileno()) > 0
+
+
+def pending_bytes(fd: int) -> int:
+    try:
+        return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+    except OSError:
+        return 0
 
 
 _CONNECTION: web.RequestKey[_Connection] = web.RequestKey("hyperplan.serving.connection", _Connection)
