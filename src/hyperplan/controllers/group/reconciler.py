@@ -334,9 +334,13 @@ async def launch_facts(rt: Runtime, group: InstanceGroup, provider: Any, key: st
                 REASON_CLAIM_DELETED, "deleted before it launched (Karpenter deletes a claim it cannot launch: "
                 "insufficient capacity, or its node class not ready; the claim's Warning Events and Karpenter's "
                 "log say which)"), gone=True))
+    # A claim of the group's record that Karpenter launched (not one that only carries its label).
+    ours = {e.node_claim.uid for e in group.status.nodes or () if e.node_claim is not None}
+    ours |= {e.node_claim.uid for e in (binding.launching if binding is not None else ()) if e.node_claim is not None}
     return ownership.LaunchFacts(
         memory=memory, blocked=blocked, offered=offered, capacity_type=rt.settings.karpenter_capacity_type,
-        failures=tuple(failures), launched=any(c.provider_id and not c.deleting for c in claims or ()))
+        failures=tuple(failures),
+        launched=any(c.provider_id and not c.deleting and c.uid in ours for c in claims or ()))
 
 
 def vanished_records(rt: Runtime, key: str) -> dict[str, VanishedRecord]:
