@@ -185,3 +185,58 @@ def test_hyperplan_status_shows_why_the_nodes_do_not_launch_before_the_ready_con
     v = launch_verdict(LaunchFacts(blocked=NO_CLASS), WANTED, 1, [], NOW)
     assert _message([ready, v.condition]).startswith(f"NodesLaunched=False (NodeClassNotFound): {NO_CLASS.message}")
     assert _message([ready]) == "Ready=False: 0/2 active nodes Ready"
+
+
+class _Served:
+    """The API server as the node class read sees it: discovery of the node class's group, and the
+    node classes there (by name), each with its status conditions."""
+
+    def __init__(self, classes: dict[str, list[dict]] | None, fail: Exception | None = None) -> None:
+        self.classes, self.fail, self.reads = classes, fail, 0
+        self.api, self.custom = self, self
+
+    def call_api(self, path: str, method: str, **_: object) -> dict:
+        from kubernetes.client.rest import ApiException
+        if self.fail is not None:
+            raise self.fail
+        if self.classes is None:
+            raise ApiException(status=404)
+        if path == "/apis/karpenter.kwok.sh":
+            return {"preferredVersion": {"version": "v1alpha1"}, "versions": [{"version": "v1alpha1"}]}
+        assert path == "/apis/karpenter.kwok.sh/v1alpha1"
+        return {"resources": [{"name": "kwoknodeclasses", "kind": "KWOKNodeClass"},
+                              {"name": "kwoknodeclasses/status", "kind": "KWOKNodeClass"}]}
+
+    def get_cluster_custom_object(self, group: str, version: str, plural: str, name: str) -> dict:
+        from kubernetes.client.rest import ApiException
+        self.reads += 1
+        assert (group, version, plural) == ("karpenter.kwok.sh", "v1alpha1", "kwoknodeclasses")
+        if name not in self.classes:
+            raise ApiException(status=404)
+        return {"metadata": {"name": name}, "status": {"conditions": self.classes[name]}}
+
+
+@pytest.mark.parametrize("served, reason", [
+    pytest.param({"default": [{"type": "Ready", "status": "True"}]}, None, id="there-and-ready"),
+    pytest.param({"default": []}, None, id="there-without-conditions"),
+    pytest.param({}, "NodeClassNotFound", id="not-there"),
+    pytest.param(None, "NodeClassNotFound", id="its-api-group-not-served"),
+    pytest.param({"default": [{"type": "Ready", "status": "False", "reason": "Broken", "message": "m"}]},
+                 "NodeClassNotReady", id="ready-false"),
+])
+def test_the_node_class_read(served, reason) -> None:
+    from hyperplan.actuation.providers.karpenter import KarpenterProvider
+    cause = KarpenterProvider(_Served(served)).node_class_problem()
+    assert (cause.reason if cause else None) == reason
+
+
+def test_a_node_class_that_cannot_be_read_is_not_checked_and_one_read_serves_a_while() -> None:
+    from kubernetes.client.rest import ApiException
+    from hyperplan.actuation.providers.karpenter import KarpenterProvider
+    assert KarpenterProvider(_Served({}, fail=ApiException(status=403))).node_class_problem() is None
+    assert KarpenterProvider(_Served({}, fail=TypeError("a client that changed"))).node_class_problem() is None
+    served = _Served({"default": []})
+    provider = KarpenterProvider(served)
+    for _ in range(3):
+        provider.node_class_problem()
+    assert served.reads == 1
