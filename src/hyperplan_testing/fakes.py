@@ -572,6 +572,11 @@ class RecordingKueueWrites:
     entries: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (namespace/name, entry)
     actives: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (check, condition)
     node_workloads: list[tuple[str, str, str | None]] = field(default_factory=list)
+    workload_uids: list[tuple[str, str]] = field(default_factory=list)  # (node, the uid the write was guarded by)
+    job_records: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # plan -> status.jobNodes written
+    record_conflicts: int = 0  # the next writes of a record that answer 409
+    plans: dict[str, dict[str, Any]] = field(default_factory=dict)  # the plans as the API server holds them
+    record_writes: list[tuple[str, list[dict[str, Any]]]] = field(default_factory=list)  # in order
     listed: list[str] = field(default_factory=list)
     events: list[tuple[str, str, str, str]] = field(default_factory=list)  # (object, type, reason, message)
 
@@ -591,8 +596,23 @@ class RecordingKueueWrites:
         others = [c for c in (check.get("status") or {}).get("conditions") or [] if c.get("type") != "Active"]
         return {**check, "metadata": meta, "status": {"conditions": [*others, condition]}}
 
-    def set_node_workload(self, node: str, workload: str, keep_alive_until: str | None) -> None:
+    def set_node_workload(self, node: str, workload: str, keep_alive_until: str | None, uid: str = "") -> None:
         self.node_workloads.append((node, workload, keep_alive_until))
+        self.workload_uids.append((node, uid))
+
+    def write_job_record(self, plan: str, entries: list[dict[str, Any]], resource_version: str | None
+                         ) -> dict[str, Any] | None:
+        if self.record_conflicts:
+            self.record_conflicts -= 1
+            raise ApiException(status=409, reason="Conflict")
+        self.job_records[plan] = list(entries)
+        self.record_writes.append((plan, list(entries)))
+        body = self.plans.get(plan)
+        if body is None:
+            return None
+        meta = {**body["metadata"], "resourceVersion": str(int(body["metadata"].get("resourceVersion") or 0) + 1)}
+        self.plans[plan] = {**body, "metadata": meta, "status": {**(body.get("status") or {}), "jobNodes": list(entries)}}
+        return self.plans[plan]
 
     def list_job_nodes(self, plan_label: str) -> list[client.V1Node]:
         self.listed.append(plan_label)

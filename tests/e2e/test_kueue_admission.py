@@ -418,3 +418,60 @@ def test_hyperpod_cluster_plan_admits_up_to_its_groups_ready_nodes(scenarios) ->
     state, message = r["extra_waiting"]
     assert "2 Ready active node(s) of its instance groups" in message and "hold 2, 0 free" in message, message
     assert r["extra_entry"][0] == "Ready", r["extra_entry"]
+
+
+# ----------------------------------------------------------------------- 4. a node forged as a warm job node
+
+
+@scenario
+def kueue_forged_warm_node(ctx: Context) -> dict:
+    """A node an admin (or a kubelet) labels and annotates as a warm job node of a training-job
+    plan, on the plan's own slot name: the plan's record does not hold it, so no workload goes to
+    it and the operator never writes it; the workload gets a node hyperplan makes."""
+    from hyperplan.planning import naming
+
+    k = ctx.kubectl
+    tag = uuid.uuid4().hex[:5]
+    itype, plan = f"ml.kqfw-{tag}.xlarge", f"kq-fw-{tag}"
+    t0 = utcnow().replace(microsecond=0)
+    start = t0 + timedelta(seconds=25 - (t0.second % 5))
+    k.create(pool_body(f"kq-fw-{tag}", itype, 2, az="us-east-1a"))
+    k.create({"apiVersion": API, "kind": "TrainingPlan", "metadata": {"name": plan},
+              "spec": {"instanceType": itype, "instanceCount": 2, "targetResource": "training-job",
+                       "duration": "2m", "startTimeAfter": ts(start), "autoPurchase": True,
+                       "endTimeBefore": ts(t0 + timedelta(minutes=30)), "keepAlivePeriodSeconds": 300}})
+    names = kueue_setup(k, tag, itype, plan)
+    (block,) = buy(k, plan, 1)
+    forged = naming.node_name(plan, block["id"], "0")
+    labels = {"hyperplan.dev/training-plan": naming.label_value(plan),
+              "hyperplan.dev/reserved-capacity": naming.label_value(block["id"]),
+              "hyperplan.dev/slot": "0", "hyperplan.dev/role": "active", "hyperplan.dev/workload": "",
+              "node.kubernetes.io/instance-type": itype, "topology.kubernetes.io/zone": "us-east-1a"}
+    annotations = {"kwok.x-k8s.io/node": "fake", "hyperplan.dev/keep-alive-until": ts(t0 + timedelta(hours=1))}
+    k.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": forged, "labels": labels,
+                                                              "annotations": annotations}})
+    try:
+        wait_until(parse_ts(block["startTime"]), "the block's start")
+        ns, lq = names["ns"], names["lq"]
+        k.create(job_body("one", ns, lq, 1))
+        pods = eventually(lambda: running_pods(k, ns, "one", 1), timeout=120, interval=0.5, what="job one Running")
+        after = k.get("node", forged)["metadata"]
+        return {"forged": forged, "pod_node": pods[0]["spec"]["nodeName"],
+                "labels_before": labels, "labels_after": after.get("labels") or {},
+                "annotations_before": annotations, "annotations_after": after.get("annotations") or {},
+                "plan_events": [(e["reason"], e["message"]) for e in events_for(k, plan)],
+                "record": [e["name"] for e in (k.get("trainingplan", plan).get("status") or {}).get("jobNodes") or []]}
+    finally:
+        k.run("delete", "node", forged, "--wait=false", "--ignore-not-found")
+
+
+def test_a_node_forged_as_a_warm_job_node_gets_no_workload_and_no_write(scenarios) -> None:
+    r = scenarios["kueue_forged_warm_node"].result(timeout=300)
+    assert r["pod_node"] != r["forged"]
+    assert r["record"] == [r["pod_node"]]  # the node hyperplan made, recorded by name (and uid)
+    for key, value in r["labels_before"].items():
+        assert r["labels_after"].get(key) == value, key
+    for key, value in r["annotations_before"].items():
+        assert r["annotations_after"].get(key) == value, key
+    not_owned = [m for reason, m in r["plan_events"] if reason == "NodeNotOwned"]
+    assert any(r["forged"] in m for m in not_owned), r["plan_events"]

@@ -837,7 +837,10 @@ def _node_meta(kind: str, name: str) -> dict[str, Any]:
     return {
         # what the kwok provider creates (actuation/nodes.py kwok_node_body)
         "kwok": {"annotations": KWOK, "labels": {"hyperplan.dev/node-id": name, "hyperplan.dev/instance-group": "g",
-                                                 TRUSTED_GROUP: "g"}},
+                                                 TRUSTED_GROUP: "g", vocabulary.LABEL_TRUSTED_KWOK: "true"}},
+        # the kwok provider's marks that a kubelet can write on its own Node, without the key it cannot
+        "kwok-forged": {"annotations": KWOK, "labels": {"hyperplan.dev/node-id": name,
+                                                        "hyperplan.dev/instance-group": "g"}},
         # an admin's node in the static pool (a real one: not made by the kwok provider)
         "free": {"labels": {POOL: "free", "node-role.kubernetes.io/worker": "", "team": "infra"}},
         "held": {"labels": {POOL: "held", "hyperplan.dev/node-id": "hp-g-x-0", "hyperplan.dev/instance-group": "g",
@@ -915,6 +918,7 @@ NODE_CASES = [
         "ml.p6e-gb200.36xlarge", "us-east-1a"))), None),
     # UPDATE: whose node
     ("foreign", ("label", "node", "{node}", "hijacked=true"), NEITHER),
+    ("kwok-forged", ("label", "node", "{node}", "hyperplan.dev/role=spare"), NEITHER),
     ("old-pool-key", ("label", "node", "{node}", "hyperplan.dev/pool=held", "--overwrite"), NEITHER),
     ("forged", ("label", "node", "{node}", "hyperplan.dev/role=spare"), NEITHER),
     # UPDATE: which keys
@@ -954,6 +958,7 @@ NODE_CASES = [
               f"{TRUSTED_GROUP}-", "--overwrite"), None),
     # DELETE
     ("foreign", ("delete", "node", "{node}", "--wait=false"), DELETE_ONLY),
+    ("kwok-forged", ("delete", "node", "{node}", "--wait=false"), DELETE_ONLY),
     ("forged", ("delete", "node", "{node}", "--wait=false"), DELETE_ONLY),
     ("free", ("delete", "node", "{node}", "--wait=false"), DELETE_ONLY),
     ("held", ("delete", "node", "{node}", "--wait=false"), DELETE_ONLY),
@@ -963,7 +968,8 @@ NODE_CASES = [
 NODE_CASE_IDS = [
     "create-forged-without-kwok-annotation", "create-node-id-not-the-name", "create-with-node-role",
     "create-with-pool-key", "create-with-unknown-hyperplan-key", "create-kwok-node", "create-the-kwok-providers-body",
-    "update-foreign-node", "update-node-with-only-the-old-pool-key", "update-node-with-forged-node-id",
+    "update-foreign-node", "update-node-with-kwoks-marks-but-not-the-kubelet-proof-key",
+    "update-node-with-only-the-old-pool-key", "update-node-with-forged-node-id",
     "update-add-node-role", "update-add-node-restriction-key", "update-add-unknown-hyperplan-key",
     "update-pool-key-on-kwok-node", "update-remove-admins-node-role", "update-remove-pool-key",
     "update-pool-key-to-another-value", "update-taint-node-role", "update-foreign-annotation",
@@ -972,7 +978,7 @@ NODE_CASE_IDS = [
     "status-rebooting-kwok-node",
     "taints-written-back-without-time-added", "taints-written-back-without-the-controllers",
     "adopt-free-node", "hand-back-held-node",
-    "delete-foreign-node", "delete-forged-node", "delete-free-static-node", "delete-held-static-node",
+    "delete-foreign-node", "delete-node-with-kwoks-marks-but-not-the-kubelet-proof-key", "delete-forged-node", "delete-free-static-node", "delete-held-static-node",
     "delete-kwok-node-in-static-pool", "delete-kwok-node",
 ]
 

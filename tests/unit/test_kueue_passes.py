@@ -23,6 +23,7 @@ from hyperplan.actuation import jobnodes
 from hyperplan.wiring import kueue
 from hyperplan.controllers.kueue import admission as kueue_admission
 from hyperplan.controllers.kueue import checks as kueue_checks
+from hyperplan.api.models import GroupNode
 from hyperplan.runtime.store import GROUPS, NODES, PLANS, POOLS, WatchCache, slim_object, v1_node
 from hyperplan.wiring.events import hp_plans
 from hyperplan.controllers.kueue.state import (
@@ -93,7 +94,7 @@ def workload(name: str, *, state: str = "Pending", admitted: bool = False, finis
 def job_node(slot: str, workload_name: str, *, keep_alive_until: str | None = None) -> dict[str, Any]:
     name = naming.node_name(PLAN, BLOCK, slot)
     annotations = {trainingjobs.ANNOTATION_KEEP_ALIVE_UNTIL: keep_alive_until} if keep_alive_until else {}
-    return {"metadata": {"name": name, "labels": {
+    return {"metadata": {"name": name, "uid": f"uid-{name}", "labels": {
         naming.LABEL_PLAN: naming.label_value(PLAN), naming.LABEL_RESERVED_CAPACITY: naming.label_value(BLOCK),
         naming.LABEL_SLOT: slot, trainingjobs.LABEL_WORKLOAD: trainingjobs.workload_label_value(NS, workload_name) if workload_name else ""},
         "annotations": annotations}, "spec": {}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
@@ -120,13 +121,24 @@ def index(workloads: list[dict]) -> dict:
 
 def runtime(plan: dict | None, workloads: list[dict], nodes: list[dict], *, checks: tuple[str, ...] = (CHECK,),
             pods: dict[str, list[str]] | None = None, guarded: set[str] = frozenset(),
-            writes: KueueWrites | None = None, pools: tuple[dict, ...] | None = None) -> SimpleNamespace:
+            writes: KueueWrites | None = None, pools: tuple[dict, ...] | None = None,
+            recorded: bool = True) -> SimpleNamespace:
     """A runtime whose watch cache is the real one, over kopf-shaped indexes filled by the real
-    index functions (``indexes``: the Kueue ones, for a test to change as kopf would)."""
+    index functions (``indexes``: the Kueue ones, for a test to change as kopf would).
+    ``recorded``: the plan's record (``status.jobNodes``) holds ``nodes``, as hyperplan made them;
+    without the plan, the controller's copy of its last record does."""
+    entries = [{"name": n["metadata"]["name"], "uid": n["metadata"]["uid"], "nodeId": n["metadata"]["name"]}
+               for n in nodes] if recorded else []
+    if plan is not None and recorded:
+        plan = {**plan, "status": {**plan.get("status", {}), "jobNodes": entries}}
     provider = FakeProvider(clock=lambda: NOW)
     for n in nodes:
         provider.nodes[n["metadata"]["name"]] = v1_node(n)
     state = KueueState(writes=writes or RecordingKueueWrites())
+    if plan is not None:
+        state.writes.plans[PLAN] = plan
+    if plan is None and entries:
+        state.job_records[PLAN] = [GroupNode.model_validate(e) for e in entries]
     for c in checks:
         state.checks[c] = PLAN
         state.loops.add(PLAN)  # as check_changed leaves it
@@ -220,7 +232,7 @@ def test_a_released_job_node_waits_for_its_pods(pods: dict, guarded: set, releas
     name = node["metadata"]["name"]
     pods = {name if k == "NODE" else k: v for k, v in pods.items()}
     rt = runtime(plan_obj(), [], [node], pods=pods, guarded=guarded)
-    plan, schedule = kueue_admission.admission_plan(rt, plan_obj(), NOW)[1]
+    plan, schedule = kueue_admission.admission_plan(rt, kueue_admission.plan_object(rt, PLAN), NOW)[1]
     wake, left = asyncio.run(kueue_admission.reconcile_job_nodes(rt, PLAN, plan, schedule, [], NOW))
     assert ("evict", name) in rt.pods.calls
     assert (name not in rt.providers["kwok"].nodes) is released
@@ -620,3 +632,78 @@ def test_a_workload_is_admitted_only_on_a_block_the_ledger_holds(pools, state: s
     if state == "Retry":
         assert "is not bought yet" in entries[0][1]["message"]
     assert len(rt.providers["kwok"].nodes) == nodes
+
+
+# --------------------------------------------------------------------------- job nodes by the plan's record
+
+
+def warm_plan() -> dict[str, Any]:
+    plan = plan_obj()
+    plan["spec"]["keepAlivePeriodSeconds"] = 600
+    return plan
+
+
+@pytest.mark.parametrize("recorded, reused", [
+    pytest.param(True, True, id="a-warm-node-hyperplan-made-is-reused-with-a-uid-guard"),
+    pytest.param(False, False, id="a-node-labelled-as-warm-by-hand-gets-no-workload-and-no-write"),
+])
+def test_only_a_recorded_warm_node_is_reused(recorded: bool, reused: bool) -> None:
+    warm = job_node("0", "", keep_alive_until="2027-01-01T12:05:00Z")
+    name = warm["metadata"]["name"]
+    rt = runtime(warm_plan(), [workload("train", pods=1)], [warm], recorded=recorded)
+    run_pass(rt)
+    w = writes_of(rt)
+    created = [node for op, node in rt.providers["kwok"].calls if op == "create"]
+    if reused:
+        assert w.node_workloads == [(name, trainingjobs.workload_label_value(NS, "train"), None)]
+        assert w.workload_uids == [(name, f"uid-{name}")]
+        assert created == []
+        assert not [e for e in w.events if e[2] == "NodeNotOwned"]
+    else:
+        assert w.node_workloads == []  # the forged node is never written
+        assert created and name not in created  # the workload gets a node hyperplan makes
+        assert [(obj, reason) for obj, _, reason, _ in w.events if reason == "NodeNotOwned"] == \
+            [(name, "NodeNotOwned"), (PLAN, "NodeNotOwned")]
+        run_pass(rt)  # reported once per node
+        assert len([e for e in w.events if e[2] == "NodeNotOwned"]) == 2
+
+
+def test_a_job_node_is_recorded_before_it_is_made_and_with_its_uid_after() -> None:
+    rt = runtime(plan_obj(), [workload("train", pods=2)], [])
+    run_pass(rt)
+    w = writes_of(rt)
+    made = sorted(node for op, node in rt.providers["kwok"].calls if op == "create")
+    assert len(made) == 2
+    (_, intent), (_, after) = w.record_writes
+    assert sorted(e["nodeId"] for e in intent) == made and all(e.get("claim") and not e["uid"] for e in intent)
+    assert sorted(e["name"] for e in after) == made and all(e["uid"] and not e.get("claim") for e in after)
+    assert w.plans[PLAN]["status"]["jobNodes"] == after
+
+
+def test_a_record_written_meanwhile_makes_no_node_and_looks_again_soon() -> None:
+    rt = runtime(plan_obj(), [workload("train", pods=2)], [], writes=RecordingKueueWrites(record_conflicts=1))
+    wake = run_pass(rt)
+    assert [op for op, _ in rt.providers["kwok"].calls if op == "create"] == []
+    assert wake is not None and wake <= NOW + timedelta(seconds=1)
+    run_pass(rt)  # the next pass records and makes them
+    assert len([op for op, _ in rt.providers["kwok"].calls if op == "create"]) == 2
+
+
+def test_a_hyperpod_plans_room_counts_only_the_nodes_its_groups_record() -> None:
+    """A node that wears the plan's and the block's labels but is in no group's record (a kubelet
+    labelled its own Node so) adds no room for Kueue to admit onto."""
+    block = naming.label_value(BLOCK)
+
+    def node(name: str, uid: str) -> dict[str, Any]:
+        return {"metadata": {"name": name, "uid": uid, "labels": {
+            naming.LABEL_PLAN: naming.label_value(PLAN), naming.LABEL_RESERVED_CAPACITY: block,
+            naming.LABEL_ROLE: naming.ROLE_ACTIVE, naming.LABEL_GROUP: "g"}},
+            "spec": {}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+
+    group = {"metadata": {"name": "g"}, "spec": {"trainingPlanRef": PLAN},
+             "status": {"nodes": [{"name": "real", "uid": "uid-real", "nodeId": "real"},
+                                  {"name": "stale", "uid": "uid-old", "nodeId": "stale"}]}}
+    nodes = [node("real", "uid-real"), node("forged", "uid-forged"), node("stale", "uid-new")]
+    cache = SimpleNamespace(groups=lambda: [group], block_nodes=lambda label: nodes if label == block else [])
+    rt = SimpleNamespace(cache=cache, keys=TopologyKeys())
+    assert kueue_admission.ready_group_nodes(rt, PLAN, BLOCK) == 1

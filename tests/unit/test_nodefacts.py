@@ -219,13 +219,21 @@ def test_role(label: str | None, role: str) -> None:
 
 # --------------------------------------------------------------------------- every reader agrees
 
+def recorded_by_a_group(*nodes: dict) -> dict:
+    """A group of the plan whose record holds ``nodes`` (Kueue counts only recorded nodes)."""
+    return {"metadata": {"name": "g"}, "spec": {"trainingPlanRef": PLAN},
+            "status": {"nodes": [{"name": n["metadata"]["name"], "uid": n["metadata"]["uid"],
+                                  "nodeId": n["metadata"]["name"]} for n in nodes]}}
+
+
 HEALTHY = node_json("hp-healthy")
 ONLY_SAGEMAKER_UNSCHEDULABLE = node_json("hp-sagemaker-bad", sagemaker="Unschedulable")
 
 
 def test_kueue_admits_onto_no_node_that_only_sagemaker_labels_unschedulable() -> None:
     cache = SimpleNamespace(block_nodes=lambda label: [slim_node(HEALTHY), slim_node(ONLY_SAGEMAKER_UNSCHEDULABLE)]
-                            if label == naming.label_value(BLOCK) else [])
+                            if label == naming.label_value(BLOCK) else [],
+                            groups=lambda: [recorded_by_a_group(HEALTHY, ONLY_SAGEMAKER_UNSCHEDULABLE)])
     rt = SimpleNamespace(cache=cache, keys=KEYS)
     assert kueue_admission.ready_group_nodes(rt, PLAN, BLOCK) == 1  # the healthy node only
 
@@ -261,7 +269,7 @@ def test_the_invariants_do_not_count_a_node_that_only_sagemaker_labels_unschedul
 def test_all_readers_agree_on_one_node_that_only_sagemaker_labels_unschedulable() -> None:
     """The disagreement of issue 19's point 4, as one table: no reader lets the node serve."""
     body = ONLY_SAGEMAKER_UNSCHEDULABLE
-    cache = SimpleNamespace(block_nodes=lambda label: [slim_node(body)])
+    cache = SimpleNamespace(block_nodes=lambda label: [slim_node(body)], groups=lambda: [recorded_by_a_group(body)])
     verdicts = {
         "kueue ready nodes": kueue_admission.ready_group_nodes(SimpleNamespace(cache=cache, keys=KEYS), PLAN, BLOCK),
         "hyperplan status": status.node_from_api(as_v1(body), KEYS.ultraserver_id)[1].state,

@@ -98,13 +98,21 @@ def as_pool_node(case: Case) -> lending.PoolNode:
                             conditions={"Ready": "True"})
 
 
+def recorded_by_a_group(*nodes: dict) -> dict:
+    """A group of the plan whose record holds ``nodes`` (Kueue counts only recorded nodes)."""
+    return {"metadata": {"name": "g"}, "spec": {"trainingPlanRef": PLAN},
+            "status": {"nodes": [{"name": n["metadata"]["name"], "uid": n["metadata"]["uid"],
+                                  "nodeId": n["metadata"]["name"]} for n in nodes]}}
+
+
 # Each reader of a node: whether it takes the node for unhealthy (unfit for work).
 READERS = {
     "placement slot state": lambda case: slot_states_from_labels([labels_of(case)])[SLOT].unhealthy,
     "lending": lambda case: lending.why_not_lendable(as_pool_node(case)) is not None,
     "plan counts": lambda case: plan_observed_node(as_dict(case), KEYS).healthy is False,
     "kueue serving count": lambda case: ready_group_nodes(
-        SimpleNamespace(keys=KEYS, cache=SimpleNamespace(block_nodes=lambda block: [as_dict(case)])),
+        SimpleNamespace(keys=KEYS, cache=SimpleNamespace(block_nodes=lambda block: [as_dict(case)],
+                                                         groups=lambda: [recorded_by_a_group(as_dict(case))])),
         PLAN, BLOCK) == 0,
     "status": lambda case: status.node_from_api(as_v1(case), KEYS.ultraserver_id)[1].state != status.SERVING,
     "group observation": lambda case: "n" in evaluate_health(

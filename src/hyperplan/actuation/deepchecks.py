@@ -39,8 +39,8 @@ from hyperplan.api.vocabulary import (
     ANNOTATION_CHECK_NODE_ID,
     ANNOTATION_CHECK_NODE_UID,
     INSTANCE_CONNECTIVITY,
-    LABEL_DEEP_CHECK,
-    LABEL_DEEP_CHECK_RUN,
+    DEEP_CHECK_JOB_LABEL,
+    DEEP_CHECK_RUN_LABEL,
     LABEL_GROUP,
 )
 from hyperplan.planning import deepchecks, naming
@@ -82,14 +82,14 @@ class Target:
 
 def labels_of(group: str, check: str) -> dict[str, str]:
     return {"app.kubernetes.io/name": "hyperplan", "app.kubernetes.io/component": CHECK_COMPONENT,
-            LABEL_GROUP: naming.label_value(group), LABEL_DEEP_CHECK: check}
+            LABEL_GROUP: naming.label_value(group), DEEP_CHECK_JOB_LABEL: check}
 
 
 def check_job_body(s: CheckJobSettings, group: str, target: Target) -> dict[str, Any]:
     """The Job of one check of one node (see the module docstring)."""
     job = target.job
     labels = labels_of(group, job.check)
-    pod_labels = {**labels, **({LABEL_DEEP_CHECK_RUN: job.cohort} if job.cohort else {})}
+    pod_labels = {**labels, **({DEEP_CHECK_RUN_LABEL: job.cohort} if job.cohort else {})}
     env = {"HYPERPLAN_CHECK": job.check, "HYPERPLAN_CHECK_NODE": target.node,
            "HYPERPLAN_CHECK_SECONDS": str(s.seconds)}
     pod: dict[str, Any] = {
@@ -131,7 +131,7 @@ def cohort_service_body(s: CheckJobSettings, group: str, cohort: str, owners: Se
         "metadata": {"name": cohort, "namespace": s.namespace, "labels": labels_of(group, INSTANCE_CONNECTIVITY),
                      "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": uid}
                                          for name, uid in owners]},
-        "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": {LABEL_DEEP_CHECK_RUN: cohort},
+        "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": {DEEP_CHECK_RUN_LABEL: cohort},
                  "ports": [{"name": "check", "port": s.port, "targetPort": s.port, "protocol": "TCP"}]},
     }
 

@@ -22,6 +22,7 @@ from hyperplan.actuation.groups import drain_node, signal_checkpoint
 from hyperplan.actuation.kueue import KueueWrites
 from hyperplan.actuation.pods import NodePods
 from hyperplan.actuation.providers.base import NodeProvider
+from hyperplan.api.models import GroupNode
 from hyperplan.api.vocabulary import to_rfc3339
 from hyperplan.planning import groups
 from hyperplan.planning import trainingjobs
@@ -46,29 +47,41 @@ class JobNodeFacts:
     pod_events: list[tuple[Mapping, Event]] = field(default_factory=list)
     released: set[str] = field(default_factory=set)
     signalled: list[str] = field(default_factory=list)
+    made: list[GroupNode] = field(default_factory=list)  # the nodes created, as the API server answered
     wrote: bool = False
     evicting: bool = False
 
 
 def apply_job_nodes(provider: NodeProvider, pods: NodePods, writes: KueueWrites,
                     decision: trainingjobs.JobNodeDecision, block: trainingjobs.JobBlock | None,
-                    nodes: Mapping[str, client.V1Node], already_signalled: bool, now: datetime) -> JobNodeFacts:
+                    nodes: Mapping[str, client.V1Node], already_signalled: bool, now: datetime,
+                    claims: Mapping[str, str] | None = None) -> JobNodeFacts:
     """Create, hand over, keep warm, signal, release and drain as ``decision`` says (sync, thread).
 
-    ``nodes``: the plan's job nodes by name, as the pass read them; ``already_signalled``:
-    whether one of them carried the checkpoint signal before (the plan's Event is posted once).
-    A node to release whose pods have not gone yet stays until they have.
+    ``nodes``: the plan's job nodes by name that its record holds, as the pass read them (every
+    write names the node with its uid, so another node of that name is never touched);
+    ``claims``: the nonce each new node carries (its digest is in the record already);
+    ``already_signalled``: whether one of them carried the checkpoint signal before (the plan's
+    Event is posted once). A node to release whose pods have not gone yet stays until they have.
     """
+    claims = claims or {}
     out = JobNodeFacts(wrote=bool(decision.create or decision.assign or decision.keep_warm))
+
+    def uid(node: str) -> str:
+        held = nodes.get(node)
+        return (held.metadata.uid or "") if held is not None and held.metadata else ""
+
     for spec in decision.create:
-        provider.create(spec)
+        made = provider.create(spec, claims.get(spec.name, ""))
+        if made.uid:  # a node of that name that was there already (409) is not the plan's
+            out.made.append(GroupNode(name=made.name, uid=made.uid, node_id=spec.name))
         out.events.append(("NodeCreated", f"{spec.name} in {spec.availability_zone} for workload "
                                           f"{spec.labels[trainingjobs.LABEL_WORKLOAD]}"))
     for node, workload in decision.assign:
-        writes.set_node_workload(node, workload, None)
+        writes.set_node_workload(node, workload, None, uid(node))
         out.events.append(("NodeReused", f"warm node {node} now runs workload {workload}"))
     for node, until, previous in decision.keep_warm:
-        writes.set_node_workload(node, "", to_rfc3339(until))
+        writes.set_node_workload(node, "", to_rfc3339(until), uid(node))
         out.events.append(("NodeKeptWarm", f"{node} of workload {previous} kept until {to_rfc3339(until)} "
                                            "(keepAlivePeriodSeconds)"))
     if decision.checkpoint and block is not None:  # before any drain: the workloads are asked first
@@ -87,7 +100,7 @@ def apply_job_nodes(provider: NodeProvider, pods: NodePods, writes: KueueWrites,
             out.evicting = True
             continue
         out.released.add(node)
-        out.events.append(("NodeRemoved", f"{node} removed ({why}): {provider.release(node)}"))
+        out.events.append(("NodeRemoved", f"{node} removed ({why}): {provider.release(node, uid(node))}"))
     for drain in decision.drain:
         out.wrote = True
         outcome = drain_node(provider, pods, nodes[drain.node], drain.reason, drain.deadline, now)

@@ -17,8 +17,10 @@ from typing import Any, Mapping, Protocol, runtime_checkable
 
 import kopf
 from kubernetes import client
+from kubernetes.client.rest import ApiException
 
 from hyperplan import metrics
+from hyperplan.actuation.providers.base import gone_or_another, guarded
 from hyperplan.actuation.kube import Kube
 from hyperplan.planning import naming
 from hyperplan.planning.trainingjobs import ANNOTATION_KEEP_ALIVE_UNTIL, LABEL_TRUSTED_WORKLOAD, LABEL_WORKLOAD
@@ -41,13 +43,20 @@ class KueueWrites(Protocol):
         """Server-side apply of the AdmissionCheck's ``Active`` condition; the check as returned."""
         ...
 
-    def set_node_workload(self, node: str, workload: str, keep_alive_until: str | None) -> None:
+    def set_node_workload(self, node: str, workload: str, keep_alive_until: str | None, uid: str = "") -> None:
         """Label a job node with the workload it runs (``""`` when idle, then annotated with the
-        end of its keep-alive; ``None`` removes that annotation)."""
+        end of its keep-alive; ``None`` removes that annotation). ``uid``: the node the plan's record
+        holds; another node of that name is never written (nor one that is gone)."""
         ...
 
     def list_job_nodes(self, plan_label: str) -> list[client.V1Node]:
         """The plan's job nodes from the API (only after a pass that wrote to them)."""
+        ...
+
+    def write_job_record(self, plan: str, entries: list[dict[str, Any]], resource_version: str | None
+                         ) -> dict[str, Any] | None:
+        """The plan's record of its job nodes (``status.jobNodes``, a merge patch of the status) over
+        ``resource_version`` (a 409 when the plan changed since); the plan as written."""
         ...
 
     def event(self, ref: Mapping[str, Any], type: str, reason: str, message: str) -> None:
@@ -82,13 +91,21 @@ class KubeKueueWrites:
         metrics.STATUS_WRITES.labels("AdmissionCheck").inc()
         return out if isinstance(out, dict) else None
 
-    def set_node_workload(self, node: str, workload: str, keep_alive_until: str | None) -> None:
-        self.kube.core.patch_node(node, {"metadata": {"labels": {LABEL_WORKLOAD: workload,
-                                                                 LABEL_TRUSTED_WORKLOAD: workload},
-                                                      "annotations": {ANNOTATION_KEEP_ALIVE_UNTIL: keep_alive_until}}})
+    def set_node_workload(self, node: str, workload: str, keep_alive_until: str | None, uid: str = "") -> None:
+        try:
+            self.kube.core.patch_node(node, guarded({"metadata": {
+                "labels": {LABEL_WORKLOAD: workload, LABEL_TRUSTED_WORKLOAD: workload},
+                "annotations": {ANNOTATION_KEEP_ALIVE_UNTIL: keep_alive_until}}}, uid))
+        except ApiException as e:
+            if not (uid and gone_or_another(e)):
+                raise
 
     def list_job_nodes(self, plan_label: str) -> list[client.V1Node]:
         return self.kube.list_nodes(f"{naming.LABEL_PLAN}={plan_label},{LABEL_WORKLOAD}")
+
+    def write_job_record(self, plan: str, entries: list[dict[str, Any]], resource_version: str | None
+                         ) -> dict[str, Any] | None:
+        return self.kube.patch_status("trainingplans", plan, {"jobNodes": entries}, resource_version)
 
     def event(self, ref: Mapping[str, Any], type: str, reason: str, message: str) -> None:
         kopf.event(dict(ref), type=type, reason=reason, message=message)

@@ -538,6 +538,11 @@ class TrainingPlanStatus(Model):
     extensions: list[ExtensionStatus] = Field(default_factory=list, max_length=MAX_EXTENSIONS)
     conditions: list[Condition] = Field(default_factory=list, max_length=MAX_CONDITIONS)
     observed_generation: int | None = None
+    # A training-job plan's job nodes as the Kueue controller recorded them when it made them (name
+    # and uid; a claim's digest while a create is under way), as an instance group records its
+    # nodes: a node's labels prove nothing. Written only by the Kueue controller, over the
+    # resourceVersion it read; the plan's own pass leaves it alone.
+    job_nodes: list[GroupNode] | None = Field(default=None, max_length=MAX_FLEET_ENTRIES)
 
 
 class TrainingPlan(Model):
@@ -852,3 +857,7 @@ class InstanceGroup(Model):
     metadata: dict[str, Any] = Field(default_factory=dict)
     spec: InstanceGroupSpec
     status: InstanceGroupStatus = Field(default_factory=InstanceGroupStatus)
+
+
+TrainingPlanStatus.model_rebuild()  # job_nodes names GroupNode, defined after it
+TrainingPlan.model_rebuild()

@@ -77,6 +77,10 @@ POOL_HELD = "held"
 # key a kubelet cannot set on its own Node, which Kueue's admission steers the workload's pods by.
 LABEL_WORKLOAD = f"{GROUP}/workload"
 LABEL_TRUSTED_WORKLOAD = f"{NODE_RESTRICTION_PREFIX}hyperplan-workload"
+# Set by the kwok provider when it creates a node, under the key a kubelet cannot set on its own Node:
+# what the chart's node policy knows the provider's nodes by (KWOK's annotation and the node-id
+# label a kubelet could write on any Node).
+LABEL_TRUSTED_KWOK = f"{NODE_RESTRICTION_PREFIX}hyperplan-kwok"
 
 ROLE_ACTIVE = "active"
 ROLE_SPARE = "spare"
@@ -171,10 +175,6 @@ REASON_REMOTE_EXTENDING = "RemoteExtending"
 does not show the new end yet; it is never bought again meanwhile (planning.plans)."""
 REASON_REMOTE_EXTENSION_FAILED = "RemoteExtensionFailed"
 """The remote endpoint took an extension and its history then says it failed: nothing was extended."""
-REASON_CHECKPOINT = "CheckpointRequested"
-REASON_UNREADABLE = "UnreadableValue"  # a label or annotation of a node that a pass read as absent
-REASON_DELETED_BY_HYPERPLAN = "DeletionByHyperplan"
-"""Reason of the ``DisruptionTarget`` pod condition hyperplan sets on a pod it deletes from a dead
 CONDITION_NODES_LAUNCHED = "NodesLaunched"
 """A karpenter group's condition, ``False`` while its NodeClaims cannot launch: its node class is
 missing or not ready, Karpenter does not offer its instance type or zone, or Karpenter failed its
@@ -183,6 +183,10 @@ REASON_NODE_CLASS_NOT_FOUND = "NodeClassNotFound"
 REASON_NODE_CLASS_NOT_READY = "NodeClassNotReady"
 REASON_NOT_OFFERED = "NotOffered"  # Karpenter's instance types have no such type, zone and capacity type
 REASON_CLAIM_DELETED = "NodeClaimDeletedBeforeLaunch"  # Karpenter (or someone) deleted a claim it had not launched
+REASON_CHECKPOINT = "CheckpointRequested"
+REASON_UNREADABLE = "UnreadableValue"  # a label or annotation of a node that a pass read as absent
+REASON_DELETED_BY_HYPERPLAN = "DeletionByHyperplan"
+"""Reason of the ``DisruptionTarget`` pod condition hyperplan sets on a pod it deletes from a dead
 node (the Eviction API sets ``EvictionByEvictionAPI`` itself)."""
 
 # --------------------------------------------------------------------------- plans
@@ -251,8 +255,8 @@ ANNOTATION_SAGEMAKER_TAGS = f"{OWN_PREFIX}sagemaker-tags"  # a plan's tags as th
 ANNOTATION_REBOOT_UNTIL = f"{OWN_PREFIX}reboot-until"
 ANNOTATION_REBOOT_NODE = f"{OWN_PREFIX}reboot-node"  # the node a reboot Job runs on
 ANNOTATION_REBOOT_NODE_UID = f"{OWN_PREFIX}reboot-node-uid"
-LABEL_DEEP_CHECK = f"{OWN_PREFIX}deep-health-check"  # the check a deep-check Job runs
-LABEL_DEEP_CHECK_RUN = f"{OWN_PREFIX}deep-health-check-run"  # the InstanceConnectivity run of a pod
+DEEP_CHECK_JOB_LABEL = f"{OWN_PREFIX}deep-health-check"  # the check a deep-check Job runs
+DEEP_CHECK_RUN_LABEL = f"{OWN_PREFIX}deep-health-check-run"  # the InstanceConnectivity run of a pod
 ANNOTATION_CHECK_NODE = f"{OWN_PREFIX}check-node"
 ANNOTATION_CHECK_NODE_UID = f"{OWN_PREFIX}check-node-uid"
 ANNOTATION_CHECK_NODE_ID = f"{OWN_PREFIX}check-node-id"

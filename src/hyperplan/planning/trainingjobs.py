@@ -144,7 +144,7 @@ def node_spec(plan: str, block: JobBlock, server: placement.UltraServer | None, 
 def decide_job_nodes(plan: str, block: JobBlock | None, holders: Sequence[Holder], nodes: Sequence[JobNode],
                      keep_alive: timedelta | None, now: datetime,
                      keys: naming.TopologyKeys = naming.TopologyKeys(),
-                     checkpoint_lead: timedelta | None = None) -> JobNodeDecision:
+                     checkpoint_lead: timedelta | None = None, names_taken: Collection[str] = ()) -> JobNodeDecision:
     """What to do with a training-job plan's nodes (see the module docstring).
 
     ``block`` is the block that is active now (None in a gap or after the plan), even when
@@ -152,7 +152,9 @@ def decide_job_nodes(plan: str, block: JobBlock | None, holders: Sequence[Holder
     admission order: when slots run short, the earlier workload is served first. From
     ``checkpoint_lead`` before the termination time on, the block's nodes that do not carry the
     checkpoint signal yet are listed in ``checkpoint`` (as an instance group's are, see
-    docs/checkpoint.md); the drain still starts at the termination time.
+    docs/checkpoint.md); the drain still starts at the termination time. ``names_taken``: node
+    names that nodes outside the plan's record hold (a node labelled as the plan's by anyone):
+    their slots are not made again (the create would collide), nor are those nodes used.
     """
     d = JobNodeDecision()
     block_value = naming.label_value(block.id) if block is not None else None
@@ -202,7 +204,7 @@ def decide_job_nodes(plan: str, block: JobBlock | None, holders: Sequence[Holder
             wakes.append(n.keep_alive_until)
 
     taken = {n.slot for n in mine}
-    slots = block.slots()
+    slots = [(u, s) for u, s in block.slots() if naming.node_name(plan, block.id, s) not in names_taken]
     free_slots = [(u, s) for u, s in slots if s not in taken]
     server_of = {s: u for u, s in slots}
     for h in holders:

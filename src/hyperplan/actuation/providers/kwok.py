@@ -33,6 +33,7 @@ from hyperplan.actuation.providers.base import (
     write_over_read,
 )
 from hyperplan.api.vocabulary import (
+    LABEL_TRUSTED_KWOK,
     ANNOTATION_CLAIM,
     ANNOTATION_REBOOT_UNTIL,
     KWOK_ANNOTATION,
@@ -51,7 +52,8 @@ def kwok_node_body(spec: placement.NodeSpec, claim: str = "") -> dict[str, Any]:
     return {
         "apiVersion": "v1", "kind": "Node",
         "metadata": {"name": spec.name,
-                     "labels": {**spec.labels, LABEL_NODE_ID: spec.name, **lending.trusted_labels(spec.labels)},
+                     "labels": {**spec.labels, LABEL_NODE_ID: spec.name, **lending.trusted_labels(spec.labels),
+                                LABEL_TRUSTED_KWOK: "true"},
                      "annotations": annotations},
         "spec": {"taints": taint_body(spec.taints)},
         "status": {"capacity": node_capacity(spec.instance_type),

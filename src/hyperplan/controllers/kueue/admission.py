@@ -40,6 +40,7 @@ are unit-tested with a recording fake (``tests/unit/test_kueue_passes.py``).
 from __future__ import annotations
 
 import logging
+import secrets
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -50,7 +51,7 @@ from pydantic import ValidationError
 from hyperplan.actuation.jobnodes import WARNING_REASONS, apply_job_nodes
 from hyperplan.actuation.kueue import KUEUE_API
 from hyperplan.actuation.providers.base import NodeProvider, accelerators
-from hyperplan.api.models import GROUP, VERSION, TrainingPlan
+from hyperplan.api.models import GROUP, VERSION, GroupNode, TrainingPlan
 from hyperplan.actuation.groups import node_ref
 from hyperplan.api.vocabulary import ANNOTATION_KEEP_ALIVE_UNTIL, REASON_UNREADABLE, to_rfc3339
 from hyperplan.runtime.context import Runtime
@@ -60,12 +61,15 @@ from hyperplan.planning import admission
 from hyperplan.planning import groups
 from hyperplan.planning import naming
 from hyperplan.planning import nodefacts
+from hyperplan.planning import ownership
 from hyperplan.planning import placement
 from hyperplan.planning import reading
 from hyperplan.planning import trainingjobs
 from hyperplan.planning.schedule import plan_block_schedule
 
 log = logging.getLogger("hyperplan.kueue")
+PLANS = "trainingplans"
+RECORD_RETRY = timedelta(seconds=1)  # after the plan changed under a write of its job-node record
 
 
 # --------------------------------------------------------------------------- reading
@@ -114,9 +118,25 @@ def admission_plan(rt: Runtime, obj: dict[str, Any] | None, now: datetime) -> tu
 def ready_group_nodes(rt: Runtime, plan: str, block_id: str) -> int:
     """The nodes of the plan's instance groups on the block that Kueue may admit work onto: those
     that serve (``NodeFacts.is_serving``: active, Ready, neither cordoned nor being deleted, and
-    healthy by both health labels), from the watch cache of group nodes."""
-    facts = (nodefacts.facts_of_dict(n, rt.keys) for n in rt.cache.block_nodes(naming.label_value(block_id)))
+    healthy by both health labels), from the watch cache of group nodes, and only those a group
+    bound to the plan holds in its record (by name and uid): a node that labels itself as the
+    plan's counts for nothing."""
+    held = recorded_group_nodes(rt.cache.groups(), plan)
+    facts = (nodefacts.facts_of_dict(n, rt.keys) for n in rt.cache.block_nodes(naming.label_value(block_id))
+             if (n["metadata"].get("name"), n["metadata"].get("uid")) in held)
     return sum(1 for f in facts if f.is_serving and f.plan == naming.label_value(plan))
+
+
+def recorded_group_nodes(groups: list[dict[str, Any]], plan: str) -> set[tuple[str, str]]:
+    """(name, uid) of every node the records of the plan's groups hold (``status.nodes``)."""
+    out: set[tuple[str, str]] = set()
+    for g in groups:
+        if (g.get("spec") or {}).get("trainingPlanRef") != plan:
+            continue
+        for entry in (g.get("status") or {}).get("nodes") or ():
+            if isinstance(entry, dict) and entry.get("name") and entry.get("uid"):
+                out.add((entry["name"], entry["uid"]))
+    return out
 
 
 # --------------------------------------------------------------------------- writing
@@ -155,20 +175,45 @@ def workload_ref(wl: dict[str, Any]) -> dict[str, Any]:
 
 
 async def read_job_nodes(rt: Runtime, plan_label: str) -> list[client.V1Node]:
-    """The plan's job nodes that are not being deleted: a copy of the node store's, or, right
-    after a pass that wrote to them, listed from the API (on the controller's threads)."""
+    """The nodes that wear the plan's job labels and are not being deleted: a copy of the node
+    store's, or, right after a pass that wrote to them, listed from the API (on the controller's
+    threads). Labels prove nothing: :func:`recorded_job_nodes` keeps the ones the plan's record
+    holds."""
+    return (await listed_job_nodes(rt, plan_label))[0]
+
+
+async def listed_job_nodes(rt: Runtime, plan_label: str) -> tuple[list[client.V1Node], bool]:
+    """:func:`read_job_nodes`, and whether they were listed from the API server (not the store)."""
     state = state_of(rt)
-    nodes = job_nodes(rt, plan_label)
+    nodes, fresh = job_nodes(rt, plan_label), False
     if nodes is None:
-        nodes = await state.call(state.writes.list_job_nodes, plan_label)
-    return [n for n in nodes if not n.metadata.deletion_timestamp]
+        nodes, fresh = await state.call(state.writes.list_job_nodes, plan_label), True
+    return [n for n in nodes if not n.metadata.deletion_timestamp], fresh
 
 
-async def running_outside_checks(rt: Runtime, plan_name: str, known: set[str]) -> list[trainingjobs.Holder]:
+def recorded_job_nodes(record: list[GroupNode] | None, listed: list[client.V1Node]) -> ownership.Sorted:
+    """The listed job nodes the plan's record holds (by name and uid, or by the claim of a create
+    under way), the ones it does not (a node anyone labelled so: never reused, never written), and
+    the recorded ones not listed."""
+    return ownership.sort_nodes(record or [], [ownership.ListedNode(
+        n.metadata.name, n.metadata.uid or "", dict(n.metadata.labels or {}), dict(n.metadata.annotations or {}))
+        for n in listed], "kwok")
+
+
+def job_record(rt: Runtime, name: str, plan: TrainingPlan | None) -> list[GroupNode] | None:
+    """The plan's record of its job nodes: its status's, or once the plan is gone the copy the
+    controller kept of the last one it saw."""
+    return plan.status.job_nodes if plan is not None else state_of(rt).job_records.get(name)
+
+
+async def running_outside_checks(rt: Runtime, plan_name: str, known: set[str],
+                                 record: list[GroupNode] | None) -> list[trainingjobs.Holder]:
     """Workloads on the plan's job nodes that no check of the plan decides for any more but that
     Kueue still runs (:func:`hyperplan.planning.trainingjobs.still_running_holders`)."""
     state = state_of(rt)
-    nodes = await read_job_nodes(rt, naming.label_value(plan_name))
+    listed = await read_job_nodes(rt, naming.label_value(plan_name))
+    held = {node.name for node, _ in recorded_job_nodes(record, listed).held}
+    nodes = [n for n in listed if n.metadata.name in held]
     on_nodes = {(n.metadata.labels or {}).get(trainingjobs.LABEL_WORKLOAD, "") for n in nodes} - {""}
     state.note_job_workloads(plan_name, on_nodes, complete=False)
     running = {w for w in on_nodes - known if (obj := workload(rt, w)) is not None and admission.workload_runs(obj)}
@@ -190,7 +235,8 @@ async def reconcile_plan_workloads(rt: Runtime, plan_name: str) -> datetime | No
     plan, schedule = extra if extra else (None, None)
     target = view.target if view else admission.TRAINING_JOB
     if not checks:
-        outside = await running_outside_checks(rt, plan_name, set()) if target == admission.TRAINING_JOB else []
+        outside = (await running_outside_checks(rt, plan_name, set(), job_record(rt, plan_name, plan))
+                   if target == admission.TRAINING_JOB else [])
         wake, left = await reconcile_job_nodes(rt, plan_name, plan, schedule, outside, now)
         if not left and not state.checks_of(plan_name):  # a check may have come meanwhile
             state.end_loop(plan_name)
@@ -219,7 +265,7 @@ async def reconcile_plan_workloads(rt: Runtime, plan_name: str) -> datetime | No
     outside: list[trainingjobs.Holder] = []
     if target == admission.TRAINING_JOB:
         known = {trainingjobs.workload_label_value(m.view.namespace, m.view.name) for m in mine}
-        outside = await running_outside_checks(rt, plan_name, known)
+        outside = await running_outside_checks(rt, plan_name, known, job_record(rt, plan_name, plan))
     busy_retry = min(timedelta(seconds=60), max(timedelta(seconds=5), rt.policy.day / 12))
     decided = admission.decide_plan_admission(view, mine, naming.label_value(usable.id) if usable is not None else None, now,
                                        ready_nodes=ready_nodes, busy_retry=busy_retry, plan_name=plan_name,
@@ -282,8 +328,14 @@ async def reconcile_job_nodes(rt: Runtime, name: str, plan: TrainingPlan | None,
         block = trainingjobs.JobBlock(b.id, b.availability_zone, b.instance_type, b.instance_count, bs.termination_time,
                             b.end_time, b.ultra_server_type, plan.spec.spare_instances_per_ultra_server
                             if b.ultra_server_type else 0)
-    raw = await read_job_nodes(rt, label)
+    listed, fresh = await listed_job_nodes(rt, label)
     plan_ref = _plan_ref(plan)
+    # The plan's record of its job nodes (its status; the last pass's copy once the plan is gone).
+    record = job_record(rt, name, plan)
+    found = recorded_job_nodes(record, listed)
+    by_name = {n.metadata.name: n for n in listed}
+    report_unrecorded(rt, name, plan_ref, [by_name[n.name] for n in found.unrecorded])
+    raw = [by_name[node.name] for node, _ in found.held]
     report_unreadable(rt, name, plan_ref, raw)
     nodes = trainingjobs.job_nodes_from_labels([(n.metadata.name, n.metadata.labels or {}, n.metadata.annotations or {},
                                        bool(n.spec.unschedulable) if n.spec else False, _signalled(n))
@@ -293,10 +345,23 @@ async def reconcile_job_nodes(rt: Runtime, name: str, plan: TrainingPlan | None,
     if raw or holders:
         keep = plan.spec.keep_alive_period_seconds if plan is not None else None
         decision = trainingjobs.decide_job_nodes(name, block, holders, nodes, timedelta(seconds=keep) if keep else None,
-                                                 now, rt.keys, rt.policy.checkpoint_lead)
+                                                 now, rt.keys, rt.policy.checkpoint_lead,
+                                                 names_taken={n.name for n in found.unrecorded})
+    # Intent first: the record names each node about to be made, with the digest of the nonce it
+    # will carry, before it exists (as a group's does): a crash in between loses nothing.
+    claims = {spec.name: secrets.token_hex(16) for spec in decision.create}
+    rv = plan.metadata.get("resourceVersion") if plan is not None else None
+    if claims:
+        if plan is None:
+            return now + RECORD_RETRY, len(raw)
+        intent = ownership.next_record(found, [ownership.pending_entry(n, c) for n, c in claims.items()],
+                                       listed_fresh=fresh)
+        rv = await write_job_record(rt, name, intent, rv)
+        if rv is None:  # the plan changed meanwhile: nothing was made
+            return now + RECORD_RETRY, len(raw)
     provider: NodeProvider = rt.providers["kwok"]
     facts = await state.call(apply_job_nodes, provider, rt.pods, state.writes, decision, block,
-                             {n.metadata.name: n for n in raw}, any(n.signalled for n in nodes), now)
+                             {n.metadata.name: n for n in raw}, any(n.signalled for n in nodes), now, claims)
     for ref, event in facts.pod_events:
         state.writes.event(ref, event.type, event.reason, event.message)
     for reason, message in facts.events:
@@ -304,11 +369,47 @@ async def reconcile_job_nodes(rt: Runtime, name: str, plan: TrainingPlan | None,
         if plan_ref is not None:
             state.writes.event(plan_ref, "Warning" if reason in WARNING_REASONS else "Normal", reason, message)
     rt.cache.note_nodes_wrote("job", label, facts.wrote)
+    after = ownership.next_record(found, facts.made, released=facts.released, listed_fresh=fresh)
+    state.note_job_record(name, after)
     wake = decision.wake_at
     if decision.drain or facts.evicting:  # evictions take a moment: look again shortly until the nodes are gone
         soon = now + timedelta(seconds=1)
         wake = soon if wake is None else min(wake, soon)
+    if plan is not None and ([e.wire() for e in after] != [e.wire() for e in record or []] or claims):
+        if await write_job_record(rt, name, after, rv) is None:  # the next pass records it (the claims)
+            wake = now + RECORD_RETRY if wake is None else min(wake, now + RECORD_RETRY)
     return wake, len(raw) + len(decision.create) - len(facts.released)
+
+
+async def write_job_record(rt: Runtime, name: str, record: list[GroupNode], rv: str | None) -> str | None:
+    """The plan's record of its job nodes (``status.jobNodes``), written over ``rv``; the new
+    resourceVersion, None when the plan changed meanwhile (409)."""
+    state = state_of(rt)
+    try:
+        written = await state.call(state.writes.write_job_record, name, [e.wire() for e in record], rv)
+    except ApiException as e:
+        if e.status != 409:
+            raise
+        log.info("plan %s: its status changed meanwhile; recording its job nodes at the next pass", name)
+        return None
+    if written:
+        rt.cache.wrote(PLANS, written)
+    return ((written or {}).get("metadata") or {}).get("resourceVersion") or ""
+
+
+def report_unrecorded(rt: Runtime, name: str, plan_ref: dict[str, Any] | None, nodes: list[client.V1Node]) -> None:
+    """A Warning Event (``NodeNotOwned``) on the plan and the node for each node that wears the
+    plan's job labels but is not in its record, once per node: it gets no workload and no write."""
+    state = state_of(rt)
+    fresh = set(state.note_unrecorded(name, [(n.metadata.name, n.metadata.uid or "") for n in nodes]))
+    for n in nodes:
+        if (n.metadata.name, n.metadata.uid or "") not in fresh:
+            continue
+        message = (f"node {n.metadata.name} wears training plan {name}'s job labels but is not in its record "
+                   "(status.jobNodes): hyperplan did not make it, so it is neither reused nor written")
+        log.warning("plan %s: %s", name, message)
+        for target in (node_ref(n), plan_ref) if plan_ref is not None else (node_ref(n),):
+            state.writes.event(target, "Warning", ownership.REASON_NOT_OWNED, message)
 
 
 def _plan_ref(plan: TrainingPlan | None) -> dict[str, Any] | None:

@@ -36,6 +36,7 @@ from typing import Any, Iterable, Mapping
 from kubernetes import client
 
 from hyperplan import threads
+from hyperplan.api.models import GroupNode
 from hyperplan.actuation.kueue import KUEUE_API, KubeKueueWrites, KueueWrites
 from hyperplan.runtime.store import WORKLOADS, WORKLOADS_INDEX, v1_node
 from hyperplan.runtime.context import Runtime
@@ -61,6 +62,10 @@ class KueueState:
     loops: set[str] = field(default_factory=set)
     job_workloads: dict[str, str] = field(default_factory=dict)
     unreadable: dict[str, set[Any]] = field(default_factory=dict)
+    # Each plan's job-node record as its last pass left it (the plan's status holds it; this copy
+    # serves the drain of a plan that is gone), and the unrecorded nodes already reported.
+    job_records: dict[str, list[GroupNode]] = field(default_factory=dict)
+    unrecorded: dict[str, set[tuple[str, str]]] = field(default_factory=dict)
     writes: KueueWrites | None = None
     executor: ThreadPoolExecutor = field(default_factory=lambda: threads.new_pool("kueue-admission"))
     loop_thread: int = field(default_factory=threading.get_ident)
@@ -128,6 +133,25 @@ class KueueState:
         else:
             self.unreadable.pop(plan, None)
         return fresh
+
+    def note_unrecorded(self, plan: str, nodes: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+        """``plan``'s nodes (name, uid) that wear its job labels but are not in its record: those the
+        last pass did not find, each reported once."""
+        self.on_loop()
+        found = list(dict.fromkeys(nodes))
+        fresh = [n for n in found if n not in self.unrecorded.get(plan, set())]
+        if found:
+            self.unrecorded[plan] = set(found)
+        else:
+            self.unrecorded.pop(plan, None)
+        return fresh
+
+    def note_job_record(self, plan: str, record: list[GroupNode] | None) -> None:
+        self.on_loop()
+        if record:
+            self.job_records[plan] = list(record)
+        else:
+            self.job_records.pop(plan, None)
 
     def note_job_workloads(self, plan: str, workloads: Iterable[str], *, complete: bool) -> None:
         """The workloads that run on ``plan``'s job nodes; ``complete``: these are all of them

@@ -206,7 +206,7 @@ async def reconcile_plan(rt: Runtime, name: str) -> datetime | None:
     bought_remotely = seen.offering(decision.buy)
     if bought_remotely is not None:
         decision = await _buy_remote(rt, obj, plan, generation, decision, bought_remotely, seen, snapshots, usage)
-        quiet = _quiet(rt, uid) and decision.status.wire() == status_of(TrainingPlanStatus, obj).wire()
+        quiet = _quiet(rt, uid) and own_status(decision.status) == own_status(status_of(TrainingPlanStatus, obj))
     elif decision.buy is not None:
         outcome = await asyncio.get_running_loop().run_in_executor(
             rt.purchase_threads, purchase, rt.ledger, name, uid, plan.spec, generation, plan.status,
@@ -444,13 +444,21 @@ def _short(e: ValidationError) -> str:
     return "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors())[:900]
 
 
+def own_status(status: TrainingPlanStatus) -> dict[str, Any]:
+    """What the plan's pass writes of a status: all but ``jobNodes``, the Kueue controller's record."""
+    wire = status.wire()
+    wire.pop("jobNodes", None)
+    return wire
+
+
 async def _write(rt: Runtime, obj: dict[str, Any], decision: PlanDecision) -> None:
-    """The one status patch of a pass, skipped when nothing changed; then the events."""
-    desired = decision.status.wire()
+    """The one status patch of a pass, skipped when nothing changed; then the events. The record
+    of a training-job plan's job nodes is the Kueue controller's: never written here."""
+    desired = own_status(decision.status)
     prior = status_of(TrainingPlanStatus, obj)
-    if desired != prior.wire():
+    if desired != own_status(prior):
         written = await asyncio.to_thread(rt.kube.patch_status, PLURAL, obj["metadata"]["name"],
-                                          status_patch(desired, prior.wire()))
+                                          status_patch(desired, own_status(prior)))
         if written:
             rt.cache.wrote(PLURAL, written)
         metrics.STATUS_WRITES.labels("TrainingPlan").inc()
