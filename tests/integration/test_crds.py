@@ -94,10 +94,12 @@ def group(**spec) -> dict:
     pool(unavailable=[{"start": "2027-01-01T00:00:00Z", "end": "2027-01-02T00:00:00Z", "instanceCount": 1}] * 1024),
     remote_pool(),
     remote_pool(endpoint=None, credentialsSecret=None, maxUpfrontFee="250000.50"),
+    remote_pool(endpoint="http://127.0.0.1:9443"),
     blocks_pool(),
 ], ids=["pool", "pool-ultraserver", "plan", "plan-ultraserver", "plan-training-job", "group",
         "group-full", "group-keys-near-kubernetes-domains", "group-kwok-no-execute", "group-at-bounds",
-        "plan-at-bounds", "pool-at-bounds", "pool-remote", "pool-remote-aws", "pool-ec2-capacity-blocks"])
+        "plan-at-bounds", "pool-at-bounds", "pool-remote", "pool-remote-aws", "pool-remote-http-on-loopback",
+        "pool-ec2-capacity-blocks"])
 def test_valid_objects_are_accepted(crds: Kubectl, obj: dict) -> None:
     crds.create(obj)
     stored = crds.get(obj["kind"].lower(), obj["metadata"]["name"])
@@ -115,7 +117,9 @@ def test_valid_objects_are_accepted(crds: Kubectl, obj: dict) -> None:
      "a pool has either instanceCount (it keeps its own ledger) or source"),
     (remote_pool(unavailable=[{"start": "2027-01-01T00:00:00Z", "end": "2027-01-02T00:00:00Z", "instanceCount": 1}]),
      "a pool with a remote source has no unavailable windows"),
-    (remote_pool(endpoint="capacity.example.com"), "endpoint must be an http(s) URL"),
+    (remote_pool(endpoint="capacity.example.com"), "endpoint must be an https:// URL"),
+    (remote_pool(endpoint="http://metadata.kube-system.svc:80/"), "or http:// on a loopback address"),
+    (remote_pool(endpoint="http://10.0.0.7:8080"), "or http:// on a loopback address"),
     (blocks_pool(sageMaker={"region": "us-east-1"}), "a source is exactly one of sageMaker or ec2CapacityBlocks"),
     ({**blocks_pool(), "spec": {**blocks_pool()["spec"], "source": {}}},
      "a source is exactly one of sageMaker or ec2CapacityBlocks"),
@@ -233,7 +237,8 @@ def test_valid_objects_are_accepted(crds: Kubectl, obj: dict) -> None:
     (pool(unavailable=[{"start": "2027-01-01T00:00:00Z", "end": "2027-01-02T00:00:00Z", "instanceCount": 1}] * 1025),
      "spec.unavailable: Too many: 1025: must have at most 1024 items"),
 ], ids=["pool-remote-with-count", "pool-neither-count-nor-source", "pool-remote-with-unavailable",
-        "pool-remote-endpoint-not-a-url", "pool-source-both-kinds", "pool-source-no-kind", "pool-remote-region",
+        "pool-remote-endpoint-not-a-url", "pool-remote-endpoint-http-to-a-service",
+        "pool-remote-endpoint-http-to-a-private-address", "pool-source-both-kinds", "pool-source-no-kind", "pool-remote-region",
         "pool-remote-fee",
         "plan-count-3", "plan-count-128", "plan-target", "plan-duration-word", "plan-duration-zero",
         "plan-duration-negative", "plan-window-reversed", "plan-window-empty", "plan-count-and-ultraserver",

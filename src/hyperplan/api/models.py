@@ -11,6 +11,7 @@ by the planners instead.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -225,6 +226,14 @@ class Reservation(Model):
         "With addsTo: the failed UltraServer this one was bought for."))
 
 
+# A remote endpoint is called over TLS, or in the clear only on this machine's loopback: a pool's
+# author must not make the operator POST to any in-cluster service (character classes instead of
+# escapes, so the same pattern reads alike in Python and in CEL).
+ENDPOINT_HTTPS = "^https://[^/ ]+(/.*)?$"
+ENDPOINT_LOOPBACK = "^http://(localhost|127[.][0-9]{1,3}[.][0-9]{1,3}[.][0-9]{1,3})(:[0-9]+)?(/.*)?$"
+ENDPOINT_RULE = "endpoint must be an https:// URL, or http:// on a loopback address (localhost, 127.0.0.0/8)"
+
+
 class RemoteSource(Model):
     """What every remote source of a pool names: where to call, as whom, and how dear an offering
     it may buy (``PoolSource.remote``)."""
@@ -237,12 +246,19 @@ class RemoteSource(Model):
     endpoint: str | None = Field(default=None, max_length=MAX_ENDPOINT, description=(
         "URL of the endpoint (https://..., or http:// on a loopback address); unset: the real AWS "
         "endpoint of the region."), json_schema_extra={"x-kubernetes-validations": [cel(
-            "self.matches('^https?://[^/ ]+(/.*)?$')", "endpoint must be an http(s) URL")]})
+            f"self.matches('{ENDPOINT_HTTPS}') || self.matches('{ENDPOINT_LOOPBACK}')", ENDPOINT_RULE)]})
     region: str = Field(min_length=1, max_length=MAX_LABEL_VALUE, pattern=r"^[a-z0-9-]+$",
                         description="AWS region, such as us-east-1 (signs every request).")
     credentials_secret: Name | None = Field(default=None, description=(
         "A Secret in the operator's namespace with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; "
         "unset: the operator's own AWS credential chain (IRSA, EKS Pod Identity, the environment)."))
+    @field_validator("endpoint")
+    @classmethod
+    def _https_or_loopback(cls, value: str | None) -> str | None:
+        if value is not None and not (re.match(ENDPOINT_HTTPS, value) or re.match(ENDPOINT_LOOPBACK, value)):
+            raise ValueError(ENDPOINT_RULE)
+        return value
+
     max_upfront_fee: str | None = Field(default=None, max_length=32, pattern=r"^[0-9]+(\.[0-9]+)?$", description=(
         "Offerings whose UpfrontFee is higher are not bought (a purchase spends money): a plan that "
         "names one fails with UpfrontFeeTooHigh. Unset: no ceiling."))

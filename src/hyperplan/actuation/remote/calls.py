@@ -4,6 +4,7 @@ the counted calls (:class:`RemoteCalls`)."""
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any, Mapping, Protocol, Sequence
 
@@ -49,6 +50,30 @@ class RemoteError(Exception):
         # True when the endpoint answered and refused (a 4xx: no right, a bad request), False when it
         # could not be reached or failed itself (a connection, a timeout, a 5xx, throttling).
         self.refused = refused
+
+
+# What an endpoint's error may show in a plan's condition and Events (which anyone with `view` reads):
+# an AWS-shaped error (a code such as ValidationException, a short one-line message), never a body
+# that another kind of server answered (an in-cluster service's error page, say).
+ERROR_CODE = re.compile(r"^[A-Za-z][A-Za-z0-9]{1,63}(\.[A-Za-z0-9]{1,63}){0,3}$")
+MESSAGE_MOST = 300
+
+
+def shown_code(code: str, status: int) -> str:
+    """The error's code as a condition may show it: an AWS error code, else ``HTTP <status>``."""
+    if ERROR_CODE.match(code or "") and not code.isdigit():
+        return code
+    return f"HTTP{status}" if status else "UnknownError"
+
+
+def shown_message(code: str, message: Any) -> str:
+    """The error's message as a condition may show it: an AWS-shaped one as it is, else a note that
+    the answer is not shown (the body of a server that is not SageMaker's or EC2's never is)."""
+    text = " ".join(str(message or "").split())
+    if not ERROR_CODE.match(code or "") or code.isdigit() or "<" in text or len(text) > MESSAGE_MOST \
+            or not text.isprintable():
+        return "the endpoint's answer is not a SageMaker or EC2 error (not shown)"
+    return text
 
 
 class NotBought(Exception):
@@ -165,8 +190,8 @@ class RemoteCalls:
             status = int((e.response.get("ResponseMetadata") or {}).get("HTTPStatusCode") or 0)
             metrics.REMOTE_CALLS.labels(operation, code).inc()
             refused = 400 <= status < 500 and "Throttl" not in code and code != "RequestLimitExceeded"
-            raise RemoteError(operation, code, str(error.get("Message") or e), self.endpoint,
-                              refused=refused) from None
+            raise RemoteError(operation, shown_code(code, status), shown_message(code, error.get("Message")),
+                              self.endpoint, refused=refused) from None
         except BotoCoreError as e:
             code = type(e).__name__
             metrics.REMOTE_CALLS.labels(operation, code).inc()
