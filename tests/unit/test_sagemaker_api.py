@@ -124,6 +124,18 @@ class RecordingWrites:
         else:
             self.plans[name] = [written]  # as the watch brings it
 
+    def annotate_plan(self, user: str, name: str, annotations: dict, resource_version: str | None) -> None:
+        self.calls.append(("annotate_plan", user, name, annotations, resource_version))
+        [held] = self.plans[name]
+        held = self.fresh.get(name, held)
+        if resource_version and resource_version != held["metadata"]["resourceVersion"]:
+            raise ApiException(status=409, reason="Conflict")
+        kept = {**(held["metadata"].get("annotations") or {}), **annotations}
+        metadata = {**held["metadata"], "resourceVersion": str(int(held["metadata"]["resourceVersion"]) + 1),
+                    "annotations": {k: v for k, v in kept.items() if v is not None}}
+        self.plans[name] = [{**held, "metadata": metadata}]  # as the watch brings it
+        self.fresh.pop(name, None)
+
     def plan_now(self, name: str) -> dict | None:
         self.calls.append(("plan_now", name))
         return self.fresh.get(name) or (self.plans.get(name) or [None])[0]

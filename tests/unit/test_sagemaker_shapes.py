@@ -132,6 +132,8 @@ def every_operation(server: Server) -> list[dict]:
         {"op": "describe_reserved_capacity", "args": {"ReservedCapacityArn": RC_ARN + "rc-ultra"}},
         {"op": "list_ultra_servers_by_reserved_capacity", "args": {"ReservedCapacityArn": RC_ARN + "rc-ultra"}},
         {"op": "list_tags", "args": {"ResourceArn": PLAN_ARN + "ultra"}},
+        {"op": "add_tags", "args": {"ResourceArn": PLAN_ARN + "plain", "Tags": [{"Key": "team", "Value": "vision"}]}},
+        {"op": "delete_tags", "args": {"ResourceArn": PLAN_ARN + "plain", "TagKeys": ["team"]}},
         {"op": "describe_cluster", "args": {"ClusterName": "lab"}},
         {"op": "list_clusters", "args": {}},
         {"op": "list_cluster_nodes", "args": {"ClusterName": "lab"}},
@@ -168,11 +170,11 @@ def test_every_served_operation_answers_as_the_model_says(server: Server) -> Non
         answered = {a.operation for a in ANSWERS if a.status == 200}
         assert set(operations.OPERATIONS) - answered == {"ExtendTrainingPlan"}
         assert model_violations(list(ANSWERS)) == []
-        nodes = {n["InstanceId"]: n for n in answers[11]["ok"]["ClusterNodeSummaries"]}
+        nodes = {n["InstanceId"]: n for n in answers[13]["ok"]["ClusterNodeSummaries"]}
         ids = [hyperpod.instance_id(f"trainers-{i}") for i in range(3)]
         assert nodes[ids[0]]["PrivateDnsHostname"] == "ip-192-168-7-21.us-west-2.compute.internal"
         assert nodes[ids[1]]["InstanceStatus"]["Status"] == "DeepHealthCheckInProgress"
-        detail = answers[12]["ok"]["NodeDetails"]
+        detail = answers[14]["ok"]["NodeDetails"]
         assert detail["PrivatePrimaryIp"] == "192.168.7.21"
         assert detail["KubernetesConfig"]["CurrentLabels"]["team"] == "vision"
         assert "empty" not in detail["KubernetesConfig"]["CurrentLabels"]

@@ -66,6 +66,8 @@ RIGHTS: dict[str, tuple[str, str, str]] = {
     "ExtendTrainingPlan": ("patch", GROUP, "trainingplans"),
     "DescribeTrainingPlanExtensionHistory": ("get", GROUP, "trainingplans"),
     "ListTags": ("get", GROUP, "trainingplans"),  # of a training plan: the only tagged resource here
+    "AddTags": ("patch", GROUP, "trainingplans"),
+    "DeleteTags": ("patch", GROUP, "trainingplans"),
     "DescribeCluster": ("list", GROUP, "instancegroups"),
     "ListClusters": ("list", GROUP, "instancegroups"),
     "ListClusterNodes": ("list", GROUP, "instancegroups"),
@@ -225,6 +227,11 @@ class Writes(Protocol):
         when it is gone."""
         ...
 
+    def annotate_plan(self, user: str, name: str, annotations: dict[str, str | None],
+                      resource_version: str | None) -> None:
+        """Set (None: remove) the plan's ``annotations``, if it is still at ``resource_version``."""
+        ...
+
 
 @dataclass
 class KubeWrites:
@@ -274,6 +281,16 @@ class KubeWrites:
             if e.status == 404:
                 return None
             raise
+
+    def annotate_plan(self, user: str, name: str, annotations: dict[str, str | None],
+                      resource_version: str | None) -> None:
+        """A merge patch of the annotations with the resourceVersion read (409 if the plan changed)."""
+        metadata: dict[str, Any] = {"annotations": annotations}
+        if resource_version:
+            metadata["resourceVersion"] = resource_version
+        with self._as(user) as api:
+            client.CustomObjectsApi(api).patch_cluster_custom_object(GROUP, VERSION, "trainingplans", name,
+                                                                     {"metadata": metadata})
 
     def create_plan(self, user: str, body: dict[str, Any]) -> dict[str, Any] | None:
         with self._as(user) as api:

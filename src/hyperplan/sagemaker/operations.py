@@ -717,18 +717,86 @@ def held_tags(obj: Mapping[str, Any]) -> list[dict[str, str]]:
 RESOURCE_ARN = r"arn:aws[a-z-]*:sagemaker:[a-z0-9-]*:[0-9]{12}:.+"
 
 
-def list_tags(body: Mapping[str, Any], ctx: "Context") -> dict[str, Any]:
-    """ListTags of a training plan's ARN: the tags CreateTrainingPlan kept, in their order, paged
-    (``MaxResults`` at least 50, as the model says: one page holds every tag a plan may have).
-    Only training plans are tagged here; another kind of ARN is a ``ValidationException``."""
+def _tagged_plan(body: Mapping[str, Any], ctx: "Context") -> tuple[str, dict[str, Any]]:
+    """The training plan a tagging call's ``ResourceArn`` names, and its object. Only training
+    plans are tagged here: another kind of ARN, or a plan that is not there (the model lists no
+    ResourceNotFound for the tag operations: AWS answers a ValidationException), is refused."""
     arn = matching(body, "ResourceArn", RESOURCE_ARN, low=0, high=256) or required(body, "ResourceArn")
     kind = arn.split(":", 5)[-1].partition("/")[0]
     if kind != "training-plan":
         raise invalid(f"hyperplan keeps the tags of training plans only, not of {kind!r} resources")
     name = ctx.local(arn, "training-plan")
     obj = ctx.plan(name) if name is not None and re.fullmatch(PLAN_NAME, name) else None
-    if obj is None:  # the model lists no ResourceNotFound for ListTags: AWS answers a ValidationException
+    if name is None or obj is None:
         raise invalid(f"Training plan {arn} does not exist.")
+    return name, obj
+
+
+def _retag(ctx: "Context", name: str, obj: Mapping[str, Any],
+           change: Callable[[list[dict[str, str]]], list[dict[str, str]]]) -> None:
+    """Write the plan's tags as ``change`` makes them of the ones it holds, as the caller, with the
+    resourceVersion read; a plan changed meanwhile is read again from the API server and the
+    change made again over it (tags of another call written meanwhile are kept)."""
+    for attempt in range(WRITE_ATTEMPTS):
+        held = held_tags(obj)
+        tags = change(held)
+        if tags == held:
+            return
+        text = json.dumps(tags, ensure_ascii=False, separators=(",", ":")) if tags else None
+        try:
+            ctx.writes.annotate_plan(ctx.user, name, {ANNOTATION_SAGEMAKER_TAGS: text},
+                                     (obj.get("metadata") or {}).get("resourceVersion"))
+            return
+        except ApiException as e:
+            now = ctx.writes.plan_now(name) if e.status == 409 and attempt < WRITE_ATTEMPTS - 1 else None
+            if now is None:
+                raise
+            obj = now
+
+
+def add_tags(body: Mapping[str, Any], ctx: "Context") -> dict[str, Any]:
+    """AddTags to a training plan: each tag's key set to its value (a new key after the ones the
+    plan holds), checked as CreateTrainingPlan's tags are; at most 50 tags a plan (more is a
+    ValidationException, nothing written). Answers the tags given."""
+    name, obj = _tagged_plan(body, ctx)
+    required(body, "Tags")
+    given = tags_of(body)
+
+    def change(held: list[dict[str, str]]) -> list[dict[str, str]]:
+        values = {t["Key"]: t["Value"] for t in given}
+        merged = [{"Key": t["Key"], "Value": values.pop(t["Key"], t["Value"])} for t in held]
+        merged += [{"Key": k, "Value": v} for k, v in values.items()]
+        if len(merged) > MAX_TAGS:
+            raise invalid(f"training plan {name} would have {len(merged)} tags; a resource has at most {MAX_TAGS}")
+        return merged
+
+    _retag(ctx, name, obj, change)
+    return {"Tags": given}
+
+
+def delete_tags(body: Mapping[str, Any], ctx: "Context") -> dict[str, Any]:
+    """DeleteTags of a training plan: the tags of the keys given removed (a key it has not is no
+    error, as on AWS); 1 to 50 keys, each of the model's length and pattern."""
+    name, obj = _tagged_plan(body, ctx)
+    keys = required(body, "TagKeys")
+    if not isinstance(keys, list) or not 1 <= len(keys) <= MAX_TAGS:
+        raise invalid(f"1 validation error detected: Value at 'tagKeys' failed to satisfy constraint: Member must "
+                      f"have length between 1 and {MAX_TAGS}")
+    for i, key in enumerate(keys, 1):
+        if not isinstance(key, str) or not 1 <= len(key) <= MAX_TAG_KEY or not _tag_text(key):
+            raise invalid(f"1 validation error detected: Value '{str(key)[:300]}' at 'tagKeys.{i}.member' failed to "
+                          f"satisfy constraint: Member must satisfy regular expression pattern: {TAG_PATTERN} and "
+                          f"have length between 1 and {MAX_TAG_KEY}")
+    gone = set(keys)
+    _retag(ctx, name, obj, lambda held: [t for t in held if t["Key"] not in gone])
+    return {}
+
+
+def list_tags(body: Mapping[str, Any], ctx: "Context") -> dict[str, Any]:
+    """ListTags of a training plan's ARN: the tags CreateTrainingPlan and AddTags kept, in their
+    order, paged (``MaxResults`` at least 50, as the model says: one page holds every tag a plan
+    may have). Only training plans are tagged here; another kind of ARN is a ``ValidationException``."""
+    _, obj = _tagged_plan(body, ctx)
     items = [([i], tag) for i, tag in enumerate(held_tags(obj))]
     shown, token = page(items, body, most=1 << 31, default=MAX_TAGS)
     return compact({"Tags": shown, "NextToken": token})
@@ -897,6 +965,8 @@ OPERATIONS: dict[str, Operation] = {
     "DescribeReservedCapacity": describe_reserved_capacity,
     "ListUltraServersByReservedCapacity": list_ultra_servers_by_reserved_capacity,
     "ListTags": list_tags,
+    "AddTags": add_tags,
+    "DeleteTags": delete_tags,
     "DescribeCluster": hyperpod.describe_cluster,
     "ListClusters": hyperpod.list_clusters,
     "ListClusterNodes": hyperpod.list_cluster_nodes,
@@ -906,7 +976,7 @@ OPERATIONS: dict[str, Operation] = {
     "BatchRebootClusterNodes": hyperpod.batch_reboot_cluster_nodes,
 }
 WRITES = frozenset({"UpdateCluster", "BatchReplaceClusterNodes", "BatchRebootClusterNodes", "CreateTrainingPlan",
-                    "ExtendTrainingPlan"})
+                    "ExtendTrainingPlan", "AddTags", "DeleteTags"})
 """The operations that write: they run on a thread (their API calls block), reading the watch
 cache through the loop (``WatchCache._on_loop``)."""
 
@@ -921,6 +991,8 @@ MODELED_ERRORS: dict[str, frozenset[str]] = {
     "DescribeReservedCapacity": frozenset({"ResourceNotFound"}),
     "ListUltraServersByReservedCapacity": frozenset({"ResourceNotFound"}),
     "ListTags": frozenset(),
+    "AddTags": frozenset(),
+    "DeleteTags": frozenset(),
     "DescribeCluster": frozenset({"ResourceNotFound"}),
     "ListClusters": frozenset(),
     "ListClusterNodes": frozenset({"ResourceNotFound"}),
