@@ -680,11 +680,13 @@ class MetricsServer(ThreadingHTTPServer):
             self._slots.release()
 
     def waiting(self, request: Any, waits: bool) -> None:
-        """``request``'s connection waits for a request's headers (or no longer does)."""
+        """``request``'s connection waits for a request's headers (or no longer does); one already
+        waiting keeps its place (the time it has waited)."""
         with self._waiting_lock:
-            self._waiting.pop(request, None)
             if waits:
-                self._waiting[request] = None
+                self._waiting.setdefault(request, None)
+            else:
+                self._waiting.pop(request, None)
 
     def _evict(self) -> bool:
         """Shut down the connection that has waited longest for its headers (its thread then ends

@@ -5,7 +5,7 @@ Each server runs on a thread of its own with an event loop of its own (:class:`H
 flood of connections costs that thread, never kopf's event loop, and what it holds is bounded:
 
 - **A cap on connections** (``max_connections``). Past it, the connections that have waited
-  longest for their request (its headers, or its body) are closed to make room, so idle and
+  longest for their request (their headers, or their body) are closed to make room, so idle and
   half-sent connections cannot keep a client that sends its request at once from being answered.
   The room is made on the loop's next turn, not at the accept: a burst of accepts runs before any
   of them is read, and a connection with bytes not yet read (a request that has just come) is
@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import logging
 import ssl
 import struct
 import termios
@@ -39,9 +38,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
-log = logging.getLogger("hyperplan.serving")
-
-# What a connection past the cap gets when every connection held is being answered.
+# What a connection past the cap and a burst gets (see the module docstring).
 BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n"
         b"Connection: close\r\nRetry-After: 1\r\n\r\nbusy\n")
 
@@ -151,8 +148,8 @@ class _Connection(asyncio.Protocol):
 
 
 class _Busy(asyncio.Protocol):
-    """A connection past the cap while every held one is being answered: a 503 (in plain HTTP;
-    a TLS port just closes) and the close, without a handler."""
+    """A connection past the cap and a burst: a 503 (in plain HTTP; a TLS port just closes) and
+    the close, without a handler."""
 
     def __init__(self, tls: bool) -> None:
         self.tls = tls
@@ -329,7 +326,7 @@ class HeldServer:
         conn = self._conns.get(request.protocol)  # type: ignore[arg-type]
         if conn is None:  # closed at a deadline or the cap as its headers were parsed: no one reads this
             return web.Response(status=503)
-        busy = sum(1 for c in self._conns.values() if c.phase != WAITING)
+        busy = sum(1 for c in self._conns.values() if c.phase == ANSWERING)
         if busy >= self.limits.max_connections:  # as many requests as the cap are being answered
             self.refused += 1
             response = web.Response(status=503, text="busy\n", headers={"Retry-After": "1"})
