@@ -162,8 +162,11 @@ class Demo:
         self.whole_since: float | None = None
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
-        proc = subprocess.run([str(build.binary("kubectl")), f"--kubeconfig={self.plane.kubeconfig}", *args],
-                              input=input, capture_output=True, text=True, timeout=60)
+        try:
+            proc = subprocess.run([str(build.binary("kubectl")), f"--kubeconfig={self.plane.kubeconfig}", *args],
+                                  input=input, capture_output=True, text=True, timeout=60)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"kubectl {' '.join(args)}: no answer within 60 s (is the control plane up?)") from None
         if check and proc.returncode != 0:
             raise RuntimeError(f"kubectl {' '.join(args)}: {proc.stderr.strip()}")
         return proc.stdout
@@ -182,23 +185,21 @@ class Demo:
         self.kubectl("apply", "-f", str(self.root / "crds"))
         for plural in ("capacitypools", "trainingplans", "instancegroups"):
             self.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{plural}.hyperplan.dev")
-        # A previous run's Kueue objects go first (its Job and its Workload with them), then ours.
-        for path in sorted((self.root / EXAMPLES).glob("*.yaml")):
-            if "kueue.x-k8s.io" in path.read_text():
-                self.kubectl("delete", "-f", str(path), "--ignore-not-found", "--wait=true",
-                             "--timeout=60s", check=False)
-        self.kubectl("delete", "instancegroups,trainingplans,capacitypools", "--all", "--wait=true",
-                     "--timeout=60s", check=False)
         shutil.rmtree(self.dir, ignore_errors=True)  # last run's log and TSDB; pictures are kept below
         self.dir.mkdir(parents=True, exist_ok=True)
+        # An earlier run's objects of the demo's own (by name, from its examples; nothing else on the
+        # plane is touched) are deleted, and the operator runs before anything waits on them: their
+        # finalizers are the operator's (a group's nodes drain, a plan's capacity goes back).
+        leftovers = self.delete_earlier_run()
+        metrics_port = free_port()
+        self.start_operator(metrics_port)
+        self.wait_gone(leftovers)
         now = datetime.now(timezone.utc).replace(microsecond=0)
         self.started_at = now
         for path in sorted((self.root / EXAMPLES).glob("*.yaml")):
             say(f"applying {path.relative_to(self.root)}")
             console.print(self.kubectl("apply", "-f", "-", input=render(path.read_text(), now)).rstrip(),
                           markup=False)
-        metrics_port = free_port()
-        self.start_operator(metrics_port)
         self.start_prometheus(metrics_port)
         say("the status view below is `hyperplan status --watch`; from another shell: "
             "eval \"$(.venv/bin/hyperplan dev env)\"; .venv/bin/hyperplan status --watch")
@@ -206,6 +207,38 @@ class Demo:
             with Live(console=console, auto_refresh=False) as self.live:
                 return self.narrate()
         return self.narrate()
+
+    def delete_earlier_run(self) -> list[str]:
+        """Delete the objects the demo's examples name that an earlier run left (Kueue's first: its Job
+        and Workload go with them), without waiting; the ones there were, as ``kind/name``."""
+        now = datetime.now(timezone.utc).replace(microsecond=0)
+        found: list[str] = []
+        paths = sorted((self.root / EXAMPLES).glob("*.yaml"), key=lambda p: "kueue.x-k8s.io" not in p.read_text())
+        for path in paths:
+            text = render(path.read_text(), now)
+            names = self.kubectl("get", "-f", "-", "--ignore-not-found", "-o", "name", input=text, check=False).split()
+            if names:
+                found += names
+                self.kubectl("delete", "-f", "-", "--ignore-not-found", "--wait=false", input=text, check=False)
+        if found:
+            say(f"deleting {len(found)} object(s) of an earlier demo run: {', '.join(found)}")
+        return found
+
+    def wait_gone(self, names: list[str], timeout: float = 300.0) -> None:
+        """Wait, saying so every 10 s, until ``names`` are gone (their finalizers done by the operator)."""
+        deadline, said = time.monotonic() + timeout, 0.0
+        while names:
+            names = [n for n in names if self.kubectl("get", n, "--ignore-not-found", "-o", "name", check=False).strip()]
+            if not names:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"objects of an earlier run are still being deleted after {timeout:.0f} s: "
+                                   f"{', '.join(names)} (see {self.dir / 'operator.log'})")
+            if time.monotonic() - said >= 10:
+                say(f"waiting for the operator to finish deleting {', '.join(names)} (a group's nodes drain, "
+                    "a plan's capacity goes back to its pool)")
+                said = time.monotonic()
+            time.sleep(1)
 
     def start_operator(self, metrics_port: int) -> None:
         log = self.dir / "operator.log"
