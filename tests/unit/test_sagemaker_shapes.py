@@ -325,3 +325,25 @@ def test_list_clusters_checks_its_inputs(body: dict) -> None:
     with pytest.raises(ApiError) as refused:
         operations.call("ListClusters", body, cluster_ctx([shaped("trainers")]))
     assert refused.value.code == "ValidationException"
+
+
+def test_a_bought_blocks_ultraservers_are_listed_before_it_runs() -> None:
+    from datetime import datetime, timezone
+
+    from hyperplan.runtime.store import GROUPS, NODES, PLANS, POOLS, WatchCache
+
+    scheduled = plan("later", "Scheduled", 30, ultra=True)
+    scheduled["spec"]["spareInstancesPerUltraServer"] = 2
+    expired = plan("done", "Expired", 1, ultra=True)
+    cache = WatchCache()
+    cache.bind({PLANS: {"later": [scheduled], "done": [expired]}, POOLS: {}, GROUPS: {}, NODES: {}})
+    ctx = operations.Context(fleet=cache, account=ACCOUNT, region="us-west-2", now=datetime.now(timezone.utc))
+    got = operations.call("ListUltraServersByReservedCapacity", {"ReservedCapacityArn": RC_ARN + "rc-later"}, ctx)
+    assert botocore_shapes.violations("ListUltraServersByReservedCapacity", got) == []
+    assert [(u["UltraServerId"], u["TotalInstanceCount"], u["ConfiguredSpareInstanceCount"], u["HealthStatus"])
+            for u in got["UltraServers"]] == [(f"rc-later-us-{i}", 9, 2, "Insufficient-Data") for i in range(4)]
+    first = operations.call("ListUltraServersByReservedCapacity",
+                            {"ReservedCapacityArn": RC_ARN + "rc-later", "MaxResults": 3}, ctx)
+    assert len(first["UltraServers"]) == 3 and first["NextToken"]
+    assert operations.call("ListUltraServersByReservedCapacity", {"ReservedCapacityArn": RC_ARN + "rc-done"},
+                           ctx)["UltraServers"] == []

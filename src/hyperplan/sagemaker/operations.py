@@ -45,6 +45,7 @@ from hyperplan.planning.offerings import (
     search_offerings,
     validate_request,
 )
+from hyperplan.planning.placement import ultraservers_for_block
 from hyperplan.planning.plans import request_of
 from hyperplan.planning.policy import DEMO, Policy, format_duration, parse_duration
 from hyperplan.planning.tenancy import pools_for_plan
@@ -414,11 +415,31 @@ def describe_reserved_capacity(body: Mapping[str, Any], ctx: Context) -> dict[st
     return compact(out)
 
 
+def _bought_ultra_servers(block: ReservedCapacity, plan: TrainingPlan) -> list[dict[str, Any]]:
+    """The UltraServers a scheduled block holds, as its purchase made them (``<block id>-us-<n>``,
+    the ids its nodes will carry): their size and the spares the plan asks for; their health is
+    not known before they run (``Insufficient-Data``)."""
+    try:
+        servers = ultraservers_for_block(block.id, block.ultra_server_type, block.instance_count,
+                                         plan.spec.spare_instances_per_ultra_server)
+    except ValueError:
+        return []
+    return [{"UltraServerId": u.id, "UltraServerType": block.ultra_server_type or "",
+             "AvailabilityZone": block.availability_zone, "InstanceType": block.instance_type,
+             "TotalInstanceCount": u.instance_count, "ConfiguredSpareInstanceCount": u.spare_count,
+             "HealthStatus": "Insufficient-Data"} for u in servers]
+
+
 def list_ultra_servers_by_reserved_capacity(body: Mapping[str, Any], ctx: Context) -> dict[str, Any]:
     """The UltraServers of a reserved capacity, with their health (``OK``, ``Impaired``,
-    ``Insufficient-Data``), from the plan's ``status.ultraServers``: the plan counts the nodes of
-    its current block, so a block that is not the running one lists none."""
+    ``Insufficient-Data``), from the plan's ``status.ultraServers`` while the block runs (the plan
+    counts the nodes of its current block); a block bought and not running yet lists the
+    UltraServers its purchase holds (:func:`_bought_ultra_servers`), so a user plans jobs on them
+    before it starts; an expired or failed block lists none."""
     block, plan = _reserved_capacity(body, ctx)
+    if block.status == "Scheduled":
+        shown, token = page([([u["UltraServerId"]], u) for u in _bought_ultra_servers(block, plan)], body)
+        return compact({"UltraServers": shown, "NextToken": token})
     servers = plan.status.ultra_servers if block.status == "Active" else []
     items = [([u.id], compact({
         "UltraServerId": u.id, "UltraServerType": block.ultra_server_type or "",
