@@ -40,6 +40,10 @@ PAGE = 100  # ListTrainingPlans' MaxResults bound
 STUBBED = object()
 
 
+MAX_PAGES = 200  # pages of one listing (ListTrainingPlans at 100 a page: 20,000 plans)
+MAX_ITEMS = 20_000  # items of one listing
+
+
 class RemoteError(Exception):
     """A call to a remote endpoint failed: its code (the endpoint's ``__type``, or the client's
     error class for a connection that failed) and message."""
@@ -203,13 +207,20 @@ class RemoteCalls:
 
     def _pages(self, operation: str, method: str, items: str, **arguments: Any) -> list[Mapping[str, Any]]:
         """Every page of a paged call (``NextToken``; ``MaxResults`` the API's bound,
-        :attr:`page_size`): the ``items`` of each, in order."""
+        :attr:`page_size`): the ``items`` of each, in order. At most :data:`MAX_PAGES` pages and
+        :data:`MAX_ITEMS` items: a remote that pages for ever (or answers more than it was asked
+        for) fails the call (``ListingTooLong``) instead of holding a purchase thread and memory."""
         out: list[Mapping[str, Any]] = []
         token: str | None = None
-        while True:
+        for _ in range(MAX_PAGES):
             page = self._call(operation, method, **arguments, MaxResults=self.page_size,
                               **({"NextToken": token} if token else {}))
-            out.extend(page.get(items) or [])
+            got = page.get(items) or []
+            if len(got) > self.page_size or len(out) + len(got) > MAX_ITEMS:
+                raise RemoteError(operation, "ListingTooLong", f"more than {MAX_ITEMS} items, or a page larger "
+                                  f"than the {self.page_size} asked for", self.endpoint)
+            out.extend(got)
             token = page.get("NextToken") or None
             if token is None:
                 return out
+        raise RemoteError(operation, "ListingTooLong", f"still paging after {MAX_PAGES} pages", self.endpoint)
