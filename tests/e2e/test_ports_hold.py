@@ -25,6 +25,7 @@ from datetime import timedelta
 
 import pytest
 
+from hyperplan.serving import BURST
 from tests.aws.keys import grant_plan_reads, mint_key, serving
 from tests.e2e.conftest import Operator
 from tests.e2e.scenarios import Context, plan_body, pool_body, ts, utcnow
@@ -186,19 +187,25 @@ def test_the_ports_hold_against_a_flood_of_idle_and_half_sent_connections(
     for name in ("AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
         monkeypatch.setenv(name, "/dev/null")
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    # No retries: a call that fails or is slow counts as it is.
-    api = boto3.session.Session().client(
-        "sagemaker", endpoint_url=url, region_name="us-west-2", aws_access_key_id=key_id,
-        aws_secret_access_key=secret,
-        config=Config(retries={"total_max_attempts": 1}, connect_timeout=10, read_timeout=10))
+    session = boto3.session.Session()
 
     def signed_call(plan: str) -> tuple[str, float]:
+        """One call on a connection of its own, timed from its connect to its answer. No retries:
+        a call that fails or is slow counts as it is. (A client's idle kept-alive connection is
+        one the operator may close to make room in a flood; boto3 retries a call on such a
+        connection by default, which would hide the time lost.)"""
+        api = session.client(
+            "sagemaker", endpoint_url=url, region_name="us-west-2", aws_access_key_id=key_id,
+            aws_secret_access_key=secret,
+            config=Config(retries={"total_max_attempts": 1}, connect_timeout=10, read_timeout=10))
         started = time.monotonic()
         try:
             answer = api.describe_training_plan(TrainingPlanName=plan)
             outcome = answer["Status"]
         except api.exceptions.ResourceNotFound:
             outcome = "ResourceNotFound"  # a signed answer all the same (the plan not made yet)
+        finally:
+            api.close()
         return outcome, time.monotonic() - started
 
     itype, pool, plan = f"ml.ports-{tag}.xlarge", f"ports-{tag}", f"ports-{tag}"
@@ -256,8 +263,9 @@ def test_the_ports_hold_against_a_flood_of_idle_and_half_sent_connections(
     assert all(seconds < ANSWER_SECONDS for _, seconds in health), health
     assert calls[-1][0] == "Scheduled"  # bought, as the API reads it from kopf's index
     assert all(seconds < ANSWER_SECONDS for _, seconds in calls), calls
-    # The operator held its caps' worth of flood connections (16 + 128 + 8), not the flood.
-    assert max(held) < baseline + 16 + 128 + 8 + 64, (baseline, held)
+    # The operator held its caps' worth of flood connections (16 + 128 + 8, and at most a burst of
+    # accepts past each aiohttp port's cap until its loop's next turn), not the flood.
+    assert max(held) <= baseline + 16 + 128 + 8 + 2 * BURST, (baseline, held)
     assert operator.proc.poll() is None
     healthz(operator)
 
