@@ -23,10 +23,17 @@ KARPENTER_ZONES = ("us-karp-a", "us-karp-b")
 OPERATOR_ENV = {"HYPERPLAN_KARPENTER_LAUNCH_TIMEOUT_SECONDS": "20"}
 
 
+def operator_env(plane: Plane) -> dict[str, str]:
+    """The replicas' settings: OPERATOR_ENV, and the plane's Karpenter's instance-type file (what
+    it offers; `hyperplan dev env` prints the same), read by the operator once Karpenter writes it."""
+    return {**OPERATOR_ENV,
+            "HYPERPLAN_KARPENTER_INSTANCE_TYPES_FILE": str(karpenter_plane.Karpenter(plane).instance_types_file)}
+
+
 @pytest.fixture(scope="session")
 def operator(plane: Plane, crds: Kubectl, tmp_path_factory: pytest.TempPathFactory) -> Operator:
     """The acting replica for all e2e scenarios: the first to take the leader Lease."""
-    op = start_replica(plane, tmp_path_factory.mktemp("operator") / "operator.log", LEADER, env=OPERATOR_ENV)
+    op = start_replica(plane, tmp_path_factory.mktemp("operator") / "operator.log", LEADER, env=operator_env(plane))
     eventually(lambda: (crds.get_or_none("lease", "hyperplan-leader") or {}).get("spec", {})
                .get("holderIdentity") == LEADER, timeout=30, what=f"{LEADER} holding the lease")
     yield op
@@ -37,7 +44,7 @@ def operator(plane: Plane, crds: Kubectl, tmp_path_factory: pytest.TempPathFacto
 def standby(operator: Operator, plane: Plane, tmp_path_factory: pytest.TempPathFactory) -> Operator:
     """A second replica beside the leader for the whole run, as the chart runs two: it must
     stand by, writing nothing, while the leader lives."""
-    op = start_replica(plane, tmp_path_factory.mktemp("standby") / "operator.log", STANDBY, env=OPERATOR_ENV)
+    op = start_replica(plane, tmp_path_factory.mktemp("standby") / "operator.log", STANDBY, env=operator_env(plane))
     yield op
     stop_replica(op)
 
@@ -52,16 +59,15 @@ def session_prometheus(operator: Operator, tmp_path_factory: pytest.TempPathFact
 
 @pytest.fixture(scope="session")
 def karpenter(plane: Plane, crds: Kubectl) -> karpenter_plane.Karpenter:
-    """Real Karpenter (its kwok provider) beside the plane for the whole run, with the node class
-    the operator's NodeClaims name (``karpenter_node_class``'s default); stopped by its pid."""
+    """Real Karpenter (its kwok provider) beside the plane for the whole run, started as `hyperplan
+    dev up --karpenter` starts it (which makes the node class the operator's NodeClaims name,
+    ``karpenter_node_class``'s default: this fixture does not); stopped by its pid."""
     if not build.component("karpenter").is_built():
         pytest.fail(f"Karpenter {build.KARPENTER_VERSION} is not in the binary cache; `make binaries` builds it",
                     pytrace=False)
     k = karpenter_plane.Karpenter(plane, log=lambda line: print(f"[karpenter] {line}", flush=True),
                                   zones=(*karpenter_plane.ZONES, *KARPENTER_ZONES))
     k.start()
-    crds.apply({"apiVersion": f"{karpenter_plane.NODECLASS_GROUP}/v1alpha1", "kind": karpenter_plane.NODECLASS_KIND,
-                "metadata": {"name": "default"}})
     yield k
     k.stop()
 

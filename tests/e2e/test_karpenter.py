@@ -17,13 +17,24 @@ One scenario, step by step on one UltraServer block (docs/karpenter.md, "What th
 
 hyperplan itself killed with -9 while a karpenter group's claims are being made is in
 test_restart.py (it kills the shared operator, after every scenario).
+
+Then, once the first wave is done (it touches the node class every karpenter group shares), why
+claims do not launch (a late scenario): a group in a zone Karpenter's instance types do not offer
+says so and makes no claim; a group whose claims were made while Karpenter was down, its node
+class then deleted, sees Karpenter delete them, says the node class is missing and makes no claim
+while it is; the node class created as `hyperplan dev up --karpenter` creates it, the group goes
+Ready without a restart of anything. The node class itself is never made by these tests: the
+plane's Karpenter makes it, as `hyperplan dev up --karpenter` does.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import subprocess
+import sys
 import time
 import uuid
 from collections import Counter
@@ -31,7 +42,7 @@ from datetime import timedelta
 
 from hyperplan_dev import karpenter as karpenter_plane
 from tests.e2e.conftest import KARPENTER_ZONES
-from tests.e2e.scenarios import Context, events_for, parse_ts, scenario, ts, utcnow
+from tests.e2e.scenarios import Context, events_for, late_scenario, parse_ts, scenario, ts, utcnow
 from tests.kube import eventually
 
 API = "hyperplan.dev/v1alpha1"
@@ -187,6 +198,107 @@ def karpenter_group(ctx: Context) -> dict:
     return out
 
 
+def _launched(k, group: str) -> dict | None:
+    return next((c for c in _status(k, group).get("conditions", []) if c["type"] == "NodesLaunched"), None)
+
+
+def _objects(k, name: str, itype: str, zone: str, count: int) -> None:
+    k.create({"apiVersion": API, "kind": "CapacityPool", "metadata": {"name": name},
+              "spec": {"instanceType": itype, "availabilityZone": zone, "instanceCount": count,
+                       "trainingPlanSelector": {"matchLabels": {"e2e-scenario": name}}}})
+    k.create({"apiVersion": API, "kind": "TrainingPlan", "metadata": {"name": name, "labels": {"e2e-scenario": name}},
+              "spec": {"instanceType": itype, "instanceCount": count, "targetResource": "hyperpod-cluster",
+                       "duration": "3m", "autoPurchase": True, "startTimeAfter": ts(utcnow() + timedelta(seconds=10))}})
+    k.create({"apiVersion": API, "kind": "InstanceGroup", "metadata": {"name": name},
+              "spec": {"trainingPlanRef": name, "instanceType": itype, "instanceCount": count,
+                       "nodeProvider": "karpenter"}})
+
+
+def _remove(k, name: str) -> None:
+    k.delete("instancegroup", name, "--wait=true", "--timeout=90s")
+    k.delete("trainingplan", name, "--wait=true", "--timeout=60s")
+    k.delete("capacitypool", name)
+
+
+def _status_message(kubeconfig, group: str) -> str:
+    """The group's line of `hyperplan status -o json` (what the user sees of it)."""
+    proc = subprocess.run([sys.executable, "-m", "hyperplan.cli", "status", "-o", "json"],
+                          env={**os.environ, "KUBECONFIG": str(kubeconfig)}, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return next((g.get("message", "") for g in json.loads(proc.stdout)["groups"] if g["name"] == group), "")
+
+
+def _failures(metrics: str, reason: str) -> float:
+    m = re.search(rf'^hyperplan_karpenter_launch_failures_total{{reason="{reason}"}} (\S+)$', metrics, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+@late_scenario
+def karpenter_launch_failures(ctx: Context) -> dict:
+    k, tag = ctx.kubectl, uuid.uuid4().hex[:5]
+    itype, out = "ml.p5.48xlarge", {}
+    node_classes = f"kwoknodeclasses.{karpenter_plane.NODECLASS_GROUP}"
+    out["node_class_at_start"] = k.get_or_none(node_classes, karpenter_plane.NODE_CLASS)  # the plane's Karpenter made it
+
+    # 1. A zone Karpenter's instance types do not offer: said before any claim is made.
+    far = f"kpzone-{tag}"
+    _objects(k, far, itype, f"us-nowhere-{tag}", 2)
+    out["zone_condition"] = eventually(lambda: (c := _launched(k, far)) and c["reason"] == "NotOffered" and c,
+                                       timeout=90, what="NodesLaunched=False NotOffered")
+    time.sleep(12)  # a few more looks (every 5 s)
+    out["zone_claims"] = claims_of(k, far)
+    out["zone_warnings"] = [e for e in events_for(k, far) if e.get("reason") == "NotOffered"]
+    out["zone_status_message"] = _status_message(ctx.plane.kubeconfig, far)
+    _remove(k, far)
+
+    # 2. Claims made while Karpenter is down, the node class then deleted, Karpenter back: it
+    #    deletes the claims it cannot launch; the group says why and makes none while the cause stands.
+    name = f"kpclass-{tag}"
+    zones = (*karpenter_plane.ZONES, *KARPENTER_ZONES)
+    karpenter = karpenter_plane.Karpenter(ctx.plane, zones=zones)
+    deleted_before = _failures(ctx.metrics(), "NodeClaimDeletedBeforeLaunch")
+    karpenter.stop()
+    try:
+        _objects(k, name, itype, "us-karp-b", 2)
+        made = eventually(lambda: len(c := claims_of(k, name)) == 2 and c, timeout=90, interval=0.2,
+                          what="the group's claims made while Karpenter is down")
+        out["made_while_down"] = sorted(made)
+        k.delete(node_classes, karpenter_plane.NODE_CLASS, "--wait=true", "--timeout=30s")
+        karpenter.start(node_class=False)
+        reasons: set[str] = set()
+
+        def said_and_gone():
+            c = _launched(k, name)
+            if c:
+                reasons.add(c["reason"])
+            left = set(out["made_while_down"]) & set(claims_of(k, name))
+            return not left and c is not None and c["reason"] == "NodeClassNotFound" and c
+        out["class_condition"] = eventually(said_and_gone, timeout=60, interval=0.2,
+                                            what="Karpenter's deletes seen, NodesLaunched=False NodeClassNotFound")
+        out["reasons_seen"] = reasons
+        time.sleep(12)  # more looks: no claim while the node class is missing
+        out["class_claims"] = claims_of(k, name)
+        out["class_warnings"] = [e for e in events_for(k, name) if e.get("reason") == "NodeClassNotFound"]
+        out["class_status_message"] = _status_message(ctx.plane.kubeconfig, name)
+        metrics = ctx.metrics()
+        out["deleted_counted"] = _failures(metrics, "NodeClaimDeletedBeforeLaunch") - deleted_before
+        out["class_counted"] = _failures(metrics, "NodeClassNotFound")
+        out["karpenter_log"] = karpenter.log_file.read_text(errors="replace")
+
+        # 3. The cause fixed as `hyperplan dev up --karpenter` fixes it: Ready, nothing restarted.
+        operator_pid = ctx.operator.proc.pid
+        karpenter_pid = karpenter.state().pid
+        karpenter.ensure_node_class()
+        out["ready"] = eventually(lambda: _ready_with(k, name, 2, 0), timeout=90, what="Ready once the node class exists")
+        out["condition_after"] = _launched(k, name)
+        out["restarted"] = (ctx.operator.proc.pid, karpenter.state().pid) != (operator_pid, karpenter_pid)
+    finally:
+        karpenter.start()  # running, with its node class, for the scenarios after this one
+    _remove(k, name)
+    eventually(lambda: not claims_of(k, name), timeout=60, what="the claims gone")
+    return out
+
+
 def _record(scenarios) -> dict:
     return scenarios["karpenter_group"].result(timeout=900)
 
@@ -292,3 +404,39 @@ def test_hyperplan_killed_while_its_nodeclaims_are_made_converges(scenarios, lat
     eventually(lambda: not claims_of(k, name) and not nodes_of(k, name), timeout=60, what="the claims and Nodes gone")
     k.delete("trainingplan", name, "--wait=true", "--timeout=60s")
     k.delete("capacitypool", name)
+
+
+def _launch_record(late_scenarios) -> dict:
+    return late_scenarios["karpenter_launch_failures"].result(timeout=900)
+
+
+def test_the_plane_karpenter_makes_the_default_node_class(late_scenarios) -> None:
+    assert _launch_record(late_scenarios)["node_class_at_start"] is not None
+
+
+def test_a_zone_karpenter_does_not_offer_is_said_before_any_claim(late_scenarios) -> None:
+    r = _launch_record(late_scenarios)
+    c = r["zone_condition"]
+    assert c["status"] == "False" and "not in zone us-nowhere-" in c["message"], c
+    assert r["zone_claims"] == {}
+    assert len(r["zone_warnings"]) == 1 and r["zone_warnings"][0]["type"] == "Warning"  # once, not per look
+    assert "NotOffered" in r["zone_status_message"]
+
+
+def test_a_missing_node_class_is_said_and_stops_the_claims_until_it_is_created(late_scenarios) -> None:
+    r = _launch_record(late_scenarios)
+    c = r["class_condition"]
+    assert c["status"] == "False" and "KWOKNodeClass default" in c["message"] and "does not exist" in c["message"]
+    assert r["deleted_counted"] == 2, r["karpenter_log"][-3000:]  # Karpenter deleted both claims before launch
+    assert "failed launching nodeclaim" in r["karpenter_log"]
+    assert r["class_claims"] == {}  # none made again while the node class is missing
+    assert len(r["class_warnings"]) == 1
+    assert r["class_counted"] >= 1
+    assert "NodeClassNotFound" in r["class_status_message"]
+
+
+def test_a_group_whose_claims_failed_goes_ready_once_the_node_class_exists(late_scenarios) -> None:
+    r = _launch_record(late_scenarios)
+    assert r["ready"]["phase"] == "Ready" and r["ready"]["readyCount"] == 2
+    assert r["condition_after"] is None
+    assert not r["restarted"]
