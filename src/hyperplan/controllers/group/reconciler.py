@@ -510,6 +510,7 @@ def group_event(rt: Runtime, name: str, body: Mapping[str, Any], type: str | Non
         rt.group_names.pop(key, None)
         rt.group_seen.pop(key, None)
         rt.queue.forget(KIND, key)
+        getattr(rt.providers.get("karpenter"), "launch_memory", {}).pop(key, None)  # its launches (launch_facts)
         return
     rt.group_names[key] = name
     meta = body.get("metadata") or {}
