@@ -110,6 +110,12 @@ class RecordingWrites:
     def label_node(self, user: str, name: str, labels: dict) -> None:
         self.calls.append(("label_node", user, name, labels))
 
+    def create_group(self, user: str, body: dict) -> None:
+        self.calls.append(("create_group", user, body["metadata"]["name"], body["spec"]))
+
+    def delete_group(self, user: str, name: str) -> None:
+        self.calls.append(("delete_group", user, name))
+
     def extend_plan(self, user: str, name: str, extensions: list, resource_version: str | None) -> None:
         self.calls.append(("extend_plan", user, name, extensions, resource_version))
         [held] = self.plans[name]
@@ -688,8 +694,12 @@ def test_cluster_nodes_have_stable_instance_ids_status_and_ultraserver(server: S
     pytest.param("describe_cluster_node", {"ClusterName": "lab", "NodeId": "node-0"}, "ValidationException",
                  id="node-id-pattern"),
     pytest.param("update_cluster", {"ClusterName": "lab", "InstanceGroups": [
-        {"InstanceGroupName": "nobody", "InstanceCount": 2, "ExecutionRole": "arn:aws:iam::111122223333:role/hp"}]}, "ResourceNotFound",
-        id="unknown-group"),
+        {"InstanceGroupName": "nobody", "InstanceCount": 2, "ExecutionRole": "arn:aws:iam::111122223333:role/hp"}]},
+        "ValidationException", id="a-new-group-without-a-plan"),
+    pytest.param("update_cluster", {"ClusterName": "lab", "InstanceGroups": [
+        {"InstanceGroupName": "nobody", "InstanceCount": 2, "ExecutionRole": "arn:aws:iam::111122223333:role/hp",
+         "TrainingPlanArn": f"arn:aws:sagemaker:us-west-2:{ACCOUNT}:training-plan/no-such-plan"}]},
+        "ResourceNotFound", id="a-new-group-of-an-unknown-plan"),
     pytest.param("update_cluster", {"ClusterName": "lab", "InstanceGroups": [
         {"InstanceGroupName": "trainers", "InstanceCount": 7000, "ExecutionRole": "arn:aws:iam::111122223333:role/hp"}]}, "ValidationException",
         id="count-maximum"),

@@ -117,3 +117,46 @@ def test_a_refusal_of_one_group_sets_the_others_back() -> None:
                                                                               "new": "x"}}}),
         ("patch_group", "alice", "a", {"spec": {"instanceCount": 2, "labels": {"new": None, "team": "vision",
                                                                               "tier": "gold"}}})]
+
+
+def test_a_new_group_name_creates_a_group_bound_as_the_request_says() -> None:
+    ctx, writes = world()
+    operations.call("UpdateCluster", {"ClusterName": "lab", "NodeRecovery": "None", "InstanceGroups": [
+        spec("a", 3), spec("fresh", 2, TrainingPlanArn=PLAN_ARN + "ultra", OnStartDeepHealthChecks=["InstanceStress"],
+                          KubernetesConfig={"Labels": {"team": "new"}, "Taints": [{"Key": "gpu", "Effect": "NoSchedule"}]})]},
+                    ctx)
+    assert writes.calls == [
+        ("patch_group", "alice", "a", {"spec": {"instanceCount": 3, "nodeRecovery": "None"}}),
+        ("patch_group", "alice", "b", {"spec": {"nodeRecovery": "None"}}),
+        ("create_group", "alice", "fresh", {
+            "trainingPlanRef": "ultra", "instanceType": "ml.p6e-gb200.36xlarge", "instanceCount": 2,
+            "nodeRecovery": "None", "onStartDeepHealthChecks": ["InstanceStress"], "labels": {"team": "new"},
+            "taints": [{"key": "gpu", "value": "", "effect": "NoSchedule"}]})]
+
+
+@pytest.mark.parametrize("extra, code", [
+    pytest.param({}, "ValidationException", id="no-plan"),
+    pytest.param({"TrainingPlanArn": PLAN_ARN + "nobody"}, "ResourceNotFound", id="an-unknown-plan"),
+    pytest.param({"TrainingPlanArn": PLAN_ARN + "ultra", "InstanceType": "ml.p5.48xlarge"}, "ValidationException",
+                 id="not-the-plans-type"),
+])
+def test_a_new_group_that_cannot_be_made_writes_nothing(extra: dict, code: str) -> None:
+    ctx, writes = world()
+    with pytest.raises(ApiError) as refused:
+        operations.call("UpdateCluster", {"ClusterName": "lab", "InstanceGroups": [spec("a", 3), spec("fresh", 1, **extra)]},
+                        ctx)
+    assert refused.value.code == code and writes.calls == []
+
+
+def test_a_refused_creation_sets_the_patched_groups_back() -> None:
+    ctx, writes = world()
+
+    def create_group(user: str, body: dict) -> None:
+        raise ApiException(status=403, reason="Forbidden")  # the caller may not create groups
+
+    writes.create_group = create_group
+    with pytest.raises(ApiException):
+        operations.call("UpdateCluster", {"ClusterName": "lab", "InstanceGroups": [
+            spec("a", 3), spec("fresh", 1, TrainingPlanArn=PLAN_ARN + "ultra")]}, ctx)
+    assert writes.calls == [("patch_group", "alice", "a", {"spec": {"instanceCount": 3}}),
+                            ("patch_group", "alice", "a", {"spec": {"instanceCount": 2}})]

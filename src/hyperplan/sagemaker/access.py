@@ -212,6 +212,10 @@ class Writes(Protocol):
 
     def patch_group(self, user: str, name: str, patch: dict[str, Any]) -> None: ...
 
+    def create_group(self, user: str, body: dict[str, Any]) -> None: ...
+
+    def delete_group(self, user: str, name: str) -> None: ...
+
     def label_node(self, user: str, name: str, labels: dict[str, str]) -> None: ...
 
     def create_plan(self, user: str, body: dict[str, Any]) -> dict[str, Any] | None:
@@ -259,6 +263,14 @@ class KubeWrites:
     def patch_group(self, user: str, name: str, patch: dict[str, Any]) -> None:
         with self._as(user) as api:
             client.CustomObjectsApi(api).patch_cluster_custom_object(GROUP, VERSION, "instancegroups", name, patch)
+
+    def create_group(self, user: str, body: dict[str, Any]) -> None:
+        with self._as(user) as api:
+            client.CustomObjectsApi(api).create_cluster_custom_object(GROUP, VERSION, "instancegroups", body)
+
+    def delete_group(self, user: str, name: str) -> None:
+        with self._as(user) as api:
+            client.CustomObjectsApi(api).delete_cluster_custom_object(GROUP, VERSION, "instancegroups", name)
 
     def label_node(self, user: str, name: str, labels: dict[str, str]) -> None:
         with self._as(user) as api:

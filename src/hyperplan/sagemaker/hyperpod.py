@@ -30,12 +30,12 @@ from typing import Any
 from aiohttp import web
 from pydantic import ValidationError
 
-from hyperplan.api.models import InstanceGroup
+from hyperplan.api.models import API_VERSION, InstanceGroup
 from kubernetes.client.exceptions import ApiException
 
 from hyperplan.api.vocabulary import (
     CHECK_IN_PROGRESS, HEALTH_PENDING_REBOOT, HEALTH_PENDING_REPLACEMENT, LABEL_SAGEMAKER_HEALTH, LABEL_ZONE,
-    from_rfc3339,
+    ULTRASERVER_INSTANCE_TYPE, from_rfc3339,
 )
 from hyperplan.planning import naming
 from hyperplan.planning.nodefacts import NodeFacts, facts_of_dict
@@ -446,6 +446,7 @@ def update_cluster(body: Mapping[str, Any], ctx: Any) -> dict[str, Any]:
         raise invalid("InstanceGroups must list 1 to 100 instance groups")
     known = {g.metadata["name"]: g for g in _groups(ctx)}
     patches: dict[str, dict[str, Any]] = {}
+    new: dict[str, dict[str, Any]] = {}  # groups the call adds, by name: their InstanceGroup
     for i, spec in enumerate(wanted or [], 1):
         if not isinstance(spec, Mapping):
             raise invalid(f"InstanceGroups.{i} must be a structure (ClusterInstanceGroupSpecification), not {spec!r}")
@@ -453,15 +454,55 @@ def update_cluster(body: Mapping[str, Any], ctx: Any) -> dict[str, Any]:
         if name in patches:
             raise invalid(f"InstanceGroups: {name} is named more than once")
         if name not in known:
-            raise not_found(f"Instance group {name} not found in cluster {ctx.cluster_name}; hyperplan's "
-                            "instance groups are made with kubectl (kind InstanceGroup)")
+            new[name] = _new_group(spec, ctx, f"InstanceGroups.{i} ({name}): ", recovery)
+            patches[name] = {}
+            continue
         patches[name] = _group_patch(spec, known[name], ctx, f"InstanceGroups.{i} ({name}): ")
     if recovery is not None:
         for name, group in known.items():
             if group.spec.node_recovery != recovery:
                 patches.setdefault(name, {})["nodeRecovery"] = recovery
-    _apply_together(ctx, {name: patch for name, patch in patches.items() if patch}, known)
+    _apply_together(ctx, {name: patch for name, patch in patches.items() if patch and name not in new}, known, new)
     return {"ClusterArn": cluster_arn(ctx)}
+
+
+def _new_group(spec: Mapping[str, Any], ctx: Any, where: str, recovery: str | None) -> dict[str, Any]:
+    """The InstanceGroup a new name in ``InstanceGroups`` makes, as AWS adds a group: bound to the
+    training plan its ``TrainingPlanArn`` names (required: hyperplan's groups run on a plan), of
+    that plan's instance type, with the counts, labels, taints and checks asked; created as the
+    caller, so the API server's RBAC and admission decide whether the caller may."""
+    _refuse_others(spec, GROUP_MEMBERS, where)
+    plan_arn = matching(spec, "TrainingPlanArn", TRAINING_PLAN_ARN, low=50)
+    if plan_arn is None:
+        raise invalid(f"{where}TrainingPlanArn is required for a new instance group: hyperplan's groups run on a "
+                      "training plan's capacity")
+    plan_name = ctx.local(plan_arn, "training-plan")
+    plan = ctx.fleet.plan(plan_name) if plan_name is not None else None
+    if plan is None:
+        raise not_found(f"{where}training plan {plan_arn} not found")
+    plan_spec = plan.get("spec") or {}
+    plan_type = ULTRASERVER_INSTANCE_TYPE if plan_spec.get("ultraServerType") else plan_spec.get("instanceType")
+    itype = spec.get("InstanceType") or plan_type
+    if itype != plan_type:
+        raise invalid(f"{where}InstanceType {itype!r}: training plan {plan_name} holds {plan_type} instances")
+    count = bounded(spec, "InstanceCount", 0, 6758)
+    if count is None:
+        raise invalid(f"{where}InstanceCount is required")
+    body: dict[str, Any] = {"trainingPlanRef": plan_name, "instanceType": itype, "instanceCount": count}
+    if recovery is not None:
+        body["nodeRecovery"] = recovery
+    scratch = InstanceGroup.model_validate({"metadata": {"name": "new"}, "spec": body})
+    body.update(_group_patch({**spec, "InstanceType": itype, "TrainingPlanArn": plan_arn}, scratch, ctx, where))
+    body = {k: v for k, v in body.items() if v is not None}
+    if isinstance(body.get("labels"), dict):
+        body["labels"] = {k: v for k, v in body["labels"].items() if v is not None}
+    try:
+        InstanceGroup.model_validate({"metadata": {"name": "new"}, "spec": body})
+    except ValidationError as e:
+        raise invalid(where + "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
+                                        for err in e.errors())[:900]) from None
+    name = matching(spec, "InstanceGroupName", GROUP_NAME, high=63)
+    return {"apiVersion": API_VERSION, "kind": "InstanceGroup", "metadata": {"name": name}, "spec": body}
 
 
 def _undo(patch: Mapping[str, Any], group: InstanceGroup) -> dict[str, Any]:
@@ -476,17 +517,29 @@ def _undo(patch: Mapping[str, Any], group: InstanceGroup) -> dict[str, Any]:
     return back
 
 
-def _apply_together(ctx: Any, patches: Mapping[str, Mapping[str, Any]], known: Mapping[str, InstanceGroup]) -> None:
+def _apply_together(ctx: Any, patches: Mapping[str, Mapping[str, Any]], known: Mapping[str, InstanceGroup],
+                    new: Mapping[str, dict[str, Any]] | None = None) -> None:
+    """Patch the groups, then create the new ones; on a refusal, undo what was done (groups set
+    back, groups created deleted), newest first, and raise the refusal."""
     done: list[str] = []
+    made: list[str] = []
     try:
         for name, patch in patches.items():
             ctx.writes.patch_group(ctx.user, name, {"spec": dict(patch)})
             done.append(name)
+        for name, body in (new or {}).items():
+            ctx.writes.create_group(ctx.user, body)
+            made.append(name)
     except Exception:
-        for name in reversed(done):  # best effort: the refusal is what the caller is told
+        for name in reversed(made):  # best effort: the refusal is what the caller is told
+            try:
+                ctx.writes.delete_group(ctx.user, name)
+            except Exception:  # noqa: BLE001 - the others are still undone
+                continue
+        for name in reversed(done):
             try:
                 ctx.writes.patch_group(ctx.user, name, {"spec": _undo(patches[name], known[name])})
-            except Exception:  # noqa: BLE001 - logged by the caller's answer; the others are still set back
+            except Exception:  # noqa: BLE001 - the others are still set back
                 continue
         raise
 
