@@ -11,6 +11,7 @@ opened again a second, for at most ``FLOOD_SECONDS``, all closed at the end."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import resource
 import selectors
@@ -68,13 +69,14 @@ class Flood:
         if self._thread is not None:
             self._thread.join(30)
 
-    def _open(self, sel: selectors.BaseSelector, name: str, n: int) -> None:
+    def _open(self, sel: selectors.BaseSelector, due: list[tuple[str, int]], name: str, n: int) -> None:
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         s.setblocking(False)
         err = s.connect_ex(("127.0.0.1", self.ports[name]))
-        if err not in (0, 115):  # EINPROGRESS
+        if err not in (0, errno.EINPROGRESS):
             s.close()
             self.errors += 1
+            due.append((name, n))  # tried again later
             return
         sel.register(s, selectors.EVENT_WRITE, (name, n, False))
         self.opened += 1
@@ -83,21 +85,21 @@ class Flood:
 
     def _run(self) -> None:
         sel = selectors.DefaultSelector()
-        wanted = [(name, i) for name, count in SHARE.items() for i in range(count)]
-        due: list[tuple[str, int]] = list(wanted)  # to open now (at first, all of them)
+        # Which connections to open (again): at first, all of them.
+        due: list[tuple[str, int]] = [(name, i) for name, count in SHARE.items() for i in range(count)]
         ends = time.monotonic() + FLOOD_SECONDS
         budget, tick = 0.0, time.monotonic()
         try:
             while not self._stop.is_set() and time.monotonic() < ends:
                 now = time.monotonic()
                 if self.opened < FLOOD:  # the first 2,000 at once
-                    for name, n in due[:FLOOD]:
-                        self._open(sel, name, n)
-                    due = due[FLOOD:]
+                    first, due = due[:FLOOD - self.opened], due[FLOOD - self.opened:]
+                    for name, n in first:
+                        self._open(sel, due, name, n)
                 else:
                     budget = min(REOPENS_PER_SECOND, budget + (now - tick) * REOPENS_PER_SECOND)
                     while due and budget >= 1:
-                        self._open(sel, *due.pop(0))
+                        self._open(sel, due, *due.pop(0))
                         budget -= 1
                 tick = now
                 if self.open_now >= FLOOD:
@@ -108,6 +110,7 @@ class Flood:
                     if not connected:
                         if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
                             self._gone(sel, s, name, n)
+                            due.append((name, n))
                             continue
                         payload = PAYLOADS[n % len(PAYLOADS)]
                         with contextlib.suppress(OSError):
@@ -115,11 +118,11 @@ class Flood:
                         sel.modify(s, selectors.EVENT_READ, (name, n, True))
                         continue
                     try:
-                        data = s.recv(65536)
+                        s.recv(65536)
                     except BlockingIOError:
                         continue
                     except OSError:
-                        data = b""
+                        pass
                     # Closed, or answered (a 503 at the cap, a 404 of /healthz's to a POST): let go.
                     self.closed_by_server += 1
                     self._gone(sel, s, name, n)
