@@ -117,6 +117,7 @@ async def run_elected(hp: Settings, runtime) -> int:
     # The SageMaker API is served in both roles, from before the election (hyperplan.sagemaker.replica).
     from hyperplan.sagemaker.replica import ReplicaApi  # imports the handlers, as run_operator does
     from hyperplan.sagemaker import server as sagemaker_server
+    # How the API's port holds its clients: ReplicaApi serves with these (sagemaker.server.serve).
     sagemaker_server.SERVING = sagemaker_server.Serving(
         Limits(hp.sagemaker_api_max_connections, hp.header_timeout_seconds, hp.body_timeout_seconds),
         hp.sagemaker_api_answer_seconds)

@@ -224,6 +224,25 @@ def test_over_tls_the_handshake_is_within_the_header_deadline_and_counts_against
         sock.close()
 
 
+def test_metrics_closes_a_client_without_its_headers_at_the_header_deadline() -> None:
+    """/metrics' header deadline is shorter than its request's: a client that never finishes its
+    headers is shut down at the first, one that does gets the whole request deadline."""
+    from hyperplan import metrics
+    server = metrics.serve(free_port(), "127.0.0.1", timeout_seconds=5.0, max_connections=4, cache_seconds=1.0,
+                           render=lambda: [b"# nothing\n"], header_seconds=HEADERS)
+    try:
+        port = server.server_address[1]
+        for send in (silent, half_the_headers, trickled_headers):
+            with socket.create_connection(("127.0.0.1", port)) as sock:
+                threading.Thread(target=send, args=(sock,), daemon=True).start()
+                after = closed_after(sock, 5.0)
+            assert after is not None and after < HEADERS + 0.5, send.__name__
+        assert get(port, "/metrics") == (200, b"# nothing\n")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 class MainLoop:
     """An event loop on a thread, standing in for kopf's."""
 
