@@ -510,6 +510,10 @@ def test_karpenter_rules_and_settings_follow_karpenter_enabled(helm, flags: tupl
     objs = by_kind(render(helm, *flags, "--set", "karpenter.nodeClass=karpenter.k8s.aws/EC2NodeClass/gpu"))
     granted = {(g, r, v) for g, r, v in _grants(objs["ClusterRole"]) if g == "karpenter.sh"}
     assert granted == ({(g, r, v) for g, r, v, _ in KARPENTER_CALLS} if enabled else set())
+    # The node class, read by name only (KarpenterProvider.node_class_problem).
+    node_class = [rule for rule in objs["ClusterRole"]["rules"] if rule["apiGroups"] == ["karpenter.k8s.aws"]]
+    assert node_class == ([{"apiGroups": ["karpenter.k8s.aws"], "resources": ["ec2nodeclasses"],
+                            "resourceNames": ["gpu"], "verbs": ["get"]}] if enabled else [])
     env = env_of(container(objs["Deployment"]))
     assert env.get("HYPERPLAN_KARPENTER_NODE_CLASS") == ("karpenter.k8s.aws/EC2NodeClass/gpu" if enabled else None)
     if enabled:

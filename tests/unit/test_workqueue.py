@@ -545,7 +545,7 @@ def test_a_group_seen_at_start_or_created_gets_a_pass_under_its_label_value(even
     monkeypatch.setattr(instancegroup, "reconcile_group", reconcile_group)
 
     async def go():
-        rt = SimpleNamespace(queue=WorkQueue(), group_names={}, group_seen={})
+        rt = SimpleNamespace(queue=WorkQueue(), group_names={}, group_seen={}, providers={})
         body = {"metadata": {"name": LONG, "generation": 1}}
         if event_type in ("MODIFIED", "DELETED"):
             instancegroup.group_event(rt, LONG, body, "ADDED")
@@ -596,7 +596,7 @@ def test_a_group_looks_again_when_its_generation_or_labels_change(change, woken,
     peers: list[str] = []
 
     async def go():
-        rt = SimpleNamespace(queue=WorkQueue(), group_names={}, group_seen={}, wake_groups_of=peers.append)
+        rt = SimpleNamespace(queue=WorkQueue(), group_names={}, group_seen={}, providers={}, wake_groups_of=peers.append)
         meta = {"name": LONG, "generation": 1, "labels": {"team": "a"}}
         instancegroup.group_event(rt, LONG, {"metadata": meta, "spec": {"trainingPlanRef": "p"}}, "ADDED")
         rt.queue = WorkQueue()

@@ -6,7 +6,7 @@ import functools
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Any, Callable, Mapping, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -19,7 +19,7 @@ from hyperplan.actuation.providers.base import NodeProvider
 from hyperplan.actuation.providers.factory import providers
 from hyperplan.api.models import UltraServerReplacement, UltraServerWanted
 from hyperplan.runtime.store import WatchCache
-from hyperplan.runtime.nodewatch import NodeStore
+from hyperplan.runtime.nodewatch import NodeStore, NodeWatch
 from hyperplan.runtime.workqueue import WorkQueue, report_failure, utcnow
 from hyperplan.planning.lending import OperatorIdentity
 from hyperplan.planning.memory import GroupMemory
@@ -29,6 +29,22 @@ from hyperplan import threads
 from hyperplan.settings import Settings
 
 Clock = Callable[[], datetime]
+
+
+class ServedApi(Protocol):
+    """The SageMaker API as the runtime holds it while it is served (hyperplan.sagemaker.replica):
+    told when kopf's indexes are filled, stopped at cleanup."""
+
+    def indexed(self, cache: WatchCache) -> None: ...
+
+    async def cleanup(self) -> None: ...
+
+
+class ControllerState(Protocol):
+    """A controller's own memory held for it by the runtime (the Kueue controller's KueueState):
+    the runtime knows nothing of it but that it checks it is written on the event loop."""
+
+    def on_loop(self) -> None: ...
 
 
 @dataclass
@@ -58,33 +74,33 @@ class Runtime:
     # plans not bought yet (their offerings depend on the pools).
     unbought_plans: set[str] = field(default_factory=set)
     # Each pool's metadata.generation as its last event had it (wiring.events.remote_record_only).
-    pool_generations: dict[str, Any] = field(default_factory=dict)
+    pool_generations: dict[str, int | None] = field(default_factory=dict)
     # The nodes of groups, jobs and the free pool, from the operator's own node watch
     # (runtime.nodewatch; started by wiring.nodes.start_node_watch, which sets node_watch).
     node_store: NodeStore = field(default_factory=NodeStore)
-    node_watch: Any = None
+    node_watch: NodeWatch | None = None
     plan_digests: dict[str, str] = field(default_factory=dict)  # see wiring.nodes.plan_digest
     # Each plan's labels as its last event had them: a relabelled plan not bought yet searches again,
     # since the pools' trainingPlanSelectors read them (controllers.plan.reconciler.plan_event).
     plan_labels: dict[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
     # Each plan's metadata.generation as its last event had it (a spec change is a new one).
-    plan_generations: dict[str, Any] = field(default_factory=dict)
+    plan_generations: dict[str, int | None] = field(default_factory=dict)
     # Other controllers' callbacks for a plan's watch event (name, type, body), called by
     # wiring.events after the operator's own (the Kueue controller registers one).
     plan_listeners: list[Callable[[str, str | None, Mapping[str, Any]], None]] = field(default_factory=list)
     # The Kueue admission controller's state (controllers.kueue.state.KueueState): the AdmissionChecks it
     # serves and the plans it passes over. Set when its handlers start.
-    kueue: Any = None
+    kueue: ControllerState | None = None
     # The object name of each group by its key in the queue: the label value of its name, which
     # its nodes carry and every wake of a group names (controllers.group.reconciler).
     group_names: dict[str, str] = field(default_factory=dict)
     # Each group's generation and labels as its last event had them, by key (a change wakes it).
     group_seen: dict[str, tuple] = field(default_factory=dict)
     # hyperplan's SageMaker API while it is served (an aiohttp runner; hyperplan.sagemaker.server).
-    sagemaker_api: Any = None
+    sagemaker_api: ServedApi | None = None
     # The endpoints of pools whose capacity a SageMaker endpoint sells (actuation.remote.RemoteSources);
     # None: remote pools are not followed (unit tests that do not need them).
-    remote: Any = None
+    remote: RemoteSources | None = None
 
     def __post_init__(self) -> None:
         if self.pods is None:

@@ -191,8 +191,10 @@ def job_nodes(rt: Runtime, plan_label: str) -> list[client.V1Node] | None:
 
 
 def state_of(rt: Runtime) -> KueueState:
+    """The Kueue controller's memory, which the runtime holds for it (made on first use)."""
     if rt.kueue is None:
         rt.kueue = KueueState(writes=KubeKueueWrites(rt.kube))
+    assert isinstance(rt.kueue, KueueState)
     return rt.kueue
 
 
