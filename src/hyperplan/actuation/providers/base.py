@@ -299,6 +299,16 @@ def delete_guarded(delete: Callable[[client.V1DeleteOptions | None], Any], uid: 
     return "deleted"
 
 
+def annotate_node(kube: Kube, node: str, annotations: dict[str, str | None], uid: str = "") -> None:
+    """A merge patch of the node's annotations (None removes one), guarded by ``uid``: a node that is
+    gone, or another node of that name, is no error and is not written."""
+    try:
+        kube.core.patch_node(node, guarded({"metadata": {"annotations": annotations}}, uid))
+    except ApiException as e:
+        if not gone_or_another(e):
+            raise
+
+
 def set_node_condition(kube: Kube, node_name: str, condition: dict[str, str], uid: str = "") -> None:
     """A strategic merge patch of the node's status: conditions merge by ``type``."""
     try:

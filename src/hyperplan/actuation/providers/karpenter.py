@@ -51,7 +51,11 @@ from hyperplan.actuation.providers.kwok import DEFAULT_KWOK_REBOOT_SECONDS, KWOK
 from hyperplan.actuation.providers.static import StaticProvider
 from hyperplan.api.models import NodeClaimRef
 from hyperplan.api.vocabulary import (
-    ANNOTATION_CLAIM, LABEL_NODE_ID, LABEL_RESERVED_CAPACITY, REASON_NODE_CLASS_NOT_FOUND, REASON_NODE_CLASS_NOT_READY,
+    ANNOTATION_CLAIM,
+    LABEL_NODE_ID,
+    LABEL_RESERVED_CAPACITY,
+    REASON_NODE_CLASS_NOT_FOUND,
+    REASON_NODE_CLASS_NOT_READY,
 )
 from hyperplan.planning import lending, naming, ownership, placement
 from hyperplan.planning.reading import time_or_none

@@ -16,6 +16,7 @@ from hyperplan.actuation.providers.base import (
     REBOOT_REASON,
     MadeNode,
     NodeProvider,
+    annotate_node,
     delete_guarded,
     gone_or_another,
     guarded,
@@ -33,10 +34,10 @@ from hyperplan.actuation.providers.base import (
     write_over_read,
 )
 from hyperplan.api.vocabulary import (
-    LABEL_TRUSTED_KWOK,
     ANNOTATION_CLAIM,
     ANNOTATION_REBOOT_UNTIL,
     KWOK_ANNOTATION,
+    LABEL_TRUSTED_KWOK,
     to_rfc3339,
 )
 from hyperplan.planning import lending, naming, placement
@@ -159,11 +160,7 @@ class KwokProvider:
         write_over_read(self.kube, node, make, uid_of(last_seen), last_seen)
 
     def annotate(self, node: str, annotations: dict[str, str | None], uid: str = "") -> None:
-        try:
-            self.kube.core.patch_node(node, guarded({"metadata": {"annotations": annotations}}, uid))
-        except ApiException as e:
-            if not gone_or_another(e):
-                raise
+        annotate_node(self.kube, node, annotations, uid)
 
     def set_condition(self, node: str, condition: dict[str, str], uid: str = "") -> None:
         set_node_condition(self.kube, node, condition, uid)

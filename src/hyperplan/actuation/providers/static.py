@@ -19,8 +19,7 @@ from hyperplan.actuation.providers.base import (
     MadeNode,
     NodeProvider,
     NoFreeNode,
-    gone_or_another,
-    guarded,
+    annotate_node,
     mark_healthy_patch,
     mark_unhealthy_patch,
     promote_spare_patch,
@@ -218,11 +217,7 @@ class StaticProvider:
         write_over_read(self.kube, node, lambda n: mark_healthy_patch(n, self.hyperpod_labels), uid_of(last_seen))
 
     def annotate(self, node: str, annotations: dict[str, str | None], uid: str = "") -> None:
-        try:
-            self.kube.core.patch_node(node, guarded({"metadata": {"annotations": annotations}}, uid))
-        except ApiException as e:
-            if not gone_or_another(e):
-                raise
+        annotate_node(self.kube, node, annotations, uid)
 
     def set_condition(self, node: str, condition: dict[str, str], uid: str = "") -> None:
         set_node_condition(self.kube, node, condition, uid)
