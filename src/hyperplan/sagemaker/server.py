@@ -59,8 +59,9 @@ def check_address(address: str, tls: bool) -> None:
 
 
 def _answer(status: int, body: dict[str, Any]) -> web.Response:
+    """An answer as JSON 1.1, with its own ``x-amzn-RequestId`` (boto3's ResponseMetadata.RequestId)."""
     return web.Response(status=status, body=json.dumps(body, separators=(",", ":")).encode(),
-                        headers={"Content-Type": CONTENT_TYPE})
+                        headers={"Content-Type": CONTENT_TYPE, REQUEST_ID: new_request_id()})
 
 
 def refused(e: ApiException) -> ApiError:
@@ -92,11 +93,6 @@ def make_app(fleet: operations.Fleet, access: Access, account: str, clock: Calla
     writing = threads.new_pool("sagemaker-write")
 
     async def handle(request: web.Request) -> web.Response:
-        response = await answer(request)
-        response.headers[REQUEST_ID] = new_request_id()  # every answer's (boto3's ResponseMetadata.RequestId)
-        return response
-
-    async def answer(request: web.Request) -> web.Response:
         operation = ""
         try:
             if request.method != "POST" or request.path != "/":
