@@ -854,7 +854,8 @@ def _node_meta(kind: str, name: str) -> dict[str, Any]:
         "old-pool-key": {"labels": {"hyperplan.dev/pool": "free"}},
         "forged": {"labels": {"hyperplan.dev/node-id": name, "hyperplan.dev/instance-group": "g"}},
         # a node both made by the kwok provider and in the static pool: the pool's rule decides
-        "kwok-in-pool": {"annotations": KWOK, "labels": {"hyperplan.dev/node-id": name, POOL: "held"}},
+        "kwok-in-pool": {"annotations": KWOK, "labels": {"hyperplan.dev/node-id": name, POOL: "held",
+                                                         vocabulary.LABEL_TRUSTED_KWOK: "true"}},
     }[kind]
 
 
