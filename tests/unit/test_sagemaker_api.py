@@ -48,7 +48,7 @@ class FakeAccess:
         self.rights = {("bob", "create", "trainingplans"), ("alice", "get", "trainingplans"), ("alice", "list", "trainingplans"),
                        ("alice", "create", "trainingplans"), ("alice", "patch", "trainingplans"),
                        ("alice", "list", "instancegroups"), ("alice", "patch", "instancegroups"),
-                       ("alice", "patch", "nodes")}
+                       ("alice", "patch", "nodes"), ("alice", "list", "events")}
         self.reviews: list[tuple[str, str, str]] = []
         self.refreshes = 0
 
@@ -103,6 +103,11 @@ class RecordingWrites:
         # is ``fresh`` (a write over a stale resourceVersion is refused with 409, as it would be).
         self.lagging = False
         self.fresh: dict[str, dict] = {}
+        self.events: list[dict] = []  # the Kubernetes Events the caller may read
+
+    def cluster_events(self, user: str) -> list[dict]:
+        self.calls.append(("cluster_events", user))
+        return list(self.events)
 
     def patch_group(self, user: str, name: str, patch: dict) -> None:
         self.calls.append(("patch_group", user, name, patch))

@@ -20,6 +20,7 @@ from tests.unit.test_sagemaker_api import (  # noqa: F401 - model_checked: every
 )
 
 PLAN_ARN = f"arn:aws:sagemaker:us-west-2:{ACCOUNT}:training-plan/"
+EVENT = "0b1e7c7e-0000-4000-8000-000000000001"
 RC_ARN = f"arn:aws:sagemaker:us-west-2:{ACCOUNT}:reserved-capacity/"
 
 
@@ -112,6 +113,9 @@ def server() -> Iterator[Server]:
                  created="2027-03-01T02:00:01Z"),
         labelled("trainers-2", created="2027-03-01T02:00:02Z")]}
     s = Server(plans, {"trainers": [group("trainers", "ultra", 3)]}, nodes)
+    s.writes.events = [{"metadata": {"name": "e", "namespace": "default", "uid": EVENT}, "type": "Warning",
+                        "involvedObject": {"kind": "Node", "name": "trainers-0"}, "reason": "NodeUnhealthy",
+                        "message": "m", "lastTimestamp": "2027-03-01T02:00:00Z"}]
     yield s
     s.close()
 
@@ -145,6 +149,8 @@ def every_operation(server: Server) -> list[dict]:
         {"op": "batch_replace_cluster_nodes", "args": {"ClusterName": "lab", "NodeIds": [ids[2]]}},
         {"op": "batch_reboot_cluster_nodes", "args": {"ClusterName": "lab",
                                                       "NodeIds": [ids[2], "i-00000000000000000"]}},
+        {"op": "list_cluster_events", "args": {"ClusterName": "lab"}},
+        {"op": "describe_cluster_event", "args": {"ClusterName": "lab", "EventId": EVENT}},
     ]
 
 

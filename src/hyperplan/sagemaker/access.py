@@ -30,6 +30,7 @@ and a deleted one stops within :data:`KEYS_SECONDS`.
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import secrets
 import string
@@ -53,6 +54,7 @@ UNKNOWN_KEY_SECONDS = 2.0
 REVIEW_SECONDS = 10.0  # a granted SubjectAccessReview is kept this long
 REFUSAL_SECONDS = 2.0  # a refused one this long
 ACTING_KEPT = 32  # impersonating clients kept (KubeWrites)
+EVENTS_READ = 1000  # Events of each kind one ListClusterEvents reads (the newest are what a caller looks for)
 log = logging.getLogger("hyperplan.sagemaker")
 
 # What each operation stands for in RBAC: (verb, API group, resource).
@@ -75,6 +77,9 @@ RIGHTS: dict[str, tuple[str, str, str]] = {
     "UpdateCluster": ("patch", GROUP, "instancegroups"),
     "BatchReplaceClusterNodes": ("patch", "", "nodes"),
     "BatchRebootClusterNodes": ("patch", "", "nodes"),
+    # The Kubernetes Events of the groups and their nodes, read as the caller.
+    "ListClusterEvents": ("list", "", "events"),
+    "DescribeClusterEvent": ("list", "", "events"),
 }
 # The reads served to a key that may create plans but not read them, for its own plans only.
 OWN_PLAN_READS = frozenset({"DescribeTrainingPlan", "ListTrainingPlans", "DescribeReservedCapacity",
@@ -214,6 +219,11 @@ class Writes(Protocol):
 
     def create_group(self, user: str, body: dict[str, Any]) -> None: ...
 
+    def cluster_events(self, user: str) -> list[dict[str, Any]]:
+        """The Kubernetes Events of InstanceGroups and Nodes, read as ``user`` (not written: the
+        one read of the API server an operation makes, since the watch cache holds no Events)."""
+        ...
+
     def delete_group(self, user: str, name: str) -> None: ...
 
     def label_node(self, user: str, name: str, labels: dict[str, str]) -> None: ...
@@ -267,6 +277,19 @@ class KubeWrites:
     def create_group(self, user: str, body: dict[str, Any]) -> None:
         with self._as(user) as api:
             client.CustomObjectsApi(api).create_cluster_custom_object(GROUP, VERSION, "instancegroups", body)
+
+    def cluster_events(self, user: str) -> list[dict[str, Any]]:
+        """Events about InstanceGroups and Nodes, cluster-scoped objects whose Events are posted in
+        ``default`` (kopf's namespace for them, and the kubelet's for its node), at most
+        EVENTS_READ of each kind."""
+        found: list[dict[str, Any]] = []
+        with self._as(user) as api:
+            for kind in ("InstanceGroup", "Node"):
+                listed = client.CoreV1Api(api).list_namespaced_event(
+                    "default", field_selector=f"involvedObject.kind={kind}", limit=EVENTS_READ,
+                    _preload_content=False)
+                found += json.loads(listed.data).get("items") or []
+        return found
 
     def delete_group(self, user: str, name: str) -> None:
         with self._as(user) as api:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import re
+import uuid
 from collections.abc import Iterator, Mapping
 from datetime import datetime
 from typing import Any
@@ -603,3 +604,88 @@ def _label_nodes(body: Mapping[str, Any], ctx: Any, value: str) -> dict[str, Any
         done.append(node_id)
     return compact({"Successful": done or None, "Failed": failed})
 
+
+# --------------------------------------------------------------------------- events
+
+EVENT_ID = r"[a-f0-9]{8}-[a-f0-9]{4}-[a-f0-9]{4}-[a-f0-9]{4}-[a-f0-9]{12}"
+EVENT_KINDS = ("Cluster", "InstanceGroup", "Instance")
+
+
+def _event_id(event: Mapping[str, Any]) -> str:
+    """An Event's ``EventId``: its uid (a UUID, as the model's pattern is), else a UUID made of
+    its namespace and name."""
+    meta = event.get("metadata") or {}
+    uid = str(meta.get("uid") or "").lower()
+    if re.fullmatch(EVENT_ID, uid):
+        return uid
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"{meta.get('namespace')}/{meta.get('name')}"))
+
+
+def _event_time(event: Mapping[str, Any]) -> datetime | None:
+    for text in (event.get("lastTimestamp"), event.get("eventTime"), event.get("firstTimestamp"),
+                 (event.get("metadata") or {}).get("creationTimestamp")):
+        if text:
+            try:
+                return from_rfc3339(str(text))
+            except ValueError:
+                continue
+    return None
+
+
+def _cluster_events(ctx: Any) -> list[dict[str, Any]]:
+    """The Kubernetes Events of this cluster's groups and of their nodes (read as the caller), as
+    the model's ClusterEventSummary: a group's ``InstanceGroup``, a node's ``Instance`` (by its
+    instance id and group); ``Warning`` is ``Warn``, the rest ``Info``; the description is the
+    Event's reason and message. Events of objects that are gone are not answered."""
+    groups = {g.metadata["name"] for g in _groups(ctx)}
+    node_groups = {f.name: g.metadata["name"] for g, f, _ in _nodes(ctx)}
+    out = []
+    for event in ctx.writes.cluster_events(ctx.user):
+        involved = event.get("involvedObject") or {}
+        kind, name = involved.get("kind"), involved.get("name")
+        when = _event_time(event)
+        if when is None:
+            continue
+        if kind == "InstanceGroup" and name in groups:
+            where = {"ResourceType": "InstanceGroup", "InstanceGroupName": name}
+        elif kind == "Node" and name in node_groups:
+            where = {"ResourceType": "Instance", "InstanceGroupName": node_groups[name], "InstanceId": instance_id(name)}
+        else:
+            continue
+        text = ": ".join(str(v) for v in (event.get("reason"), event.get("message")) if v)
+        out.append(compact({"EventId": _event_id(event), "ClusterArn": cluster_arn(ctx), "ClusterName": ctx.cluster_name,
+                            **where, "EventTime": epoch(when), "Description": text[:4096] or None,
+                            "EventLevel": "Warn" if event.get("type") == "Warning" else "Info"}))
+    return out
+
+
+def list_cluster_events(body: Mapping[str, Any], ctx: Any) -> dict[str, Any]:
+    """ListClusterEvents: the cluster's events (:func:`_cluster_events`), filtered by group, node,
+    resource type and time (strict bounds), sorted by time (ascending by default), paged."""
+    _cluster(body, ctx)
+    group = matching(body, "InstanceGroupName", GROUP_NAME, high=63)
+    node = matching(body, "NodeId", NODE_ID, high=256)
+    kind = one_of(body, "ResourceType", EVENT_KINDS)
+    one_of(body, "SortBy", ("EventTime",))
+    order = one_of(body, "SortOrder", ("Ascending", "Descending")) or "Ascending"
+    matching(body, "OperationId", EVENT_ID, high=36)
+    after, before = time_of(body, "EventTimeAfter"), time_of(body, "EventTimeBefore")
+    items = []
+    for event in _cluster_events(ctx):
+        if (group and event.get("InstanceGroupName") != group) or (node and event.get("InstanceId") != node) \
+                or (kind and event["ResourceType"] != kind) or body.get("OperationId") \
+                or (after and event["EventTime"] <= after.timestamp()) \
+                or (before and event["EventTime"] >= before.timestamp()):
+            continue
+        items.append(([event["EventTime"], event["EventId"]], event))
+    shown, token = page(items, body, descending=order == "Descending")
+    return compact({"Events": shown, "NextToken": token})
+
+
+def describe_cluster_event(body: Mapping[str, Any], ctx: Any) -> dict[str, Any]:
+    _cluster(body, ctx)
+    wanted = matching(body, "EventId", EVENT_ID, high=36) or required(body, "EventId")
+    found = next((e for e in _cluster_events(ctx) if e["EventId"] == wanted), None)
+    if found is None:
+        raise not_found(f"Event {wanted} not found in cluster {ctx.cluster_name}.")
+    return {"EventDetails": found}

@@ -995,11 +995,16 @@ OPERATIONS: dict[str, Operation] = {
     "UpdateCluster": hyperpod.update_cluster,
     "BatchReplaceClusterNodes": hyperpod.batch_replace_cluster_nodes,
     "BatchRebootClusterNodes": hyperpod.batch_reboot_cluster_nodes,
+    "ListClusterEvents": hyperpod.list_cluster_events,
+    "DescribeClusterEvent": hyperpod.describe_cluster_event,
 }
 WRITES = frozenset({"UpdateCluster", "BatchReplaceClusterNodes", "BatchRebootClusterNodes", "CreateTrainingPlan",
                     "ExtendTrainingPlan", "AddTags", "DeleteTags"})
 """The operations that write: they run on a thread (their API calls block), reading the watch
 cache through the loop (``WatchCache._on_loop``)."""
+BLOCKING = WRITES | {"ListClusterEvents", "DescribeClusterEvent"}
+"""The operations that run on a thread: the writes, and the reads of Events (the watch cache holds
+none: they are read from the API server, as the caller)."""
 
 
 MODELED_ERRORS: dict[str, frozenset[str]] = {
@@ -1021,6 +1026,8 @@ MODELED_ERRORS: dict[str, frozenset[str]] = {
     "UpdateCluster": frozenset({"ConflictException", "ResourceNotFound", "ResourceLimitExceeded"}),
     "BatchReplaceClusterNodes": frozenset({"ResourceNotFound"}),
     "BatchRebootClusterNodes": frozenset({"ResourceNotFound"}),
+    "ListClusterEvents": frozenset({"ResourceNotFound"}),
+    "DescribeClusterEvent": frozenset({"ResourceNotFound"}),
 }
 """The errors botocore's model lists for each served operation (checked against the model by the
 unit tests). Every operation may also answer the errors of any AWS JSON service: ValidationException,

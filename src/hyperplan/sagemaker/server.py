@@ -127,7 +127,7 @@ def make_app(fleet: operations.Fleet, access: Access, account: str, clock: Calla
                                      views=None if operation in operations.WRITES else views, policy=policy,
                                      owner=owner, assumed=assumed,
                                      eks_cluster_arn=app.get(hyperpod.EKS_CLUSTER_ARN))
-            if operation in operations.WRITES:
+            if operation in operations.BLOCKING:  # the writes, and the reads of the API server
                 result = await asyncio.get_running_loop().run_in_executor(
                     writing, operations.call, operation, body, ctx)
             else:
