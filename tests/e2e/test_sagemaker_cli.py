@@ -49,7 +49,8 @@ def sagemaker_cli(ctx: Context) -> dict:
     grant_plan_reads(ctx, user, user,
                      {"apiGroups": ["hyperplan.dev"], "resources": ["trainingplans"], "verbs": ["create", "patch"]},
                      {"apiGroups": ["hyperplan.dev"], "resources": ["instancegroups"], "verbs": ["list", "patch"]},
-                     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]})
+                     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]},
+                     {"apiGroups": [""], "resources": ["events"], "verbs": ["list"]})
     endpoint = serving(ctx, key_id, secret)
     out: dict = {"tag": tag, "ultra": ultra, "plain": plain}
     arn = f"arn:aws:sagemaker:us-west-2:{ACCOUNT}"
@@ -82,6 +83,11 @@ def sagemaker_cli(ctx: Context) -> dict:
                                            "--node-ids", missing)
     calls["BatchReplaceClusterNodes"] = cli(endpoint, "batch-replace-cluster-nodes", "--cluster-name", "hyperplan",
                                             "--node-ids", missing)
+    calls["ListClusterEvents"] = cli(endpoint, "list-cluster-events", "--cluster-name", "hyperplan",
+                                     "--instance-group-name", ultra)
+    events = calls["ListClusterEvents"]["out"].get("Events") or [{}]
+    calls["DescribeClusterEvent"] = cli(endpoint, "describe-cluster-event", "--cluster-name", "hyperplan",
+                                        "--event-id", events[0].get("EventId", "00000000-0000-4000-8000-000000000000"))
     calls["DescribeReservedCapacity"] = cli(endpoint, "describe-reserved-capacity", "--reserved-capacity-arn", rc_arn)
     calls["ListUltraServersByReservedCapacity"] = cli(endpoint, "list-ultra-servers-by-reserved-capacity",
                                                       "--reserved-capacity-arn", rc_arn)
@@ -128,6 +134,9 @@ def test_the_aws_cli_runs_every_served_operation(scenarios) -> None:
     record = scenarios["sagemaker_cli"].result(timeout=900)
     calls = record["calls"]
     refused = {"UpdateClusterRefused", "SearchOutsideTheRules"}
+    if not calls["ListClusterEvents"]["out"].get("Events"):  # no Event of the group yet: nothing to describe
+        refused.add("DescribeClusterEvent")
+        assert "ResourceNotFound" in calls["DescribeClusterEvent"]["err"]
     failed = {op: c["err"] for op, c in calls.items() if op not in refused and c["rc"] != 0}
     assert failed == {}
     assert set(operations.OPERATIONS) <= set(calls)
