@@ -15,7 +15,7 @@ from hyperplan.sagemaker import operations
 from tests.aws.clients import Endpoint, aws_cli
 from tests.aws.keys import grant_plan_reads, mint_key, serving
 from tests.e2e.scenarios import (
-    API, Context, first_block, group_body, plan_body, pool_body, scenario, ts, utcnow, wait_phase,
+    API, Context, first_block, group_body, pool_body, scenario, ts, utcnow, wait_phase,
 )
 from tests.kube import eventually
 

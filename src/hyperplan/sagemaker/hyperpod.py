@@ -58,7 +58,8 @@ EKS_CLUSTER_ARN: web.AppKey[str | None] = web.AppKey("eks-cluster-arn")
 (the setting ``eks_cluster_arn``; ``sagemaker.replica`` sets it)."""
 MAX_BATCH = 25  # node ids per BatchReboot/BatchReplace call, as the model bounds them
 MAX_LABELS = 50  # the model's ClusterKubernetesLabels: at most 50, keys of 1-317, values of 1-63 characters
-LABEL_KEY = r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
+LABEL_KEY = (r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+             r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 LABEL_VALUE = r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?"
 
 
@@ -223,8 +224,8 @@ def _on_every_node(nodes: list[Mapping[str, Any]], labels: Mapping[str, str],
                    taints: list[Mapping[str, Any]]) -> tuple[dict[str, str], list[Mapping[str, Any]]]:
     """The group's labels and taints that every node of it carries (what is applied, not only asked)."""
     node_labels = [(n.get("metadata") or {}).get("labels") or {} for n in nodes]
-    node_taints = [{(t.get("key"), t.get("value") or "", t.get("effect")) for t in (n.get("spec") or {}).get("taints") or []}
-                   for n in nodes]
+    node_taints = [{(t.get("key"), t.get("value") or "", t.get("effect"))
+                    for t in (n.get("spec") or {}).get("taints") or []} for n in nodes]
     on_labels = {k: v for k, v in labels.items() if all(held.get(k) == v for held in node_labels)}
     on_taints = [t for t in taints if all((t.get("key"), t.get("value") or "", t.get("effect")) in held
                                           for held in node_taints)]
@@ -649,12 +650,14 @@ def _cluster_events(ctx: Any) -> list[dict[str, Any]]:
         if kind == "InstanceGroup" and name in groups:
             where = {"ResourceType": "InstanceGroup", "InstanceGroupName": name}
         elif kind == "Node" and name in node_groups:
-            where = {"ResourceType": "Instance", "InstanceGroupName": node_groups[name], "InstanceId": instance_id(name)}
+            where = {"ResourceType": "Instance", "InstanceGroupName": node_groups[name],
+                     "InstanceId": instance_id(name)}
         else:
             continue
         text = ": ".join(str(v) for v in (event.get("reason"), event.get("message")) if v)
-        out.append(compact({"EventId": _event_id(event), "ClusterArn": cluster_arn(ctx), "ClusterName": ctx.cluster_name,
-                            **where, "EventTime": epoch(when), "Description": text[:4096] or None,
+        out.append(compact({"EventId": _event_id(event), "ClusterArn": cluster_arn(ctx),
+                            "ClusterName": ctx.cluster_name, **where, "EventTime": epoch(when),
+                            "Description": text[:4096] or None,
                             "EventLevel": "Warn" if event.get("type") == "Warning" else "Info"}))
     return out
 
