@@ -3,12 +3,16 @@
 This Kubernetes cluster is one HyperPod cluster, named by ``HYPERPLAN_CLUSTER_NAME``; its instance
 groups are the InstanceGroups, and its instances their Nodes (from the watch cache). A node's
 ``InstanceId`` is ``i-`` and 17 hex digits of the SHA-256 of its name: stable for as long as the
-node exists, and the same on every replica. The cluster's ARN ends in 12 hex digits of the
-SHA-256 of its name, as the model's pattern asks.
+node exists, and the same on every replica; its ``PrivateDnsHostname`` is EC2's private name of its
+address (:func:`private_ip`). The cluster's ARN ends in 12 hex digits of the SHA-256 of its name,
+as the model's pattern asks. Every answer keeps to botocore's model (the unit tests check each
+against it: ``hyperplan_testing.botocore_shapes``).
 
 The writes go to the API server as the key's identity (``access.Writes``):
 
-* ``UpdateCluster`` sets the ``instanceCount`` of the named groups;
+* ``UpdateCluster`` applies what hyperplan models of the named groups (counts, Kubernetes labels
+  and taints, deep checks, node recovery), adds a group for a new name, and refuses any other
+  member by name before it writes (:func:`update_cluster`);
 * ``BatchReplaceClusterNodes`` labels each node as HyperPod's own manual replacement does
   (``sagemaker.amazonaws.com/node-health-status=UnschedulablePendingReplacement``): the group's
   pass then replaces it with a spare, or a new node, as it replaces any failed node;
@@ -16,6 +20,9 @@ The writes go to the API server as the key's identity (``access.Writes``):
   reboot: the group's pass promotes the spare of an active node and reboots the node through its
   provider, whatever its reboot budget (``planning.recovery``); back Ready, the label says
   ``Schedulable`` again.
+
+The cluster's events are the Kubernetes Events of its groups and nodes, read as the key's identity
+(:func:`list_cluster_events`).
 """
 
 from __future__ import annotations
