@@ -261,7 +261,8 @@ class Server:
     """The API's aiohttp app on a loopback port, on a loop in a thread of its own."""
 
     def __init__(self, plans: dict[str, list[dict]], groups: dict[str, list[dict]] | None = None,
-                 nodes: dict[tuple, list[dict]] | None = None, pools: dict[str, list[dict]] | None = None):
+                 nodes: dict[tuple, list[dict]] | None = None, pools: dict[str, list[dict]] | None = None,
+                 eks_cluster_arn: str | None = None):
         plans = plans if isinstance(plans, WatchedPlans) else WatchedPlans(plans)
         self.plans = plans
         self.cache = WatchCache()
@@ -279,6 +280,9 @@ class Server:
         self.access = FakeAccess()
         app = make_app(self.cache, self.access, ACCOUNT, lambda: datetime.now(timezone.utc), "lab", self.writes)
         app.middlewares.append(record_answers)
+        if eks_cluster_arn:  # as sagemaker.replica sets it from the settings
+            from hyperplan.sagemaker.hyperpod import EKS_CLUSTER_ARN
+            app[EKS_CLUSTER_ARN] = eks_cluster_arn
         self.runner = asyncio.run_coroutine_threadsafe(serve(app, "127.0.0.1", self.port), self.loop).result(10)
 
     @property

@@ -353,3 +353,22 @@ def test_a_bought_blocks_ultraservers_are_listed_before_it_runs() -> None:
     assert len(first["UltraServers"]) == 3 and first["NextToken"]
     assert operations.call("ListUltraServersByReservedCapacity", {"ReservedCapacityArn": RC_ARN + "rc-done"},
                            ctx)["UltraServers"] == []
+
+
+def test_the_orchestrator_setting_reaches_describe_cluster() -> None:
+    from pydantic import ValidationError
+
+    from hyperplan.settings import Settings
+    from tests.aws.clients import boto3_call
+
+    eks = "arn:aws:eks:us-west-2:123456789012:cluster/lab"
+    assert Settings(eks_cluster_arn=eks).eks_cluster_arn == eks
+    with pytest.raises(ValidationError):
+        Settings(eks_cluster_arn="arn:aws:sagemaker:us-west-2:123456789012:cluster/abcdefabcdef")
+    s = Server({"ultra": [plan("ultra", "Active", 2, ultra=True)]}, {"trainers": [group("trainers", "ultra", 1)]},
+               eks_cluster_arn=eks)
+    try:
+        got = ok(boto3_call(signed_in(s), "describe_cluster", ClusterName="lab"))
+    finally:
+        s.close()
+    assert got["Orchestrator"] == {"Eks": {"ClusterArn": eks}}
