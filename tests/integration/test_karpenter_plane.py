@@ -200,9 +200,12 @@ def test_dev_up_with_karpenter_starts_it_beside_a_named_plane_and_down_stops_it(
         assert up.returncode == 0, up.stderr + up.stdout
         assert "karpenter ready" in up.stdout
         status = dev("status", "--name", name)
-        [row] = [line for line in status.stdout.splitlines() if line.startswith("karpenter")]
+        [row] = [line for line in status.stdout.splitlines() if line.startswith("karpenter") and "pid " in line]
         pid = int(row.split("pid ")[1].split(")")[0])
         assert "running" in row and _alive(pid)
+        # the node class the settings default to, made by dev up (karpenter.kwok.sh/KWOKNodeClass/default)
+        [classes] = [line for line in status.stdout.splitlines() if line.startswith("karpenter node classes")]
+        assert "1 present" in classes and "default" in classes, classes
     finally:
         down = dev("down", "--name", name)
     assert down.returncode == 0, down.stderr
