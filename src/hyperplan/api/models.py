@@ -260,8 +260,8 @@ class RemoteSource(Model):
         return value
 
     max_upfront_fee: str | None = Field(default=None, max_length=32, pattern=r"^[0-9]+(\.[0-9]+)?$", description=(
-        "Offerings whose UpfrontFee is higher are not bought (a purchase spends money): a plan that "
-        "names one fails with UpfrontFeeTooHigh. Unset: no ceiling."))
+        "Offerings whose UpfrontFee is higher (or that name none) are not bought (a purchase spends "
+        "money): they are left out of the plan's offerings. Unset: no ceiling."))
 
 
 class SageMakerSource(RemoteSource):

@@ -34,8 +34,8 @@ removes what the group set and leaves the rest.
 A node that carries the group's label and neither a record entry nor a claim is unrecorded: the
 pass reports it (Warning ``NodeNotOwned``, condition ``UnrecordedNodes``), and planning makes no
 node of that name while it stands. An admin deletes such a KWOK node (the group then makes it
-again) or hands such a static node back (``hyperplan.dev/pool=free``, the group's labels
-removed).
+again) or hands such a static node back (``node-restriction.kubernetes.io/hyperplan-pool=free``,
+the group's labels removed).
 """
 
 from __future__ import annotations
@@ -225,7 +225,7 @@ def unrecorded_condition(unrecorded: Sequence[ListedNode], group: str, generatio
                      f"{len(names)} node(s) carry the label of group {group} but are not in its record "
                      f"(status.nodes): {shown}; they are left alone (not counted, changed or deleted). "
                      "To have the group make or adopt a node again in the place of one of them, delete it "
-                     "(KWOK) or hand it back (static: hyperplan.dev/pool=free, the group's labels removed)",
+                     f"(KWOK) or hand it back (static: {lending.LABEL_POOL}={lending.POOL_FREE}, the group's labels removed)",
                      generation, prior, now)
 
 
