@@ -138,6 +138,9 @@ for _action in RECOVERY_ACTIONS:
     RECOVERY.labels(_action)
 for _result in ("passed", "failed"):
     DEEP_HEALTH_CHECKS.labels(_result)
+for _reason in (vocabulary.REASON_CLAIM_DELETED, vocabulary.REASON_NODE_CLASS_NOT_FOUND,
+                vocabulary.REASON_NODE_CLASS_NOT_READY, vocabulary.REASON_NOT_OFFERED):
+    KARPENTER_LAUNCH_FAILURES.labels(_reason)  # hyperplan's own reasons; Karpenter's appear when seen
 for _reason in ("FailuresBeyondSpares", "ImpairedTooLong", "UltraServerBought", "NoFreeUltraServer"):
     ULTRASERVER_REPLACEMENTS.labels(_reason)
 PURCHASES.labels("Purchased")

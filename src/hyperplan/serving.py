@@ -10,8 +10,9 @@ flood of connections costs that thread, never kopf's event loop, and what it hol
   The room is made on the loop's next turn, not at the accept: a burst of accepts runs before any
   of them is read, and a connection with bytes not yet read (a request that has just come) is
   never chosen, so a flood's newcomers cannot close a client whose whole request is waiting to be
-  read. One burst (``BURST`` accepts) may pass the cap until then; past that a connection gets a
-  503 at once. At most ``max_connections`` requests are answered at once: one more gets a 503.
+  read. One burst (``BURST`` accepts) may pass the cap until then; past that the connection that
+  has waited longest is closed at once to hold the new one, and only when none may be closed does
+  the new one get a 503. At most ``max_connections`` requests are answered at once: one more gets a 503.
 - **A deadline for the headers** (``header_seconds``): from the accept (and the TLS handshake,
   which runs within it), or from the previous answer on a kept-alive connection, to the request's
   last header. A client silent or trickling past it is closed.
@@ -262,7 +263,7 @@ class HeldServer:
     def _connection(self) -> asyncio.Protocol:
         """The protocol of a connection just accepted: held (the cap is made good on the loop's
         next turn, :meth:`_trim`), or busy past the cap and a burst."""
-        if len(self._conns) >= self.limits.max_connections + BURST:
+        if len(self._conns) >= self.limits.max_connections + BURST and not self._evict_one():
             self.refused += 1
             return _Busy(self.ssl_context is not None)
         assert self._aiohttp is not None
@@ -276,6 +277,22 @@ class HeldServer:
         if len(self._conns) > self.limits.max_connections and self._trimming is None:
             self._trimming = self.loop.call_soon(self._trim)
 
+    def _evictable(self, conn: _Connection) -> bool:
+        """Whether ``conn`` may be closed to make room: it waits for its request (headers or body),
+        and the server has read all that came (:func:`unread`; not one whose headers are all in)."""
+        return conn.phase != ANSWERING and not conn.whole and conn.raw is not None and not unread(conn.raw)
+
+    def _evict_one(self) -> bool:
+        """Close the connection that has waited longest for its request, now, so that one just
+        accepted is held instead of refused (a flood reopening faster than the loop trims must not
+        keep a probe out); False when none may be closed."""
+        for conn in list(self._conns.values()):
+            if self._evictable(conn):
+                self.evicted += 1
+                self._drop(conn)
+                return True
+        return False
+
     def _trim(self) -> None:
         """Close the connections that have waited longest for their request (headers or body), of
         those the server has read all that came (:func:`unread`; and not one whose headers are all
@@ -286,7 +303,7 @@ class HeldServer:
         for conn in list(self._conns.values()):
             if excess <= 0:
                 return
-            if conn.phase != ANSWERING and not conn.whole and conn.raw is not None and not unread(conn.raw):
+            if self._evictable(conn):
                 self.evicted += 1
                 self._drop(conn)
                 excess -= 1
