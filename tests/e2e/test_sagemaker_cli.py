@@ -15,7 +15,7 @@ from hyperplan.sagemaker import operations
 from tests.aws.clients import Endpoint, aws_cli
 from tests.aws.keys import grant_plan_reads, mint_key, serving
 from tests.e2e.scenarios import (
-    API, Context, first_block, group_body, pool_body, scenario, ts, utcnow, wait_phase,
+    API, Context, first_block, group_body, parse_ts, pool_body, scenario, ts, utcnow, wait_phase,
 )
 from tests.kube import eventually
 
@@ -60,7 +60,11 @@ def sagemaker_cli(ctx: Context) -> dict:
     out["block"] = block
     rc_arn = f"{arn}:reserved-capacity/{block['id']}"
     if (k.get("trainingplan", ultra).get("status") or {}).get("phase") == "Scheduled":
-        out["ultra_before"] = cli(endpoint, "list-ultra-servers-by-reserved-capacity", "--reserved-capacity-arn", rc_arn)
+        answer = cli(endpoint, "list-ultra-servers-by-reserved-capacity", "--reserved-capacity-arn", rc_arn)
+        # Kept only if it was answered before the block's start: the CLI takes a moment to start, and
+        # a block that starts meanwhile is a running one, with the health its nodes give.
+        if utcnow() < parse_ts(block["startTime"]):
+            out["ultra_before"] = answer
 
     # The HyperPod side, once the group serves.
     wait_phase(k, "instancegroup", ultra, "Ready", timeout=180)
