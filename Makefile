@@ -95,7 +95,7 @@ test-integration: venv
 test-e2e: venv
 	$(BIN)/python -m pytest -ra tests/e2e
 
-# Targets of DESIGN.md section 6, measured on their own control plane (.state/bench); figures in docs/benchmarks.md.
+# The targets, each measured on their own control plane (.state/bench); figures in docs/benchmarks.md.
 bench: venv
 	$(BIN)/python bench/transitions.py
 	$(BIN)/python bench/nodes_ready.py
@@ -115,14 +115,14 @@ dashboards: venv
 dashboards-check: venv
 	$(BIN)/python -m hyperplan.monitoring --check
 
-# Faults survived (issue 9): kill -9 of the leader 30+ times, two API server restarts and an etcd
+# Faults survived: kill -9 of the leader 30+ times, two API server restarts and an etcd
 # restart under a mixed workload, on its own control plane (.state/bench); invariants after every
 # fault, figures in docs/reliability.md. About 5-6 minutes; exits 1 on a violation or a missed bound.
 .PHONY: chaos
 chaos: venv
 	BENCH_STRICT=1 $(BIN)/python bench/chaos.py
 
-# Scale (issue 10), each on its own control plane (.state/bench); figures in docs/benchmarks.md:
+# Scale, each on its own control plane (.state/bench); figures in docs/benchmarks.md:
 # the cost of one pass at 72 to 1,152 nodes, API reads per reconcile, 1,000 purchases against
 # their floor, memory, idle writes and CPU at the issue's full size (10,000 plans and 5,408 KWOK
 # nodes reporting at a kubelet's rate), the 288-node provisioning and the failure storm. The full

@@ -5,7 +5,7 @@ retry 2 s). Each round stops the acting replica, with kill -9 or with SIGTERM, c
 TrainingPlan at once, and times from the signal to that plan's first status write, which only
 a replica that leads can make. The stopped replica is then started again as the new standby.
 
-Targets (DESIGN.md section 6, issue "production"): <= lease duration + 2 s after a kill -9,
+Targets: <= lease duration + 2 s after a kill -9,
 <= 3 s after a SIGTERM (the leader releases the Lease on its way out).
 
     .venv/bin/python bench/failover.py [--rounds 3]

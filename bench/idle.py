@@ -13,7 +13,7 @@
    with the plane's admin client certificate), and the operator's CPU time (utime + stime) and
    RSS from /proc/<pid>, sampled every 5 s.
 
-Targets (DESIGN.md section 6): no API writes, near-zero CPU (read here as under 1 % of one core),
+Targets: no API writes, near-zero CPU (read here as under 1 % of one core),
 memory flat (read here as RSS growing by less than 1 MiB over the window). The design's figure
 is 1,000 plans and 5,000 nodes; this run has ``--plans`` plans and, by default, no nodes;
 ``--nodes N`` adds plans whose 3-hour block runs now and groups that hold N KWOK nodes

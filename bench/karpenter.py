@@ -1,4 +1,4 @@
-"""288 nodes through Karpenter (issue 24): a ``nodeProvider: karpenter`` group of 16 x72
+"""288 nodes through Karpenter: a ``nodeProvider: karpenter`` group of 16 x72
 UltraServers from its block's start to all Ready, against a bare client scaling a static NodePool
 of the same 288 nodes, in the same run, on the same plane and the same Karpenter.
 
@@ -18,7 +18,7 @@ of the same 288 nodes, in the same run, on the same plane and the same Karpenter
    the block's ``startTime`` until the watch has seen all 288 group Nodes Ready; then the group
    is deleted and its Nodes gone.
 
-Target (issue 24): the median operator time within 1.3 x the median floor.
+Target: the median operator time within 1.3 x the median floor.
 
     .venv/bin/python bench/karpenter.py [--ultraservers 16] [--floor-runs 3] [--runs 3] [--claims-runs 0] [--lead 25]
 """

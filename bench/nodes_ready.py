@@ -13,7 +13,7 @@
    seen all 64 group nodes Ready. ``--runs`` times (default 3; each run a new plan and group, the
    previous group deleted and its nodes gone first); the median is compared with the floor.
 
-Target (DESIGN.md section 6): operator time <= 1.3 x the floor, on the same control plane.
+Target: operator time <= 1.3 x the floor, on the same control plane.
 
     .venv/bin/python bench/nodes_ready.py [--nodes 64] [--floor-runs 3] [--runs 3] [--lead 20]
 """

@@ -1,5 +1,5 @@
 """Provisioning a fleet-sized group: 288 nodes (16 x ml.u-p6e-gb200x72 UltraServers) against the
-floor of the same creates from a bare client with the same parallelism (issue 10).
+floor of the same creates from a bare client with the same parallelism.
 
 1. The floor: the 288 Node objects the operator makes for a group of 16 x72 UltraServers (17
    active + 1 spare each) - the same labels, taints, annotation and capacity, computed by the
@@ -16,7 +16,7 @@ floor of the same creates from a bare client with the same parallelism (issue 10
    from the block's ``startTime`` until the watch has seen all 288 group nodes Ready. ``--runs``
    runs (each a new plan and group; the previous group is deleted and its nodes gone first).
 
-Target (issue 10): the median operator time <= 1.3 x the floor, on the same control plane.
+Target: the median operator time <= 1.3 x the floor, on the same control plane.
 
     .venv/bin/python bench/provisioning.py [--ultraservers 16] [--floor-runs 3] [--runs 3] [--lead 25]
 """

@@ -12,7 +12,7 @@
    45-minute window starting 5 minutes ahead, so each pool has room for every plan). Timed from the
    first create until a raw watch has seen every plan settle (``Scheduled`` or ``Failed``).
 
-Target (issue 10, DESIGN.md section 6): the operator's time within 2x the floor, and every plan
+Target: the operator's time within 2x the floor, and every plan
 with room in its window ends ``Scheduled``. Also printed: the plans by phase (and the reasons of
 the failed ones), the apiserver's requests during each run by verb and resource
 (``apiserver_request_total``), per plan and per operator reconcile, the operator's CPU and RSS,

@@ -1,6 +1,6 @@
 """A recovery storm: 20 faults over 10 UltraServer groups, half recovered by reboot and half by
 replacement; how soon does each spare serve, each rebooted node come back as a spare, and each
-UltraServer become whole again? (issue 21, "Measured")
+UltraServer become whole again?
 
 10 plans of one ml.u-p6e-gb200x36 UltraServer each (9 instances, 2 spares; demo profile) and 10
 InstanceGroups of 7 active + 2 spares. The first half of the groups has ``rebootBudget`` 1 (the
@@ -22,7 +22,7 @@ all 20 patches sent together. A raw watch on the nodes stamps, per failed node:
 It also watches, every 0.1 s, for an UltraServer without a spare while it had one to give: no node
 labelled spare while a node of the group is Ready, ``Schedulable``, not active and not leaving.
 
-Targets (issue 21): every spare serving within 2 s of its grace end; every rebooted node back as
+Targets: every spare serving within 2 s of its grace end; every rebooted node back as
 a spare within the KWOK reboot time + 5 s of its reboot's start; no UltraServer ever without a
 spare while it had one to give. Prints p50, p95 and max of each, and the time from the fault to
 the UltraServer whole again, reboot against replace, in one table.

@@ -13,7 +13,7 @@ that only plans without the ``tier`` label may buy from.
    same way. ``--loopback``: the bench's own operator sells instead (one process, one GIL, serves
    the API, buys the API's plans and follows them: a harder case, docs/benchmarks.md).
 
-Target (issue 23): the remote figure within 3x the local one. Also printed: the remote calls by
+Target: the remote figure within 3x the local one. Also printed: the remote calls by
 operation and result, and the plans by phase.
 
     .venv/bin/python bench/remote_purchases.py [--plans 1000] [--pools 10] [--pool-size 64]

@@ -9,7 +9,7 @@ port), with ``--plans`` TrainingPlans bought and settled:
    clients while the operator runs. The run waits until a raw watch has seen every plan
    ``Scheduled`` and the operator's reconciles have been still for 5 s: every plan then has the
    status the operator writes (its block, counts, conditions, offerings), and the pools their
-   ledgers. (Until issue 22's fix an operator started after its plans and ledgers were written
+   ledgers. (Before the fix of a linear start, an operator started after its plans and ledgers were written
    spent minutes in kopf's start before its first pass; that start is now bench/start.py's, see
    docs/benchmarks.md. The fleet is still bought by the operator here, as the figures below were.)
 2. The API: ``--clients`` concurrent boto3 clients (each a process of its own, boto3 1.44.8 with
@@ -22,7 +22,7 @@ port), with ``--plans`` TrainingPlans bought and settled:
    capacitypools (what a search reads: the pools and their ledgers).
 
 Figures: p50 and p99 latency of one call, and calls per second over all clients, for each read
-both ways; for the listing also a whole pass over every plan. Target (issue 22): each read's p50
+both ways; for the listing also a whole pass over every plan. Target: each read's p50
 and p99 no slower than 1.5x the floor's, and no read of the fleet reaches the API server while the
 API is measured (``apiserver_request_total`` by verb and resource, before and after the API's
 phases; the API's key listing and access reviews are shown beside it).

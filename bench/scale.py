@@ -14,7 +14,7 @@
    with ``audit_writes``): the operator's are those whose User-Agent is ``hyperplan/`` or
    ``kopf/``; the controller-manager's and KWOK's are counted beside them.
 
-Targets (issue 10): RSS at most the idle operator's + 200 MiB and flat over the idle window;
+Targets: RSS at most the idle operator's + 200 MiB and flat over the idle window;
 0 API writes and under 2 % of a core while idle. Memory per plan and per node are the RSS steps
 of 2. and 3. divided by the plans and nodes. With ``BENCH_OPERATOR_TRACEMALLOC=<file>`` the
 operator runs under tracemalloc and the script prints where its memory is at the end (tracing

@@ -11,7 +11,7 @@ recorded health signal is the real one. A watch on the group's nodes stamps the 
 promoted spare's ``hyperplan.dev/spare`` taint is gone; the figure is that stamp minus
 (lastTransitionTime + graceSeconds).
 
-Target (DESIGN.md section 6): the spare serves within 1 s of the signal passing its grace.
+Target: the spare serves within 1 s of the signal passing its grace.
 
     .venv/bin/python bench/spare_promotion.py [--failures 3] [--grace 2] [--lead 20]
 """

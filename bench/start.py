@@ -1,5 +1,5 @@
 """An operator started with its fleet already in the cluster: the time to its first pass and until
-every plan has had one (issue 22: a restart or failover at fleet scale).
+every plan has had one (a restart or failover at fleet scale).
 
 On its own plane (demo profile, Kueue and the SageMaker API off), for each ``--plans`` count in
 turn (e.g. ``1000,2000,4000``; the plans are added to those of the round before):

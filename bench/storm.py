@@ -1,5 +1,5 @@
 """A failure storm: 40 nodes fail at once across 20 groups; how soon does each spare serve, and
-how soon is each failed node's backfill Ready? (issue 10)
+how soon is each failed node's backfill Ready?
 
 20 plans of one ml.u-p6e-gb200x36 UltraServer each (9 instances, ``spareInstancesPerUltraServer``
 2; hyperpod-cluster, autoPurchase, demo profile) and 20 InstanceGroups of 7 (7 active + 2 spares
@@ -16,7 +16,7 @@ threads. A raw watch on the nodes stamps, per failed node:
   ``hyperplan.dev/spare`` taint and has role ``active`` (what a user sees on the Node);
 * backfill Ready: the node in the failed node's slot with the next generation is Ready.
 
-Targets (issue 10): every spare serving within 2 s of its grace end; every backfill Ready within
+Targets: every spare serving within 2 s of its grace end; every backfill Ready within
 10 s of it. Prints max, p50 and p95 of each, and the verdicts.
 
     .venv/bin/python bench/storm.py [--groups 20] [--per-group 2] [--grace 2] [--lead 25]

@@ -6,7 +6,7 @@ plans go Active while others expire. A watch on trainingplans stamps every phase
 the moment it reached us; the lag of a change is that stamp minus its boundary, read from the
 plan's own ``status.reservedCapacity`` (start for Active, end for Expired).
 
-Target (DESIGN.md section 6): every transition within 1 s of its scheduled time.
+Target: every transition within 1 s of its scheduled time.
 
     .venv/bin/python bench/transitions.py [--plans 20] [--stagger 5] [--lead 40]
 """

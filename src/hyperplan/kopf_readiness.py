@@ -1,4 +1,4 @@
-"""kopf's start with indexes, made linear in the number of objects (issue 22).
+"""kopf's start with indexes, made linear in the number of objects.
 
 The cause. kopf runs no resource handler before every indexed kind is listed and every listed
 object is indexed: its watcher makes a toggle per object it has not seen yet in one

@@ -195,7 +195,7 @@ def run_operator() -> int:
 
     from hyperplan import wiring  # noqa: F401  (registers every kopf handler)
     # kopf's index readiness woke every listed object's worker on every object listed: a start with
-    # 10,000 plans made no pass for minutes (issue 22, hyperplan.kopf_readiness).
+    # 10,000 plans made no pass for minutes (hyperplan.kopf_readiness).
     kopf_readiness.install()
     from hyperplan.runtime.context import build_runtime
 

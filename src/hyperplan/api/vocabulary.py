@@ -85,7 +85,7 @@ LABEL_TRUSTED_KWOK = f"{NODE_RESTRICTION_PREFIX}hyperplan-kwok"
 ROLE_ACTIVE = "active"
 ROLE_SPARE = "spare"
 
-# The HyperPod health values (DESIGN.md section 1).
+# The HyperPod health values.
 HEALTH_SCHEDULABLE = "Schedulable"
 HEALTH_UNSCHEDULABLE = "Unschedulable"
 HEALTH_PENDING_REPLACEMENT = "UnschedulablePendingReplacement"
@@ -191,7 +191,7 @@ node (the Eviction API sets ``EvictionByEvictionAPI`` itself)."""
 
 # --------------------------------------------------------------------------- plans
 
-# What a training plan's capacity serves (DESIGN.md section 1): a plan serves one, not both.
+# What a training plan's capacity serves: a plan serves one, not both.
 TRAINING_JOB = "training-job"
 HYPERPOD_CLUSTER = "hyperpod-cluster"
 TARGET_RESOURCES = (TRAINING_JOB, HYPERPOD_CLUSTER)

@@ -1,4 +1,4 @@
-"""EC2 Capacity Blocks as a remote source of a pool: the pure half (issue 23, docs/aws.md).
+"""EC2 Capacity Blocks as a remote source of a pool: the pure half (docs/aws.md).
 
 A CapacityPool with ``spec.source.ec2CapacityBlocks`` is sold by EC2 itself, for a cluster that
 launches its instances (through Karpenter). This module turns what EC2 answers into the values

@@ -6,7 +6,7 @@ exist (with their labels and taints), the nodes to drain and remove, the health 
 the status to write, the events to post and when to look again. The handler carries it
 out through a node provider.
 
-The rules (DESIGN.md sections 1-2):
+The rules:
 
 * nodes exist only while one of the plan's blocks is usable: active and before its
   termination time (end minus the policy's lead for the plan's target);

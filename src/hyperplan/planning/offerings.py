@@ -3,7 +3,7 @@
 Pure: the pools (with everything already taken from them) and `now` come in,
 offerings or rule violations go out.
 
-How the search works (DESIGN.md section 1):
+How the search works:
 
 1. The request is checked against the policy (`validate_request`); an invalid
    request yields no offerings.
@@ -541,7 +541,7 @@ def could_be_offered(shown: OfferingStatus, request: OfferingRequest) -> bool:
 def _candidates(
     request: OfferingRequest, pools: Sequence[PoolSnapshot], policy: Policy, window: _Window
 ) -> list[Offering]:
-    """Every offering the search cuts for `request` in `window` (DESIGN.md section 1), unranked."""
+    """Every offering the search cuts for `request` in `window`, unranked."""
     count = request.effective_instance_count
     assert count is not None  # the caller validated the request
     days = policy.whole_days(request.duration)

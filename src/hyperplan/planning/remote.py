@@ -1,4 +1,4 @@
-"""Capacity bought through a SageMaker endpoint: the pure half (issue 23, docs/aws.md).
+"""Capacity bought through a SageMaker endpoint: the pure half (docs/aws.md).
 
 A CapacityPool with ``spec.source.sageMaker`` keeps no ledger of its own: another hyperplan's
 SageMaker API, or AWS, sells its capacity. This module turns what that endpoint answers into the

@@ -472,7 +472,7 @@ def api_offering_id(offering: Offering, spec: TrainingPlanSpec) -> str:
     and the digest of its blocks and the spec), then the spec it was cut for in base 32 (the
     model's pattern is ``[a-z0-9-]+``, at most 256 characters). CreateTrainingPlan makes a
     TrainingPlan of exactly that spec with ``offeringId`` set to hyperplan's id; the operator then
-    searches again from the spec and buys only what that search cuts under the id (issue 20,
+    searches again from the spec and buys only what that search cuts under the id (docs/security.md,
     "status is output"), so an id a client made up can buy nothing that a kubectl user with the
     same rights could not ask for."""
     def epoch_of(moment: datetime | None) -> str:

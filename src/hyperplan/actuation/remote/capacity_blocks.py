@@ -1,4 +1,4 @@
-"""EC2 Capacity Blocks as a remote source of a pool: the calls (issue 23, docs/aws.md).
+"""EC2 Capacity Blocks as a remote source of a pool: the calls (docs/aws.md).
 
 :class:`CapacityBlocks` is the :class:`~hyperplan.actuation.remote.CapacitySeller` of a pool with
 ``spec.source.ec2CapacityBlocks``: it searches with ``DescribeCapacityBlockOfferings``, buys with

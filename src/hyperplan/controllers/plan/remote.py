@@ -1,4 +1,4 @@
-"""The remote half of a plan's pass: pools whose capacity a remote source sells (issue 23).
+"""The remote half of a plan's pass: pools whose capacity a remote source sells.
 
 A remote source is a SageMaker Training Plans endpoint or EC2 Capacity Blocks; this module sees
 either through one protocol (:class:`~hyperplan.actuation.remote.CapacitySeller`: find_offerings, buy,
