@@ -1,5 +1,5 @@
 """An UltraServer that can no longer hold its group's nodes is replaced by a free one of the block
-(issue 21, "Replace a failed UltraServer"; planning.recovery.plan_ultraserver_replacement).
+(planning.recovery.plan_ultraserver_replacement).
 
 A plan of two x36 UltraServers; a group of 8 (8 active + the spare: all on the first, the second
 free), with ``rebootBudget: 0``. Two of its nodes on the first UltraServer fail (HyperPod's health

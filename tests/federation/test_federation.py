@@ -1,4 +1,4 @@
-"""One fleet sold to two clusters through the SageMaker API (issue 23, docs/aws.md), on three local
+"""One fleet sold to two clusters through the SageMaker API (docs/aws.md), on three local
 control planes: the capacity cluster's hyperplan owns the pools and serves the API; each training
 cluster's hyperplan has pools whose ``spec.source.sageMaker`` is that endpoint, with a key minted
 for it on the capacity cluster and RBAC that lets it buy.

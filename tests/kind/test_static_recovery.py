@@ -1,4 +1,4 @@
-"""Recovery on real kubelets (issue 21): deep health checks run as real Jobs, and a real reboot.
+"""Recovery on real kubelets: deep health checks run as real Jobs, and a real reboot.
 
 Both kind workers are lent to a static group with ``onStartDeepHealthChecks: [InstanceStress,
 InstanceConnectivity]``:

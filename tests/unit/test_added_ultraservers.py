@@ -1,5 +1,5 @@
 """An UltraServer bought from the pool for the rest of a block, when one of the block's UltraServers
-failed and the block has no free one (issue 21): its own ledger line folded into its block, the
+failed and the block has no free one: its own ledger line folded into its block, the
 plan's pure choice of what to buy from what the groups want and what the plan itself sees, the
 plan's status, the ledger's write, and the invariants that check ledger against status."""
 

@@ -1,4 +1,4 @@
-"""A plan bought as EC2 Capacity Blocks (issue 23): the real plan pass
+"""A plan bought as EC2 Capacity Blocks: the real plan pass
 (controllers.plan.reconciler.reconcile_plan) against a Runtime of recording fakes, the remote being
 hyperplan_testing.fakes.FakeCapacityBlocks, a recording fake of the CapacitySeller protocol that answers
 with EC2's shapes; and once through the real CapacityBlocks client under botocore's Stubber.

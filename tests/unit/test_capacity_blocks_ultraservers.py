@@ -1,4 +1,4 @@
-"""UltraServer Capacity Blocks through ``spec.source.ec2CapacityBlocks`` (issue 23): the search,
+"""UltraServer Capacity Blocks through ``spec.source.ec2CapacityBlocks``: the search,
 the cut of EC2's answer for a pool that declares an UltraServer type, the purchase and the
 following of what it bought, under botocore's Stubber (which checks each request, and each stubbed
 answer, against EC2's service model), and the pure reading of the answers (planning.capacity_blocks).

@@ -1,5 +1,5 @@
 """kopf's index readiness gate with hyperplan.kopf_readiness installed: the same waits, without
-waking every waiting worker on every object listed (issue 22)."""
+waking every waiting worker on every object listed."""
 
 from __future__ import annotations
 

@@ -267,7 +267,7 @@ def test_the_invariants_do_not_count_a_node_that_only_sagemaker_labels_unschedul
 
 
 def test_all_readers_agree_on_one_node_that_only_sagemaker_labels_unschedulable() -> None:
-    """The disagreement of issue 19's point 4, as one table: no reader lets the node serve."""
+    """Where the readers once disagreed, as one table: no reader lets the node serve."""
     body = ONLY_SAGEMAKER_UNSCHEDULABLE
     cache = SimpleNamespace(block_nodes=lambda label: [slim_node(body)], groups=lambda: [recorded_by_a_group(body)])
     verdicts = {

@@ -1,4 +1,4 @@
-"""A plan bought through a remote SageMaker endpoint (issue 23): the real plan pass
+"""A plan bought through a remote SageMaker endpoint: the real plan pass
 (controllers.plan.reconciler.reconcile_plan) against a Runtime of recording fakes, the remote being
 hyperplan_testing.fakes.FakeRemoteCapacity, which answers in the service model's shapes.
 
