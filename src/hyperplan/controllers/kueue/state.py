@@ -126,25 +126,13 @@ class KueueState:
         """The pass found ``findings`` (``planning.reading.Finding``) on ``plan``'s job nodes: those
         the last pass did not find, each reported once (one that goes and comes back is new again)."""
         self.on_loop()
-        found = list(dict.fromkeys(findings))
-        fresh = [f for f in found if f not in self.unreadable.get(plan, set())]
-        if found:
-            self.unreadable[plan] = set(found)
-        else:
-            self.unreadable.pop(plan, None)
-        return fresh
+        return _first_seen(self.unreadable, plan, findings)
 
     def note_unrecorded(self, plan: str, nodes: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
         """``plan``'s nodes (name, uid) that wear its job labels but are not in its record: those the
         last pass did not find, each reported once."""
         self.on_loop()
-        found = list(dict.fromkeys(nodes))
-        fresh = [n for n in found if n not in self.unrecorded.get(plan, set())]
-        if found:
-            self.unrecorded[plan] = set(found)
-        else:
-            self.unrecorded.pop(plan, None)
-        return fresh
+        return _first_seen(self.unrecorded, plan, nodes)
 
     def note_job_record(self, plan: str, record: list[GroupNode] | None) -> None:
         self.on_loop()
@@ -164,6 +152,18 @@ class KueueState:
                     self.job_workloads.pop(workload, None)
         for workload in on_nodes:
             self.job_workloads[workload] = plan
+
+
+def _first_seen(seen: dict[str, set[Any]], plan: str, found: Iterable[Any]) -> list[Any]:
+    """Of ``found`` (in order, once each), those ``seen[plan]`` did not hold; ``seen[plan]`` becomes
+    ``found`` (dropped when empty), so one that goes and comes back is new again."""
+    now = list(dict.fromkeys(found))
+    fresh = [f for f in now if f not in seen.get(plan, set())]
+    if now:
+        seen[plan] = set(now)
+    else:
+        seen.pop(plan, None)
+    return fresh
 
 
 def check_object(rt: Runtime, name: str) -> dict[str, Any] | None:
