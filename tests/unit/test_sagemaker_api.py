@@ -311,6 +311,12 @@ def server() -> Iterator[Server]:
     s.close()
 
 
+def one_ultraserver_cluster() -> Server:
+    """A server of one UltraServer plan (ultra) and one group on it (trainers) with one node."""
+    return Server({"ultra": [plan("ultra", "Active", 2, ultra=True)]}, {"trainers": [group("trainers", "ultra", 3)]},
+                  {("group", "trainers"): [node("trainers-0", "trainers")]})
+
+
 def signed_in(server: Server, secret: str = KEY.secret, key_id: str = KEY.key_id) -> Endpoint:
     return Endpoint(server.url, key_id, secret)
 

@@ -15,7 +15,7 @@ import pytest
 
 from tests.aws.clients import client_venv
 from tests.unit.test_sagemaker_api import (  # noqa: F401 - model_checked: every answer here is checked
-    Server, group, model_checked, node, plan, signed_in,
+    Server, model_checked, one_ultraserver_cluster, signed_in,
 )
 
 HYP = "sagemaker-hyperpod==3.12.0"
@@ -23,8 +23,7 @@ HYP = "sagemaker-hyperpod==3.12.0"
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    s = Server({"ultra": [plan("ultra", "Active", 2, ultra=True)]}, {"trainers": [group("trainers", "ultra", 3)]},
-               {("group", "trainers"): [node("trainers-0", "trainers")]})
+    s = one_ultraserver_cluster()
     yield s
     s.close()
 

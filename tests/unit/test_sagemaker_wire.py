@@ -23,14 +23,14 @@ from hyperplan.sagemaker.wire import ApiError
 from hyperplan_testing import botocore_shapes
 from tests.aws.clients import boto3_call
 from tests.unit.test_sagemaker_api import (  # noqa: F401 - model_checked: every answer here is checked
-    ACCOUNT, KEY, P5_POOL, RecordingWrites, Server, group, model_checked, node, plan, signed_in,
+    ACCOUNT, KEY, P5_POOL, RecordingWrites, Server, group, model_checked, node, one_ultraserver_cluster, plan,
+    signed_in,
 )
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    s = Server({"ultra": [plan("ultra", "Active", 2, ultra=True)]}, {"trainers": [group("trainers", "ultra", 3)]},
-               {("group", "trainers"): [node("trainers-0", "trainers")]})
+    s = one_ultraserver_cluster()
     yield s
     s.close()
 
