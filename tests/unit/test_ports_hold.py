@@ -82,15 +82,20 @@ def half_the_headers(sock: socket.socket) -> None:
     sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\n")
 
 
-def trickled_headers(sock: socket.socket) -> None:
-    """One header byte each 0.1 s, never ending the headers."""
-    sock.sendall(b"POST / HTTP/1.1\r\nX-Slow: ")
-    for _ in range(int(4 * HEADERS / 0.1)):
+def trickle(sock: socket.socket, first: bytes, seconds: float) -> None:
+    """``first``, then one byte each 0.1 s for ``seconds`` (until the server closes)."""
+    sock.sendall(first)
+    for _ in range(int(seconds / 0.1)):
         try:
             sock.sendall(b"x")
         except OSError:
             return
         time.sleep(0.1)
+
+
+def trickled_headers(sock: socket.socket) -> None:
+    """One header byte each 0.1 s, never ending the headers."""
+    trickle(sock, b"POST / HTTP/1.1\r\nX-Slow: ", 4 * HEADERS)
 
 
 def half_the_body(sock: socket.socket) -> None:
@@ -98,13 +103,7 @@ def half_the_body(sock: socket.socket) -> None:
 
 
 def trickled_body(sock: socket.socket) -> None:
-    sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n")
-    for _ in range(int(4 * BODY / 0.1)):
-        try:
-            sock.sendall(b"x")
-        except OSError:
-            return
-        time.sleep(0.1)
+    trickle(sock, b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n", 4 * BODY)
 
 
 @pytest.mark.parametrize("client_does, deadline", [
